@@ -1,0 +1,217 @@
+"""HF checkpoint → TensorRT-LLM checkpoint: the one streaming conversion loop.
+
+Tensors are read one at a time from memory-mapped files and written straight into per-rank safetensors
+files whose layout is fixed before any data moves, so peak memory follows the largest tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from trtllm_kit.build.inspect import ModelSpec, TensorInfo, inspect_model
+from trtllm_kit.build.safetensors_io import SafetensorsWriter
+from trtllm_kit.build.shard import (
+    Mapping,
+    check_tp,
+    kv_heads_per_rank,
+    layers_for_rank,
+    shard,
+    shard_shape,
+    split_qkv,
+)
+from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
+from trtllm_kit.errors import CheckpointError, ModelError
+from trtllm_kit.models.base import Place, Rule, Split
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+OnTensor = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One TensorRT-LLM tensor name on one pipeline stage, with its HF sources."""
+
+    rule: Rule
+    layer: int | None        # global HF layer
+    local_layer: int | None  # layer number inside the stage's rank files
+    pp_rank: int
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.rule.source_names(self.layer)
+
+    @property
+    def target(self) -> str:
+        return self.rule.target_name(self.local_layer)
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a conversion wrote."""
+
+    out_dir: Path
+    dtype: str
+    mapping: Mapping
+    rank_files: tuple[Path, ...]
+    bytes_read: int
+
+
+def work_items(model: ModelSpec, mapping: Mapping) -> list[WorkItem]:
+    """Every tensor of every stage in file order: embedding, layers, final norm and lm_head."""
+    rules = model.family.rules(model.hf)
+    items: list[WorkItem] = []
+    for pp_rank in range(mapping.pp_size):
+        layers = layers_for_rank(model.hf.num_hidden_layers, mapping.pp_size, pp_rank)
+        if pp_rank == 0:
+            items += [WorkItem(r, None, None, pp_rank) for r in rules if r.place is Place.FIRST]
+        for local, layer in enumerate(layers):
+            items += [WorkItem(r, layer, local, pp_rank) for r in rules if r.place is Place.LAYER]
+        if pp_rank == mapping.pp_size - 1:
+            items += [WorkItem(r, None, None, pp_rank) for r in rules if r.place is Place.LAST]
+    return items
+
+
+def check_sources(model: ModelSpec, items: list[WorkItem]) -> None:
+    """Every source exists with the shape the config implies; fails before anything is written."""
+    shapes = model.family.hf_shapes(model.hf)
+    for item in items:
+        for pattern, name in zip(item.rule.sources, item.sources, strict=True):
+            info = model.tensors.get(name)
+            if info is None:
+                raise ModelError(f"{model.path}: tensor {name} is missing from the weights; the checkpoint is "
+                                 "incomplete or does not match its config.json.")
+            expected = shapes[pattern]
+            if info.shape != expected:
+                raise ModelError(f"{info.path.name}: tensor {name} has shape {list(info.shape)}, but config.json "
+                                 f"implies {list(expected)}; the weights and config do not match.")
+
+
+def rank_entries(model: ModelSpec, items: list[WorkItem], mapping: Mapping,
+                 dtype: torch.dtype) -> list[list[tuple[str, torch.dtype, tuple[int, ...]]]]:
+    """The (name, dtype, shape) layout of each rank file."""
+    hf = model.hf
+    qkv_heads = hf.num_attention_heads // mapping.tp_size + 2 * kv_heads_per_rank(hf.num_key_value_heads,
+                                                                                   mapping.tp_size)
+    entries: list[list[tuple[str, torch.dtype, tuple[int, ...]]]] = [[] for _ in range(mapping.world_size)]
+    for item in items:
+        shape = model.tensors[item.sources[0]].shape
+        rows = qkv_heads * hf.head_dim if item.rule.split is Split.QKV else None
+        local = shard_shape(shape, item.rule.split, mapping.tp_size, qkv_rows=rows)
+        for tp_rank in range(mapping.tp_size):
+            entries[mapping.rank(tp_rank, item.pp_rank)].append((item.target, dtype, local))
+    return entries
+
+
+class TensorReader:
+    """Reads HF tensors one at a time from memory-mapped files (safetensors, or pickle when allowed)."""
+
+    def __init__(self, model: ModelSpec, stack: ExitStack) -> None:
+        self._tensors = model.tensors
+        self._handles: dict[Path, object] = {}
+        self._stack = stack
+        self._pickle = model.weight_format == "pickle"
+
+    def read(self, name: str) -> torch.Tensor:
+        info: TensorInfo = self._tensors[name]
+        handle = self._handles.get(info.path)
+        if handle is None:
+            if self._pickle:
+                handle = torch.load(info.path, map_location="cpu", mmap=True, weights_only=True)
+            else:
+                handle = self._stack.enter_context(safe_open(str(info.path), framework="pt"))
+            self._handles[info.path] = handle
+        try:
+            return handle[name] if self._pickle else handle.get_tensor(name)
+        except Exception as exc:  # a file that changed or broke after inspection
+            raise CheckpointError(f"{info.path.name}: reading {name} failed ({exc}).") from None
+
+
+def _finite(name: str, original: torch.Tensor, converted: torch.Tensor, dtype: str) -> None:
+    if bool(torch.isfinite(converted).all()):
+        return
+    if not bool(torch.isfinite(original).all()):
+        bad = int((~torch.isfinite(original)).sum())
+        raise CheckpointError(f"HF tensor {name} holds {bad} NaN/Inf values; the weights are corrupt, so the "
+                              "kit refuses to build from them.")
+    raise CheckpointError(f"HF tensor {name} overflows {dtype} (max |w| = {original.abs().max().item():.4g}); "
+                          "convert with --dtype bfloat16 or float32.")
+
+
+def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: str,
+                reader: TensorReader) -> Iterator[tuple[WorkItem, int, list[torch.Tensor]]]:
+    """Yield (item, bytes read, one tensor per TP rank), reading each HF tensor once."""
+    target = TORCH_DTYPES[dtype]
+    for item in items:
+        parts = []
+        nbytes = 0
+        for name in item.sources:
+            original = reader.read(name)
+            nbytes += original.numel() * original.element_size()
+            converted = original.to(target)
+            _finite(name, original, converted, dtype)
+            parts.append(converted)
+        if item.rule.split is Split.QKV:
+            shards = [split_qkv(parts, model.hf.num_key_value_heads, mapping.tp_size, r)
+                      for r in range(mapping.tp_size)]
+        else:
+            shards = [shard(parts[0], item.rule.split, mapping.tp_size, r) for r in range(mapping.tp_size)]
+        yield item, nbytes, shards
+
+
+def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "auto",
+            on_tensor: OnTensor | None = None) -> ConvertResult:
+    """Write ``config.json`` and ``rank{N}.safetensors`` for ``model`` into ``out_dir``.
+
+    Arguments:
+        model: an inspected model.
+        out_dir: an existing, empty directory (the caller makes the output atomic).
+        mapping: the TP/PP layout.
+        dtype: ``auto``, ``float16``, ``bfloat16`` or ``float32``.
+        on_tensor: called with (tensor name, bytes read) after each tensor, for progress.
+    """
+    hf = model.hf
+    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
+    dtype = resolve_dtype(dtype, hf)
+    items = work_items(model, mapping)
+    check_sources(model, items)
+    entries = rank_entries(model, items, mapping, TORCH_DTYPES[dtype])
+    paths = tuple(out_dir / f"rank{rank}.safetensors" for rank in range(mapping.world_size))
+    total = 0
+    with ExitStack() as stack:
+        writers = [stack.enter_context(SafetensorsWriter(path, layout))
+                   for path, layout in zip(paths, entries, strict=True)]
+        reader = TensorReader(model, stack)
+        for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader):
+            for tp_rank, tensor in enumerate(shards):
+                writers[mapping.rank(tp_rank, item.pp_rank)].write(item.target, tensor)
+            total += nbytes
+            if on_tensor:
+                on_tensor(item.target, nbytes)
+    config = checkpoint_config(hf, model.family, mapping, dtype)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+    return ConvertResult(out_dir, dtype, mapping, paths, total)
+
+
+def convert_checkpoint(hf_dir: Path | str, out_dir: Path, *, tp_size: int = 1, pp_size: int = 1,
+                       dtype: str = "auto", allow_pickle: bool = False) -> ConvertResult:
+    """Inspect and convert in one call (the library entry point for scripts and tests).
+
+    Arguments:
+        hf_dir: a model directory, ``builtin:NAME`` or a cached repo id.
+        out_dir: the checkpoint directory to create (must not hold files).
+        tp_size: tensor-parallel size.
+        pp_size: pipeline-parallel size.
+        dtype: ``auto``, ``float16``, ``bfloat16`` or ``float32``.
+        allow_pickle: accept pickle weights.
+    """
+    model = inspect_model(str(hf_dir), allow_pickle=allow_pickle)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return convert(model, out_dir, Mapping(tp_size, pp_size), dtype)

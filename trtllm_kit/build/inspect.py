@@ -1,0 +1,158 @@
+"""From what the user typed to a ``ModelSpec``: where the model is, what it is, which tensors it has."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trtllm_kit.build.safetensors_io import DTYPES_BY_CODE, read_header
+from trtllm_kit.errors import ModelError
+from trtllm_kit.models.base import Family
+from trtllm_kit.models.hf_config import HFConfig, read_hf_config
+from trtllm_kit.models.registry import family_for
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one HF tensor lives and what it is, read from the file header without loading data."""
+
+    path: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = torch.empty((), dtype=self.dtype).element_size()
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A local model the kit can convert."""
+
+    source: str
+    path: Path
+    hf: HFConfig
+    family: Family
+    weight_format: str  # "safetensors" or "pickle"
+    tensors: dict[str, TensorInfo]
+    tokenizer_files: tuple[Path, ...]
+
+    @property
+    def weight_files(self) -> tuple[Path, ...]:
+        return tuple(sorted({info.path for info in self.tensors.values()}))
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(info.nbytes for info in self.tensors.values())
+
+
+def hf_cache_dir() -> Path:
+    """The local Hugging Face hub cache, as ``huggingface_hub`` finds it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def resolve_model_path(source: str) -> Path:
+    """The local directory of a model: ``builtin:NAME``, a directory, or an HF repo id in the local cache.
+
+    Arguments:
+        source: what the user typed. Nothing is ever downloaded.
+    """
+    if source.startswith("builtin:"):
+        from trtllm_kit.models.builtin import builtin_dir
+
+        return builtin_dir(source.removeprefix("builtin:"))
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelError(f"{source} is a file; point the kit at the model directory that holds config.json.")
+    if REPO_ID.match(source) and not source.startswith((".", "/")):
+        return _cached_snapshot(source)
+    raise ModelError(f"{source} does not exist; give a Hugging Face model directory, a repo id present in the "
+                     "local HF cache, or a built-in model (see `trtllm-kit models`).")
+
+
+def _cached_snapshot(repo_id: str) -> Path:
+    cache = hf_cache_dir()
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+        return snapshots / ref.read_text().strip()
+    candidates = sorted((p for p in snapshots.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if candidates:
+        return candidates[-1]
+    raise ModelError(f"{repo_id} is not in the local Hugging Face cache (searched {repo}); the kit never "
+                     "downloads: fetch it first (huggingface-cli download) or pass a local directory.")
+
+
+def _safetensors_index(model_dir: Path) -> dict[str, TensorInfo]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({model_dir / name for name in weight_map.values()})
+        for file in files:
+            if not file.is_file():
+                raise ModelError(f"{index} lists {file.name}, which is missing; the download is incomplete.")
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    tensors: dict[str, TensorInfo] = {}
+    for file in files:
+        for name, entry in read_header(file).items():
+            if entry["dtype"] not in DTYPES_BY_CODE:
+                raise ModelError(f"{file.name}: tensor {name} has dtype {entry['dtype']}, which the kit cannot read.")
+            tensors[name] = TensorInfo(file, DTYPES_BY_CODE[entry["dtype"]], tuple(entry["shape"]))
+    return tensors
+
+
+def _pickle_files(model_dir: Path) -> list[Path]:
+    return sorted(p for pattern in ("*.bin", "*.pt", "*.pth") for p in model_dir.glob(pattern))
+
+
+def _pickle_index(files: list[Path]) -> dict[str, TensorInfo]:
+    tensors: dict[str, TensorInfo] = {}
+    for file in files:
+        state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+        for name, tensor in state.items():
+            tensors[name] = TensorInfo(file, tensor.dtype, tuple(tensor.shape))
+    return tensors
+
+
+def inspect_model(source: str, *, allow_pickle: bool = False) -> ModelSpec:
+    """Resolve, read and check a model without loading its weights.
+
+    Arguments:
+        source: a directory, ``builtin:NAME`` or an HF repo id in the local cache.
+        allow_pickle: accept ``.bin``/``.pt`` checkpoints (loaded with ``weights_only=True``).
+    """
+    path = resolve_model_path(source)
+    hf = read_hf_config(path)
+    family = family_for(hf, source)
+    tensors = _safetensors_index(path)
+    weight_format = "safetensors"
+    if not tensors:
+        pickles = _pickle_files(path)
+        if not pickles:
+            raise ModelError(f"{path} holds no weights (*.safetensors or *.bin); the model directory is incomplete.")
+        if not allow_pickle:
+            raise ModelError(f"{path} has only pickle weights ({pickles[0].name}); pickle can run code when "
+                             "loaded, so the kit refuses it: convert to safetensors or pass --allow-pickle.")
+        tensors, weight_format = _pickle_index(pickles), "pickle"
+    tokenizer = tuple(path / name for name in TOKENIZER_FILES if (path / name).is_file())
+    return ModelSpec(source, path, hf, family, weight_format, tensors, tokenizer)
