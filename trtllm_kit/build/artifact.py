@@ -1,0 +1,124 @@
+"""Atomic output directories and the artifact manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit import __version__
+from trtllm_kit.errors import KitUsageError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+TOOLS = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "tensorrt_llm", "tensorrt")
+
+
+def check_out_dir(out_dir: Path, *, force: bool) -> None:
+    """Refuse an output directory that cannot be written, or that holds files and ``force`` is off.
+
+    Arguments:
+        out_dir: the requested output directory.
+        force: replace existing contents.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KitUsageError(f"--out {out_dir} is a file; choose a directory path.")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        count = sum(1 for _ in out_dir.iterdir())
+        raise KitUsageError(f"--out {out_dir} is not empty ({count} entries); pass --force to replace it or "
+                            "choose another directory.")
+    parent = _existing_parent(out_dir)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise KitUsageError(f"--out {out_dir} cannot be created: {parent} is not writable; choose a writable "
+                            "location.")
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+@contextmanager
+def staged_dir(out_dir: Path, *, force: bool) -> Iterator[Path]:
+    """Yield a temporary sibling of ``out_dir``; rename it into place only when the block succeeds.
+
+    On any exception (``KeyboardInterrupt`` included) the temporary directory is removed and ``out_dir``
+    keeps what it held before.
+
+    Arguments:
+        out_dir: the final directory.
+        force: replace an existing ``out_dir``.
+    """
+    check_out_dir(out_dir, force=force)
+    out_dir = out_dir.absolute()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)
+    try:
+        yield staging
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
+            out_dir.rename(old)
+            staging.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(out_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def sha256_file(path: Path, chunk: int = 16 * 1024 * 1024) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``, keyed by the path relative to it."""
+    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def tool_versions() -> dict[str, str | None]:
+    """Versions of the kit, Python and the libraries that shape an artifact (None when absent)."""
+    versions: dict[str, str | None] = {"trtllm_kit": __version__, "python": platform.python_version()}
+    for name in TOOLS:
+        try:
+            versions[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
+    """Write ``manifest.json`` with the schema version and the command line first."""
+    body = {"schema_version": SCHEMA_VERSION, "argv": sys.argv, **manifest}
+    path = out_dir / MANIFEST
+    path.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / MANIFEST
+    if not path.is_file():
+        raise KitUsageError(f"{out_dir} has no {MANIFEST}; it is not a trtllm-kit artifact (run trtllm-kit build).")
+    manifest = json.loads(path.read_text())
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise KitUsageError(f"{path} has schema_version {manifest.get('schema_version')!r}; this kit reads "
+                            f"{SCHEMA_VERSION}: rebuild the artifact with this version.")
+    return manifest

@@ -1,0 +1,100 @@
+"""``trtllm-kit inspect``: what a model is and what a build at a given layout would write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from trtllm_kit.build.convert import TORCH_DTYPES, check_sources, rank_entries, work_items
+from trtllm_kit.build.inspect import inspect_model
+from trtllm_kit.build.shard import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size
+from trtllm_kit.build.trtllm_config import resolve_dtype
+
+
+def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_pickle: bool = False) -> dict[str, Any]:
+    """The model's facts and the per-rank layout of a conversion, computed from headers only.
+
+    Arguments:
+        source: the model.
+        tp: tensor-parallel size.
+        pp: pipeline-parallel size.
+        dtype: requested checkpoint dtype.
+        allow_pickle: accept pickle weights.
+    """
+    model = inspect_model(source, allow_pickle=allow_pickle)
+    hf = model.hf
+    mapping = Mapping(tp, pp)
+    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, tp)
+    resolved = resolve_dtype(dtype, hf)
+    items = work_items(model, mapping)
+    check_sources(model, items)
+    entries = rank_entries(model, items, mapping, TORCH_DTYPES[resolved])
+    itemsize = torch.empty((), dtype=TORCH_DTYPES[resolved]).element_size()
+    ranks = []
+    for rank, layout in enumerate(entries):
+        pp_rank = mapping.pp_rank(rank)
+        layers = layers_for_rank(hf.num_hidden_layers, pp, pp_rank)
+        numel = sum(_numel(shape) for _, _, shape in layout)
+        ranks.append({"rank": rank, "tp_rank": mapping.tp_rank(rank), "pp_rank": pp_rank,
+                      "layers": [layers.start, layers.stop - 1], "num_tensors": len(layout),
+                      "bytes": numel * itemsize})
+    used = {name for item in items for name in item.sources}
+    return {
+        "source": model.source,
+        "path": str(model.path),
+        "family": model.family.name,
+        "architecture": hf.architecture,
+        "num_parameters": hf.num_parameters,
+        "hf_dtype": hf.dtype,
+        "weight_format": model.weight_format,
+        "weight_bytes": model.weight_bytes,
+        "weight_files": [p.name for p in model.weight_files],
+        "tokenizer_files": [p.name for p in model.tokenizer_files],
+        "config": {"hidden_size": hf.hidden_size, "intermediate_size": hf.intermediate_size,
+                   "num_hidden_layers": hf.num_hidden_layers, "num_attention_heads": hf.num_attention_heads,
+                   "num_key_value_heads": hf.num_key_value_heads, "head_dim": hf.head_dim,
+                   "vocab_size": hf.vocab_size, "max_position_embeddings": hf.max_position_embeddings,
+                   "rope_theta": hf.rope_theta, "rope_scaling": hf.rope_scaling,
+                   "tie_word_embeddings": hf.tie_word_embeddings, "sliding_window": hf.sliding_window},
+        "build": {"dtype": resolved, **mapping.to_dict(),
+                  "kv_heads_per_rank": kv_heads_per_rank(hf.num_key_value_heads, tp),
+                  "kv_heads_duplicated": hf.num_key_value_heads < tp,
+                  "padded_vocab_size": pad_vocab_size(hf.vocab_size, tp), "ranks": ranks},
+        "unused_tensors": sorted(set(model.tensors) - used),
+    }
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def print_description(d: dict[str, Any], console: Console | None = None) -> None:
+    """Print ``describe_build`` output as a short report and a per-rank table."""
+    console = console or Console()
+    c, b = d["config"], d["build"]
+    console.print(f"[bold]{d['source']}[/bold] ({d['path']})", highlight=False)
+    console.print(f"  {d['family']} {d['architecture']}, {d['num_parameters'] / 1e6:.1f}M parameters, "
+                  f"{d['hf_dtype']}, {d['weight_format']} {d['weight_bytes'] / 2**20:.1f} MiB in "
+                  f"{len(d['weight_files'])} file(s)", highlight=False)
+    console.print(f"  hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, layers "
+                  f"{c['num_hidden_layers']}, heads {c['num_attention_heads']}/{c['num_key_value_heads']} kv "
+                  f"(head_dim {c['head_dim']}), vocab {c['vocab_size']}, rope theta {c['rope_theta']:g}"
+                  + (f" scaling {c['rope_scaling'].get('rope_type')}" if c["rope_scaling"] else ""),
+                  highlight=False)
+    console.print(f"  tokenizer: {', '.join(d['tokenizer_files']) or 'none found'}", highlight=False)
+    console.print(f"Build: {b['dtype']}, tp={b['tp_size']} pp={b['pp_size']}, {b['kv_heads_per_rank']} KV "
+                  f"head(s) per rank{' (duplicated)' if b['kv_heads_duplicated'] else ''}, lm_head vocab padded "
+                  f"to {b['padded_vocab_size']}", highlight=False)
+    table = Table("rank", "tp", "pp", "layers", "tensors", "MiB")
+    for r in b["ranks"]:
+        table.add_row(str(r["rank"]), str(r["tp_rank"]), str(r["pp_rank"]), f"{r['layers'][0]}–{r['layers'][1]}",
+                      str(r["num_tensors"]), f"{r['bytes'] / 2**20:.1f}")
+    console.print(table)
+    if d["unused_tensors"]:
+        console.print(f"Not converted: {', '.join(d['unused_tensors'][:8])}", highlight=False)
