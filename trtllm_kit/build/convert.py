@@ -134,7 +134,7 @@ class TensorReader:
 
 
 def _finite(name: str, original: torch.Tensor, converted: torch.Tensor, dtype: str) -> None:
-    if bool(torch.isfinite(converted).all()):
+    if converted.is_meta or bool(torch.isfinite(converted).all()):
         return
     if not bool(torch.isfinite(original).all()):
         bad = int((~torch.isfinite(original)).sum())
@@ -145,14 +145,22 @@ def _finite(name: str, original: torch.Tensor, converted: torch.Tensor, dtype: s
 
 
 def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: str,
-                reader: TensorReader) -> Iterator[tuple[WorkItem, int, list[torch.Tensor]]]:
-    """Yield (item, bytes read, one tensor per TP rank), reading each HF tensor once."""
+                read: Callable[[str], torch.Tensor]) -> Iterator[tuple[WorkItem, int, list[torch.Tensor]]]:
+    """Yield (item, bytes read, one tensor per TP rank), reading each HF tensor once.
+
+    Arguments:
+        model: the inspected model.
+        items: from ``work_items``.
+        mapping: the TP/PP layout.
+        dtype: the resolved checkpoint dtype.
+        read: HF tensor name → tensor (a ``TensorReader``, or meta tensors for shape tests).
+    """
     target = TORCH_DTYPES[dtype]
     for item in items:
         parts = []
         nbytes = 0
         for name in item.sources:
-            original = reader.read(name)
+            original = read(name)
             nbytes += original.numel() * original.element_size()
             converted = original.to(target)
             _finite(name, original, converted, dtype)
@@ -188,7 +196,7 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
         writers = [stack.enter_context(SafetensorsWriter(path, layout))
                    for path, layout in zip(paths, entries, strict=True)]
         reader = TensorReader(model, stack)
-        for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader):
+        for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader.read):
             for tp_rank, tensor in enumerate(shards):
                 writers[mapping.rank(tp_rank, item.pp_rank)].write(item.target, tensor)
             total += nbytes

@@ -84,7 +84,7 @@ class SafetensorsWriter:
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Write one tensor; its dtype and shape must be the declared ones."""
-        dtype, shape, offset, nbytes = self._layout[name]
+        dtype, shape, offset, _ = self._layout[name]
         if tensor.dtype != dtype or tuple(tensor.shape) != shape:
             raise CheckpointError(f"{name}: produced {tensor.dtype} {tuple(tensor.shape)}, declared {dtype} {shape}.")
         data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
