@@ -128,17 +128,19 @@ def build(ctx: click.Context, model: str | None, out: Path | None, config_file: 
               show_default=True, help="Precision of both forward passes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(checkpoint: Path, hf_source: str, compute_dtype: str, as_json: bool) -> None:
-    """Run a TensorRT-LLM CHECKPOINT on the CPU, rank by rank, and compare logits with transformers.
+    """Run a TensorRT-LLM CHECKPOINT (or a build's output directory) on the CPU, rank by rank, and compare
+    its logits with transformers.
 
     \b
     Example:
       trtllm-kit verify out/checkpoint --against builtin:tiny-llama
     """
+    from trtllm_kit.build.artifact import checkpoint_dir
     from trtllm_kit.build.inspect import resolve_model_path
     from trtllm_kit.build.verify import verify_checkpoint
     from trtllm_kit.errors import VerifyError
 
-    report = verify_checkpoint(checkpoint, resolve_model_path(hf_source), compute_dtype=compute_dtype)
+    report = verify_checkpoint(checkpoint_dir(checkpoint), resolve_model_path(hf_source), compute_dtype=compute_dtype)
     if as_json:
         emit_json(report.to_dict())
     else:

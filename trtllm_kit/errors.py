@@ -14,11 +14,11 @@ class KitUsageError(KitError):
 
 
 class ModelError(KitUsageError):
-    """The model input is missing, unsupported or malformed."""
+    """The model the user named is missing, unsupported or refused (pickle, remote code)."""
 
 
 class CheckpointError(KitError):
-    """A checkpoint on disk is incomplete, corrupt or does not match its config."""
+    """Weights on disk (HF input or TensorRT-LLM checkpoint) are incomplete, corrupt or do not match their config."""
 
 
 class VerifyError(KitError):

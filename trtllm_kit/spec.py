@@ -17,6 +17,7 @@ else:  # pragma: no cover
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 STAGES = ("checkpoint",)
 TARGETS = ("auto", "cpu", "engine")
+TABLES = ("build",)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,12 @@ def load_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise KitUsageError(f"{path} is not valid TOML ({exc}).") from None
     flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    flat.update(data.get("build", {}))
+    tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in TABLES)
+    if tables:
+        raise KitUsageError(f"{path}: unknown table(s) [{'], ['.join(tables)}]; known tables: "
+                            f"[{'], ['.join(TABLES)}].")
+    for table in TABLES:
+        flat.update(data.get(table, {}))
     known = {f.name for f in fields(BuildSpec)}
     unknown = sorted(set(flat) - known)
     if unknown:

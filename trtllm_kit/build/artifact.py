@@ -37,9 +37,18 @@ def check_out_dir(out_dir: Path, *, force: bool) -> None:
         raise KitUsageError(f"--out {out_dir} is not empty ({count} entries); pass --force to replace it or "
                             "choose another directory.")
     parent = _existing_parent(out_dir)
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not _can_create_in(parent):
         raise KitUsageError(f"--out {out_dir} cannot be created: {parent} is not writable; choose a writable "
                             "location.")
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Try it: ``os.access`` says yes to root even where nothing can be created (/proc, read-only mounts)."""
+    try:
+        Path(tempfile.mkdtemp(prefix=".trtllm-kit-probe.", dir=directory)).rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def _existing_parent(path: Path) -> Path:
@@ -54,7 +63,7 @@ def staged_dir(out_dir: Path, *, force: bool) -> Iterator[Path]:
     """Yield a temporary sibling of ``out_dir``; rename it into place only when the block succeeds.
 
     On any exception (``KeyboardInterrupt`` included) the temporary directory is removed and ``out_dir``
-    keeps what it held before.
+    keeps what it held before, even when the exception lands between the two renames of a replacement.
 
     Arguments:
         out_dir: the final directory.
@@ -62,22 +71,29 @@ def staged_dir(out_dir: Path, *, force: bool) -> Iterator[Path]:
     """
     check_out_dir(out_dir, force=force)
     out_dir = out_dir.absolute()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
+    staging = old = None
     try:
+        try:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+        except OSError as exc:
+            raise KitUsageError(f"--out {out_dir} cannot be created ({exc.strerror}); choose a writable "
+                                "location.") from None
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
         yield staging
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
             out_dir.rename(old)
-            staging.rename(out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(out_dir)
+        staging.rename(out_dir)
     finally:
-        if staging.exists():
+        if old is not None and old.exists():
+            if out_dir.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.rename(out_dir)
+        if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -122,3 +138,16 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
         raise KitUsageError(f"{path} has schema_version {manifest.get('schema_version')!r}; this kit reads "
                             f"{SCHEMA_VERSION}: rebuild the artifact with this version.")
     return manifest
+
+
+def checkpoint_dir(path: Path) -> Path:
+    """A TensorRT-LLM checkpoint directory from what the user named: the directory itself or a build's output.
+
+    Arguments:
+        path: a checkpoint directory, or a ``trtllm-kit build`` output holding ``checkpoint/``.
+    """
+    if not path.exists():
+        raise KitUsageError(f"{path} does not exist; pass a TensorRT-LLM checkpoint directory or a build's --out.")
+    if not (path / "config.json").is_file() and (path / "checkpoint" / "config.json").is_file():
+        return path / "checkpoint"
+    return path

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +22,12 @@ from trtllm_kit.build.shard import (
     check_tp,
     kv_heads_per_rank,
     layers_for_rank,
+    qkv_parts,
     shard,
     shard_shape,
-    split_qkv,
 )
 from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
-from trtllm_kit.errors import CheckpointError, ModelError
+from trtllm_kit.errors import CheckpointError
 from trtllm_kit.models.base import Place, Rule, Split
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -85,11 +85,11 @@ def check_sources(model: ModelSpec, items: list[WorkItem]) -> None:
         for pattern, name in zip(item.rule.sources, item.sources, strict=True):
             info = model.tensors.get(name)
             if info is None:
-                raise ModelError(f"{model.path}: tensor {name} is missing from the weights; the checkpoint is "
+                raise CheckpointError(f"{model.path}: tensor {name} is missing from the weights; the checkpoint is "
                                  "incomplete or does not match its config.json.")
             expected = shapes[pattern]
             if info.shape != expected:
-                raise ModelError(f"{info.path.name}: tensor {name} has shape {list(info.shape)}, but config.json "
+                raise CheckpointError(f"{info.path.name}: tensor {name} has shape {list(info.shape)}, but config.json "
                                  f"implies {list(expected)}; the weights and config do not match.")
 
 
@@ -134,19 +134,29 @@ class TensorReader:
 
 
 def _finite(name: str, original: torch.Tensor, converted: torch.Tensor, dtype: str) -> None:
-    if converted.is_meta or bool(torch.isfinite(converted).all()):
+    """Refuse NaN/Inf weights and float16 overflow.
+
+    A sum is NaN/Inf whenever any element is, and costs a quarter of ``isfinite``; only a non-finite sum
+    (a bad element, or a sum that overflowed by itself) takes the exact path.
+    """
+    if converted.is_meta or converted.numel() == 0 or bool(torch.isfinite(converted.sum())):
         return
-    if not bool(torch.isfinite(original).all()):
-        bad = int((~torch.isfinite(original)).sum())
-        raise CheckpointError(f"HF tensor {name} holds {bad} NaN/Inf values; the weights are corrupt, so the "
-                              "kit refuses to build from them.")
-    raise CheckpointError(f"HF tensor {name} overflows {dtype} (max |w| = {original.abs().max().item():.4g}); "
-                          "convert with --dtype bfloat16 or float32.")
+    bad = ~torch.isfinite(original)
+    if bool(bad.any()):
+        nan, inf = int(torch.isnan(original).sum()), int(torch.isinf(original).sum())
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise CheckpointError(f"HF tensor {name} holds {nan} NaN and {inf} infinite value(s), the first at index "
+                              f"{first}; the weights are corrupt, so the kit refuses to build from them.")
+    if not bool(torch.isfinite(converted).all()):
+        raise CheckpointError(f"HF tensor {name} overflows {dtype} (max |w| = {original.abs().max().item():.4g}); "
+                              "convert with --dtype bfloat16 or float32.")
 
 
 def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: str,
-                read: Callable[[str], torch.Tensor]) -> Iterator[tuple[WorkItem, int, list[torch.Tensor]]]:
-    """Yield (item, bytes read, one tensor per TP rank), reading each HF tensor once.
+                read: Callable[[str], torch.Tensor]) -> Iterator[tuple[WorkItem, int, list[list[torch.Tensor]]]]:
+    """Yield (item, bytes read, per TP rank the parts that concatenate along dim 0 to its tensor).
+
+    Each HF tensor is read once; q/k/v parts are not concatenated in memory but written one after another.
 
     Arguments:
         model: the inspected model.
@@ -166,11 +176,21 @@ def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype
             _finite(name, original, converted, dtype)
             parts.append(converted)
         if item.rule.split is Split.QKV:
-            shards = [split_qkv(parts, model.hf.num_key_value_heads, mapping.tp_size, r)
+            shards = [qkv_parts(parts, model.hf.num_key_value_heads, mapping.tp_size, r)
                       for r in range(mapping.tp_size)]
         else:
-            shards = [shard(parts[0], item.rule.split, mapping.tp_size, r) for r in range(mapping.tp_size)]
+            shards = [[shard(parts[0], item.rule.split, mapping.tp_size, r)] for r in range(mapping.tp_size)]
         yield item, nbytes, shards
+
+
+@contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "auto",
@@ -193,12 +213,13 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
     paths = tuple(out_dir / f"rank{rank}.safetensors" for rank in range(mapping.world_size))
     total = 0
     with ExitStack() as stack:
+        stack.enter_context(_torch_threads(1))  # memory-bound work: a second intra-op thread only contends
         writers = [stack.enter_context(SafetensorsWriter(path, layout))
                    for path, layout in zip(paths, entries, strict=True)]
         reader = TensorReader(model, stack)
         for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader.read):
-            for tp_rank, tensor in enumerate(shards):
-                writers[mapping.rank(tp_rank, item.pp_rank)].write(item.target, tensor)
+            for tp_rank, parts in enumerate(shards):
+                writers[mapping.rank(tp_rank, item.pp_rank)].write(item.target, parts)
             total += nbytes
             if on_tensor:
                 on_tensor(item.target, nbytes)

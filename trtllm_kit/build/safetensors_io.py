@@ -80,16 +80,23 @@ class SafetensorsWriter:
         self._pending = set(self._layout)
         self._file: BinaryIO = path.open("wb")
         self._file.write(struct.pack("<Q", len(blob)) + blob)
-        self._file.truncate(self._data_start + offset)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Write one tensor; its dtype and shape must be the declared ones."""
+    def write(self, name: str, parts: torch.Tensor | list[torch.Tensor]) -> None:
+        """Write one tensor, given whole or as parts that concatenate along dim 0 to the declared shape.
+
+        Tensors written in declaration order are appended; any other order seeks.
+        """
         dtype, shape, offset, _ = self._layout[name]
-        if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-            raise CheckpointError(f"{name}: produced {tensor.dtype} {tuple(tensor.shape)}, declared {dtype} {shape}.")
-        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-        self._file.seek(self._data_start + offset)
-        self._file.write(memoryview(data))
+        parts = [parts] if isinstance(parts, torch.Tensor) else parts
+        rows = sum(p.shape[0] for p in parts)
+        if any(p.dtype != dtype or tuple(p.shape[1:]) != shape[1:] for p in parts) or rows != shape[0]:
+            found = [(p.dtype, tuple(p.shape)) for p in parts]
+            raise CheckpointError(f"{name}: produced {found}, declared {dtype} {shape}.")
+        position = self._data_start + offset
+        if self._file.tell() != position:
+            self._file.seek(position)
+        for part in parts:
+            self._file.write(memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy()))
         self._pending.discard(name)
 
     def __enter__(self) -> SafetensorsWriter:

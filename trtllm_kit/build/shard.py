@@ -89,12 +89,24 @@ def duplicate_kv_heads(tensor: torch.Tensor, num_kv_heads: int, tp_size: int) ->
     return heads.repeat_interleave(reps, dim=0).reshape(-1, *tensor.shape[1:])
 
 
-def split_qkv(parts: list[torch.Tensor], num_kv_heads: int, tp_size: int, tp_rank: int) -> torch.Tensor:
-    """``cat([q_r, k_r, v_r])``: q, k and v each split along dim 0 after KV-head duplication."""
+def qkv_parts(parts: list[torch.Tensor], num_kv_heads: int, tp_size: int, tp_rank: int) -> list[torch.Tensor]:
+    """``[q_r, k_r, v_r]``: q, k and v each split along dim 0 after KV-head duplication."""
     q, k, v = parts
     k = duplicate_kv_heads(k, num_kv_heads, tp_size)
     v = duplicate_kv_heads(v, num_kv_heads, tp_size)
-    return torch.cat([torch.chunk(t, tp_size, dim=0)[tp_rank] for t in (q, k, v)], dim=0)
+    return [torch.chunk(t, tp_size, dim=0)[tp_rank] for t in (q, k, v)]
+
+
+def split_qkv(parts: list[torch.Tensor], num_kv_heads: int, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """``cat([q_r, k_r, v_r])``: one rank's fused QKV tensor (weight or bias).
+
+    Arguments:
+        parts: the full q, k and v tensors.
+        num_kv_heads: the model's KV heads (duplicated when fewer than ``tp_size``).
+        tp_size: tensor-parallel size.
+        tp_rank: the rank.
+    """
+    return torch.cat(qkv_parts(parts, num_kv_heads, tp_size, tp_rank), dim=0)
 
 
 def shard(tensor: torch.Tensor, split: Split, tp_size: int, tp_rank: int) -> torch.Tensor:

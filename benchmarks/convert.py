@@ -1,0 +1,194 @@
+"""Conversion speed and memory: the kit against the raw I/O floor and a naive transformers baseline.
+
+    python benchmarks/convert.py [--preset tinyllama-1.1b] [--tp 2] [--workdir DIR]
+
+Writes a synthetic Llama-shaped bf16 checkpoint (TinyLlama-1.1B dimensions, 2.2 GB) into a temporary
+directory, then converts it at tp=2 three ways, each in a fresh process and into a fresh output directory:
+
+* kit:   ``trtllm_kit.build.convert.convert`` (streaming, checked, TensorRT-LLM layout)
+* floor: read every tensor from the memory-mapped file, split it as tensor parallelism needs (row-parallel
+         o_proj/down_proj along dim 1, which costs a copy; the rest along dim 0), append the bytes to the
+         rank files
+* naive: ``transformers`` ``from_pretrained``, split the state dict, ``safetensors.save_file`` per rank
+
+Each prints wall time, input GB/s and peak anonymous memory (RssAnon sampled every 5 ms: the page cache
+that memory-mapped reads fill is not counted). Input files are in the page cache for all three (the
+generator just wrote them); outputs are not fsync'ed, but every run starts after an ``os.sync()``. Disk
+write speed varies from run to run, so the variants run ``--repeat`` times, interleaved, and the median
+run counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Figures:
+    variant: str
+    seconds: float
+    input_gb: float
+    peak_anon_mb: float
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.input_gb / self.seconds
+
+
+class AnonPeak:
+    """Samples RssAnon of this process in a thread; ``peak_mb`` is the maximum seen."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval, self.peak_kb, self._stop = interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_kb = max(self.peak_kb, _rss_anon_kb())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> AnonPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_kb = max(self.peak_kb, _rss_anon_kb())
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak_kb / 1024
+
+
+def _rss_anon_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    return 0
+
+
+def median(figures: list[Figures]) -> Figures:
+    """The run with the median time, with the largest peak memory of all runs."""
+    ordered = sorted(figures, key=lambda f: f.seconds)
+    middle = ordered[len(ordered) // 2]
+    return Figures(middle.variant, middle.seconds, middle.input_gb, max(f.peak_anon_mb for f in figures))
+
+
+def run_kit(src: Path, dst: Path, tp: int) -> None:
+    from trtllm_kit.build.convert import convert
+    from trtllm_kit.build.inspect import inspect_model
+    from trtllm_kit.build.shard import Mapping
+
+    dst.mkdir()
+    convert(inspect_model(str(src)), dst, Mapping(tp, 1), "auto")
+
+
+ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
+
+
+def run_floor(src: Path, dst: Path, tp: int) -> None:
+    import torch
+    from safetensors import safe_open
+
+    dst.mkdir()
+    weight_map = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    outputs = [(dst / f"rank{r}.bin").open("wb") for r in range(tp)]
+    for file in sorted(set(weight_map.values())):
+        with safe_open(str(src / file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                tensor = handle.get_tensor(name)
+                dim = 1 if name.endswith(ROW_PARALLEL) else 0
+                for out, part in zip(outputs, torch.chunk(tensor, tp, dim=dim), strict=True):
+                    out.write(memoryview(part.contiguous().view(torch.uint8).numpy()))
+    for out in outputs:
+        out.close()
+
+
+def run_naive(src: Path, dst: Path, tp: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    dst.mkdir()
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    state = model.state_dict()
+    for rank in range(tp):
+        shards = {name: torch.chunk(t, tp, dim=0)[rank].contiguous().clone() for name, t in state.items()}
+        save_file(shards, str(dst / f"rank{rank}.safetensors"))
+        del shards
+
+
+VARIANTS = {"kit": run_kit, "floor": run_floor, "naive": run_naive}
+
+
+def child(variant: str, src: Path, dst: Path, tp: int, input_bytes: int) -> None:
+    """Run one variant in this (fresh) process and print its figures as JSON."""
+    import torch  # noqa: F401 (imported before timing, as every variant needs it)
+
+    with AnonPeak() as peak:
+        start = time.perf_counter()
+        VARIANTS[variant](src, dst, tp)
+        seconds = time.perf_counter() - start
+    print(json.dumps(asdict(Figures(variant, seconds, input_bytes / 1e9, peak.peak_mb))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tinyllama-1.1b")
+    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None, help="Where to write (default: a temp dir).")
+    parser.add_argument("--repeat", type=int, default=3, help="Runs of each variant, interleaved; the median counts.")
+    parser.add_argument("--child", nargs=4, metavar=("VARIANT", "SRC", "DST", "BYTES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        variant, src, dst, nbytes = args.child
+        child(variant, Path(src), Path(dst), args.tp, int(nbytes))
+        return
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from synthetic_checkpoint import write_checkpoint
+
+    from trtllm_kit.build.inspect import inspect_model
+
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        work = Path(tmp)
+        src = work / "hf"
+        input_bytes = write_checkpoint(src, args.preset)
+        largest = max(info.nbytes for info in inspect_model(str(src)).tensors.values())
+        print(f"input: {args.preset}, {input_bytes / 1e9:.2f} GB bf16, largest tensor {largest / 2**20:.0f} MiB, "
+              f"tp={args.tp}")
+        runs: dict[str, list[Figures]] = {"floor": [], "kit": [], "naive": []}
+        for attempt in range(args.repeat):
+            for variant in runs:
+                out_dir = work / f"out-{variant}-{attempt}"
+                os.sync()  # start every run with no dirty pages of the previous one still being written back
+                out = subprocess.run([sys.executable, __file__, "--tp", str(args.tp), "--child", variant, str(src),
+                                      str(out_dir), str(input_bytes)], check=True, capture_output=True, text=True)
+                runs[variant].append(Figures(**json.loads(out.stdout.strip().splitlines()[-1])))
+                shutil.rmtree(out_dir)
+        results = {variant: median(figures) for variant, figures in runs.items()}
+        for variant, figures in results.items():
+            times = ", ".join(f"{f.seconds:.2f}" for f in runs[variant])
+            print(f"{variant:>5}: {figures.seconds:6.2f} s  {figures.gb_per_s:5.2f} GB/s input  "
+                  f"peak anon {figures.peak_anon_mb:7.0f} MB   (median of {args.repeat}: {times} s)")
+        kit, floor, naive = results["kit"], results["floor"], results["naive"]
+        budget = 2 * largest / 2**20 + 300
+        print(f"kit/floor time {kit.seconds / floor.seconds:.2f}x (target <= 1.25x); "
+              f"naive/kit time {naive.seconds / kit.seconds:.2f}x (target >= 1.8x); "
+              f"kit peak anon {kit.peak_anon_mb:.0f} MB vs budget {budget:.0f} MB (2 x largest tensor + 300 MB)")
+
+
+if __name__ == "__main__":
+    main()

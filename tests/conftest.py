@@ -1,0 +1,25 @@
+"""Test isolation: the kit's cache and the HF cache point into a per-session temporary directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built-in models are generated once per session under a temporary cache; nothing touches ~/.cache."""
+    root = tmp_path_factory.mktemp("caches")
+    saved = {k: os.environ.get(k) for k in ("TRTLLM_KIT_CACHE", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE")}
+    os.environ["TRTLLM_KIT_CACHE"] = str(root / "trtllm-kit")
+    os.environ["HF_HOME"] = str(root / "hf")
+    os.environ.pop("HF_HUB_CACHE", None)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    yield root
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
