@@ -1,10 +1,15 @@
-"""Runs the build stages in order into one atomically placed output directory."""
+"""Runs the build stages in order into one atomically placed output directory.
+
+Each stage is a function of the ``BuildContext``: it writes its own subdirectory of the staging
+directory and adds its section to ``ctx.summary``. ``spec.until`` names the last stage to run.
+"""
 
 from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +19,22 @@ from trtllm_kit.build.inspect import ModelSpec, inspect_model
 from trtllm_kit.build.shard import Mapping, check_tp
 from trtllm_kit.errors import VerifyError
 from trtllm_kit.progress import Reporter
-from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec import STAGES, BuildSpec
 
 VERIFY_MAX_PARAMETERS = 500_000_000
+
+
+@dataclass
+class BuildContext:
+    """What the stages share: the spec, the inspected model, the staging directory and the results so far."""
+
+    spec: BuildSpec
+    model: ModelSpec
+    mapping: Mapping
+    reporter: Reporter
+    out: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -34,15 +52,31 @@ def should_verify(spec: BuildSpec, model: ModelSpec) -> bool:
     return model.hf.num_parameters <= VERIFY_MAX_PARAMETERS
 
 
+def checkpoint_stage(ctx: BuildContext) -> None:
+    """HF weights → ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
+    ckpt_dir = ctx.out / "checkpoint"
+    ckpt_dir.mkdir()
+    with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
+        result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.dtype, lambda _name, n: advance(n))
+    _copy_tokenizer(ctx.model, ctx.out / "tokenizer")
+    ctx.summary["checkpoint"] = {"dir": "checkpoint", "dtype": result.dtype, **ctx.mapping.to_dict()}
+    if should_verify(ctx.spec, ctx.model):
+        t0 = time.perf_counter()
+        ctx.summary["verify"] = _verify(ckpt_dir, ctx.model, ctx.reporter)
+        ctx.timings["verify"] = time.perf_counter() - t0
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": checkpoint_stage}
+
+
 def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
-    """Inspect, convert (and verify) into ``spec.out``; nothing is left behind on failure.
+    """Run the stages up to ``spec.until`` into ``spec.out``; nothing is left behind on failure.
 
     Arguments:
         spec: the validated build spec.
         reporter: progress and notes (silent when omitted).
     """
     reporter = reporter or Reporter()
-    timings: dict[str, float] = {}
     started = time.perf_counter()
     check_out_dir(spec.out, force=spec.force)
     model = inspect_model(spec.model, allow_pickle=spec.allow_pickle)
@@ -51,38 +85,28 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     work_items(model, mapping)  # refuses pp larger than the layer count before any work
     reporter.note(f"{model.source}: {model.family.name} ({model.hf.architecture}), "
                   f"{model.hf.num_parameters / 1e6:.1f}M parameters, tp={spec.tp} pp={spec.pp}")
-    with staged_dir(spec.out, force=spec.force) as stage:
-        t0 = time.perf_counter()
-        ckpt_dir = stage / "checkpoint"
-        ckpt_dir.mkdir()
-        with reporter.task("convert", model.weight_bytes) as advance:
-            result = convert(model, ckpt_dir, mapping, spec.dtype, lambda _name, n: advance(n))
-        timings["checkpoint"] = time.perf_counter() - t0
-        _copy_tokenizer(model, stage / "tokenizer")
-        verify_report = None
-        if should_verify(spec, model):
+    stages = STAGES[: STAGES.index(spec.until) + 1]
+    with staged_dir(spec.out, force=spec.force) as stage_dir:
+        ctx = BuildContext(spec, model, mapping, reporter, stage_dir)
+        ctx.summary["model"] = {"source": model.source, "path": str(model.path), "family": model.family.name,
+                                "architecture": model.hf.architecture, "num_parameters": model.hf.num_parameters}
+        for name in stages:
             t0 = time.perf_counter()
-            verify_report = _verify(ckpt_dir, model, reporter)
-            timings["verify"] = time.perf_counter() - t0
-        timings["total"] = time.perf_counter() - started
-        summary = {
-            "model": {"source": model.source, "path": str(model.path), "family": model.family.name,
-                      "architecture": model.hf.architecture, "num_parameters": model.hf.num_parameters},
-            "checkpoint": {"dir": "checkpoint", "dtype": result.dtype, **mapping.to_dict()},
-            "verify": verify_report,
-            "stages": list(timings),
-        }
+            STAGE_FUNCTIONS[name](ctx)
+            ctx.timings[name] = time.perf_counter() - t0
+        ctx.timings["total"] = time.perf_counter() - started
+        ctx.summary["stages"] = list(stages)
         manifest = {
             "spec": spec.to_dict(),
-            "summary": summary,
+            "summary": ctx.summary,
             "inputs": {p.name: sha256_file(p) for p in (model.path / "config.json", *model.weight_files)},
             "tools": tool_versions(),
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-            "outputs": file_hashes(stage),
+            "timings_s": {k: round(v, 3) for k, v in ctx.timings.items()},
+            "outputs": file_hashes(stage_dir),
         }
-        write_manifest(stage, manifest)
+        write_manifest(stage_dir, manifest)
     out_dir = spec.out.absolute()
-    return BuildResult(out_dir, out_dir / "manifest.json", {"manifest": str(out_dir / "manifest.json"), **summary})
+    return BuildResult(out_dir, out_dir / "manifest.json", {"manifest": str(out_dir / "manifest.json"), **ctx.summary})
 
 
 def _copy_tokenizer(model: ModelSpec, dest: Path) -> None:
