@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from click.core import ParameterSource
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitError
+from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.progress import Reporter, RichReporter
 
 
@@ -203,10 +203,6 @@ def models(as_json: bool) -> None:
         click.echo(f"  {name:<22} {', '.join(architectures)}")
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` and return the exit code (testable apart from ``main``)."""
     try:
@@ -223,5 +219,5 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
+    INTERRUPTS.install()
     sys.exit(run())

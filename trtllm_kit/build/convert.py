@@ -28,6 +28,7 @@ from trtllm_kit.build.shard import (
 )
 from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError
+from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.models.base import Place, Rule, Split
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -125,10 +126,12 @@ class TensorReader:
             if self._pickle:
                 handle = torch.load(info.path, map_location="cpu", mmap=True, weights_only=True)
             else:
-                handle = self._stack.enter_context(safe_open(str(info.path), framework="pt"))
+                with INTERRUPTS.deferred():
+                    handle = self._stack.enter_context(safe_open(str(info.path), framework="pt"))
             self._handles[info.path] = handle
         try:
-            return handle[name] if self._pickle else handle.get_tensor(name)
+            with INTERRUPTS.deferred():
+                return handle[name] if self._pickle else handle.get_tensor(name)
         except Exception as exc:  # a file that changed or broke after inspection
             raise CheckpointError(f"{info.path.name}: reading {name} failed ({exc}).") from None
 
