@@ -21,7 +21,7 @@ class Mapping:
     def __post_init__(self) -> None:
         for name in ("tp_size", "pp_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KitUsageError(f"{name} must be a positive integer, got {value!r}.")
 
     @property
@@ -53,6 +53,8 @@ def layers_for_rank(num_layers: int, pp_size: int, pp_rank: int) -> range:
     if pp_size > num_layers:
         raise KitUsageError(f"pp_size {pp_size} is larger than the model's {num_layers} layers; "
                             f"choose pp_size <= {num_layers}.")
+    if not 0 <= pp_rank < pp_size:
+        raise ValueError(f"pp_rank {pp_rank} is outside 0..{pp_size - 1}")
     base, extra = divmod(num_layers, pp_size)
     start = pp_rank * base + min(pp_rank, extra)
     return range(start, start + base + (1 if pp_rank < extra else 0))
