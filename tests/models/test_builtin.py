@@ -167,7 +167,7 @@ def test_config_matches_the_recipe(name: str, model_dirs: dict[str, Path]) -> No
 
 @pytest.mark.parametrize("name", NAMES)
 def test_transformers_loads_every_tensor_and_runs(name: str, model_dirs: dict[str, Path]) -> None:
-    model, info = AutoModelForCausalLM.from_pretrained(model_dirs[name], output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(model_dirs[name], dtype="auto", output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert type(model).__name__ == BUILTIN_MODELS[name].hf_config["architectures"][0]
     assert model.dtype == torch.bfloat16
