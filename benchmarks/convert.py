@@ -10,6 +10,13 @@ directory, then converts it at tp=2 three ways, each in a fresh process and into
          o_proj/down_proj along dim 1, which costs a copy; the rest along dim 0), append the bytes to the
          rank files
 * naive: ``transformers`` ``from_pretrained``, split the state dict, ``safetensors.save_file`` per rank
+* kit-fp8, kit-int8-sq: the kit with ``--quant fp8`` / ``--quant int8-sq`` (per-tensor, static activations),
+         from calibration statistics computed once beforehand (not part of the conversion time)
+
+Calibration runs once, in its own process: the real forward hooks on the float32 ``transformers`` model, but on
+``--calib-samples`` windows of ``--calib-seq-len`` seeded random token ids (the synthetic checkpoint has no
+tokenizer, and a full 512 x 512 calibration of a 1.1B model takes long on a CPU). The quantization kernels are
+also timed alone, on one thread, over the largest MLP weight: GB/s of bf16 input.
 
 Each prints wall time, input GB/s and peak anonymous memory (RssAnon sampled every 5 ms: the page cache
 that memory-mapped reads fill is not counted). Input files are in the page cache for all three (the
@@ -87,13 +94,67 @@ def median(figures: list[Figures]) -> Figures:
     return Figures(middle.variant, middle.seconds, middle.input_gb, max(f.peak_anon_mb for f in figures))
 
 
-def run_kit(src: Path, dst: Path, tp: int) -> None:
-    from trtllm_kit.build.convert import convert
+def run_kit(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
+    from trtllm_kit.build.convert import convert, quant_transform
     from trtllm_kit.build.inspect import inspect_model
     from trtllm_kit.build.shard import Mapping
+    from trtllm_kit.quant.algos import QuantConfig
+    from trtllm_kit.quant.calibrate import CalibrationStats
 
     dst.mkdir()
-    convert(inspect_model(str(src)), dst, Mapping(tp, 1), "auto")
+    model, mapping = inspect_model(str(src)), Mapping(tp, 1)
+    config = QuantConfig(quant=quant)
+    stats = CalibrationStats.load(src.parent / "calibration") if config.needs_calibration else None
+    convert(model, dst, mapping, "auto", transform=quant_transform(model, mapping, "auto", config, stats))
+
+
+def run_calibration(src: Path, samples: int, seq_len: int) -> float:
+    """Collect statistics with the real hooks on seeded random token ids; save them next to ``src``."""
+    import torch
+
+    from trtllm_kit.quant.calibrate import collect_stats
+
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    generator = torch.Generator().manual_seed(1234)
+    windows = torch.randint(0, vocab, (samples, seq_len), generator=generator).tolist()
+    start = time.perf_counter()
+    stats = collect_stats(src, windows, device="cpu")
+    seconds = time.perf_counter() - start
+    stats.save(src.parent / "calibration")
+    return seconds
+
+
+def kernel_figures(preset: str) -> dict[str, float]:
+    """GB/s of bf16 input of each quantization kernel on one thread (median of 5, after a warm-up)."""
+    import torch
+    from synthetic_checkpoint import PRESETS
+
+    from trtllm_kit.quant.blocks import BlockBuffer
+    from trtllm_kit.quant.fp8 import fp8_quantize
+    from trtllm_kit.quant.int8 import quantize_rows_int8, smoothed_row_amax, w8a16_quantize
+
+    torch.set_num_threads(1)
+    dims = PRESETS[preset]
+    weight = (torch.randn(dims["intermediate_size"], dims["hidden_size"]) * 0.02).to(torch.bfloat16)
+    smoother = torch.rand(dims["hidden_size"]) + 0.5
+    row_scale = torch.full((weight.shape[0],), 127.0 / 0.1)
+    buffer = BlockBuffer()
+    kernels = {
+        "fp8": lambda: fp8_quantize(weight, 1e-4, buffer),
+        "sq-int8": lambda: quantize_rows_int8(weight, row_scale, smoother, buffer),
+        "sq-amax": lambda: smoothed_row_amax(weight, smoother, buffer),
+        "w8a16": lambda: w8a16_quantize(weight, buffer),
+    }
+    figures = {}
+    for name, kernel in kernels.items():
+        kernel()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            kernel()
+            times.append(time.perf_counter() - start)
+        figures[name] = weight.numel() * 2 / sorted(times)[2] / 1e9
+    return figures
 
 
 ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
@@ -131,7 +192,9 @@ def run_naive(src: Path, dst: Path, tp: int) -> None:
         del shards
 
 
-VARIANTS = {"kit": run_kit, "floor": run_floor, "naive": run_naive}
+VARIANTS = {"kit": run_kit, "floor": run_floor, "naive": run_naive,
+            "kit-fp8": lambda src, dst, tp: run_kit(src, dst, tp, "fp8"),
+            "kit-int8-sq": lambda src, dst, tp: run_kit(src, dst, tp, "int8-sq")}
 
 
 def child(variant: str, src: Path, dst: Path, tp: int, input_bytes: int) -> None:
@@ -151,13 +214,20 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None, help="Where to write (default: a temp dir).")
     parser.add_argument("--repeat", type=int, default=3, help="Runs of each variant, interleaved; the median counts.")
+    parser.add_argument("--calib-samples", type=int, default=4, help="Calibration windows (random token ids).")
+    parser.add_argument("--calib-seq-len", type=int, default=128, help="Tokens per calibration window.")
     parser.add_argument("--child", nargs=4, metavar=("VARIANT", "SRC", "DST", "BYTES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "scripts"))
     if args.child:
         variant, src, dst, nbytes = args.child
-        child(variant, Path(src), Path(dst), args.tp, int(nbytes))
+        if variant == "calibrate":
+            with AnonPeak() as peak:
+                seconds = run_calibration(Path(src), args.calib_samples, args.calib_seq_len)
+            print(json.dumps(asdict(Figures(variant, seconds, int(nbytes) / 1e9, peak.peak_mb))))
+        else:
+            child(variant, Path(src), Path(dst), args.tp, int(nbytes))
         return
-    sys.path.insert(0, str(ROOT / "scripts"))
     from synthetic_checkpoint import write_checkpoint
 
     from trtllm_kit.build.inspect import inspect_model
@@ -169,7 +239,13 @@ def main() -> None:
         largest = max(info.nbytes for info in inspect_model(str(src)).tensors.values())
         print(f"input: {args.preset}, {input_bytes / 1e9:.2f} GB bf16, largest tensor {largest / 2**20:.0f} MiB, "
               f"tp={args.tp}")
-        runs: dict[str, list[Figures]] = {"floor": [], "kit": [], "naive": []}
+        out = subprocess.run([sys.executable, __file__, "--calib-samples", str(args.calib_samples), "--calib-seq-len",
+                              str(args.calib_seq_len), "--child", "calibrate", str(src), "-", str(input_bytes)],
+                             check=True, capture_output=True, text=True)
+        calibration = Figures(**json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"calibration: {calibration.seconds:.1f} s for {args.calib_samples} x {args.calib_seq_len} random "
+              f"tokens (float32 forward with hooks), peak anon {calibration.peak_anon_mb:.0f} MB")
+        runs: dict[str, list[Figures]] = {"floor": [], "kit": [], "naive": [], "kit-fp8": [], "kit-int8-sq": []}
         for attempt in range(args.repeat):
             for variant in runs:
                 out_dir = work / f"out-{variant}-{attempt}"
@@ -188,6 +264,12 @@ def main() -> None:
         print(f"kit/floor time {kit.seconds / floor.seconds:.2f}x (target <= 1.25x); "
               f"naive/kit time {naive.seconds / kit.seconds:.2f}x (target >= 1.8x); "
               f"kit peak anon {kit.peak_anon_mb:.0f} MB vs budget {budget:.0f} MB (2 x largest tensor + 300 MB)")
+        fp8, sq = results["kit-fp8"], results["kit-int8-sq"]
+        print(f"kit-fp8/kit time {fp8.seconds / kit.seconds:.2f}x (target <= 1.5x); "
+              f"kit-int8-sq/kit time {sq.seconds / kit.seconds:.2f}x")
+        kernels = kernel_figures(args.preset)
+        print("quantization kernels, 1 thread, GB/s of bf16 input (target >= 1): "
+              + ", ".join(f"{name} {rate:.2f}" for name, rate in kernels.items()))
 
 
 if __name__ == "__main__":

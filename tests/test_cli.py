@@ -8,6 +8,7 @@ import shlex
 import struct
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,15 @@ from click.testing import CliRunner, Result
 
 from trtllm_kit import __version__
 from trtllm_kit.cli import cli, run
+from trtllm_kit.spec import STAGES, BuildSpec
 
 HIDDEN, INTER, NUM_HEADS, NUM_KV_HEADS, NUM_LAYERS, VOCAB = 64, 128, 4, 2, 3, 67
 HEAD_DIM = HIDDEN // NUM_HEADS
-SPEC_KEYS = ["model", "out", "tp", "pp", "dtype", "until", "target", "verify", "allow_pickle", "force"]
+SPEC_KEYS = [f.name for f in fields(BuildSpec)]
+BASE_SPEC_KEYS = ["model", "out", "tp", "pp", "dtype", "until", "target", "verify", "allow_pickle", "force"]
+ENGINE_SPEC = {"gpu": None, "gpu_memory": None, "kv_cache_fraction": 0.9, "max_batch_size": None,
+               "max_input_len": None, "max_seq_len": None, "max_num_tokens": None, "tokens_per_block": 32,
+               "build_flags": {}, "archive": None}
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +92,18 @@ ROWS = [
      "Error: Invalid value for '--dtype': 'int4' is not one of 'auto', 'float16', 'bfloat16', 'float32'."),
     (["build", "{model}", "--out", "{tmp}/out", "--tp", "two"], 2,
      "Error: Invalid value for '--tp': 'two' is not a valid integer."),
-    (["build", "{model}", "--out", "{tmp}/out", "--until", "engine"], 2,
-     "Error: Invalid value for '--until': 'engine' is not 'checkpoint'."),
+    (["build", "{model}", "--out", "{tmp}/out", "--until", "compile"], 2,
+     "Error: Invalid value for '--until': 'compile' is not one of 'checkpoint', 'engine', 'repo'."),
+    (["build", "{model}", "--out", "{tmp}/out", "--target", "gpu"], 2,
+     "Error: Invalid value for '--target': 'gpu' is not one of 'auto', 'cpu', 'engine'."),
+    (["build", "{model}", "--out", "{tmp}/out", "--tokens-per-block", "48"], 2,
+     "Error: tokens_per_block must be a power of two (32 and 64 are common), got 48."),
+    (["build", "{model}", "--out", "{tmp}/out", "--build-flag", "gemm_plugin=fast"], 2,
+     "Error: --build-flag gemm_plugin=fast is not one of auto, float16, bfloat16, float32, int32, disable, fp8, "
+     "nvfp4."),
+    (["build", "{model}", "--out", "{tmp}/out", "--gpu", "H800"], 2,
+     "Error: --gpu 'H800' is not a known GPU; known: B200, H200, GH200, H100-80GB, H100-NVL, A100-80GB, A100-40GB, "
+     "L40S, L40, L4, A10G, A10, RTX-4090, RTX-6000-ADA, T4, V100-32GB; or pass --gpu-memory GiB instead."),
     (["build", "--out", "{tmp}/out"], 2, 'Error: no model given; pass MODEL or set model = "..." in the config file.'),
     (["build", "{model}"], 2,
      'Error: no output directory given; pass --out DIR or set out = "..." in the config file.'),
@@ -230,9 +246,11 @@ def test_build_json_points_at_a_manifest_that_matches_the_disk(tiny_llama: Path,
     assert summary["verify"]["passed"] is True
     manifest = json.loads(manifest_path.read_text())
     assert manifest["schema_version"] == 1
-    assert manifest["spec"] == {"model": str(tiny_llama), "out": str(out), "tp": 1, "pp": 1, "dtype": "auto",
-                                "until": "checkpoint", "target": "auto", "verify": None, "allow_pickle": False,
-                                "force": False}
+    spec = manifest["spec"]
+    assert {k: spec[k] for k in BASE_SPEC_KEYS} == {"model": str(tiny_llama), "out": str(out), "tp": 1, "pp": 1,
+                                                    "dtype": "auto", "until": STAGES[-1], "target": "auto",
+                                                    "verify": None, "allow_pickle": False, "force": False}
+    assert {k: spec[k] for k in ENGINE_SPEC} == ENGINE_SPEC
     assert manifest["inputs"] == {name: sha256(tiny_llama / name) for name in ("config.json", "model.safetensors")}
     tools = manifest["tools"]
     assert (tools["trtllm_kit"], tools["torch"], tools["transformers"]) == (__version__, torch.__version__,

@@ -328,7 +328,7 @@ def test_non_empty_out_is_replaced_with_force(tiny_llama: Path, tmp_path: Path,
     code, _, err = build(capsys, str(tiny_llama), "--out", str(out), "--force")
 
     assert (code, error_lines(err)) == (0, [])
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "manifest.json", "tokenizer"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "manifest.json", "repo", "tokenizer"]
     assert leftovers(out) == []
 
 

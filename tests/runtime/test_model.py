@@ -180,7 +180,7 @@ def test_replicated_tensors_must_agree_across_tp_ranks(ckpt):
 
 @pytest.mark.parametrize("changes, message", [
     ({"rotary_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rotary_scaling of type 'yarn', which the CPU"),
-    ({"quantization": {"quant_algo": "W8A16", "kv_cache_quant_algo": None}}, "is quantized"),
+    ({"quantization": {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None}}, "is quantized with W4A16_AWQ"),
     ({"architecture": "GPT2LMHeadModel"}, "architecture 'GPT2LMHeadModel'"),
 ])
 def test_unsupported_configs(ckpt, changes, message):

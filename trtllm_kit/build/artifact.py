@@ -32,7 +32,7 @@ def check_out_dir(out_dir: Path, *, force: bool) -> None:
     """
     if out_dir.exists() and not out_dir.is_dir():
         raise KitUsageError(f"--out {out_dir} is a file; choose a directory path.")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force and not (out_dir / MANIFEST).is_file():
         count = sum(1 for _ in out_dir.iterdir())
         raise KitUsageError(f"--out {out_dir} is not empty ({count} entries); pass --force to replace it or "
                             "choose another directory.")
@@ -105,9 +105,12 @@ def sha256_file(path: Path, chunk: int = 16 * 1024 * 1024) -> str:
     return digest.hexdigest()
 
 
-def file_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root``, keyed by the path relative to it."""
-    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
+    """sha256 of every file under ``root``, keyed by the path relative to it (``known`` digests are taken as is:
+    files of a reused stage)."""
+    known = known or {}
+    names = (str(p.relative_to(root)) for p in sorted(root.rglob("*")) if p.is_file())
+    return {name: known[name] if name in known else sha256_file(root / name) for name in names}
 
 
 def tool_versions() -> dict[str, str | None]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors import safe_open
@@ -31,8 +32,13 @@ from trtllm_kit.errors import CheckpointError
 from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.models.base import Place, Rule, Split
 
+if TYPE_CHECKING:
+    from trtllm_kit.quant.algos import QuantConfig
+    from trtllm_kit.quant.calibrate import CalibrationStats
+
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 OnTensor = Callable[[str, int], None]
+Layout = list[tuple[str, torch.dtype, tuple[int, ...]]]
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,18 @@ class WorkItem:
     @property
     def target(self) -> str:
         return self.rule.target_name(self.local_layer)
+
+
+class TensorTransform(Protocol):
+    """A per-work-item hook (quantization): what each rank file holds instead of the plain tensor."""
+
+    quantization: dict[str, Any]  # the ``quantization`` object of config.json
+
+    def entries(self, item: WorkItem, shape: tuple[int, ...]) -> Layout:
+        """(name, dtype, shape) per rank for ``item``, whose plain per-rank shape is ``shape``."""
+
+    def apply(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> list[list[tuple[str, list[torch.Tensor]]]]:
+        """Per TP rank, (name, parts) in ``entries`` order, from the plain per-rank parts."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +112,9 @@ def check_sources(model: ModelSpec, items: list[WorkItem]) -> None:
                                  f"implies {list(expected)}; the weights and config do not match.")
 
 
-def rank_entries(model: ModelSpec, items: list[WorkItem], mapping: Mapping,
-                 dtype: torch.dtype) -> list[list[tuple[str, torch.dtype, tuple[int, ...]]]]:
-    """The (name, dtype, shape) layout of each rank file."""
+def rank_entries(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: torch.dtype,
+                 transform: TensorTransform | None = None) -> list[Layout]:
+    """The (name, dtype, shape) layout of each rank file (with a transform's extra tensors and dtypes)."""
     hf = model.hf
     qkv_heads = hf.num_attention_heads // mapping.tp_size + 2 * kv_heads_per_rank(hf.num_key_value_heads,
                                                                                    mapping.tp_size)
@@ -105,8 +123,9 @@ def rank_entries(model: ModelSpec, items: list[WorkItem], mapping: Mapping,
         shape = model.tensors[item.sources[0]].shape
         rows = qkv_heads * hf.head_dim if item.rule.split is Split.QKV else None
         local = shard_shape(shape, item.rule.split, mapping.tp_size, qkv_rows=rows)
+        layout = transform.entries(item, local) if transform else [(item.target, dtype, local)]
         for tp_rank in range(mapping.tp_size):
-            entries[mapping.rank(tp_rank, item.pp_rank)].append((item.target, dtype, local))
+            entries[mapping.rank(tp_rank, item.pp_rank)].extend(layout)
     return entries
 
 
@@ -197,7 +216,7 @@ def _torch_threads(count: int) -> Iterator[None]:
 
 
 def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "auto",
-            on_tensor: OnTensor | None = None) -> ConvertResult:
+            on_tensor: OnTensor | None = None, transform: TensorTransform | None = None) -> ConvertResult:
     """Write ``config.json`` and ``rank{N}.safetensors`` for ``model`` into ``out_dir``.
 
     Arguments:
@@ -206,13 +225,14 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
         mapping: the TP/PP layout.
         dtype: ``auto``, ``float16``, ``bfloat16`` or ``float32``.
         on_tensor: called with (tensor name, bytes read) after each tensor, for progress.
+        transform: a quantization hook (``trtllm_kit.quant.checkpoint.QuantTransform``), or None.
     """
     hf = model.hf
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
     dtype = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
     check_sources(model, items)
-    entries = rank_entries(model, items, mapping, TORCH_DTYPES[dtype])
+    entries = rank_entries(model, items, mapping, TORCH_DTYPES[dtype], transform)
     paths = tuple(out_dir / f"rank{rank}.safetensors" for rank in range(mapping.world_size))
     total = 0
     with ExitStack() as stack:
@@ -221,18 +241,21 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
                    for path, layout in zip(paths, entries, strict=True)]
         reader = TensorReader(model, stack)
         for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader.read):
-            for tp_rank, parts in enumerate(shards):
-                writers[mapping.rank(tp_rank, item.pp_rank)].write(item.target, parts)
+            outputs = transform.apply(item, shards) if transform else [[(item.target, parts)] for parts in shards]
+            for tp_rank, tensors in enumerate(outputs):
+                for name, parts in tensors:
+                    writers[mapping.rank(tp_rank, item.pp_rank)].write(name, parts)
             total += nbytes
             if on_tensor:
                 on_tensor(item.target, nbytes)
-    config = checkpoint_config(hf, model.family, mapping, dtype)
+    config = checkpoint_config(hf, model.family, mapping, dtype, transform.quantization if transform else None)
     (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return ConvertResult(out_dir, dtype, mapping, paths, total)
 
 
 def convert_checkpoint(hf_dir: Path | str, out_dir: Path, *, tp_size: int = 1, pp_size: int = 1,
-                       dtype: str = "auto", allow_pickle: bool = False) -> ConvertResult:
+                       dtype: str = "auto", allow_pickle: bool = False, quant: QuantConfig | None = None,
+                       stats: CalibrationStats | None = None) -> ConvertResult:
     """Inspect and convert in one call (the library entry point for scripts and tests).
 
     Arguments:
@@ -242,8 +265,32 @@ def convert_checkpoint(hf_dir: Path | str, out_dir: Path, *, tp_size: int = 1, p
         pp_size: pipeline-parallel size.
         dtype: ``auto``, ``float16``, ``bfloat16`` or ``float32``.
         allow_pickle: accept pickle weights.
+        quant: the quantization (none when omitted).
+        stats: calibration statistics; calibrated here on the shipped corpus when the quantization needs them.
     """
     model = inspect_model(str(hf_dir), allow_pickle=allow_pickle)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return convert(model, out_dir, Mapping(tp_size, pp_size), dtype)
+    mapping = Mapping(tp_size, pp_size)
+    return convert(model, out_dir, mapping, dtype, transform=quant_transform(model, mapping, dtype, quant, stats))
+
+
+def quant_transform(model: ModelSpec, mapping: Mapping, dtype: str, quant: QuantConfig | None,
+                    stats: CalibrationStats | None = None) -> TensorTransform | None:
+    """The quantization hook for ``convert`` (None when nothing is quantized), calibrating when needed.
+
+    Arguments:
+        model: the inspected model; mapping: the layout; dtype: the requested dtype; quant: the quantization;
+        stats: calibration statistics, or None to calibrate now when the quantization needs them.
+    """
+    from trtllm_kit.quant.algos import check_model
+    from trtllm_kit.quant.calibrate import calibrate
+    from trtllm_kit.quant.checkpoint import QuantTransform
+
+    if quant is None or not quant.is_quantized:
+        return None
+    check_model(quant, model.hf.num_key_value_heads, mapping.tp_size)
+    if quant.needs_calibration and stats is None:
+        stats = calibrate(model.path, quant)
+    target = TORCH_DTYPES[resolve_dtype(dtype, model.hf)]
+    return QuantTransform(quant, model.family.rules(model.hf), target, stats)

@@ -12,9 +12,12 @@ from trtllm_kit.build.convert import TORCH_DTYPES, check_sources, rank_entries, 
 from trtllm_kit.build.inspect import inspect_model
 from trtllm_kit.build.shard import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size
 from trtllm_kit.build.trtllm_config import resolve_dtype
+from trtllm_kit.quant.algos import QuantConfig, check_model
+from trtllm_kit.quant.checkpoint import QuantTransform
 
 
-def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_pickle: bool = False) -> dict[str, Any]:
+def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_pickle: bool = False,
+                   quant: QuantConfig | None = None) -> dict[str, Any]:
     """The model's facts and the per-rank layout of a conversion, computed from headers only.
 
     Arguments:
@@ -23,6 +26,7 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
         pp: pipeline-parallel size.
         dtype: requested checkpoint dtype.
         allow_pickle: accept pickle weights.
+        quant: the quantization (the layout shows its tensors and dtypes).
     """
     model = inspect_model(source, allow_pickle=allow_pickle)
     hf = model.hf
@@ -31,16 +35,19 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
     resolved = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
     check_sources(model, items)
-    entries = rank_entries(model, items, mapping, TORCH_DTYPES[resolved])
-    itemsize = torch.empty((), dtype=TORCH_DTYPES[resolved]).element_size()
+    quant = quant or QuantConfig()
+    check_model(quant, hf.num_key_value_heads, tp)
+    transform = QuantTransform(quant, model.family.rules(hf), TORCH_DTYPES[resolved], None) if quant.is_quantized \
+        else None
+    entries = rank_entries(model, items, mapping, TORCH_DTYPES[resolved], transform)
     ranks = []
     for rank, layout in enumerate(entries):
         pp_rank = mapping.pp_rank(rank)
         layers = layers_for_rank(hf.num_hidden_layers, pp, pp_rank)
-        numel = sum(_numel(shape) for _, _, shape in layout)
+        nbytes = sum(_numel(shape) * torch.empty((), dtype=dt).element_size() for _, dt, shape in layout)
         ranks.append({"rank": rank, "tp_rank": mapping.tp_rank(rank), "pp_rank": pp_rank,
                       "layers": [layers.start, layers.stop - 1], "num_tensors": len(layout),
-                      "bytes": numel * itemsize})
+                      "bytes": nbytes})
     used = {name for item in items for name in item.sources}
     return {
         "source": model.source,
@@ -62,7 +69,8 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
         "build": {"dtype": resolved, **mapping.to_dict(),
                   "kv_heads_per_rank": kv_heads_per_rank(hf.num_key_value_heads, tp),
                   "kv_heads_duplicated": hf.num_key_value_heads < tp,
-                  "padded_vocab_size": pad_vocab_size(hf.vocab_size, tp), "ranks": ranks},
+                  "padded_vocab_size": pad_vocab_size(hf.vocab_size, tp), "ranks": ranks,
+                  "quantization": quant.quantization_block(), "needs_calibration": quant.needs_calibration},
         "unused_tensors": sorted(set(model.tensors) - used),
     }
 
@@ -91,6 +99,10 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
     console.print(f"Build: {b['dtype']}, tp={b['tp_size']} pp={b['pp_size']}, {b['kv_heads_per_rank']} KV "
                   f"head(s) per rank{' (duplicated)' if b['kv_heads_duplicated'] else ''}, lm_head vocab padded "
                   f"to {b['padded_vocab_size']}", highlight=False)
+    q = b["quantization"]
+    if q["quant_algo"] or q["kv_cache_quant_algo"]:
+        console.print(f"Quantization: {q['quant_algo'] or 'none'}, KV cache {q['kv_cache_quant_algo'] or 'model dtype'}"
+                      f"{' (calibrated)' if b['needs_calibration'] else ''}", highlight=False)
     table = Table("rank", "tp", "pp", "layers", "tensors", "MiB")
     for r in b["ranks"]:
         table.add_row(str(r["rank"]), str(r["tp_rank"]), str(r["pp_rank"]), f"{r['layers'][0]}–{r['layers'][1]}",

@@ -13,12 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.build.artifact import check_out_dir, file_hashes, sha256_file, staged_dir, tool_versions, write_manifest
-from trtllm_kit.build.convert import convert, work_items
+from trtllm_kit.build.artifact import check_out_dir, file_hashes, staged_dir, tool_versions, write_manifest
+from trtllm_kit.build.cache import Previous, fingerprint, input_digests, stage_key
+from trtllm_kit.build.compat import detect_machine
+from trtllm_kit.build.convert import convert, quant_transform, work_items
+from trtllm_kit.build.engine import EngineSetup, engine_stage, prepare_engine
 from trtllm_kit.build.inspect import ModelSpec, inspect_model
 from trtllm_kit.build.shard import Mapping, check_tp
 from trtllm_kit.errors import VerifyError
+from trtllm_kit.model_repo.options import REPO_FIELDS
+from trtllm_kit.model_repo.repository import repo_key_parts, repo_stage
 from trtllm_kit.progress import Reporter
+from trtllm_kit.quant.algos import check_model
 from trtllm_kit.spec import STAGES, BuildSpec
 
 VERIFY_MAX_PARAMETERS = 500_000_000
@@ -35,6 +41,7 @@ class BuildContext:
     out: Path
     summary: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    engine: EngineSetup | None = None
 
 
 @dataclass(frozen=True)
@@ -56,17 +63,46 @@ def checkpoint_stage(ctx: BuildContext) -> None:
     """HF weights → ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
     ckpt_dir = ctx.out / "checkpoint"
     ckpt_dir.mkdir()
+    quant, stats = ctx.spec.quant_config(), None
+    if quant.needs_calibration:  # statistics saved with the artifact: calibration/stats.safetensors + .json
+        from trtllm_kit.quant.calibrate import calibrate
+
+        t0 = time.perf_counter()
+        stats = calibrate(ctx.model.path, quant, ctx.reporter)
+        stats.save(ctx.out / "calibration")
+        ctx.timings["calibrate"] = time.perf_counter() - t0
+        ctx.summary["calibration"] = {"dir": "calibration", **stats.params}
+    transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.dtype, quant, stats)
     with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
-        result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.dtype, lambda _name, n: advance(n))
+        result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.dtype, lambda _name, n: advance(n), transform)
     _copy_tokenizer(ctx.model, ctx.out / "tokenizer")
     ctx.summary["checkpoint"] = {"dir": "checkpoint", "dtype": result.dtype, **ctx.mapping.to_dict()}
+    if quant.is_quantized:
+        ctx.summary["checkpoint"]["quantization"] = quant.quantization_block()
     if should_verify(ctx.spec, ctx.model):
         t0 = time.perf_counter()
         ctx.summary["verify"] = _verify(ckpt_dir, ctx.model, ctx.reporter)
         ctx.timings["verify"] = time.perf_counter() - t0
 
 
-STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": checkpoint_stage}
+STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": checkpoint_stage, "engine": engine_stage,
+                                                              "repo": repo_stage}
+# spec fields that do not change the checkpoint (every other field, quantization included, is in its key)
+NOT_CHECKPOINT_FIELDS = ("out", "until", "target", "force", "archive", "gpu", "gpu_memory", "kv_cache_fraction",
+                         "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
+                         "build_flags", "model", "verify", *REPO_FIELDS)
+CHECKPOINT_TOOLS = ("trtllm_kit", "torch", "transformers", "safetensors")
+
+
+def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engine: EngineSetup) -> dict[str, str]:
+    """The cache key of every stage: its inputs, the spec fields it reads, the tool versions, the previous key."""
+    tools = tool_versions()
+    fields = {k: v for k, v in spec.to_dict().items() if k not in NOT_CHECKPOINT_FIELDS}
+    checkpoint = stage_key("checkpoint", {"inputs": digests, "spec": fields, "verify": should_verify(spec, model),
+                                          "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}})
+    engine_key = stage_key("engine", {"checkpoint": checkpoint, **engine.key_parts()})
+    return {"checkpoint": checkpoint, "engine": engine_key,
+            "repo": stage_key("repo", {"engine": engine_key, **repo_key_parts(spec)})}
 
 
 def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
@@ -82,31 +118,53 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     model = inspect_model(spec.model, allow_pickle=spec.allow_pickle)
     mapping = Mapping(spec.tp, spec.pp)
     check_tp(model.hf.num_attention_heads, model.hf.num_key_value_heads, model.hf.intermediate_size, spec.tp)
+    check_model(spec.quant_config(), model.hf.num_key_value_heads, spec.tp)
     work_items(model, mapping)  # refuses pp larger than the layer count before any work
     reporter.note(f"{model.source}: {model.family.name} ({model.hf.architecture}), "
                   f"{model.hf.num_parameters / 1e6:.1f}M parameters, tp={spec.tp} pp={spec.pp}")
     stages = STAGES[: STAGES.index(spec.until) + 1]
+    engine = prepare_engine(spec, model.hf, model.family, detect_machine(), compile_requested="engine" in stages)
+    if "engine" in stages:
+        reporter.note(engine.reason)
+    input_paths = [model.path / "config.json", *model.weight_files]
+    previous = Previous.load(spec.out, force=spec.force)
+    digests = input_digests(input_paths, previous)
+    keys = stage_keys(spec, model, digests, engine)
+    reused = []
     with staged_dir(spec.out, force=spec.force) as stage_dir:
-        ctx = BuildContext(spec, model, mapping, reporter, stage_dir)
+        ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
         ctx.summary["model"] = {"source": model.source, "path": str(model.path), "family": model.family.name,
                                 "architecture": model.hf.architecture, "num_parameters": model.hf.num_parameters}
         for name in stages:
             t0 = time.perf_counter()
-            STAGE_FUNCTIONS[name](ctx)
+            if previous.can_reuse(name, keys[name]):
+                ctx.summary.update(previous.reuse(name, stage_dir))
+                reused.append(name)
+                reporter.note(f"{name}: unchanged (cache key {keys[name]}), reused")
+            else:
+                STAGE_FUNCTIONS[name](ctx)
             ctx.timings[name] = time.perf_counter() - t0
         ctx.timings["total"] = time.perf_counter() - started
         ctx.summary["stages"] = list(stages)
         manifest = {
             "spec": spec.to_dict(),
             "summary": ctx.summary,
-            "inputs": {p.name: sha256_file(p) for p in (model.path / "config.json", *model.weight_files)},
+            "inputs": digests,
             "tools": tool_versions(),
+            "machine": engine.machine.to_dict(),
+            "cache": {"stages": {name: keys[name] for name in stages}, "reused": reused,
+                      "fingerprints": {p.name: fingerprint(p) for p in input_paths}},
             "timings_s": {k: round(v, 3) for k, v in ctx.timings.items()},
-            "outputs": file_hashes(stage_dir),
+            "outputs": file_hashes(stage_dir, previous.outputs_of(reused)),
         }
         write_manifest(stage_dir, manifest)
     out_dir = spec.out.absolute()
-    return BuildResult(out_dir, out_dir / "manifest.json", {"manifest": str(out_dir / "manifest.json"), **ctx.summary})
+    summary = {"manifest": str(out_dir / "manifest.json"), **ctx.summary, "reused": reused}
+    if spec.archive:
+        from trtllm_kit.build.archive import pack_archive
+
+        summary["archive"] = str(pack_archive(out_dir, spec.archive).absolute())
+    return BuildResult(out_dir, out_dir / "manifest.json", summary)
 
 
 def _copy_tokenizer(model: ModelSpec, dest: Path) -> None:
@@ -120,9 +178,17 @@ def _verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter) -> dict[str, A
 
     reporter.note("verify: running the checkpoint on the CPU against transformers")
     report = verify_checkpoint(ckpt_dir, model.path)
+    if not report.passed and report.quantization:
+        raise VerifyError(f"verify failed: on the shipped corpus the {report.quantization} checkpoint's perplexity "
+                          f"is {report.perplexity:.4g} against {report.reference_perplexity:.4g} unquantized "
+                          f"({report.perplexity_change:+.2%}, bound ±{report.perplexity_bound:.0%}) and its KL "
+                          f"divergence {report.kl_divergence:.3g} (bound {report.kl_bound:.3g}); calibrate on more or "
+                          "other data (--calib-data, --calib-samples) or choose another --quant.")
     if not report.passed:
         raise VerifyError(f"verify failed: max abs logit error {report.max_abs_err:.3g} exceeds the tolerance "
                           f"{report.tolerance:.3g} (top-1 agreement {report.top1_agreement:.1%}); the checkpoint "
                           "does not compute what the HF model does.")
-    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, top-1 agreement {report.top1_agreement:.1%}")
+    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, top-1 agreement {report.top1_agreement:.1%}"
+                  + (f", perplexity {report.perplexity:.4g} vs {report.reference_perplexity:.4g} unquantized "
+                     f"({report.perplexity_change:+.2%})" if report.quantization else ""))
     return report.to_dict()

@@ -1,0 +1,1 @@
+"""Measuring a served model: ``trtllm-kit bench``, ``bench compare`` and ``profile``."""

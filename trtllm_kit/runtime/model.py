@@ -10,7 +10,6 @@ are public so that a runtime with a paged KV cache can call them on its own tens
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,23 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from trtllm_kit.errors import CheckpointError
+from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
+    LINEAR_WEIGHTS,
+    ROPE_TYPES,
+    Rope,
+    Weights,
+    attend,
+    causal_mask,
+    check_quantization,
+    kv_cache,
+    linear,
+    prepare_weights,
+    reduce,
+    required_quant_tensors,
+    rms_norm,
+)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-ROPE_TYPES = ("linear", "dynamic", "llama3")
-Weights = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -63,11 +75,7 @@ class Dims:
         if config.get("architecture") not in ARCHITECTURES:
             raise CheckpointError(f"{source} has architecture {config.get('architecture')!r}; the CPU "
                                   f"runtime runs {', '.join(ARCHITECTURES)}.")
-        quant = config.get("quantization") or {}
-        if quant.get("quant_algo") or quant.get("kv_cache_quant_algo"):
-            raise CheckpointError(f"{source} is quantized ({quant.get('quant_algo')}, KV cache "
-                                  f"{quant.get('kv_cache_quant_algo')}); the CPU runtime runs unquantized "
-                                  "checkpoints only: convert again without quantization.")
+        check_quantization(config.get("quantization") or {}, source)
         for key, want in (("position_embedding_type", "rope_gpt_neox"), ("hidden_act", "silu")):
             if config.get(key, want) != want:
                 raise CheckpointError(f"{source} has {key} {config[key]!r}; the CPU runtime needs {want!r}.")
@@ -94,115 +102,6 @@ class Dims:
         return dims
 
 
-class Rope:
-    """GPT-NeoX rotary embedding with ``rotary_base`` and ``rotary_scaling`` (the HF ``rope_scaling`` dict)."""
-
-    def __init__(self, config: dict[str, Any], head_size: int, source: str = "config.json") -> None:
-        """Arguments:
-        config: the checkpoint config; head_size: the rotary dimension; source: for error messages.
-        """
-        self.dim = head_size
-        self.base = float(config.get("rotary_base", 10000.0))
-        self.max_positions = int(config.get("max_position_embeddings") or 2048)
-        self.scaling = dict(config.get("rotary_scaling") or {})
-        self.rope_type = self.scaling.get("rope_type", self.scaling.get("type", "default"))
-        if self.rope_type not in ("default", *ROPE_TYPES):
-            raise CheckpointError(f"{source} has rotary_scaling of type {self.rope_type!r}, which the CPU "
-                                  f"runtime does not implement (it supports none, {', '.join(ROPE_TYPES)}).")
-
-    def inv_freq(self, seq_len: int) -> torch.Tensor:
-        """Inverse frequencies [dim/2] in float32, computed as transformers computes them.
-
-        Arguments:
-            seq_len: tokens in the sequence; only "dynamic" scaling depends on it.
-        """
-        base, s = self.base, self.scaling
-        if self.rope_type == "dynamic" and seq_len > self.max_positions:
-            factor = float(s["factor"])
-            base *= (factor * seq_len / self.max_positions - (factor - 1)) ** (self.dim / (self.dim - 2))
-        inv_freq = 1.0 / (base ** (torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim))
-        if self.rope_type == "linear":
-            return inv_freq / float(s["factor"])
-        if self.rope_type != "llama3":
-            return inv_freq
-        factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
-        old_len = int(s.get("original_max_position_embeddings") or self.max_positions)
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
-        return torch.where(is_medium, smoothed, scaled)
-
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """Rotate ``x`` [B, heads, T, dim] in float32 (as the attention kernel does), rounded back to its dtype.
-
-        Arguments:
-            x: queries or keys; positions: [B, T] token positions; seq_len: for dynamic scaling.
-        """
-        freqs = positions.float()[:, None, :, None] * self.inv_freq(seq_len)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
-        xf, half = x.float(), x.shape[-1] // 2
-        rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-        return (xf * cos + rotated * sin).to(x.dtype)
-
-
-def linear(x: torch.Tensor, weights: Weights, prefix: str, *, with_bias: bool = True) -> torch.Tensor:
-    """``x @ W.T (+ b)`` of layer ``prefix`` on one rank: the one place where dequantization will slot in.
-
-    Arguments:
-        x: activations [..., in] in the compute dtype; weights: the rank's tensors; prefix: the name without
-        ``.weight``; with_bias: False for row-parallel layers, whose bias is added after the reduction.
-    """
-    # Quantized checkpoints (W8A16, SmoothQuant, FP8) will dequantize here from ``{prefix}.*scale*`` tensors.
-    bias = weights.get(f"{prefix}.bias") if with_bias else None
-    return torch.nn.functional.linear(x, weights[f"{prefix}.weight"], bias)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, rounded to ``x.dtype`` before the scale (as transformers does).
-
-    Arguments:
-        x: hidden states; weight: the scale; eps: ``norm_epsilon``.
-    """
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def reduce(partials: list[torch.Tensor], bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The TP all-reduce of row-parallel partial sums (accumulated in float32), then the row bias once.
-
-    Arguments:
-        partials: one output per TP rank in the compute dtype; bias: the replicated row bias, or None.
-    """
-    total = torch.stack([p.float() for p in partials]).sum(0).to(partials[0].dtype)
-    return total if bias is None else total + bias
-
-
-def causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:
-    """Boolean [num_queries, num_keys], True where visible; the queries are the last ``num_queries`` keys.
-
-    Arguments:
-        num_queries: new tokens; num_keys: cached plus new tokens.
-    """
-    return torch.arange(num_keys)[None, :] <= torch.arange(num_queries)[:, None] + (num_keys - num_queries)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Scaled dot-product attention of one rank with grouped KV heads, as fused attention kernels round it:
-    scores and softmax in float32, probabilities rounded to the compute dtype for the product with ``v``.
-
-    Arguments:
-        q: [B, Hq_r, T, d]; k, v: [B, Hkv_r, S, d]; mask: boolean, broadcastable to [B, Hq_r, T, S].
-    """
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return torch.matmul(probs.to(q.dtype), v)
-
-
 class CheckpointModel:
     """The weights of every rank of a TensorRT-LLM checkpoint, and the math that runs them."""
 
@@ -214,6 +113,7 @@ class CheckpointModel:
         self.config = config
         self.dims = Dims.from_config(config, source)
         self.rope = Rope(config, self.dims.head_size, source)
+        self.kv_cache_quant_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
         self.dtype = dtype
         self.ranks = ranks
         self.layer_places = [(p, i) for p in range(self.dims.pp_size)
@@ -256,9 +156,11 @@ class CheckpointModel:
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{path} cannot be read as safetensors ({exc}).") from None
             _check_rank(tensors, _expected_shapes(config, dims, rank // dims.tp_size), path)
+            _check_quantized(tensors, config.get("quantization") or {}, path)
             ranks.append(tensors)
         _check_replicas(ranks, config, dims, ckpt_dir)
-        ranks = [{name: t.to(compute_dtype) for name, t in tensors.items()} for tensors in ranks]
+        quantization = config.get("quantization") or {}
+        ranks = [prepare_weights(tensors, quantization, compute_dtype) for tensors in ranks]
         return cls(config, ranks, compute_dtype, str(ckpt_dir))
 
     def weights(self, pp_rank: int, tp_rank: int) -> Weights:
@@ -299,7 +201,9 @@ class CheckpointModel:
         out = linear(x, self.weights(pp_rank, tp_rank), f"transformer.layers.{local}.attention.qkv")
         d, hq, hkv = self.dims.head_size, self.dims.num_heads_per_rank, self.dims.num_kv_heads_per_rank
         q, k, v = (t.unflatten(-1, (-1, d)).transpose(1, 2) for t in out.split([hq * d, hkv * d, hkv * d], -1))
-        return self.rope.rotate(q, positions, seq_len), self.rope.rotate(k, positions, seq_len), v
+        k, v = kv_cache(self.weights(pp_rank, tp_rank), f"transformer.layers.{local}", self.kv_cache_quant_algo,
+                        self.rope.rotate(k, positions, seq_len), v)
+        return self.rope.rotate(q, positions, seq_len), k, v
 
     def attention_output(self, layer: int, contexts: list[torch.Tensor]) -> torch.Tensor:
         """``attention.dense`` of every rank's context [B, Hq_r, T, d], reduced across TP.
@@ -398,6 +302,21 @@ def _check_rank(tensors: Weights, expected: dict[str, tuple[int, ...]], path: Pa
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {list(tensors[name].shape)}, but "
                                   f"config.json implies {list(shape)}.")
+
+
+def _check_quantized(tensors: Weights, quantization: dict[str, Any], path: Path) -> None:
+    """A quantized rank file holds every scale its algorithm needs, and weights of the algorithm's dtype."""
+    missing = [name for name in required_quant_tensors(list(tensors), quantization) if name not in tensors]
+    if missing:
+        raise CheckpointError(f"{path} lacks the tensor {missing[0]!r} that quant_algo "
+                              f"{quantization.get('quant_algo')} / kv_cache_quant_algo "
+                              f"{quantization.get('kv_cache_quant_algo')} needs; convert the checkpoint again.")
+    algo = quantization.get("quant_algo") or ""
+    want = torch.float8_e4m3fn if algo == "FP8" else torch.int8 if algo.startswith("W8A8_SQ") else None
+    wrong = [n for n in tensors if n.endswith(LINEAR_WEIGHTS) and want is not None and tensors[n].dtype != want]
+    if wrong:
+        raise CheckpointError(f"{path}: tensor {wrong[0]!r} is {tensors[wrong[0]].dtype}, but quant_algo {algo} "
+                              f"stores {want}; convert the checkpoint again.")
 
 
 def _check_replicas(ranks: list[Weights], config: dict[str, Any], dims: Dims, ckpt_dir: Path) -> None:

@@ -1,0 +1,52 @@
+"""A real ``tritonserver`` (the nvidia-pytriton build) for integration tests, started with the kit's launcher."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from trtllm_kit.serve.launcher import LaunchConfig, free_endpoints
+from trtllm_kit.serve.locate import pytriton_install
+from trtllm_kit.serve.process import TritonProcess
+
+
+@contextmanager
+def running_server(repo: Path, workdir: Path, timeout_s: float = 90.0) -> Iterator[TritonProcess]:
+    """Serve ``repo`` on free loopback ports until the block ends; skip when no server is installed.
+
+    Arguments:
+        repo: the model repository; workdir: for the backend links and ``server.log``; timeout_s: readiness wait.
+    """
+    install = pytriton_install(workdir / "cache")
+    if install is None:
+        pytest.skip("nvidia-pytriton's tritonserver is not installed (pip install 'trtllm-kit[serve-cpu]')")
+    config = LaunchConfig(repo=repo, endpoints=free_endpoints(), shm_prefix=f"trtllmkit_test{os.getpid()}_")
+    server = TritonProcess(install, config, workdir / "server.log")
+    server.start()
+    server.wait_ready(timeout_s)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def metrics(server: TritonProcess, family: str) -> dict[str, float]:
+    """One metric family from ``/metrics``, keyed by the value of its non-model label.
+
+    Arguments:
+        server: a running server; family: e.g. ``nv_trt_llm_kv_cache_block_metrics``.
+    """
+    with urllib.request.urlopen(f"http://{server.config.endpoints.url('metrics')}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values = {}
+    for found in text_string_to_metric_families(text):
+        for sample in (s for s in found.samples if found.name == family):
+            label = next(v for k, v in sample.labels.items() if k not in ("model", "version"))
+            values[label] = sample.value
+    return values

@@ -1,0 +1,94 @@
+"""Load modes against a real tritonserver and an OpenAI SSE endpoint on 127.0.0.1 whose token pace is known:
+the first token 20 ms after arrival, then one every 20 ms."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from conftest import TOKEN_MS
+
+from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient
+from trtllm_kit.profile.loadgen import closed_loop, offline, open_loop, poisson_schedule
+from trtllm_kit.profile.metrics import summarize
+from trtllm_kit.profile.triton_metrics import MetricsScraper
+from trtllm_kit.profile.workload import WorkloadSpec, synthetic_prompts
+
+
+def test_poisson_schedule_is_seeded_sorted_and_exact_in_rate():
+    offsets = poisson_schedule(50.0, 1000, seed=3)
+    assert offsets == sorted(offsets) and offsets == poisson_schedule(50.0, 1000, seed=3)
+    assert offsets[0] >= 0 and offsets[-1] <= 20e9
+    gaps = np.diff(offsets) / 1e9
+    assert abs(gaps.mean() - 0.02) < 0.001 and abs(gaps.std() / gaps.mean() - 1) < 0.1  # exponential: CV ≈ 1
+
+
+def test_triton_closed_open_and_offline(triton_server):
+    prompts = synthetic_prompts(WorkloadSpec(isl=24, osl=8), 64)
+
+    async def main():
+        client = TritonStreamClient(triton_server.grpc_url)
+        scraper = MetricsScraper(triton_server.metrics_url)
+        before = await scraper.scrape()
+        closed = await closed_loop(client, prompts[:24], concurrency=4)
+        await asyncio.sleep(0.25)  # the server's metrics refresh every 100 ms
+        after = await scraper.scrape()
+        opened = await open_loop(client, prompts[24:56], rate=40.0, seed=1)
+        burst = await offline(client, prompts[56:])
+        await client.close()
+        return closed, opened, burst, before, after
+
+    closed, opened, burst, before, after = asyncio.run(main())
+    s = summarize(closed.records)
+    assert s["num_ok"] == 24 and s["max_in_flight"] == 4 and s["length_mismatches"] == 0
+    assert all(r.osl_observed == 8 == r.osl_server for r in closed.records)
+    assert all(set(r.server) >= {"arrival_ns", "first_token_ns", "last_token_ns"} for r in closed.records)
+    served = after.total("nv_inference_request_success", model="tensorrt_llm") - before.total(
+        "nv_inference_request_success", model="tensorrt_llm")
+    assert served == 24
+    assert s["itl_ms"]["count"] == 24 * 7
+    assert s["itl_ms"]["p50"] == pytest.approx(TOKEN_MS, abs=2.0)
+    assert s["ttft_ms"]["p50"] == pytest.approx(20.0, abs=8.0)
+    o = summarize(opened.records, window_ns=opened.window_ns, offered_span_ns=opened.offered_span_ns)
+    assert o["num_ok"] == 32 and o["offered_rate_per_s"] == 40.0
+    assert o["send_rate_per_s"] == pytest.approx(40.0, rel=0.05)
+    assert o["schedule_lag_ms"]["p50"] < 5
+    b = summarize(burst.records)
+    assert b["num_ok"] == 8 and b["max_in_flight"] == 8
+
+
+def test_openai_endpoint_concurrency_and_lengths(openai_server):
+    prompts = synthetic_prompts(WorkloadSpec(isl=16, osl=8), 24)
+
+    async def main():
+        client = OpenAIStreamClient(openai_server.url, "standin")
+        closed = await closed_loop(client, prompts[:12], concurrency=3)
+        opened = await open_loop(client, prompts[12:], rate=30.0, seed=2)
+        await client.close()
+        return closed, opened
+
+    closed, opened = asyncio.run(main())
+    s = summarize(closed.records)
+    assert s["num_ok"] == 12 and s["max_in_flight"] == 3
+    assert s["length_mismatches"] == 0 and s["server_count_mismatches"] == 0
+    assert all(r.osl_server == 8 for r in closed.records)
+    assert s["itl_ms"]["p50"] == pytest.approx(TOKEN_MS, abs=2.0)
+    o = summarize(opened.records, window_ns=opened.window_ns, offered_span_ns=opened.offered_span_ns)
+    assert o["num_ok"] == 12 and o["send_rate_per_s"] == pytest.approx(30.0, rel=0.05)
+
+
+def test_errors_are_recorded_by_category(triton_server):
+    async def main():
+        wrong_model = TritonStreamClient(triton_server.grpc_url, model="no_such_model")
+        nobody = TritonStreamClient("grpc://127.0.0.1:9", timeout_s=2)
+        a = await closed_loop(wrong_model, synthetic_prompts(WorkloadSpec(isl=4, osl=2), 2), 1)
+        b = await closed_loop(nobody, synthetic_prompts(WorkloadSpec(isl=4, osl=2), 1), 1)
+        await wrong_model.close()
+        await nobody.close()
+        return a, b
+
+    a, b = asyncio.run(main())
+    assert summarize(a.records)["errors_by_kind"] == {"server": 2}
+    assert "no_such_model" in a.records[0].error
+    assert summarize(b.records)["errors_by_kind"] == {"transport": 1}

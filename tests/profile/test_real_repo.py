@@ -1,0 +1,47 @@
+"""`trtllm-kit bench` against the kit's own repository: tiny Llama built, served by `trtllm-kit serve` (the CPU
+runtime in the tensorrt_llm slot), measured over gRPC streaming with forced output lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.cli import run
+from trtllm_kit.profile.records import read_records
+from trtllm_kit.profile.report import read_summary
+from trtllm_kit.serve.launcher import free_endpoints
+from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+from trtllm_kit.spec import build_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("repo") / "out"
+    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
+    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, **one_each}))
+    endpoints = free_endpoints()
+    serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120))
+    yield endpoints
+    stop_serving(out, 30)
+
+
+def test_bench_the_cpu_runtime_over_grpc(served, tmp_path, capsys):
+    out = tmp_path / "res"
+    code = run(["bench", "--url", f"grpc://127.0.0.1:{served.grpc_port}", "--metrics-url",
+                f"http://127.0.0.1:{served.metrics_port}/metrics", "--concurrency", "3", "--requests", "9",
+                "--isl", "16", "--osl", "8", "--vocab-size", "1031", "--warmup", "2", "--no-plots",
+                "--max-client-lag", "1000", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    run_ = read_summary(out)["runs"][0]
+    assert run_["num_ok"] == 9 and run_["max_in_flight"] == 3
+    assert run_["length_mismatches"] == 0 and run_["server_count_mismatches"] == 0
+    server = run_["server_metrics"]
+    assert server["request_success"] == 9  # the tensorrt_llm model's own counter
+    assert server["engine_steps_per_s"] > 0 and server["kv_cache_blocks"]["max"]["max"] > 0  # nv_trt_llm_* gauges
+    records = read_records(out / "requests.jsonl")
+    assert all(r.osl_observed == 8 == r.osl_server for r in records)
+    assert all(r.server["first_token_ns"] >= r.server["arrival_ns"] for r in records)

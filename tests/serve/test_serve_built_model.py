@@ -1,0 +1,108 @@
+"""The README's quick start: build the tiny Llama, serve it, and get the CPU runtime's own greedy decoding back
+through every client: ``trtllm-kit generate``, tritonclient, the ``openai`` package (whole and streamed) and HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+from transformers import AutoTokenizer
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.sequence import SamplingParams
+from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.service import read_state
+from trtllm_kit.spec import build_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
+PROMPT, MAX_TOKENS = "The capital of France is", 12
+MODEL = "builtin:tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("quickstart") / "out"
+    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}  # fast start/stop
+    run_build(build_spec({}, {"model": MODEL, "out": out, "verify": False, **one_each}))
+    ep, openai_port = free_endpoints(), free_port()
+    done = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
+                           str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",
+                           str(openai_port), "--detach"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    state = read_state(out)
+    yield {**state, "out": out}
+    subprocess.run([*KIT, "stop", str(out)], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def expected(served: dict[str, Any]) -> tuple[list[str], int]:
+    """The CPU runtime's greedy tokens for PROMPT, each decoded as the streaming postprocessing does."""
+    out = served["out"]
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    prompt_ids = tokenizer(PROMPT).input_ids
+    engine = Engine.from_checkpoint(out / "checkpoint", EngineConfig())
+    ids = engine.generate([prompt_ids], [SamplingParams(max_tokens=MAX_TOKENS, end_id=tokenizer.eos_token_id)])[0]
+    ids = [t for t in ids if t != tokenizer.eos_token_id]
+    return [tokenizer.decode([t], skip_special_tokens=True) for t in ids], len(prompt_ids)
+
+
+def test_generate_cli(served: dict[str, Any], expected: tuple[list[str], int]) -> None:
+    done = subprocess.run([*KIT, "generate", PROMPT, "--url", served["grpc"], "--max-tokens", str(MAX_TOKENS)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "".join(expected[0]) + "\n"
+
+
+def test_tritonclient_stream(served: dict[str, Any], expected: tuple[list[str], int]) -> None:
+    import queue
+
+    events: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served["grpc"]) as client:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        values = [("text_input", "BYTES", np.array([[PROMPT.encode()]], dtype=np.object_)),
+                  ("max_tokens", "INT32", np.array([[MAX_TOKENS]], np.int32)), ("stream", "BOOL", np.array([[True]]))]
+        inputs = []
+        for name, datatype, array in values:
+            inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
+            inputs[-1].set_data_from_numpy(array)
+        client.async_stream_infer("ensemble", inputs, enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None
+            if result.as_numpy("text_output") is not None:
+                pieces.append(result.as_numpy("text_output").reshape(-1)[0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    assert pieces == expected[0]
+
+
+def test_openai_package_whole_and_streamed(served: dict[str, Any], expected: tuple[list[str], int]) -> None:
+    client = openai.OpenAI(base_url=f"http://{served['openai']}/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+    assert done.choices[0].text == "".join(expected[0])
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (expected[1], len(expected[0]))
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in stream) == "".join(expected[0])
+
+
+def test_plain_http(served: dict[str, Any], expected: tuple[list[str], int]) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
+    request = urllib.request.Request(f"http://{served['openai']}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert json.loads(response.read())["choices"][0]["text"] == "".join(expected[0])
+    assert os.path.isdir(served["out"] / "repo" / "tensorrt_llm_bls")

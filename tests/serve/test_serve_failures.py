@@ -1,0 +1,83 @@
+"""``trtllm-kit serve`` failures: one sentence, the right exit code, and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trtllm_kit.serve.launcher import free_endpoints
+
+pytestmark = pytest.mark.integration
+KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
+
+
+def serve_argv(out: Path, *extra: str) -> list[str]:
+    ep = free_endpoints()
+    return [*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
+            "--metrics-port", str(ep.metrics_port), *extra]
+
+
+def servers_of(repo: Path) -> list[psutil.Process]:
+    """Every tritonserver or stub process that serves ``repo``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(repo) in arg for arg in proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def test_corrupted_repository(tmp_path: Path) -> None:
+    from conftest import make_fake_out
+
+    out = make_fake_out(tmp_path / "out", config_text='name: "ensemble"\nbackend: "python"\nmax_batch_size: ${b}\n')
+    proc = subprocess.run(serve_argv(out), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("Error: tritonserver exited with code 1 while starting (log ") and first.endswith(
+        "tritonserver.log); last lines:"), proc.stderr
+    assert "failed to load all models" in proc.stderr
+    assert not servers_of(out / "repo")
+
+
+def test_manifest_from_another_trtllm(tmp_path: Path) -> None:
+    from conftest import make_fake_out
+
+    out = make_fake_out(tmp_path / "out")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["summary"]["engine"] = {"dir": "engines", "tensorrt_llm": "1.2.1", "compute_capability": "9.0",
+                                     "world_size": 1, "gpu": "H100"}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    proc = subprocess.run(serve_argv(out), capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (2, f"Error: {out} cannot be served here: the engines were built with "
+                                                 "tensorrt_llm 1.2.1, this machine has none; the engines need 1 GPU(s) "
+                                                 "of compute capability 9.0, none is visible; rebuild it on this "
+                                                 f"machine (trtllm-kit build ... --out {out} --force) or serve it "
+                                                 "where it was built.\n")
+
+
+def test_port_in_use(fake_out: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        proc = subprocess.run(serve_argv(fake_out, "--openai-port", str(port)), capture_output=True, text=True,
+                              timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"Error: OpenAI port {port} on 127.0.0.1 is in use by pid {os.getpid()} ")
+    assert not servers_of(fake_out / "repo")
+
+
+def test_generate_without_a_server() -> None:
+    port = free_endpoints().grpc_port
+    proc = subprocess.run([*KIT, "generate", "hi", "--url", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"Error: no server answers at 127.0.0.1:{port}: ")
+    assert proc.stderr.endswith("; start one with trtllm-kit serve OUT or pass --url.\n")

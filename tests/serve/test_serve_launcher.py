@@ -1,0 +1,173 @@
+"""The tritonserver/mpirun command lines, busy ports, readiness failures and the manifest check."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from trtllm_kit.build.compat import Machine
+from trtllm_kit.build.gpus import GPU
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.compat import servable
+from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, free_endpoints, launch_argv
+from trtllm_kit.serve.locate import TritonInstall, locate_tritonserver
+from trtllm_kit.serve.process import TritonProcess, group_alive
+from trtllm_kit.serve.text import StopMatcher
+
+OPT = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), "/opt/tritonserver",
+                    backend_dir=Path("/opt/tritonserver/backends"))
+SHM = ["--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
+
+
+def test_single_process_argv() -> None:
+    config = LaunchConfig(Path("/r"), Endpoints("0.0.0.0", 9000, 9001, 9002), shm_prefix="trtllmkit_7_",
+                          log_verbose=1, exit_timeout_s=3)
+    assert launch_argv(OPT, config) == [
+        "/opt/tritonserver/bin/tritonserver", "--model-repository=/r", "--disable-auto-complete-config",
+        "--backend-directory=/opt/tritonserver/backends",
+        "--http-address=0.0.0.0", "--http-port=9000", "--grpc-address=0.0.0.0", "--grpc-port=9001",
+        "--metrics-address=0.0.0.0", "--metrics-port=9002", "--strict-readiness=true", "--log-verbose=1",
+        "--exit-on-error=true", "--exit-timeout-secs=3",
+        "--backend-config=python,shm-region-prefix-name=trtllmkit_7_0_", *SHM]
+
+
+def rank(n: int) -> list[str]:
+    common = ["/opt/tritonserver/bin/tritonserver", "--model-repository=/r", "--disable-auto-complete-config",
+              "--backend-directory=/opt/tritonserver/backends"]
+    if n == 0:
+        common += ["--http-address=127.0.0.1", "--http-port=8000", "--grpc-address=127.0.0.1", "--grpc-port=8001",
+                   "--metrics-address=127.0.0.1", "--metrics-port=8002", "--strict-readiness=true", "--log-verbose=0"]
+    else:
+        common += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
+                   "--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+    return [*common, "--exit-on-error=true", "--exit-timeout-secs=5",
+            f"--backend-config=python,shm-region-prefix-name=kit_{n}_", *SHM]
+
+
+@pytest.mark.parametrize("is_root", [True, False])
+def test_mpirun_argv_for_world_size_4(is_root: bool) -> None:
+    config = LaunchConfig(Path("/r"), world_size=4, shm_prefix="kit_")
+    expected = ["mpirun", *(["--allow-run-as-root"] if is_root else []),
+                "-n", "1", *rank(0), ":", "-n", "1", *rank(1), ":", "-n", "1", *rank(2), ":", "-n", "1", *rank(3)]
+    assert launch_argv(OPT, config, is_root=is_root) == expected
+
+
+def fake_bin(directory: Path, name: str, body: str) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / name
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_fake_mpirun_on_path_receives_the_argv_and_readiness_timeout_shows_the_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = tmp_path / "argv.txt"
+    fake_bin(tmp_path / "bin", "tritonserver", "exit 0")
+    fake_bin(tmp_path / "bin", "mpirun", f'printf "%s\\n" "$@" > {record}\necho "fake mpirun: 4 ranks up"\n'
+                                         "exec sleep 30")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    install = locate_tritonserver()
+    assert install.source == "PATH"
+    config = LaunchConfig(tmp_path / "repo", free_endpoints(), world_size=4, shm_prefix=f"kit{os.getpid()}_")
+    process = TritonProcess(install, config, tmp_path / "log.txt")
+    process.start()
+    with pytest.raises(KitError) as info:
+        process.wait_ready(timeout_s=0.5)
+    assert str(info.value).startswith(f"tritonserver was not ready after 0.5 s (log {tmp_path / 'log.txt'}); last "
+                                      "lines:\n")
+    assert str(info.value).endswith("fake mpirun: 4 ranks up")
+    assert record.read_text().splitlines() == launch_argv(install, config)[1:]
+    assert not group_alive(process.pid)
+
+
+def test_server_dying_during_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    server = fake_bin(tmp_path / "bin", "tritonserver", 'echo "error: creating server: Internal - boom"; exit 1')
+    config = LaunchConfig(tmp_path / "repo", free_endpoints(), shm_prefix=f"kit{os.getpid()}_")
+    process = TritonProcess(TritonInstall(server, "--tritonserver"), config, tmp_path / "log.txt")
+    process.start()
+    with pytest.raises(KitError, match=r"exited with code 1 while starting .*\n.*boom"):
+        process.wait_ready(timeout_s=10)
+
+
+def test_busy_port_is_refused_naming_the_holder() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(KitUsageError) as info:
+            check_ports_free("127.0.0.1", {"gRPC": port})
+    assert str(info.value) == (f"gRPC port {port} on 127.0.0.1 is in use by pid {os.getpid()} "
+                               f"({__import__('psutil').Process().name()}) (Address already in use); stop that "
+                               "process or choose another port with --grpc-port.")
+
+
+def test_ports_must_differ() -> None:
+    with pytest.raises(KitUsageError, match="must differ"):
+        LaunchConfig(Path("/r"), Endpoints("127.0.0.1", 8000, 8000, 8002))
+
+
+def write_manifest(out: Path, engine: dict[str, object] | None) -> Path:
+    (out / "repo" / "ensemble").mkdir(parents=True)
+    (out / "repo" / "ensemble" / "config.pbtxt").write_text('name: "ensemble"')
+    summary = {"checkpoint": {"tp_size": 2, "pp_size": 1}, **({"engine": engine} if engine else {})}
+    (out / "manifest.json").write_text(json.dumps({"schema_version": 1, "summary": summary}))
+    return out
+
+
+def machine(trtllm: str | None, gpus: list[GPU]) -> Machine:
+    return Machine(tensorrt_llm=trtllm, tensorrt="10.14.1", cuda="12.8", driver="570.1", gpus=tuple(gpus))
+
+
+H100, A10 = GPU("H100", 80 * 2**30, (9, 0), "nvml"), GPU("A10", 24 * 2**30, (8, 6), "nvml")
+ENGINE = {"dir": "engines", "tensorrt_llm": "1.2.1", "tensorrt": "10.14.1", "compute_capability": "9.0",
+          "world_size": 2, "gpu": "H100"}
+
+
+def test_cpu_artifact_is_one_process(tmp_path: Path) -> None:
+    cpu = servable(write_manifest(tmp_path / "cpu", None))
+    assert (cpu.target, cpu.world_size, cpu.models) == ("cpu", 1, ("ensemble",))
+
+
+def test_engine_artifact_runs_on_its_ranks(tmp_path: Path) -> None:
+    engine = servable(write_manifest(tmp_path / "engine", ENGINE), machine("1.2.1", [H100, H100]))
+    assert (engine.target, engine.world_size) == ("engine", 2)
+
+
+@pytest.mark.parametrize(("trtllm", "gpus", "problem"), [
+    ("1.1.0", [H100, H100], "the engines were built with tensorrt_llm 1.2.1, this machine has 1.1.0"),
+    (None, [], "the engines were built with tensorrt_llm 1.2.1, this machine has none; the engines need 2 GPU(s) "
+               "of compute capability 9.0, none is visible"),
+    ("1.2.1", [H100, A10], "the engines need 2 GPU(s) of compute capability 9.0 (H100), this machine has 1 "
+                           "(A10 (SM 8.6), H100 (SM 9.0))"),
+])
+def test_engine_artifact_refused_where_it_cannot_run(tmp_path: Path, trtllm: str | None, gpus: list[GPU],
+                                                     problem: str) -> None:
+    out = write_manifest(tmp_path / "engine", ENGINE)
+    with pytest.raises(KitUsageError) as info:
+        servable(out, machine(trtllm, gpus))
+    assert str(info.value) == (f"{out} cannot be served here: {problem}; rebuild it on this machine (trtllm-kit "
+                               f"build ... --out {out} --force) or serve it where it was built.")
+
+
+def test_out_without_a_repository(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1}))
+    with pytest.raises(KitUsageError, match=r"holds no tensorrt_llm_bls or ensemble model; rebuild with the repo"):
+        servable(tmp_path)
+
+
+@pytest.mark.parametrize(("pieces", "stops", "shown", "stopped", "rest"), [
+    ([" w0", " w", "1"], [" w3"], [" w0", "", " w1"], False, ""),  # " w" is held until it cannot begin " w3"
+    ([" w0", " w", "3 w4"], [" w3"], [" w0", "", ""], True, ""),
+    (["ab", "cSTO", "Pdef"], ["STOP", "xyz"], ["ab", "c", ""], True, ""),
+    (["a", "x"], ["xyz"], ["a", ""], False, "x"),
+    (["hel", "lo"], [], ["hel", "lo"], False, ""),
+])
+def test_stop_matcher(pieces: list[str], stops: list[str], shown: list[str], stopped: bool, rest: str) -> None:
+    matcher = StopMatcher(stops)
+    assert [matcher.feed(p) for p in pieces] == shown
+    assert (matcher.stopped, matcher.flush()) == (stopped, rest)

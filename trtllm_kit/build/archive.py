@@ -1,0 +1,161 @@
+"""Artifact archives for CI, and ``artifact verify``: every file's sha256 against the manifest, plus whether
+the engines can run on this machine.
+
+An archive is a tar (``.tar``, or gzip-compressed ``.tar.gz``/``.tgz``) of the artifact directory's
+contents, ``manifest.json`` first, members sorted, owners and times zeroed so the same artifact packs to
+the same bytes. Verification streams an archive without extracting it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from trtllm_kit.build.artifact import MANIFEST, SCHEMA_VERSION, read_manifest, sha256_file
+from trtllm_kit.build.compat import Machine, compatibility
+from trtllm_kit.errors import KitError, KitUsageError
+
+COMPRESSED = (".tar.gz", ".tgz")
+
+
+def pack_archive(artifact_dir: Path, archive: Path) -> Path:
+    """Write ``archive`` (atomically) from an artifact directory.
+
+    Arguments:
+        artifact_dir: a build's ``--out`` (holds ``manifest.json``).
+        archive: ``*.tar``, ``*.tar.gz`` or ``*.tgz``.
+    """
+    name = archive.name.lower()
+    if not name.endswith((".tar", *COMPRESSED)):
+        raise KitUsageError(f"--archive {archive} must end in .tar, .tar.gz or .tgz.")
+    read_manifest(artifact_dir)
+    files = sorted(str(p.relative_to(artifact_dir)) for p in artifact_dir.rglob("*") if p.is_file())
+    files.remove(MANIFEST)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".partial", dir=archive.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if name.endswith(COMPRESSED) else raw
+            with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for rel in (MANIFEST, *files):
+                    info = tar.gettarinfo(str(artifact_dir / rel), arcname=rel)
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    info.mtime = 0
+                    with (artifact_dir / rel).open("rb") as f:
+                        tar.addfile(info, f)
+            if stream is not raw:
+                stream.close()
+        os.replace(tmp, archive)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return archive
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of ``verify_artifact``."""
+
+    source: str
+    num_files: int = 0
+    mismatched: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # why the engines cannot run here
+    has_engines: bool = False
+
+    @property
+    def hashes_ok(self) -> bool:
+        return not (self.mismatched or self.missing or self.unexpected)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "num_files": self.num_files, "hashes_ok": self.hashes_ok,
+                "mismatched": self.mismatched, "missing": self.missing, "unexpected": self.unexpected,
+                "has_engines": self.has_engines, "compatible": not self.problems, "problems": self.problems}
+
+
+def verify_artifact(path: Path, machine: Machine) -> VerifyReport:
+    """Check every file of an artifact directory or archive against its manifest, and its engines against
+    ``machine``.
+
+    Arguments:
+        path: an artifact directory or an archive made by ``--archive``.
+        machine: ``detect_machine()``.
+    """
+    if path.is_dir():
+        manifest = read_manifest(path)
+        actual = {str(p.relative_to(path)): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}
+        actual.pop(MANIFEST, None)
+    elif path.is_file():
+        manifest, actual = _read_archive(path)
+    else:
+        raise KitUsageError(f"{path} does not exist; pass an artifact directory or an archive made by --archive.")
+    expected: dict[str, str] = manifest.get("outputs") or {}
+    report = VerifyReport(str(path), num_files=len(expected))
+    report.mismatched = sorted(n for n in expected if n in actual and actual[n] != expected[n])
+    report.missing = sorted(set(expected) - set(actual))
+    report.unexpected = sorted(set(actual) - set(expected))
+    report.has_engines = bool(((manifest.get("summary") or {}).get("engine") or {}).get("dir"))
+    report.problems = compatibility(manifest, machine)
+    return report
+
+
+def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    digests: dict[str, str] = {}
+    manifest: dict[str, Any] | None = None
+    try:
+        with tarfile.open(path, mode="r:*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                f = tar.extractfile(member)
+                assert f is not None
+                if member.name == MANIFEST:
+                    data = f.read()
+                    manifest = json.loads(data)
+                    continue
+                digest = hashlib.sha256()
+                for block in iter(lambda f=f: f.read(16 * 2**20), b""):
+                    digest.update(block)
+                digests[member.name] = digest.hexdigest()
+    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
+        reason = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+        raise KitError(f"{path} is not a readable tar archive ({reason}); it is truncated or not made by "
+                       "--archive.") from None
+    except json.JSONDecodeError:
+        raise KitError(f"{path}: its {MANIFEST} is not valid JSON; the archive is corrupt.") from None
+    if manifest is None:
+        raise KitUsageError(f"{path} holds no {MANIFEST}; it is not a trtllm-kit artifact archive.")
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise KitUsageError(f"{path} has manifest schema_version {manifest.get('schema_version')!r}; this kit reads "
+                            f"{SCHEMA_VERSION}.")
+    return manifest, digests
+
+
+def verdict(report: VerifyReport, *, hashes_only: bool) -> str | None:
+    """The one-sentence failure of a report, or None when it passes.
+
+    Arguments:
+        report: from ``verify_artifact``.
+        hashes_only: ignore compatibility with this machine.
+    """
+    if not report.hashes_ok:
+        parts = [f"{len(report.mismatched)} changed ({', '.join(report.mismatched[:3])})" if report.mismatched else "",
+                 f"{len(report.missing)} missing ({', '.join(report.missing[:3])})" if report.missing else "",
+                 f"{len(report.unexpected)} not in the manifest ({', '.join(report.unexpected[:3])})"
+                 if report.unexpected else ""]
+        return (f"{report.source} does not match its manifest: {'; '.join(p for p in parts if p)}; the artifact is "
+                "corrupt or was modified: rebuild or fetch it again.")
+    if report.problems and not hashes_only:
+        return (f"{report.source} is intact but its engines cannot run here: {'; '.join(report.problems)}; "
+                "rebuild on this machine or pass --hashes-only to check the files alone.")
+    return None
+

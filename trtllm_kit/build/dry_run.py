@@ -1,0 +1,132 @@
+"""``trtllm-kit plan`` (= ``build --dry-run``): the memory plan, every stage with its cache status, the exact
+``trtllm-build`` command and the fused layer, without converting or compiling anything.
+
+Only the model's ``config.json`` is needed for the memory plan, so a model can be planned before its weights
+are downloaded; the stage cache status needs the weights (their digests are part of the keys).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from trtllm_kit.build.cache import Previous, input_digests
+from trtllm_kit.build.compat import detect_machine
+from trtllm_kit.build.engine import EngineSetup, precision_of, prepare_engine
+from trtllm_kit.build.fusion_graph import fusion_table, layer_graph, write_graph
+from trtllm_kit.build.inspect import inspect_model, resolve_model_path
+from trtllm_kit.build.shard import check_tp, layers_for_rank
+from trtllm_kit.errors import KitError
+from trtllm_kit.models.hf_config import read_hf_config
+from trtllm_kit.models.registry import family_for
+from trtllm_kit.spec import STAGES, BuildSpec
+
+MIB = 2**20
+GIB = 2**30
+
+
+def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
+    """Everything a build would do, as data; raises ``KitUsageError`` when the plan does not fit.
+
+    Arguments:
+        spec: the build spec.
+        graph: write the fused decoder layer as ONNX here.
+    """
+    path = resolve_model_path(spec.model)
+    hf = read_hf_config(path)
+    family = family_for(hf, spec.model)
+    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, spec.tp)
+    layers_for_rank(hf.num_hidden_layers, spec.pp, 0)
+    stages = STAGES[: STAGES.index(spec.until) + 1]
+    engine = prepare_engine(spec, hf, family, detect_machine(), compile_requested="engine" in stages)
+    report: dict[str, Any] = {
+        "model": {"source": spec.model, "path": str(path), "architecture": hf.architecture,
+                  "num_parameters": hf.num_parameters},
+        "target": engine.target, "reason": engine.reason,
+        "plan": engine.plan.to_dict() if engine.plan else None,
+        "stages": _stage_status(spec, stages, engine),
+        "commands": [engine.command.argv] if engine.command else [],
+        "command_lines": [engine.command.line] if engine.command else [],
+    }
+    if engine.command is not None:
+        layer = layer_graph(hf, precision_of(spec, hf), spec.tp, dict(engine.command.flags))
+        report["fusion"] = fusion_table(layer)
+        if graph is not None:
+            report["graph"] = str(write_graph(layer, graph))
+    elif graph is not None:
+        raise KitError("--graph needs the trtllm-build flags, which need a GPU to plan for: pass --gpu NAME or "
+                       "--gpu-memory GiB.")
+    return report
+
+
+def _stage_status(spec: BuildSpec, stages: tuple[str, ...], engine: EngineSetup) -> list[dict[str, Any]]:
+    from trtllm_kit.build.pipeline import stage_keys
+
+    try:
+        model = inspect_model(spec.model, allow_pickle=spec.allow_pickle)
+    except KitError as exc:
+        return [{"stage": name, "status": "cannot build", "why": str(exc)} for name in stages]
+    previous = Previous.load(spec.out, force=spec.force)
+    if not previous.manifest:  # nothing to reuse: do not hash the weights just to say so
+        why = "--force" if spec.force else f"no earlier build in {spec.out}"
+        return [{"stage": name, "status": "will build", "why": why} for name in stages]
+    digests = input_digests([model.path / "config.json", *model.weight_files], previous)
+    keys = stage_keys(spec, model, digests, engine)
+    rows = []
+    for name in stages:
+        cached = previous.can_reuse(name, keys[name])
+        rows.append({"stage": name, "status": "cached" if cached else "will build", "key": keys[name],
+                     "why": "same key in the earlier build" if cached else
+                     f"key changed (was {previous.key(name) or 'absent'})"})
+    if "engine" in stages and engine.target != "engine":
+        rows[stages.index("engine")]["status"] += " (no compile: target cpu)"
+    return rows
+
+
+def print_dry_run(report: dict[str, Any], console: Console | None = None) -> None:
+    """Print ``dry_run`` output: limits, a per-rank memory table, stages, commands and the fused layer."""
+    console = console or Console(width=max(Console().width, 160), markup=False, highlight=False)
+    model = report["model"]
+    count = model["num_parameters"]
+    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+    console.print(f"{model['source']}: {model['architecture']}, {size} parameters; "
+                  f"{report['reason']}", highlight=False, markup=False)
+    plan = report["plan"]
+    if plan is None:
+        console.print("Memory plan: no GPU known (none visible); pass --gpu NAME or --gpu-memory GiB.", markup=False)
+    else:
+        gpu, precision = plan["gpu"], plan["precision"]
+        derived = set(plan["derived"])
+        limits = ", ".join(f"{k} {plan[k]}{' (planned)' if k in derived else ''}" for k in
+                           ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"))
+        console.print(f"Plan for {gpu['name']} ({gpu['memory_bytes'] / GIB:.1f} GiB, SM {gpu['compute_capability']}, "
+                      f"from {gpu['source']}): {precision['dtype']}, quant {precision['quant_algo'] or 'none'}, KV "
+                      f"{precision['kv_dtype']}, tp={plan['tp_size']} pp={plan['pp_size']}; {limits}; "
+                      f"tokens_per_block {plan['tokens_per_block']}, kv_cache_fraction {plan['kv_cache_fraction']}",
+                      highlight=False, markup=False)
+        table = Table("rank", "layers", "weights GiB", "KV/token KiB", "block MiB", "activ. GiB", "buffers GiB",
+                      "left GiB", "KV pool GiB", "blocks", f"seqs@{plan['max_seq_len']}", "verdict")
+        for r in plan["ranks"]:
+            table.add_row(str(r["rank"]), str(r["num_layers"]), f"{r['weight_bytes'] / GIB:.2f}",
+                          f"{r['kv_bytes_per_token'] / 1024:g}", f"{r['block_bytes'] / MIB:g}",
+                          f"{r['activation_bytes'] / GIB:.2f}", f"{r['buffer_bytes'] / GIB:.2f}",
+                          f"{r['free_bytes'] / GIB:.2f}", f"{r['kv_pool_bytes'] / GIB:.2f}", str(r["num_blocks"]),
+                          str(r["max_sequences"]), "fits" if r["fits"] else "DOES NOT FIT")
+        console.print(table)
+    stages = Table("stage", "status", "why")
+    for row in report["stages"]:
+        stages.add_row(row["stage"], row["status"], row["why"])
+    console.print(stages)
+    for line in report["command_lines"]:
+        console.print(f"trtllm-build command (run in the artifact directory):\n  {line}", highlight=False,
+                      soft_wrap=True, markup=False)
+    if report.get("fusion"):
+        fusion = Table("node", "op", "shape", "why")
+        for row in report["fusion"]:
+            fusion.add_row(row["node"], row["op"], str(row["shape"] or ""), row["why"])
+        console.print(fusion)
+    if report.get("graph"):
+        console.print(f"wrote {report['graph']} (one decoder layer; open it in Netron)", highlight=False, markup=False)

@@ -1,0 +1,291 @@
+"""The memory plan of an engine build: what each rank holds and how many sequences its KV cache serves.
+
+Per rank ``r`` on a GPU of ``M`` bytes (formulas of the checkpoint spec, §8):
+
+* weights: the bytes of ``rank{r}.safetensors`` after the build's quantization (W8A16: 1 byte per linear
+  weight element + ``out_local`` scales in the model dtype; FP8: 1 byte + two float32 scalars per linear,
+  lm_head kept; SmoothQuant plugins: 1 byte + float32 scales, smoothers and norm scales; a quantized KV cache
+  adds one float32 scale per layer);
+* KV bytes per token: ``2 × L_r × ceil(Nkv/tp) × d × b_kv``; a paged block is ``tokens_per_block`` of them;
+* activations: ``ACTIVATION_FACTOR × max_num_tokens × max(H, I/tp) × 2`` (a heuristic; the engine's
+  ``device_memory_size`` replaces it after a build);
+* runtime buffers: float32 logits of ``max_batch_size × pad(V, tp)`` (why the upstream batch size of 2048
+  runs out of memory);
+* memory left = ``M`` − weights − activations − buffers; KV pool = ``kv_cache_fraction`` × memory left;
+  blocks = ⌊pool / block⌋; sequences at ``max_seq_len`` = ⌊blocks / ⌈max_seq_len / tokens_per_block⌉⌋.
+
+A rank fits when ``max_batch_size`` sequences of ``max_seq_len`` tokens fit in its pool. Unless given,
+``max_batch_size`` is the number of such sequences on the tightest rank (at most ``MAX_BATCH_SIZE``) and
+``max_num_tokens`` is ``min(8192, max_batch_size × max_seq_len)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from trtllm_kit.build.gpus import GIB, GPU
+from trtllm_kit.build.shard import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size, shard_shape
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.models.base import Family, Place, Split
+from trtllm_kit.models.hf_config import HFConfig
+
+ACTIVATION_FACTOR = 8
+MAX_BATCH_SIZE = 256
+MAX_NUM_TOKENS = 8192
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+LINEARS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
+           "mlp.proj.weight")
+ROW_LINEARS = ("attention.dense.weight", "mlp.proj.weight")
+NORMS = ("input_layernorm.weight", "post_layernorm.weight")
+SQ_PREFIX = "W8A8_SQ_"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Checkpoint dtype and the ``QuantAlgo`` names of weights/activations and of the KV cache."""
+
+    dtype: str
+    quant_algo: str | None = None
+    kv_cache_quant_algo: str | None = None
+
+    @property
+    def kv_dtype(self) -> str:
+        return {"FP8": "fp8", "INT8": "int8"}.get(self.kv_cache_quant_algo or "", self.dtype)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes per KV element (``b_kv``)."""
+        return 1 if self.kv_cache_quant_algo else ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The engine's shape limits; None means "derive from the plan"."""
+
+    max_batch_size: int | None = None
+    max_input_len: int | None = None
+    max_seq_len: int | None = None
+    max_num_tokens: int | None = None
+    tokens_per_block: int = 32
+    kv_cache_fraction: float = 0.9
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """The memory figures of one rank, in bytes."""
+
+    rank: int
+    tp_rank: int
+    pp_rank: int
+    num_layers: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    block_bytes: int
+    activation_bytes: int
+    buffer_bytes: int
+    free_bytes: int
+    kv_pool_bytes: int
+    num_blocks: int
+    kv_tokens: int
+    max_sequences: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """The settled limits and the per-rank figures of a build on one GPU type."""
+
+    gpu: GPU
+    precision: Precision
+    tp_size: int
+    pp_size: int
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    tokens_per_block: int
+    kv_cache_fraction: float
+    derived: tuple[str, ...]
+    ranks: tuple[RankPlan, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(r.fits for r in self.ranks)
+
+    @property
+    def max_sequences(self) -> int:
+        return min(r.max_sequences for r in self.ranks)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["gpu"] = self.gpu.to_dict()
+        body["precision"] = {**asdict(self.precision), "kv_dtype": self.precision.kv_dtype}
+        body["derived"] = list(self.derived)
+        body["fits"] = self.fits
+        body["max_sequences"] = self.max_sequences
+        return body
+
+
+def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision) -> list[int]:
+    """Bytes each rank holds once the build has quantized its weights.
+
+    Arguments:
+        hf: the model config; family: its weight table; mapping: the TP/PP layout; precision: dtype and quant.
+    """
+    item = ITEMSIZE[precision.dtype]
+    shapes = family.hf_shapes(hf)
+    tp = mapping.tp_size
+    qkv_rows = (hf.num_attention_heads // tp + 2 * kv_heads_per_rank(hf.num_key_value_heads, tp)) * hf.head_dim
+    totals = [0] * mapping.world_size
+    for pp_rank in range(mapping.pp_size):
+        layers = len(layers_for_rank(hf.num_hidden_layers, mapping.pp_size, pp_rank))
+        stage = 0
+        for rule in family.rules(hf):
+            count = {Place.LAYER: layers, Place.FIRST: int(pp_rank == 0),
+                     Place.LAST: int(pp_rank == mapping.pp_size - 1)}[rule.place]
+            shape = shard_shape(shapes[rule.sources[0]], rule.split, tp,
+                                qkv_rows=qkv_rows if rule.split is Split.QKV else None)
+            stage += count * _tensor_bytes(rule.name, shape, precision, item)
+        if precision.kv_cache_quant_algo:
+            stage += layers * 4  # attention.kv_cache_scaling_factor
+        if (precision.quant_algo or "").startswith(SQ_PREFIX) and not precision.quant_algo.endswith("PER_TOKEN_PLUGIN"):
+            stage += layers * 2 * 4  # attention/mlp.quantization_scaling_factor (static activations)
+        for tp_rank in range(tp):
+            totals[mapping.rank(tp_rank, pp_rank)] = stage
+    return totals
+
+
+def _tensor_bytes(name: str, shape: tuple[int, ...], precision: Precision, item: int) -> int:
+    numel = math.prod(shape)
+    algo = precision.quant_algo
+    if algo is None:
+        return numel * item
+    if name.endswith(NORMS) and algo.startswith(SQ_PREFIX):
+        return numel * item + 4  # scale_to_int
+    if not name.endswith(LINEARS):
+        return numel * item
+    out_local, in_local = shape
+    if algo == "W8A16":
+        return numel + out_local * item  # per_channel_scale in the model dtype
+    if algo == "FP8":
+        return numel + 2 * 4  # weights_scaling_factor, activation_scaling_factor
+    if algo.startswith(SQ_PREFIX) and algo.endswith("_PLUGIN"):
+        per_channel = "PER_CHANNEL" in algo
+        per_token = algo.endswith("PER_TOKEN_PLUGIN")
+        extra = (out_local if per_channel else 1) * 4 + (0 if per_token else 4)  # per_channel_scale, act_scale
+        if name.endswith(ROW_LINEARS):
+            extra += in_local * 4  # smoother
+        return numel + extra
+    raise KitUsageError(f"the planner has no weight formula for quant_algo {algo}; plan without it.")
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_bytes: int) -> int:
+    """``2 × L_r × Nkv_r × d × b_kv``: K and V of one token on one rank."""
+    return 2 * num_layers * num_kv_heads * head_dim * kv_bytes
+
+
+def activation_bytes(max_num_tokens: int, hidden_size: int, intermediate_size: int, tp_size: int) -> int:
+    """``ACTIVATION_FACTOR × max_num_tokens × max(H, I/tp) × 2`` (a heuristic, §8)."""
+    return ACTIVATION_FACTOR * max_num_tokens * max(hidden_size, intermediate_size // tp_size) * 2
+
+
+def buffer_bytes(max_batch_size: int, vocab_size: int, tp_size: int) -> int:
+    """Float32 logits for every sequence of a batch: ``max_batch_size × pad(V, tp) × 4``."""
+    return max_batch_size * pad_vocab_size(vocab_size, tp_size) * 4
+
+
+def rank_plans(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision, gpu: GPU, max_batch_size: int,
+               max_seq_len: int, max_num_tokens: int, tokens_per_block: int,
+               kv_cache_fraction: float) -> tuple[RankPlan, ...]:
+    """The figures of every rank for fixed limits.
+
+    Arguments:
+        hf: model config; family: weight table; mapping: TP/PP; precision: dtype and quant; gpu: the GPU;
+        max_batch_size, max_seq_len, max_num_tokens, tokens_per_block, kv_cache_fraction: the limits.
+    """
+    weights = rank_weight_bytes(hf, family, mapping, precision)
+    activations = activation_bytes(max_num_tokens, hf.hidden_size, hf.intermediate_size, mapping.tp_size)
+    buffers = buffer_bytes(max_batch_size, hf.vocab_size, mapping.tp_size)
+    kv_heads = kv_heads_per_rank(hf.num_key_value_heads, mapping.tp_size)
+    blocks_per_sequence = math.ceil(max_seq_len / tokens_per_block)
+    plans = []
+    for rank in range(mapping.world_size):
+        pp_rank = mapping.pp_rank(rank)
+        layers = len(layers_for_rank(hf.num_hidden_layers, mapping.pp_size, pp_rank))
+        per_token = kv_bytes_per_token(layers, kv_heads, hf.head_dim, precision.kv_bytes)
+        block = tokens_per_block * per_token
+        free = gpu.memory_bytes - weights[rank] - activations - buffers
+        pool = max(0, int(kv_cache_fraction * free))
+        blocks = pool // block
+        sequences = blocks // blocks_per_sequence
+        plans.append(RankPlan(rank, mapping.tp_rank(rank), pp_rank, layers, weights[rank], per_token, block,
+                              activations, buffers, free, pool, blocks, blocks * tokens_per_block, sequences,
+                              free > 0 and sequences >= max(1, max_batch_size)))
+    return tuple(plans)
+
+
+def make_plan(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision, gpu: GPU,
+              limits: Limits) -> BuildPlan:
+    """Settle the limits the user left open and compute every rank's figures (may not fit; see ``check_plan``).
+
+    Arguments:
+        hf: model config; family: weight table; mapping: TP/PP; precision: dtype and quant; gpu: the GPU;
+        limits: what the user asked for.
+    """
+    _check_limits(limits)
+    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
+    max_seq_len = limits.max_seq_len or hf.max_position_embeddings
+    derived = [name for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
+               if getattr(limits, name) is None]
+    batch = limits.max_batch_size or MAX_BATCH_SIZE
+    while True:
+        tokens = limits.max_num_tokens or max(limits.tokens_per_block, min(MAX_NUM_TOKENS, batch * max_seq_len))
+        ranks = rank_plans(hf, family, mapping, precision, gpu, batch, max_seq_len, tokens,
+                           limits.tokens_per_block, limits.kv_cache_fraction)
+        sequences = min(r.max_sequences for r in ranks)
+        if limits.max_batch_size or sequences >= batch or sequences < 1:
+            break
+        batch = sequences
+    max_input_len = limits.max_input_len or max(1, min(max_seq_len // 2, tokens))
+    if max_input_len > max_seq_len:
+        raise KitUsageError(f"max_input_len {max_input_len} exceeds max_seq_len {max_seq_len}; a prompt must leave "
+                            "room for output: lower --max-input-len or raise --max-seq-len.")
+    return BuildPlan(gpu, precision, mapping.tp_size, mapping.pp_size, batch, max_input_len, max_seq_len, tokens,
+                     limits.tokens_per_block, limits.kv_cache_fraction, tuple(derived), ranks)
+
+
+def _check_limits(limits: Limits) -> None:
+    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block"):
+        value = getattr(limits, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise KitUsageError(f"{name} must be a positive integer, got {value!r}.")
+    if limits.tokens_per_block & (limits.tokens_per_block - 1):
+        raise KitUsageError(f"tokens_per_block must be a power of two, got {limits.tokens_per_block}.")
+    if not 0 < limits.kv_cache_fraction <= 1:
+        raise KitUsageError(f"kv_cache_fraction must be in (0, 1], got {limits.kv_cache_fraction!r}.")
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def with_changes(plan: BuildPlan, hf: HFConfig, family: Family, **changes: Any) -> BuildPlan | None:
+    """The plan with some settings changed, or None when that layout is invalid for the model.
+
+    Arguments:
+        plan: the original plan; hf: model config; family: weight table;
+        changes: ``tp``, ``quant_algo``, ``kv_cache_quant_algo`` or a ``Limits`` field.
+    """
+    precision = replace(plan.precision, **{k: changes.pop(k) for k in ("quant_algo", "kv_cache_quant_algo")
+                                           if k in changes})
+    mapping = Mapping(changes.pop("tp", plan.tp_size), plan.pp_size)
+    given = {name: getattr(plan, name) for name in ("max_batch_size", "max_input_len", "max_seq_len",
+                                                    "max_num_tokens") if name not in plan.derived}
+    limits = Limits(**{**given, **changes}, tokens_per_block=plan.tokens_per_block,
+                    kv_cache_fraction=plan.kv_cache_fraction)
+    try:
+        return make_plan(hf, family, mapping, precision, plan.gpu, limits)
+    except KitUsageError:
+        return None

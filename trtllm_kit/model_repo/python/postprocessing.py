@@ -1,0 +1,36 @@
+"""Triton ``postprocessing`` model: ``output_ids`` → text, one string per sequence (beam).
+
+Parameters: ``tokenizer_dir`` (relative to the model directory, or absolute) and ``skip_special_tokens``.
+In streaming mode each chunk is decoded on its own; ``tensorrt_llm_bls`` accumulates tokens instead.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from text_codec import TextCodec, flag, parameter, resolve_dir
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        tokenizer_dir = parameter(config, "tokenizer_dir")
+        if tokenizer_dir is None:
+            raise ValueError("postprocessing needs the parameter tokenizer_dir; regenerate the repository.")
+        self.codec = TextCodec(resolve_dir(args["model_repository"], tokenizer_dir))
+        self.skip_special_tokens = flag(config, "skip_special_tokens", True)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+            tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])  # [batch, beams, tokens]
+            lengths = lengths.reshape(tokens.shape[0], -1)
+            texts = [[self.codec.decode(beam[: int(n)].tolist(), skip_special_tokens=self.skip_special_tokens)
+                      .encode() for beam, n in zip(row, row_lengths, strict=True)]
+                     for row, row_lengths in zip(tokens, lengths, strict=True)]
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, dtype=object))]))
+        return responses

@@ -1,0 +1,168 @@
+"""Triton ``tensorrt_llm_bls`` model: text in → text out by calling ``preprocessing``, the model named by
+``tensorrt_llm_model_name`` and ``postprocessing`` in-process (no network, any gRPC port).
+
+Decoupled (the config's transaction policy): each request runs in its own thread and streams one response per
+``tensorrt_llm`` response when ``stream`` is true. With ``accumulate_tokens`` the postprocessing model decodes
+all tokens so far and only the new text is sent, so multi-byte characters split across tokens come out whole.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# (BLS input, tensorrt_llm input) for the inputs passed straight through; the rest go through preprocessing.
+PASSTHROUGH_INPUTS = (
+    ("top_k", "runtime_top_k"), ("top_p", "runtime_top_p"), ("temperature", "temperature"),
+    ("length_penalty", "len_penalty"), ("repetition_penalty", "repetition_penalty"), ("min_tokens", "min_tokens"),
+    ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"), ("seed", "seed"),
+    ("return_log_probs", "return_log_probs"), ("return_context_logits", "return_context_logits"),
+    ("return_generation_logits", "return_generation_logits"), ("return_perf_metrics", "return_perf_metrics"),
+    ("return_num_input_tokens", "return_num_input_tokens"),
+    ("return_num_output_tokens", "return_num_output_tokens"),
+    ("exclude_input_in_output", "exclude_input_in_output"), ("beam_width", "beam_width"),
+    ("num_return_sequences", "num_return_sequences"), ("stream", "streaming"),
+    ("prompt_embedding_table", "prompt_embedding_table"), ("prompt_vocab_size", "prompt_vocab_size"),
+)
+PREPROCESSING_INPUTS = (
+    ("text_input", "QUERY"), ("max_tokens", "REQUEST_OUTPUT_LEN"), ("bad_words", "BAD_WORDS_DICT"),
+    ("stop_words", "STOP_WORDS_DICT"), ("embedding_bias_words", "EMBEDDING_BIAS_WORDS"),
+    ("embedding_bias_weights", "EMBEDDING_BIAS_WEIGHTS"), ("end_id", "END_ID"), ("pad_id", "PAD_ID"),
+)
+PREPROCESSING_OUTPUTS = (
+    ("INPUT_ID", "input_ids"), ("REQUEST_INPUT_LEN", "input_lengths"), ("REQUEST_OUTPUT_LEN", "request_output_len"),
+    ("STOP_WORDS_IDS", "stop_words_list"), ("BAD_WORDS_IDS", "bad_words_list"), ("EMBEDDING_BIAS", "embedding_bias"),
+    ("OUT_END_ID", "end_id"), ("OUT_PAD_ID", "pad_id"),
+)
+TRTLLM_OUTPUTS = (
+    "output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
+    "batch_index", "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+    "last_token_time_ns", "num_input_tokens", "num_output_tokens",
+)
+
+
+class BlsError(Exception):
+    """A called model answered with an error."""
+
+
+def _exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+    response = request.exec()
+    if response.has_error():
+        raise BlsError(response.error().message())
+    return response
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        parameters = config.get("parameters", {})
+
+        def parameter(key: str, default: str) -> str:
+            value = (parameters.get(key) or {}).get("string_value", "")
+            return default if not value or value.startswith("${") else value
+
+        self.trtllm_name = parameter("tensorrt_llm_model_name", "tensorrt_llm")
+        self.accumulate = parameter("accumulate_tokens", "false").lower() in ("true", "yes", "1", "t")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.num_running = 0
+
+    def execute(self, requests):
+        if not self.decoupled:
+            return [self._respond_once(request) for request in requests]
+        for request in requests:
+            with self.lock:
+                self.num_running += 1
+            threading.Thread(target=self._stream, args=(request, request.get_response_sender()), daemon=True).start()
+        return None
+
+    def finalize(self):
+        with self.idle:
+            self.idle.wait_for(lambda: self.num_running == 0, timeout=30)
+
+    def _respond_once(self, request):
+        try:
+            chunks = list(self._generate(request))
+        except BlsError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+        text = b"".join(c[0] for c in chunks)
+        extra = next((c[1] for c in reversed(chunks) if c[1]), [])
+        return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([text], dtype=object)), *extra])
+
+    def _stream(self, request, sender):
+        try:
+            for text, extra in self._generate(request):
+                tensors = [pb_utils.Tensor("text_output", np.array([text], dtype=object)), *extra]
+                sender.send(pb_utils.InferenceResponse(tensors))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # every failure must reach the client as the final response
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        finally:
+            with self.idle:
+                self.num_running -= 1
+                self.idle.notify_all()
+
+    def _generate(self, request):
+        """Yield (new text as bytes, pass-through tensors) per tensorrt_llm response."""
+        stream = pb_utils.get_input_tensor_by_name(request, "stream")
+        if stream is not None and bool(stream.as_numpy().any()) and not self.decoupled:
+            raise BlsError("stream=true needs a decoupled tensorrt_llm_bls model; regenerate the repository "
+                           "with decoupled = true or send stream=false.")
+        text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+        if text.shape[0] != 1:
+            raise BlsError(f"tensorrt_llm_bls takes one prompt per request, got a batch of {text.shape[0]}; send "
+                           "one request per prompt (they are batched in flight anyway).")
+        pre_inputs = [pb_utils.Tensor(target, t.as_numpy()) for source, target in PREPROCESSING_INPUTS
+                      if (t := pb_utils.get_input_tensor_by_name(request, source)) is not None]
+        pre = _exec(pb_utils.InferenceRequest(model_name="preprocessing", inputs=pre_inputs,
+                                              requested_output_names=[n for n, _ in PREPROCESSING_OUTPUTS]))
+        inputs = []
+        for source, target in PREPROCESSING_OUTPUTS:
+            value = pb_utils.get_output_tensor_by_name(pre, source).as_numpy()
+            if value.size or target in ("input_ids",):
+                inputs.append(pb_utils.Tensor(target, value))
+        inputs += [pb_utils.Tensor(target, t.as_numpy()) for source, target in PASSTHROUGH_INPUTS
+                   if (t := pb_utils.get_input_tensor_by_name(request, source)) is not None]
+        call = pb_utils.InferenceRequest(model_name=self.trtllm_name, inputs=inputs,
+                                         requested_output_names=list(TRTLLM_OUTPUTS))
+        responses = call.exec(decoupled=True) if self.decoupled else [_exec(call)]
+        tokens = None  # accumulated [batch, beams, n]
+        sent = b""
+        for response in responses:
+            if response.has_error():
+                raise BlsError(response.error().message())
+            ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
+            if ids is None:  # the empty final response of a decoupled model
+                continue
+            ids = ids.as_numpy()
+            lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
+            ids = np.stack([[beam[: int(n)] for beam, n in zip(row, ns, strict=True)]
+                            for row, ns in zip(ids, lengths, strict=True)]) if lengths.size else ids
+            tokens = ids if tokens is None or not self.accumulate else np.concatenate([tokens, ids], axis=-1)
+            text = self._detokenize(tokens)
+            if self.accumulate:
+                stable = text[: len(text) - 3] if text.endswith("\ufffd".encode()) else text
+                new, sent = stable[len(sent):], stable
+            else:
+                new = text
+            extra = [pb_utils.Tensor(name, value.as_numpy()) for name in TRTLLM_OUTPUTS[2:]
+                     if (value := pb_utils.get_output_tensor_by_name(response, name)) is not None]
+            yield new, extra
+        if self.accumulate and tokens is not None:
+            rest = self._detokenize(tokens)[len(sent):]
+            if rest:
+                yield rest, []
+
+    def _detokenize(self, tokens: np.ndarray) -> bytes:
+        lengths = np.full(tokens.shape[:2], tokens.shape[-1], np.int32)
+        post = _exec(pb_utils.InferenceRequest(
+            model_name="postprocessing", requested_output_names=["OUTPUT"],
+            inputs=[pb_utils.Tensor("TOKENS_BATCH", tokens.astype(np.int32)),
+                    pb_utils.Tensor("SEQUENCE_LENGTH", lengths)]))
+        return pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy().reshape(-1)[0]

@@ -1,0 +1,233 @@
+"""The ``tensorrt_llm`` model on CPU: a Triton Python-backend model running the kit's in-flight batching runtime.
+
+It takes the upstream tensors (``input_ids``, ``input_lengths``, ``request_output_len``, ``end_id``,
+``pad_id``, ``streaming``, the sampling inputs) and answers with ``output_ids`` and ``sequence_length``
+(plus the optional counters), so clients and the ensemble cannot tell it from the GPU backend. The engine
+runs in its own thread; ``execute`` only hands requests over. In decoupled mode every step's new tokens are
+streamed; cancelled requests are dropped (blocks freed) at the next step. Configuration comes from the
+model's ``parameters``: ``gpt_model_path`` (the TensorRT-LLM checkpoint), ``max_batch_size``,
+``max_num_tokens``, ``max_seq_len``, ``tokens_per_block``, ``max_tokens_in_paged_kv_cache``,
+``batch_scheduler_policy``, ``enable_kv_cache_reuse``, ``enable_chunked_context``,
+``exclude_input_in_output``, ``cpu_threads`` (torch threads); ``max_queue_size`` also from
+``dynamic_batching.default_queue_policy``.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.scheduler import QueueFullError
+from trtllm_kit.runtime.sequence import SamplingParams, Sequence
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Inputs whose non-default values the CPU runtime cannot honour: refusing beats answering differently.
+UNSUPPORTED = {"beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+               "frequency_penalty": 0.0, "len_penalty": 1.0, "return_log_probs": False,
+               "return_context_logits": False, "return_generation_logits": False}
+METRICS = {  # family → (label name, EngineStats field per label value)
+    "nv_trt_llm_request_metrics": ("request_type", {"active": "active", "max": "max", "scheduled": "scheduled",
+                                                    "context": "context", "waiting": "waiting"}),
+    "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {
+        "max": "blocks_max", "free": "blocks_free", "used": "blocks_used", "tokens_per": "tokens_per_block",
+        "reused": "blocks_reused", "missed": "blocks_missed"}),
+    "nv_trt_llm_inflight_batcher_metrics": ("inflight_batcher_specific_metric", {
+        "total_context_tokens": "total_context_tokens", "generation_requests": "generation_requests",
+        "paused_requests": "preemptions"}),
+    "nv_trt_llm_general_metrics": ("general_type", {"iteration_counter": "iteration_counter",
+                                                    "timestamp": "timestamp"}),
+    "trtllm_kit_batch_metrics": ("batch_metric", {"total_scheduled_requests": "total_scheduled_requests",
+                                                  "peak_scheduled": "peak_scheduled", "step_tokens": "step_tokens"}),
+}
+
+
+def _input(request, name: str, default=None):
+    """The first element of an optional scalar input, or ``default``."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else tensor.as_numpy().reshape(-1)[0].item()
+
+
+def _words(request, name: str) -> list[list[int]]:
+    """``stop_words_list`` [1, 2, N]: row 0 the concatenated ids, row 1 the end offsets (padded with -1)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return []
+    ids, offsets = tensor.as_numpy().reshape(2, -1).tolist()
+    ends = [o for o in offsets if o >= 0]
+    return [ids[start:end] for start, end in zip([0, *ends], ends, strict=False) if end > start]
+
+
+class _Pending:
+    """A Triton request and what the engine thread knows about it."""
+
+    def __init__(self, request, sender=None) -> None:
+        self.request, self.sender = request, sender
+        self.seq: Sequence | None = None
+        self.streaming = self.exclude_input = self.perf = self.counts = False
+        self.num_sent = 0
+        self.response = None
+        self.done = threading.Event()
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        parameters.setdefault("max_batch_size", str(config.get("max_batch_size") or ""))
+        queue_policy = config.get("dynamic_batching", {}).get("default_queue_policy", {})
+        parameters.setdefault("max_queue_size", str(queue_policy.get("max_queue_size", "")))
+        if not parameters.get("gpt_model_path"):
+            raise KitUsageError("the tensorrt_llm model has no gpt_model_path parameter; set it to the "
+                                "TensorRT-LLM checkpoint directory.")
+        ckpt = Path(args["model_repository"]) / parameters["gpt_model_path"]  # absolute paths stay absolute
+        torch.set_num_threads(int(parameters.get("cpu_threads") or torch.get_num_threads()))
+        self.engine = Engine.from_checkpoint(ckpt, EngineConfig.from_parameters(parameters))
+        self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
+        self.exclude_input = parameters.get("exclude_input_in_output", "false").lower() == "true"
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.metrics, self.families = {}, []  # a family must outlive its metrics
+        for family, (label, values) in METRICS.items():
+            self.families.append(pb_utils.MetricFamily(name=family, description=f"CPU runtime {label}",
+                                                       kind=pb_utils.MetricFamily.GAUGE))
+            self.metrics.update({field: self.families[-1].Metric(labels={**labels, label: value})
+                                 for value, field in values.items()})
+        self.inbox: queue.Queue[_Pending] = queue.Queue()
+        self.active: dict[int, _Pending] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="trtllm-kit-engine", daemon=True)
+        self.thread.start()
+
+    def execute(self, requests):
+        if self.decoupled:
+            for request in requests:
+                self.inbox.put(_Pending(request, request.get_response_sender()))
+            return None
+        pending = [_Pending(request) for request in requests]
+        for item in pending:
+            self.inbox.put(item)
+        for item in pending:
+            item.done.wait()
+        return [item.response for item in pending]
+
+    def finalize(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                timeout = 0 if self.engine.has_work() else 0.05
+                self._admit(self.inbox.get(timeout=timeout) if timeout else self.inbox.get_nowait())
+                while True:
+                    self._admit(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for item in [p for p in self.active.values() if p.request.is_cancelled()]:
+                self.engine.cancel(item.seq)
+                self._finish(item, pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED))
+            if self.engine.has_work():
+                try:
+                    sampled, _ = self.engine.step()
+                except Exception as exc:  # a failing step must not leave clients waiting forever
+                    pb_utils.Logger.log_error(f"CPU runtime step failed: {exc!r}")
+                    for item in list(self.active.values()):
+                        self.engine.cancel(item.seq)
+                        self._finish(item, pb_utils.TritonError(f"the CPU runtime failed: {exc!r}"))
+                    continue
+                for seq in sampled:
+                    self._progress(self.active[seq.seq_id])
+            self._publish()
+        for item in list(self.active.values()):
+            self._finish(item, pb_utils.TritonError("the server is shutting down", pb_utils.TritonError.UNAVAILABLE))
+
+    def _admit(self, item: _Pending) -> None:
+        """Turn a Triton request into a sequence; a bad or unqueueable request is answered with its error."""
+        request = item.request
+        try:
+            for name, default in UNSUPPORTED.items():
+                if _input(request, name, default) != default:
+                    raise KitUsageError(f"input {name} = {_input(request, name)} is not supported by the CPU "
+                                        f"runtime (only {default}); leave it out.")
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
+            length = int(_input(request, "input_lengths", len(ids)))
+            params = SamplingParams(
+                max_tokens=int(_input(request, "request_output_len")), min_tokens=int(_input(request, "min_tokens", 0)),
+                end_id=_input(request, "end_id"), temperature=float(_input(request, "temperature", 1.0)),
+                top_k=int(_input(request, "runtime_top_k", 0)), top_p=float(_input(request, "runtime_top_p", 0.0)),
+                seed=int(_input(request, "seed", 0)), stop_words=_words(request, "stop_words_list"))
+            item.streaming = bool(_input(request, "streaming", False))
+            if item.streaming and not self.decoupled:
+                raise KitUsageError("streaming needs the model's decoupled transaction policy; send streaming "
+                                    "false or regenerate the repository with decoupled mode.")
+            item.exclude_input = bool(_input(request, "exclude_input_in_output", self.exclude_input))
+            item.perf = bool(_input(request, "return_perf_metrics", False))
+            item.counts = (bool(_input(request, "return_num_input_tokens", False)),
+                           bool(_input(request, "return_num_output_tokens", False)))
+            item.seq = self.engine.add_request([int(t) for t in ids[:length]], params)
+        except Exception as exc:  # any bad request is answered with its error; the engine loop goes on
+            full = isinstance(exc, QueueFullError)
+            self._finish(item, pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE if full
+                                                    else pb_utils.TritonError.INVALID_ARG))
+            return
+        self.active[item.seq.seq_id] = item
+
+    def _outputs(self, item: _Pending, token_ids: list[int]) -> list:
+        seq = item.seq
+        tensors = [pb_utils.Tensor("output_ids", np.array([[token_ids]], np.int32)),
+                   pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], np.int32))]
+        for wanted, name, value in zip(item.counts, ("num_input_tokens", "num_output_tokens"),
+                                       (seq.num_prompt_tokens, seq.num_output_tokens), strict=True):
+            if wanted:
+                tensors.append(pb_utils.Tensor(name, np.array([[value]], np.int32)))
+        if item.perf:
+            tpb = self.engine.config.tokens_per_block
+            reused, total = seq.num_cached_tokens // tpb, -(-len(seq) // tpb)
+            offset = time.time_ns() - time.perf_counter_ns()
+            ns = {"arrival_time_ns": seq.arrival_time, "first_token_time_ns": seq.first_token_time or 0.0,
+                  "last_token_time_ns": time.perf_counter()}
+            tensors += [pb_utils.Tensor(n, np.array([[int(v * 1e9) + offset]], np.int64)) for n, v in ns.items()]
+            tensors += [pb_utils.Tensor(n, np.array([[v]], np.int32)) for n, v in (
+                ("kv_cache_reused_blocks", reused), ("kv_cache_alloc_new_blocks", total - reused),
+                ("kv_cache_alloc_total_blocks", total))]
+        return tensors
+
+    def _progress(self, item: _Pending) -> None:
+        """Stream the new tokens, or answer a finished non-streaming request in full."""
+        seq = item.seq
+        if item.streaming:
+            new = seq.output_ids[item.num_sent:]
+            item.num_sent += len(new)
+            if seq.is_finished:
+                del self.active[seq.seq_id]
+                item.sender.send(pb_utils.InferenceResponse(self._outputs(item, new)) if new else None, flags=FINAL)
+            elif new:
+                item.sender.send(pb_utils.InferenceResponse(self._outputs(item, new)))
+        elif seq.is_finished:
+            tokens = seq.output_ids if item.exclude_input else seq.token_ids
+            self._finish(item, None, pb_utils.InferenceResponse(self._outputs(item, tokens)))
+
+    def _finish(self, item: _Pending, error, response=None) -> None:
+        """Send the final response (an error, or ``response``) and forget the request."""
+        if item.seq is not None:
+            self.active.pop(item.seq.seq_id, None)
+        response = response or pb_utils.InferenceResponse(output_tensors=[], error=error)
+        if item.sender is not None:
+            item.sender.send(response, flags=FINAL)
+        else:
+            item.response = response
+            item.done.set()
+
+    def _publish(self) -> None:
+        for field, value in asdict(self.engine.stats()).items():
+            if field in self.metrics:
+                self.metrics[field].set(float(value))

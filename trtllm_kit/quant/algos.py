@@ -1,0 +1,134 @@
+"""Quantization choices: the user's flags, the TensorRT-LLM ``QuantAlgo`` names they map to, and the one table of
+valid ``quant_algo`` × ``kv_cache_quant_algo`` combinations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit.errors import KitUsageError
+
+QUANT_CHOICES = ("none", "int8-wo", "int8-sq", "fp8")
+KV_CACHE_CHOICES = ("auto", "int8", "fp8")
+KV_ALGOS = {"auto": None, "int8": "INT8", "fp8": "FP8"}
+SQ_ALGOS = {  # (per_channel, per_token) → the plugin algorithm
+    (False, False): "W8A8_SQ_PER_TENSOR_PLUGIN",
+    (True, False): "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
+    (False, True): "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN",
+    (True, True): "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
+}
+
+# --quant → the --kv-cache values it combines with. Combinations that QuantMode accepts but whose runtime
+# support upstream is unverified (W8A16 or SmoothQuant with an FP8 cache, FP8 with an INT8 cache) are refused.
+VALID_COMBINATIONS: dict[str, tuple[str, ...]] = {
+    "none": ("auto", "int8", "fp8"),
+    "int8-wo": ("auto", "int8"),
+    "int8-sq": ("auto", "int8"),
+    "fp8": ("auto", "fp8"),
+}
+DEFAULT_CALIB_SAMPLES = 512
+DEFAULT_CALIB_SEQ_LEN = 512
+DEFAULT_CALIB_SEED = 1234
+DEFAULT_SMOOTHQUANT_ALPHA = 0.5
+
+
+def check_combination(quant: str, kv_cache: str) -> None:
+    """Refuse an unknown choice or a combination outside ``VALID_COMBINATIONS``, naming the valid ones.
+
+    Arguments:
+        quant: a ``QUANT_CHOICES`` value; kv_cache: a ``KV_CACHE_CHOICES`` value.
+    """
+    if quant not in QUANT_CHOICES:
+        raise KitUsageError(f"--quant {quant!r} is not one of {', '.join(QUANT_CHOICES)}.")
+    if kv_cache not in KV_CACHE_CHOICES:
+        raise KitUsageError(f"--kv-cache {kv_cache!r} is not one of {', '.join(KV_CACHE_CHOICES)}.")
+    valid = VALID_COMBINATIONS[quant]
+    if kv_cache not in valid:
+        others = [q for q, kvs in VALID_COMBINATIONS.items() if kv_cache in kvs]
+        raise KitUsageError(f"--quant {quant} cannot be combined with --kv-cache {kv_cache}; with --quant {quant} "
+                            f"use --kv-cache {_either(valid)}, or use --kv-cache {kv_cache} with --quant "
+                            f"{_either(others)}.")
+
+
+def _either(choices: tuple[str, ...] | list[str]) -> str:
+    return " or ".join(choices) if len(choices) < 3 else f"{', '.join(choices[:-1])} or {choices[-1]}"
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """What to quantize and how to calibrate: validated on construction."""
+
+    quant: str = "none"
+    kv_cache: str = "auto"
+    smoothquant_alpha: float = DEFAULT_SMOOTHQUANT_ALPHA
+    per_channel: bool = False
+    per_token: bool = False
+    calib_data: Path | None = None
+    calib_samples: int = DEFAULT_CALIB_SAMPLES
+    calib_seq_len: int = DEFAULT_CALIB_SEQ_LEN
+    calib_seed: int = DEFAULT_CALIB_SEED
+
+    def __post_init__(self) -> None:
+        check_combination(self.quant, self.kv_cache)
+        alpha = self.smoothquant_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0.0 <= alpha <= 1.0:
+            raise KitUsageError(f"--smoothquant-alpha must be a number in [0, 1], got {alpha!r}.")
+        if (self.per_channel or self.per_token) and self.quant != "int8-sq":
+            raise KitUsageError(f"--per-channel and --per-token apply to --quant int8-sq only, not --quant "
+                                f"{self.quant}.")
+        for name in ("calib_samples", "calib_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise KitUsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}.")
+        if isinstance(self.calib_seed, bool) or not isinstance(self.calib_seed, int):
+            raise KitUsageError(f"--calib-seed must be an integer, got {self.calib_seed!r}.")
+        if self.calib_data is not None:
+            object.__setattr__(self, "calib_data", Path(self.calib_data))
+
+    @property
+    def quant_algo(self) -> str | None:
+        """The ``QuantAlgo`` member name of the weights/activations, or None."""
+        if self.quant == "int8-wo":
+            return "W8A16"
+        if self.quant == "int8-sq":
+            return SQ_ALGOS[(self.per_channel, self.per_token)]
+        return "FP8" if self.quant == "fp8" else None
+
+    @property
+    def kv_cache_quant_algo(self) -> str | None:
+        return KV_ALGOS[self.kv_cache]
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.quant_algo is not None or self.kv_cache_quant_algo is not None
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Every algorithm except W8A16 needs activation ranges, and so does any KV-cache quantization."""
+        return self.quant in ("int8-sq", "fp8") or self.kv_cache_quant_algo is not None
+
+    def quantization_block(self) -> dict[str, Any]:
+        """The ``quantization`` object of the checkpoint ``config.json`` (portable keys only, §2.3)."""
+        return {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo, "group_size": 128,
+                "has_zero_point": False, "pre_quant_scale": False,
+                "exclude_modules": ["lm_head"] if self.quant == "fp8" else None}
+
+    def calibration_params(self) -> dict[str, Any]:
+        """What decides the calibration statistics (for the manifest and the stats' sidecar)."""
+        return {"calib_data": str(self.calib_data) if self.calib_data else "builtin:corpus",
+                "calib_samples": self.calib_samples, "calib_seq_len": self.calib_seq_len,
+                "calib_seed": self.calib_seed}
+
+
+def check_model(config: QuantConfig, num_kv_heads: int, tp_size: int) -> None:
+    """Refuse a quantization the model cannot take at this layout.
+
+    Arguments:
+        config: the quantization; num_kv_heads: the model's KV heads; tp_size: tensor-parallel size.
+    """
+    if config.quant == "int8-sq" and num_kv_heads < tp_size:
+        raise KitUsageError(f"--quant int8-sq needs at least as many KV heads as --tp (the SmoothQuant plugin path "
+                            f"cannot duplicate KV heads), but the model has {num_kv_heads} KV head(s) and tp is "
+                            f"{tp_size}; use --tp {num_kv_heads} or less, or --quant int8-wo or fp8.")

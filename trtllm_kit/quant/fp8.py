@@ -1,0 +1,69 @@
+"""FP8 (e4m3) per-tensor quantization (§5.5).
+
+``weights_scaling_factor = amax|W| / 448`` and ``activation_scaling_factor = amax|X| / 448`` (float32 ``[1]``);
+fused layers (q/k/v; fc/gate) share the largest scale; weights are clamped to ±448 before the cast, because the
+cast turns values of 480 and more into NaN (e4m3fn has no infinity).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_kit.quant.blocks import BlockBuffer
+
+FP8_MAX = 448.0
+FP8_DTYPE = torch.float8_e4m3fn
+MIN_SCALE = 1e-12  # an all-zero tensor gets this scale instead of 0 (its values quantize to 0 either way)
+
+
+def fp8_scale(amax: float) -> float:
+    """``amax / 448`` (a zero amax gives a tiny positive scale, so that dividing by it stays finite).
+
+    Arguments:
+        amax: the largest absolute value.
+    """
+    return max(float(amax) / FP8_MAX, MIN_SCALE)
+
+
+def fp8_scale_tensor(amax: float) -> torch.Tensor:
+    """The float32 ``[1]`` scaling-factor tensor for ``amax``.
+
+    Arguments:
+        amax: the largest absolute value.
+    """
+    return torch.tensor([fp8_scale(amax)], dtype=torch.float32)
+
+
+def fp8_quantize(weight: torch.Tensor, scale: float, buffer: BlockBuffer | None = None) -> torch.Tensor:
+    """``clamp(W / scale, -448, 448).to(float8_e4m3fn)``, a block of rows at a time.
+
+    Arguments:
+        weight: any shape, any float dtype; scale: the per-tensor dequantization scale; buffer: a reused buffer.
+    """
+    buffer = buffer or BlockBuffer()
+    divisor = torch.tensor(scale, dtype=torch.float32)  # the value the [1] float32 scale tensor holds
+    out = torch.empty(weight.shape, dtype=FP8_DTYPE)
+
+    def math(block: torch.Tensor, _rows: slice) -> None:
+        block.div_(divisor).clamp_(-FP8_MAX, FP8_MAX)
+
+    buffer.map_rows(weight, out, math)
+    return out
+
+
+def fp8_dequantize(q: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """``q.float() * scale`` in float32.
+
+    Arguments:
+        q: float8_e4m3fn values; scale: the dequantization scale.
+    """
+    return q.float() * scale
+
+
+def fp8_round_trip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """Quantize ``x`` to e4m3 with ``scale`` (clamped) and back, in float32: activations and the KV cache.
+
+    Arguments:
+        x: any float tensor; scale: the dequantization scale.
+    """
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale

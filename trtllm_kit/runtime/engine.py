@@ -1,0 +1,277 @@
+"""The CPU runtime's step loop: schedule → one batched forward pass over the paged KV pool → sample → postprocess.
+
+A step packs every scheduled sequence's new tokens (generation tokens and context chunks alike) into one row
+for the linear layers of ``CheckpointModel`` (all TP ranks, all PP stages, its ``linear``), writes their K/V
+into the pool's slots, and attends per sequence over the K/V gathered through its block table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.model import CheckpointModel, attend
+from trtllm_kit.runtime.sampling import sample
+from trtllm_kit.runtime.scheduler import Scheduler
+from trtllm_kit.runtime.sequence import SamplingParams, Sequence
+
+POLICIES = ("guaranteed_no_evict", "max_utilization", "static")
+
+
+@dataclass
+class EngineConfig:
+    """The ``tensorrt_llm`` model's batching parameters (names as in its ``config.pbtxt``)."""
+
+    max_batch_size: int = 8
+    max_num_tokens: int = 512
+    tokens_per_block: int = 32
+    max_tokens_in_paged_kv_cache: int = 8192
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    enable_kv_cache_reuse: bool = True
+    enable_chunked_context: bool = False
+    max_queue_size: int = 0  # 0 = unbounded
+    max_seq_len: int = 0  # input + output tokens of one request; 0 = only the pool bounds it
+
+    def __post_init__(self) -> None:
+        if self.batch_scheduler_policy not in POLICIES:
+            raise KitUsageError(f"batch_scheduler_policy is {self.batch_scheduler_policy!r}; use one of "
+                                f"{', '.join(POLICIES)}.")
+        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):
+            if getattr(self, name) < 1:
+                raise KitUsageError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.max_tokens_in_paged_kv_cache < self.tokens_per_block:
+            raise KitUsageError(f"max_tokens_in_paged_kv_cache {self.max_tokens_in_paged_kv_cache} holds not even "
+                                f"one block of tokens_per_block {self.tokens_per_block}; raise it.")
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.max_tokens_in_paged_kv_cache // self.tokens_per_block
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str]) -> EngineConfig:
+        """Read the fields from string parameters; absent, empty and ``${...}`` values keep the defaults.
+
+        Arguments:
+            parameters: name → string value (a Triton model's ``parameters``).
+        """
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = str(parameters.get(f.name, "")).strip()
+            if not raw or (raw.startswith("${") and raw.endswith("}")):
+                continue
+            if f.type == "bool":
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise KitUsageError(f"parameter {f.name} is {raw!r}; use true or false.")
+                values[f.name] = raw.lower() in ("true", "1", "yes")
+            elif f.type == "int":
+                try:
+                    values[f.name] = int(raw)
+                except ValueError:
+                    raise KitUsageError(f"parameter {f.name} is {raw!r}; it must be an integer.") from None
+            else:
+                values[f.name] = raw
+        return cls(**values)
+
+
+@dataclass
+class EngineStats:
+    """A snapshot in the spirit of the ``nv_trt_llm_*`` metrics (request, KV block and batcher families)."""
+
+    active: int
+    waiting: int
+    max: int
+    scheduled: int
+    context: int
+    generation_requests: int
+    total_context_tokens: int
+    step_tokens: int
+    blocks_max: int
+    blocks_free: int
+    blocks_used: int
+    tokens_per_block: int
+    blocks_reused: int
+    blocks_missed: int
+    preemptions: int
+    iteration_counter: int
+    total_scheduled_requests: int
+    peak_scheduled: int
+    timestamp: float
+
+
+class _Group(NamedTuple):
+    """Sequences attended in one call: padded query rows and key slots, the mask, and where valid rows go."""
+
+    q_index: torch.Tensor  # [G, T] packed-token index of each query row (padding repeats the last one)
+    key_slots: torch.Tensor  # [G, S] pool slots of each sequence's keys (padding: slot 0)
+    mask: torch.Tensor  # [G, 1, T, S]
+    rows: torch.Tensor  # the valid (row, column) pairs of [G, T] ...
+    cols: torch.Tensor
+    out_index: torch.Tensor  # ... and their packed-token indices
+
+
+def _group(starts: list[int], counts: list[int], offsets: list[int], slots: list[torch.Tensor]) -> _Group:
+    """The attention inputs of sequences computing ``counts`` tokens from ``starts``, packed at ``offsets``."""
+    start, count, offset = (torch.tensor(v)[:, None] for v in (starts, counts, offsets))
+    t = torch.arange(max(counts))[None, :]
+    is_query = t < count  # [G, T]
+    key_slots = torch.nn.utils.rnn.pad_sequence(slots, batch_first=True)
+    j = torch.arange(key_slots.shape[1])[None, None, :]
+    mask = ((j <= (start + t)[:, :, None]) & is_query[:, :, None]) | (~is_query[:, :, None] & (j == 0))
+    rows, cols = is_query.nonzero(as_tuple=True)
+    q_index = offset + torch.minimum(t, count - 1)
+    return _Group(q_index, key_slots, mask[:, None], rows, cols, q_index[rows, cols])
+
+
+class Engine:
+    """Owns the model, the scheduler and the K/V pool; ``step()`` advances every running sequence by one step."""
+
+    def __init__(self, model: CheckpointModel, config: EngineConfig) -> None:
+        """Arguments:
+        model: a loaded checkpoint; config: batching and KV-pool settings.
+        """
+        self.model, self.config = model, config
+        self.scheduler = Scheduler(config)
+        dims = model.dims
+        shape = (dims.num_layers, dims.tp_size, config.num_kv_blocks * config.tokens_per_block,
+                 dims.num_kv_heads_per_rank, dims.head_size)
+        self.k_cache = torch.zeros(shape, dtype=model.dtype)
+        self.v_cache = torch.zeros(shape, dtype=model.dtype)
+        self._seq_ids = itertools.count()
+        self.num_steps = self.total_scheduled = self.peak_scheduled = 0
+        self.last_scheduled = self.last_context = self.last_context_tokens = self.last_tokens = 0
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: Path, config: EngineConfig,
+                        compute_dtype: torch.dtype = torch.float32) -> Engine:
+        """Load a TensorRT-LLM checkpoint (any tp/pp) and build an engine over it.
+
+        Arguments:
+            ckpt_dir: the checkpoint directory; config: engine settings; compute_dtype: as ``CheckpointModel.load``.
+        """
+        return cls(CheckpointModel.load(Path(ckpt_dir), compute_dtype), config)
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> Sequence:
+        """Queue a request; raises ``KitUsageError`` for one that can never run and ``QueueFullError``.
+
+        Arguments:
+            prompt_ids: input token ids; params: sampling settings; arrival_time: ``time.perf_counter()`` value.
+        """
+        vocab = self.model.dims.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
+        seq = Sequence(next(self._seq_ids), prompt_ids, params, arrival_time)
+        self.scheduler.add(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop a sequence now and free its blocks.
+
+        Arguments:
+            seq: a sequence of this engine; finished ones are left as they are.
+        """
+        if not seq.is_finished:
+            self.scheduler.finish(seq, "cancelled")
+
+    def has_work(self) -> bool:
+        return not self.scheduler.is_finished()
+
+    def step(self) -> tuple[list[Sequence], list[Sequence]]:
+        """One iteration; returns the sequences that received a token (or ended) and those that finished."""
+        seqs = self.scheduler.schedule()
+        context = [s for s in seqs if s.num_output_tokens == 0 or s.num_uncomputed_tokens > 1]
+        self.last_scheduled, self.last_context = len(seqs), len(context)
+        self.last_context_tokens = sum(s.num_scheduled_tokens for s in context)
+        self.last_tokens = sum(s.num_scheduled_tokens for s in seqs)
+        if not seqs:
+            return [], []
+        sampled = [s for s in seqs if s.num_computed_tokens + s.num_scheduled_tokens == len(s) and not s.is_finished]
+        logits = self._forward(seqs, sampled)  # always: context chunks fill the cache even when nothing is sampled
+        tokens = iter(sample(logits, sampled))
+        is_sampled = {s.seq_id for s in sampled}
+        finished = self.scheduler.postprocess(seqs, [next(tokens) if s.seq_id in is_sampled else None
+                                                     for s in seqs])
+        self.num_steps += 1
+        self.total_scheduled += len(seqs)
+        self.peak_scheduled = max(self.peak_scheduled, len(seqs))
+        return sampled, finished
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+        """Run requests to completion (all queued at once); returns each one's output ids.
+
+        Arguments:
+            prompts: input token ids per request; params: sampling settings per request.
+        """
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        while self.has_work():
+            self.step()
+        return [seq.output_ids for seq in seqs]
+
+    @torch.no_grad()
+    def _forward(self, seqs: list[Sequence], sampled: list[Sequence]) -> torch.Tensor:
+        """Compute the scheduled tokens of ``seqs``; logits [len(sampled), vocab] of the last position of each."""
+        model, tpb = self.model, self.config.tokens_per_block
+        starts = [s.num_computed_tokens for s in seqs]
+        counts = [s.num_scheduled_tokens for s in seqs]
+        ends = [a + n for a, n in zip(starts, counts, strict=True)]
+        offsets = [sum(counts[:i]) for i in range(len(seqs))]
+        ids = [t for s, a, b in zip(seqs, starts, ends, strict=True) for t in s.token_ids[a:b]]
+        positions = torch.cat([torch.arange(a, b) for a, b in zip(starts, ends, strict=True)])[None]
+        slots = [(torch.tensor(s.block_table)[:, None] * tpb + torch.arange(tpb)).flatten()[:e]
+                 for s, e in zip(seqs, ends, strict=True)]
+        new_slots = torch.cat([ks[a:b] for ks, a, b in zip(slots, starts, ends, strict=True)])
+        # Generation tokens attend together; each context chunk alone (no query padding across sequences).
+        # Generation tokens are bucketed by key length (at most 2x padding); each context chunk goes alone.
+        members: list[list[int]] = []
+        for i in sorted((i for i, n in enumerate(counts) if n == 1), key=ends.__getitem__):
+            if not members or ends[i] > 2 * ends[members[-1][0]]:
+                members.append([])
+            members[-1].append(i)
+        members += [[i] for i, n in enumerate(counts) if n > 1]
+        groups = [_group([starts[i] for i in m], [counts[i] for i in m], [offsets[i] for i in m],
+                         [slots[i] for i in m]) for m in members]
+        hidden = model.embed(torch.tensor([ids]))
+        for layer in range(model.dims.num_layers):
+            x = model.norm(layer, "input_layernorm", hidden)
+            contexts = []
+            for rank in range(model.dims.tp_size):
+                q, k, v = model.qkv(layer, rank, x, positions, max(ends))  # [1, heads, N, d]
+                k_cache, v_cache = self.k_cache[layer, rank], self.v_cache[layer, rank]
+                k_cache[new_slots], v_cache[new_slots] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+                context = torch.empty_like(q[0])
+                for g in groups:
+                    keys, values = k_cache[g.key_slots].transpose(1, 2), v_cache[g.key_slots].transpose(1, 2)
+                    queries = q[0][:, g.q_index].transpose(0, 1)  # [G, heads, T, d]
+                    # The query heads sharing a KV head become rows of that head: no repeated K/V, same math.
+                    shape, kv_heads = queries.shape, keys.shape[1]
+                    out = attend(queries.reshape(shape[0], kv_heads, -1, shape[-1]), keys, values,
+                                 g.mask.repeat(1, 1, shape[1] // kv_heads, 1)).reshape(shape)
+                    context[:, g.out_index] = out.transpose(0, 1)[:, g.rows, g.cols]
+                contexts.append(context[None])
+            hidden = hidden + model.attention_output(layer, contexts)
+            hidden = hidden + model.mlp(layer, model.norm(layer, "post_layernorm", hidden))
+        if not sampled:
+            return torch.empty(0, model.dims.vocab_size)
+        last = {s.seq_id: o + c - 1 for s, o, c in zip(seqs, offsets, counts, strict=True)}
+        return model.logits(hidden[:, [last[s.seq_id] for s in sampled]])[0]
+
+    def stats(self) -> EngineStats:
+        """The current counters and gauges."""
+        scheduler, manager = self.scheduler, self.scheduler.block_manager
+        return EngineStats(
+            active=len(scheduler.running), waiting=len(scheduler.waiting), max=self.config.max_batch_size,
+            scheduled=self.last_scheduled, context=self.last_context,
+            generation_requests=self.last_scheduled - self.last_context, total_context_tokens=self.last_context_tokens,
+            step_tokens=self.last_tokens,
+            blocks_max=manager.num_blocks, blocks_free=manager.num_free_blocks,
+            blocks_used=manager.num_used_blocks,
+            tokens_per_block=manager.tokens_per_block, blocks_reused=manager.num_reused_blocks,
+            blocks_missed=manager.num_missed_blocks, preemptions=scheduler.num_preemptions,
+            iteration_counter=self.num_steps, total_scheduled_requests=self.total_scheduled,
+            peak_scheduled=self.peak_scheduled, timestamp=time.time())

@@ -1,0 +1,243 @@
+"""The per-layer math of the CPU runtime: rotary embedding, linear layers (plain or quantized with simulated
+numerics), RMSNorm, the TP reduction, the causal mask and attention.
+
+Quantized linears follow the checkpoint's tensors, one line of math each: int8 weights are SmoothQuant (the
+activation is divided by ``smoother`` when present, quantized to int8 statically with the preceding norm's
+``scale_to_int`` or per token, multiplied exactly and rescaled); float8 weights are FP8 (activation and weight
+round-tripped through ``float8_e4m3fn`` with their scaling factors). W8A16 checkpoints hold model-dtype weights:
+``prepare_weights`` replaces them once with the int8 preview's dequantized values. A quantized KV cache is
+simulated by ``kv_round_trip`` on the keys and values that enter the cache.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from trtllm_kit.errors import CheckpointError
+from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_round_trip
+from trtllm_kit.quant.int8 import quantize_activation_int8, quantize_per_token_int8, w8a16_round_trip
+from trtllm_kit.quant.kv import kv_round_trip
+
+ROPE_TYPES = ("linear", "dynamic", "llama3")
+Weights = dict[str, torch.Tensor]
+QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
+               "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN")
+KV_ALGOS = (None, "INT8", "FP8")
+LINEAR_WEIGHTS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
+                  "mlp.proj.weight")
+SCALE_SUFFIXES = ("scale_to_int", "per_channel_scale", "act_scale", "smoother", "quantization_scaling_factor",
+                  "weights_scaling_factor", "activation_scaling_factor", "kv_cache_scaling_factor")
+# where a SmoothQuant linear finds its static activation scale, relative to the layer
+ACT_SCALES = {"attention.qkv": "input_layernorm.scale_to_int", "mlp.fc": "post_layernorm.scale_to_int",
+              "mlp.gate": "post_layernorm.scale_to_int", "attention.dense": "attention.quantization_scaling_factor",
+              "mlp.proj": "mlp.quantization_scaling_factor"}
+
+
+class Rope:
+    """GPT-NeoX rotary embedding with ``rotary_base`` and ``rotary_scaling`` (the HF ``rope_scaling`` dict)."""
+
+    def __init__(self, config: dict[str, Any], head_size: int, source: str = "config.json") -> None:
+        """Arguments:
+        config: the checkpoint config; head_size: the rotary dimension; source: for error messages.
+        """
+        self.dim = head_size
+        self.base = float(config.get("rotary_base", 10000.0))
+        self.max_positions = int(config.get("max_position_embeddings") or 2048)
+        self.scaling = dict(config.get("rotary_scaling") or {})
+        self.rope_type = self.scaling.get("rope_type", self.scaling.get("type", "default"))
+        if self.rope_type not in ("default", *ROPE_TYPES):
+            raise CheckpointError(f"{source} has rotary_scaling of type {self.rope_type!r}, which the CPU "
+                                  f"runtime does not implement (it supports none, {', '.join(ROPE_TYPES)}).")
+
+    def inv_freq(self, seq_len: int) -> torch.Tensor:
+        """Inverse frequencies [dim/2] in float32, computed as transformers computes them.
+
+        Arguments:
+            seq_len: tokens in the sequence; only "dynamic" scaling depends on it.
+        """
+        base, s = self.base, self.scaling
+        if self.rope_type == "dynamic" and seq_len > self.max_positions:
+            factor = float(s["factor"])
+            base *= (factor * seq_len / self.max_positions - (factor - 1)) ** (self.dim / (self.dim - 2))
+        inv_freq = 1.0 / (base ** (torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim))
+        if self.rope_type == "linear":
+            return inv_freq / float(s["factor"])
+        if self.rope_type != "llama3":
+            return inv_freq
+        factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        old_len = int(s.get("original_max_position_embeddings") or self.max_positions)
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+        return torch.where(is_medium, smoothed, scaled)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """Rotate ``x`` [B, heads, T, dim] in float32 (as the attention kernel does), rounded back to its dtype.
+
+        Arguments:
+            x: queries or keys; positions: [B, T] token positions; seq_len: for dynamic scaling.
+        """
+        freqs = positions.float()[:, None, :, None] * self.inv_freq(seq_len)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        xf, half = x.float(), x.shape[-1] // 2
+        rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+        return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weights: Weights, prefix: str, *, with_bias: bool = True) -> torch.Tensor:
+    """``x @ W.T (+ b)`` of layer ``prefix`` on one rank, with simulated int8 or FP8 numerics for quantized weights.
+
+    Arguments:
+        x: activations [..., in] in the compute dtype; weights: the rank's tensors; prefix: the name without
+        ``.weight``; with_bias: False for row-parallel layers, whose bias is added after the reduction.
+    """
+    weight = weights[f"{prefix}.weight"]
+    if weight.dtype == torch.int8:
+        out = _smoothquant_linear(x, weight, weights, prefix).to(x.dtype)
+    elif weight.dtype == FP8_DTYPE:
+        xq = fp8_round_trip(x, weights[f"{prefix}.activation_scaling_factor"])
+        w = weight.float() * weights[f"{prefix}.weights_scaling_factor"]
+        out = torch.nn.functional.linear(xq, w).to(x.dtype)
+    else:
+        out = torch.nn.functional.linear(x, weight)
+    bias = weights.get(f"{prefix}.bias") if with_bias else None
+    return out if bias is None else out + bias
+
+
+def _smoothquant_linear(x: torch.Tensor, weight: torch.Tensor, weights: Weights, prefix: str) -> torch.Tensor:
+    """The SmoothQuant plugin GEMM: int8 activations × int8 weights, rescaled (float32 result)."""
+    smoother = weights.get(f"{prefix}.smoother")
+    xs = x.float() if smoother is None else x.float() / smoother.reshape(-1)
+    channel = weights[f"{prefix}.per_channel_scale"].reshape(-1)
+    act_scale = weights.get(f"{prefix}.act_scale")
+    if act_scale is None:  # per token, dynamic
+        qx, token_scale = quantize_per_token_int8(xs)
+        return torch.nn.functional.linear(qx, weight.float()) * token_scale * channel
+    module = prefix.rpartition(".layers.")[2].partition(".")[2]
+    base = prefix[: len(prefix) - len(module)]
+    qx = quantize_activation_int8(xs, weights[base + ACT_SCALES[module]])
+    return torch.nn.functional.linear(qx, weight.float()) * channel * act_scale.reshape(-1)
+
+
+def prepare_weights(tensors: Weights, quantization: dict[str, Any], compute_dtype: torch.dtype) -> Weights:
+    """A rank's tensors ready to run: scales stay float32, int8/float8 weights stay as stored, W8A16 weights
+    become the dequantized int8 preview, everything else is cast to the compute dtype.
+
+    Arguments:
+        tensors: the rank file's tensors; quantization: the config's ``quantization`` object; compute_dtype: the
+        compute dtype.
+    """
+    is_w8a16 = quantization.get("quant_algo") == "W8A16"
+    prepared = {}
+    for name, tensor in tensors.items():
+        if tensor.dtype in (torch.int8, FP8_DTYPE):
+            prepared[name] = tensor
+        elif name.endswith(SCALE_SUFFIXES):
+            prepared[name] = tensor.float()
+        elif is_w8a16 and name.endswith(LINEAR_WEIGHTS):
+            prepared[name] = w8a16_round_trip(tensor).to(compute_dtype)
+        else:
+            prepared[name] = tensor.to(compute_dtype)
+    return prepared
+
+
+def check_quantization(quantization: dict[str, Any], source: str) -> None:
+    """Refuse a ``quantization`` block the CPU runtime does not simulate.
+
+    Arguments:
+        quantization: the config's ``quantization`` object; source: for error messages.
+    """
+    algo, kv = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
+    if algo not in QUANT_ALGOS or kv not in KV_ALGOS:
+        raise CheckpointError(f"{source} is quantized with {algo} (KV cache {kv}); the CPU runtime simulates "
+                              f"{', '.join(a for a in QUANT_ALGOS if a)} with a KV cache of none, INT8 or FP8.")
+
+
+def required_quant_tensors(names: list[str], quantization: dict[str, Any]) -> list[str]:
+    """The scale tensors (and weight dtypes are checked by the caller) a quantized rank file must hold.
+
+    Arguments:
+        names: the rank file's tensor names; quantization: the config's ``quantization`` object.
+    """
+    algo, kv = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
+    static = bool(algo) and algo.startswith("W8A8_SQ") and "PER_TOKEN" not in algo
+    required = []
+    for name in names:
+        if not name.endswith(LINEAR_WEIGHTS):
+            continue
+        prefix = name.removesuffix(".weight")
+        module = prefix.rpartition(".layers.")[2].partition(".")[2]
+        if algo == "FP8":
+            required += [f"{prefix}.weights_scaling_factor", f"{prefix}.activation_scaling_factor"]
+        elif algo and algo.startswith("W8A8_SQ"):
+            required.append(f"{prefix}.per_channel_scale")
+            if module in ("attention.dense", "mlp.proj"):
+                required.append(f"{prefix}.smoother")
+            if static:
+                required += [f"{prefix}.act_scale", prefix[: len(prefix) - len(module)] + ACT_SCALES[module]]
+        if kv and module == "attention.qkv":
+            required.append(prefix.removesuffix("qkv") + "kv_cache_scaling_factor")
+    return required
+
+
+def kv_cache(weights: Weights, layer_prefix: str, algo: str | None,
+             k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values as a quantized KV cache returns them (unchanged when the cache is not quantized).
+
+    Arguments:
+        weights: the rank's tensors; layer_prefix: ``transformer.layers.{i}``; algo: the KV algorithm or None;
+        k, v: [B, heads, T, d].
+    """
+    if algo is None:
+        return k, v
+    scale = weights[f"{layer_prefix}.attention.kv_cache_scaling_factor"]
+    return kv_round_trip(k, scale, algo), kv_round_trip(v, scale, algo)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32, rounded to ``x.dtype`` before the scale (as transformers does).
+
+    Arguments:
+        x: hidden states; weight: the scale; eps: ``norm_epsilon``.
+    """
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def reduce(partials: list[torch.Tensor], bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The TP all-reduce of row-parallel partial sums (accumulated in float32), then the row bias once.
+
+    Arguments:
+        partials: one output per TP rank in the compute dtype; bias: the replicated row bias, or None.
+    """
+    total = torch.stack([p.float() for p in partials]).sum(0).to(partials[0].dtype)
+    return total if bias is None else total + bias
+
+
+def causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:
+    """Boolean [num_queries, num_keys], True where visible; the queries are the last ``num_queries`` keys.
+
+    Arguments:
+        num_queries: new tokens; num_keys: cached plus new tokens.
+    """
+    return torch.arange(num_keys)[None, :] <= torch.arange(num_queries)[:, None] + (num_keys - num_queries)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product attention of one rank with grouped KV heads, as fused attention kernels round it:
+    scores and softmax in float32, probabilities rounded to the compute dtype for the product with ``v``.
+
+    Arguments:
+        q: [B, Hq_r, T, d]; k, v: [B, Hkv_r, S, d]; mask: boolean, broadcastable to [B, Hq_r, T, S].
+    """
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.matmul(probs.to(q.dtype), v)

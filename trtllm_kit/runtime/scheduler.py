@@ -1,0 +1,170 @@
+"""Which sequences run in the next step, and how many of their tokens: in-flight batching over a paged KV pool.
+
+Policies (``batch_scheduler_policy``):
+* ``guaranteed_no_evict``: a request is admitted only when blocks for its full length (prompt plus
+  ``request_output_len``) can be reserved; otherwise it waits. Nothing is ever evicted.
+* ``max_utilization``: a request is admitted when its next chunk fits; when a running sequence cannot grow,
+  the most recently admitted ones are preempted (blocks freed, recomputed later from their tokens).
+* ``static``: static batching, for comparison: a batch is formed only when the previous one has finished
+  completely, and no request joins a running batch. As in a static batch, a finished request keeps its
+  slot, its KV blocks and its compute (a padding row recomputing its last position) until the batch ends.
+Each step spends at most ``max_num_tokens`` tokens: one per generating sequence, the rest on context
+(prompt) tokens; with chunked context a long prompt is computed over several steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.runtime.block_manager import BlockManager
+from trtllm_kit.runtime.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from trtllm_kit.runtime.engine import EngineConfig
+
+
+class QueueFullError(KitError):
+    """The waiting queue holds ``max_queue_size`` requests; the request was not accepted."""
+
+
+class Scheduler:
+    """Owns the waiting and running queues and the block manager."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        """Arguments:
+        config: the engine settings (batch and token limits, policy, pool size, reuse, chunking).
+        """
+        self.config = config
+        self.block_manager = BlockManager(config.num_kv_blocks, config.tokens_per_block,
+                                          config.enable_kv_cache_reuse)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.padding: list[Sequence] = []  # static batching: finished members of the running batch
+        self.num_preemptions = 0
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running and not self.padding
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence, refusing what could never run or what the queue cannot hold.
+
+        Arguments:
+            seq: a fresh sequence.
+        """
+        config, capacity = self.config, self.block_manager.num_blocks * self.config.tokens_per_block
+        if seq.max_num_tokens > capacity:
+            raise KitUsageError(f"request {seq.seq_id} needs up to {seq.max_num_tokens} tokens of KV cache "
+                                f"({seq.num_prompt_tokens} input + {seq.params.max_tokens} output) but the pool "
+                                f"holds {capacity}; shorten it or raise max_tokens_in_paged_kv_cache.")
+        if config.max_seq_len and seq.max_num_tokens > config.max_seq_len:
+            raise KitUsageError(f"request {seq.seq_id} asks for {seq.num_prompt_tokens} input + "
+                                f"{seq.params.max_tokens} output tokens, more than max_seq_len {config.max_seq_len}; "
+                                "lower request_output_len.")
+        if seq.num_prompt_tokens > config.max_num_tokens and not config.enable_chunked_context:
+            raise KitUsageError(f"request {seq.seq_id} has {seq.num_prompt_tokens} input tokens, more than "
+                                f"max_num_tokens {config.max_num_tokens}; shorten it or set "
+                                "enable_chunked_context.")
+        queued = len(self.waiting) - max(config.max_batch_size - len(self.running), 0)  # beyond free batch slots
+        if config.max_queue_size and queued >= config.max_queue_size:
+            raise QueueFullError(f"the request queue is full ({queued} requests wait for a batch slot, "
+                                 f"max_queue_size {config.max_queue_size}); retry later or raise max_queue_size.")
+        self.waiting.append(seq)
+
+    def _chunk(self, seq: Sequence, num_uncomputed: int, budget: int) -> int:
+        """Tokens of ``seq`` to compute within ``budget``: all of them, a chunk, or 0 (wait)."""
+        if num_uncomputed <= budget:
+            return num_uncomputed
+        return budget if self.config.enable_chunked_context else 0
+
+    def schedule(self) -> list[Sequence]:
+        """Pick this step's sequences and set their ``num_scheduled_tokens``; blocks are allocated here."""
+        policy, manager = self.config.batch_scheduler_policy, self.block_manager
+        budget, scheduled, num_preempted = self.config.max_num_tokens, [], self.num_preemptions
+        running = list(self.running)
+        while running:
+            seq = running.pop(0)
+            num_tokens = self._chunk(seq, seq.num_uncomputed_tokens, budget)
+            if num_tokens == 0:
+                continue
+            while not manager.can_append(seq, seq.num_computed_tokens + num_tokens):
+                assert policy == "max_utilization", "reserved sequences never run out of blocks"
+                victim = running.pop() if running else seq
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                manager.append(seq, seq.num_computed_tokens + num_tokens)
+                seq.num_scheduled_tokens = num_tokens
+                scheduled.append(seq)
+                budget -= num_tokens
+        if policy == "static" and self.running:
+            for seq in self.padding:
+                seq.num_computed_tokens, seq.num_scheduled_tokens = len(seq) - 1, 1
+            return scheduled + self.padding
+        for seq in self.padding:  # the static batch is over
+            self.block_manager.free(seq)
+        self.padding = []
+        if self.num_preemptions > num_preempted:
+            return scheduled  # a pool too full to admit anyone this step
+        while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
+            seq = self.waiting[0]
+            reuse = manager.prefix_hits(seq)
+            num_tokens = self._chunk(seq, len(seq) - len(reuse) * manager.tokens_per_block, budget)
+            first = len(reuse) * manager.tokens_per_block + num_tokens
+            reserve = first if policy == "max_utilization" else max(seq.max_num_tokens, first)
+            if num_tokens == 0 or not manager.can_allocate(seq, reserve):
+                break
+            self.waiting.popleft()
+            manager.allocate(seq, reserve)
+            seq.status, seq.num_scheduled_tokens = SequenceStatus.RUNNING, num_tokens
+            self.running.append(seq)
+            scheduled.append(seq)
+            budget -= num_tokens
+        return scheduled
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks and put it first in line; its tokens are recomputed later."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
+        """Advance the computed tokens, append sampled tokens and retire finished sequences; returns those.
+
+        Arguments:
+            seqs: the step's scheduled sequences; token_ids: the sampled token of each, None for a context chunk
+            that did not reach the end of the sequence.
+        """
+        finished = []
+        for seq, token_id in zip(seqs, token_ids, strict=True):
+            seq.num_computed_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            self.block_manager.seal(seq)
+            if token_id is None or seq.is_finished:
+                continue
+            seq.append_token(token_id)
+            if seq.finish_reason is not None:
+                self.finish(seq, seq.finish_reason)
+                finished.append(seq)
+        return finished
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire a sequence at once (finished or cancelled) and free its blocks.
+
+        Arguments:
+            seq: a waiting or running sequence; reason: ``length``, ``end_id``, ``stop_words``, ``cancelled``.
+        """
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            if self.config.batch_scheduler_policy == "static" and reason != "cancelled":
+                self.padding.append(seq)
+            else:
+                self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason

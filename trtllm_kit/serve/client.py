@@ -1,0 +1,183 @@
+"""Text generation against a running server: one gRPC stream per request to ``ensemble`` or ``tensorrt_llm_bls``."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import serialize_byte_tensor
+
+from trtllm_kit.errors import KitError
+from trtllm_kit.serve.compat import TEXT_MODELS
+
+
+class GenerationError(KitError):
+    """The server refused or failed a generation request."""
+
+    def __init__(self, message: str, *, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One text request in the ensemble's terms (``None``: the model's default)."""
+
+    prompt: str
+    max_tokens: int = 16
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed response: the new text and, when the model reports them, the prompt's token count and the
+    number of tokens generated so far."""
+
+    text: str
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+
+
+# (ensemble input, Triton datatype, numpy dtype, GenerationRequest field)
+SAMPLING_INPUTS = (("temperature", "FP32", np.float32, "temperature"), ("top_p", "FP32", np.float32, "top_p"),
+                   ("top_k", "INT32", np.int32, "top_k"), ("seed", "UINT64", np.uint64, "seed"))
+
+
+class TextClient:
+    """Streams text from a model with the ensemble's text interface over one gRPC channel.
+
+    Arguments:
+        url: ``host:port`` of the server's gRPC endpoint.
+        model: ``tensorrt_llm_bls`` or ``ensemble``; the first of them that is ready when None.
+    """
+
+    def __init__(self, url: str, model: str | None = None) -> None:
+        self.url = url
+        self.model = model
+        self._channel = grpc.aio.insecure_channel(url)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._inputs: set[str] | None = None
+        self._batched = True
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def resolve_model(self) -> str:
+        """The model to call: the one given, else the first of ``TEXT_MODELS`` the server has ready."""
+        if self.model is None:
+            for name in TEXT_MODELS:
+                try:
+                    if (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=name))).ready:
+                        self.model = name
+                        break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                        raise GenerationError(f"no server answers at {self.url}: {exc.details()}; start one with "
+                                              "trtllm-kit serve OUT or pass --url.", status=503) from None
+            else:
+                raise GenerationError(f"the server at {self.url} has none of {', '.join(TEXT_MODELS)} ready.",
+                                      status=404)
+        return self.model
+
+    async def model_inputs(self) -> set[str]:
+        """The names of the model's inputs (read once from its config)."""
+        await self.resolve_model()
+        if self._inputs is None:
+            try:
+                response = await self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model))
+            except grpc.aio.AioRpcError as exc:
+                raise GenerationError(f"model {self.model!r} is not available at {self.url}: {exc.details()}",
+                                      status=404 if exc.code() == grpc.StatusCode.NOT_FOUND else 503) from None
+            self._inputs = {tensor.name for tensor in response.config.input}
+            self._batched = response.config.max_batch_size > 0
+        return self._inputs
+
+    async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
+        names = await self.model_inputs()
+        values: list[tuple[str, str, np.ndarray]] = [
+            ("text_input", "BYTES", np.array([req.prompt.encode()], dtype=np.object_)),
+            ("max_tokens", "INT32", np.array([req.max_tokens], dtype=np.int32)),
+            ("stream", "BOOL", np.array([True])),
+        ]
+        for name, datatype, dtype, field in SAMPLING_INPUTS:
+            value = getattr(req, field)
+            if value is not None and name in names:
+                values.append((name, datatype, np.array([value], dtype=dtype)))
+        for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
+            if flag in names:
+                values.append((flag, "BOOL", np.array([True])))
+        request = service_pb2.ModelInferRequest(model_name=self.model, id=req.request_id or uuid.uuid4().hex)
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        for name, datatype, array in values:
+            shape = [1, *array.shape] if self._batched else list(array.shape)
+            request.inputs.add(name=name, datatype=datatype, shape=shape)
+            raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
+            request.raw_input_contents.append(raw)
+        return request
+
+    async def stream(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
+        """Yield the text of each response until the final one; leaving early cancels the request.
+
+        Arguments:
+            req: the request.
+        """
+        request = await self._request(req)
+        finished = asyncio.Event()
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
+            await finished.wait()  # keep the stream open until the last response arrived
+
+        call = self._stub.ModelStreamInfer(requests())
+        try:
+            async for response in call:
+                if response.error_message:
+                    raise GenerationError(f"{self.model}: {response.error_message}",
+                                          status=400 if "INVALID_ARG" in response.error_message else 500)
+                result = InferResult(response.infer_response)
+                text = result.as_numpy("text_output")
+                if text is not None:
+                    yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
+                                _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
+                if response.infer_response.parameters["triton_final_response"].bool_param:
+                    break
+        except grpc.aio.AioRpcError as exc:
+            raise GenerationError(f"the server at {self.url} failed the request: {exc.code().name}: "
+                                  f"{exc.details()}", status=503) from None
+        finally:
+            finished.set()
+            call.cancel()
+
+
+def _scalar(result: InferResult, name: str) -> int | None:
+    value = result.as_numpy(name)
+    return int(value.reshape(-1)[0]) if value is not None and value.size else None
+
+
+async def generate_to(url: str, model: str | None, req: GenerationRequest, write: Callable[[str], object]) -> int:
+    """Stream ``req``'s text through ``write`` as it arrives; returns the number of responses (tokens).
+
+    Arguments:
+        url: ``host:port`` of the gRPC endpoint.
+        model: the model to call (the first of ``TEXT_MODELS`` ready when None).
+        req: the request.
+        write: called with each piece of text.
+    """
+    client = TextClient(url, model)
+    count = 0
+    try:
+        async for chunk in client.stream(req):
+            write(chunk.text)
+            count += 1
+    finally:
+        await client.close()
+    return count

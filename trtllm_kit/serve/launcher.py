@@ -1,0 +1,170 @@
+"""The ``tritonserver`` command line: one process, or one rank per GPU under ``mpirun``; ports checked first."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.locate import TritonInstall
+
+PYTHON_SHM_DEFAULT_BYTES = 4 * 1024 * 1024
+PYTHON_SHM_GROWTH_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the server listens: one bind address and the HTTP, gRPC and metrics ports."""
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+
+    @property
+    def client_host(self) -> str:
+        """The address a local client connects to (a wildcard bind is reached over loopback)."""
+        return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+
+    def ports(self) -> dict[str, int]:
+        return {"HTTP": self.http_port, "gRPC": self.grpc_port, "metrics": self.metrics_port}
+
+    def url(self, kind: str) -> str:
+        """``host:port`` for ``kind`` in ``http``, ``grpc``, ``metrics`` (IPv6 hosts bracketed)."""
+        host = f"[{self.client_host}]" if ":" in self.client_host else self.client_host
+        return f"{host}:{getattr(self, f'{kind}_port')}"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything the ``tritonserver`` command line is made of.
+
+    ``world_size`` > 1 starts one ``tritonserver`` per rank under ``mpirun`` (TRT-LLM leader mode): rank 0
+    loads the whole repository and serves; the other ranks load only ``trtllm_models`` and open no endpoint.
+    """
+
+    repo: Path
+    endpoints: Endpoints = field(default_factory=Endpoints)
+    world_size: int = 1
+    shm_prefix: str = "trtllmkit_"
+    log_verbose: int = 0
+    exit_timeout_s: int = 5
+    trtllm_models: tuple[str, ...] = ("tensorrt_llm",)
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise KitUsageError(f"world size must be at least 1, got {self.world_size}.")
+        for name, port in self.endpoints.ports().items():
+            if not 0 < port < 65536:
+                raise KitUsageError(f"--{name.lower()}-port {port} is not a TCP port; choose one in 1-65535.")
+        if len(set(self.endpoints.ports().values())) < 3:
+            raise KitUsageError(f"the HTTP, gRPC and metrics ports must differ, got {self.endpoints.ports()}.")
+
+    def rank_shm_prefix(self, rank: int) -> str:
+        """The Python backend's shared-memory region prefix of ``rank`` (distinct per rank and per launch)."""
+        return f"{self.shm_prefix}{rank}_"
+
+
+def rank_argv(install: TritonInstall, config: LaunchConfig, rank: int) -> list[str]:
+    """One rank's ``tritonserver`` command line.
+
+    Arguments:
+        install: the located server.
+        config: the launch configuration.
+        rank: 0 serves; ranks > 0 load only the TRT-LLM model(s) explicitly and open no endpoint.
+    """
+    ep = config.endpoints
+    argv = [str(install.server), f"--model-repository={config.repo}", "--disable-auto-complete-config"]
+    if install.backend_dir is not None:
+        argv.append(f"--backend-directory={install.backend_dir}")
+    if rank == 0:
+        argv += [f"--http-address={ep.host}", f"--http-port={ep.http_port}",
+                 f"--grpc-address={ep.host}", f"--grpc-port={ep.grpc_port}",
+                 f"--metrics-address={ep.host}", f"--metrics-port={ep.metrics_port}",
+                 "--strict-readiness=true", f"--log-verbose={config.log_verbose}"]
+    else:
+        argv += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
+                 "--model-control-mode=explicit", *(f"--load-model={name}" for name in config.trtllm_models)]
+    argv += ["--exit-on-error=true", f"--exit-timeout-secs={config.exit_timeout_s}",
+             f"--backend-config=python,shm-region-prefix-name={config.rank_shm_prefix(rank)}",
+             f"--backend-config=python,shm-default-byte-size={PYTHON_SHM_DEFAULT_BYTES}",
+             f"--backend-config=python,shm-growth-byte-size={PYTHON_SHM_GROWTH_BYTES}"]
+    if install.source == "nvidia-pytriton":  # the CPU build: no NVML, no pinned host memory
+        argv += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
+    return argv + list(config.extra_args)
+
+
+def launch_argv(install: TritonInstall, config: LaunchConfig, *, mpirun: str = "mpirun",
+                is_root: bool | None = None) -> list[str]:
+    """The whole command: ``tritonserver …`` for one rank, else ``mpirun -n 1 … : -n 1 …`` (one entry per rank).
+
+    Arguments:
+        install: the located server.
+        config: the launch configuration.
+        mpirun: the ``mpirun`` executable for world size > 1.
+        is_root: whether the launch runs as root (``--allow-run-as-root``); detected when omitted.
+    """
+    if config.world_size == 1:
+        return rank_argv(install, config, 0)
+    is_root = os.geteuid() == 0 if is_root is None else is_root
+    argv = [mpirun, *(["--allow-run-as-root"] if is_root else [])]
+    for rank in range(config.world_size):
+        argv += [*([":"] if rank else []), "-n", "1", *rank_argv(install, config, rank)]
+    return argv
+
+
+def check_ports_free(host: str, ports: dict[str, int]) -> None:
+    """Refuse to start when a port is taken, naming the process that holds it when it can be found.
+
+    Arguments:
+        host: the bind address.
+        ports: ``{"HTTP": 8000, ...}``, the names used in the message.
+    """
+    for name, port in ports.items():
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                holder = port_holder(port)
+                by = f" by {holder}" if holder else ""
+                flag = "--openai-port" if name == "OpenAI" else f"--{name.lower()}-port"
+                raise KitUsageError(f"{name} port {port} on {host} is in use{by} ({exc.strerror}); stop that "
+                                    f"process or choose another port with {flag}.") from None
+
+
+def port_holder(port: int) -> str | None:
+    """``pid N (name)`` of the process listening on ``port``, or None when it cannot be seen."""
+    import psutil
+
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                try:
+                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+                except psutil.Error:
+                    return f"pid {conn.pid}"
+    except psutil.Error:
+        return None
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel reports free on ``host`` right now (for tests and benchmarks)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def free_endpoints(host: str = "127.0.0.1") -> Endpoints:
+    """Three distinct free ports on ``host``."""
+    ports: list[int] = []
+    while len(ports) < 3:
+        port = free_port(host)
+        if port not in ports:
+            ports.append(port)
+    return Endpoints(host, *ports)

@@ -1,0 +1,231 @@
+"""An OpenAI-compatible HTTP frontend (``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``) over Triton."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.client import GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.openai_protocol import ChoiceShape, RequestError, Sampling, generation_request, parse_sampling
+from trtllm_kit.serve.text import StopMatcher, Tokenizer
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    """What the frontend serves: the Triton model behind it and the name clients use."""
+
+    grpc_url: str
+    served_name: str
+    triton_model: str = "ensemble"
+    tokenizer_dir: Path | None = None
+    api_key: str | None = None
+
+
+def error_response(exc: RequestError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status)
+
+
+class OpenAIFrontend:
+    """The aiohttp application: validates requests, streams from Triton, answers in OpenAI's formats.
+
+    Arguments:
+        config: the served model and where Triton is.
+        tokenizer: the model's tokenizer (loaded from ``config.tokenizer_dir`` when omitted).
+    """
+
+    def __init__(self, config: OpenAIConfig, tokenizer: Tokenizer | None = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer or (Tokenizer(config.tokenizer_dir) if config.tokenizer_dir else None)
+        self.client: TextClient | None = None
+        self.created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors])
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _app: web.Application) -> None:
+        self.client = TextClient(self.config.grpc_url, self.config.triton_model)
+
+    async def _close(self, _app: web.Application) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    @web.middleware
+    async def _errors(self, request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        try:
+            self._authorize(request)
+            return await handler(request)
+        except RequestError as exc:
+            return error_response(exc)
+        except GenerationError as exc:
+            return error_response(RequestError(str(exc), exc.status, kind="server_error"
+                                               if exc.status >= 500 else "invalid_request_error"))
+        except KitUsageError as exc:
+            return error_response(RequestError(str(exc)))
+        except web.HTTPException as exc:
+            return error_response(RequestError(f"{request.method} {request.path}: {exc.reason}", exc.status))
+
+    def _authorize(self, request: web.Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.", 401,
+                               code="invalid_api_key")
+
+    async def models(self, _request: web.Request) -> web.Response:
+        entry = {"id": self.config.served_name, "object": "model", "created": self.created, "owned_by": "trtllm-kit"}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError("the request body is not valid JSON.") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object.")
+        model = body.get("model")
+        if model not in (self.config.served_name, self.config.triton_model):
+            raise RequestError(f"The model {model!r} does not exist; this server has {self.config.served_name!r}.",
+                               404, param="model", code="model_not_found")
+        return body
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise RequestError(f"prompt must be a string (or a list of one string), got {prompt!r:.60}.",
+                               param="prompt")
+        return await self._respond(request, body, prompt, "text_completion")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise RequestError("messages must be a non-empty list of {role, content} objects.", param="messages")
+        if self.tokenizer is None:
+            raise RequestError("this server has no tokenizer for a chat template; use /v1/completions.")
+        return await self._respond(request, body, self.tokenizer.chat_prompt(messages), "chat.completion")
+
+    async def _respond(self, request: web.Request, body: dict[str, Any], prompt: str,
+                       kind: str) -> web.StreamResponse:
+        sampling = parse_sampling(body, kind)
+        ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+        gen = generation_request(prompt, sampling, ident)
+        run = Run(self, gen, sampling, prompt)
+        shape = ChoiceShape(kind, ident, self.config.served_name, int(time.time()))
+        if not sampling.stream:
+            text = "".join([piece async for piece in run.pieces()])
+            return web.json_response(shape.whole(text, run.finish_reason, run.usage()))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        pieces = run.pieces()
+        try:
+            first = await anext(pieces, None)  # errors before the first token still get an HTTP status
+        except BaseException:
+            await pieces.aclose()
+            raise
+        await response.prepare(request)
+        try:
+            if kind == "chat.completion":
+                await _send(response, shape.chunk({"role": "assistant", "content": ""}, None))
+            if first is not None:
+                await _send(response, shape.chunk(first, None))
+            async for piece in pieces:
+                await _send(response, shape.chunk(piece, None))
+            await _send(response, shape.chunk(None, run.finish_reason))
+            if sampling.include_usage:
+                await _send(response, {**shape.chunk(None, None), "choices": [], "usage": run.usage()})
+        except (GenerationError, RequestError) as exc:
+            error = exc if isinstance(exc, RequestError) else RequestError(str(exc), exc.status, kind="server_error")
+            await _send(response, error.body())
+        except ConnectionResetError:  # the client left: closing ``pieces`` cancels the generation
+            return response
+        finally:
+            await pieces.aclose()
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+
+class Run:
+    """One generation: streams text through the stop matcher and counts tokens."""
+
+    def __init__(self, frontend: OpenAIFrontend, gen: GenerationRequest, sampling: Sampling, prompt: str) -> None:
+        self.frontend, self.gen, self.sampling, self.prompt = frontend, gen, sampling, prompt
+        self.num_responses = 0  # one token each unless the model reports its count
+        self.num_reported: int | None = None
+        self.num_input_tokens: int | None = None
+        self.finish_reason = "stop"
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """Non-empty pieces of text as they may be shown."""
+        assert self.frontend.client is not None, "the application is not started"
+        matcher = StopMatcher(self.sampling.stops)
+        stream = self.frontend.client.stream(self.gen)
+        try:
+            async for chunk in stream:
+                if chunk.num_output_tokens is not None:  # reported counts are cumulative
+                    self.num_reported = max(self.num_reported or 0, chunk.num_output_tokens)
+                self.num_responses += 1
+                if chunk.num_input_tokens is not None:
+                    self.num_input_tokens = chunk.num_input_tokens
+                shown = matcher.feed(chunk.text)
+                if shown:
+                    yield shown
+                if matcher.stopped:
+                    return
+            rest = matcher.flush()
+            if rest:
+                yield rest
+            if self.num_output_tokens >= self.gen.max_tokens:
+                self.finish_reason = "length"
+        finally:
+            await stream.aclose()
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_reported if self.num_reported is not None else self.num_responses
+
+    def usage(self) -> dict[str, int]:
+        prompt_tokens = self.num_input_tokens
+        if prompt_tokens is None:
+            tokenizer = self.frontend.tokenizer
+            prompt_tokens = tokenizer.count(self.prompt) if tokenizer is not None else 0
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": self.num_output_tokens,
+                "total_tokens": prompt_tokens + self.num_output_tokens}
+
+
+async def start_frontend(frontend: OpenAIFrontend, host: str, port: int) -> web.AppRunner:
+    """Start the frontend on ``host:port``; ``await runner.cleanup()`` stops it.
+
+    Arguments:
+        frontend: the frontend (its tokenizer loaded).
+        host: the bind address.
+        port: the TCP port.
+    """
+    runner = web.AppRunner(frontend.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

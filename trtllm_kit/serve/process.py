@@ -1,0 +1,165 @@
+"""A running ``tritonserver`` (or ``mpirun`` with its ranks): start, readiness, graceful stop, no leftovers."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from trtllm_kit.errors import KitError
+from trtllm_kit.serve.launcher import LaunchConfig, check_ports_free, launch_argv
+from trtllm_kit.serve.locate import TritonInstall
+
+SHM_DIR = Path("/dev/shm")
+STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize Python stub")
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: end (SIGTERM) when the launching process dies, so nothing is orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class TritonProcess:
+    """One launch of the server: owns the process group, its log file and its shared-memory regions."""
+
+    def __init__(self, install: TritonInstall, config: LaunchConfig, log_path: Path, *,
+                 mpirun: str = "mpirun") -> None:
+        self.install = install
+        self.config = config
+        self.log_path = log_path
+        self.argv = launch_argv(install, config, mpirun=mpirun)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, *, die_with_parent: bool = True) -> None:
+        """Check the ports, then start the server in its own session with its output in ``log_path``.
+
+        Arguments:
+            die_with_parent: end the server when this process dies (off for a detached server's launcher).
+        """
+        check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.install.environment(), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent if die_with_parent else None)
+
+    def is_ready(self) -> bool:
+        """``GET /v2/health/ready`` answers 200 (a fresh connection each time: no keep-alive to hold shutdown)."""
+        url = f"http://{self.config.endpoints.url('http')}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float, poll_s: float = 0.05) -> float:
+        """Block until ready; on exit, a stub that cannot start, or ``timeout_s``, stop everything and raise.
+
+        Arguments:
+            timeout_s: seconds to wait from now.
+            poll_s: seconds between polls.
+        """
+        assert self.proc is not None, "start() first"
+        started = time.perf_counter()
+        while True:
+            if self.is_ready():
+                return time.perf_counter() - started
+            code = self.proc.poll()
+            reason = None
+            if code is not None:
+                reason = f"tritonserver exited with code {code} while starting"
+            elif any(marker in self.log_tail() for marker in STUB_FAILURES):
+                reason = "a Python-backend stub failed to start"
+            elif time.perf_counter() - started > timeout_s:
+                reason = f"tritonserver was not ready after {timeout_s:g} s"
+            if reason:
+                tail = self.log_tail()
+                self.stop()
+                raise KitError(f"{reason} (log {self.log_path}); last lines:\n{tail}")
+            time.sleep(poll_s)
+
+    def log_tail(self, num_lines: int = 20) -> str:
+        """The last ``num_lines`` lines of the server log."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
+                lines = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-num_lines:])
+
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGTERM the server (mpirun forwards it to every rank), wait, then kill whatever of the group is left.
+
+        Removes the shared-memory regions of this launch's prefix. Returns the server's exit code.
+
+        Arguments:
+            grace_s: seconds to wait for a graceful exit (the server's exit timeout plus 5 s when omitted).
+        """
+        if self.proc is None:
+            return None
+        grace_s = self.config.exit_timeout_s + 5.0 if grace_s is None else grace_s
+        pgid = self.proc.pid
+        if self.proc.poll() is None:
+            _signal_group(pgid, signal.SIGTERM, leader_only=True, pid=self.proc.pid)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(pgid, signal.SIGKILL)
+                self.proc.wait()
+        _reap_group(pgid, wait_s=3.0)
+        self.remove_shm()
+        return self.proc.returncode
+
+    def remove_shm(self) -> list[Path]:
+        """Delete ``/dev/shm`` regions of this launch's prefix (left behind when a stub or the server was killed)."""
+        removed = []
+        for region in SHM_DIR.glob(f"{self.config.shm_prefix}*"):
+            region.unlink(missing_ok=True)
+            removed.append(region)
+        return removed
+
+
+def _signal_group(pgid: int, sig: int, *, leader_only: bool = False, pid: int | None = None) -> None:
+    try:
+        if leader_only and pid is not None:
+            os.kill(pid, sig)
+        else:
+            os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reap_group(pgid: int, wait_s: float) -> None:
+    """Give the stubs ``wait_s`` to notice their server is gone, then SIGKILL the rest of the group."""
+    deadline = time.monotonic() + wait_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.02)

@@ -1,0 +1,254 @@
+"""``trtllm-kit serve OUT`` and ``trtllm-kit stop OUT``: launch, wait, run the frontend, shut down, detach."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.compat import Servable, servable
+from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free
+from trtllm_kit.serve.locate import locate_tritonserver
+from trtllm_kit.serve.process import TritonProcess, group_alive
+
+if TYPE_CHECKING:
+    from trtllm_kit.serve.openai import OpenAIFrontend
+
+RUN_DIR = ".serve"
+API_KEY_ENV = "TRTLLM_KIT_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """``trtllm-kit serve`` as a value: what to serve, where, and how long to wait."""
+
+    out: Path
+    endpoints: Endpoints = field(default_factory=Endpoints)
+    openai_port: int | None = None
+    api_key: str | None = None
+    tritonserver: Path | None = None
+    model: str | None = None  # ensemble, or tensorrt_llm_bls; the first the repository has when None
+    ready_timeout_s: float = 300.0
+    exit_timeout_s: int = 5
+    log_verbose: int = 0
+
+
+def run_dir(out: Path) -> Path:
+    """Where a serve of ``out`` keeps its pid file, state and logs."""
+    return out / RUN_DIR
+
+
+def read_state(out: Path) -> dict[str, Any] | None:
+    """The state a running serve of ``out`` wrote (pids, endpoints, readiness), or None."""
+    try:
+        return json.loads((run_dir(out) / "state.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _running_pid(out: Path) -> int | None:
+    try:
+        pid = int((run_dir(out) / "serve.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Launch the server, wait until it is ready, run the OpenAI frontend, and block until SIGINT/SIGTERM.
+
+    Every rank, stub and shared-memory region is gone when this returns or raises.
+
+    Arguments:
+        options: what to serve and where.
+        on_ready: called once with the state (endpoints, pids, time to ready) when the server is ready.
+    """
+    target = servable(options.out)
+    model = _model(target, options.model)
+    install = locate_tritonserver(options.tritonserver)
+    state_dir = run_dir(options.out)
+    holder = _running_pid(options.out)
+    if holder is not None:
+        raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
+    if options.openai_port is not None:
+        check_ports_free(options.endpoints.host, {"OpenAI": options.openai_port})
+    config = LaunchConfig(repo=target.repo.absolute(), endpoints=options.endpoints, world_size=target.world_size,
+                          shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.log_verbose,
+                          exit_timeout_s=options.exit_timeout_s)
+    process = TritonProcess(install, config, state_dir / "tritonserver.log")
+    state_dir.mkdir(exist_ok=True)
+    (state_dir / "tritonserver.log").unlink(missing_ok=True)
+    (state_dir / "serve.pid").write_text(f"{os.getpid()}\n")
+    try:
+        started = time.perf_counter()
+        process.start()
+        frontend = _frontend(options, target, model)  # the tokenizer loads while the server starts
+        process.wait_ready(options.ready_timeout_s)
+        state = {"pid": os.getpid(), "server_pid": process.pid, "model": model, "target": target.target,
+                 "world_size": target.world_size, "tritonserver": str(install.server), "source": install.source,
+                 "host": options.endpoints.host, "http": options.endpoints.url("http"),
+                 "grpc": options.endpoints.url("grpc"), "metrics": options.endpoints.url("metrics"),
+                 "openai": None, "shm_prefix": config.shm_prefix, "log": str(process.log_path)}
+        asyncio.run(_run(options, frontend, process, state, started, on_ready))
+    finally:
+        with _signals_ignored():
+            process.stop()
+            for name in ("state.json", "serve.pid"):
+                (state_dir / name).unlink(missing_ok=True)
+
+
+@contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """A second Ctrl-C must not cut the shutdown short (it is bounded by the grace period)."""
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _model(target: Servable, wanted: str | None) -> str:
+    if wanted is None:
+        return target.models[0]
+    if wanted not in target.models:
+        raise KitUsageError(f"--model {wanted} is not in {target.repo}; it has {', '.join(target.models)}.")
+    return wanted
+
+
+def _frontend(options: ServeOptions, target: Servable, model: str) -> OpenAIFrontend | None:
+    if options.openai_port is None:
+        return None
+    from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
+
+    config = OpenAIConfig(grpc_url=options.endpoints.url("grpc"), served_name=_served_name(target),
+                          triton_model=model, tokenizer_dir=target.tokenizer_dir, api_key=options.api_key)
+    return OpenAIFrontend(config)
+
+
+async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, process: TritonProcess,
+               state: dict[str, Any], started: float, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in saved:
+        loop.add_signal_handler(sig, stop.set)
+    runner = None
+    try:
+        if frontend is not None and options.openai_port is not None:
+            from trtllm_kit.serve.openai import start_frontend
+
+            runner = await start_frontend(frontend, options.endpoints.host, options.openai_port)
+            state["openai"] = f"{options.endpoints.url('http').rsplit(':', 1)[0]}:{options.openai_port}"
+        state["ready_s"] = round(time.perf_counter() - started, 3)
+        state["ready"] = True
+        (run_dir(options.out) / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        if on_ready is not None:
+            on_ready(state)
+        while not stop.is_set():
+            if process.proc is not None and process.proc.poll() is not None:
+                raise KitError(f"tritonserver exited with code {process.proc.returncode} while serving (log "
+                               f"{process.log_path}); last lines:\n{process.log_tail()}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        for sig, handler in saved.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+
+
+def _served_name(target: Servable) -> str:
+    source = target.manifest.get("summary", {}).get("model", {}).get("source")
+    return str(source) if source else target.out.absolute().name
+
+
+def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dict[str, Any]:
+    """Start ``trtllm-kit serve`` in the background, wait until it is ready, and return its state.
+
+    Arguments:
+        options: what to serve and where.
+        timeout_s: seconds to wait (the readiness timeout plus 30 s when omitted).
+    """
+    holder = _running_pid(options.out)
+    if holder is not None:
+        raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
+    ep = options.endpoints
+    argv = [sys.executable, "-c", "from trtllm_kit.cli import main; main()", "serve", str(options.out),
+            "--host", ep.host, "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
+            "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
+            "--log-verbose", str(options.log_verbose)]
+    argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
+    argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
+    argv += ["--model", options.model] if options.model else []
+    env = dict(os.environ)
+    if options.api_key:
+        env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
+    log_path = run_dir(options.out) / "serve.log"
+    log_path.parent.mkdir(exist_ok=True)
+    (run_dir(options.out) / "state.json").unlink(missing_ok=True)
+    with log_path.open("wb") as log:
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    deadline = time.monotonic() + (options.ready_timeout_s + 30 if timeout_s is None else timeout_s)
+    while time.monotonic() < deadline:
+        state = read_state(options.out)
+        if state and state.get("ready") and state.get("pid") == child.pid:
+            return state
+        if child.poll() is not None:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+            raise KitError(f"the background serve exited with code {child.returncode} before it was ready (log "
+                           f"{log_path}); last lines:\n{tail}")
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGTERM)
+    raise KitError(f"the background serve was not ready in time (log {log_path}); it was sent SIGTERM.")
+
+
+def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
+    """End the serve of ``out`` (SIGTERM, then SIGKILL of everything it started after ``timeout_s``).
+
+    Arguments:
+        out: the served build output.
+        timeout_s: seconds to wait for a graceful shutdown.
+    """
+    pid = _running_pid(out)
+    if pid is None:
+        raise KitUsageError(f"nothing serves {out} (no live pid in {run_dir(out) / 'serve.pid'}).")
+    state = read_state(out) or {}
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    forced = _alive(pid)
+    if forced:
+        os.kill(pid, signal.SIGKILL)
+        server_pid = state.get("server_pid")
+        if server_pid and group_alive(server_pid):
+            os.killpg(server_pid, signal.SIGKILL)
+        if state.get("shm_prefix"):
+            for region in Path("/dev/shm").glob(f"{state['shm_prefix']}*"):
+                region.unlink(missing_ok=True)
+        for name in ("state.json", "serve.pid"):
+            (run_dir(out) / name).unlink(missing_ok=True)
+    return {"pid": pid, "forced": forced}

@@ -1,0 +1,90 @@
+"""Text around generation: stop sequences over a stream, the chat template and token counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit.errors import KitUsageError
+
+
+class StopMatcher:
+    """Cuts a stream of text at the first stop sequence, holding back text that may begin one.
+
+    Arguments:
+        stops: the stop sequences (empty strings ignored).
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Add ``text``; return what may be shown now (``stopped`` turns true at a stop sequence)."""
+        if self.stopped:
+            return ""
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            shown, self.pending, self.stopped = self.pending[: min(hits)], "", True
+            return shown
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        shown = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(shown):]
+        return shown
+
+    def flush(self) -> str:
+        """The held-back text once the stream has ended without a stop sequence."""
+        shown, self.pending = ("" if self.stopped else self.pending), ""
+        return shown
+
+
+class Tokenizer:
+    """The model's tokenizer, for the chat template and for counting prompt tokens.
+
+    Arguments:
+        directory: a Hugging Face tokenizer directory (the build's ``tokenizer/``).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.directory = directory
+        self.hf = AutoTokenizer.from_pretrained(str(directory))
+
+    def count(self, prompt: str) -> int:
+        """Tokens of ``prompt`` as preprocessing encodes it (special tokens added)."""
+        return len(self.hf(prompt).input_ids)
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        """``messages`` through the tokenizer's chat template, ending with the assistant's turn.
+
+        The BOS token the template writes is dropped when the tokenizer adds one itself, so the model sees it once.
+
+        Arguments:
+            messages: OpenAI chat messages (``role`` and ``content``; content parts of type ``text`` are joined).
+        """
+        if not self.hf.chat_template:
+            raise KitUsageError(f"the tokenizer in {self.directory} has no chat template; use /v1/completions.")
+        plain = [{"role": m["role"], "content": _content_text(m.get("content"))} for m in messages]
+        try:
+            prompt = self.hf.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # the template's own raise_exception, undefined variables
+            raise KitUsageError(f"the chat template rejected the messages: {exc}") from None
+        bos = self.hf.bos_token
+        ids = self.hf("x").input_ids
+        if bos and prompt.startswith(bos) and ids and ids[0] == self.hf.bos_token_id:
+            prompt = prompt[len(bos):]
+        return prompt
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict) and
+                       part.get("type") == "text")
+    raise KitUsageError(f"message content must be a string or a list of text parts, got {type(content).__name__}.")
