@@ -358,7 +358,12 @@ def verify(checkpoint: Path, hf_source: str, compute_dtype: str, as_json: bool) 
     else:
         click.echo(f"max abs error {report.max_abs_err:.3e}, max rel error {report.max_rel_err:.3e}, "
                    f"top-1 agreement {report.top1_agreement:.2%} over {report.num_tokens} tokens "
-                   f"(tolerance {report.tolerance:.1e}, {report.compute_dtype})")
+                   + (f"(quantized, {report.compute_dtype})" if report.quantization else
+                      f"(tolerance {report.tolerance:.1e}, {report.compute_dtype})"))
+        if report.quantization:
+            click.echo(report.quality_summary())
+    if not report.passed and report.quantization:
+        raise VerifyError(report.quality_failure())
     if not report.passed:
         raise VerifyError(f"logits differ by {report.max_abs_err:.3e}, more than the tolerance "
                           f"{report.tolerance:.1e}; the checkpoint does not match {hf_source}.")

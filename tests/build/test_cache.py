@@ -100,6 +100,21 @@ def test_inputs_are_keyed_by_content(tmp_path: Path) -> None:
     assert manifest(out)["cache"]["reused"] == []
 
 
+def test_calibration_text_is_keyed_by_content(tmp_path: Path) -> None:
+    """Editing the --calib-data file (same path) calibrates and converts again."""
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog.\n" * 20)
+    out = tmp_path / "out"
+    argv = ["build", "builtin:tiny-llama", "--until", "checkpoint", "--no-verify", "--target", "cpu", "--out", str(out),
+            "--kv-cache", "int8", "--calib-data", str(text), "--calib-samples", "2", "--calib-seq-len", "32"]
+    build(*argv)
+    build(*argv)
+    assert manifest(out)["cache"]["reused"] == ["checkpoint"]
+    text.write_text("Numbers: 1 2 3 4 5 6 7 8 9 10, and more numbers 11 12 13.\n" * 20)
+    build(*argv)
+    assert manifest(out)["cache"]["reused"] == []
+
+
 def test_plan_shows_the_cache_status(tmp_path: Path, fake_trtllm_build: FakeTrtllmBuild, gpu_host: Machine,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"

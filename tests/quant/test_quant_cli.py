@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from trtllm_kit.cli import run
 
@@ -118,3 +118,21 @@ def test_a_rebuild_reuses_the_calibration_with_the_checkpoint(tmp_path: Path,
     assert (tmp_path / "out" / "calibration" / "stats.safetensors").read_bytes() == stats
     assert run([*argv[:-4], "--calib-seed", "7", *argv[-4:]]) == 0  # other calibration: calibrated again
     assert json.loads(capsys.readouterr().out)["reused"] == []
+
+
+def test_verify_of_a_broken_quantized_checkpoint_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert run(["build", "builtin:tiny-llama", "--until", "checkpoint", "--quant", "fp8", "--calib-samples", "8",
+                "--calib-seq-len", "64", "--no-verify", "--out", str(out)]) == 0
+    assert run(["verify", str(out), "--against", "builtin:tiny-llama"]) == 0
+    captured = capsys.readouterr()
+    assert "(quantized, float32)" in captured.out and "FP8/None: perplexity" in captured.out
+    rank = load_file(out / "checkpoint" / "rank0.safetensors")
+    for layer in range(3):
+        rank[f"transformer.layers.{layer}.attention.qkv.activation_scaling_factor"] /= 10
+    save_file(rank, str(out / "checkpoint" / "rank0.safetensors"))
+    assert run(["verify", str(out), "--against", "builtin:tiny-llama"]) == 1
+    (line,) = errors(capsys)
+    assert line.startswith("Error: the quantized checkpoint strays too far from the unquantized model: FP8/None: "
+                           "perplexity ")
+    assert line.endswith("calibrate on more or other data (--calib-data, --calib-samples) or choose another --quant.")

@@ -127,6 +127,8 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     if "engine" in stages:
         reporter.note(engine.reason)
     input_paths = [model.path / "config.json", *model.weight_files]
+    if spec.calib_data is not None and Path(spec.calib_data).is_file():
+        input_paths.append(Path(spec.calib_data))  # the calibration text decides the scales: key on its content
     previous = Previous.load(spec.out, force=spec.force)
     digests = input_digests(input_paths, previous)
     keys = stage_keys(spec, model, digests, engine)
@@ -179,16 +181,12 @@ def _verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter) -> dict[str, A
     reporter.note("verify: running the checkpoint on the CPU against transformers")
     report = verify_checkpoint(ckpt_dir, model.path)
     if not report.passed and report.quantization:
-        raise VerifyError(f"verify failed: on the shipped corpus the {report.quantization} checkpoint's perplexity "
-                          f"is {report.perplexity:.4g} against {report.reference_perplexity:.4g} unquantized "
-                          f"({report.perplexity_change:+.2%}, bound ±{report.perplexity_bound:.0%}) and its KL "
-                          f"divergence {report.kl_divergence:.3g} (bound {report.kl_bound:.3g}); calibrate on more or "
-                          "other data (--calib-data, --calib-samples) or choose another --quant.")
+        raise VerifyError(f"verify failed: {report.quality_failure()}")
     if not report.passed:
         raise VerifyError(f"verify failed: max abs logit error {report.max_abs_err:.3g} exceeds the tolerance "
                           f"{report.tolerance:.3g} (top-1 agreement {report.top1_agreement:.1%}); the checkpoint "
                           "does not compute what the HF model does.")
-    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, top-1 agreement {report.top1_agreement:.1%}"
-                  + (f", perplexity {report.perplexity:.4g} vs {report.reference_perplexity:.4g} unquantized "
-                     f"({report.perplexity_change:+.2%})" if report.quantization else ""))
+    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, top-1 agreement {report.top1_agreement:.1%}")
+    if report.quantization:
+        reporter.note(f"verify: {report.quality_summary()}")
     return report.to_dict()

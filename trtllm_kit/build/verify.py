@@ -61,6 +61,17 @@ class VerifyReport:
     kl_divergence: float | None = None         # mean per-token KL(unquantized ‖ checkpoint), nats
     kl_bound: float | None = None              # the largest KL that passes
 
+    def quality_summary(self) -> str:
+        """One line on a quantized checkpoint's perplexity and KL divergence against the unquantized model."""
+        return (f"{self.quantization}: perplexity {self.perplexity:.4g} vs {self.reference_perplexity:.4g} "
+                f"unquantized ({self.perplexity_change:+.2%}, bound ±{self.perplexity_bound:.0%}), KL divergence "
+                f"{self.kl_divergence:.3g} (bound {self.kl_bound:.3g}) on the shipped corpus")
+
+    def quality_failure(self) -> str:
+        """The sentence for a quantized checkpoint that exceeded a bound."""
+        return (f"the quantized checkpoint strays too far from the unquantized model: {self.quality_summary()}; "
+                "calibrate on more or other data (--calib-data, --calib-samples) or choose another --quant.")
+
     def to_dict(self) -> dict[str, Any]:
         """All fields; the perplexity and KL fields only for a quantized checkpoint."""
         values = asdict(self)

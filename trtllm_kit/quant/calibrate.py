@@ -197,10 +197,17 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
         reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``).
     """
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     reporter = reporter or Reporter()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, trust_remote_code=False)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the reporter shows progress; transformers' loading bar would interleave
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, trust_remote_code=False)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     model = model.to(device).eval()
     stats = CalibrationStats()
     handles = []
