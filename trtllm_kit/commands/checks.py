@@ -1,0 +1,167 @@
+"""Commands that look without building: ``verify``, ``inspect``, ``models``, ``validate``, ``artifact verify``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trtllm_kit.commands.build_flags import quant_flags
+from trtllm_kit.commands.common import emit_json
+from trtllm_kit.errors import KitError
+
+
+@click.group()
+def artifact() -> None:
+    """Check build artifacts (directories or archives made with --archive).
+
+    \b
+    Example:
+      trtllm-kit artifact verify out.tar --hashes-only
+    """
+
+
+@artifact.command(name="verify")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--hashes-only", is_flag=True, help="Check the files only, not whether the engines run here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def artifact_verify(path: Path, hashes_only: bool, as_json: bool) -> None:
+    """Check every file of PATH (an artifact directory or archive) against its manifest's sha256, and whether its
+    engines can run on this machine (TensorRT-LLM/TensorRT versions, GPU compute capability).
+
+    \b
+    Example:
+      trtllm-kit build builtin:tiny-llama --until checkpoint --out out/ --archive out.tar.gz
+      trtllm-kit artifact verify out.tar.gz
+    """
+    from trtllm_kit.build.archive import verdict, verify_artifact
+    from trtllm_kit.build.compat import detect_machine
+
+    report = verify_artifact(path, detect_machine())
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        engines = ("engines compatible with this machine" if not report.problems else
+                   f"engines not runnable here: {'; '.join(report.problems)}") if report.has_engines else "no engines"
+        click.echo(f"{report.num_files} files checked, hashes {'ok' if report.hashes_ok else 'DIFFER'}; {engines}")
+    failure = verdict(report, hashes_only=hashes_only)
+    if failure:
+        raise KitError(failure)
+
+
+@click.command()
+@click.argument("repo", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def validate(repo: Path, as_json: bool) -> None:
+    """Check a Triton model REPO (a build's OUT/repo, or OUT) as the server would, and more: config syntax,
+    leftover ${...}, batch size, world size and paged-context features against the engine, decoupled mode,
+    ensemble wiring, tokenizer files and the KV-cache plan. Exits 1 on any error.
+
+    \b
+    Example:
+      trtllm-kit validate out/repo
+    """
+    from trtllm_kit.model_repo.validate import print_report, validate_repository
+
+    if (repo / "repo").is_dir() and not (repo / "config.pbtxt").exists():
+        repo = repo / "repo"
+    report = validate_repository(repo)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        print_report(report)
+    if report.errors:
+        raise KitError(f"{len(report.errors)} error(s) in {repo}; Triton would refuse or misserve it: fix them "
+                       "(or rebuild) and validate again.")
+
+
+@click.command()
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--against", "hf_source", required=True, help="The HF model: a directory, builtin:NAME or repo id.")
+@click.option("--compute-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Precision of both forward passes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(checkpoint: Path, hf_source: str, compute_dtype: str, as_json: bool) -> None:
+    """Run a TensorRT-LLM CHECKPOINT (or a build's output directory) on the CPU, rank by rank, and compare
+    its logits with transformers.
+
+    \b
+    Example:
+      trtllm-kit verify out/checkpoint --against builtin:tiny-llama
+    """
+    from trtllm_kit.build.artifact import checkpoint_dir
+    from trtllm_kit.build.inspect import resolve_model_path
+    from trtllm_kit.build.verify import verify_checkpoint
+    from trtllm_kit.errors import VerifyError
+
+    report = verify_checkpoint(checkpoint_dir(checkpoint), resolve_model_path(hf_source), compute_dtype=compute_dtype)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        click.echo(f"max abs error {report.max_abs_err:.3e}, max rel error {report.max_rel_err:.3e}, "
+                   f"top-1 agreement {report.top1_agreement:.2%} over {report.num_tokens} tokens "
+                   + (f"(quantized, {report.compute_dtype})" if report.quantization else
+                      f"(tolerance {report.tolerance:.1e}, {report.compute_dtype})"))
+        if report.quantization:
+            click.echo(report.quality_summary())
+    if not report.passed and report.quantization:
+        raise VerifyError(report.quality_failure())
+    if not report.passed:
+        raise VerifyError(f"logits differ by {report.max_abs_err:.3e}, more than the tolerance "
+                          f"{report.tolerance:.1e}; the checkpoint does not match {hf_source}.")
+
+
+@click.command(name="inspect")
+@click.argument("model")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size to plan for.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size to plan for.")
+@click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto",
+              show_default=True)
+@click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt weights.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@quant_flags
+def inspect_command(model: str, tp: int, pp: int, dtype: str, allow_pickle: bool, as_json: bool,
+                    **quant: Any) -> None:
+    """Show what MODEL is and what a build at --tp/--pp would write, without converting.
+
+    \b
+    Example:
+      trtllm-kit inspect builtin:tiny-qwen2 --tp 4 --pp 2
+    """
+    from trtllm_kit.build.describe import describe_build, print_description
+    from trtllm_kit.quant.algos import QuantConfig
+
+    quant["calib_data"] = Path(quant["calib_data"]) if quant["calib_data"] else None
+    description = describe_build(model, tp, pp, dtype, allow_pickle=allow_pickle, quant=QuantConfig(**quant))
+    if as_json:
+        emit_json(description)
+    else:
+        print_description(description)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def models(as_json: bool) -> None:
+    """List the built-in tiny models and the supported families.
+
+    \b
+    Example:
+      trtllm-kit models --json
+    """
+    from trtllm_kit.models.builtin import BUILTIN_MODELS
+    from trtllm_kit.models.registry import FAMILIES
+
+    listing = {
+        "builtin": {f"builtin:{name}": m.description for name, m in BUILTIN_MODELS.items()},
+        "families": {f.name: list(f.architectures) for f in FAMILIES},
+    }
+    if as_json:
+        emit_json(listing)
+        return
+    click.echo("Built-in models (generated locally on first use):")
+    for name, description in listing["builtin"].items():
+        click.echo(f"  {name:<22} {description}")
+    click.echo("Families:")
+    for name, architectures in listing["families"].items():
+        click.echo(f"  {name:<22} {', '.join(architectures)}")
