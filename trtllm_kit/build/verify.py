@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import read_hf_config
+from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.runtime.model import CheckpointModel
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -106,16 +106,12 @@ def load_hf_reference(hf_dir: Path, weight_dtype: torch.dtype, compute_dtype: to
     """The HF model with weights rounded to the checkpoint dtype, computing in ``compute_dtype``.
 
     Loading in the checkpoint's dtype gives both sides the same rounded weights; the cast that follows gives
-    them the same arithmetic. ``dtype`` is the keyword since transformers 4.56, ``torch_dtype`` before.
+    them the same arithmetic.
 
     Arguments:
         hf_dir: the HF model directory; weight_dtype: the checkpoint dtype; compute_dtype: the compute dtype.
     """
-    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
-    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        hf_dir, attn_implementation="eager", trust_remote_code=False, **{key: weight_dtype})
-    return model.to(compute_dtype).eval()
+    return load_causal_lm(hf_dir, weight_dtype).to(compute_dtype)
 
 
 def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] | None = None,

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
@@ -196,19 +197,9 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
         model_path: the HF model directory; windows: token-id lists (equal lengths batch together);
         reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``).
     """
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
     reporter = reporter or Reporter()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # the reporter shows progress; transformers' loading bar would interleave
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, trust_remote_code=False)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    model = model.to(device).eval()
+    model = load_causal_lm(model_path, torch.float32).to(device)
     stats = CalibrationStats()
     handles = []
     for name, module in model.named_modules():
