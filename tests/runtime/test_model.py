@@ -62,7 +62,7 @@ def convert(hf_dir: Path, out: Path, tp: int = 1, pp: int = 1, dtype: str = "flo
 
 
 @pytest.mark.parametrize("tp, pp", SPLITS)
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2"])
 def test_fp32_logits_equal_transformers(models, tmp_path, name, tp, pp):
     hf_dir, hf = models[name]
     runtime = CheckpointModel.load(convert(hf_dir, tmp_path / "ckpt", tp, pp))
@@ -84,8 +84,9 @@ def test_other_variants_equal_transformers(models, tmp_path, name, length, rope_
 
 
 @pytest.mark.parametrize("tp, pp", [(1, 1), (4, 1), (2, 2)])
-def test_bf16_logits_within_documented_tolerance(models, tmp_path, tp, pp):
-    hf_dir = models["qwen2"][0]
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2"])
+def test_bf16_logits_within_documented_tolerance(models, tmp_path, name, tp, pp):
+    hf_dir = models[name][0]
     runtime = CheckpointModel.load(convert(hf_dir, tmp_path / "ckpt", tp, pp, "bfloat16"), torch.bfloat16)
     ids = prompt(33)
     want = hf_logits(load_hf_reference(hf_dir, torch.bfloat16, torch.bfloat16), ids)

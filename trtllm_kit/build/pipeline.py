@@ -186,7 +186,8 @@ def _verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter) -> dict[str, A
         raise VerifyError(f"verify failed: max abs logit error {report.max_abs_err:.3g} exceeds the tolerance "
                           f"{report.tolerance:.3g} (top-1 agreement {report.top1_agreement:.1%}); the checkpoint "
                           "does not compute what the HF model does.")
-    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, top-1 agreement {report.top1_agreement:.1%}")
+    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, max rel error {report.max_rel_err:.2e}, "
+                  f"top-1 agreement {report.top1_agreement:.1%}")
     if report.quantization:
         reporter.note(f"verify: {report.quality_summary()}")
     return report.to_dict()

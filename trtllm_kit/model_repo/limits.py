@@ -43,7 +43,7 @@ class EngineLimits:
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
-        values["model_dir"] = str(self.model_dir)
+        values["model_dir"] = self.model_dir.name  # "engines" or "checkpoint": built in a staging dir, then moved
         return values
 
 
