@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,7 @@ class TensorReader:
             raise CheckpointError(f"{info.path.name}: reading {name} failed ({exc}).") from None
 
 
-def _finite(name: str, original: torch.Tensor, converted: torch.Tensor, dtype: str) -> None:
+def check_finite(name: str, original: torch.Tensor, converted: torch.Tensor, dtype: str) -> None:
     """Refuse NaN/Inf weights and float16 overflow.
 
     A sum is NaN/Inf whenever any element is, and costs a quarter of ``isfinite``; only a non-finite sum
@@ -175,7 +176,9 @@ def _finite(name: str, original: torch.Tensor, converted: torch.Tensor, dtype: s
 
 
 def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: str,
-                read: Callable[[str], torch.Tensor]) -> Iterator[tuple[WorkItem, int, list[list[torch.Tensor]]]]:
+                read: Callable[[str], torch.Tensor],
+                check: Callable[[str, torch.Tensor, torch.Tensor, str], None] | None = None,
+                ) -> Iterator[tuple[WorkItem, int, list[list[torch.Tensor]]]]:
     """Yield (item, bytes read, per TP rank the parts that concatenate along dim 0 to its tensor).
 
     Each HF tensor is read once; q/k/v parts are not concatenated in memory but written one after another.
@@ -186,7 +189,9 @@ def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype
         mapping: the TP/PP layout.
         dtype: the resolved checkpoint dtype.
         read: HF tensor name → tensor (a ``TensorReader``, or meta tensors for shape tests).
+        check: (name, original, converted, dtype) → raises on NaN/Inf or overflow; ``check_finite`` when None.
     """
+    check = check or check_finite
     target = TORCH_DTYPES[dtype]
     for item in items:
         parts = []
@@ -195,7 +200,7 @@ def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype
             original = read(name)
             nbytes += original.numel() * original.element_size()
             converted = original.to(target)
-            _finite(name, original, converted, dtype)
+            check(name, original, converted, dtype)
             parts.append(converted)
         if item.rule.split is Split.QKV:
             shards = [qkv_parts(parts, model.hf.num_key_value_heads, mapping.tp_size, r)
@@ -240,11 +245,18 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
         writers = [stack.enter_context(SafetensorsWriter(path, layout))
                    for path, layout in zip(paths, entries, strict=True)]
         reader = TensorReader(model, stack)
-        for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader.read):
+        # The NaN/Inf check of a tensor runs on a second thread while the tensor is written; its verdict is
+        # awaited before the next tensor, so a bad tensor still stops the conversion (and nothing is kept).
+        checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
+        checks: list[Future[None]] = []
+        for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader.read,
+                                                lambda *args: checks.append(checker.submit(check_finite, *args))):
             outputs = transform.apply(item, shards) if transform else [[(item.target, parts)] for parts in shards]
             for tp_rank, tensors in enumerate(outputs):
                 for name, parts in tensors:
                     writers[mapping.rank(tp_rank, item.pp_rank)].write(name, parts)
+            while checks:
+                checks.pop().result()
             total += nbytes
             if on_tensor:
                 on_tensor(item.target, nbytes)
