@@ -40,8 +40,9 @@ def test_corrupted_repository(tmp_path: Path) -> None:
     proc = subprocess.run(serve_argv(out), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     first = proc.stderr.splitlines()[0]
-    assert first.startswith("Error: tritonserver exited with code 1 while starting (log ") and first.endswith(
-        "tritonserver.log); last lines:"), proc.stderr
+    assert first.startswith("Error: tritonserver exited with code 1 while starting: Poll failed for model directory "
+                            f"'ensemble': failed to read text proto from {out / 'repo' / 'ensemble' / 'config.pbtxt'} "
+                            "(log ") and first.endswith("tritonserver.log); last lines:"), proc.stderr
     assert "failed to load all models" in proc.stderr
     assert not servers_of(out / "repo")
 

@@ -162,7 +162,8 @@ def test_sigterm_during_a_stream_finishes_it_then_leaves_nothing(server: dict[st
         if result.as_numpy("text_output") is not None:
             words.append(result.as_numpy("text_output").reshape(-1)[0])
         if len(words) == 1:  # SIGTERM (via stop) with 2 s of the stream left, less than the server's exit timeout
-            stop = subprocess.Popen([*KIT, "stop", str(fake_out)], stdout=subprocess.PIPE, text=True)
+            # without OUT, stop ends the serve last started with --detach: this one
+            stop = subprocess.Popen([*KIT, "stop"], stdout=subprocess.PIPE, text=True)
         if result.get_response().parameters["triton_final_response"].bool_param:
             break
     client.stop_stream()
@@ -174,3 +175,6 @@ def test_sigterm_during_a_stream_finishes_it_then_leaves_nothing(server: dict[st
     assert server["stub_pids"] and not list(Path("/dev/shm").glob(f"{server['shm_prefix']}*"))
     assert read_state(fake_out) is None and not (fake_out / ".serve" / "serve.pid").exists()
     assert kit("stop", str(fake_out)).returncode == 2
+    again = kit("stop")
+    assert (again.returncode, again.stderr) == (2, f"Error: nothing serves {fake_out.absolute()} (no live pid in "
+                                                   f"{fake_out.absolute() / '.serve' / 'serve.pid'}).\n")

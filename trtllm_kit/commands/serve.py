@@ -60,17 +60,19 @@ def serve(out: Path, host: str, http_port: int, grpc_port: int, metrics_port: in
 
 
 @click.command()
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path), required=False)
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds before everything is killed.")
-def stop(out: Path, timeout: float) -> None:
-    """Stop the server of OUT started by trtllm-kit serve (--detach or not).
+def stop(out: Path | None, timeout: float) -> None:
+    """Stop the server of OUT started by trtllm-kit serve (--detach or not); without OUT, the last one
+    started with --detach.
 
     \b
     Example:
       trtllm-kit stop out/
     """
-    from trtllm_kit.serve.service import stop_serving
+    from trtllm_kit.serve.service import last_detached, stop_serving
 
+    out = out if out is not None else last_detached()
     result = stop_serving(out, timeout)
     click.echo(f"stopped pid {result['pid']}" + (" (killed after the timeout)" if result["forced"] else ""))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -17,6 +18,10 @@ from trtllm_kit.serve.launcher import LaunchConfig, check_ports_free, launch_arg
 from trtllm_kit.serve.locate import TritonInstall
 
 SHM_DIR = Path("/dev/shm")
+# Triton's error lines: E<MMDD> <time> <thread> <file:line>] <message>
+ERROR_LINE = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] (.+)$", re.MULTILINE)
+# Error lines every start on a machine without a GPU logs; they are never the cause of a failure.
+CPU_NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
 STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize Python stub")
 PR_SET_PDEATHSIG = 1
 
@@ -87,8 +92,22 @@ class TritonProcess:
             if reason:
                 tail = self.log_tail()
                 self.stop()
+                cause = self.first_error()
+                reason += f": {cause}" if cause else ""
                 raise KitError(f"{reason} (log {self.log_path}); last lines:\n{tail}")
             time.sleep(poll_s)
+
+    def first_error(self) -> str | None:
+        """The message of the first error line of the log (``E1122 03:45:00.123 42 file.cc:10] message``)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        for match in ERROR_LINE.finditer(text):
+            message = match.group(1).strip().strip('"')
+            if not any(noise in message for noise in CPU_NOISE):
+                return message
+        return None
 
     def log_tail(self, num_lines: int = 20) -> str:
         """The last ``num_lines`` lines of the server log."""

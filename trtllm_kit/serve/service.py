@@ -215,6 +215,8 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     while time.monotonic() < deadline:
         state = read_state(options.out)
         if state and state.get("ready") and state.get("pid") == child.pid:
+            _last_detached_file().parent.mkdir(parents=True, exist_ok=True)
+            _last_detached_file().write_text(str(options.out.absolute()))
             return state
         if child.poll() is not None:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
@@ -223,6 +225,21 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
         time.sleep(0.05)
     os.kill(child.pid, signal.SIGTERM)
     raise KitError(f"the background serve was not ready in time (log {log_path}); it was sent SIGTERM.")
+
+
+def _last_detached_file() -> Path:
+    from trtllm_kit.models.builtin import cache_root
+
+    return cache_root() / "serve" / "last-detached"
+
+
+def last_detached() -> Path:
+    """The build output that ``serve --detach`` last brought up (what ``trtllm-kit stop`` ends by default)."""
+    try:
+        return Path(_last_detached_file().read_text().strip())
+    except OSError:
+        raise KitUsageError("no OUT given and no detached serve is recorded; pass the directory given to "
+                            "trtllm-kit serve.") from None
 
 
 def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
