@@ -110,3 +110,13 @@ def test_bench_usage_errors(tmp_path, capsys):
     assert run(["bench", "--concurrency", "2", "--requests", "1"]) == 2
     assert run(["bench", "--offline", "--duration", "5", "--out", str(tmp_path)]) == 2
     assert "--offline submits a fixed set" in capsys.readouterr().err
+
+
+def test_unknown_metrics_port_is_said_and_an_unreachable_server_is_one_sentence(tmp_path, capsys):
+    assert run(["bench", "--url", "grpc://127.0.0.1:1", "--concurrency", "1", "--requests", "2",
+                "--out", str(tmp_path / "res")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["note: no Triton metrics will be scraped (the metrics port is known only next to gRPC port 8001); "
+                   "pass --metrics-url http://HOST:PORT/metrics for queue time and KV-cache figures.",
+                   "Error: cannot reach Triton at 127.0.0.1:1 (UNAVAILABLE); start a server with `trtllm-kit serve "
+                   "OUT` or pass --url grpc://HOST:PORT."]

@@ -78,6 +78,9 @@ def bench_spec(values: dict[str, Any]) -> Any:
     if metrics_url is None and not values["openai_url"] and values["url"].rstrip("/").endswith(":8001"):
         metrics_url = values["url"].removeprefix("grpc://").rstrip("/").removesuffix(":8001")
         metrics_url = f"http://{metrics_url}:8002/metrics"
+    if metrics_url is None:
+        click.echo("note: no Triton metrics will be scraped (the metrics port is known only next to gRPC port 8001); "
+                   "pass --metrics-url http://HOST:PORT/metrics for queue time and KV-cache figures.", err=True)
     workload = WorkloadSpec(isl=values["isl"], osl=values["osl"], isl_std=values["isl_std"],
                             osl_std=values["osl_std"], vocab_size=values["vocab_size"], seed=values["seed"])
     return BenchSpec(out=values["out"], url=values["url"], openai_url=values["openai_url"], model=values["model"],
