@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import queue
+import shutil
 import statistics
 import subprocess
 import sys
@@ -198,7 +199,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1500, help="Measured requests per capacity run (OSL 1).")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--aiperf", default="/tmp/aiperf-venv/bin/aiperf", help="The aiperf executable.")
+    parser.add_argument("--aiperf", default=shutil.which("aiperf"),
+                        help="The aiperf executable (default: on PATH; install it in a venv of its own: pip install "
+                        "aiperf). Without it the AIPerf comparison is skipped.")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     figures = Figures()

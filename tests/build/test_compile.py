@@ -28,7 +28,8 @@ from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
 
-SPEC = Path("/work/shared/specs/trtllm-checkpoint.md")
+# shared/ lies beside the checkout (in CI too); the spec's flag table is the contract the recipe is checked against
+SPEC = Path(__file__).resolve().parents[3] / "shared" / "specs" / "trtllm-checkpoint.md"
 LIMITS = Limits(max_batch_size=8, max_input_len=64, max_seq_len=128, max_num_tokens=256, tokens_per_block=32)
 SQ = "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN"
 # quant_algo, GPU → gemm_plugin, use_fp8_context_fmha, use_fused_mlp, gemm_swiglu_plugin

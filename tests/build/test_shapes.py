@@ -25,7 +25,8 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import parse_hf_config
 from trtllm_kit.models.registry import family_for
 
-CONFIG_DIRS = (Path(__file__).parents[1] / "data" / "hf-configs", Path("/work/shared/data/hf-configs"))
+CONFIG_DIRS = (Path(__file__).parents[1] / "data" / "hf-configs",
+               Path(__file__).resolve().parents[3] / "shared" / "data" / "hf-configs")
 CONFIG_DIR = next((d for d in CONFIG_DIRS if d.is_dir()), None)
 if CONFIG_DIR is None:
     pytest.skip(f"no HF config directory among {[str(d) for d in CONFIG_DIRS]}", allow_module_level=True)
