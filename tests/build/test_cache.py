@@ -129,6 +129,10 @@ def test_plan_shows_the_cache_status(tmp_path: Path, fake_trtllm_build: FakeTrtl
     capsys.readouterr()
     assert stages("plan", *flags) == [("checkpoint", "cached"), ("engine", "cached")]
     assert stages("build", "--dry-run", *flags) == [("checkpoint", "cached"), ("engine", "cached")]
+    without_out = [f for f in flags if f not in ("--out", str(out))]
+    assert run(["build", "--dry-run", *without_out]) == run(["plan", *without_out]) == 0  # both default to out/
+    first, second = capsys.readouterr().out.split("\n}\n", 1)
+    assert json.loads(first + "}") == json.loads(second)
     assert stages("plan", *flags, "--max-batch-size", "2") == [("checkpoint", "cached"), ("engine", "will build")]
     assert stages("plan", *flags, "--verify") == [("checkpoint", "will build"), ("engine", "will build")]
     assert run(["plan", *flags]) == 0

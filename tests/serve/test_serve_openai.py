@@ -119,6 +119,10 @@ def test_errors_in_openai_format(server: dict[str, Any], client: openai.OpenAI) 
     assert status == 400 and json.loads(body) == {"error": {
         "message": "max_tokens must be a positive integer, got 0.", "type": "invalid_request_error",
         "param": "max_tokens", "code": None}}
+    status, body = post(server, "/v1/completions", {"prompt": "x"})
+    assert status == 400 and json.loads(body)["error"] == {
+        "message": f"'model' is required; this server has {MODEL!r}.", "type": "invalid_request_error",
+        "param": "model", "code": None}
     with pytest.raises(openai.NotFoundError) as info:
         client.completions.create(model="gpt-4", prompt="x")
     assert info.value.body["code"] == "model_not_found"

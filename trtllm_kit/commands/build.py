@@ -51,10 +51,11 @@ def build(ctx: click.Context, model: str | None, out: Path | None, config_file: 
     flags.update(engine_values(repo_values(given(ctx, **repo))))
     if archive is not None:
         flags["archive"] = archive
-    spec = build_spec(file_values, flags)
-    if dry_run:
-        _print_plan(spec, None, as_json)
+    if dry_run:  # as plan: --out only names the artifact whose stage cache is checked
+        file_values.setdefault("out", Path("out"))
+        _print_plan(build_spec(file_values, flags), None, as_json)
         return
+    spec = build_spec(file_values, flags)
     result = run_build(spec, reporter_for(as_json))
     if as_json:
         emit_json(result.summary)

@@ -101,6 +101,8 @@ class OpenAIFrontend:
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object.")
         model = body.get("model")
+        if model is None:
+            raise RequestError(f"'model' is required; this server has {self.config.served_name!r}.", param="model")
         if model not in (self.config.served_name, self.config.triton_model):
             raise RequestError(f"The model {model!r} does not exist; this server has {self.config.served_name!r}.",
                                404, param="model", code="model_not_found")
