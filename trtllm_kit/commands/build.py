@@ -11,14 +11,41 @@ from trtllm_kit.commands.build_flags import engine_flags, engine_values, quant_f
 from trtllm_kit.commands.common import emit_json, given, reporter_for
 
 
+def layout_options(command: Any) -> Any:
+    """The config file, parallel layout and dtype, shared by ``build`` and ``plan``."""
+    for option in reversed((
+        click.option("--config", "config_file", type=click.Path(path_type=Path),
+                     help="trtllm-kit.toml; flags override it."),
+        click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size."),
+        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size."),
+        click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto",
+                     show_default=True, help="Checkpoint dtype; auto takes the model's (float32 → float16)."),
+    )):
+        command = option(command)
+    return command
+
+
+def spec_sources(ctx: click.Context, config_file: Path | None, named: dict[str, Any], typed: dict[str, Any],
+                 stage_flags: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config file's values and the flags the user gave, as ``build_spec`` takes them.
+
+    Arguments:
+        ctx: the command's context; config_file: ``--config`` or None; named: model/out/verify (None: not given);
+        typed: flags that count only when typed; stage_flags: the [engine]/[repo]/[quant] flags.
+    """
+    from trtllm_kit.spec import load_toml
+
+    file_values = load_toml(config_file) if config_file else {}
+    flags = given(ctx, **typed)
+    flags.update({k: v for k, v in named.items() if v is not None})
+    flags.update(engine_values(repo_values(given(ctx, **stage_flags))))
+    return file_values, flags
+
+
 @click.command()
 @click.argument("model", required=False)
 @click.option("--out", type=click.Path(path_type=Path), help="Output directory (created atomically).")
-@click.option("--config", "config_file", type=click.Path(path_type=Path), help="trtllm-kit.toml; flags override it.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size.")
-@click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto",
-              show_default=True, help="Checkpoint dtype; auto takes the model's (float32 → float16).")
+@layout_options
 @click.option("--until", type=click.Choice(["checkpoint", "engine", "repo"]), default="repo", show_default=True,
               help="Last stage to run.")
 @click.option("--verify/--no-verify", default=None, help="Check the checkpoint against transformers on the CPU "
@@ -43,12 +70,11 @@ def build(ctx: click.Context, model: str | None, out: Path | None, config_file: 
       trtllm-kit build builtin:tiny-llama --quant fp8 --kv-cache fp8 --tp 2 --until checkpoint --out out-fp8/
     """
     from trtllm_kit.build.pipeline import run_build
-    from trtllm_kit.spec import build_spec, load_toml
+    from trtllm_kit.spec import build_spec
 
-    file_values = load_toml(config_file) if config_file else {}
-    flags = given(ctx, tp=tp, pp=pp, dtype=dtype, until=until, allow_pickle=allow_pickle, force=force)
-    flags.update({k: v for k, v in {"model": model, "out": out, "verify": verify}.items() if v is not None})
-    flags.update(engine_values(repo_values(given(ctx, **repo))))
+    file_values, flags = spec_sources(ctx, config_file, {"model": model, "out": out, "verify": verify},
+                                      {"tp": tp, "pp": pp, "dtype": dtype, "until": until,
+                                       "allow_pickle": allow_pickle, "force": force}, repo)
     if archive is not None:
         flags["archive"] = archive
     if dry_run:  # as plan: --out only names the artifact whose stage cache is checked
@@ -67,11 +93,7 @@ def build(ctx: click.Context, model: str | None, out: Path | None, config_file: 
 @click.argument("model", required=False)
 @click.option("--out", type=click.Path(path_type=Path), help="The artifact directory whose stage cache is checked "
               "(default: the config file's, else out/).")
-@click.option("--config", "config_file", type=click.Path(path_type=Path), help="trtllm-kit.toml; flags override it.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size.")
-@click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto",
-              show_default=True, help="Checkpoint dtype.")
+@layout_options
 @click.option("--until", type=click.Choice(["checkpoint", "engine", "repo"]), default="repo", show_default=True,
               help="Last stage to plan.")
 @click.option("--verify/--no-verify", default=None, help="As for build (part of the checkpoint's cache key).")
@@ -94,12 +116,11 @@ def plan(ctx: click.Context, model: str | None, out: Path | None, config_file: P
       trtllm-kit plan builtin:tiny-llama --gpu L4 --graph layer.onnx
       trtllm-kit plan ./Meta-Llama-3-70B --gpu H100-80GB --tp 4 --kv-cache fp8 --json
     """
-    from trtllm_kit.spec import build_spec, load_toml
+    from trtllm_kit.spec import build_spec
 
-    file_values = load_toml(config_file) if config_file else {}
-    flags = given(ctx, tp=tp, pp=pp, dtype=dtype, until=until, allow_pickle=allow_pickle)
-    flags.update({k: v for k, v in {"model": model, "out": out, "verify": verify}.items() if v is not None})
-    flags.update(engine_values(repo_values(given(ctx, **options))))
+    file_values, flags = spec_sources(ctx, config_file, {"model": model, "out": out, "verify": verify},
+                                      {"tp": tp, "pp": pp, "dtype": dtype, "until": until,
+                                       "allow_pickle": allow_pickle}, options)
     file_values.setdefault("out", Path("out"))
     _print_plan(build_spec(file_values, flags), graph, as_json)
 
