@@ -2,7 +2,8 @@
 
 The ``ensemble`` here has the kit's text interface (text_input, max_tokens, stream, sampling inputs →
 text_output, num_input_tokens) and streams the words `` w0 w1 …`` (`` s{seed}w{i}`` when a seed is given),
-one per response; a prompt containing ``short`` ends after 3 words, ``slow`` waits 50 ms per word, ``fail`` is
+one per response; a prompt containing ``short`` ends after 3 words (more with ``min_tokens``, all of
+``max_tokens`` with ``end_id`` -1), ``slow`` waits 50 ms per word, ``fail`` is
 refused.
 """
 
@@ -49,7 +50,8 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
             return
         num_tokens = int(scalar(request, "max_tokens"))
-        num_tokens = min(3, num_tokens) if "short" in prompt else num_tokens
+        if "short" in prompt and scalar(request, "end_id", 0) != -1:  # "EOS" after 3 words, unless ignored
+            num_tokens = min(max(3, int(scalar(request, "min_tokens", 0))), num_tokens)
         seed = scalar(request, "seed")
         delay = 0.05 if "slow" in prompt else 0.002
         for i in range(num_tokens):
@@ -71,6 +73,7 @@ class TritonPythonModel:
 INPUTS = [("text_input", mc.TYPE_STRING, False), ("max_tokens", mc.TYPE_INT32, False),
           ("stream", mc.TYPE_BOOL, True), ("temperature", mc.TYPE_FP32, True), ("top_p", mc.TYPE_FP32, True),
           ("top_k", mc.TYPE_INT32, True), ("seed", mc.TYPE_UINT64, True),
+          ("min_tokens", mc.TYPE_INT32, True), ("end_id", mc.TYPE_INT32, True),
           ("exclude_input_in_output", mc.TYPE_BOOL, True), ("return_num_input_tokens", mc.TYPE_BOOL, True)]
 
 

@@ -47,15 +47,31 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def expected(served: dict[str, Any]) -> tuple[list[str], int]:
-    """The CPU runtime's greedy tokens for PROMPT, each decoded as the streaming postprocessing does."""
+def greedy(served: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """PROMPT's ids and the CPU runtime's greedy output ids for them (up to EOS, excluded)."""
     out = served["out"]
     tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
     prompt_ids = tokenizer(PROMPT).input_ids
     engine = Engine.from_checkpoint(out / "checkpoint", EngineConfig())
     ids = engine.generate([prompt_ids], [SamplingParams(max_tokens=MAX_TOKENS, end_id=tokenizer.eos_token_id)])[0]
-    ids = [t for t in ids if t != tokenizer.eos_token_id]
-    return [tokenizer.decode([t], skip_special_tokens=True) for t in ids], len(prompt_ids)
+    return prompt_ids, [t for t in ids if t != tokenizer.eos_token_id]
+
+
+@pytest.fixture(scope="module")
+def expected(served: dict[str, Any], greedy: tuple[list[int], list[int]]) -> tuple[list[str], int]:
+    """The greedy tokens for PROMPT, each decoded as the streaming postprocessing does, and the prompt length."""
+    tokenizer = AutoTokenizer.from_pretrained(str(served["out"] / "tokenizer"))
+    return [tokenizer.decode([t], skip_special_tokens=True) for t in greedy[1]], len(greedy[0])
+
+
+def stream_events(served: dict[str, Any], body: dict[str, Any]) -> list[dict[str, Any]]:
+    request = urllib.request.Request(f"http://{served['openai']}/v1/completions",
+                                     data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        events = [line[len("data: "):] for line in response.read().decode().split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
 
 
 def test_generate_cli(served: dict[str, Any], expected: tuple[list[str], int]) -> None:
@@ -106,3 +122,25 @@ def test_plain_http(served: dict[str, Any], expected: tuple[list[str], int]) -> 
     with urllib.request.urlopen(request, timeout=60) as response:
         assert json.loads(response.read())["choices"][0]["text"] == "".join(expected[0])
     assert os.path.isdir(served["out"] / "repo" / "tensorrt_llm_bls")
+
+
+def test_token_id_prompts_stream_their_token_ids(served: dict[str, Any], greedy: tuple[list[int], list[int]]) -> None:
+    prompt_ids, ids = greedy
+    tokenizer = AutoTokenizer.from_pretrained(str(served["out"] / "tokenizer"))
+    events = stream_events(served, {"model": MODEL, "prompt": prompt_ids, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                    "stream_options": {"include_usage": True}})
+    choices = [event["choices"][0] for event in events if event["choices"]]
+    assert [t for c in choices for t in c.get("token_ids", [])] == ids
+    assert all(len(c["token_ids"]) == 1 for c in choices[:len(ids)])  # one event per token as it is generated
+    assert "".join(c["text"] for c in choices) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert events[-1]["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                                   "total_tokens": len(prompt_ids) + len(ids)}
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, "ids"])
+def test_forced_output_length_is_accepted_on_both_paths(served: dict[str, Any], greedy: tuple[list[int], list[int]],
+                                                           prompt: str) -> None:
+    client = openai.OpenAI(base_url=f"http://{served['openai']}/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model=MODEL, prompt=greedy[0] if prompt == "ids" else prompt, max_tokens=40,
+                                     temperature=0, extra_body={"min_tokens": 40, "ignore_eos": True})
+    assert (done.usage.completion_tokens, done.choices[0].finish_reason) == (40, "length")

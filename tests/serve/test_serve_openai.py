@@ -84,6 +84,18 @@ def test_completion_stops_at_a_stop_sequence_and_at_eos(client: openai.OpenAI) -
         (" w0 w1 w2", "stop", 3)
 
 
+def test_min_tokens_and_ignore_eos_reach_the_model(client: openai.OpenAI) -> None:
+    at_least = client.completions.create(model=MODEL, prompt="short", max_tokens=50, extra_body={"min_tokens": 5})
+    assert (at_least.usage.completion_tokens, at_least.choices[0].finish_reason) == (5, "stop")
+    forced = client.completions.create(model=MODEL, prompt="short", max_tokens=8, extra_body={"ignore_eos": True})
+    assert (forced.usage.completion_tokens, forced.choices[0].finish_reason) == (8, "length")
+
+
+def test_token_id_prompts_need_a_tensorrt_llm_model(server: dict[str, Any]) -> None:
+    status, body = post(server, "/v1/completions", {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 2})
+    assert status == 404 and "tensorrt_llm" in json.loads(body)["error"]["message"]
+
+
 def test_sampling_fields_reach_the_model(client: openai.OpenAI) -> None:
     done = client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0.7, top_p=0.9, seed=42)
     assert done.choices[0].text == " s42w0 s42w1"

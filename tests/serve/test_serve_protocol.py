@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtllm_kit.serve.client import GenerationRequest
-from trtllm_kit.serve.openai_protocol import RequestError, generation_request, parse_sampling
+from trtllm_kit.serve.openai_protocol import ChoiceShape, RequestError, generation_request, parse_prompt, parse_sampling
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -13,9 +13,44 @@ from trtllm_kit.serve.openai_protocol import RequestError, generation_request, p
     ({}, GenerationRequest("p", 16, 1.0, 1.0, request_id="r")),  # OpenAI's defaults: sample the whole distribution
     ({"temperature": 0.5, "top_p": 0.9, "seed": 3, "max_tokens": 4},
      GenerationRequest("p", 4, 0.5, 0.9, seed=3, request_id="r")),
+    ({"temperature": 0, "max_tokens": 9, "min_tokens": 9, "ignore_eos": True},  # a forced output length
+     GenerationRequest("p", 9, top_k=1, min_tokens=9, end_id=-1, request_id="r")),
 ])
 def test_sampling_in_trtllm_terms(body: dict, expected: GenerationRequest) -> None:
     assert generation_request("p", parse_sampling(body, "text_completion"), "r") == expected
+
+
+def test_token_id_prompts_carry_the_end_id_unless_eos_is_ignored() -> None:
+    sampling = parse_sampling({"temperature": 0}, "text_completion")
+    assert generation_request((5, 6), sampling, "r", eos_id=2).end_id == 2
+    ignoring = parse_sampling({"temperature": 0, "ignore_eos": True}, "text_completion")
+    assert generation_request((5, 6), ignoring, "r", eos_id=2).end_id == -1
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ("hi", "hi"), (["hi"], "hi"), ([5, 6, 7], (5, 6, 7)), ([[5, 6]], (5, 6)),
+])
+def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
+    assert parse_prompt({"prompt": prompt}, vocab_size=100) == expected
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ([5, 100], "token ids must be in [0, 100), got 100."),
+    ([-1], "token ids must be in [0, 100), got -1."),
+    ([], "prompt must be a string or a list of token ids (or a list of one of them), got []."),
+    (["a", "b"], "prompt must be a string or a list of token ids (or a list of one of them), got ['a', 'b']."),
+    ([True], "prompt must be a string or a list of token ids (or a list of one of them), got [True]."),
+])
+def test_bad_prompts(prompt: object, message: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_prompt({"prompt": prompt}, vocab_size=100)
+    assert str(info.value) == message and info.value.param == "prompt"
+
+
+def test_stream_chunks_carry_token_ids_when_known() -> None:
+    shape = ChoiceShape("text_completion", "cmpl-1", "m", 0)
+    assert shape.chunk("a", None, (4, 5))["choices"][0]["token_ids"] == [4, 5]
+    assert "token_ids" not in shape.chunk("a", None)["choices"][0]
 
 
 def test_chat_default_max_tokens_and_stream_options() -> None:
@@ -33,6 +68,9 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop must be a string or a list of up to 4 strings, got ['a', 'b', 'c', "
                                           "'d', 'e'].", "stop"),
     ({"n": 2}, "n must be 1 here, got 2.", "n"),
+    ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
+     "min_tokens"),
+    ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),
 ])
 def test_bad_fields(body: dict, message: str, param: str) -> None:
     with pytest.raises(RequestError) as info:

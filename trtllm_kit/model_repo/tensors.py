@@ -24,6 +24,8 @@ def _t(name: str, data_type: str, dims: tuple[int, ...] = (1,), required: bool =
     return Tensor(name, data_type, dims, required)
 
 
+NEVER_END_ID = -1  # an ``end_id`` no token equals: generation stops only at ``request_output_len``
+
 # Inputs of ``tensorrt_llm`` with a [-1] or wider shape are ragged (``allow_ragged_batch``).
 TRTLLM_INPUTS = (
     _t("input_ids", "INT32", (-1,), True),

@@ -18,8 +18,9 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from trtllm_kit.errors import KitError
+from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.profile.records import RequestRecord
-from trtllm_kit.profile.workload import NEVER_END_ID, Prompt
+from trtllm_kit.profile.workload import Prompt
 
 PERF_OUTPUTS = {"arrival_time_ns": "arrival_ns", "first_scheduled_time_ns": "first_scheduled_ns",
                 "first_token_time_ns": "first_token_ns", "last_token_time_ns": "last_token_ns",

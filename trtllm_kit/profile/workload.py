@@ -17,8 +17,6 @@ import numpy as np
 
 from trtllm_kit.errors import KitUsageError
 
-NEVER_END_ID = -1  # no token id equals it, so generation only stops at the requested length
-
 
 @dataclass(frozen=True)
 class Prompt:

@@ -26,34 +26,44 @@ class GenerationError(KitError):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One text request in the ensemble's terms (``None``: the model's default)."""
+    """One request: text for the ensemble's interface, or token ids for ``tensorrt_llm`` (``None``: the model's
+    default)."""
 
-    prompt: str
+    prompt: str | tuple[int, ...]
     max_tokens: int = 16
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    min_tokens: int | None = None
+    end_id: int | None = None
     request_id: str = ""
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """One streamed response: the new text and, when the model reports them, the prompt's token count and the
-    number of tokens generated so far."""
+    """One streamed response: the new text (or, for token-id prompts, the new ``token_ids``) and, when the model
+    reports them, the prompt's token count and the number of tokens generated so far."""
 
     text: str
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
+    token_ids: tuple[int, ...] | None = None
 
 
-# (ensemble input, Triton datatype, numpy dtype, GenerationRequest field)
-SAMPLING_INPUTS = (("temperature", "FP32", np.float32, "temperature"), ("top_p", "FP32", np.float32, "top_p"),
-                   ("top_k", "INT32", np.int32, "top_k"), ("seed", "UINT64", np.uint64, "seed"))
+# (text interface input, tensorrt_llm input, Triton datatype, numpy dtype, GenerationRequest field)
+SAMPLING_INPUTS = (("temperature", "temperature", "FP32", np.float32, "temperature"),
+                   ("top_p", "runtime_top_p", "FP32", np.float32, "top_p"),
+                   ("top_k", "runtime_top_k", "INT32", np.int32, "top_k"),
+                   ("seed", "seed", "UINT64", np.uint64, "seed"),
+                   ("min_tokens", "min_tokens", "INT32", np.int32, "min_tokens"),
+                   ("end_id", "end_id", "INT32", np.int32, "end_id"))
+TOKEN_MODEL = "tensorrt_llm"
 
 
 class TextClient:
-    """Streams text from a model with the ensemble's text interface over one gRPC channel.
+    """Streams text from a model with the ensemble's text interface over one gRPC channel; token-id prompts go
+    to ``tensorrt_llm`` itself and come back as token ids.
 
     Arguments:
         url: ``host:port`` of the server's gRPC endpoint.
@@ -102,30 +112,40 @@ class TextClient:
         return self._inputs
 
     async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
+        if isinstance(req.prompt, tuple):
+            return self._token_request(req)
         names = await self.model_inputs()
         values: list[tuple[str, str, np.ndarray]] = [
             ("text_input", "BYTES", np.array([req.prompt.encode()], dtype=np.object_)),
             ("max_tokens", "INT32", np.array([req.max_tokens], dtype=np.int32)),
             ("stream", "BOOL", np.array([True])),
         ]
-        for name, datatype, dtype, field in SAMPLING_INPUTS:
+        for name, _, datatype, dtype, field in SAMPLING_INPUTS:
             value = getattr(req, field)
             if value is not None and name in names:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
             if flag in names:
                 values.append((flag, "BOOL", np.array([True])))
-        request = service_pb2.ModelInferRequest(model_name=self.model, id=req.request_id or uuid.uuid4().hex)
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-        for name, datatype, array in values:
-            shape = [1, *array.shape] if self._batched else list(array.shape)
-            request.inputs.add(name=name, datatype=datatype, shape=shape)
-            raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
-            request.raw_input_contents.append(raw)
-        return request
+        return _infer_request(self.model, req.request_id, values, self._batched)
+
+    @staticmethod
+    def _token_request(req: GenerationRequest) -> service_pb2.ModelInferRequest:
+        ids = np.asarray(req.prompt, dtype=np.int32)
+        values: list[tuple[str, str, np.ndarray]] = [
+            ("input_ids", "INT32", ids), ("input_lengths", "INT32", np.array([ids.size], np.int32)),
+            ("request_output_len", "INT32", np.array([req.max_tokens], np.int32)),
+        ]
+        for _, name, datatype, dtype, field in SAMPLING_INPUTS:
+            value = getattr(req, field)
+            if value is not None:
+                values.append((name, datatype, np.array([value], dtype=dtype)))
+        values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
+        return _infer_request(TOKEN_MODEL, req.request_id, values, batched=True)
 
     async def stream(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
-        """Yield the text of each response until the final one; leaving early cancels the request.
+        """Yield each response (text, or token ids for a token-id prompt) until the final one; leaving early
+        cancels the request.
 
         Arguments:
             req: the request.
@@ -141,13 +161,14 @@ class TextClient:
         try:
             async for response in call:
                 if response.error_message:
-                    raise GenerationError(f"{self.model}: {response.error_message}",
-                                          status=400 if "INVALID_ARG" in response.error_message else 500)
+                    raise _generation_error(request.model_name, response.error_message)
                 result = InferResult(response.infer_response)
-                text = result.as_numpy("text_output")
+                text, ids = result.as_numpy("text_output"), result.as_numpy("output_ids")
                 if text is not None:
                     yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
                                 _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
+                elif ids is not None:
+                    yield Chunk("", token_ids=tuple(int(t) for t in ids.reshape(-1)))
                 if response.infer_response.parameters["triton_final_response"].bool_param:
                     break
         except grpc.aio.AioRpcError as exc:
@@ -156,6 +177,26 @@ class TextClient:
         finally:
             finished.set()
             call.cancel()
+
+
+def _generation_error(model: str, message: str) -> GenerationError:
+    unknown = "unknown model" in message
+    if unknown and model == TOKEN_MODEL:
+        return GenerationError(f"token-id prompts go to the {TOKEN_MODEL!r} model, which the server does not have; "
+                               "send the prompt as text.", status=404)
+    return GenerationError(f"{model}: {message}", status=404 if unknown else 400 if "INVALID_ARG" in message else 500)
+
+
+def _infer_request(model: str, request_id: str, values: list[tuple[str, str, np.ndarray]],
+                   batched: bool) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id or uuid.uuid4().hex)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    for name, datatype, array in values:
+        shape = [1, *array.shape] if batched else list(array.shape)
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
+        request.raw_input_contents.append(raw)
+    return request
 
 
 def _scalar(result: InferResult, name: str) -> int | None:

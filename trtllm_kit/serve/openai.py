@@ -14,8 +14,15 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.client import GenerationError, GenerationRequest, TextClient
-from trtllm_kit.serve.openai_protocol import ChoiceShape, RequestError, Sampling, generation_request, parse_sampling
+from trtllm_kit.serve.client import Chunk, GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.openai_protocol import (
+    ChoiceShape,
+    RequestError,
+    Sampling,
+    generation_request,
+    parse_prompt,
+    parse_sampling,
+)
 from trtllm_kit.serve.text import StopMatcher, Tokenizer
 
 
@@ -110,12 +117,10 @@ class OpenAIFrontend:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise RequestError(f"prompt must be a string (or a list of one string), got {prompt!r:.60}.",
-                               param="prompt")
+        prompt = parse_prompt(body, self.tokenizer.vocab_size if self.tokenizer else None)
+        if isinstance(prompt, tuple) and self.tokenizer is None:
+            raise RequestError("token-id prompts need the model's tokenizer to return text, and this server has "
+                               "none; send the prompt as text.", param="prompt")
         return await self._respond(request, body, prompt, "text_completion")
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -128,15 +133,15 @@ class OpenAIFrontend:
             raise RequestError("this server has no tokenizer for a chat template; use /v1/completions.")
         return await self._respond(request, body, self.tokenizer.chat_prompt(messages), "chat.completion")
 
-    async def _respond(self, request: web.Request, body: dict[str, Any], prompt: str,
+    async def _respond(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
                        kind: str) -> web.StreamResponse:
         sampling = parse_sampling(body, kind)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-        gen = generation_request(prompt, sampling, ident)
-        run = Run(self, gen, sampling, prompt)
+        eos_id = self.tokenizer.eos_id if self.tokenizer is not None and isinstance(prompt, tuple) else None
+        run = Run(self, generation_request(prompt, sampling, ident, eos_id), sampling)
         shape = ChoiceShape(kind, ident, self.config.served_name, int(time.time()))
         if not sampling.stream:
-            text = "".join([piece async for piece in run.pieces()])
+            text = "".join([piece.text async for piece in run.pieces()])
             return web.json_response(shape.whole(text, run.finish_reason, run.usage()))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         pieces = run.pieces()
@@ -150,9 +155,9 @@ class OpenAIFrontend:
             if kind == "chat.completion":
                 await _send(response, shape.chunk({"role": "assistant", "content": ""}, None))
             if first is not None:
-                await _send(response, shape.chunk(first, None))
+                await _send(response, shape.chunk(first.text, None, first.token_ids))
             async for piece in pieces:
-                await _send(response, shape.chunk(piece, None))
+                await _send(response, shape.chunk(piece.text, None, piece.token_ids))
             await _send(response, shape.chunk(None, run.finish_reason))
             if sampling.include_usage:
                 await _send(response, {**shape.chunk(None, None), "choices": [], "usage": run.usage()})
@@ -171,40 +176,64 @@ async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
     await response.write(f"data: {json.dumps(payload)}\n\n".encode())
 
 
-class Run:
-    """One generation: streams text through the stop matcher and counts tokens."""
+@dataclass(frozen=True)
+class Piece:
+    """What one streamed event carries: text that may be shown, and for token-id prompts the ids that arrived."""
 
-    def __init__(self, frontend: OpenAIFrontend, gen: GenerationRequest, sampling: Sampling, prompt: str) -> None:
-        self.frontend, self.gen, self.sampling, self.prompt = frontend, gen, sampling, prompt
+    text: str
+    token_ids: tuple[int, ...] | None = None
+
+
+class Run:
+    """One generation: streams text through the stop matcher and counts tokens.
+
+    Text prompts go to the ensemble or BLS and yield only non-empty text. Token-id prompts go to
+    ``tensorrt_llm``: every response yields its ids, with the text they complete (often empty while a multi-byte
+    character or a stop sequence is pending), so clients can count tokens as they arrive.
+    """
+
+    def __init__(self, frontend: OpenAIFrontend, gen: GenerationRequest, sampling: Sampling) -> None:
+        self.frontend, self.gen, self.sampling = frontend, gen, sampling
         self.num_responses = 0  # one token each unless the model reports its count
         self.num_reported: int | None = None
-        self.num_input_tokens: int | None = None
+        self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
         self.finish_reason = "stop"
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """Non-empty pieces of text as they may be shown."""
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The pieces of the answer as they may be shown."""
         assert self.frontend.client is not None, "the application is not started"
         matcher = StopMatcher(self.sampling.stops)
+        decoder = self.frontend.tokenizer.decoder() if isinstance(self.gen.prompt, tuple) else None
         stream = self.frontend.client.stream(self.gen)
         try:
             async for chunk in stream:
-                if chunk.num_output_tokens is not None:  # reported counts are cumulative
-                    self.num_reported = max(self.num_reported or 0, chunk.num_output_tokens)
-                self.num_responses += 1
-                if chunk.num_input_tokens is not None:
-                    self.num_input_tokens = chunk.num_input_tokens
-                shown = matcher.feed(chunk.text)
-                if shown:
-                    yield shown
+                self._count(chunk)
+                if decoder is not None and chunk.token_ids is not None:
+                    shown = matcher.feed(decoder.feed(chunk.token_ids))
+                    yield Piece(shown, chunk.token_ids)
+                else:
+                    shown = matcher.feed(chunk.text)
+                    if shown:
+                        yield Piece(shown)
                 if matcher.stopped:
                     return
-            rest = matcher.flush()
+            rest = matcher.flush() if decoder is None else matcher.feed(decoder.flush()) + matcher.flush()
             if rest:
-                yield rest
+                yield Piece(rest, () if decoder is not None else None)
             if self.num_output_tokens >= self.gen.max_tokens:
                 self.finish_reason = "length"
         finally:
             await stream.aclose()
+
+    def _count(self, chunk: Chunk) -> None:
+        if chunk.token_ids is not None:
+            self.num_reported = (self.num_reported or 0) + len(chunk.token_ids)
+            return
+        if chunk.num_output_tokens is not None:  # reported counts are cumulative
+            self.num_reported = max(self.num_reported or 0, chunk.num_output_tokens)
+        self.num_responses += 1
+        if chunk.num_input_tokens is not None:
+            self.num_input_tokens = chunk.num_input_tokens
 
     @property
     def num_output_tokens(self) -> int:
@@ -214,7 +243,8 @@ class Run:
         prompt_tokens = self.num_input_tokens
         if prompt_tokens is None:
             tokenizer = self.frontend.tokenizer
-            prompt_tokens = tokenizer.count(self.prompt) if tokenizer is not None else 0
+            prompt = self.gen.prompt
+            prompt_tokens = tokenizer.count(prompt) if tokenizer is not None and isinstance(prompt, str) else 0
         return {"prompt_tokens": prompt_tokens, "completion_tokens": self.num_output_tokens,
                 "total_tokens": prompt_tokens + self.num_output_tokens}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.serve.client import GenerationRequest
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
@@ -33,6 +34,8 @@ class Sampling:
     stops: list[str]
     stream: bool
     include_usage: bool
+    min_tokens: int | None = None
+    ignore_eos: bool = False
 
 
 def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
@@ -57,29 +60,63 @@ def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) for s in stops):
         raise RequestError(f"stop must be a string or a list of up to 4 strings, got {stop!r}.", param="stop")
+    min_tokens = body.get("min_tokens")
+    if min_tokens is not None and (isinstance(min_tokens, bool) or not isinstance(min_tokens, int)
+                                   or not 0 <= min_tokens <= max_tokens):
+        raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got {min_tokens!r}.",
+                           param="min_tokens")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError(f"ignore_eos must be true or false, got {ignore_eos!r}.", param="ignore_eos")
     if body.get("n", 1) != 1:
         raise RequestError(f"n must be 1 here, got {body.get('n')!r}.", param="n")
     options = body.get("stream_options") or {}
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(body.get("stream", False)),
-                    bool(options.get("include_usage", False)))
+                    bool(options.get("include_usage", False)), min_tokens, ignore_eos)
 
 
-def generation_request(prompt: str, sampling: Sampling, request_id: str) -> GenerationRequest:
-    """OpenAI's sampling in TensorRT-LLM's terms: temperature 0 is greedy (top_k 1); otherwise sample with
-    ``top_p`` (default 1, the whole distribution), since TensorRT-LLM treats top_k = top_p = 0 as greedy.
+def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:
+    """A completion's prompt: text, or token ids (a list of integers, or a list of one such list).
 
     Arguments:
-        prompt: the prompt text.
+        body: the JSON request body.
+        vocab_size: ids must be below it (unchecked when None).
+    """
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = [t for t in prompt if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise RequestError(f"token ids must be in [0, {vocab_size}), got {bad[0]}.", param="prompt")
+        return tuple(prompt)
+    raise RequestError(f"prompt must be a string or a list of token ids (or a list of one of them), "
+                       f"got {prompt!r:.60}.", param="prompt")
+
+
+def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, request_id: str,
+                       eos_id: int | None = None) -> GenerationRequest:
+    """OpenAI's sampling in TensorRT-LLM's terms: temperature 0 is greedy (top_k 1); otherwise sample with
+    ``top_p`` (default 1, the whole distribution), since TensorRT-LLM treats top_k = top_p = 0 as greedy.
+    ``ignore_eos`` sends ``end_id = -1``, which no token equals; otherwise the end id is the model's default
+    (``eos_id``, which token-id prompts send to ``tensorrt_llm`` themselves).
+
+    Arguments:
+        prompt: the prompt text or token ids.
         sampling: the validated request fields (temperature defaults to OpenAI's 1).
         request_id: the request's id.
+        eos_id: the tokenizer's end-of-sequence id.
     """
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
+    end_id = NEVER_END_ID if sampling.ignore_eos else eos_id
+    common = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id, "request_id": request_id}
     if temperature == 0:
-        return GenerationRequest(prompt, sampling.max_tokens, top_k=1, seed=sampling.seed, request_id=request_id)
+        return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p
-    return GenerationRequest(prompt, sampling.max_tokens, temperature, top_p, seed=sampling.seed,
-                             request_id=request_id)
+    return GenerationRequest(prompt, sampling.max_tokens, temperature, top_p, **common)
 
 
 @dataclass(frozen=True)
@@ -102,10 +139,13 @@ class ChoiceShape:
                       "finish_reason": finish_reason}
         return {**self._head(self.kind), "choices": [choice], "usage": usage}
 
-    def chunk(self, piece: str | dict[str, str] | None, finish_reason: str | None) -> dict[str, Any]:
+    def chunk(self, piece: str | dict[str, str] | None, finish_reason: str | None,
+              token_ids: tuple[int, ...] | None = None) -> dict[str, Any]:
+        """One streamed event; ``token_ids`` (the ids this chunk carries) is sent when known."""
+        extra = {} if token_ids is None else {"token_ids": list(token_ids)}
         if self.kind == "text_completion":
-            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish_reason, **extra}
             return {**self._head("text_completion"), "choices": [choice]}
         delta = piece if isinstance(piece, dict) else ({"content": piece} if piece is not None else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
         return {**self._head("chat.completion.chunk"), "choices": [choice]}

@@ -1,7 +1,9 @@
-"""Text around generation: stop sequences over a stream, the chat template and token counts."""
+"""Text around generation: stop sequences over a stream, streamed detokenization, the chat template and token
+counts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,41 @@ class StopMatcher:
         return shown
 
 
+class IncrementalDecoder:
+    """Text of a stream of token ids, released once it is stable.
+
+    Each new piece is the decoding of a short window (the previous piece's ids and the new ones) minus the
+    decoding of its start, so spaces that depend on the previous token come out right; a piece that ends inside
+    a multi-byte character (U+FFFD) waits for the next ids.
+
+    Arguments:
+        decode: ids → text (special tokens skipped).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def feed(self, ids: Iterable[int]) -> str:
+        """Add ``ids``; return the text that is now stable."""
+        self.ids.extend(ids)
+        prefix = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.decode(self.ids[self.prefix_offset:])
+        if len(text) <= len(prefix) or text.endswith("\ufffd"):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(prefix):]
+
+    def flush(self) -> str:
+        """The text still held back when the stream ends."""
+        prefix = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix):]
+
+
 class Tokenizer:
     """The model's tokenizer, for the chat template and for counting prompt tokens.
 
@@ -52,6 +89,18 @@ class Tokenizer:
 
         self.directory = directory
         self.hf = AutoTokenizer.from_pretrained(str(directory))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.hf.eos_token_id
+
+    def decoder(self) -> IncrementalDecoder:
+        """A decoder for one generated stream (special tokens skipped)."""
+        return IncrementalDecoder(lambda ids: self.hf.decode(ids, skip_special_tokens=True))
 
     def count(self, prompt: str) -> int:
         """Tokens of ``prompt`` as preprocessing encodes it (special tokens added)."""
