@@ -1,5 +1,6 @@
 """`trtllm-kit bench` against the kit's own repository: tiny Llama built, served by `trtllm-kit serve` (the CPU
-runtime in the tensorrt_llm slot), measured over gRPC streaming with forced output lengths."""
+runtime in the tensorrt_llm slot), measured over gRPC streaming and through the kit's OpenAI frontend, with forced
+output lengths."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import read_summary
-from trtllm_kit.serve.launcher import free_endpoints
+from trtllm_kit.serve.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import build_spec
 
@@ -23,16 +24,17 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("repo") / "out"
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
     run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, **one_each}))
-    endpoints = free_endpoints()
-    serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120))
-    yield endpoints
+    endpoints, openai_port = free_endpoints(), free_port()
+    serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
+    yield endpoints, openai_port
     stop_serving(out, 30)
 
 
 def test_bench_the_cpu_runtime_over_grpc(served, tmp_path, capsys):
+    endpoints, _ = served
     out = tmp_path / "res"
-    code = run(["bench", "--url", f"grpc://127.0.0.1:{served.grpc_port}", "--metrics-url",
-                f"http://127.0.0.1:{served.metrics_port}/metrics", "--concurrency", "3", "--requests", "9",
+    code = run(["bench", "--url", f"grpc://127.0.0.1:{endpoints.grpc_port}", "--metrics-url",
+                f"http://127.0.0.1:{endpoints.metrics_port}/metrics", "--concurrency", "3", "--requests", "9",
                 "--isl", "16", "--osl", "8", "--vocab-size", "1031", "--warmup", "2", "--no-plots",
                 "--max-client-lag", "1000", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
@@ -45,3 +47,20 @@ def test_bench_the_cpu_runtime_over_grpc(served, tmp_path, capsys):
     records = read_records(out / "requests.jsonl")
     assert all(r.osl_observed == 8 == r.osl_server for r in records)
     assert all(r.server["first_token_ns"] >= r.server["arrival_ns"] for r in records)
+
+
+def test_bench_the_openai_frontend_with_token_id_prompts(served, tmp_path, capsys):
+    endpoints, openai_port = served
+    out = tmp_path / "res"
+    code = run(["bench", "--openai-url", f"http://127.0.0.1:{openai_port}/v1", "--metrics-url",
+                f"http://127.0.0.1:{endpoints.metrics_port}/metrics", "--concurrency", "4", "--requests", "12",
+                "--isl", "16", "--osl", "12", "--vocab-size", "1024", "--warmup", "2", "--no-plots",
+                "--max-client-lag", "1000", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    run_ = read_summary(out)["runs"][0]
+    assert run_["num_ok"] == 12 and run_["max_in_flight"] == 4
+    assert run_["length_mismatches"] == 0 and run_["server_count_mismatches"] == 0
+    assert run_["server_metrics"]["request_success"] == 12  # token ids went to tensorrt_llm itself
+    records = read_records(out / "requests.jsonl")
+    assert all(r.osl_observed == 12 == r.osl_server and r.server["prompt_tokens"] == 16 for r in records)
+    assert all([n for _, n in r.chunks if n] == [1] * 12 for r in records)  # one event per token: ITL per token

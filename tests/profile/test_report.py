@@ -12,9 +12,12 @@ import pytest
 
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitError
+from trtllm_kit.profile.bench import BenchSpec, default_metrics_url, run_bench
 from trtllm_kit.profile.compare import compare
 from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import SCHEMA_VERSION, read_summary
+from trtllm_kit.profile.workload import WorkloadSpec
+from trtllm_kit.serve.launcher import free_port
 
 
 def test_bench_writes_every_report_file(triton_server, tmp_path, capsys):
@@ -112,11 +115,36 @@ def test_bench_usage_errors(tmp_path, capsys):
     assert "--offline submits a fixed set" in capsys.readouterr().err
 
 
-def test_unknown_metrics_port_is_said_and_an_unreachable_server_is_one_sentence(tmp_path, capsys):
+def test_an_unreachable_server_is_one_sentence(tmp_path, capsys):
     assert run(["bench", "--url", "grpc://127.0.0.1:1", "--concurrency", "1", "--requests", "2",
                 "--out", str(tmp_path / "res")]) == 1
-    err = capsys.readouterr().err.splitlines()
-    assert err == ["note: no Triton metrics will be scraped (the metrics port is known only next to gRPC port 8001); "
-                   "pass --metrics-url http://HOST:PORT/metrics for queue time and KV-cache figures.",
-                   "Error: cannot reach Triton at 127.0.0.1:1 (UNAVAILABLE); start a server with `trtllm-kit serve "
-                   "OUT` or pass --url grpc://HOST:PORT."]
+    assert capsys.readouterr().err.splitlines() == [
+        "Error: cannot reach Triton at 127.0.0.1:1 (UNAVAILABLE); start a server with `trtllm-kit serve OUT` or "
+        "pass --url grpc://HOST:PORT."]
+
+
+@pytest.mark.parametrize(("endpoint", "expected"), [
+    ("grpc://127.0.0.1:8001", "http://127.0.0.1:8002/metrics"), ("10.0.0.5:9001", "http://10.0.0.5:8002/metrics"),
+    ("http://gpu-box:9000/v1", "http://gpu-box:8002/metrics"), ("grpc://[::1]:8001", "http://[::1]:8002/metrics"),
+])
+def test_metrics_are_looked_for_on_the_endpoints_host(endpoint, expected):
+    assert default_metrics_url(endpoint) == expected
+
+
+def test_inferred_metrics_url_is_used_only_if_triton_answers_there(triton_server, tmp_path):
+    def bench(metrics_url: str, out: str) -> dict:
+        spec = BenchSpec(out=tmp_path / out, url=triton_server.grpc_url, num_requests=2, warmup_requests=0,
+                         workload=WorkloadSpec(isl=8, osl=2), metrics_url=metrics_url, metrics_url_given=False,
+                         plots=False, max_loop_lag_ms=1000)
+        return run_bench(spec)
+
+    closed = f"http://127.0.0.1:{free_port()}/metrics"
+    missing = bench(closed, "missing")
+    (note,) = missing["notes"]
+    assert missing["valid"] and note.startswith(f"no Triton metrics are scraped (cannot scrape {closed}: "
+                                                "ClientConnectorError")
+    assert note.endswith("; pass --metrics-url http://HOST:PORT/metrics for queue time and KV-cache figures.")
+    assert f"Note: {missing['notes'][0]}" in (tmp_path / "missing" / "report.md").read_text()
+    assert missing["runs"][0]["server_metrics"] is None
+    found = bench(triton_server.metrics_url, "found")
+    assert found["notes"] == [] and found["runs"][0]["server_metrics"]["request_success"] == 2

@@ -61,3 +61,17 @@ def test_scrape_of_a_real_server(triton_server):
     assert snapshot.total("nv_inference_request_success", model="tensorrt_llm") >= 0
     assert ("nv_inference_request_success", (("model", "tensorrt_llm"), ("version", "1"))) in snapshot.values
     assert missing is None
+
+
+def test_probe_tells_triton_metrics_from_other_answers(triton_server, openai_server):
+    async def probe(url: str) -> tuple[bool, str, int]:
+        scraper = MetricsScraper(url)
+        return await scraper.probe(), scraper.error, len(scraper.snapshots)
+
+    assert asyncio.run(probe(triton_server.metrics_url)) == (True, "", 0)  # the probe's scrape is not kept
+    ok, error, _ = asyncio.run(probe("http://127.0.0.1:9/metrics"))
+    assert not ok and error.startswith("cannot scrape http://127.0.0.1:9/metrics: ClientConnectorError")
+    ok, error, _ = asyncio.run(probe(f"{openai_server.url}/models"))
+    assert not ok and "does not answer with Prometheus metrics" in error
+    ok, error, _ = asyncio.run(probe(f"{openai_server.url}/nothing-here"))
+    assert (ok, error) == (False, f"{openai_server.url}/nothing-here answers HTTP 404")

@@ -35,8 +35,8 @@ def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
 
 
 @pytest.mark.parametrize(("prompt", "message"), [
-    ([5, 100], "token ids must be in [0, 100), got 100."),
-    ([-1], "token ids must be in [0, 100), got -1."),
+    ([5, 100], "token ids must be in [0, 100) (the tokenizer's vocabulary), got 100."),
+    ([-1], "token ids must be in [0, 100) (the tokenizer's vocabulary), got -1."),
     ([], "prompt must be a string or a list of token ids (or a list of one of them), got []."),
     (["a", "b"], "prompt must be a string or a list of token ids (or a list of one of them), got ['a', 'b']."),
     ([True], "prompt must be a string or a list of token ids (or a list of one of them), got [True]."),

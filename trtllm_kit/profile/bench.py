@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile import loadgen
@@ -45,6 +46,7 @@ class BenchSpec:
     repeats: int = 1
     slo: dict[str, float] = field(default_factory=dict)
     metrics_url: str | None = None
+    metrics_url_given: bool = True  # False: inferred from the endpoint, used only if it answers like Triton
     timeout_s: float = 600.0
     plots: bool = True
     tokenizer: Path | None = None  # OpenAI servers that take only text: prompts are decoded with it
@@ -237,7 +239,12 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
         except KitError:
             await client.close()
             raise
+    notes = []
     scraper = MetricsScraper(spec.metrics_url) if spec.metrics_url else None
+    if scraper and not spec.metrics_url_given and not await scraper.probe():
+        notes.append(f"no Triton metrics are scraped ({scraper.error}); pass --metrics-url http://HOST:PORT/metrics "
+                     "for queue time and KV-cache figures.")
+        scraper = None
     sampler = sampler or NvmlSampler()
     sampler.start()
     try:
@@ -253,9 +260,20 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
     results = {"spec": {**asdict(spec), "model": model}, "environment": environment(sampler),
                "clock": {"wall_minus_monotonic_ns": time.time_ns() - time.monotonic_ns()},
                "nvml": "available" if sampler.available else f"NVML unavailable: {sampler.unavailable}",
-               "runs": runs, "levels": {k: across_repeats(v) for k, v in by_level.items()},
+               "notes": notes, "runs": runs, "levels": {k: across_repeats(v) for k, v in by_level.items()},
                "valid": all(r["valid"] for r in runs)}
     return write_report(results, spec.out, sampler, scraper, plots=spec.plots)
+
+
+def default_metrics_url(endpoint: str) -> str:
+    """Triton's metrics next to ``endpoint``: the same host, port 8002 (where ``trtllm-kit serve`` and
+    tritonserver put them by default).
+
+    Arguments:
+        endpoint: the gRPC or OpenAI URL being measured.
+    """
+    host = urlsplit(endpoint if "://" in endpoint else f"grpc://{endpoint}").hostname or "127.0.0.1"
+    return f"http://{f'[{host}]' if ':' in host else host}:8002/metrics"
 
 
 def run_bench(spec: BenchSpec, on_done: Any = None) -> dict[str, Any]:

@@ -47,7 +47,8 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Untimed requests before every point."),
         click.option("--repeats", type=int, default=1, show_default=True, help="Repeats per point (≥ 3 for CIs)."),
         click.option("--slo", help="Goodput bounds in ms, e.g. ttft=200,itl=20 (also tpot, e2e)."),
-        click.option("--metrics-url", help="Triton /metrics (default: port 8002 next to a gRPC port 8001)."),
+        click.option("--metrics-url", help="Triton /metrics (default: port 8002 on the endpoint's host, if it "
+                                           "answers there)."),
         click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
                      help="Seconds per request."),
         click.option("--no-plots", is_flag=True, help="Skip the PNG plots."),
@@ -63,7 +64,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def bench_spec(values: dict[str, Any]) -> Any:
     """A ``BenchSpec`` from the load flags."""
-    from trtllm_kit.profile.bench import BenchSpec
+    from trtllm_kit.profile.bench import BenchSpec, default_metrics_url
     from trtllm_kit.profile.metrics import parse_slo
     from trtllm_kit.profile.workload import WorkloadSpec
 
@@ -74,20 +75,15 @@ def bench_spec(values: dict[str, Any]) -> Any:
         raise KitUsageError("choose one load mode: --concurrency, --rate or --offline.")
     mode, levels = ("rate", rate) if rate else ("offline", (1.0,)) if values["offline"] else (
         "concurrency", concurrency or (1.0,))
-    metrics_url = values["metrics_url"]
-    if metrics_url is None and not values["openai_url"] and values["url"].rstrip("/").endswith(":8001"):
-        metrics_url = values["url"].removeprefix("grpc://").rstrip("/").removesuffix(":8001")
-        metrics_url = f"http://{metrics_url}:8002/metrics"
-    if metrics_url is None:
-        click.echo("note: no Triton metrics will be scraped (the metrics port is known only next to gRPC port 8001); "
-                   "pass --metrics-url http://HOST:PORT/metrics for queue time and KV-cache figures.", err=True)
+    metrics_url = values["metrics_url"] or default_metrics_url(values["openai_url"] or values["url"])
     workload = WorkloadSpec(isl=values["isl"], osl=values["osl"], isl_std=values["isl_std"],
                             osl_std=values["osl_std"], vocab_size=values["vocab_size"], seed=values["seed"])
     return BenchSpec(out=values["out"], url=values["url"], openai_url=values["openai_url"], model=values["model"],
                      mode=mode, levels=levels, num_requests=values["num_requests"], duration_s=values["duration_s"],
                      workload=workload, prompts_file=values["prompts_file"],
                      warmup_requests=values["warmup_requests"], repeats=values["repeats"],
-                     slo=parse_slo(values["slo"]), metrics_url=metrics_url, timeout_s=values["timeout_s"],
+                     slo=parse_slo(values["slo"]), metrics_url=metrics_url,
+                     metrics_url_given=values["metrics_url"] is not None, timeout_s=values["timeout_s"],
                      plots=not values["no_plots"], tokenizer=values["tokenizer"],
                      max_loop_lag_ms=values["max_loop_lag_ms"])
 
@@ -122,6 +118,8 @@ def _print_results(results: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
     else:
+        for note in results["notes"]:
+            click.echo(f"note: {note}", err=True)
         click.echo(results["nvml"] if results["nvml"] != "available" else "NVML: sampling at 10 Hz")
         for run in results["runs"]:
             p50 = {key: run[key].get("p50", float("nan")) for key in ("ttft_ms", "itl_ms", "tpot_ms")}.get

@@ -107,7 +107,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
              f"{spec['workload']['isl']}/{spec['workload']['osl']}, seed {spec['workload']['seed']}; "
              f"trtllm-kit {env['versions']['trtllm-kit']} ({env['git_revision'] or 'no git'}), "
              f"{env['cpu_count']} CPUs, GPUs: {', '.join(g['name'] or '?' for g in env['gpus']) or 'none'}; "
-             f"{results['nvml']}.", "",
+             f"{results['nvml']}.", "", *(line for note in results.get("notes", ()) for line in (f"Note: {note}", "")),
              "| run | req/s | out tok/s | TTFT p50/p99 ms | ITL p50/p99 ms | TPOT p50 ms | E2E p50 ms | tok/s/user "
              "| goodput req/s | n | valid |", "|" + "---|" * 11]
     for run in results["runs"]:

@@ -60,13 +60,32 @@ class MetricsScraper:
         try:
             async with aiohttp.ClientSession() as session, session.get(self.url,
                                                                       timeout=aiohttp.ClientTimeout(total=5)) as r:
-                text = await r.text()
+                status, text = r.status, await r.text()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.error = f"cannot scrape {self.url}: {type(exc).__name__} {exc}"
             return None
-        snapshot = parse_metrics(text)
+        if status != 200:
+            self.error = f"{self.url} answers HTTP {status}"
+            return None
+        try:
+            snapshot = parse_metrics(text)
+        except ValueError as exc:
+            self.error = f"{self.url} does not answer with Prometheus metrics ({exc})"
+            return None
         self.snapshots.append(snapshot)
         return snapshot
+
+    async def probe(self) -> bool:
+        """Whether ``url`` answers with Triton's metrics (an ``nv_inference_*`` family); ``error`` says why not.
+        The probe's scrape is not kept."""
+        snapshot = await self.scrape()
+        if snapshot is None:
+            return False
+        self.snapshots.remove(snapshot)
+        if not any(name.startswith("nv_inference_") for name, _ in snapshot.values):
+            self.error = f"{self.url} answers, but without Triton's nv_inference_* metrics"
+            return False
+        return True
 
     async def _loop(self) -> None:
         while True:

@@ -91,7 +91,8 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if t < 0 or (vocab_size is not None and t >= vocab_size)]
         if bad:
-            raise RequestError(f"token ids must be in [0, {vocab_size}), got {bad[0]}.", param="prompt")
+            raise RequestError(f"token ids must be in [0, {vocab_size}) (the tokenizer's vocabulary), got {bad[0]}.",
+                               param="prompt")
         return tuple(prompt)
     raise RequestError(f"prompt must be a string or a list of token ids (or a list of one of them), "
                        f"got {prompt!r:.60}.", param="prompt")

@@ -61,13 +61,11 @@ class TritonProcess:
                                          preexec_fn=_die_with_parent if die_with_parent else None)
 
     def is_ready(self) -> bool:
-        """``GET /v2/health/ready`` answers 200 (a fresh connection each time: no keep-alive to hold shutdown)."""
-        url = f"http://{self.config.endpoints.url('http')}/v2/health/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        """``GET /v2/health/ready`` answers 200, and so does ``/metrics`` (Triton starts it last, and a benchmark
+        started right after ``serve --detach`` scrapes it at once)."""
+        endpoints = self.config.endpoints
+        return _answers(f"http://{endpoints.url('http')}/v2/health/ready") and \
+            _answers(f"http://{endpoints.url('metrics')}/metrics")
 
     def wait_ready(self, timeout_s: float, poll_s: float = 0.05) -> float:
         """Block until ready; on exit, a stub that cannot start, or ``timeout_s``, stop everything and raise.
@@ -182,3 +180,12 @@ def _reap_group(pgid: int, wait_s: float) -> None:
         deadline = time.monotonic() + 2.0
         while group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def _answers(url: str) -> bool:
+    """``GET url`` answers 200 (a fresh connection each time: no keep-alive to hold shutdown)."""
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

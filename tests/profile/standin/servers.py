@@ -115,9 +115,9 @@ class TritonServer:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}: "
                                    f"{(self.workdir / 'server.log').read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=1), \
+                        urllib.request.urlopen(self.metrics_url, timeout=1):  # Triton starts metrics last
+                    return self
             except OSError:
                 pass
             time.sleep(0.05)
