@@ -9,9 +9,11 @@
    the median of ``--repeat`` counts.
 2. Timing overhead: at concurrency 1 against a stand-in with a 20 ms first token, client TTFT minus the
    server's own TTFT (``first_token_time_ns − arrival_time_ns``), and the harness's event-loop lag.
-3. Agreement with NVIDIA AIPerf: both drive the same OpenAI SSE stand-in (20 ms to the first token, then
-   10 ms per token) at concurrency 4, ISL 128 / OSL 32; medians of TTFT, TPOT (AIPerf's "ITL") and
-   output tok/s. AIPerf runs from its own venv (``--aiperf``) with the built-in tiny tokenizer.
+3. Agreement with NVIDIA AIPerf: both drive the same OpenAI endpoint at concurrency 4, ISL 128 / OSL 32
+   (forced with ``min_tokens`` and ``ignore_eos``); medians of TTFT, TPOT (AIPerf's "ITL") and output tok/s.
+   Two endpoints: an SSE stand-in (20 ms to the first token, then 10 ms per token, so the true figures are
+   known) and ``trtllm-kit serve --openai-port`` serving the built-in tiny Llama on the CPU runtime (the harness
+   sends token ids, AIPerf text of the same token count). AIPerf runs from its own venv (``--aiperf``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ sys.path.insert(0, str(ROOT / "tests" / "profile" / "standin"))
 from servers import OpenAIStandin, TritonServer, write_repo  # noqa: E402
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID  # noqa: E402
+from trtllm_kit.profile.bench import text_decoder  # noqa: E402
 from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient  # noqa: E402
 from trtllm_kit.profile.loadgen import closed_loop  # noqa: E402
 from trtllm_kit.profile.metrics import stats, summarize  # noqa: E402
@@ -49,7 +52,7 @@ from trtllm_kit.profile.workload import Prompt, WorkloadSpec, synthetic_prompts 
 class Figures:
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
     overhead: dict[str, float] = field(default_factory=dict)
-    aiperf: dict[str, dict[str, float]] = field(default_factory=dict)
+    aiperf: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # endpoint → tool → figures
 
 
 def harness_run(url: str, prompts: list[Prompt], concurrency: int) -> tuple[float, float, float]:
@@ -160,39 +163,65 @@ def overhead(args: argparse.Namespace, work: Path, figures: Figures) -> None:
                         "loop_lag_p99_ms": stats(phase.loop_lag_ms)["p99"]}
 
 
+def compare_with_aiperf(args: argparse.Namespace, work: Path, url: str, model: str, tokenizer: Path,
+                        vocab_size: int, text: bool = False) -> dict[str, dict[str, float]]:
+    """Medians of the harness and of AIPerf on one OpenAI endpoint: c=4, ISL 128 / OSL 32, 200 requests.
+    With ``text`` the harness sends its prompts as text, as AIPerf does, so both take the same server path."""
+    count, concurrency, isl, osl = 200, 4, 128, 32
+    prompts = synthetic_prompts(WorkloadSpec(isl=isl, osl=osl, vocab_size=vocab_size), count + 8)
+
+    async def main():
+        client = OpenAIStreamClient(url, model, text_of=text_decoder(tokenizer) if text else None)
+        await closed_loop(client, prompts[:8], concurrency)
+        phase = await closed_loop(client, prompts[8:], concurrency)
+        await client.close()
+        return phase
+
+    records = asyncio.run(main()).records
+    assert all(r.ok and r.osl_observed == osl == r.osl_server for r in records), "harness requests failed"
+    s = summarize(records)
+    figures = {"harness": {"ttft_p50_ms": s["ttft_ms"]["p50"], "tpot_p50_ms": s["tpot_ms"]["p50"],
+                           "itl_p50_ms": s["itl_ms"]["p50"], "output_tok_per_s": s["output_tok_per_s"]}}
+    if not args.aiperf or not Path(args.aiperf).exists():
+        return figures
+    artifacts = work / f"aiperf-{model.replace(':', '-')}"
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # its offline path rejects local dirs
+    subprocess.run([args.aiperf, "profile", "-m", model, "--url", url.removesuffix("/v1"),
+                    "--endpoint-type", "completions", "--streaming", "--concurrency", str(concurrency),
+                    "--request-count", str(count), "--isl", str(isl), "--isl-stddev", "0", "--osl", str(osl),
+                    "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{osl}",
+                    "--tokenizer", str(tokenizer), "--use-server-token-count", "--random-seed", "0",
+                    "--warmup-request-count", "8", "--artifact-dir", str(artifacts), "--ui-type", "none",
+                    "--no-gpu-telemetry", "--no-server-metrics"], check=True, capture_output=True, env=env)
+    result = json.loads((artifacts / "profile_export_aiperf.json").read_text())
+    figures["aiperf"] = {"ttft_p50_ms": result["time_to_first_token"]["p50"],
+                         "tpot_p50_ms": result["inter_token_latency"]["p50"],
+                         "output_tok_per_s": result["output_token_throughput"]["avg"]}
+    return figures
+
+
 def agreement(args: argparse.Namespace, work: Path, figures: Figures) -> None:
+    """AIPerf next to the harness on the OpenAI stand-in (20 ms to the first token, then 10 ms per token) and
+    on the kit's own OpenAI frontend serving the built-in tiny Llama on the CPU runtime."""
+    from trtllm_kit.build.pipeline import run_build
     from trtllm_kit.models.builtin import builtin_dir
+    from trtllm_kit.serve.launcher import free_endpoints, free_port
+    from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+    from trtllm_kit.spec import build_spec
 
     tokenizer = builtin_dir("tiny-llama")
-    count, concurrency, isl, osl = 200, 4, 128, 32
     with OpenAIStandin(20, 10) as server:
-        prompts = synthetic_prompts(WorkloadSpec(isl=isl, osl=osl), count + 8)
-
-        async def main():
-            client = OpenAIStreamClient(server.url, "standin")
-            await closed_loop(client, prompts[:8], concurrency)
-            phase = await closed_loop(client, prompts[8:], concurrency)
-            await client.close()
-            return phase
-
-        s = summarize(asyncio.run(main()).records)
-        figures.aiperf["harness"] = {"ttft_p50_ms": s["ttft_ms"]["p50"], "tpot_p50_ms": s["tpot_ms"]["p50"],
-                                     "itl_p50_ms": s["itl_ms"]["p50"], "output_tok_per_s": s["output_tok_per_s"]}
-        if not args.aiperf or not Path(args.aiperf).exists():
-            return
-        artifacts = work / "aiperf"
-        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # its offline path rejects local dirs
-        subprocess.run([args.aiperf, "profile", "-m", "standin", "--url", server.url.removesuffix("/v1"),
-                        "--endpoint-type", "completions", "--streaming", "--concurrency", str(concurrency),
-                        "--request-count", str(count), "--isl", str(isl), "--isl-stddev", "0", "--osl", str(osl),
-                        "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{osl}",
-                        "--tokenizer", str(tokenizer), "--use-server-token-count", "--random-seed", "0",
-                        "--warmup-request-count", "8", "--artifact-dir", str(artifacts), "--ui-type", "none",
-                        "--no-gpu-telemetry", "--no-server-metrics"], check=True, capture_output=True, env=env)
-    result = json.loads((artifacts / "profile_export_aiperf.json").read_text())
-    figures.aiperf["aiperf"] = {"ttft_p50_ms": result["time_to_first_token"]["p50"],
-                                "tpot_p50_ms": result["inter_token_latency"]["p50"],
-                                "output_tok_per_s": result["output_token_throughput"]["avg"]}
+        figures.aiperf["standin"] = compare_with_aiperf(args, work, server.url, "standin", tokenizer, 1000)
+    out = work / "tiny-llama"
+    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
+    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, **one_each}))
+    endpoints, openai_port = free_endpoints(), free_port()
+    serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
+    try:
+        figures.aiperf["served"] = compare_with_aiperf(args, work, f"http://127.0.0.1:{openai_port}/v1",
+                                                       "builtin:tiny-llama", out / "tokenizer", 1024, text=True)
+    finally:
+        stop_serving(out, 30)
 
 
 def main() -> None:
@@ -222,13 +251,13 @@ def main() -> None:
     o = figures.overhead
     print(f"timing: client TTFT - server TTFT p50 {o['ttft_minus_server_ttft_p50_ms']:.2f} ms, "
           f"p99 {o['ttft_minus_server_ttft_p99_ms']:.2f} ms; loop lag p99 {o['loop_lag_p99_ms']:.2f} ms")
-    for tool, f in figures.aiperf.items():
-        print(f"{tool:>8}: TTFT p50 {f['ttft_p50_ms']:.2f} ms, TPOT p50 {f['tpot_p50_ms']:.2f} ms, "
-              f"out {f['output_tok_per_s']:.1f} tok/s")
-    if len(figures.aiperf) == 2:
-        h, a = figures.aiperf["harness"], figures.aiperf["aiperf"]
-        print("harness/aiperf: " + ", ".join(f"{k} {h[k] / a[k]:.3f}" for k in a))
-
+    for endpoint, tools in figures.aiperf.items():
+        for tool, f in tools.items():
+            print(f"{endpoint} {tool:>8}: TTFT p50 {f['ttft_p50_ms']:.2f} ms, TPOT p50 {f['tpot_p50_ms']:.2f} ms, "
+                  f"out {f['output_tok_per_s']:.1f} tok/s")
+        if len(tools) == 2:
+            h, a = tools["harness"], tools["aiperf"]
+            print(f"{endpoint} harness/aiperf: " + ", ".join(f"{k} {h[k] / a[k]:.3f}" for k in a))
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ from conftest import TOKEN_MS
 from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient
 from trtllm_kit.profile.loadgen import closed_loop, offline, open_loop, poisson_schedule
 from trtllm_kit.profile.metrics import summarize
+from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.triton_metrics import MetricsScraper
 from trtllm_kit.profile.workload import WorkloadSpec, synthetic_prompts
 
@@ -92,3 +93,23 @@ def test_errors_are_recorded_by_category(triton_server):
     assert summarize(a.records)["errors_by_kind"] == {"server": 2}
     assert "no_such_model" in a.records[0].error
     assert summarize(b.records)["errors_by_kind"] == {"transport": 1}
+
+
+@pytest.mark.parametrize(("events", "counts"), [
+    # token ids: their number, whatever the text
+    ([{"choices": [{"text": "", "token_ids": [7]}]}, {"choices": [{"text": "ab", "token_ids": [8, 9]}]}], [1, 2]),
+    # usage in every chunk: its growth (a chunk that held back a token carries two)
+    ([{"choices": [{"text": "a"}], "usage": {"completion_tokens": 1, "prompt_tokens": 4}},
+      {"choices": [{"text": "bc"}], "usage": {"completion_tokens": 3, "prompt_tokens": 4}},
+      {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 3, "prompt_tokens": 4}}],
+     [1, 2, 0]),
+    # text only: one per non-empty chunk, and the final usage is the server's count
+    ([{"choices": [{"text": "a"}]}, {"choices": [{"text": ""}]}, {"choices": [{"text": "b"}]},
+      {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens": 4}}], [1, 0, 1]),
+])
+def test_openai_chunk_token_counts(events, counts):
+    record = RequestRecord("r", 4, 3)
+    for t, event in enumerate(events):
+        OpenAIStreamClient._read(event, record, t)
+    assert [n for _, n in record.chunks] == counts
+    assert record.osl_server == (3 if any("usage" in e for e in events) else None)

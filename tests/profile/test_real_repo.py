@@ -4,6 +4,9 @@ output lengths."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,30 +14,36 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import read_summary
-from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.launcher import Endpoints, free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@dataclass(frozen=True)
+class Served:
+    out: Path
+    endpoints: Endpoints
+    openai_port: int
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("repo") / "out"
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
     run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, **one_each}))
     endpoints, openai_port = free_endpoints(), free_port()
     serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
-    yield endpoints, openai_port
+    yield Served(out, endpoints, openai_port)
     stop_serving(out, 30)
 
 
 def test_bench_the_cpu_runtime_over_grpc(served, tmp_path, capsys):
-    endpoints, _ = served
     out = tmp_path / "res"
-    code = run(["bench", "--url", f"grpc://127.0.0.1:{endpoints.grpc_port}", "--metrics-url",
-                f"http://127.0.0.1:{endpoints.metrics_port}/metrics", "--concurrency", "3", "--requests", "9",
+    code = run(["bench", "--url", f"grpc://127.0.0.1:{served.endpoints.grpc_port}", "--metrics-url",
+                f"http://127.0.0.1:{served.endpoints.metrics_port}/metrics", "--concurrency", "3", "--requests", "9",
                 "--isl", "16", "--osl", "8", "--vocab-size", "1031", "--warmup", "2", "--no-plots",
                 "--max-client-lag", "1000", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
@@ -50,10 +59,9 @@ def test_bench_the_cpu_runtime_over_grpc(served, tmp_path, capsys):
 
 
 def test_bench_the_openai_frontend_with_token_id_prompts(served, tmp_path, capsys):
-    endpoints, openai_port = served
     out = tmp_path / "res"
-    code = run(["bench", "--openai-url", f"http://127.0.0.1:{openai_port}/v1", "--metrics-url",
-                f"http://127.0.0.1:{endpoints.metrics_port}/metrics", "--concurrency", "4", "--requests", "12",
+    code = run(["bench", "--openai-url", f"http://127.0.0.1:{served.openai_port}/v1", "--metrics-url",
+                f"http://127.0.0.1:{served.endpoints.metrics_port}/metrics", "--concurrency", "4", "--requests", "12",
                 "--isl", "16", "--osl", "12", "--vocab-size", "1024", "--warmup", "2", "--no-plots",
                 "--max-client-lag", "1000", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
@@ -64,3 +72,17 @@ def test_bench_the_openai_frontend_with_token_id_prompts(served, tmp_path, capsy
     records = read_records(out / "requests.jsonl")
     assert all(r.osl_observed == 12 == r.osl_server and r.server["prompt_tokens"] == 16 for r in records)
     assert all([n for _, n in r.chunks if n] == [1] * 12 for r in records)  # one event per token: ITL per token
+
+
+def test_bench_the_openai_frontend_with_text_prompts(served, tmp_path, capsys):
+    out = tmp_path / "res"
+    code = run(["bench", "--openai-url", f"http://127.0.0.1:{served.openai_port}/v1", "--tokenizer",
+                str(served.out / "tokenizer"),
+                "--concurrency", "2", "--requests", "6", "--isl", "16", "--osl", "12", "--vocab-size", "1024",
+                "--warmup", "1", "--no-plots", "--max-client-lag", "1000", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    run_ = read_summary(out)["runs"][0]
+    assert run_["num_ok"] == 6 and run_["length_mismatches"] == 0 and run_["server_count_mismatches"] == 0
+    # text goes through the BLS; tokens are counted from the usage the frontend sends in every chunk
+    records = read_records(out / "requests.jsonl")
+    assert all(sum(n for _, n in r.chunks) == 12 == r.osl_server for r in records)

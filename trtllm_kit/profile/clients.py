@@ -185,8 +185,9 @@ class TritonStreamClient:
 class OpenAIStreamClient:
     """Calls ``POST {base}/completions`` with ``stream: true`` and reads server-sent events.
 
-    A chunk's token count is ``len(choices[0].token_ids)`` when the server sends token ids, else 1 for a
-    chunk with non-empty text; the final ``usage.completion_tokens`` is the server's count. Servers that only
+    A chunk's token count is ``len(choices[0].token_ids)`` when the server sends token ids, else the growth of
+    ``usage.completion_tokens`` when it sends usage in every chunk (``continuous_usage_stats``, asked for), else
+    1 for a chunk with non-empty text; the last ``usage.completion_tokens`` is the server's count. Servers that only
     take text prompts get the prompt's ids decoded by ``text_of`` (ISL is then the server's
     ``usage.prompt_tokens``, recorded as ``server["prompt_tokens"]``).
     """
@@ -205,7 +206,7 @@ class OpenAIStreamClient:
         text = self.text_of(prompt) if self.text_of else list(prompt.input_ids)
         return {"model": self.model, "prompt": text, "max_tokens": prompt.osl,
                 "min_tokens": prompt.osl, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
     async def run(self, prompt: Prompt, record: RequestRecord) -> None:
         """Send ``prompt`` and record every SSE chunk until ``[DONE]``.
@@ -244,14 +245,21 @@ class OpenAIStreamClient:
         if event.get("error"):
             record.fail("server", str(event["error"])[:300])
             return
-        usage = event.get("usage")
-        if usage and usage.get("completion_tokens") is not None:
-            record.osl_server = int(usage["completion_tokens"])
+        usage = event.get("usage") or {}
+        completion, before = usage.get("completion_tokens"), record.osl_server or 0
+        if completion is not None:
+            record.osl_server = int(completion)
             if usage.get("prompt_tokens") is not None:
                 record.server["prompt_tokens"] = int(usage["prompt_tokens"])
         for choice in event.get("choices") or []:
             ids = choice.get("token_ids")
-            record.add_chunk(now, len(ids) if ids is not None else int(bool(choice.get("text"))))
+            if ids is not None:
+                count = len(ids)
+            elif completion is not None:
+                count = int(completion) - before
+            else:
+                count = int(bool(choice.get("text")))
+            record.add_chunk(now, count)
 
     async def close(self) -> None:
         await self.session.close()

@@ -154,11 +154,12 @@ class OpenAIFrontend:
         try:
             if kind == "chat.completion":
                 await _send(response, shape.chunk({"role": "assistant", "content": ""}, None))
+            usage = (lambda: {"usage": run.usage()}) if sampling.continuous_usage else dict
             if first is not None:
-                await _send(response, shape.chunk(first.text, None, first.token_ids))
+                await _send(response, {**shape.chunk(first.text, None, first.token_ids), **usage()})
             async for piece in pieces:
-                await _send(response, shape.chunk(piece.text, None, piece.token_ids))
-            await _send(response, shape.chunk(None, run.finish_reason))
+                await _send(response, {**shape.chunk(piece.text, None, piece.token_ids), **usage()})
+            await _send(response, {**shape.chunk(None, run.finish_reason), **usage()})
             if sampling.include_usage:
                 await _send(response, {**shape.chunk(None, None), "choices": [], "usage": run.usage()})
         except (GenerationError, RequestError) as exc:
@@ -245,6 +246,7 @@ class Run:
             tokenizer = self.frontend.tokenizer
             prompt = self.gen.prompt
             prompt_tokens = tokenizer.count(prompt) if tokenizer is not None and isinstance(prompt, str) else 0
+            self.num_input_tokens = prompt_tokens
         return {"prompt_tokens": prompt_tokens, "completion_tokens": self.num_output_tokens,
                 "total_tokens": prompt_tokens + self.num_output_tokens}
 

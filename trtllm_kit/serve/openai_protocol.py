@@ -36,6 +36,7 @@ class Sampling:
     include_usage: bool
     min_tokens: int | None = None
     ignore_eos: bool = False
+    continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage in every chunk
 
 
 def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
@@ -73,7 +74,8 @@ def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
     options = body.get("stream_options") or {}
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(body.get("stream", False)),
-                    bool(options.get("include_usage", False)), min_tokens, ignore_eos)
+                    bool(options.get("include_usage", False)), min_tokens, ignore_eos,
+                    bool(options.get("continuous_usage_stats", False)))
 
 
 def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:
