@@ -8,8 +8,10 @@ Each test converts a real ``save_pretrained`` directory and reads the rank files
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from trtllm_kit.build import safetensors_io
 from trtllm_kit.build.convert import convert_checkpoint
 from trtllm_kit.build.safetensors_io import SafetensorsWriter
 from trtllm_kit.errors import CheckpointError, KitUsageError
@@ -324,6 +327,67 @@ def test_refusals_write_no_rank_files(tp_size: int, pp_size: int, message: str, 
     with pytest.raises(KitUsageError, match=message):
         convert_checkpoint(hf_dirs["llama"], tmp_path, tp_size=tp_size, pp_size=pp_size, dtype="float32")
     assert list(tmp_path.glob("rank*.safetensors")) == []
+
+
+# --- kernel copies: tensors written unchanged are copied file to file ------------------------------------
+
+def convert_bytes(hf_dir: Path, out: Path) -> dict[str, bytes]:
+    convert_checkpoint(hf_dir, out, tp_size=2, pp_size=2, dtype="float32")
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.mark.parametrize("family", BASE_MODELS)
+def test_kernel_copies_write_the_same_bytes_as_memory_writes(family: str, hf_dirs: dict[str, Path], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no copy_file_range on this platform")
+    copied: list[int] = []
+    real = os.copy_file_range
+
+    def counted(*args: int) -> int:
+        copied.append(real(*args))
+        return copied[-1]
+
+    monkeypatch.setattr(safetensors_io, "_kernel_copy", True)
+    monkeypatch.setattr(os, "copy_file_range", counted)
+    kernel = convert_bytes(hf_dirs[family], tmp_path / "kernel")
+    total = sum(len(data) for name, data in kernel.items() if name.startswith("rank"))
+    assert 0.5 * total < sum(copied) < total  # column-split tensors went file to file; row-split ones cannot
+    monkeypatch.setattr(safetensors_io, "_kernel_copy", False)
+    assert convert_bytes(hf_dirs[family], tmp_path / "memory") == kernel
+
+
+def test_a_file_system_without_kernel_copies_falls_back(hf_dirs: dict[str, Path], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: int) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    expected = convert_bytes(hf_dirs["llama"], tmp_path / "expected")
+    monkeypatch.setattr(safetensors_io, "_kernel_copy", True)
+    monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
+    assert convert_bytes(hf_dirs["llama"], tmp_path / "fallback") == expected
+    assert safetensors_io._kernel_copy is False  # asked once, then never again
+
+
+def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: dict[str, Path]) -> None:
+    from contextlib import ExitStack
+
+    from trtllm_kit.build.convert import TensorReader
+    from trtllm_kit.build.inspect import inspect_model
+
+    model = inspect_model(str(hf_dirs["llama"]))
+    name = "model.layers.0.mlp.down_proj.weight"
+    with ExitStack() as stack:
+        reader = TensorReader(model, stack)
+        weight = reader.read(name)
+        locate = reader.locator([(name, weight, weight)])
+        rows = weight.shape[0] // 2
+        second = locate(weight[rows:])
+        assert second is not None and second.nbytes == weight[rows:].numel() * 4
+        assert second.offset == model.tensors[name].offset + weight[:rows].numel() * 4
+        assert locate(weight[:, : weight.shape[1] // 2]) is None  # a row-parallel split is strided
+        assert locate(weight[rows:].clone()) is None  # new memory
+        assert reader.locator([(name, weight, weight.half())])(weight.half()) is None  # converted
 
 
 # --- the streaming writer against the real safetensors readers -------------------------------------------

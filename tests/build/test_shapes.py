@@ -144,7 +144,7 @@ def run_meta(model: MetaModel, tp_size: int, pp_size: int) -> tuple[list[Table],
     check_sources(spec, items)  # the kit's HF shape table agrees with transformers
     produced: list[Table] = [{} for _ in range(mapping.world_size)]
     written: list[list[tuple]] = [[] for _ in range(mapping.world_size)]
-    for item, _, shards in iter_shards(spec, items, mapping, dtype, model.read):
+    for item, _, shards, _ in iter_shards(spec, items, mapping, dtype, model.read):
         assert len(shards) == tp_size
         for tp_rank, parts in enumerate(shards):
             shape, tensor_dtype = joined(parts)

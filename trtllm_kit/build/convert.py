@@ -7,6 +7,7 @@ files whose layout is fixed before any data moves, so peak memory follows the la
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -18,7 +19,7 @@ import torch
 from safetensors import safe_open
 
 from trtllm_kit.build.inspect import ModelSpec, TensorInfo, inspect_model
-from trtllm_kit.build.safetensors_io import SafetensorsWriter
+from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter
 from trtllm_kit.build.shard import (
     Mapping,
     check_tp,
@@ -130,14 +131,46 @@ def rank_entries(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtyp
     return entries
 
 
+Source = tuple[str, torch.Tensor, torch.Tensor]  # HF name, HF tensor, the tensor in the checkpoint dtype
+
+
 class TensorReader:
     """Reads HF tensors one at a time from memory-mapped files (safetensors, or pickle when allowed)."""
 
     def __init__(self, model: ModelSpec, stack: ExitStack) -> None:
         self._tensors = model.tensors
         self._handles: dict[Path, object] = {}
+        self._fds: dict[Path, int] = {}
         self._stack = stack
         self._pickle = model.weight_format == "pickle"
+
+    def locator(self, sources: list[Source]) -> Callable[[torch.Tensor], FileSlice | None]:
+        """A function that tells which input file bytes a tensor to be written is equal to: a contiguous view
+        of a source read unchanged (same dtype) is a byte range of its safetensors file.
+
+        Arguments:
+            sources: the (HF name, HF tensor, converted tensor) of one work item, alive while it is written.
+        """
+        spans = []
+        for name, original, converted in sources:
+            info: TensorInfo = self._tensors[name]
+            if converted is original and info.offset is not None and not original.is_meta:
+                fd = self._fds.get(info.path)
+                if fd is None:
+                    fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
+                    self._stack.callback(os.close, fd)
+                spans.append((original.data_ptr(), info.nbytes, fd, info.offset))
+
+        def locate(part: torch.Tensor) -> FileSlice | None:
+            if not part.is_contiguous():
+                return None
+            start, nbytes = part.data_ptr(), part.numel() * part.element_size()
+            for pointer, size, fd, offset in spans:
+                if pointer <= start and start + nbytes <= pointer + size:
+                    return FileSlice(fd, offset + start - pointer, nbytes)
+            return None
+
+        return locate
 
     def read(self, name: str) -> torch.Tensor:
         info: TensorInfo = self._tensors[name]
@@ -177,9 +210,9 @@ def check_finite(name: str, original: torch.Tensor, converted: torch.Tensor, dty
 
 def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: str,
                 read: Callable[[str], torch.Tensor],
-                check: Callable[[str, torch.Tensor, torch.Tensor, str], None] | None = None,
-                ) -> Iterator[tuple[WorkItem, int, list[list[torch.Tensor]]]]:
-    """Yield (item, bytes read, per TP rank the parts that concatenate along dim 0 to its tensor).
+                ) -> Iterator[tuple[WorkItem, int, list[list[torch.Tensor]], list[Source]]]:
+    """Yield (item, bytes read, per TP rank the parts that concatenate along dim 0 to its tensor, and the
+    (HF name, HF tensor, converted tensor) it came from, for ``check_finite``).
 
     Each HF tensor is read once; q/k/v parts are not concatenated in memory but written one after another.
 
@@ -189,25 +222,22 @@ def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype
         mapping: the TP/PP layout.
         dtype: the resolved checkpoint dtype.
         read: HF tensor name → tensor (a ``TensorReader``, or meta tensors for shape tests).
-        check: (name, original, converted, dtype) → raises on NaN/Inf or overflow; ``check_finite`` when None.
     """
-    check = check or check_finite
     target = TORCH_DTYPES[dtype]
     for item in items:
-        parts = []
+        sources = []
         nbytes = 0
         for name in item.sources:
             original = read(name)
             nbytes += original.numel() * original.element_size()
-            converted = original.to(target)
-            check(name, original, converted, dtype)
-            parts.append(converted)
+            sources.append((name, original, original.to(target)))
+        parts = [converted for _, _, converted in sources]
         if item.rule.split is Split.QKV:
             shards = [qkv_parts(parts, model.hf.num_key_value_heads, mapping.tp_size, r)
                       for r in range(mapping.tp_size)]
         else:
             shards = [[shard(parts[0], item.rule.split, mapping.tp_size, r)] for r in range(mapping.tp_size)]
-        yield item, nbytes, shards
+        yield item, nbytes, shards, sources
 
 
 @contextmanager
@@ -245,21 +275,26 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
         writers = [stack.enter_context(SafetensorsWriter(path, layout))
                    for path, layout in zip(paths, entries, strict=True)]
         reader = TensorReader(model, stack)
-        # The NaN/Inf check of a tensor runs on a second thread while the tensor is written; its verdict is
-        # awaited before the next tensor, so a bad tensor still stops the conversion (and nothing is kept).
+        # Each tensor is checked for NaN/Inf on a second thread after it is written, while the next one is
+        # written: writing has brought its memory-mapped pages in, so the check reads resident memory and the two
+        # threads never fault the same pages. A bad tensor stops the conversion one tensor later, and the caller
+        # removes the staging directory it was written to.
         checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
-        checks: list[Future[None]] = []
-        for item, nbytes, shards in iter_shards(model, items, mapping, dtype, reader.read,
-                                                lambda *args: checks.append(checker.submit(check_finite, *args))):
+        checking: list[Future[None]] = []
+        for item, nbytes, shards, sources in iter_shards(model, items, mapping, dtype, reader.read):
+            locate = reader.locator(sources)
             outputs = transform.apply(item, shards) if transform else [[(item.target, parts)] for parts in shards]
             for tp_rank, tensors in enumerate(outputs):
                 for name, parts in tensors:
-                    writers[mapping.rank(tp_rank, item.pp_rank)].write(name, parts)
-            while checks:
-                checks.pop().result()
+                    writers[mapping.rank(tp_rank, item.pp_rank)].write(name, parts, locate)
+            while checking:
+                checking.pop().result()
+            checking = [checker.submit(check_finite, *source, dtype) for source in sources]
             total += nbytes
             if on_tensor:
                 on_tensor(item.target, nbytes)
+        while checking:
+            checking.pop().result()
     config = checkpoint_config(hf, model.family, mapping, dtype, transform.quantization if transform else None)
     (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return ConvertResult(out_dir, dtype, mapping, paths, total)

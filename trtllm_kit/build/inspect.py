@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from trtllm_kit.build.safetensors_io import DTYPES_BY_CODE, read_header
+from trtllm_kit.build.safetensors_io import DTYPES_BY_CODE, read_layout
 from trtllm_kit.errors import ModelError
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
@@ -29,6 +29,7 @@ class TensorInfo:
     path: Path
     dtype: torch.dtype
     shape: tuple[int, ...]
+    offset: int | None = None  # where its bytes begin in a safetensors file (None: a pickle checkpoint)
 
     @property
     def nbytes(self) -> int:
@@ -114,10 +115,12 @@ def _safetensors_index(model_dir: Path) -> dict[str, TensorInfo]:
         files = sorted(model_dir.glob("*.safetensors"))
     tensors: dict[str, TensorInfo] = {}
     for file in files:
-        for name, entry in read_header(file).items():
+        header, data_start = read_layout(file)
+        for name, entry in header.items():
             if entry["dtype"] not in DTYPES_BY_CODE:
                 raise ModelError(f"{file.name}: tensor {name} has dtype {entry['dtype']}, which the kit cannot read.")
-            tensors[name] = TensorInfo(file, DTYPES_BY_CODE[entry["dtype"]], tuple(entry["shape"]))
+            tensors[name] = TensorInfo(file, DTYPES_BY_CODE[entry["dtype"]], tuple(entry["shape"]),
+                                       data_start + entry["data_offsets"][0])
     return tensors
 
 

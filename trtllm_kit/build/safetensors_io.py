@@ -3,15 +3,19 @@
 ``safetensors.torch.save_file`` needs every tensor of a file in memory at once; a rank file of a 70B model
 does not fit. The writer here lays out the header first (names, dtypes, shapes are known before any data)
 and then writes each tensor at its offset as the converter produces it, so memory follows the largest
-tensor, not the file.
+tensor, not the file. A part that is a byte range of an input file (a ``FileSlice``) is copied by the kernel
+(``copy_file_range``) without passing through this process's memory.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
@@ -27,6 +31,16 @@ DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 def read_header(path: Path) -> dict[str, dict]:
     """The tensor entries of a safetensors file (name → dtype, shape, data_offsets), checked against its size.
+
+    Arguments:
+        path: the file.
+    """
+    return read_layout(path)[0]
+
+
+def read_layout(path: Path) -> tuple[dict[str, dict], int]:
+    """The tensor entries of a safetensors file and the file offset where its data begins (``data_offsets``
+    count from there), checked against the file's size.
 
     Arguments:
         path: the file.
@@ -50,7 +64,46 @@ def read_header(path: Path) -> dict[str, dict]:
     if end > data_size:
         raise CheckpointError(f"{path} is truncated: its header describes {end} bytes of data but the file "
                               f"holds {data_size}; download or copy it again.")
-    return header
+    return header, 8 + length
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """``nbytes`` bytes of an open file at ``offset``."""
+
+    fd: int
+    offset: int
+    nbytes: int
+
+
+# Errors that mean "this kernel or file system cannot copy_file_range here": fall back to writing from memory.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM}
+_kernel_copy = hasattr(os, "copy_file_range")
+
+
+def copy_slice(source: FileSlice, fd: int, offset: int) -> bool:
+    """Copy ``source`` to ``fd`` at ``offset`` in the kernel; False (nothing written) where that is not possible.
+
+    Arguments:
+        source: the bytes to copy.
+        fd: the destination file.
+        offset: where they go in it.
+    """
+    global _kernel_copy
+    done = 0
+    while _kernel_copy and done < source.nbytes:
+        try:
+            copied = os.copy_file_range(source.fd, fd, source.nbytes - done, source.offset + done, offset + done)
+        except OSError as exc:
+            if exc.errno not in _NO_KERNEL_COPY or done:
+                raise
+            _kernel_copy = False
+            return False
+        if copied == 0:
+            raise CheckpointError(f"an input file ended {source.nbytes - done} bytes early while copying; it "
+                                  "changed during the build.")
+        done += copied
+    return done == source.nbytes
 
 
 class SafetensorsWriter:
@@ -78,13 +131,17 @@ class SafetensorsWriter:
         blob += b" " * (-len(blob) % 8)
         self._data_start = 8 + len(blob)
         self._pending = set(self._layout)
-        self._file: BinaryIO = path.open("wb")
-        self._file.write(struct.pack("<Q", len(blob)) + blob)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        _write_all(self._fd, memoryview(struct.pack("<Q", len(blob)) + blob), 0)
 
-    def write(self, name: str, parts: torch.Tensor | list[torch.Tensor]) -> None:
+    def write(self, name: str, parts: torch.Tensor | list[torch.Tensor],
+              locate: Callable[[torch.Tensor], FileSlice | None] | None = None) -> None:
         """Write one tensor, given whole or as parts that concatenate along dim 0 to the declared shape.
 
-        Tensors written in declaration order are appended; any other order seeks.
+        Arguments:
+            name: a declared tensor.
+            parts: the tensor, or its parts.
+            locate: a part → the input file bytes it is equal to, if any; those are copied by the kernel.
         """
         dtype, shape, offset, _ = self._layout[name]
         parts = [parts] if isinstance(parts, torch.Tensor) else parts
@@ -93,10 +150,12 @@ class SafetensorsWriter:
             found = [(p.dtype, tuple(p.shape)) for p in parts]
             raise CheckpointError(f"{name}: produced {found}, declared {dtype} {shape}.")
         position = self._data_start + offset
-        if self._file.tell() != position:
-            self._file.seek(position)
         for part in parts:
-            self._file.write(memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy()))
+            source = locate(part) if locate else None
+            if source is None or not copy_slice(source, self._fd, position):
+                data = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
+                _write_all(self._fd, data, position)
+            position += part.numel() * part.element_size()
         self._pending.discard(name)
 
     def __enter__(self) -> SafetensorsWriter:
@@ -104,9 +163,15 @@ class SafetensorsWriter:
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         """Close the file; on success every declared tensor must have been written."""
-        self._file.close()
+        os.close(self._fd)
         if exc_type is None and self._pending:
             raise CheckpointError(f"{self.path.name}: tensors never written: {sorted(self._pending)[:5]}.")
+
+
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def _numel(shape: tuple[int, ...]) -> int:
