@@ -125,8 +125,9 @@ def run_calibration(src: Path, samples: int, seq_len: int) -> float:
     return seconds
 
 
-def kernel_figures(preset: str) -> dict[str, float]:
-    """GB/s of bf16 input of each quantization kernel on one thread (median of 5, after a warm-up)."""
+def kernel_figures(preset: str, workers: int) -> dict[str, float]:
+    """GB/s of bf16 input of each quantization kernel with ``workers`` block threads, one intra-op thread each
+    (median of 5, after a warm-up)."""
     import torch
     from synthetic_checkpoint import PRESETS
 
@@ -139,7 +140,7 @@ def kernel_figures(preset: str) -> dict[str, float]:
     weight = (torch.randn(dims["intermediate_size"], dims["hidden_size"]) * 0.02).to(torch.bfloat16)
     smoother = torch.rand(dims["hidden_size"]) + 0.5
     row_scale = torch.full((weight.shape[0],), 127.0 / 0.1)
-    buffer = BlockBuffer()
+    buffer = BlockBuffer(workers=workers)
     kernels = {
         "fp8": lambda: fp8_quantize(weight, 1e-4, buffer),
         "sq-int8": lambda: quantize_rows_int8(weight, row_scale, smoother, buffer),
@@ -279,9 +280,12 @@ def main() -> None:
                   f"(target <= 1.5x); kit-int8-sq/kit {sq.seconds / kit.seconds:.2f}x")
         print(f"kit peak anon {pick(runs['kit'], 'best').peak_anon_mb:.0f} MB vs budget {budget:.0f} MB "
               "(2 x largest tensor + 300 MB)")
-        kernels = kernel_figures(args.preset)
-        print("quantization kernels, 1 thread, GB/s of bf16 input (target >= 1): "
-              + ", ".join(f"{name} {rate:.2f}" for name, rate in kernels.items()))
+        from trtllm_kit.quant.blocks import default_workers
+
+        for workers in sorted({1, default_workers()}):
+            kernels = kernel_figures(args.preset, workers)
+            print(f"quantization kernels, {workers} thread(s), GB/s of bf16 input (target >= 1 on one): "
+                  + ", ".join(f"{name} {rate:.2f}" for name, rate in kernels.items()))
 
 
 if __name__ == "__main__":

@@ -121,11 +121,12 @@ def test_fp8_relative_error_within_e4m3() -> None:
     assert float(relative.max()) <= 2.0 ** -4
 
 
+@pytest.mark.parametrize("workers", [1, 3])  # 3 threads over 37 one-row blocks: uneven ranges
 @pytest.mark.parametrize("elements", [7, 64, 1 << 18])
-def test_blocked_kernels_equal_whole_tensor_math(elements: int) -> None:
+def test_blocked_kernels_equal_whole_tensor_math(elements: int, workers: int) -> None:
     generator = torch.Generator().manual_seed(2)
     weight = (torch.randn(37, 50, generator=generator) * 3).to(torch.bfloat16)
-    buffer = BlockBuffer(elements)
+    buffer = BlockBuffer(elements, workers)
     scale = fp8_scale(float(weight.float().abs().max()))
     whole = (weight.float() / torch.tensor(scale)).clamp(-448, 448).to(FP8_DTYPE)
     assert torch.equal(fp8_quantize(weight, scale, buffer).view(torch.uint8), whole.view(torch.uint8))

@@ -3,7 +3,10 @@ buffer, so a bf16 tensor never exists as a whole float32 copy (that is 4x slower
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -12,26 +15,41 @@ BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32: stays in cache between the copy-in
 RowMath = Callable[[torch.Tensor, slice], None]
 
 
+def default_workers() -> int:
+    """Threads for the blocked kernels: the CPUs this process may use, at most 4 (beyond that the kernels are
+    memory-bound)."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, available))
+
+
 class BlockBuffer:
-    """One reusable float32 scratch buffer (and a second for kernels that need a temporary).
+    """Reusable float32 scratch buffers (a second for kernels that need a temporary), one pair per thread.
+
+    Large tensors are split into contiguous ranges of row blocks, one per worker thread; each thread runs the
+    torch ops of its blocks with the GIL released, so the kernels use several cores even with one intra-op
+    thread.
 
     Arguments:
-        elements: the buffer size; a block holds as many whole rows as fit (at least one row).
+        elements: the block size; a block holds as many whole rows as fit (at least one row).
+        workers: threads (``default_workers()`` when None; 1 runs everything on the calling thread).
     """
 
-    def __init__(self, elements: int = BLOCK_ELEMENTS) -> None:
+    def __init__(self, elements: int = BLOCK_ELEMENTS, workers: int | None = None) -> None:
         self.elements = elements
-        self._main = torch.empty(0)
-        self._spare = torch.empty(0)
+        self.workers = workers or default_workers()
+        self._local = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
 
-    def _grow(self, numel: int) -> None:
-        if self._main.numel() < numel:
-            self._main = torch.empty(numel)
-            self._spare = torch.empty(numel)
+    def _scratch(self, numel: int) -> torch.Tensor:
+        local = self._local
+        if getattr(local, "main", None) is None or local.main.numel() < numel:
+            local.main, local.spare = torch.empty(numel), torch.empty(numel)
+        return local.main
 
     def map_rows(self, src: torch.Tensor, dst: torch.Tensor | None, math: RowMath) -> None:
         """For each block of rows of ``src`` (2-D, or 1-D as one row): copy into float32, run ``math(block,
         rows)`` in place, and copy the result into the same rows of ``dst`` (cast to its dtype) unless None.
+        ``math`` may run on several threads at once, each on its own rows.
 
         Arguments:
             src: the input tensor; dst: the output (same shape) or None; math: the in-place block function.
@@ -40,18 +58,33 @@ class BlockBuffer:
         dst2 = None if dst is None else (dst.reshape(1, -1) if dst.dim() == 1 else dst)
         rows, cols = src2.shape
         per_block = max(1, self.elements // max(cols, 1))
-        self._grow(min(rows, per_block) * cols)
-        for start in range(0, rows, per_block):
+        starts = list(range(0, rows, per_block))
+        workers = min(self.workers, len(starts) // 4)  # a few blocks each, or the threads cost more than they save
+        if workers <= 1:
+            self._map_blocks(src2, dst2, math, starts, per_block)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="quant-block")
+        size = -(-len(starts) // workers)
+        ranges = [starts[i:i + size] for i in range(0, len(starts), size)]
+        for done in [self._pool.submit(self._map_blocks, src2, dst2, math, r, per_block) for r in ranges]:
+            done.result()
+
+    def _map_blocks(self, src2: torch.Tensor, dst2: torch.Tensor | None, math: RowMath, starts: list[int],
+                    per_block: int) -> None:
+        rows, cols = src2.shape
+        main = self._scratch(min(rows, per_block) * cols)
+        for start in starts:
             stop = min(rows, start + per_block)
-            block = self._main[: (stop - start) * cols].view(stop - start, cols)
+            block = main[: (stop - start) * cols].view(stop - start, cols)
             block.copy_(src2[start:stop])
             math(block, slice(start, stop))
             if dst2 is not None:
                 dst2[start:stop].copy_(block)
 
     def spare(self, like: torch.Tensor) -> torch.Tensor:
-        """A float32 temporary with the shape of the current block (valid inside ``math`` only)."""
-        return self._spare[: like.numel()].view(like.shape)
+        """A float32 temporary with the shape of the current block (valid inside ``math`` only, on its thread)."""
+        return self._local.spare[: like.numel()].view(like.shape)
 
 
 def row_amax(tensor: torch.Tensor) -> torch.Tensor:
