@@ -101,7 +101,7 @@ class TritonPythonModel:
                                                        kind=pb_utils.MetricFamily.GAUGE))
             self.metrics.update({field: self.families[-1].Metric(labels={**labels, label: value})
                                  for value, field in values.items()})
-        self.inbox: queue.Queue[_Pending] = queue.Queue()
+        self.inbox: queue.Queue[_Pending | None] = queue.Queue()  # None wakes the loop to stop
         self.active: dict[int, _Pending] = {}
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="trtllm-kit-engine", daemon=True)
@@ -121,13 +121,15 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.stopping.set()
+        self.inbox.put(None)
         self.thread.join(timeout=30)
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
             try:
-                timeout = 0 if self.engine.has_work() else 0.05
-                self._admit(self.inbox.get(timeout=timeout) if timeout else self.inbox.get_nowait())
+                # idle: sleep until a request arrives (polling only while requests wait, for cancellations)
+                timeout = 0 if self.engine.has_work() else 0.05 if self.active else None
+                self._admit(self.inbox.get(timeout=timeout) if timeout != 0 else self.inbox.get_nowait())
                 while True:
                     self._admit(self.inbox.get_nowait())
             except queue.Empty:
@@ -150,8 +152,10 @@ class TritonPythonModel:
         for item in list(self.active.values()):
             self._finish(item, pb_utils.TritonError("the server is shutting down", pb_utils.TritonError.UNAVAILABLE))
 
-    def _admit(self, item: _Pending) -> None:
+    def _admit(self, item: _Pending | None) -> None:
         """Turn a Triton request into a sequence; a bad or unqueueable request is answered with its error."""
+        if item is None:
+            return
         request = item.request
         try:
             for name, default in UNSUPPORTED.items():
