@@ -180,8 +180,10 @@ def compare_with_aiperf(args: argparse.Namespace, work: Path, url: str, model: s
     records = asyncio.run(main()).records
     assert all(r.ok and r.osl_observed == osl == r.osl_server for r in records), "harness requests failed"
     s = summarize(records)
+    isl_seen = [r.server.get("prompt_tokens", r.isl) for r in records]
     figures = {"harness": {"ttft_p50_ms": s["ttft_ms"]["p50"], "tpot_p50_ms": s["tpot_ms"]["p50"],
-                           "itl_p50_ms": s["itl_ms"]["p50"], "output_tok_per_s": s["output_tok_per_s"]}}
+                           "itl_p50_ms": s["itl_ms"]["p50"], "output_tok_per_s": s["output_tok_per_s"],
+                           "isl_mean": statistics.mean(isl_seen)}}
     if not args.aiperf or not Path(args.aiperf).exists():
         return figures
     artifacts = work / f"aiperf-{model.replace(':', '-')}"
@@ -196,7 +198,8 @@ def compare_with_aiperf(args: argparse.Namespace, work: Path, url: str, model: s
     result = json.loads((artifacts / "profile_export_aiperf.json").read_text())
     figures["aiperf"] = {"ttft_p50_ms": result["time_to_first_token"]["p50"],
                          "tpot_p50_ms": result["inter_token_latency"]["p50"],
-                         "output_tok_per_s": result["output_token_throughput"]["avg"]}
+                         "output_tok_per_s": result["output_token_throughput"]["avg"],
+                         "isl_mean": result["input_sequence_length"]["avg"]}
     return figures
 
 
@@ -254,10 +257,10 @@ def main() -> None:
     for endpoint, tools in figures.aiperf.items():
         for tool, f in tools.items():
             print(f"{endpoint} {tool:>8}: TTFT p50 {f['ttft_p50_ms']:.2f} ms, TPOT p50 {f['tpot_p50_ms']:.2f} ms, "
-                  f"out {f['output_tok_per_s']:.1f} tok/s")
+                  f"out {f['output_tok_per_s']:.1f} tok/s (input {f['isl_mean']:.1f} tokens on average)")
         if len(tools) == 2:
             h, a = tools["harness"], tools["aiperf"]
-            print(f"{endpoint} harness/aiperf: " + ", ".join(f"{k} {h[k] / a[k]:.3f}" for k in a))
+            print(f"{endpoint} harness/aiperf: " + ", ".join(f"{k} {h[k] / a[k]:.3f}" for k in a if k != "isl_mean"))
 
 if __name__ == "__main__":
     main()

@@ -86,3 +86,4 @@ def test_bench_the_openai_frontend_with_text_prompts(served, tmp_path, capsys):
     # text goes through the BLS; tokens are counted from the usage the frontend sends in every chunk
     records = read_records(out / "requests.jsonl")
     assert all(sum(n for _, n in r.chunks) == 12 == r.osl_server for r in records)
+    assert all(r.server["prompt_tokens"] == 16 for r in records)  # the text encodes to the requested ISL

@@ -44,3 +44,17 @@ def test_jsonl_round_trip_and_errors(tmp_path):
 def test_invalid_workload_is_a_usage_error():
     with pytest.raises(KitUsageError, match="at least 1"):
         WorkloadSpec(isl=0)
+
+
+@pytest.mark.parametrize("isl", [1, 2, 16, 200])
+def test_text_prompts_encode_to_the_requested_length(isl, tmp_path):
+    from tokenizers import Tokenizer
+
+    from trtllm_kit.models.tokenizer import write_tokenizer
+    from trtllm_kit.profile.bench import text_decoder
+
+    write_tokenizer(tmp_path, 4096)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text_of = text_decoder(tmp_path)
+    prompts = synthetic_prompts(WorkloadSpec(isl=isl, osl=1, vocab_size=1024), 40)
+    assert [len(tokenizer.encode(text_of(p)).ids) for p in prompts] == [max(isl, 2)] * 40  # BOS and one token at least

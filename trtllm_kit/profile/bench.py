@@ -98,7 +98,11 @@ class PromptSource:
 
 
 def text_decoder(tokenizer_dir: Path) -> Any:
-    """``prompt → text`` with the model's ``tokenizer.json`` (for servers that take only text prompts).
+    """``prompt → text`` with the model's ``tokenizer.json``, for servers that take only text prompts.
+
+    Random token ids decode to text that encodes to other, usually more, tokens; the text is trimmed (or
+    extended with the prompt's next ids) and decoded again until the server's tokenizer, special tokens
+    included, makes ``prompt.isl`` tokens of it (a few rounds; the nearest length otherwise).
 
     Arguments:
         tokenizer_dir: a directory holding ``tokenizer.json``, or the file itself.
@@ -110,7 +114,33 @@ def text_decoder(tokenizer_dir: Path) -> Any:
         raise KitUsageError(f"--tokenizer {tokenizer_dir} holds no tokenizer.json; "
                             "pass the model's tokenizer directory.")
     tokenizer = Tokenizer.from_file(str(path))
-    return lambda prompt: tokenizer.decode(list(prompt.input_ids), skip_special_tokens=False)
+    specials = len(tokenizer.encode("", add_special_tokens=True).ids)
+    filler = _one_token_word(tokenizer)
+
+    def length(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def text_of(prompt: Prompt) -> str:
+        target = max(prompt.isl - specials, 1)
+        body = list(prompt.input_ids[:target])
+        text = tokenizer.decode(body, skip_special_tokens=True)
+        while (excess := length(text) - target) > 0 and body:  # re-encoded bytes usually make more tokens
+            body = body[:-excess]
+            text = tokenizer.decode(body, skip_special_tokens=True)
+        while filler and (missing := target - length(text)) > 0:  # pad with a word that stays one token
+            text += filler * missing
+        return text
+
+    return text_of
+
+
+def _one_token_word(tokenizer: Any) -> str | None:
+    """A short word that encodes to one token after any text (a space, then letters), for padding prompts."""
+    for word in (" the", " a", " and", " of"):
+        if len(tokenizer.encode(word, add_special_tokens=False).ids) == 1 and \
+                len(tokenizer.encode("x" + word, add_special_tokens=False).ids) == 2:
+            return word
+    return None
 
 
 def gates(spec: BenchSpec, level: float, summary: dict[str, Any], loop_lag: dict[str, Any],
