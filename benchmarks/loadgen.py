@@ -24,6 +24,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,8 @@ from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient  #
 from trtllm_kit.profile.loadgen import closed_loop  # noqa: E402
 from trtllm_kit.profile.metrics import stats, summarize  # noqa: E402
 from trtllm_kit.profile.workload import Prompt, WorkloadSpec, synthetic_prompts  # noqa: E402
+
+AIPERF_TIMEOUT_S = 300  # 200 requests take about 30 s; AIPerf's timing manager has been seen to spin forever
 
 
 @dataclass
@@ -186,21 +189,39 @@ def compare_with_aiperf(args: argparse.Namespace, work: Path, url: str, model: s
                            "isl_mean": statistics.mean(isl_seen)}}
     if not args.aiperf or not Path(args.aiperf).exists():
         return figures
+    try:
+        figures["aiperf"] = run_aiperf(args.aiperf, work, url, model, tokenizer, concurrency, count, isl, osl)
+    except subprocess.TimeoutExpired:
+        print(f"aiperf did not finish within {AIPERF_TIMEOUT_S} s against {url}; its figures are left out",
+              file=sys.stderr)
+    return figures
+
+
+def run_aiperf(aiperf: str, work: Path, url: str, model: str, tokenizer: Path, concurrency: int, count: int,
+               isl: int, osl: int) -> dict[str, float]:
+    """AIPerf's medians on the same endpoint and workload (text prompts of ``isl`` tokens, forced ``osl``)."""
     artifacts = work / f"aiperf-{model.replace(':', '-')}"
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # its offline path rejects local dirs
-    subprocess.run([args.aiperf, "profile", "-m", model, "--url", url.removesuffix("/v1"),
-                    "--endpoint-type", "completions", "--streaming", "--concurrency", str(concurrency),
-                    "--request-count", str(count), "--isl", str(isl), "--isl-stddev", "0", "--osl", str(osl),
-                    "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{osl}",
-                    "--tokenizer", str(tokenizer), "--use-server-token-count", "--random-seed", "0",
-                    "--warmup-request-count", "8", "--artifact-dir", str(artifacts), "--ui-type", "none",
-                    "--no-gpu-telemetry", "--no-server-metrics"], check=True, capture_output=True, env=env)
+    argv = [aiperf, "profile", "-m", model, "--url", url.removesuffix("/v1"),
+            "--endpoint-type", "completions", "--streaming", "--concurrency", str(concurrency),
+            "--request-count", str(count), "--isl", str(isl), "--isl-stddev", "0", "--osl", str(osl),
+            "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{osl}",
+            "--tokenizer", str(tokenizer), "--use-server-token-count", "--random-seed", "0",
+            "--warmup-request-count", "8", "--artifact-dir", str(artifacts), "--ui-type", "none",
+            "--no-gpu-telemetry", "--no-server-metrics"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=AIPERF_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its services are processes of their own
+        proc.wait()
+        raise
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, argv, stderr=stderr)
     result = json.loads((artifacts / "profile_export_aiperf.json").read_text())
-    figures["aiperf"] = {"ttft_p50_ms": result["time_to_first_token"]["p50"],
-                         "tpot_p50_ms": result["inter_token_latency"]["p50"],
-                         "output_tok_per_s": result["output_token_throughput"]["avg"],
-                         "isl_mean": result["input_sequence_length"]["avg"]}
-    return figures
+    return {"ttft_p50_ms": result["time_to_first_token"]["p50"], "tpot_p50_ms": result["inter_token_latency"]["p50"],
+            "output_tok_per_s": result["output_token_throughput"]["avg"],
+            "isl_mean": result["input_sequence_length"]["avg"]}
 
 
 def agreement(args: argparse.Namespace, work: Path, figures: Figures) -> None:
