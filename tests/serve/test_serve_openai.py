@@ -112,6 +112,16 @@ def test_streaming_completion_over_plain_http(server: dict[str, Any]) -> None:
     assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
 
 
+def test_usage_in_every_chunk_when_asked(server: dict[str, Any]) -> None:
+    status, body = post(server, "/v1/completions", {
+        "model": MODEL, "prompt": "a b", "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert status == 200
+    chunks = [json.loads(line[len("data: "):]) for line in body.decode().split("\n\n") if line][:-1]  # no [DONE]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3, 3]  # words, finish, final usage
+    assert all(c["usage"]["prompt_tokens"] == 2 for c in chunks)
+
+
 def test_chat_completion_whole_and_streamed(client: openai.OpenAI) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)

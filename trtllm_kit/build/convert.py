@@ -275,10 +275,10 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
         writers = [stack.enter_context(SafetensorsWriter(path, layout))
                    for path, layout in zip(paths, entries, strict=True)]
         reader = TensorReader(model, stack)
-        # Each tensor is checked for NaN/Inf on a second thread after it is written, while the next one is
-        # written: writing has brought its memory-mapped pages in, so the check reads resident memory and the two
-        # threads never fault the same pages. A bad tensor stops the conversion one tensor later, and the caller
-        # removes the staging directory it was written to.
+        # Each tensor is checked for NaN/Inf on a second thread while the next one is written, so the two
+        # threads never fault the same memory-mapped pages (a tensor copied file to file by the kernel is not
+        # paged into this process at all before its check). A bad tensor stops the conversion one tensor later,
+        # and the caller removes the staging directory it was written to.
         checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
         checking: list[Future[None]] = []
         for item, nbytes, shards, sources in iter_shards(model, items, mapping, dtype, reader.read):

@@ -143,6 +143,10 @@ class OpenAIFrontend:
         if not sampling.stream:
             text = "".join([piece.text async for piece in run.pieces()])
             return web.json_response(shape.whole(text, run.finish_reason, run.usage()))
+
+        def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
+            return {"usage": run.usage()} if sampling.continuous_usage else {}
+
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         pieces = run.pieces()
         try:
@@ -154,7 +158,6 @@ class OpenAIFrontend:
         try:
             if kind == "chat.completion":
                 await _send(response, shape.chunk({"role": "assistant", "content": ""}, None))
-            usage = (lambda: {"usage": run.usage()}) if sampling.continuous_usage else dict
             if first is not None:
                 await _send(response, {**shape.chunk(first.text, None, first.token_ids), **usage()})
             async for piece in pieces:
