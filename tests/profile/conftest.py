@@ -10,10 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "standin"))
 
-from servers import OpenAIStandin, TritonServer, write_repo
-
-FIRST_TOKEN_MS = 20.0
-TOKEN_MS = 20.0
+from servers import FIRST_TOKEN_MS, TOKEN_MS, OpenAIStandin, TritonServer, write_repo
 
 
 @pytest.fixture(scope="session")

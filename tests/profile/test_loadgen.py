@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from conftest import TOKEN_MS
+from servers import TOKEN_MS
 
 from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient
 from trtllm_kit.profile.loadgen import closed_loop, offline, open_loop, poisson_schedule

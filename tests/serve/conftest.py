@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,13 @@ def make_fake_out(out: Path, *, config_text: str | None = None) -> Path:
                 "summary": {"model": {"source": "builtin:tiny-llama"}, "checkpoint": {"tp_size": 1, "pp_size": 1}}}
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
+
+
+@pytest.fixture
+def make_out() -> Callable[..., Path]:
+    """``make_fake_out`` for tests that need an output of their own (conftest modules are not importable by
+    name: every test directory has one)."""
+    return make_fake_out
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -33,10 +34,8 @@ def servers_of(repo: Path) -> list[psutil.Process]:
     return found
 
 
-def test_corrupted_repository(tmp_path: Path) -> None:
-    from conftest import make_fake_out
-
-    out = make_fake_out(tmp_path / "out", config_text='name: "ensemble"\nbackend: "python"\nmax_batch_size: ${b}\n')
+def test_corrupted_repository(tmp_path: Path, make_out: Callable[..., Path]) -> None:
+    out = make_out(tmp_path / "out", config_text='name: "ensemble"\nbackend: "python"\nmax_batch_size: ${b}\n')
     proc = subprocess.run(serve_argv(out), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     first = proc.stderr.splitlines()[0]
@@ -47,10 +46,8 @@ def test_corrupted_repository(tmp_path: Path) -> None:
     assert not servers_of(out / "repo")
 
 
-def test_manifest_from_another_trtllm(tmp_path: Path) -> None:
-    from conftest import make_fake_out
-
-    out = make_fake_out(tmp_path / "out")
+def test_manifest_from_another_trtllm(tmp_path: Path, make_out: Callable[..., Path]) -> None:
+    out = make_out(tmp_path / "out")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["summary"]["engine"] = {"dir": "engines", "tensorrt_llm": "1.2.1", "compute_capability": "9.0",
                                      "world_size": 1, "gpu": "H100"}

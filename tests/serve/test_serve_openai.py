@@ -117,7 +117,8 @@ def test_usage_in_every_chunk_when_asked(server: dict[str, Any]) -> None:
         "model": MODEL, "prompt": "a b", "max_tokens": 3, "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     assert status == 200
-    chunks = [json.loads(line[len("data: "):]) for line in body.decode().split("\n\n") if line][:-1]  # no [DONE]
+    events = [line[len("data: "):] for line in body.decode().split("\n\n") if line]
+    chunks = [json.loads(event) for event in events[:-1]]  # the last is [DONE]
     assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3, 3]  # words, finish, final usage
     assert all(c["usage"]["prompt_tokens"] == 2 for c in chunks)
 

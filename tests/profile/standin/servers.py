@@ -24,6 +24,9 @@ OUTPUTS = [("output_ids", "TYPE_INT32", "-1, -1"), ("sequence_length", "TYPE_INT
     (name, "TYPE_INT64", "1") for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
                                           "last_token_time_ns")]
 
+FIRST_TOKEN_MS = 20.0  # the pace of the stand-ins the harness tests share
+TOKEN_MS = 20.0
+
 
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
