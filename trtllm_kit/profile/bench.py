@@ -100,9 +100,9 @@ class PromptSource:
 def text_decoder(tokenizer_dir: Path) -> Any:
     """``prompt → text`` with the model's ``tokenizer.json``, for servers that take only text prompts.
 
-    Random token ids decode to text that encodes to other, usually more, tokens; the text is trimmed (or
-    extended with the prompt's next ids) and decoded again until the server's tokenizer, special tokens
-    included, makes ``prompt.isl`` tokens of it (a few rounds; the nearest length otherwise).
+    Random token ids decode to text that encodes to other, usually more, tokens; the ids are trimmed until the
+    text encodes to no more than ``prompt.isl`` tokens (special tokens included, as the server adds them) and
+    the text is then padded with a word that is one token, so the server sees exactly ``prompt.isl``.
 
     Arguments:
         tokenizer_dir: a directory holding ``tokenizer.json``, or the file itself.
