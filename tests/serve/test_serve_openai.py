@@ -160,6 +160,20 @@ def test_api_key_is_enforced(server: dict[str, Any]) -> None:
         openai.OpenAI(base_url=f"http://{server['openai']}/v1", api_key="wrong", max_retries=0).models.list()
 
 
+def test_bench_sends_the_api_key_and_never_writes_it(server: dict[str, Any], fake_out: Path, tmp_path: Path) -> None:
+    args = ["bench", "--openai-url", f"http://{server['openai']}/v1", "--tokenizer", str(fake_out / "tokenizer"),
+            "--concurrency", "2", "--requests", "4", "--isl", "8", "--osl", "4", "--warmup", "0", "--no-plots",
+            "--max-client-lag", "1000", "--metrics-url", f"http://{server['metrics']}/metrics"]
+    refused = kit(*args, "--out", str(tmp_path / "refused"), env={k: v for k, v in os.environ.items()
+                                                                  if k != "TRTLLM_KIT_API_KEY"})
+    assert (refused.returncode, refused.stderr.splitlines()[-1]) == (2, (
+        f"Error: http://{server['openai']}/v1/models answers 401: the server wants an API key; pass --api-key KEY "
+        "(or set TRTLLM_KIT_API_KEY)."))
+    done = kit(*args, "--api-key", KEY, "--out", str(tmp_path / "res"))
+    assert done.returncode == 0, done.stderr
+    assert all(KEY not in path.read_text() for path in (tmp_path / "res").iterdir())
+
+
 def test_generate_cli_and_tritonclient(server: dict[str, Any]) -> None:
     done = kit("generate", "hello", "--url", server["grpc"], "--max-tokens", "4")
     assert done.returncode == 0 and done.stdout == " w0 w1 w2 w3\n", done.stderr

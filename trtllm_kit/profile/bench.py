@@ -51,6 +51,7 @@ class BenchSpec:
     plots: bool = True
     tokenizer: Path | None = None  # OpenAI servers that take only text: prompts are decoded with it
     max_loop_lag_ms: float = 20.0  # gate: the client's event-loop lag p99 above it means the client saturated
+    api_key: str | None = field(default=None, repr=False)  # OpenAI bearer token; never written to the results
 
     def __post_init__(self) -> None:
         if self.mode not in loadgen.MODES:
@@ -258,9 +259,10 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "requests.jsonl").unlink(missing_ok=True)
     if spec.openai_url:
-        model = spec.model or await openai_model_name(spec.openai_url)
+        model = spec.model or await openai_model_name(spec.openai_url, spec.api_key)
         client: StreamClient = OpenAIStreamClient(spec.openai_url, model, spec.timeout_s,
-                                                  text_decoder(spec.tokenizer) if spec.tokenizer else None)
+                                                  text_decoder(spec.tokenizer) if spec.tokenizer else None,
+                                                  spec.api_key)
     else:
         model = spec.model or "tensorrt_llm"
         client = TritonStreamClient(spec.url, model, spec.timeout_s)
@@ -287,7 +289,8 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
     by_level = {}
     for run in runs:
         by_level.setdefault(run["label"], []).append(run)
-    results = {"spec": {**asdict(spec), "model": model}, "environment": environment(sampler),
+    recorded = {key: value for key, value in asdict(spec).items() if key != "api_key"}
+    results = {"spec": {**recorded, "model": model}, "environment": environment(sampler),
                "clock": {"wall_minus_monotonic_ns": time.time_ns() - time.monotonic_ns()},
                "nvml": "available" if sampler.available else f"NVML unavailable: {sampler.unavailable}",
                "notes": notes, "runs": runs, "levels": {k: across_repeats(v) for k, v in by_level.items()},

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from trtllm_kit.errors import KitError
+from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.workload import Prompt
@@ -193,12 +193,13 @@ class OpenAIStreamClient:
     """
 
     def __init__(self, base_url: str, model: str, timeout_s: float = 600.0,
-                 text_of: Callable[[Prompt], str] | None = None) -> None:
+                 text_of: Callable[[Prompt], str] | None = None, api_key: str | None = None) -> None:
         import aiohttp
 
         self.base_url, self.model, self.text_of = base_url.rstrip("/"), model, text_of
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                             timeout=aiohttp.ClientTimeout(total=timeout_s))
+                                             timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                             headers=_auth(api_key))
 
     def body(self, prompt: Prompt) -> dict[str, Any]:
         """The request body: token-id prompt (or its text with ``text_of``), forced OSL (``min_tokens``,
@@ -265,17 +266,25 @@ class OpenAIStreamClient:
         await self.session.close()
 
 
-async def openai_model_name(base_url: str) -> str:
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def openai_model_name(base_url: str, api_key: str | None = None) -> str:
     """The first model id listed at ``{base}/models``.
 
     Arguments:
         base_url: e.g. ``http://127.0.0.1:9000/v1``.
+        api_key: the bearer token, if the server wants one.
     """
     import aiohttp
 
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=_auth(api_key)) as session:
         try:
             async with session.get(f"{base_url.rstrip('/')}/models") as resp:
+                if resp.status == 401:
+                    raise KitUsageError(f"{base_url}/models answers 401: the server wants an API key; pass "
+                                        "--api-key KEY (or set TRTLLM_KIT_API_KEY).")
                 listing = await resp.json()
         except aiohttp.ClientError as exc:
             raise KitError(f"cannot list models at {base_url}/models ({exc}); is the server running?") from None

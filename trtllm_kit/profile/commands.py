@@ -54,6 +54,9 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--no-plots", is_flag=True, help="Skip the PNG plots."),
         click.option("--max-client-lag", "max_loop_lag_ms", type=float, default=20.0, show_default=True,
                      help="Gate: the client's event-loop lag p99 (ms) above which a point is invalid."),
+        click.option("--api-key", envvar="TRTLLM_KIT_API_KEY",
+                     help="OpenAI servers that want 'Authorization: Bearer KEY' (env TRTLLM_KIT_API_KEY); never "
+                     "written to the results."),
         click.option("--tokenizer", type=click.Path(path_type=Path),
                      help="OpenAI servers that take only text prompts: decode the prompt ids with this tokenizer."),
         click.option("--out", type=click.Path(path_type=Path), required=True, help="Result directory."),
@@ -85,7 +88,7 @@ def bench_spec(values: dict[str, Any]) -> Any:
                      slo=parse_slo(values["slo"]), metrics_url=metrics_url,
                      metrics_url_given=values["metrics_url"] is not None, timeout_s=values["timeout_s"],
                      plots=not values["no_plots"], tokenizer=values["tokenizer"],
-                     max_loop_lag_ms=values["max_loop_lag_ms"])
+                     max_loop_lag_ms=values["max_loop_lag_ms"], api_key=values["api_key"])
 
 
 class Progress:
