@@ -7,7 +7,6 @@ exit becomes a ``KitError`` that quotes the last lines of stderr.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 from trtllm_kit.build.recipe import BuildCommand
 from trtllm_kit.errors import KitError
+from trtllm_kit.jsonfile import read_json
 
 STDERR_TAIL_LINES = 12
 ENGINE_FILE = re.compile(r"^rank(\d+)\.engine$")
@@ -79,14 +79,8 @@ def validate_engine_dir(engine_dir: Path, world_size: int) -> dict[str, Any]:
         engine_dir: the directory trtllm-build wrote.
         world_size: tp × pp of the checkpoint.
     """
-    config_path = engine_dir / "config.json"
-    if not config_path.is_file():
-        raise KitError(f"trtllm-build exited with 0 but {engine_dir.name}/config.json is missing; the engine "
-                       "directory is incomplete.")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise KitError(f"{engine_dir.name}/config.json is not valid JSON ({exc.msg}).") from None
+    config = read_json(engine_dir / "config.json", f"trtllm-build exited with 0 but {engine_dir.name}/config.json "
+                       "is missing; the engine directory is incomplete.")
     mapping = (config.get("pretrained_config") or {}).get("mapping") or {}
     if "build_config" not in config or not mapping:
         raise KitError(f"{engine_dir.name}/config.json lacks pretrained_config.mapping or build_config; it is not "

@@ -3,12 +3,12 @@ the checkpoint and the runtime settings chosen for it."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError
+from trtllm_kit.jsonfile import read_json
 
 CPU_MAX_BATCH_SIZE = 8
 CPU_MAX_NUM_TOKENS = 2048
@@ -48,12 +48,7 @@ class EngineLimits:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise KitError(f"{path} does not exist; build the engine or checkpoint first (trtllm-kit build).")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise KitError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+    return read_json(path, f"{path} does not exist; build the engine or checkpoint first (trtllm-kit build).")
 
 
 def _enabled(value: Any) -> bool:

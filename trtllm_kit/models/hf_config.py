@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import ModelError
+from trtllm_kit.jsonfile import read_json
 
 DTYPE_NAMES = {"float16": "float16", "fp16": "float16", "half": "float16",
                "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -131,12 +131,8 @@ def read_hf_config(model_dir: Path) -> HFConfig:
         model_dir: a local Hugging Face model directory.
     """
     path = model_dir / "config.json"
-    if not path.is_file():
-        raise ModelError(f"{model_dir} has no config.json; point the kit at a Hugging Face model directory.")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    raw = read_json(path, f"{model_dir} has no config.json; point the kit at a Hugging Face model directory.",
+                    ModelError)
     if not isinstance(raw, dict):
         raise ModelError(f"{path} holds a {type(raw).__name__}, not a JSON object.")
     return parse_hf_config(raw, str(path))

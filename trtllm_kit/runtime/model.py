@@ -9,7 +9,6 @@ are public so that a runtime with a paged KV cache can call them on its own tens
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from trtllm_kit.errors import CheckpointError
+from trtllm_kit.jsonfile import read_json
 from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
     LINEAR_WEIGHTS,
     ROPE_TYPES,
@@ -138,12 +138,8 @@ class CheckpointModel:
         """
         ckpt_dir = Path(ckpt_dir)
         config_path = ckpt_dir / "config.json"
-        if not config_path.is_file():
-            raise CheckpointError(f"{ckpt_dir} has no config.json; point at a TensorRT-LLM checkpoint.")
-        try:
-            config = json.loads(config_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+        config = read_json(config_path, f"{ckpt_dir} has no config.json; point at a TensorRT-LLM checkpoint.",
+                           CheckpointError)
         dims = Dims.from_config(config, str(config_path))
         ranks = []
         for rank in range(dims.tp_size * dims.pp_size):

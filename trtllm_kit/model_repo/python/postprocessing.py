@@ -10,16 +10,13 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from text_codec import TextCodec, flag, parameter, resolve_dir
+from text_codec import flag, model_codec
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        tokenizer_dir = parameter(config, "tokenizer_dir")
-        if tokenizer_dir is None:
-            raise ValueError("postprocessing needs the parameter tokenizer_dir; regenerate the repository.")
-        self.codec = TextCodec(resolve_dir(args["model_repository"], tokenizer_dir))
+        self.codec = model_codec(args, config, "postprocessing")
         self.skip_special_tokens = flag(config, "skip_special_tokens", True)
 
     def execute(self, requests):

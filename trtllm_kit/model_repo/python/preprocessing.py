@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from text_codec import TextCodec, flag, parameter, resolve_dir
+from text_codec import flag, model_codec
 
 
 def _strings(request, name: str) -> list[list[str]] | None:
@@ -31,10 +31,7 @@ def _column(request, name: str, batch_size: int, default: int | None) -> np.ndar
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        tokenizer_dir = parameter(config, "tokenizer_dir")
-        if tokenizer_dir is None:
-            raise ValueError("preprocessing needs the parameter tokenizer_dir; regenerate the repository.")
-        self.codec = TextCodec(resolve_dir(args["model_repository"], tokenizer_dir))
+        self.codec = model_codec(args, config, "preprocessing")
         self.add_special_tokens = flag(config, "add_special_tokens", True)
 
     def execute(self, requests):

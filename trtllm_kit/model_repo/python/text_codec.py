@@ -97,6 +97,19 @@ def flag(model_config: dict[str, Any], key: str, default: bool) -> bool:
     return default if value is None else value.strip().lower() in ("true", "yes", "1", "t")
 
 
+def model_codec(args: dict[str, str], model_config: dict[str, Any], model: str) -> TextCodec:
+    """The codec of a model's ``tokenizer_dir`` parameter.
+
+    Arguments:
+        args: ``initialize``'s arguments; model_config: the parsed ``args["model_config"]``; model: its name,
+        for the error.
+    """
+    tokenizer_dir = parameter(model_config, "tokenizer_dir")
+    if tokenizer_dir is None:
+        raise ValueError(f"{model} needs the parameter tokenizer_dir; regenerate the repository.")
+    return TextCodec(resolve_dir(args["model_repository"], tokenizer_dir))
+
+
 def resolve_dir(model_dir: str, value: str) -> Path:
     """A directory parameter: absolute as given, relative to the model's directory otherwise.
 
