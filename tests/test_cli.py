@@ -245,7 +245,9 @@ def test_build_json_points_at_a_manifest_that_matches_the_disk(tiny_llama: Path,
                                      "pp_size": 1}
     assert summary["verify"]["passed"] is True
     manifest = json.loads(manifest_path.read_text())
-    assert manifest["schema_version"] == 1
+    assert manifest["schema_version"] == 2
+    assert (manifest["target"], manifest["layout"]["world_size"], manifest["precision"]["weights"]) == (
+        "cpu", 1, "float16")
     spec = manifest["spec"]
     assert {k: spec[k] for k in BASE_SPEC_KEYS} == {"model": str(tiny_llama), "out": str(out), "tp": 1, "pp": 1,
                                                     "dtype": "auto", "until": STAGES[-1], "target": "auto",

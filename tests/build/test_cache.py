@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
+from trtllm_kit.artifact import Artifact
 from trtllm_kit.build.archive import pack_archive, verify_artifact
 from trtllm_kit.build.compat import Machine, compatibility
 from trtllm_kit.build.gpus import GPU, MIB
@@ -199,7 +200,7 @@ def test_flipped_byte_is_caught_in_an_archive(engine_artifact: Path, tmp_path: P
 
 def test_incompatible_machines_are_reported(engine_artifact: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    built = manifest(engine_artifact)
+    built = Artifact.read(engine_artifact)
     a100 = GPU("NVIDIA A100-SXM4-80GB", 81920 * MIB, (8, 0), "nvml")
     cases = [
         (h100_machine(), []),
@@ -233,7 +234,7 @@ def test_cpu_artifacts_have_no_engine_requirements(tmp_path: Path, capsys: pytes
     out = tmp_path / "out"
     build("build", "builtin:tiny-llama", "--until", "checkpoint", "--no-verify", "--out", str(out), "--archive",
           str(tmp_path / "a.tar"))
-    assert compatibility(manifest(out), Machine(None, None, None, None, ())) == []
+    assert compatibility(Artifact.read(out), Machine(None, None, None, None, ())) == []
     assert run(["artifact", "verify", str(tmp_path / "a.tar")]) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith("hashes ok; no engines")
 

@@ -16,7 +16,6 @@ from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.build.compat import Machine, engine_problem, version_tuple
 from trtllm_kit.build.compile import effective_settings, run_trtllm_build, validate_engine_dir
-from trtllm_kit.build.engine import resolve_target
 from trtllm_kit.build.gpus import gpu_from_table
 from trtllm_kit.build.plan import Limits, Precision, make_plan
 from trtllm_kit.build.recipe import FLAGS_1_2, build_command, check_flag, parse_overrides
@@ -27,6 +26,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
+from trtllm_kit.targets import choose_target
 
 # shared/ lies beside the checkout (in CI too); the spec's flag table is the contract the recipe is checked against
 SPEC = Path(__file__).resolve().parents[3] / "shared" / "specs" / "trtllm-checkpoint.md"
@@ -252,14 +252,20 @@ def test_environment_check(machine: Machine, problem: str | None) -> None:
 def test_version_tuple_and_target_choice() -> None:
     assert [version_tuple(v) for v in ("1.2.0rc2", "0.17.0.post1", "1.3.0rc1", "garbage")] == [
         (1, 2, 0), (0, 17, 0), (1, 3, 0), ()]
-    assert resolve_target("auto", h100_machine()) == (
+    target, reason = choose_target("auto", h100_machine())
+    assert (target.name, reason) == (
         "engine", "target auto → engine: tensorrt_llm 1.2.1 and 2 GPU(s) (NVIDIA H100 80GB HBM3) found")
     cpu_only = Machine(None, None, None, None, ())
-    target, reason = resolve_target("auto", cpu_only)
-    assert (target, reason.split(";")[0]) == ("cpu", "target auto → cpu: tensorrt_llm is not installed")
-    assert resolve_target("cpu", h100_machine())[0] == "cpu"
+    target, reason = choose_target("auto", cpu_only)
+    assert (target.name, reason.split(";")[0]) == ("cpu", "target auto → cpu: tensorrt_llm is not installed")
+    assert choose_target("cpu", h100_machine())[0].name == "cpu"
     with pytest.raises(KitError, match=r"^tensorrt_llm is not installed"):
-        resolve_target("engine", cpu_only)
+        choose_target("engine", cpu_only)
+    target, reason = choose_target("engine", cpu_only, plan_only=True)  # a plan runs no tool
+    assert target.name == "engine"
+    assert reason.startswith("target engine (plan only; a build here would stop: tensorrt_llm is not installed")
+    with pytest.raises(KitUsageError, match=r"^target 'tpu' is not one of engine, cpu\.$"):
+        choose_target("tpu", cpu_only)
 
 
 # --- the engine stage in a build ------------------------------------------------------------------------------
@@ -345,7 +351,7 @@ def test_target_cpu_records_the_command_it_would_run(tmp_path: Path, gpu_host: M
     assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--until", "engine", "--no-verify", "--gpu", "L4",
                 "--max-seq-len", "128", "--out", str(out)]) == 0
     engine = json.loads((out / "manifest.json").read_text())["summary"]["engine"]
-    assert engine["target"] == "cpu" and engine["skipped"].startswith("target cpu: no engine compile")
+    assert engine["target"] == "cpu" and engine["reason"].startswith("target cpu: no engine compile")
     assert engine["command"][:5] == ["trtllm-build", "--checkpoint_dir", "checkpoint", "--output_dir", "engines"]
     assert fake_trtllm_build.calls == [] and not (out / "engines").exists()
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from repo_material import write_engine_dir
 
+from trtllm_kit.cli import run
 from trtllm_kit.model_repo.configs import parse_config, to_text
-from trtllm_kit.model_repo.limits import cpu_limits, engine_limits
 from trtllm_kit.model_repo.options import RepoOptions
 from trtllm_kit.model_repo.repository import write_repository
-from trtllm_kit.model_repo.validate import validate_repository
+from trtllm_kit.model_repo.validate import Expectation, validate_repository
+from trtllm_kit.targets import get_target
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,8 @@ def base(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path, tokeni
     root = tmp_path_factory.mktemp("repos")
     engine_dir = write_engine_dir(root / "engines")
     repos = {}
-    for target, limits in (("cpu", cpu_limits(tiny_checkpoint)), ("engine", engine_limits(engine_dir))):
+    cpu, engine = get_target("cpu").limits(tiny_checkpoint, {}), get_target("engine").limits(engine_dir, {})
+    for target, limits in (("cpu", cpu), ("engine", engine)):
         repos[target] = root / target
         write_repository(repos[target], limits, RepoOptions(), model_path=limits.model_dir,
                          tokenizer_files=tokenizer_files)
@@ -119,7 +121,7 @@ def test_ensemble_batch_size_above_a_step(repo: Path) -> None:
 def test_world_size_against_rank_files_manifest_and_gpu_ids(repo: Path, tmp_path: Path) -> None:
     engine_dir = write_engine_dir(tmp_path / "tp2", tp_size=2, num_rank_files=1)
     set_param(repo, "tensorrt_llm", "gpu_device_ids", "0,1,2")
-    found = messages(repo, model_dir=engine_dir, manifest_summary={"checkpoint": {"tp_size": 1, "pp_size": 1}})
+    found = messages(repo, model_dir=engine_dir, expect=Expectation(world_size=1))
     assert found == [
         ("error", "tensorrt_llm", "world_size", f"{engine_dir}/config.json says tp_size 2 × pp_size 1 = 2 ranks but "
          f"{engine_dir} holds 1 rank*.engine file(s); rebuild it."),
@@ -221,8 +223,7 @@ def test_model_path_must_exist(repo: Path) -> None:
 
 
 def test_kv_fraction_against_the_plan_and_range(repo: Path) -> None:
-    plan = {"engine": {"plan": {"kv_cache_fraction": 0.8}}}
-    assert messages(repo, manifest_summary=plan) == [
+    assert messages(repo, expect=Expectation(kv_cache_fraction=0.8)) == [
         ("error", "tensorrt_llm", "kv_cache", "kv_cache_free_gpu_mem_fraction 0.9 differs from the build plan's "
          "kv_cache_fraction 0.8, which sized max_batch_size; set them equal.")]
     set_param(repo, "tensorrt_llm", "kv_cache_free_gpu_mem_fraction", "1.5")
@@ -258,16 +259,24 @@ def test_single_instances_warn(repo: Path) -> None:
                                "serialises every request's text work; use about 5 or the engine's max_batch_size.")]
 
 
-def test_manifest_next_to_the_repository_is_read(repo: Path) -> None:
-    summary = {"engine": {"plan": {"kv_cache_fraction": 0.5}}}
-    (repo.parent / "manifest.json").write_text(json.dumps({"summary": summary}))
-    assert [f.rule for f in validate_repository(repo).errors] == ["kv_cache"]
+def test_the_artifact_next_to_the_repository_is_read(tmp_path: Path) -> None:
+    out = tmp_path / "out"  # a real build with a plan (for an L4), whose KV fraction the repository must keep
+    assert run(["build", "builtin:tiny-llama", "--tp", "2", "--no-verify", "--gpu", "L4", "--kv-cache-fraction",
+                "0.8", "--max-seq-len", "128", "--out", str(out)]) == 0
+    assert Expectation.of_artifact(out) == Expectation(world_size=2, kv_cache_fraction=0.8)
+    assert validate_repository(out / "repo").errors == []
+    set_param(out / "repo", "tensorrt_llm", "kv_cache_free_gpu_mem_fraction", "0.5")
+    assert [f.message for f in validate_repository(out / "repo").errors] == [
+        "kv_cache_free_gpu_mem_fraction 0.5 differs from the build plan's kv_cache_fraction 0.8, which sized "
+        "max_batch_size; set them equal."]
+    (out / "manifest.json").write_text("{")  # an unreadable manifest: nothing is expected, nothing crashes
+    assert validate_repository(out / "repo").errors == []
 
 
 def test_options_resolution_refuses_what_the_engine_cannot_do(tmp_path: Path) -> None:
     from trtllm_kit.errors import KitUsageError
 
-    limits = engine_limits(write_engine_dir(tmp_path / "e", use_paged_context_fmha=False))
+    limits = get_target("engine").limits(write_engine_dir(tmp_path / "e", use_paged_context_fmha=False), {})
     assert RepoOptions().resolve(limits).enable_kv_cache_reuse is False
     with pytest.raises(KitUsageError, match=r"^enable_kv_cache_reuse needs an engine built with use_paged_"):
         RepoOptions(enable_kv_cache_reuse=True).resolve(limits)
@@ -283,9 +292,9 @@ def test_options_resolution_refuses_what_the_engine_cannot_do(tmp_path: Path) ->
 
 def test_a_model_without_tokenizer_gets_a_token_id_repository(tmp_path: Path, tiny_checkpoint: Path) -> None:
     (tmp_path / "generation_config.json").write_text("{}")
-    summary = write_repository(tmp_path / "repo", cpu_limits(tiny_checkpoint), RepoOptions(),
+    summary = write_repository(tmp_path / "repo", get_target("cpu").limits(tiny_checkpoint, {}), RepoOptions(),
                                model_path=tiny_checkpoint, tokenizer_files=[tmp_path / "generation_config.json"])
-    assert (summary["models"], summary["text"]) == (["tensorrt_llm"], False)
+    assert (summary.models, summary.text) == (["tensorrt_llm"], False)
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["tensorrt_llm"]
     assert messages(tmp_path / "repo") == [("warning", "tensorrt_llm", "layout", "the repository has only "
                                             "tensorrt_llm (the model had no tokenizer), so clients send token ids; "

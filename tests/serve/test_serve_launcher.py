@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
 
 import pytest
 
-from trtllm_kit.build.compat import Machine
-from trtllm_kit.build.gpus import GPU
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, free_endpoints, launch_argv
@@ -111,53 +108,13 @@ def test_ports_must_differ() -> None:
         LaunchConfig(Path("/r"), Endpoints("127.0.0.1", 8000, 8000, 8002))
 
 
-def write_manifest(out: Path, engine: dict[str, object] | None) -> Path:
-    (out / "repo" / "ensemble").mkdir(parents=True)
-    (out / "repo" / "ensemble" / "config.pbtxt").write_text('name: "ensemble"')
-    summary = {"checkpoint": {"tp_size": 2, "pp_size": 1}, **({"engine": engine} if engine else {})}
-    (out / "manifest.json").write_text(json.dumps({"schema_version": 1, "summary": summary}))
-    return out
-
-
-def machine(trtllm: str | None, gpus: list[GPU]) -> Machine:
-    return Machine(tensorrt_llm=trtllm, tensorrt="10.14.1", cuda="12.8", driver="570.1", gpus=tuple(gpus))
-
-
-H100, A10 = GPU("H100", 80 * 2**30, (9, 0), "nvml"), GPU("A10", 24 * 2**30, (8, 6), "nvml")
-ENGINE = {"dir": "engines", "tensorrt_llm": "1.2.1", "tensorrt": "10.14.1", "compute_capability": "9.0",
-          "world_size": 2, "gpu": "H100"}
-
-
-def test_cpu_artifact_is_one_process(tmp_path: Path) -> None:
-    cpu = servable(write_manifest(tmp_path / "cpu", None))
-    assert (cpu.target, cpu.world_size, cpu.models) == ("cpu", 1, ("ensemble",))
-
-
-def test_engine_artifact_runs_on_its_ranks(tmp_path: Path) -> None:
-    engine = servable(write_manifest(tmp_path / "engine", ENGINE), machine("1.2.1", [H100, H100]))
-    assert (engine.target, engine.world_size) == ("engine", 2)
-
-
-@pytest.mark.parametrize(("trtllm", "gpus", "problem"), [
-    ("1.1.0", [H100, H100], "the engines were built with tensorrt_llm 1.2.1, this machine has 1.1.0"),
-    (None, [], "the engines were built with tensorrt_llm 1.2.1, this machine has none; the engines need 2 GPU(s) "
-               "of compute capability 9.0, none is visible"),
-    ("1.2.1", [H100, A10], "the engines need 2 GPU(s) of compute capability 9.0 (H100), this machine has 1 "
-                           "(A10 (SM 8.6), H100 (SM 9.0))"),
-])
-def test_engine_artifact_refused_where_it_cannot_run(tmp_path: Path, trtllm: str | None, gpus: list[GPU],
-                                                     problem: str) -> None:
-    out = write_manifest(tmp_path / "engine", ENGINE)
-    with pytest.raises(KitUsageError) as info:
-        servable(out, machine(trtllm, gpus))
-    assert str(info.value) == (f"{out} cannot be served here: {problem}; rebuild it on this machine (trtllm-kit "
-                               f"build ... --out {out} --force) or serve it where it was built.")
-
-
 def test_out_without_a_repository(tmp_path: Path) -> None:
-    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1}))
+    from trtllm_kit.cli import run
+
+    out = tmp_path / "o"
+    assert run(["build", "builtin:tiny-llama", "--until", "checkpoint", "--no-verify", "--out", str(out)]) == 0
     with pytest.raises(KitUsageError, match=r"holds no tensorrt_llm_bls or ensemble model; rebuild with the repo"):
-        servable(tmp_path)
+        servable(out)
 
 
 @pytest.mark.parametrize(("pieces", "stops", "shown", "stopped", "rest"), [

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trtllm_kit.build.artifact import MANIFEST, SCHEMA_VERSION, read_manifest, sha256_file
-from trtllm_kit.build.compat import Machine, compatibility
+from trtllm_kit.artifact import MANIFEST, Artifact
+from trtllm_kit.build.artifact import sha256_file
+from trtllm_kit.build.compat import Machine
 from trtllm_kit.errors import KitError, KitUsageError
 
 COMPRESSED = (".tar.gz", ".tgz")
@@ -35,7 +36,7 @@ def pack_archive(artifact_dir: Path, archive: Path) -> Path:
     name = archive.name.lower()
     if not name.endswith((".tar", *COMPRESSED)):
         raise KitUsageError(f"--archive {archive} must end in .tar, .tar.gz or .tgz.")
-    read_manifest(artifact_dir)
+    Artifact.read(artifact_dir)
     files = sorted(str(p.relative_to(artifact_dir)) for p in artifact_dir.rglob("*") if p.is_file())
     files.remove(MANIFEST)
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -91,20 +92,23 @@ def verify_artifact(path: Path, machine: Machine) -> VerifyReport:
         machine: ``detect_machine()``.
     """
     if path.is_dir():
-        manifest = read_manifest(path)
+        artifact = Artifact.read(path)
         actual = {str(p.relative_to(path)): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}
         actual.pop(MANIFEST, None)
     elif path.is_file():
-        manifest, actual = _read_archive(path)
+        values, actual = _read_archive(path)
+        artifact = Artifact.from_dict(values, path, f"{path}:{MANIFEST}")
     else:
         raise KitUsageError(f"{path} does not exist; pass an artifact directory or an archive made by --archive.")
-    expected: dict[str, str] = manifest.get("outputs") or {}
+    from trtllm_kit.targets import get_target
+
+    expected = artifact.files
     report = VerifyReport(str(path), num_files=len(expected))
     report.mismatched = sorted(n for n in expected if n in actual and actual[n] != expected[n])
     report.missing = sorted(set(expected) - set(actual))
     report.unexpected = sorted(set(actual) - set(expected))
-    report.has_engines = bool(((manifest.get("summary") or {}).get("engine") or {}).get("dir"))
-    report.problems = compatibility(manifest, machine)
+    report.has_engines = artifact.has_engines
+    report.problems = get_target(artifact.target).serve_problems(artifact, machine)
     return report
 
 
@@ -134,9 +138,6 @@ def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise KitError(f"{path}: its {MANIFEST} is not valid JSON; the archive is corrupt.") from None
     if manifest is None:
         raise KitUsageError(f"{path} holds no {MANIFEST}; it is not a trtllm-kit artifact archive.")
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise KitUsageError(f"{path} has manifest schema_version {manifest.get('schema_version')!r}; this kit reads "
-                            f"{SCHEMA_VERSION}.")
     return manifest, digests
 
 

@@ -1,25 +1,21 @@
-"""Atomic output directories and the artifact manifest."""
+"""Atomic output directories, file hashes and tool versions of an artifact."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from trtllm_kit import __version__
+from trtllm_kit.artifact.manifest import MANIFEST
 from trtllm_kit.errors import KitUsageError
 
-SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
 TOOLS = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "tensorrt_llm", "tensorrt")
 
 
@@ -122,25 +118,6 @@ def tool_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
-
-
-def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest.json`` with the schema version and the command line first."""
-    body = {"schema_version": SCHEMA_VERSION, "argv": sys.argv, **manifest}
-    path = out_dir / MANIFEST
-    path.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
-    return path
-
-
-def read_manifest(out_dir: Path) -> dict[str, Any]:
-    path = out_dir / MANIFEST
-    if not path.is_file():
-        raise KitUsageError(f"{out_dir} has no {MANIFEST}; it is not a trtllm-kit artifact (run trtllm-kit build).")
-    manifest = json.loads(path.read_text())
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise KitUsageError(f"{path} has schema_version {manifest.get('schema_version')!r}; this kit reads "
-                            f"{SCHEMA_VERSION}: rebuild the artifact with this version.")
-    return manifest
 
 
 def checkpoint_dir(path: Path) -> Path:

@@ -17,41 +17,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.build.artifact import MANIFEST, SCHEMA_VERSION, sha256_file
+from trtllm_kit.artifact import MANIFEST, Artifact, StageRecords
+from trtllm_kit.build.artifact import sha256_file
+from trtllm_kit.errors import KitError
 
 STAGE_DIRS = {"checkpoint": ("checkpoint", "tokenizer", "calibration"), "engine": ("engines", "logs"),
               "repo": ("repo",)}
-STAGE_SUMMARY = {"checkpoint": ("checkpoint", "calibration", "verify"), "engine": ("engine",), "repo": ("repo",)}
+STAGE_RECORDS = {"checkpoint": ("checkpoint", "calibration", "verify"), "engine": ("engine",), "repo": ("repo",)}
 
 
 @dataclass(frozen=True)
 class Previous:
-    """What an earlier build left in ``--out``: its manifest (empty when there is none or it is unreadable)."""
+    """What an earlier build left in ``--out``: its artifact (None when there is none, or it cannot be read)."""
 
     out_dir: Path
-    manifest: dict[str, Any]
+    artifact: Artifact | None
 
     @classmethod
     def load(cls, out_dir: Path, *, force: bool) -> Previous:
-        path = out_dir / MANIFEST
-        manifest: dict[str, Any] = {}
-        if not force and path.is_file():
-            try:
-                manifest = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                manifest = {}
-            if manifest.get("schema_version") != SCHEMA_VERSION:
-                manifest = {}
-        return cls(out_dir, manifest)
+        if force or not (out_dir / MANIFEST).is_file():
+            return cls(out_dir, None)
+        try:
+            return cls(out_dir, Artifact.read(out_dir))
+        except KitError:  # unreadable or another schema: nothing is reused
+            return cls(out_dir, None)
 
     def key(self, stage: str) -> str | None:
-        return ((self.manifest.get("cache") or {}).get("stages") or {}).get(stage)
+        return self.artifact.cache.stages.get(stage) if self.artifact else None
 
     def can_reuse(self, stage: str, key: str) -> bool:
         """The old artifact built ``stage`` with the same key and still holds its directories intact."""
-        if self.key(stage) != key:
+        if self.artifact is None or self.key(stage) != key:
             return False
-        outputs = self.manifest.get("outputs") or {}
+        outputs = self.artifact.files
         for directory in STAGE_DIRS[stage]:
             for name in (n for n in outputs if n.startswith(f"{directory}/")):
                 path = self.out_dir / name
@@ -59,22 +57,27 @@ class Previous:
                     return False
         return True
 
-    def reuse(self, stage: str, staging: Path) -> dict[str, Any]:
-        """Link the stage's directories into ``staging``; return the summary sections it had."""
+    def reuse(self, stage: str, staging: Path, records: StageRecords) -> None:
+        """Link the stage's directories into ``staging`` and carry its records over into ``records``."""
+        assert self.artifact is not None, "can_reuse said yes"
         for directory in STAGE_DIRS[stage]:
             source = self.out_dir / directory
             if source.is_dir():
                 shutil.copytree(source, staging / directory, copy_function=_link_or_copy)
-        summary = self.manifest.get("summary") or {}
-        return {k: summary[k] for k in STAGE_SUMMARY[stage] if k in summary}
+        records.take(self.artifact.records, STAGE_RECORDS[stage])
 
     def outputs_of(self, stages: list[str]) -> dict[str, str]:
         """The recorded digests of the files of ``stages`` (reused as they are)."""
         dirs = tuple(f"{d}/" for stage in stages for d in STAGE_DIRS[stage])
-        return {k: v for k, v in (self.manifest.get("outputs") or {}).items() if k.startswith(dirs)} if dirs else {}
+        if not dirs or self.artifact is None:
+            return {}
+        return {k: v for k, v in self.artifact.files.items() if k.startswith(dirs)}
 
     def fingerprints(self) -> dict[str, list[int]]:
-        return (self.manifest.get("cache") or {}).get("fingerprints") or {}
+        return self.artifact.cache.fingerprints if self.artifact else {}
+
+    def inputs(self) -> dict[str, str]:
+        return self.artifact.inputs if self.artifact else {}
 
 
 _EMPTY_SHA = hashlib.sha256(b"").hexdigest()
@@ -99,7 +102,7 @@ def input_digests(paths: list[Path], previous: Previous) -> dict[str, str]:
         paths: the model's config and weight files.
         previous: the old artifact.
     """
-    old_prints, old_inputs = previous.fingerprints(), previous.manifest.get("inputs") or {}
+    old_prints, old_inputs = previous.fingerprints(), previous.inputs()
     digests = {}
     for path in paths:
         if old_prints.get(path.name) == fingerprint(path) and path.name in old_inputs:

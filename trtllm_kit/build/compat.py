@@ -12,10 +12,12 @@ import re
 import shutil
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.build.gpus import GPU, visible_gpus
-from trtllm_kit.errors import KitError
+
+if TYPE_CHECKING:
+    from trtllm_kit.artifact import Artifact
 
 TRTLLM_MIN = (0, 17)
 TRTLLM_BELOW = (1, 3)
@@ -92,38 +94,29 @@ def engine_problem(machine: Machine) -> str | None:
     return None
 
 
-def check_engine_machine(machine: Machine) -> None:
-    """Raise ``KitError`` with one sentence when engines cannot be built here."""
-    problem = engine_problem(machine)
-    if problem:
-        raise KitError(problem)
-
-
-def compatibility(manifest: dict[str, Any], machine: Machine) -> list[str]:
+def compatibility(artifact: Artifact, machine: Machine) -> list[str]:
     """What keeps an artifact's engines from running here; empty when they can (or when it has none).
 
     Arguments:
-        manifest: the artifact's ``manifest.json``.
+        artifact: the artifact.
         machine: ``detect_machine()``.
     """
-    engine = (manifest.get("summary") or {}).get("engine") or {}
-    if not engine.get("dir"):
+    engine = artifact.records.engine.built if artifact.records.engine else None
+    if engine is None:
         return []
     problems = []
-    built = engine.get("tensorrt_llm")
-    if machine.tensorrt_llm != built:
-        problems.append(f"the engines were built with tensorrt_llm {built}, this machine has "
+    if machine.tensorrt_llm != engine.tensorrt_llm:
+        problems.append(f"the engines were built with tensorrt_llm {engine.tensorrt_llm}, this machine has "
                         f"{machine.tensorrt_llm or 'none'}")
-    if engine.get("tensorrt") and machine.tensorrt != engine["tensorrt"]:
-        problems.append(f"the engines were built with TensorRT {engine['tensorrt']}, this machine has "
+    if engine.tensorrt and machine.tensorrt != engine.tensorrt:
+        problems.append(f"the engines were built with TensorRT {engine.tensorrt}, this machine has "
                         f"{machine.tensorrt or 'none'}")
-    sm = engine.get("compute_capability")
+    sm = engine.compute_capability
     matching = [g for g in machine.gpus if g.sm == sm]
-    world_size = int(engine.get("world_size", 1))
     if not machine.gpus:
-        problems.append(f"the engines need {world_size} GPU(s) of compute capability {sm}, none is visible")
-    elif len(matching) < world_size:
+        problems.append(f"the engines need {engine.world_size} GPU(s) of compute capability {sm}, none is visible")
+    elif len(matching) < engine.world_size:
         seen = ", ".join(sorted({f"{g.name} (SM {g.sm})" for g in machine.gpus}))
-        problems.append(f"the engines need {world_size} GPU(s) of compute capability {sm} "
-                        f"({engine.get('gpu')}), this machine has {len(matching)} ({seen})")
+        problems.append(f"the engines need {engine.world_size} GPU(s) of compute capability {sm} "
+                        f"({engine.gpu}), this machine has {len(matching)} ({seen})")
     return problems

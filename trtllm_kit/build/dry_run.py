@@ -41,11 +41,12 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, spec.tp)
     layers_for_rank(hf.num_hidden_layers, spec.pp, 0)
     stages = STAGES[: STAGES.index(spec.until) + 1]
-    engine = prepare_engine(spec, hf, family, detect_machine(), compile_requested="engine" in stages)
+    engine = prepare_engine(spec, hf, family, detect_machine(), compile_requested="engine" in stages,
+                            plan_only=True)
     report: dict[str, Any] = {
         "model": {"source": spec.model, "path": str(path), "architecture": hf.architecture,
                   "num_parameters": hf.num_parameters},
-        "target": engine.target, "reason": engine.reason,
+        "target": engine.target.name, "reason": engine.reason,
         "plan": engine.plan.to_dict() if engine.plan else None,
         "stages": _stage_status(spec, stages, engine),
         "commands": [engine.command.argv] if engine.command else [],
@@ -70,7 +71,7 @@ def _stage_status(spec: BuildSpec, stages: tuple[str, ...], engine: EngineSetup)
     except KitError as exc:
         return [{"stage": name, "status": "cannot build", "why": str(exc)} for name in stages]
     previous = Previous.load(spec.out, force=spec.force)
-    if not previous.manifest:  # nothing to reuse: do not hash the weights just to say so
+    if previous.artifact is None:  # nothing to reuse: do not hash the weights just to say so
         why = "--force" if spec.force else f"no earlier build in {spec.out}"
         return [{"stage": name, "status": "will build", "why": why} for name in stages]
     digests = input_digests([model.path / "config.json", *model.weight_files], previous)
@@ -81,8 +82,8 @@ def _stage_status(spec: BuildSpec, stages: tuple[str, ...], engine: EngineSetup)
         rows.append({"stage": name, "status": "cached" if cached else "will build", "key": keys[name],
                      "why": "same key in the earlier build" if cached else
                      f"key changed (was {previous.key(name) or 'absent'})"})
-    if "engine" in stages and engine.target != "engine":
-        rows[stages.index("engine")]["status"] += " (no compile: target cpu)"
+    if "engine" in stages and not engine.target.compiles:
+        rows[stages.index("engine")]["status"] += f" (no compile: target {engine.target.name})"
     return rows
 
 

@@ -1,8 +1,8 @@
-"""The engine stage: target choice, memory plan, the ``trtllm-build`` command and its run.
+"""The engine stage: target choice, memory plan, the ``trtllm-build`` command, and the target's compile.
 
 ``prepare_engine`` does everything that must happen before heavy work (choose the target, plan memory and
-refuse a plan that does not fit, settle the command line); ``engine_stage`` runs the command on the
-staged checkpoint. With target ``cpu`` the stage compiles nothing and records what it would have run.
+refuse a plan that does not fit, settle the command line); ``engine_stage`` hands the staged checkpoint to the
+target's compile step. Target ``cpu`` compiles nothing and records the command the engine target would run.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtllm_kit.build.compat import Machine, check_engine_machine, engine_problem
-from trtllm_kit.build.compile import effective_settings, run_trtllm_build
+from trtllm_kit.build.compat import Machine
 from trtllm_kit.build.fit import check_plan
 from trtllm_kit.build.gpus import GPU, resolve_gpu
 from trtllm_kit.build.plan import BuildPlan, Limits, Precision, make_plan
@@ -25,11 +24,12 @@ from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.targets import Target, choose_target
+from trtllm_kit.targets.engine import ENGINE_DIR
 
 if TYPE_CHECKING:
     from trtllm_kit.build.pipeline import BuildContext
 
-ENGINE_DIR = "engines"
 KEY_EXCLUDED_FLAGS = ("input_timing_cache", "output_timing_cache", "workers", "log_level")
 
 
@@ -37,8 +37,8 @@ KEY_EXCLUDED_FLAGS = ("input_timing_cache", "output_timing_cache", "workers", "l
 class EngineSetup:
     """The engine stage, settled before any heavy work."""
 
-    target: str                  # "engine" or "cpu"
-    reason: str                  # why, in words
+    target: Target
+    reason: str                  # why this target, in words
     plan: BuildPlan | None       # None when no GPU is known (cpu target without --gpu/--gpu-memory)
     build_gpu: GPU | None        # the GPU the recipe is for
     command: BuildCommand | None
@@ -46,10 +46,10 @@ class EngineSetup:
 
     def key_parts(self) -> dict[str, Any]:
         """What decides the engines (the cache key of the stage)."""
-        parts: dict[str, Any] = {"target": self.target}
+        parts: dict[str, Any] = {"target": self.target.name}
         if self.command is not None:  # target cpu records the command it would run: it is part of the output
             parts["flags"] = {k: v for k, v in self.command.flags if k not in KEY_EXCLUDED_FLAGS}
-        if self.target == "engine" and self.build_gpu is not None:
+        if self.target.name == "engine" and self.build_gpu is not None:
             parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
                          tensorrt=self.machine.tensorrt)
         return parts
@@ -66,27 +66,8 @@ def precision_of(spec: BuildSpec, hf: HFConfig) -> Precision:
     return Precision(resolve_dtype(spec.dtype, hf), quant.quant_algo, quant.kv_cache_quant_algo)
 
 
-def resolve_target(requested: str, machine: Machine) -> tuple[str, str]:
-    """``engine`` or ``cpu`` for ``--target auto|cpu|engine``, and why.
-
-    Arguments:
-        requested: the spec's target.
-        machine: ``detect_machine()``.
-    """
-    if requested == "cpu":
-        return "cpu", "target cpu: no engine compile; the CPU runtime reads checkpoint/"
-    problem = engine_problem(machine)
-    if requested == "engine":
-        check_engine_machine(machine)
-        return "engine", f"target engine: tensorrt_llm {machine.tensorrt_llm} on {machine.gpus[0].name}"
-    if problem is None:
-        return "engine", (f"target auto → engine: tensorrt_llm {machine.tensorrt_llm} and {len(machine.gpus)} "
-                          f"GPU(s) ({machine.gpus[0].name}) found")
-    return "cpu", f"target auto → cpu: {problem[0].lower()}{problem[1:]}"
-
-
 def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machine, *,
-                   compile_requested: bool) -> EngineSetup:
+                   compile_requested: bool, plan_only: bool = False) -> EngineSetup:
     """Choose the target, plan memory (refusing a plan that does not fit) and settle the command.
 
     Arguments:
@@ -94,9 +75,14 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
         hf: the model config; family: its weight table.
         machine: ``detect_machine()``.
         compile_requested: the engine stage is among the stages to run.
+        plan_only: nothing will run (``plan``, ``build --dry-run``): the target's machine check is reported,
+        not enforced, so a CPU machine plans the build a GPU machine will do.
     """
     check_overrides(spec.build_flags)
-    target, reason = resolve_target(spec.target, machine) if compile_requested else ("cpu", "engine stage not run")
+    if compile_requested:
+        target, reason = choose_target(spec.target, machine, plan_only=plan_only)
+    else:
+        target, reason = choose_target("cpu", machine)[0], "engine stage not run"
     gpu = resolve_gpu(spec.gpu, spec.gpu_memory, list(machine.gpus))
     plan = None
     if gpu is not None:
@@ -105,7 +91,7 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
         plan = make_plan(hf, family, Mapping(spec.tp, spec.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)
-    build_gpu = machine.gpus[0] if target == "engine" else gpu
+    build_gpu = machine.gpus[0] if target.name == "engine" and machine.gpus else gpu
     if compile_requested and build_gpu is not None:
         check_fp8(precision_of(spec, hf), build_gpu)
     command = None
@@ -137,27 +123,7 @@ def timing_cache_path(gpu: GPU, machine: Machine) -> Path:
 
 
 def engine_stage(ctx: BuildContext) -> None:
-    """checkpoint/ → engines/ with trtllm-build (target engine), or a record of the command (target cpu)."""
+    """checkpoint/ → the target's compile step (engines/ with trtllm-build, or a record of the command)."""
     setup = ctx.engine
     assert setup is not None, "run_build prepares the engine stage"
-    if setup.target != "engine":
-        ctx.summary["engine"] = {"target": setup.target, "skipped": setup.reason,
-                                 "command": setup.command.argv if setup.command else None,
-                                 "plan": setup.plan.to_dict() if setup.plan else None}
-        return
-    assert setup.command is not None and setup.plan is not None and setup.build_gpu is not None
-    ctx.reporter.note(f"engine: {setup.command.line}")
-    timing_cache = dict(setup.command.flags).get("output_timing_cache")
-    if timing_cache:
-        Path(timing_cache).parent.mkdir(parents=True, exist_ok=True)
-    world_size = ctx.mapping.world_size
-    result = run_trtllm_build(setup.command, ctx.out, ctx.out / "logs", world_size)
-    machine = setup.machine
-    ctx.summary["engine"] = {
-        "dir": ENGINE_DIR, "target": "engine", "reason": setup.reason, "world_size": world_size,
-        "tp_size": ctx.mapping.tp_size, "pp_size": ctx.mapping.pp_size, "tensorrt_llm": machine.tensorrt_llm,
-        "tensorrt": machine.tensorrt, "cuda": machine.cuda, "driver": machine.driver, "gpu": setup.build_gpu.name,
-        "compute_capability": setup.build_gpu.sm, "command": setup.command.argv,
-        "effective": effective_settings(result.engine_config), "plan": setup.plan.to_dict(),
-        "compile_seconds": round(result.seconds, 3),
-    }
+    ctx.records.engine = setup.target.compile(ctx, setup)

@@ -1,7 +1,8 @@
 """Runs the build stages in order into one atomically placed output directory.
 
 Each stage is a function of the ``BuildContext``: it writes its own subdirectory of the staging
-directory and adds its section to ``ctx.summary``. ``spec.until`` names the last stage to run.
+directory and its typed record to ``ctx.records``. ``spec.until`` names the last stage to run. The result is
+an ``Artifact`` whose ``manifest.json`` every later command reads.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.build.artifact import check_out_dir, file_hashes, staged_dir, tool_versions, write_manifest
+from trtllm_kit.artifact import Artifact, CacheRecord, CheckpointRecord, ModelRecord, StageRecords
+from trtllm_kit.build.artifact import check_out_dir, file_hashes, staged_dir, tool_versions
 from trtllm_kit.build.cache import Previous, fingerprint, input_digests, stage_key
 from trtllm_kit.build.compat import detect_machine
 from trtllm_kit.build.convert import convert, quant_transform, work_items
-from trtllm_kit.build.engine import EngineSetup, engine_stage, prepare_engine
+from trtllm_kit.build.engine import EngineSetup, engine_stage, precision_of, prepare_engine
 from trtllm_kit.build.inspect import ModelSpec, inspect_model
 from trtllm_kit.build.shard import Mapping, check_tp
 from trtllm_kit.errors import VerifyError
@@ -39,7 +41,7 @@ class BuildContext:
     mapping: Mapping
     reporter: Reporter
     out: Path
-    summary: dict[str, Any] = field(default_factory=dict)
+    records: StageRecords = field(default_factory=StageRecords)
     timings: dict[str, float] = field(default_factory=dict)
     engine: EngineSetup | None = None
 
@@ -48,9 +50,16 @@ class BuildContext:
 class BuildResult:
     """What a build produced: the manifest and a summary for ``--json``."""
 
-    out_dir: Path
-    manifest_path: Path
+    artifact: Artifact
     summary: dict[str, Any]
+
+    @property
+    def out_dir(self) -> Path:
+        return self.artifact.path
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.artifact.manifest_path
 
 
 def should_verify(spec: BuildSpec, model: ModelSpec) -> bool:
@@ -71,17 +80,17 @@ def checkpoint_stage(ctx: BuildContext) -> None:
         stats = calibrate(ctx.model.path, quant, ctx.reporter)
         stats.save(ctx.out / "calibration")
         ctx.timings["calibrate"] = time.perf_counter() - t0
-        ctx.summary["calibration"] = {"dir": "calibration", **stats.params}
+        ctx.records.calibration = {"dir": "calibration", **stats.params}
     transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.dtype, quant, stats)
     with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
         result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.dtype, lambda _name, n: advance(n), transform)
     _copy_tokenizer(ctx.model, ctx.out / "tokenizer")
-    ctx.summary["checkpoint"] = {"dir": "checkpoint", "dtype": result.dtype, **ctx.mapping.to_dict()}
-    if quant.is_quantized:
-        ctx.summary["checkpoint"]["quantization"] = quant.quantization_block()
+    ctx.records.checkpoint = CheckpointRecord(
+        dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
+        quantization=quant.quantization_block() if quant.is_quantized else None)
     if should_verify(ctx.spec, ctx.model):
         t0 = time.perf_counter()
-        ctx.summary["verify"] = _verify(ckpt_dir, ctx.model, ctx.reporter)
+        ctx.records.verify = _verify(ckpt_dir, ctx.model, ctx.reporter)
         ctx.timings["verify"] = time.perf_counter() - t0
 
 
@@ -135,38 +144,42 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     reused = []
     with staged_dir(spec.out, force=spec.force) as stage_dir:
         ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
-        ctx.summary["model"] = {"source": model.source, "path": str(model.path), "family": model.family.name,
-                                "architecture": model.hf.architecture, "num_parameters": model.hf.num_parameters}
+        ctx.records.model = ModelRecord(source=model.source, path=str(model.path), family=model.family.name,
+                                        architecture=model.hf.architecture, num_parameters=model.hf.num_parameters)
         for name in stages:
             t0 = time.perf_counter()
             if previous.can_reuse(name, keys[name]):
-                ctx.summary.update(previous.reuse(name, stage_dir))
+                previous.reuse(name, stage_dir, ctx.records)
                 reused.append(name)
                 reporter.note(f"{name}: unchanged (cache key {keys[name]}), reused")
             else:
                 STAGE_FUNCTIONS[name](ctx)
             ctx.timings[name] = time.perf_counter() - t0
         ctx.timings["total"] = time.perf_counter() - started
-        ctx.summary["stages"] = list(stages)
-        manifest = {
-            "spec": spec.to_dict(),
-            "summary": ctx.summary,
-            "inputs": digests,
-            "tools": tool_versions(),
-            "machine": engine.machine.to_dict(),
-            "cache": {"stages": {name: keys[name] for name in stages}, "reused": reused,
-                      "fingerprints": {p.name: fingerprint(p) for p in input_paths}},
-            "timings_s": {k: round(v, 3) for k, v in ctx.timings.items()},
-            "outputs": file_hashes(stage_dir, previous.outputs_of(reused)),
-        }
-        write_manifest(stage_dir, manifest)
-    out_dir = spec.out.absolute()
-    summary = {"manifest": str(out_dir / "manifest.json"), **ctx.summary, "reused": reused}
+        ctx.records.stages = list(stages)
+        artifact = Artifact(
+            path=stage_dir, spec=spec, target=_served_target(ctx), layout=mapping,
+            precision=precision_of(spec, model.hf), records=ctx.records, inputs=digests, tools=tool_versions(),
+            machine=engine.machine.to_dict(),
+            cache=CacheRecord(stages={name: keys[name] for name in stages}, reused=reused,
+                              fingerprints={p.name: fingerprint(p) for p in input_paths}),
+            timings_s={k: round(v, 3) for k, v in ctx.timings.items()},
+            files=file_hashes(stage_dir, previous.outputs_of(reused)))
+        artifact.write()
+    artifact = artifact.moved(spec.out.absolute())
+    summary = {"manifest": str(artifact.manifest_path), **ctx.records.to_dict(), "reused": reused}
     if spec.archive:
         from trtllm_kit.build.archive import pack_archive
 
-        summary["archive"] = str(pack_archive(out_dir, spec.archive).absolute())
-    return BuildResult(out_dir, out_dir / "manifest.json", summary)
+        summary["archive"] = str(pack_archive(artifact.path, spec.archive).absolute())
+    return BuildResult(artifact, summary)
+
+
+def _served_target(ctx: BuildContext) -> str:
+    """The target the artifact serves on: the repository's (or, before a repo stage, the compile stage's)."""
+    if ctx.records.repo is not None:
+        return ctx.records.repo.target
+    return ctx.records.engine.target if ctx.records.engine is not None else "cpu"
 
 
 def _copy_tokenizer(model: ModelSpec, dest: Path) -> None:

@@ -19,6 +19,7 @@ def artifact() -> None:
     \b
     Example:
       trtllm-kit artifact verify out.tar --hashes-only
+      trtllm-kit artifact upgrade out/
     """
 
 
@@ -48,6 +49,26 @@ def artifact_verify(path: Path, hashes_only: bool, as_json: bool) -> None:
     failure = verdict(report, hashes_only=hashes_only)
     if failure:
         raise KitError(failure)
+
+
+@artifact.command(name="upgrade")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the schema versions before and after as JSON.")
+def artifact_upgrade(out: Path, as_json: bool) -> None:
+    """Rewrite OUT/manifest.json written by an older trtllm-kit in this kit's schema (the files stay as built).
+
+    \b
+    Example:
+      trtllm-kit artifact upgrade out/ && trtllm-kit artifact verify out/
+    """
+    from trtllm_kit.artifact import upgrade_manifest
+
+    old, new = upgrade_manifest(out)
+    if as_json:
+        emit_json({"manifest": str(out / "manifest.json"), "from": old, "to": new})
+    else:
+        click.echo(f"{out}/manifest.json: schema_version {old} → {new}" if old != new else
+                   f"{out}/manifest.json is already schema_version {new}; nothing to do")
 
 
 @click.command()

@@ -98,15 +98,5 @@ class RepoOptions:
         return asdict(self)
 
 
-def plan_of(summary: dict[str, Any]) -> dict[str, Any]:
-    """The build plan recorded by the engine stage (empty when there is none).
-
-    Arguments:
-        summary: a build's ``summary`` (the manifest's, or the one being built).
-    """
-    plan = (summary.get("engine") or {}).get("plan") or summary.get("plan")
-    return plan if isinstance(plan, dict) else {}
-
-
 # The options a build spec carries (the [repo] table); the KV fraction comes from the spec's kv_cache_fraction.
 REPO_FIELDS = tuple(f.name for f in fields(RepoOptions) if f.name != "kv_cache_free_gpu_mem_fraction")

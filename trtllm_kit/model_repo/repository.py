@@ -8,12 +8,14 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtllm_kit.artifact import RepoRecord
 from trtllm_kit.build.artifact import sha256_file
-from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.errors import KitError
 from trtllm_kit.model_repo.configs import SCHEMA, TRTLLM_MODEL, parse_config, repository_configs, to_text
-from trtllm_kit.model_repo.limits import EngineLimits, cpu_limits, engine_limits
-from trtllm_kit.model_repo.options import REPO_FIELDS, RepoOptions, plan_of
-from trtllm_kit.model_repo.validate import TOKENIZER_FILES, validate_repository
+from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.model_repo.options import REPO_FIELDS, RepoOptions
+from trtllm_kit.model_repo.validate import TOKENIZER_FILES, Expectation, validate_repository
+from trtllm_kit.targets import get_target
 
 if TYPE_CHECKING:
     from trtllm_kit.build.pipeline import BuildContext
@@ -25,7 +27,6 @@ PYTHON_MODELS = {
     "postprocessing": ("postprocessing.py", ("text_codec.py",)),
     "tensorrt_llm_bls": ("tensorrt_llm_bls.py", ()),
 }
-CPU_RUNTIME_MODEL = "tensorrt_llm_cpu.py"
 
 
 def python_source(name: str) -> Path:
@@ -38,8 +39,8 @@ def python_source(name: str) -> Path:
 
 
 def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions, *, model_path: Path,
-                     tokenizer_files: list[Path], plan_fraction: float | None = None) -> dict[str, Any]:
-    """Write the repository into the empty or missing ``repo_dir``; returns a summary for the manifest.
+                     tokenizer_files: list[Path], plan_fraction: float | None = None) -> RepoRecord:
+    """Write the repository into the empty or missing ``repo_dir``; returns its record for the manifest.
 
     Arguments:
         repo_dir: where to write; limits: what the engine (or the CPU runtime) runs;
@@ -61,8 +62,9 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         (model_dir / "1").mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(text)
     sources = dict(PYTHON_MODELS) if has_text else {}
-    if limits.target == "cpu":
-        sources[TRTLLM_MODEL] = (CPU_RUNTIME_MODEL, ())
+    slot_model = get_target(limits.target).slot_model
+    if slot_model is not None:  # the kit's Python model serves the tensorrt_llm slot
+        sources[TRTLLM_MODEL] = (slot_model, ())
     for name, (source, helpers) in sources.items():
         shutil.copy2(python_source(source), repo_dir / name / "1" / "model.py")
         for helper in helpers:
@@ -71,8 +73,8 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         (repo_dir / name / TOKENIZER_DIR).mkdir()
         for path in tokenizer_files:
             shutil.copy2(path, repo_dir / name / TOKENIZER_DIR / path.name)
-    return {"dir": repo_dir.name, "schema": SCHEMA, "target": limits.target, "models": list(configs), "text": has_text,
-            "gpt_model_path": str(model_path), "limits": limits.to_dict(), "options": resolved.to_dict()}
+    return RepoRecord(dir=repo_dir.name, schema=SCHEMA, target=limits.target, models=list(configs), text=has_text,
+                      gpt_model_path=str(model_path), limits=limits.to_dict(), options=resolved.to_dict())
 
 
 def has_tokenizer(files: list[Path]) -> bool:
@@ -84,25 +86,6 @@ def has_tokenizer(files: list[Path]) -> bool:
     return any(path.name in TOKENIZER_FILES for path in files)
 
 
-def _target(ctx: BuildContext) -> str:
-    """``engine`` when an engine was built (or demanded), else ``cpu``."""
-    decided = (ctx.summary.get("engine") or {}).get("target")
-    if decided in ("engine", "cpu"):
-        return decided
-    has_engine = (ctx.out / "engines" / "config.json").is_file()
-    if ctx.spec.target == "engine" and not has_engine:
-        raise KitUsageError("target engine needs engines/ from the engine stage, but none was built; run with "
-                            "--until repo on a GPU machine or pass --target cpu.")
-    return "engine" if ctx.spec.target == "engine" or (ctx.spec.target == "auto" and has_engine) else "cpu"
-
-
-def _plan_fraction(ctx: BuildContext) -> float | None:
-    plan = plan_of(ctx.summary)
-    if "kv_cache_fraction" in plan:
-        return float(plan["kv_cache_fraction"])
-    return getattr(ctx.spec, "kv_cache_fraction", None)
-
-
 def repo_key_parts(spec: Any) -> dict[str, Any]:
     """What decides the repository besides the engine: the [repo] options, the CPU runtime's limits, the output
     location (``gpt_model_path`` is absolute) and the shipped Python models.
@@ -111,8 +94,10 @@ def repo_key_parts(spec: Any) -> dict[str, Any]:
         spec: the build spec.
     """
     values = spec.to_dict()
+    from trtllm_kit.targets import TARGETS
+
     sources = sorted({f for source, helpers in PYTHON_MODELS.values() for f in (source, *helpers)}
-                     | {CPU_RUNTIME_MODEL})
+                     | {t.slot_model for t in TARGETS.values() if t.slot_model})
     return {"options": {k: values.get(k) for k in REPO_FIELDS},
             "limits": {k: values.get(k) for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
                                                    "tokens_per_block", "kv_cache_fraction")},
@@ -122,28 +107,27 @@ def repo_key_parts(spec: Any) -> dict[str, Any]:
 
 def repo_stage(ctx: BuildContext) -> None:
     """Engine or checkpoint → ``repo/``, validated in place before the build output is moved into position."""
-    target = _target(ctx)
-    final_out = ctx.spec.out.absolute()
-    if target == "engine":
-        limits = engine_limits(ctx.out / "engines")
-        model_path = final_out / "engines"
-    else:
-        spec_values = ctx.spec.to_dict()
-        limits = cpu_limits(ctx.out / "checkpoint", **{k: spec_values.get(k) for k in (
-            "max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block")})
-        model_path = final_out / "checkpoint"
+    engine = ctx.records.engine
+    assert engine is not None, "the engine stage runs (or is reused) before the repo stage"
+    target = get_target(engine.target)
+    spec_values = ctx.spec.to_dict()
+    limits = target.limits(ctx.out / target.model_dir, {k: spec_values.get(k) for k in (
+        "max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block")})
     tokenizer_dir = ctx.out / "tokenizer"
     files = sorted(tokenizer_dir.iterdir()) if tokenizer_dir.is_dir() else list(ctx.model.tokenizer_files)
-    options = RepoOptions.from_values(ctx.spec.to_dict())
-    summary = write_repository(ctx.out / "repo", limits, options, model_path=model_path, tokenizer_files=files,
-                               plan_fraction=_plan_fraction(ctx))
-    report = validate_repository(ctx.out / "repo", model_dir=limits.model_dir, manifest_summary=ctx.summary)
+    options = RepoOptions.from_values(spec_values)
+    fraction = engine.kv_cache_fraction
+    record = write_repository(ctx.out / "repo", limits, options, model_path=ctx.spec.out.absolute() / target.model_dir,
+                              tokenizer_files=files,
+                              plan_fraction=fraction if fraction is not None else ctx.spec.kv_cache_fraction)
+    expect = Expectation(world_size=ctx.mapping.world_size, kv_cache_fraction=fraction)
+    report = validate_repository(ctx.out / "repo", model_dir=limits.model_dir, expect=expect)
     if report.errors:
         first = report.errors[0]
         raise KitError(f"the generated repository fails validation: {first.model}: {first.message}")
-    ctx.summary["repo"] = summary
-    if not summary["text"]:
+    ctx.records.repo = record
+    if not record.text:
         ctx.reporter.note(f"repo: {ctx.model.source} has no tokenizer, so only tensorrt_llm (token ids in and out) "
                           "was written; add tokenizer files to the model for text in and out")
-    ctx.reporter.note(f"repo: {target} target, max_batch_size {limits.max_batch_size}, decoupled "
-                      f"{summary['options']['decoupled']}, {len(report.findings)} validation note(s)")
+    ctx.reporter.note(f"repo: {target.name} target, max_batch_size {limits.max_batch_size}, decoupled "
+                      f"{record.options['decoupled']}, {len(report.findings)} validation note(s)")

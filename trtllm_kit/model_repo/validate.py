@@ -6,7 +6,6 @@ sentence each: what is wrong, what was found, what to do. Any ``error`` finding 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +17,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import MODEL_NAMES, TRTLLM_MODEL, parse_config
 from trtllm_kit.model_repo.limits import EngineLimits, limits_from_dir
-from trtllm_kit.model_repo.options import plan_of
 from trtllm_kit.model_repo.wiring import check_ensemble
 
 REQUIRED_MODELS = ("preprocessing", TRTLLM_MODEL, "postprocessing")
@@ -96,22 +94,46 @@ def _parse_files(repo: Path, report: ValidationReport) -> dict[str, mc.ModelConf
     return configs
 
 
+@dataclass(frozen=True)
+class Expectation:
+    """What the artifact that holds the repository records: its world size and the plan's KV-cache fraction."""
+
+    world_size: int | None = None
+    kv_cache_fraction: float | None = None
+
+    @classmethod
+    def of_artifact(cls, out: Path) -> Expectation:
+        """Read from ``out/manifest.json``; nothing is expected when there is none or it cannot be read.
+
+        Arguments:
+            out: the directory that holds the repository.
+        """
+        from trtllm_kit.artifact import MANIFEST, Artifact
+
+        if not (out / MANIFEST).is_file():
+            return cls()
+        try:
+            artifact = Artifact.read(out)
+        except KitError:
+            return cls()
+        return cls(world_size=artifact.layout.world_size, kv_cache_fraction=artifact.kv_cache_fraction)
+
+
 def _check_engine(trt: mc.ModelConfig, limits: EngineLimits, report: ValidationReport,
-                  manifest_summary: dict[str, Any]) -> None:
+                  expect: Expectation) -> None:
     params, where = _params(trt), f"{limits.model_dir}/config.json"
     if trt.max_batch_size > limits.max_batch_size:
         report.add("error", TRTLLM_MODEL, "max_batch_size", f"max_batch_size {trt.max_batch_size} exceeds the "
                    f"engine's {limits.max_batch_size} ({where}); set it to {limits.max_batch_size}.")
     if limits.num_rank_files != limits.world_size:
-        kind = "rank*.engine" if limits.target == "engine" else "rank*.safetensors"
+        kind = limits.rank_file_pattern
         report.add("error", TRTLLM_MODEL, "world_size", f"{where} says tp_size {limits.tp_size} × pp_size "
                    f"{limits.pp_size} = {limits.world_size} ranks but {limits.model_dir} holds "
                    f"{limits.num_rank_files} {kind} file(s); rebuild it.")
-    recorded = (manifest_summary.get("checkpoint") or {})
-    if "tp_size" in recorded and int(recorded["tp_size"]) * int(recorded.get("pp_size", 1)) != limits.world_size:
-        report.add("error", TRTLLM_MODEL, "world_size", f"the build manifest records tp×pp = "
-                   f"{int(recorded['tp_size']) * int(recorded.get('pp_size', 1))} but {where} has world size "
-                   f"{limits.world_size}; the repository points at another build: regenerate it.")
+    if expect.world_size is not None and expect.world_size != limits.world_size:
+        report.add("error", TRTLLM_MODEL, "world_size", f"the build manifest records tp×pp = {expect.world_size} "
+                   f"but {where} has world size {limits.world_size}; the repository points at another build: "
+                   "regenerate it.")
     for devices in filter(None, params.get("gpu_device_ids", "").split(";")):
         if len(devices.split(",")) != limits.world_size:
             report.add("error", TRTLLM_MODEL, "world_size", f"gpu_device_ids {devices!r} lists "
@@ -133,7 +155,7 @@ def _check_engine(trt: mc.ModelConfig, limits: EngineLimits, report: ValidationR
 
 
 def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path | None,
-                  manifest_summary: dict[str, Any]) -> EngineLimits | None:
+                  expect: Expectation) -> EngineLimits | None:
     params = _params(trt)
     strategy = params.get("gpt_model_type")
     if strategy not in BATCHING_STRATEGIES:
@@ -143,7 +165,7 @@ def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path
         report.add("warning", TRTLLM_MODEL, "gpt_model_type", f"gpt_model_type is {strategy}; in-flight fused "
                    "batching serves far more requests per second: use inflight_fused_batching.")
     fraction = params.get("kv_cache_free_gpu_mem_fraction")
-    plan = plan_of(manifest_summary)
+    planned = expect.kv_cache_fraction
     try:
         value = float(fraction) if fraction is not None else None
     except ValueError:
@@ -151,10 +173,9 @@ def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path
     if value is not None and not 0 < value <= 1:
         report.add("error", TRTLLM_MODEL, "kv_cache", f"kv_cache_free_gpu_mem_fraction is {fraction!r}; it must "
                    "be a number in (0, 1].")
-    elif value is not None and "kv_cache_fraction" in plan and value != float(plan["kv_cache_fraction"]):
+    elif value is not None and planned is not None and value != planned:
         report.add("error", TRTLLM_MODEL, "kv_cache", f"kv_cache_free_gpu_mem_fraction {fraction} differs from "
-                   f"the build plan's kv_cache_fraction {plan['kv_cache_fraction']}, which sized max_batch_size; "
-                   "set them equal.")
+                   f"the build plan's kv_cache_fraction {planned}, which sized max_batch_size; set them equal.")
     path = model_dir or (Path(params["gpt_model_path"]) if params.get("gpt_model_path") else None)
     if path is None or not (path / "config.json").is_file():
         report.add("error", TRTLLM_MODEL, "gpt_model_path", f"gpt_model_path {str(path) if path else '(unset)'!r} "
@@ -166,7 +187,7 @@ def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path
         report.add("error", TRTLLM_MODEL, "gpt_model_path", f"{path}/config.json cannot be read as an engine or "
                    f"checkpoint config ({exc}); rebuild it.")
         return None
-    _check_engine(trt, limits, report, manifest_summary)
+    _check_engine(trt, limits, report, expect)
     return limits
 
 
@@ -225,23 +246,23 @@ def _check_python_models(repo: Path, configs: dict[str, mc.ModelConfig], report:
 
 
 def validate_repository(repo: Path, *, model_dir: Path | None = None,
-                        manifest_summary: dict[str, Any] | None = None) -> ValidationReport:
+                        expect: Expectation | None = None) -> ValidationReport:
     """Check a Triton model repository; never raises for what it finds, only for a missing ``repo``.
 
     Arguments:
         repo: the repository directory; model_dir: check against this engine/checkpoint directory instead
-        of ``gpt_model_path`` (for a repository still being built); manifest_summary: the build manifest's
-        ``summary`` (read from ``repo/../manifest.json`` when omitted).
+        of ``gpt_model_path`` (for a repository still being built); expect: what the artifact records
+        (read from ``repo/../manifest.json`` when omitted).
     """
     if not repo.is_dir():
         raise KitUsageError(f"{repo} is not a directory; pass a model repository (a build's repo/ directory).")
-    if manifest_summary is None:
-        manifest_summary = _manifest_summary(repo)
+    if expect is None:
+        expect = Expectation.of_artifact(repo.parent)
     report = ValidationReport(repo)
     configs = _parse_files(repo, report)
     limits = None
     if TRTLLM_MODEL in configs:
-        limits = _check_trtllm(configs[TRTLLM_MODEL], report, model_dir, manifest_summary)
+        limits = _check_trtllm(configs[TRTLLM_MODEL], report, model_dir, expect)
     _check_decoupled(configs, report)
     check_ensemble(repo, configs, report)
     _check_python_models(repo, configs, report, limits)
@@ -271,11 +292,3 @@ def print_report(report: ValidationReport) -> None:
         table.add_row(f"[red]{f.severity}[/]" if f.severity == "error" else f"[yellow]{f.severity}[/]",
                       f.model, f.rule, f.message)
     console.print(table)
-
-
-def _manifest_summary(repo: Path) -> dict[str, Any]:
-    path = repo.parent / "manifest.json"
-    try:
-        return json.loads(path.read_text()).get("summary") or {} if path.is_file() else {}
-    except (json.JSONDecodeError, AttributeError):
-        return {}

@@ -36,11 +36,11 @@ class TritonProcess:
     """One launch of the server: owns the process group, its log file and its shared-memory regions."""
 
     def __init__(self, install: TritonInstall, config: LaunchConfig, log_path: Path, *,
-                 mpirun: str = "mpirun") -> None:
+                 argv: list[str] | None = None, mpirun: str = "mpirun") -> None:
         self.install = install
         self.config = config
         self.log_path = log_path
-        self.argv = launch_argv(install, config, mpirun=mpirun)
+        self.argv = argv if argv is not None else launch_argv(install, config, mpirun=mpirun)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

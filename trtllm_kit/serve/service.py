@@ -95,7 +95,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     config = LaunchConfig(repo=target.repo.absolute(), endpoints=options.endpoints, world_size=target.world_size,
                           shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.log_verbose,
                           exit_timeout_s=options.exit_timeout_s)
-    process = TritonProcess(install, config, state_dir / "tritonserver.log")
+    process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=target.target.argv(install, config))
     state_dir.mkdir(exist_ok=True)
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
     (state_dir / "serve.pid").write_text(f"{os.getpid()}\n")
@@ -104,7 +104,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         process.start()
         frontend = _frontend(options, target, model)  # the tokenizer loads while the server starts
         process.wait_ready(options.ready_timeout_s)
-        state = {"pid": os.getpid(), "server_pid": process.pid, "model": model, "target": target.target,
+        state = {"pid": os.getpid(), "server_pid": process.pid, "model": model, "target": target.target.name,
                  "world_size": target.world_size, "tritonserver": str(install.server), "source": install.source,
                  "host": options.endpoints.host, "http": options.endpoints.url("http"),
                  "grpc": options.endpoints.url("grpc"), "metrics": options.endpoints.url("metrics"),
@@ -180,8 +180,7 @@ async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, process: 
 
 
 def _served_name(target: Servable) -> str:
-    source = target.manifest.get("summary", {}).get("model", {}).get("source")
-    return str(source) if source else target.out.absolute().name
+    return target.artifact.model_source
 
 
 def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dict[str, Any]:

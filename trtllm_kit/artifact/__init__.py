@@ -1,0 +1,28 @@
+"""The artifact a build writes and every later command reads: ``Artifact`` and its stage records."""
+
+from trtllm_kit.artifact.manifest import (
+    MANIFEST,
+    SCHEMA_VERSION,
+    Artifact,
+    ManifestError,
+    activation_type,
+    kv_cache_type,
+    read_manifest_json,
+    upgrade_manifest,
+    weight_type,
+)
+from trtllm_kit.artifact.records import (
+    CacheRecord,
+    CheckpointRecord,
+    EngineBuild,
+    EngineRecord,
+    ModelRecord,
+    RepoRecord,
+    StageRecords,
+)
+
+__all__ = [
+    "MANIFEST", "SCHEMA_VERSION", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild", "EngineRecord",
+    "ManifestError", "ModelRecord", "RepoRecord", "StageRecords", "activation_type", "kv_cache_type",
+    "read_manifest_json", "upgrade_manifest", "weight_type",
+]

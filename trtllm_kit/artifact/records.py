@@ -1,0 +1,183 @@
+"""The typed sections of an artifact's manifest: one record per build stage, each with its JSON form.
+
+A record is what a stage hands to the next and what a later build reuses from the cache; ``to_dict`` and
+``from_dict`` are exact inverses for every record, so a manifest read back equals the one written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that are fields of the dataclass ``cls``."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """The Hugging Face model the artifact was built from."""
+
+    source: str
+    path: str
+    family: str
+    architecture: str | None
+    num_parameters: int
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelRecord:
+        return cls(**_known(cls, values))
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """``checkpoint/``: the TensorRT-LLM checkpoint's dtype and its ``quantization`` block (None: unquantized)."""
+
+    dir: str
+    dtype: str
+    world_size: int
+    tp_size: int
+    pp_size: int
+    quantization: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        if self.quantization is None:
+            del values["quantization"]
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> CheckpointRecord:
+        return cls(**_known(cls, values))
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    """What a compile produced and with which tools, on which GPU (engines run only there)."""
+
+    dir: str
+    world_size: int
+    tp_size: int
+    pp_size: int
+    tensorrt_llm: str | None
+    tensorrt: str | None
+    cuda: str | None
+    driver: str | None
+    gpu: str
+    compute_capability: str | None
+    effective: dict[str, Any] = field(default_factory=dict)
+    compile_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """The compile stage: the target it ran for and why, the plan, the command, and what it built (if it did)."""
+
+    target: str
+    reason: str
+    command: list[str] | None = None
+    plan: dict[str, Any] | None = None
+    built: EngineBuild | None = None
+
+    @property
+    def kv_cache_fraction(self) -> float | None:
+        """The KV-cache memory fraction the plan sized ``max_batch_size`` with (None without a plan)."""
+        if self.plan and "kv_cache_fraction" in self.plan:
+            return float(self.plan["kv_cache_fraction"])
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        values: dict[str, Any] = {"target": self.target, "reason": self.reason, "command": self.command,
+                                  "plan": self.plan}
+        if self.built is not None:
+            values.update(asdict(self.built))
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineRecord:
+        built = EngineBuild(**_known(EngineBuild, values)) if values.get("dir") else None
+        reason = values.get("reason") or values.get("skipped") or ""  # schema 1 said "skipped" when not compiled
+        return cls(target=values["target"], reason=reason, command=values.get("command"), plan=values.get("plan"),
+                   built=built)
+
+
+@dataclass(frozen=True)
+class RepoRecord:
+    """``repo/``: the Triton model repository, its models, the limits it was written for and its options."""
+
+    dir: str
+    schema: str
+    target: str
+    models: list[str]
+    text: bool
+    gpt_model_path: str
+    limits: dict[str, Any]
+    options: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RepoRecord:
+        return cls(**_known(cls, values))
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    """The stage cache: each stage's key, which stages were reused, and the inputs' size/mtime fingerprints."""
+
+    stages: dict[str, str] = field(default_factory=dict)
+    reused: list[str] = field(default_factory=list)
+    fingerprints: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> CacheRecord:
+        return cls(**_known(cls, values))
+
+
+@dataclass
+class StageRecords:
+    """The records the stages of one build have written so far (the manifest's ``summary``)."""
+
+    model: ModelRecord | None = None
+    checkpoint: CheckpointRecord | None = None
+    calibration: dict[str, Any] | None = None
+    verify: dict[str, Any] | None = None
+    engine: EngineRecord | None = None
+    repo: RepoRecord | None = None
+    stages: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        if self.model is not None:
+            values["model"] = asdict(self.model)
+        if self.checkpoint is not None:
+            values["checkpoint"] = self.checkpoint.to_dict()
+        for name in ("calibration", "verify"):
+            if getattr(self, name) is not None:
+                values[name] = getattr(self, name)
+        if self.engine is not None:
+            values["engine"] = self.engine.to_dict()
+        if self.repo is not None:
+            values["repo"] = asdict(self.repo)
+        values["stages"] = list(self.stages)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> StageRecords:
+        def section(name: str, reader: Any) -> Any:
+            return reader(values[name]) if isinstance(values.get(name), dict) else None
+
+        return cls(model=section("model", ModelRecord.from_dict),
+                   checkpoint=section("checkpoint", CheckpointRecord.from_dict),
+                   calibration=values.get("calibration"), verify=values.get("verify"),
+                   engine=section("engine", EngineRecord.from_dict), repo=section("repo", RepoRecord.from_dict),
+                   stages=list(values.get("stages") or []))
+
+    def take(self, other: StageRecords, names: tuple[str, ...]) -> None:
+        """Copy the sections ``names`` from ``other`` (a reused stage brings its records along).
+
+        Arguments:
+            other: the earlier build's records; names: section names (``checkpoint``, ``verify``, …).
+        """
+        for name in names:
+            setattr(self, name, getattr(other, name))

@@ -1,0 +1,77 @@
+"""What a serving target is: one object that owns every decision the build, the repository and serve make
+differently per target (machine check, compile step, limits, repository models, validation, launch)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from trtllm_kit.artifact import Artifact, EngineRecord
+    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.build.engine import EngineSetup
+    from trtllm_kit.build.pipeline import BuildContext
+    from trtllm_kit.model_repo.limits import EngineLimits
+    from trtllm_kit.serve.launcher import LaunchConfig
+    from trtllm_kit.serve.locate import TritonInstall
+
+
+class Target(ABC):
+    """A serving target. Subclasses set the class attributes and implement the abstract methods."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]            # one line for --help and the plan
+    model_dir: ClassVar[str]          # the artifact directory gpt_model_path names (engines/, checkpoint/)
+    rank_file_pattern: ClassVar[str]  # one file per rank in model_dir
+    backend: ClassVar[str]            # the Triton backend of the tensorrt_llm slot
+    slot_model: ClassVar[str | None]  # the kit's Python model file for that slot (None: a C++ backend)
+    compiles: ClassVar[bool]          # whether the compile stage produces files (else it records what it would run)
+
+    @abstractmethod
+    def machine_problem(self, machine: Machine) -> str | None:
+        """Why this target cannot be built here (one sentence), or None. A plan skips this check."""
+
+    @abstractmethod
+    def chosen_because(self, machine: Machine) -> str:
+        """Why this target runs here, for the build's notes (called when ``machine_problem`` is None)."""
+
+    @abstractmethod
+    def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
+        """The compile stage over ``ctx.out/checkpoint``; returns its record for the manifest."""
+
+    @abstractmethod
+    def reads_model_dir(self, config: dict[str, Any]) -> bool:
+        """Whether a ``config.json`` under ``gpt_model_path`` is this target's model directory."""
+
+    @abstractmethod
+    def limits(self, model_dir: Path, overrides: dict[str, int | None]) -> EngineLimits:
+        """What the ``tensorrt_llm`` slot can run over ``model_dir``.
+
+        Arguments:
+            model_dir: the directory gpt_model_path names; overrides: runtime sizes chosen by the user
+            (``max_batch_size``, ``max_num_tokens``, ``max_seq_len``, ``tokens_per_block``; None: default).
+        """
+
+    def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
+        """What keeps ``artifact`` from being served here; empty when it can be.
+
+        Arguments:
+            artifact: the artifact; machine: this machine (detected when None and the target needs it).
+        """
+        return []
+
+    def launch_world_size(self, artifact: Artifact) -> int:
+        """How many server processes (MPI ranks) the launch starts."""
+        return 1
+
+    def argv(self, install: TritonInstall, config: LaunchConfig, *, mpirun: str = "mpirun",
+             is_root: bool | None = None) -> list[str]:
+        """The server's command line: one ``tritonserver``, or one per rank under ``mpirun``.
+
+        Arguments:
+            install: the located server; config: the launch; mpirun, is_root: as ``launch_argv`` takes them.
+        """
+        from trtllm_kit.serve.launcher import launch_argv
+
+        return launch_argv(install, config, mpirun=mpirun, is_root=is_root)

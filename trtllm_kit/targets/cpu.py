@@ -1,0 +1,63 @@
+"""Target ``cpu``: no compile; the kit's CPU runtime serves the ``tensorrt_llm`` slot over ``checkpoint/`` with
+the C++ backend's tensors, in-flight batching and a paged KV cache. For development, CI and verification."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtllm_kit.artifact import EngineRecord
+from trtllm_kit.jsonfile import read_json
+from trtllm_kit.model_repo.limits import (
+    CPU_MAX_BATCH_SIZE,
+    CPU_MAX_NUM_TOKENS,
+    CPU_MAX_SEQ_LEN,
+    TOKENS_PER_BLOCK,
+    EngineLimits,
+)
+from trtllm_kit.targets.base import Target
+
+if TYPE_CHECKING:
+    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.build.engine import EngineSetup
+    from trtllm_kit.build.pipeline import BuildContext
+
+
+class CpuTarget(Target):
+    name = "cpu"
+    summary = "the kit's CPU runtime in the tensorrt_llm slot, over the TensorRT-LLM checkpoint (no GPU)"
+    model_dir = "checkpoint"
+    rank_file_pattern = "rank*.safetensors"
+    backend = "python"
+    compiles = False
+    slot_model = "tensorrt_llm_cpu.py"
+
+    def machine_problem(self, machine: Machine) -> str | None:
+        return None
+
+    def chosen_because(self, machine: Machine) -> str:
+        return "no engine compile; the CPU runtime reads checkpoint/"
+
+    def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
+        """Nothing to compile: record the reason and the command the engine target would run."""
+        return EngineRecord(target=self.name, reason=setup.reason,
+                            command=setup.command.argv if setup.command else None,
+                            plan=setup.plan.to_dict() if setup.plan else None)
+
+    def reads_model_dir(self, config: dict[str, Any]) -> bool:
+        return "architecture" in config and "build_config" not in config
+
+    def limits(self, model_dir: Path, overrides: dict[str, int | None]) -> EngineLimits:
+        """The given sizes, else defaults sized for a CPU, over the checkpoint's ``config.json``."""
+        config = read_json(model_dir / "config.json", f"{model_dir}/config.json does not exist; build the "
+                           "checkpoint first (trtllm-kit build).")
+        mapping = config.get("mapping") or {}
+        positions = int(config.get("max_position_embeddings") or CPU_MAX_SEQ_LEN)
+        return EngineLimits(
+            target=self.name, model_dir=model_dir,
+            max_batch_size=overrides.get("max_batch_size") or CPU_MAX_BATCH_SIZE,
+            max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
+            max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,
+            tokens_per_block=overrides.get("tokens_per_block") or TOKENS_PER_BLOCK, use_paged_context_fmha=True,
+            tp_size=int(mapping.get("tp_size", 1)), pp_size=int(mapping.get("pp_size", 1)),
+            vocab_size=config.get("vocab_size"))
