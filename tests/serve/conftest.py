@@ -9,7 +9,6 @@ refused.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,12 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
+
+from trtllm_kit.artifact import Artifact, EngineBuild, EngineRecord, ModelRecord, StageRecords
+from trtllm_kit.build.artifact import file_hashes
+from trtllm_kit.build.plan import Precision
+from trtllm_kit.build.shard import Mapping
+from trtllm_kit.spec import BuildSpec
 
 FAKE_MODEL = '''
 import threading
@@ -90,12 +95,14 @@ def ensemble_config() -> mc.ModelConfig:
     return config
 
 
-def make_fake_out(out: Path, *, config_text: str | None = None) -> Path:
-    """Write a servable build output at ``out`` (``config_text`` replaces the ensemble's config.pbtxt).
+def make_fake_out(out: Path, *, config_text: str | None = None, engine: EngineBuild | None = None) -> Path:
+    """Write a servable build output at ``out`` (``config_text`` replaces the ensemble's config.pbtxt), its
+    manifest written by the kit's own ``Artifact`` (target cpu, or engine with ``engine``'s record).
 
     Arguments:
         out: the directory to create.
         config_text: a replacement config, e.g. a corrupt one.
+        engine: what a compile on another machine recorded.
     """
     from trtllm_kit.models.builtin import builtin_dir
 
@@ -107,9 +114,13 @@ def make_fake_out(out: Path, *, config_text: str | None = None) -> Path:
     (out / "tokenizer").mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy2(builtin_dir("tiny-llama") / name, out / "tokenizer" / name)
-    manifest = {"schema_version": 1, "spec": {"target": "cpu"},
-                "summary": {"model": {"source": "builtin:tiny-llama"}, "checkpoint": {"tp_size": 1, "pp_size": 1}}}
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    target = "engine" if engine else "cpu"
+    records = StageRecords(model=ModelRecord("builtin:tiny-llama", str(builtin_dir("tiny-llama")), "llama",
+                                             "LlamaForCausalLM", 2299136),
+                           engine=EngineRecord(target, "stand-in", built=engine),
+                           stages=["checkpoint", "engine", "repo"])
+    Artifact(path=out, spec=BuildSpec(model="builtin:tiny-llama", out=out, target=target), target=target,
+             layout=Mapping(1, 1), precision=Precision("bfloat16"), records=records, files=file_hashes(out)).write()
     return out
 
 

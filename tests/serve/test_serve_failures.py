@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trtllm_kit.artifact import EngineBuild
 from trtllm_kit.serve.launcher import free_endpoints
 
 pytestmark = pytest.mark.integration
@@ -47,11 +47,9 @@ def test_corrupted_repository(tmp_path: Path, make_out: Callable[..., Path]) -> 
 
 
 def test_manifest_from_another_trtllm(tmp_path: Path, make_out: Callable[..., Path]) -> None:
-    out = make_out(tmp_path / "out")
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["summary"]["engine"] = {"dir": "engines", "tensorrt_llm": "1.2.1", "compute_capability": "9.0",
-                                     "world_size": 1, "gpu": "H100"}
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    out = make_out(tmp_path / "out", engine=EngineBuild(
+        dir="engines", world_size=1, tp_size=1, pp_size=1, tensorrt_llm="1.2.1", tensorrt=None, cuda="12.8",
+        driver="570.1", gpu="H100", compute_capability="9.0"))
     proc = subprocess.run(serve_argv(out), capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (2, f"Error: {out} cannot be served here: the engines were built with "
                                                  "tensorrt_llm 1.2.1, this machine has none; the engines need 1 GPU(s) "
