@@ -45,7 +45,7 @@ def choose_target(requested: str, machine: Machine, *, plan_only: bool = False) 
         if not plan_only:
             raise KitError(problem)
         return target, f"target {target.name} (plan only; a build here would stop: {_lower(problem)})"
-    problems = []
+    problems: list[str] = []
     for name in AUTO_ORDER:
         target = TARGETS[name]
         problem = target.machine_problem(machine)
