@@ -31,6 +31,11 @@ def waiting_query(names: Names) -> str:
     return f'sum({WAITING}{{{selector(names, request_type="waiting")}}})'
 
 
+def load_query(names: Names) -> str:
+    """Requests in the servers (running and waiting), summed: the load the signal is plotted against."""
+    return f'sum({WAITING}{{{selector(names)},request_type=~"active|waiting"}})'
+
+
 def recording_rules(names: Names) -> list[Obj]:
     """``record``/``expr`` pairs: the queue per deployment and per pod, KV-cache use, NVIDIA's queue:compute ratio."""
     sel = selector(names)

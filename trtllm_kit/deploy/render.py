@@ -100,7 +100,8 @@ def render(source: DeploySource, settings: DeploySettings, out: Path, *, force: 
     if found:  # an internal invariant: the kit must never write an object its schemas refuse
         raise KitError(f"the generated objects fail validation: {found[0]}")
     budget = budgets(source, settings)
-    record = {"kubernetes": KUBERNETES_VERSION, "target": source.target, "world_size": source.world_size,
+    record = {"name": settings.name or default_name(source.model), "namespace": settings.namespace,
+              "kubernetes": KUBERNETES_VERSION, "target": source.target, "world_size": source.world_size,
               "tp_size": source.tp_size, "pp_size": source.pp_size, "startup_budget_s": budget.startup_s,
               "grace_period_s": budget.grace_s, "settings": settings.to_dict()}
     with staged_dir(out, force=force) as staging:
