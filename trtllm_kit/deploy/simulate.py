@@ -127,7 +127,7 @@ def replay(series: list[tuple[float, float]], spec: ScalingSpec, *, sync_s: floa
     if not series:
         raise KitUsageError("the series is empty; scrape a range that holds samples of the autoscaler's query.")
     replicas = start_replicas or spec.min_replicas
-    history: list[tuple[float, int]] = []  # (t, replicas)
+    history: list[tuple[float, int]] = [(-math.inf, replicas)]  # (t, replicas from t on)
     recommendations: list[tuple[float, int]] = []
     steps, index, t = [], 0, series[0][0]
     end = until if until is not None else series[-1][0]
@@ -144,7 +144,7 @@ def replay(series: list[tuple[float, float]], spec: ScalingSpec, *, sync_s: floa
         rules, up = (spec.up, True) if wanted > replicas else (spec.down, False)
         if wanted != replicas:
             period = max((p.period_s for p in rules.policies), default=0)
-            start = next((r for tt, r in reversed(history) if tt <= t - period), history[0][1] if history else replicas)
+            start = next(r for tt, r in reversed(history) if tt <= t - period)  # the count one period ago
             limit = _limit(rules, start, up)
             if limit is not None:
                 wanted = min(wanted, max(limit, replicas)) if up else max(wanted, min(limit, replicas))
