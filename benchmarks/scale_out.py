@@ -8,7 +8,7 @@ Builds ``builtin:tiny-llama`` for the CPU runtime with a batch of 2 (so requests
 Debian's ``prometheus`` with the deployment's PrometheusRule, scraping the server every second with the labels a
 PodMonitor would attach, and runs ``trtllm-kit bench --concurrency LEVELS --duration S``. Then it runs
 
-    trtllm-kit deploy simulate K8S --prometheus URL --start T0 --end T1 --step 5 --extend 900 \\
+    trtllm-kit deploy simulate K8S --prometheus URL --start T0 --end T1 --step 5 --extend 1500 \\
         --save OUT/scale-out-series.json --plot OUT/scale-out.png
 
 and prints the replay's summary line. Needs ``prometheus`` on PATH.
@@ -67,7 +67,7 @@ def main() -> int:
             time.sleep(60)
             args.out.mkdir(parents=True, exist_ok=True)
             return run(["deploy", "simulate", str(k8s), "--prometheus", prometheus.url, "--start", str(start),
-                        "--end", str(time.time()), "--step", "5", "--extend", "900",
+                        "--end", str(time.time()), "--step", "5", "--extend", "1500",
                         "--save", str(args.out / "scale-out-series.json"), "--plot", str(args.out / "scale-out.png")])
         finally:
             prometheus.stop()
