@@ -69,11 +69,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def _register_commands() -> None:
     from trtllm_kit.commands.build import build, plan
     from trtllm_kit.commands.checks import artifact, inspect_command, models, validate, verify
+    from trtllm_kit.commands.deploy import deploy
     from trtllm_kit.commands.serve import generate, serve, stop
     from trtllm_kit.profile.commands import bench, profile
 
     for command in (build, plan, inspect_command, verify, validate, artifact, models, serve, stop, generate, bench,
-                    profile):
+                    profile, deploy):
         cli.add_command(command)
 
 

@@ -135,11 +135,13 @@ def test_cancelled_stream_frees_its_blocks(server):
         seen += result.as_numpy("output_ids") is not None
     blocks = metrics(server, "nv_trt_llm_kv_cache_block_metrics")
     assert blocks["used"] >= 6  # 40 prompt tokens and more in 8-token blocks
+    assert 0 < blocks["fraction"] <= 1  # the C++ backend's share of used blocks
     streams.close(cancel=True)
     deadline = time.monotonic() + 5
     while metrics(server, "nv_trt_llm_kv_cache_block_metrics")["used"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metrics(server, "nv_trt_llm_kv_cache_block_metrics")["used"] == 0
+    assert metrics(server, "nv_trt_llm_kv_cache_block_metrics")["fraction"] == 0
     assert metrics(server, "nv_trt_llm_request_metrics")["active"] == 0
 
 

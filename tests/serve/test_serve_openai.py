@@ -153,6 +153,38 @@ def test_errors_in_openai_format(server: dict[str, Any], client: openai.OpenAI) 
         client.completions.create(model=MODEL, prompt="please fail", max_tokens=2)
 
 
+def scrape(server: dict[str, Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The frontend's /metrics, parsed by prometheus_client: (sample name, sorted labels) → value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(f"http://{server['openai']}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_requests_errors_and_time_tokens(server: dict[str, Any], client: openai.OpenAI) -> None:
+    before = scrape(server)
+    ok = (("endpoint", "completions"), ("model", MODEL), ("status", "200"))
+    bad = (("endpoint", "completions"), ("model", MODEL), ("status", "400"))
+    ttft = ("trtllm_kit_openai_time_to_first_token_seconds_count", (("model", MODEL),))
+    itl = ("trtllm_kit_openai_inter_token_latency_seconds_count", (("model", MODEL),))
+    client.completions.create(model=MODEL, prompt="one two", max_tokens=4)
+    list(client.completions.create(model=MODEL, prompt="one two", max_tokens=3, stream=True))
+    assert post(server, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0})[0] == 400
+    after = scrape(server)
+
+    def delta(key: tuple) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta(("trtllm_kit_openai_requests_total", ok)) == 2
+    assert delta(("trtllm_kit_openai_requests_total", bad)) == 1
+    assert delta(("trtllm_kit_openai_errors_total", bad)) == 1 and delta(("trtllm_kit_openai_errors_total", ok)) == 0
+    assert delta(ttft) == 2 and delta(itl) == 3 + 2  # one first piece per request, the others are gaps
+
+
 def test_api_key_is_enforced(server: dict[str, Any]) -> None:
     status, body = post(server, "/v1/completions", {"model": MODEL, "prompt": "x"}, key=None)
     assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import Chunk, GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.openai_metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai_protocol import (
     ChoiceShape,
     RequestError,
@@ -54,9 +55,11 @@ class OpenAIFrontend:
         self.tokenizer = tokenizer or (Tokenizer(config.tokenizer_dir) if config.tokenizer_dir else None)
         self.client: TextClient | None = None
         self.created = int(time.time())
+        self.metrics = FrontendMetrics()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        app = web.Application(middlewares=[self._measure, self._errors])
+        app.router.add_get("/metrics", self.prometheus_metrics)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -86,6 +89,24 @@ class OpenAIFrontend:
             return error_response(RequestError(str(exc)))
         except web.HTTPException as exc:
             return error_response(RequestError(f"{request.method} {request.path}: {exc.reason}", exc.status))
+
+    @web.middleware
+    async def _measure(self, request: web.Request,
+                       handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        measured = request.method == "POST" and request.path in ("/v1/completions", "/v1/chat/completions")
+        endpoint = request.path[4:].replace("/", "_")
+        try:
+            response = await handler(request)
+        except Exception:
+            if measured:
+                self.metrics.answered(self.config.served_name, endpoint, 500)
+            raise
+        if measured:
+            self.metrics.answered(self.config.served_name, endpoint, response.status)
+        return response
+
+    async def prometheus_metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     def _authorize(self, request: web.Request) -> None:
         key = self.config.api_key
@@ -139,16 +160,17 @@ class OpenAIFrontend:
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = self.tokenizer.eos_id if self.tokenizer is not None and isinstance(prompt, tuple) else None
         run = Run(self, generation_request(prompt, sampling, ident, eos_id), sampling)
+        timer = self.metrics.timer(self.config.served_name)
         shape = ChoiceShape(kind, ident, self.config.served_name, int(time.time()))
         if not sampling.stream:
-            text = "".join([piece.text async for piece in run.pieces()])
+            text = "".join([piece.text async for piece in timer.timed(run.pieces())])
             return web.json_response(shape.whole(text, run.finish_reason, run.usage()))
 
         def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
             return {"usage": run.usage()} if sampling.continuous_usage else {}
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        pieces = run.pieces()
+        pieces = timer.timed(run.pieces())
         try:
             first = await anext(pieces, None)  # errors before the first token still get an HTTP status
         except BaseException:

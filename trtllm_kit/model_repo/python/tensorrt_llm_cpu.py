@@ -40,7 +40,7 @@ METRICS = {  # family → (label name, EngineStats field per label value)
                                                     "context": "context", "waiting": "waiting"}),
     "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {
         "max": "blocks_max", "free": "blocks_free", "used": "blocks_used", "tokens_per": "tokens_per_block",
-        "reused": "blocks_reused", "missed": "blocks_missed"}),
+        "reused": "blocks_reused", "missed": "blocks_missed", "fraction": "blocks_fraction"}),
     "nv_trt_llm_inflight_batcher_metrics": ("inflight_batcher_specific_metric", {
         "total_context_tokens": "total_context_tokens", "generation_requests": "generation_requests",
         "paused_requests": "preemptions"}),
@@ -232,6 +232,8 @@ class TritonPythonModel:
             item.done.set()
 
     def _publish(self) -> None:
-        for field, value in asdict(self.engine.stats()).items():
+        stats = asdict(self.engine.stats())
+        stats["blocks_fraction"] = stats["blocks_used"] / max(stats["blocks_max"], 1)  # the C++ backend's "fraction"
+        for field, value in stats.items():
             if field in self.metrics:
                 self.metrics[field].set(float(value))

@@ -1,0 +1,164 @@
+"""``deploy k8s``, ``deploy check`` and ``deploy simulate``: Kubernetes objects from an artifact, re-validated,
+and the autoscaler replayed on recorded metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trtllm_kit.commands.common import emit_json, given
+from trtllm_kit.errors import KitError, KitUsageError
+
+
+@click.group()
+def deploy() -> None:
+    """Deploy an artifact on Kubernetes: write the objects, check them, replay the autoscaler.
+
+    \b
+    Example:
+      trtllm-kit deploy k8s out/ --out k8s/ --pvc models --gpus-per-node 4 --autoscaler keda
+      trtllm-kit deploy check k8s/
+      kubectl apply -k k8s/
+    """
+
+
+@deploy.command(name="k8s")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="The directory to write (kustomize).")
+@click.option("--config", "config", type=click.Path(path_type=Path), help="A trtllm-kit.toml with a [deploy] table.")
+@click.option("--image", help="Server image holding the kit (default: trtllm-kit:VERSION).")
+@click.option("--name", help="Object name (default: from the model).")
+@click.option("--namespace", help="Namespace (default: default).")
+@click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); more ranks span nodes.")
+@click.option("--min-replicas", type=int, help="Replicas (groups on several nodes) at least (default 1).")
+@click.option("--max-replicas", type=int, help="Replicas at most (default 4).")
+@click.option("--autoscaler", type=click.Choice(["keda", "hpa", "none"]), help="What scales (default keda).")
+@click.option("--artifact-url", help="A .tar of the build output, fetched by an init container.")
+@click.option("--pvc", help="A PersistentVolumeClaim holding the build output at its root.")
+@click.option("--openai-port", type=int, help="The OpenAI frontend's port (default 9000).")
+@click.option("--queue-target", type=float, help="Waiting requests per replica to scale at (default 4).")
+@click.option("--prometheus-url", help="Prometheus for KEDA (default: prometheus-operated.monitoring.svc:9090).")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@click.option("--json", "as_json", is_flag=True, help="List what was written as JSON.")
+@click.pass_context
+def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, force: bool, as_json: bool,
+        **flags: Any) -> None:
+    """Write the Kubernetes objects serving ARTIFACT (a trtllm-kit build output) into a kustomize directory.
+
+    \b
+    Example:
+      trtllm-kit deploy k8s out/ --out k8s/ --artifact-url https://files.example/out.tar --autoscaler hpa
+    """
+    from trtllm_kit.deploy.render import render
+    from trtllm_kit.deploy.settings import deploy_settings, deploy_table
+    from trtllm_kit.deploy.source import read_source
+
+    table = deploy_table(config) if config is not None else {}
+    settings = deploy_settings(table, given(ctx, **flags))
+    rendered = render(read_source(artifact), settings, out, force=force)
+    if as_json:
+        emit_json(rendered.to_dict())
+        return
+    layout = (f"LeaderWorkerSet of {rendered.num_nodes} pods per replica" if rendered.num_nodes > 1
+              else "Deployment, one pod per replica")
+    click.echo(f"wrote {len(rendered.resources) + len(rendered.extras)} files to {rendered.out} ({layout}; "
+               f"valid for Kubernetes {rendered.record['kubernetes']}); apply with kubectl apply -k {out}")
+
+
+@deploy.command(name="check")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--kubernetes", "version", default="1.33", show_default=True, help="Kubernetes version of the schemas.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def check(directory: Path, version: str, as_json: bool) -> None:
+    """Re-validate a deploy directory after hand edits: strict schemas for every object and the kit's lints.
+
+    \b
+    Example:
+      trtllm-kit deploy check k8s/
+    """
+    from trtllm_kit.deploy.render import check_dir
+
+    num_objects, findings = check_dir(directory, version)
+    if as_json:
+        emit_json({"objects": num_objects, "kubernetes": version, "findings": [str(f) for f in findings]})
+    else:
+        for finding in findings:
+            click.echo(str(finding), err=True)
+        click.echo(f"{num_objects} objects checked against Kubernetes {version} and the saved CRDs: "
+                   f"{len(findings)} problem(s)")
+    if findings:
+        raise KitError(f"{directory} has {len(findings)} problem(s), the first: {findings[0]}")
+
+
+@deploy.command(name="simulate")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--series", type=click.Path(path_type=Path), help="A series file written by --save.")
+@click.option("--prometheus", "prometheus_url", help="Query this Prometheus for the autoscaler's series instead.")
+@click.option("--start", type=float, help="Unix time to start at (with --prometheus; default an hour ago).")
+@click.option("--end", type=float, help="Unix time to end at (with --prometheus; default now).")
+@click.option("--step", type=float, default=5.0, show_default=True, help="Seconds between samples (--prometheus).")
+@click.option("--extend", type=float, default=0.0, help="Replay this many seconds past the series, its last value "
+              "holding.")
+@click.option("--save", type=click.Path(path_type=Path), help="Write the queried series to this file.")
+@click.option("--plot", type=click.Path(path_type=Path), help="Write the replay as a PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print the replay as JSON.")
+def simulate(directory: Path, series: Path | None, prometheus_url: str | None, start: float | None,
+             end: float | None, step: float, extend: float, save: Path | None, plot: Path | None,
+             as_json: bool) -> None:
+    """Replay the autoscaler of DIRECTORY on recorded metrics: replicas over time, next to the load.
+
+    \b
+    Example:
+      trtllm-kit deploy simulate k8s/ --prometheus http://127.0.0.1:9090 --save series.json --plot scale.png
+      trtllm-kit deploy simulate k8s/ --series series.json --extend 900 --plot docs/scale-out.png
+    """
+    from trtllm_kit.deploy.replay_plot import plot_replay
+    from trtllm_kit.deploy.simulate import replay, scaling_spec
+
+    spec = scaling_spec(directory)
+    if (series is None) == (prometheus_url is None):
+        raise KitUsageError("give the metrics either as --series FILE or as --prometheus URL.")
+    if series is not None:
+        try:
+            body = json.loads(series.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise KitUsageError(f"--series {series} cannot be read as JSON ({exc}); pass a file written by "
+                                "--save.") from None
+    else:
+        body = _query_series(directory, spec.query, prometheus_url, start, end, step)
+    if save is not None:
+        save.write_text(json.dumps(body) + "\n")
+    signal = [(float(t), float(v)) for t, v in body["signal"]]
+    until = signal[-1][0] + extend if signal else None
+    steps = replay(signal, spec, until=until)
+    if plot is not None:
+        plot_replay(steps, spec, [(float(t), float(v)) for t, v in body.get("load", [])], plot,
+                    title=f"{body.get('query', '')} (target {spec.target:g} per replica)")
+    peak = max(s.replicas for s in steps)
+    if as_json:
+        emit_json({"query": body.get("query"), "target": spec.target, "peak_replicas": peak,
+                   "steps": [{"t": s.t, "value": s.value, "recommended": s.recommended, "replicas": s.replicas}
+                             for s in steps]})
+    else:
+        click.echo(f"{len(steps)} syncs over {(steps[-1].t - steps[0].t) / 60:.1f} min: replicas "
+                   f"{steps[0].replicas} → peak {peak} → {steps[-1].replicas}" + (f"; plot {plot}" if plot else ""))
+
+
+def _query_series(directory: Path, signal_query: str | None, url: str, start: float | None, end: float | None,
+                  step: float) -> dict[str, Any]:
+    from trtllm_kit.deploy.monitoring import RECORDED_PER_POD, load_query
+    from trtllm_kit.deploy.objects import Names
+    from trtllm_kit.deploy.prometheus import query_range
+    from trtllm_kit.deploy.render import RECORD
+
+    record = json.loads((directory / RECORD).read_text())
+    names = Names(record["name"], record["namespace"])
+    end = end if end is not None else time.time()
+    start = start if start is not None else end - 3600
+    query = signal_query or f'sum({RECORDED_PER_POD}{{namespace="{names.namespace}"}})'
+    return {"query": query, "step_s": step, "signal": query_range(url, query, start, end, step),
+            "load": query_range(url, load_query(names), start, end, step)}

@@ -1,0 +1,1 @@
+"""Kubernetes objects from an artifact, their offline validation, and autoscaling replays."""

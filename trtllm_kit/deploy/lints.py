@@ -1,0 +1,76 @@
+"""The kit's own checks of a deploy directory, beyond the schemas: budgets, selectors, scaling targets."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from trtllm_kit.deploy.validate import Finding
+
+Obj = dict[str, Any]
+WORKLOADS = ("Deployment", "LeaderWorkerSet")
+
+
+def _pod_templates(doc: Obj) -> list[Obj]:
+    spec = doc.get("spec") or {}
+    if doc.get("kind") == "Deployment":
+        return [spec.get("template") or {}]
+    group = spec.get("leaderWorkerTemplate") or {}
+    return [group.get("leaderTemplate") or {}, group.get("workerTemplate") or {}]
+
+
+def _exit_timeout(container: Obj) -> int | None:
+    text = " ".join(str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])])
+    found = re.search(r"--exit-timeout(?:-secs)?[= ](\d+)", text)
+    return int(found.group(1)) if found else None
+
+
+def _grace(file: str, doc: Obj, template: Obj) -> list[Finding]:
+    spec = template.get("spec") or {}
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    found = []
+    for container in spec.get("containers") or []:
+        timeout = _exit_timeout(container)
+        drain = (((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds", 0)
+        if timeout is not None and grace <= timeout + drain:
+            found.append(Finding(file, doc["kind"], doc["metadata"]["name"], "terminationGracePeriodSeconds",
+                                 f"{grace} s does not cover the preStop drain ({drain} s) plus the server's exit "
+                                 f"timeout ({timeout} s); raise it above {timeout + drain} s"))
+    return found
+
+
+def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
+    """Problems the schemas cannot see: grace periods, Service and PodMonitor selectors, autoscaler targets.
+
+    Arguments:
+        docs: (file, object) pairs of a deploy directory.
+    """
+    found: list[Finding] = []
+    workloads = {(d.get("kind"), (d.get("metadata") or {}).get("name")): (f, d) for f, d in docs
+                 if d.get("kind") in WORKLOADS}
+    serving_labels: list[dict[str, str]] = []
+    for (kind, _), (file, doc) in workloads.items():
+        templates = _pod_templates(doc)
+        for template in templates:
+            found += _grace(file, doc, template)
+        serving_labels.append(((templates[0].get("metadata") or {}).get("labels")) or {})
+        if kind == "LeaderWorkerSet" and (doc.get("spec") or {}).get("startupPolicy", "LeaderCreated") != \
+                "LeaderCreated":
+            found.append(Finding(file, kind, doc["metadata"]["name"], "spec/startupPolicy", "the leader waits for "
+                                 "its workers, so workers must start with it: use LeaderCreated"))
+    for file, doc in docs:
+        kind, name, spec = doc.get("kind"), (doc.get("metadata") or {}).get("name"), doc.get("spec") or {}
+        wanted = None
+        if kind == "Service":
+            wanted = spec.get("selector") or {}
+        elif kind == "PodMonitor":
+            wanted = (spec.get("selector") or {}).get("matchLabels") or {}
+        if wanted is not None and not any(wanted.items() <= labels.items() for labels in serving_labels):
+            found.append(Finding(file, kind, name, "selector", f"{wanted} selects no serving pod of this directory "
+                                 "(on several nodes only the leaders serve)"))
+        if kind in ("ScaledObject", "HorizontalPodAutoscaler"):
+            ref = spec.get("scaleTargetRef") or {}
+            if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads:
+                found.append(Finding(file, kind, name, "spec/scaleTargetRef", f"{ref.get('kind', 'Deployment')} "
+                                     f"{ref.get('name')} is not in this directory"))
+    return found

@@ -1,0 +1,75 @@
+"""The queries, said once: the autoscaler's signal, the recording rules (PrometheusRule), what is scraped (PodMonitor).
+
+Every series carries the serving pods' ``namespace`` and ``app`` labels (the PodMonitor copies ``app`` from the
+pod), so one selector picks a deployment's series. The scaling signal is the C++ backend's queue gauge,
+``nv_trt_llm_request_metrics{request_type="waiting"}``, summed over the replicas; the autoscaler divides it by
+the replica count (``AverageValue``). NVIDIA's queue:compute ratio is recorded too, for the dashboard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtllm_kit.deploy.objects import Names
+
+Obj = dict[str, Any]
+WAITING = "nv_trt_llm_request_metrics"
+RULE_INTERVAL = "15s"
+SCRAPE_INTERVAL = "5s"
+RECORDED_PER_POD = "trtllm_kit:requests_waiting:per_pod"
+ADAPTER_METRIC = "trtllm_kit_requests_waiting"
+
+
+def selector(names: Names, **extra: str) -> str:
+    """The label matchers of a deployment's series (plus ``extra``), without braces."""
+    pairs = {"namespace": names.namespace, "app": names.name, **extra}
+    return ",".join(f'{key}="{value}"' for key, value in pairs.items())
+
+
+def waiting_query(names: Names) -> str:
+    """The autoscaler's query: requests waiting in every replica's scheduler, summed."""
+    return f'sum({WAITING}{{{selector(names, request_type="waiting")}}})'
+
+
+def load_query(names: Names) -> str:
+    """Requests in the servers (running and waiting), summed: the load the signal is plotted against."""
+    return f'sum({WAITING}{{{selector(names)},request_type=~"active|waiting"}})'
+
+
+def recording_rules(names: Names) -> list[Obj]:
+    """``record``/``expr`` pairs: the queue per deployment and per pod, KV-cache use, NVIDIA's queue:compute ratio."""
+    sel = selector(names)
+    waiting = f'{WAITING}{{{selector(names, request_type="waiting")}}}'
+    return [
+        {"record": "trtllm_kit:requests_waiting:sum", "expr": f"sum by (namespace, app) ({waiting})"},
+        {"record": RECORDED_PER_POD, "expr": f"sum by (namespace, pod) ({waiting})"},
+        {"record": "trtllm_kit:kv_cache_used:fraction", "expr": "avg by (namespace, app) "
+         f'(nv_trt_llm_kv_cache_block_metrics{{{selector(names, kv_cache_block_type="fraction")}}})'},
+        {"record": "trtllm_kit:queue_compute:ratio", "expr": f"sum by (namespace, pod) "
+         f"(rate(nv_inference_queue_duration_us{{{sel}}}[1m])) / clamp_min(sum by (namespace, pod) "
+         f"(rate(nv_inference_compute_infer_duration_us{{{sel}}}[1m])), 1)"},
+    ]
+
+
+def prometheus_rule(names: Names) -> Obj:
+    """The PrometheusRule holding the recording rules (``promtool check rules`` reads its ``spec``)."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": names.meta(),
+            "spec": {"groups": [{"name": f"trtllm-kit-{names.name}", "interval": RULE_INTERVAL,
+                                 "rules": recording_rules(names)}]}}
+
+
+def pod_monitor(names: Names) -> Obj:
+    """Scrape Triton's metrics port and the OpenAI frontend's ``/metrics`` of the serving pods only."""
+    endpoints = [{"port": port, "path": "/metrics", "interval": SCRAPE_INTERVAL} for port in ("metrics", "openai")]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": names.meta(),
+            "spec": {"selector": {"matchLabels": names.serving}, "podMetricsEndpoints": endpoints,
+                     "podTargetLabels": ["app"], "namespaceSelector": {"matchNames": [names.namespace]}}}
+
+
+def adapter_rules() -> Obj:
+    """prometheus-adapter Helm values exposing the per-pod queue as the custom metric the HPA reads."""
+    return {"rules": {"custom": [{
+        "seriesQuery": f'{RECORDED_PER_POD}{{namespace!="",pod!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "name": {"matches": f"^{RECORDED_PER_POD}$", "as": ADAPTER_METRIC},
+        "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)"}]}}

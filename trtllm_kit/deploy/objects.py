@@ -1,0 +1,79 @@
+"""The objects every deployment has (names, labels, the sha256 list, Service, PodDisruptionBudget) and the
+single-node Deployment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trtllm_kit.deploy.launch import LAUNCHES, PORTS
+from trtllm_kit.deploy.pod import budgets, pod_spec, resources, server_container
+from trtllm_kit.deploy.settings import DeploySettings
+from trtllm_kit.deploy.source import DeploySource
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Names:
+    """The deployment's name, namespace and the labels that select its serving pods."""
+
+    name: str
+    namespace: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"app": self.name, "app.kubernetes.io/name": self.name, "app.kubernetes.io/managed-by": "trtllm-kit"}
+
+    @property
+    def serving(self) -> dict[str, str]:
+        """Labels of the pods that serve (every pod on one node; only leaders on several)."""
+        return {"app": self.name, "role": "leader"}
+
+    def meta(self, suffix: str = "", **extra: Any) -> Obj:
+        return {"name": f"{self.name}{suffix}", "namespace": self.namespace, "labels": dict(self.labels), **extra}
+
+
+def sha256_list(names: Names, source: DeploySource) -> Obj:
+    """A ConfigMap with ``SHA256SUMS`` (``sha256sum -c`` format) of every artifact file, from the manifest."""
+    lines = "".join(f"{f.sha256}  {f.path}\n" for f in source.files)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta("-sha256"), "data": {"SHA256SUMS": lines}}
+
+
+def service(names: Names, settings: DeploySettings) -> Obj:
+    """A ClusterIP Service over the serving pods: HTTP, gRPC, metrics and the OpenAI API."""
+    ports = [{"name": kind, "port": port, "targetPort": kind} for kind, port in PORTS.items()]
+    ports.append({"name": "openai", "port": settings.openai_port, "targetPort": "openai"})
+    return {"apiVersion": "v1", "kind": "Service", "metadata": names.meta(),
+            "spec": {"type": "ClusterIP", "selector": names.serving, "ports": ports}}
+
+
+def disruption_budget(names: Names) -> Obj:
+    """At most one replica (pod, or group via its leader) evicted at a time; stuck starting pods may go."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": names.meta(),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": names.name}},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
+
+
+def deployment(names: Names, source: DeploySource, settings: DeploySettings) -> Obj:
+    """One pod per replica running every rank (tp x pp <= GPUs per node), started by the target's launcher.
+
+    Arguments:
+        names: name and labels; source: the artifact; settings: the deployment.
+    """
+    budget = budgets(source, settings)
+    num_ranks = source.world_size if source.target == "engine" else 1
+    command = LAUNCHES[source.target].command(source, settings, budget.startup_s)
+    container = server_container(settings, source, command, budget,
+                                 resources(source, source.num_gpus, num_ranks, settings))
+    labels = {**names.labels, **names.serving}
+    spec = pod_spec(names.name, source, settings, [container], budget, names.serving, source.num_gpus, num_ranks)
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": names.meta(),
+            "spec": {**replicas(settings), "selector": {"matchLabels": names.serving},
+                     "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                     "template": {"metadata": {"labels": labels}, "spec": spec}}}
+
+
+def replicas(settings: DeploySettings) -> Obj:
+    """``replicas`` only without an autoscaler: a re-apply must not reset what the autoscaler chose."""
+    return {"replicas": settings.min_replicas} if settings.autoscaler == "none" else {}

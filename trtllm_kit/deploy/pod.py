@@ -1,0 +1,186 @@
+"""The pod of one replica (or of a group's leader or worker): containers, probes, resources, volumes, security.
+
+Budgets come from the artifact: the startup probe allows twice the time the largest process needs to read its
+weights at ``load_gbps`` plus a minute; the grace period covers the preStop drain and Triton's exit timeout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from trtllm_kit.deploy.launch import CONTAINER, PORTS, SCRIPTS_DIR
+from trtllm_kit.deploy.settings import DeploySettings
+from trtllm_kit.deploy.source import DeploySource
+
+Obj = dict[str, Any]
+PROBE_PERIOD_S = 10
+BASE_LOAD_S = 60  # server start, Python stubs, tokenizers: what a tiny model needs
+SUMS_DIR = "/etc/trtllm-kit"
+PVC_DIR = "/pvc"
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The time budgets of a pod, in seconds."""
+
+    startup_s: int
+    grace_s: int
+
+    @property
+    def startup_failures(self) -> int:
+        return math.ceil(self.startup_s / PROBE_PERIOD_S)
+
+
+def budgets(source: DeploySource, settings: DeploySettings) -> Budgets:
+    """Startup and termination budgets of ``source`` under ``settings``.
+
+    Arguments:
+        source: the artifact (its load bytes); settings: load bandwidth, drain and exit timeout.
+    """
+    load_s = source.load_bytes / (settings.load_gbps * 1e9)
+    return Budgets(startup_s=int(math.ceil((2 * load_s + BASE_LOAD_S) / PROBE_PERIOD_S) * PROBE_PERIOD_S),
+                   grace_s=settings.grace_period_s)
+
+
+def probes(budget: Budgets) -> Obj:
+    """Startup and readiness on ``/v2/health/ready`` (ready = every model loaded), liveness on ``/v2/health/live``."""
+    ready = {"httpGet": {"path": "/v2/health/ready", "port": "http"}}
+    return {"startupProbe": {**ready, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": budget.startup_failures},
+            "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 3},
+            "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
+                              "failureThreshold": 3}}
+
+
+def resources(source: DeploySource, num_gpus: int, num_ranks: int, settings: DeploySettings) -> Obj:
+    """Requests = limits: the pod's GPUs, ``max(4, GPUs)`` CPUs, 8 GiB per CPU plus ``/dev/shm``.
+
+    Arguments:
+        source: the artifact; num_gpus: GPUs of this pod; num_ranks: server processes in it; settings: shm size.
+    """
+    cpus = max(4, num_gpus)
+    memory_gib = cpus * 8 + math.ceil(num_ranks * _gib(settings.shm_per_rank))
+    amounts: Obj = {"cpu": str(cpus), "memory": f"{memory_gib}Gi"}
+    if num_gpus:
+        amounts["nvidia.com/gpu"] = str(num_gpus)
+    if settings.artifact_url is not None:
+        amounts["ephemeral-storage"] = f"{math.ceil(source.total_bytes * 1.1 / GIB) + 1}Gi"
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _gib(quantity: str) -> float:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor / GIB
+    return float(quantity) / GIB
+
+
+def security() -> tuple[Obj, Obj]:
+    """(pod, container) security contexts: uid 1000 (``triton-server`` in NVIDIA's images), nothing extra."""
+    pod = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+def fetch_container(source: DeploySource, settings: DeploySettings) -> Obj:
+    """The init container that puts the artifact at its mount path and checks every file's sha256.
+
+    From a URL: a tar of the build output, streamed and unpacked. From a PVC: a tree of links into the read-only
+    claim (the server writes its run state beside the artifact). Either way ``sha256sum -c`` against the list
+    taken from the manifest at deploy time must pass before the server starts.
+
+    Arguments:
+        source: the artifact; settings: the delivery (``artifact_url`` or ``pvc``).
+    """
+    mount = source.mount_path
+    if settings.artifact_url is not None:
+        get = ("python3 -c 'import shutil, sys, urllib.request; "
+               "shutil.copyfileobj(urllib.request.urlopen(sys.argv[1]), sys.stdout.buffer)' \"$ARTIFACT_URL\" | "
+               f"tar -x -C {mount}")
+        env = [{"name": "ARTIFACT_URL", "value": settings.artifact_url}]
+    else:
+        get, env = f"cp -rs {PVC_DIR}/. {mount}/", []
+    mounts = [{"name": "artifact", "mountPath": mount}, {"name": "sums", "mountPath": SUMS_DIR, "readOnly": True}]
+    if settings.pvc is not None:
+        mounts.append({"name": "pvc", "mountPath": PVC_DIR, "readOnly": True})
+    _, container_security = security()
+    return {"name": "fetch-artifact", "image": settings.image, "command": ["/bin/sh", "-c"],
+            "args": [f"set -eu; {get}; cd {mount}; sha256sum --check --quiet --strict {SUMS_DIR}/SHA256SUMS"],
+            "env": env, "volumeMounts": mounts, "securityContext": container_security,
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}}
+
+
+def volumes(name: str, source: DeploySource, settings: DeploySettings, num_ranks: int, *,
+            scripts: bool = False) -> list[Obj]:
+    """The artifact, the sha256 list, ``/dev/shm`` in memory (``shm_per_rank`` per rank), and the launch scripts.
+
+    Arguments:
+        name: the deployment's name (ConfigMap prefix); source: the artifact; settings: delivery and shm size;
+        num_ranks: server processes in the pod; scripts: mount the multi-node launch scripts.
+    """
+    artifact: Obj = {"name": "artifact", "emptyDir": {}}
+    if settings.artifact_url is not None:
+        artifact["emptyDir"] = {"sizeLimit": f"{math.ceil(source.total_bytes * 1.1 / GIB) + 1}Gi"}
+    shm_gib = max(1, math.ceil(num_ranks * _gib(settings.shm_per_rank)))
+    found = [artifact, {"name": "sums", "configMap": {"name": f"{name}-sha256"}},
+             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
+    if settings.pvc is not None:
+        found.append({"name": "pvc", "persistentVolumeClaim": {"claimName": settings.pvc, "readOnly": True}})
+    if scripts:
+        found.append({"name": "launch", "configMap": {"name": f"{name}-launch", "defaultMode": 0o555}})
+    return found
+
+
+def server_container(settings: DeploySettings, source: DeploySource, command: list[str], budget: Budgets,
+                     resource: Obj, *, serves: bool = True, scripts: bool = False) -> Obj:
+    """The server container: command, ports, probes (when it serves), drain, resources, mounts.
+
+    Arguments:
+        settings: image and drain; source: the mount path; command: its argv; budget: probe budgets;
+        resource: requests and limits; serves: rank 0 lives here (ports and probes); scripts: mount launch scripts.
+    """
+    _, container_security = security()
+    ports = [{"name": kind, "containerPort": port} for kind, port in PORTS.items()]
+    ports.append({"name": "openai", "containerPort": settings.openai_port})
+    env = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}}
+           for n, f in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))]
+    mounts = [{"name": "artifact", "mountPath": source.mount_path}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    if scripts:
+        mounts.append({"name": "launch", "mountPath": SCRIPTS_DIR, "readOnly": True})
+    container: Obj = {"name": CONTAINER, "image": settings.image, "command": command, "env": env,
+                      "resources": resource, "volumeMounts": mounts, "securityContext": container_security}
+    if serves:
+        container.update({"ports": ports, **probes(budget),
+                          "lifecycle": {"preStop": {"sleep": {"seconds": settings.drain_s}}}})
+    return container
+
+
+def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containers: list[Obj], budget: Budgets,
+             selector: dict[str, str], num_gpus: int, num_ranks: int, *, scripts: bool = False,
+             service_account: str | None = None) -> Obj:
+    """A pod spec around ``containers``: the fetch init container, volumes, security, spreading, GPU toleration.
+
+    Arguments:
+        name: the deployment's name; source: the artifact; settings: the deployment; containers: the main ones;
+        budget: the grace period; selector: labels to spread by; num_gpus: GPUs of the pod; num_ranks: processes;
+        scripts: mount the launch scripts; service_account: the account the pod runs as (RBAC for the leader).
+    """
+    pod_security, _ = security()
+    spec: Obj = {
+        "terminationGracePeriodSeconds": budget.grace_s, "securityContext": pod_security,
+        "automountServiceAccountToken": service_account is not None,
+        "initContainers": [fetch_container(source, settings)], "containers": containers,
+        "volumes": volumes(name, source, settings, num_ranks, scripts=scripts),
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": selector}}
+                                      for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")],
+    }
+    if service_account is not None:
+        spec["serviceAccountName"] = service_account
+    if num_gpus:
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return spec

@@ -1,0 +1,127 @@
+"""Offline validation of a deploy directory: core kinds by ``kubernetes-validate`` (strict, one Kubernetes
+version), custom resources by their saved CRD schemas with unknown fields rejected, and the kit's own lints."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trtllm_kit.errors import KitUsageError
+
+KUBERNETES_VERSION = "1.33"
+CRD_FILES = ("keda.sh_scaledobjects.yaml", "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+             "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml",
+             "monitoring.coreos.com_prometheusrules.yaml")
+CUSTOM_GROUPS = ("keda.sh", "leaderworkerset.x-k8s.io", "monitoring.coreos.com")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: the file and object it is in, where, and what."""
+
+    file: str
+    kind: str
+    name: str
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f" at {self.path}" if self.path else ""
+        return f"{self.file}: {self.kind} {self.name}{where}: {self.message}"
+
+
+def schema_dir() -> Path:
+    """The saved CRD schemas: ``TRTLLM_KIT_K8S_SCHEMAS``, else ``shared/data/k8s-schemas`` beside the checkout."""
+    import os
+
+    given = os.environ.get("TRTLLM_KIT_K8S_SCHEMAS")
+    if given:
+        return Path(given)
+    return Path(__file__).resolve().parents[3] / "shared" / "data" / "k8s-schemas"
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever it lists properties and allows nothing else."""
+    if isinstance(schema, dict):
+        schema = {key: _closed(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema and \
+                not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [_closed(item) for item in schema]
+    return schema
+
+
+@functools.cache
+def crd_schemas(directory: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(group, version, kind) → the closed ``openAPIV3Schema`` of every saved CRD.
+
+    Arguments:
+        directory: where the CRD YAML files are.
+    """
+    found = {}
+    for name in CRD_FILES:
+        path = directory / name
+        if not path.is_file():
+            raise KitUsageError(f"the CRD schema {path} is missing; set TRTLLM_KIT_K8S_SCHEMAS to the directory "
+                                "holding the saved CRDs (shared/data/k8s-schemas).")
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+            found[(crd["spec"]["group"], version["name"], crd["spec"]["names"]["kind"])] = _closed(schema)
+    return found
+
+
+def check_object(doc: dict[str, Any], file: str, version: str = KUBERNETES_VERSION) -> list[Finding]:
+    """Every schema problem of one object.
+
+    Arguments:
+        doc: the object; file: its file name (for messages); version: the Kubernetes version of core schemas.
+    """
+    import jsonschema
+    import kubernetes_validate
+
+    kind, name = str(doc.get("kind")), str((doc.get("metadata") or {}).get("name"))
+    group, _, api_version = str(doc.get("apiVersion")).rpartition("/")
+    if group in CUSTOM_GROUPS:
+        schema = crd_schemas(schema_dir()).get((group, api_version, kind))
+        if schema is None:
+            return [Finding(file, kind, name, "", f"no saved schema for {doc.get('apiVersion')} {kind}")]
+        validator = jsonschema.Draft202012Validator(schema)
+        return [Finding(file, kind, name, "/".join(str(p) for p in error.absolute_path), error.message)
+                for error in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [Finding(file, kind, name, "/".join(str(p) for p in exc.path), exc.message)]
+    except kubernetes_validate.SchemaNotFoundError:
+        return [Finding(file, kind, name, "", f"Kubernetes {version} has no {doc.get('apiVersion')} {kind}")]
+    return []
+
+
+def load_dir(directory: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, object) of every object in the directory's ``kustomization.yaml`` resources.
+
+    Arguments:
+        directory: a ``trtllm-kit deploy k8s`` output.
+    """
+    kustomization = directory / "kustomization.yaml"
+    if not kustomization.is_file():
+        raise KitUsageError(f"{directory} has no kustomization.yaml; pass a trtllm-kit deploy k8s output.")
+    docs = []
+    for name in yaml.safe_load(kustomization.read_text()).get("resources") or []:
+        path = directory / name
+        if not path.is_file():
+            raise KitUsageError(f"{kustomization} lists {name}, which is missing; restore it or remove it from "
+                                "resources.")
+        try:
+            docs += [(name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+        except yaml.YAMLError as exc:
+            raise KitUsageError(f"{path} is not valid YAML ({exc}); fix it.") from None
+    return docs
