@@ -1,18 +1,30 @@
-"""Artifacts to deploy: manifests in the build's format (an engine build cannot run here, so its manifest is
-written as ``trtllm-kit build`` writes it on a GPU machine, with its plan)."""
+"""Artifacts to deploy: an engine build of a 70B model cannot run here, so its manifest is written through the
+kit's own ``Artifact`` with the records a GPU build writes (plan, engine build, repository)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from trtllm_kit.artifact import (
+    Artifact,
+    CheckpointRecord,
+    EngineBuild,
+    EngineRecord,
+    ModelRecord,
+    RepoRecord,
+    StageRecords,
+)
+from trtllm_kit.build.plan import Precision
+from trtllm_kit.build.shard import Mapping
+from trtllm_kit.spec import BuildSpec
+
 
 def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 1,
                    rank_bytes: int = 17 * 10**9) -> Path:
-    """A build output's manifest (and its small files) for ``target`` at tp x pp.
+    """A build output's manifest (and its small files) for ``target`` at tp x pp, written by the kit's ``Artifact``.
 
     Arguments:
         out: the directory; target: engine or cpu; tp, pp: the layout; rank_bytes: weight bytes per rank.
@@ -21,18 +33,23 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
     config = out / "repo" / "tensorrt_llm" / "config.pbtxt"
     config.write_text('name: "tensorrt_llm"\n')
     model_dir = "engines" if target == "engine" else "checkpoint"
-    outputs = {f"{model_dir}/rank{r}.{'engine' if target == 'engine' else 'safetensors'}": f"{r:064x}"
-               for r in range(tp * pp)}
-    outputs["repo/tensorrt_llm/config.pbtxt"] = "f" * 64
+    files = {f"{model_dir}/rank{r}.{'engine' if target == 'engine' else 'safetensors'}": f"{r:064x}"
+             for r in range(tp * pp)}
+    files["repo/tensorrt_llm/config.pbtxt"] = "f" * 64
     plan = {"max_batch_size": 64, "ranks": [{"rank": r, "weight_bytes": rank_bytes} for r in range(tp * pp)]}
-    engine = ({"dir": "engines", "target": "engine", "world_size": tp * pp, "tp_size": tp, "pp_size": pp,
-               "plan": plan} if target == "engine" else {"target": "cpu", "plan": None})
-    manifest = {"schema_version": 1, "spec": {"out": str(out)}, "outputs": outputs, "summary": {
-        "model": {"source": "meta-llama/Llama-3.1-70B-Instruct"}, "engine": engine,
-        "checkpoint": {"tp_size": tp, "pp_size": pp, "world_size": tp * pp},
-        "repo": {"target": target, "gpt_model_path": f"/models/llama70b/{model_dir}",
-                 "limits": {"max_batch_size": 64}}}}
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    built = EngineBuild(dir="engines", world_size=tp * pp, tp_size=tp, pp_size=pp, tensorrt_llm="1.2.1",
+                        tensorrt="10.14.1.48", cuda="13.0", driver="580.65.06", gpu="NVIDIA H100 80GB HBM3",
+                        compute_capability="9.0") if target == "engine" else None
+    source = "meta-llama/Llama-3.1-70B-Instruct"
+    records = StageRecords(
+        model=ModelRecord(source, "/models/hf/llama70b", "llama", "LlamaForCausalLM", 70_553_706_496),
+        checkpoint=CheckpointRecord("checkpoint", "bfloat16", tp * pp, tp, pp),
+        engine=EngineRecord(target, "built on a GPU host", plan=plan if target == "engine" else None, built=built),
+        repo=RepoRecord("repo", "", target, ["tensorrt_llm"], False, f"/models/llama70b/{model_dir}",
+                        {"max_batch_size": 64}, {}),
+        stages=["checkpoint", "engine", "repo"])
+    Artifact(path=out, spec=BuildSpec(model=source, out=out, tp=tp, pp=pp, target=target), target=target,
+             layout=Mapping(tp, pp), precision=Precision("bfloat16"), records=records, files=files).write()
     return out
 
 

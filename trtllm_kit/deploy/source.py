@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from trtllm_kit.build.artifact import read_manifest
+from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
 
 TARGETS = ("engine", "cpu", "llmapi")
@@ -65,39 +65,29 @@ class DeploySource:
 
 
 def read_source(out: Path) -> DeploySource:
-    """Read a build output's manifest (and its files' sizes) into a ``DeploySource``.
+    """Read a build output's artifact (and its files' sizes) into a ``DeploySource``.
 
     Arguments:
         out: the ``trtllm-kit build`` output directory.
     """
-    if not out.is_dir():
-        raise KitUsageError(f"{out} is not a directory; pass a trtllm-kit build output (trtllm-kit build ... --out).")
-    manifest = read_manifest(out)
-    summary = manifest.get("summary") or {}
-    repo = summary.get("repo") or {}
-    if not repo:
+    artifact = Artifact.read(out)
+    repo, engine = artifact.records.repo, artifact.records.engine
+    if repo is None:
         raise KitUsageError(f"{out} has no model repository in its manifest; build it with the repo stage "
                             f"(trtllm-kit build ... --out {out}).")
-    engine = summary.get("engine") or {}
-    checkpoint = summary.get("checkpoint") or {}
-    target = repo.get("target") or engine.get("target") or "cpu"
-    tp_size = int(engine.get("tp_size") or checkpoint.get("tp_size") or 1)
-    pp_size = int(engine.get("pp_size") or checkpoint.get("pp_size") or 1)
-    files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in
-                  sorted((manifest.get("outputs") or {}).items()))
-    plan = engine.get("plan") or {}
+    files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in sorted(artifact.files.items()))
+    plan = (engine.plan if engine else None) or {}
     rank_bytes = [int(r.get("weight_bytes", 0)) for r in plan.get("ranks") or ()]
-    model_dir = str(repo.get("gpt_model_path") or "")
-    if rank_bytes and target == "engine":
+    if rank_bytes and artifact.target == "engine":
         load_bytes = max(rank_bytes)
     else:
-        prefix = f"{PurePosixPath(model_dir).name or 'checkpoint'}/"
+        prefix = f"{PurePosixPath(repo.gpt_model_path).name or 'checkpoint'}/"
         load_bytes = sum(f.num_bytes for f in files if f.path.startswith(prefix))
-    limits = repo.get("limits") or {}
     return DeploySource(
-        model=str((summary.get("model") or {}).get("source") or out.name), target=target, tp_size=tp_size,
-        pp_size=pp_size, max_batch_size=int(limits.get("max_batch_size") or plan.get("max_batch_size") or 1),
-        load_bytes=load_bytes, mount_path=_mount_path(model_dir), files=files)
+        model=artifact.model_source, target=artifact.target, tp_size=artifact.layout.tp_size,
+        pp_size=artifact.layout.pp_size,
+        max_batch_size=int(repo.limits.get("max_batch_size") or plan.get("max_batch_size") or 1),
+        load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files)
 
 
 def _size(path: Path) -> int:

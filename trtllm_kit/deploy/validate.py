@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from trtllm_kit.errors import KitUsageError
+from trtllm_kit.errors import KitError, KitUsageError
 
 KUBERNETES_VERSION = "1.33"
 CRD_FILES = ("keda.sh_scaledobjects.yaml", "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
@@ -84,8 +84,12 @@ def check_object(doc: dict[str, Any], file: str, version: str = KUBERNETES_VERSI
     Arguments:
         doc: the object; file: its file name (for messages); version: the Kubernetes version of core schemas.
     """
-    import jsonschema
-    import kubernetes_validate
+    try:
+        import jsonschema
+        import kubernetes_validate
+    except ImportError as exc:
+        raise KitError(f"offline validation needs {exc.name}, which is not installed; install the deploy extra "
+                       "(pip install 'trtllm-kit[deploy]').") from None
 
     kind, name = str(doc.get("kind")), str((doc.get("metadata") or {}).get("name"))
     group, _, api_version = str(doc.get("apiVersion")).rpartition("/")
