@@ -7,13 +7,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK as TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
 
 CPU_MAX_BATCH_SIZE = 8
 CPU_MAX_NUM_TOKENS = 2048
 CPU_MAX_SEQ_LEN = 1024
-TOKENS_PER_BLOCK = 32
 
 
 @dataclass(frozen=True)

@@ -90,17 +90,17 @@ def _target(ctx: BuildContext) -> str:
     if decided in ("engine", "cpu"):
         return decided
     has_engine = (ctx.out / "engines" / "config.json").is_file()
-    if ctx.spec.target == "engine" and not has_engine:
+    if ctx.spec.build.target == "engine" and not has_engine:
         raise KitUsageError("target engine needs engines/ from the engine stage, but none was built; run with "
                             "--until repo on a GPU machine or pass --target cpu.")
-    return "engine" if ctx.spec.target == "engine" or (ctx.spec.target == "auto" and has_engine) else "cpu"
+    return "engine" if ctx.spec.build.target == "engine" or (ctx.spec.build.target == "auto" and has_engine) else "cpu"
 
 
 def _plan_fraction(ctx: BuildContext) -> float | None:
     plan = plan_of(ctx.summary)
     if "kv_cache_fraction" in plan:
         return float(plan["kv_cache_fraction"])
-    return getattr(ctx.spec, "kv_cache_fraction", None)
+    return ctx.spec.build.kv_cache_fraction
 
 
 def repo_key_parts(spec: Any) -> dict[str, Any]:
@@ -113,10 +113,10 @@ def repo_key_parts(spec: Any) -> dict[str, Any]:
     values = spec.to_dict()
     sources = sorted({f for source, helpers in PYTHON_MODELS.values() for f in (source, *helpers)}
                      | {CPU_RUNTIME_MODEL})
-    return {"options": {k: values.get(k) for k in REPO_FIELDS},
-            "limits": {k: values.get(k) for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
-                                                   "tokens_per_block", "kv_cache_fraction")},
-            "target": values.get("target"), "out": str(Path(values["out"]).absolute()), "schema": SCHEMA,
+    return {"options": {k: values["repo"][k] for k in REPO_FIELDS},
+            "limits": {k: values["build"][k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
+                                                        "tokens_per_block", "kv_cache_fraction")},
+            "target": values["build"]["target"], "out": str(Path(values["out"]).absolute()), "schema": SCHEMA,
             "sources": {name: sha256_file(python_source(name)) for name in sources}}
 
 
@@ -128,13 +128,13 @@ def repo_stage(ctx: BuildContext) -> None:
         limits = engine_limits(ctx.out / "engines")
         model_path = final_out / "engines"
     else:
-        spec_values = ctx.spec.to_dict()
+        spec_values = ctx.spec.to_dict()["build"]
         limits = cpu_limits(ctx.out / "checkpoint", **{k: spec_values.get(k) for k in (
             "max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block")})
         model_path = final_out / "checkpoint"
     tokenizer_dir = ctx.out / "tokenizer"
     files = sorted(tokenizer_dir.iterdir()) if tokenizer_dir.is_dir() else list(ctx.model.tokenizer_files)
-    options = RepoOptions.from_values(ctx.spec.to_dict())
+    options = ctx.spec.repo
     summary = write_repository(ctx.out / "repo", limits, options, model_path=model_path, tokenizer_files=files,
                                plan_fraction=_plan_fraction(ctx))
     report = validate_repository(ctx.out / "repo", model_dir=limits.model_dir, manifest_summary=ctx.summary)
