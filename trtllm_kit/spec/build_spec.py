@@ -17,6 +17,7 @@ from trtllm_kit.spec.tables import BuildOptions, QuantOptions, ServeSettings
 
 STAGES = Stage.values()
 TABLES: dict[str, type] = {"build": BuildOptions, "quant": QuantOptions, "repo": RepoOptions, "serve": ServeSettings}
+NEAR = 0.6  # difflib ratio from which a key counts as a misspelling of another
 FLAT_TABLES = ("build", "quant", "repo")  # the tables whose fields a schema_version 1 spec held at the top level
 
 
@@ -58,7 +59,7 @@ class BuildSpec:
         """
         unknown = [key for key in values if key not in TABLES and key not in top_level_keys()]
         if unknown:
-            raise KitUsageError(f"unknown spec key {unknown[0]!r}{did_you_mean(unknown[0], None)}.")
+            raise KitUsageError(f"unknown spec key {unknown[0]!r}{did_you_mean(unknown[0], None)}")
         tables = {}
         for name, table_cls in TABLES.items():
             table = values.get(name) or {}
@@ -67,7 +68,7 @@ class BuildSpec:
             keys = {d.name for d in declared(table_cls, name)}
             for key in table:
                 if key not in keys:
-                    raise KitUsageError(f"unknown key {key!r} in [{name}]{did_you_mean(key, name)}.")
+                    raise KitUsageError(f"unknown key {key!r} in [{name}]{did_you_mean(key, name)}")
             tables[name] = table_cls(**table)
         return cls(model=values.get("model", ""), out=values.get("out", ""), **tables)
 
@@ -86,7 +87,7 @@ def all_declared(tables: tuple[str, ...] = tuple(TABLES)) -> tuple[Declared, ...
 
 
 def did_you_mean(key: str, table: str | None) -> str:
-    """``; did you mean ...?`` naming the nearest valid key (in any table), or the keys of ``table``.
+    """The end of an unknown-key sentence: where the key belongs, the nearest valid key, or the keys of ``table``.
 
     Arguments:
         key: the unknown key; table: where it was found (None: the top level).
@@ -94,16 +95,17 @@ def did_you_mean(key: str, table: str | None) -> str:
     everywhere = {d.where: d for d in all_declared()}
     owner = [d for d in everywhere.values() if d.name == key]
     if owner:
-        return f"; it belongs {'at the top level' if owner[0].table is None else f'in [{owner[0].table}]'}"
+        return f"; it belongs {'at the top level' if owner[0].table is None else f'in [{owner[0].table}]'}."
+    for d in everywhere.values():
+        spellings = (d.option.flag or "").split("/")
+        if key in (flag.lstrip("-").replace("-", "_") for flag in spellings if flag):
+            return f"; did you mean {d.where} (the key of {spellings[0]})?"
     here = [d.name for d in everywhere.values() if d.table == table]
-    close = difflib.get_close_matches(key, here, n=1)
-    if close:
-        return f"; did you mean {close[0]}?"
-    close = difflib.get_close_matches(key, [d.name for d in everywhere.values()], n=1)
-    if close:
-        match = next(d for d in everywhere.values() if d.name == close[0])
-        return f"; did you mean {match.where}?"
-    return f"; the keys {'at the top level' if table is None else f'of [{table}]'} are {', '.join(here)}"
+    scored = [(difflib.SequenceMatcher(None, key, d.name).ratio(), d.table == table, d) for d in everywhere.values()]
+    ratio, same_table, nearest = max(scored, key=lambda item: item[:2])
+    if ratio >= NEAR:
+        return f"; did you mean {nearest.name if same_table else nearest.where}?"
+    return f"; the keys {'at the top level' if table is None else f'of [{table}]'} are {', '.join(here)}."
 
 
 def nest_flat_spec(flat: dict[str, Any]) -> dict[str, Any]:

@@ -51,12 +51,12 @@ def load_toml(path: Path) -> dict[str, Any]:
         if name in known and not isinstance(value, dict):
             raise KitUsageError(f"{path}: {name} must be a table ([{name}]), got {value!r}.")
         if not isinstance(value, dict) and name not in top_level_keys():
-            raise KitUsageError(f"{path}: unknown key {name} at the top level{did_you_mean(name, None)}.")
+            raise KitUsageError(f"{path}: unknown key {name} at the top level{did_you_mean(name, None)}")
     for name, cls in TABLES.items():
         keys = {d.name for d in declared(cls, name)}
         for key in data.get(name, {}):
             if key not in keys:
-                raise KitUsageError(f"{path}: unknown key {key} in [{name}]{did_you_mean(key, name)}.")
+                raise KitUsageError(f"{path}: unknown key {key} in [{name}]{did_you_mean(key, name)}")
     return {k: v for k, v in data.items() if k not in RESERVED_TABLES}
 
 
