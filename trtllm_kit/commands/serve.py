@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from trtllm_kit.commands.build_flags import config_option, declared_fields, spec_options, typed_values
 from trtllm_kit.commands.common import emit_json
 from trtllm_kit.errors import KitUsageError
+
+if TYPE_CHECKING:
+    from trtllm_kit.serve.service import ServeOptions
 
 
 @click.command()
@@ -31,21 +34,10 @@ def serve(ctx: click.Context, out: Path | None, config_file: Path | None, api_ke
       trtllm-kit serve --config trtllm-kit.toml --detach
       trtllm-kit generate "Hello" --max-tokens 16
     """
-    from trtllm_kit.serve.launcher import Endpoints
-    from trtllm_kit.serve.service import ServeOptions, serve_detached
     from trtllm_kit.serve.service import serve as serve_out
-    from trtllm_kit.spec import ServeSettings, load_toml, merge
+    from trtllm_kit.serve.service import serve_detached
 
-    file_values = load_toml(config_file) if config_file else {}
-    values = merge(file_values, typed_values(ctx))
-    out = out if out is not None else (Path(values["out"]) if values.get("out") else None)
-    if out is None:
-        raise KitUsageError("no build to serve; pass OUT or set out = \"...\" in the --config file.")
-    settings = ServeSettings(**values.get("serve", {}))
-    options = ServeOptions(out=out, endpoints=Endpoints(**settings.endpoint_values()),
-                           openai_port=settings.openai_port, api_key=api_key, tritonserver=settings.tritonserver,
-                           model=settings.model, ready_timeout_s=settings.ready_timeout_s,
-                           log_verbose=settings.log_verbose)
+    options = serve_options(ctx, out, config_file, api_key)
 
     def ready(state: dict[str, Any]) -> None:
         if as_json:
@@ -60,6 +52,27 @@ def serve(ctx: click.Context, out: Path | None, config_file: Path | None, api_ke
         ready(serve_detached(options))
     else:
         serve_out(options, ready)
+
+
+def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None) -> ServeOptions:
+    """The ``ServeOptions`` of a ``serve`` command line: the flags typed, over the config file's ``[serve]`` table
+    and its ``out`` (when OUT is not given), over the declared defaults.
+
+    Arguments:
+        ctx: the command's context; out: OUT or None; config_file: ``--config`` or None; api_key: ``--api-key``.
+    """
+    from trtllm_kit.serve.launcher import Endpoints
+    from trtllm_kit.serve.service import ServeOptions
+    from trtllm_kit.spec import ServeSettings, load_toml, merge
+
+    values = merge(load_toml(config_file) if config_file else {}, typed_values(ctx))
+    out = out if out is not None else (Path(values["out"]) if values.get("out") else None)
+    if out is None:
+        raise KitUsageError("no build to serve; pass OUT or set out = \"...\" in the --config file.")
+    settings = ServeSettings(**values.get("serve", {}))
+    return ServeOptions(out=out, endpoints=Endpoints(**settings.endpoint_values()), openai_port=settings.openai_port,
+                        api_key=api_key, tritonserver=settings.tritonserver, model=settings.model,
+                        ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose)
 
 
 @click.command()
