@@ -180,6 +180,8 @@ def field_strategy(d: Declared) -> st.SearchStrategy[Any]:
         return st.floats(min_value=0.01, max_value=1.0)
     if d.name.endswith("_port"):
         return st.integers(min_value=1, max_value=65535)
+    if d.name in ("calib_samples", "calib_seq_len"):  # positive, as QuantConfig checks
+        return st.integers(min_value=1, max_value=4096)
     if d.kind is bool:
         return st.booleans()
     if issubclass(d.kind, Choice):

@@ -109,10 +109,11 @@ class QuantOptions:
     calib_data: str | None = field(default=None, metadata=option(
         "Calibration text: .txt (one text per line) or .jsonl with a \"text\" field (default: the corpus shipped "
         "with trtllm-kit).", "--calib-data"))
-    calib_samples: int = field(default=DEFAULT_CALIB_SAMPLES, metadata=option(
-        "Calibration windows.", "--calib-samples", minimum=1))
-    calib_seq_len: int = field(default=DEFAULT_CALIB_SEQ_LEN, metadata=option(
-        "Tokens per window.", "--calib-seq-len", minimum=1))
+    # ranges checked by QuantConfig, whose messages name the flags
+    calib_samples: int = field(default=DEFAULT_CALIB_SAMPLES, metadata=option("Calibration windows.",
+                                                                                 "--calib-samples"))
+    calib_seq_len: int = field(default=DEFAULT_CALIB_SEQ_LEN, metadata=option("Tokens per window.",
+                                                                                 "--calib-seq-len"))
     calib_seed: int = field(default=DEFAULT_CALIB_SEED, metadata=option(
         "Seed of the window offsets.", "--calib-seed"))
 
