@@ -124,7 +124,8 @@ def check_declared(obj: Any, table: str | None) -> None:
     Arguments:
         obj: a frozen dataclass instance being built; table: its TOML table.
     """
-    for d in declared(type(obj), table):
+    cls: type = type(obj)
+    for d in declared(cls, table):
         value = getattr(obj, d.name)
         if value is None and d.optional:
             continue
@@ -170,4 +171,5 @@ def table_dict(obj: Any, table: str | None) -> dict[str, Any]:
     Arguments:
         obj: a table's dataclass instance; table: its TOML table.
     """
-    return {d.name: plain(getattr(obj, d.name)) for d in declared(type(obj), table)}
+    cls: type = type(obj)
+    return {d.name: plain(getattr(obj, d.name)) for d in declared(cls, table)}

@@ -1,4 +1,4 @@
-"""What every command shares: JSON output, progress reporting, flags the user actually typed."""
+"""What every command shares: JSON output and progress reporting (the flags typed: ``build_flags.typed_values``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from trtllm_kit.progress import Reporter, RichReporter
 
@@ -18,7 +17,3 @@ def emit_json(value: Any) -> None:
 def reporter_for(as_json: bool) -> Reporter:
     return Reporter() if as_json else RichReporter()
 
-
-def given(ctx: click.Context, **values: Any) -> dict[str, Any]:
-    """Only the options the user actually typed, so a config file's values are not overridden by defaults."""
-    return {k: v for k, v in values.items() if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}

@@ -40,8 +40,8 @@ def load_toml(path: Path) -> dict[str, Any]:
     known = (*TABLES, *RESERVED_TABLES)
     for name, value in data.items():
         if name in MOVED_TABLES and isinstance(value, dict):
-            keys = ", ".join(k if not isinstance(v, dict) else f"[{name}.{k}]" for k, v in value.items())
-            raise KitUsageError(f"{path}: the [{name}] table is no longer read; its keys ({keys}) belong in "
+            moved = ", ".join(k if not isinstance(v, dict) else f"[{name}.{k}]" for k, v in value.items())
+            raise KitUsageError(f"{path}: the [{name}] table is no longer read; its keys ({moved}) belong in "
                                 f"[{MOVED_TABLES[name]}]: rename [{name}] to [{MOVED_TABLES[name]}] (and "
                                 f"[{name}.build_flags] to [{MOVED_TABLES[name]}.build_flags]).")
         if isinstance(value, dict) and name not in known:
