@@ -37,6 +37,8 @@ class BuildSpec:
     def __post_init__(self) -> None:
         if not self.model:
             raise KitUsageError("no model given; pass a model directory, a cached repo id or builtin:tiny-llama.")
+        if isinstance(self.model, Path):
+            object.__setattr__(self, "model", str(self.model))
         check_declared(self, None)
         for name, cls in TABLES.items():
             if not isinstance(getattr(self, name), cls):
