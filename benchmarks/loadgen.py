@@ -238,7 +238,7 @@ def agreement(args: argparse.Namespace, work: Path, figures: Figures) -> None:
         figures.aiperf["standin"] = compare_with_aiperf(args, work, server.url, "standin", tokenizer, 1000)
     out = work / "tiny-llama"
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, **one_each}))
+    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "build": {"verify": False}, "repo": one_each}))
     endpoints, openai_port = free_endpoints(), free_port()
     serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
     try:

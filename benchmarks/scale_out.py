@@ -44,8 +44,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="scale-out.") as tmp:
         root = Path(tmp)
         out = root / "out"
-        run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, "max_batch_size": 2,
-                                  "preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}))
+        one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
+        run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out,
+                                  "build": {"verify": False, "max_batch_size": 2}, "repo": one_each}))
         k8s = root / "k8s"
         assert run(["deploy", "k8s", str(out), "--out", str(k8s), "--pvc", "models", "--name", "tiny",
                     "--namespace", "llm", "--queue-target", f"{args.queue_target:g}"]) == 0

@@ -8,7 +8,6 @@ import shlex
 import struct
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,13 @@ from click.testing import CliRunner, Result
 
 from trtllm_kit import __version__
 from trtllm_kit.cli import cli, run
-from trtllm_kit.spec import STAGES, BuildSpec
+from trtllm_kit.option import declared
+from trtllm_kit.spec import STAGES, BuildOptions, BuildSpec
 
 HIDDEN, INTER, NUM_HEADS, NUM_KV_HEADS, NUM_LAYERS, VOCAB = 64, 128, 4, 2, 3, 67
 HEAD_DIM = HIDDEN // NUM_HEADS
-SPEC_KEYS = [f.name for f in fields(BuildSpec)]
-BASE_SPEC_KEYS = ["model", "out", "tp", "pp", "dtype", "until", "target", "verify", "allow_pickle", "force"]
+BUILD_KEYS = [d.name for d in declared(BuildOptions, "build")]
+BASE_SPEC_KEYS = ["tp", "pp", "dtype", "until", "target", "verify", "allow_pickle", "force"]
 ENGINE_SPEC = {"gpu": None, "gpu_memory": None, "kv_cache_fraction": 0.9, "max_batch_size": None,
                "max_input_len": None, "max_seq_len": None, "max_num_tokens": None, "tokens_per_block": 32,
                "build_flags": {}, "archive": None}
@@ -110,6 +110,17 @@ ROWS = [
     (["build", "{model}", "--out", "{tmp}/out", "--tp", "0"], 2, "Error: tp must be a positive integer, got 0."),
     (["build", "{model}", "--out", "{tmp}/out", "--pp", "-1"], 2, "Error: pp must be a positive integer, got -1."),
     (["build", "{model}", "--out", "{tmp}/out", "--config", "{tmp}/missing.toml"], 2,
+     "Error: config file {tmp}/missing.toml does not exist."),
+    (["plan", "{model}", "--batch-scheduler-policy", "static"], 2,
+     "Error: Invalid value for '--batch-scheduler-policy': 'static' is not one of 'guaranteed_no_evict', "
+     "'max_utilization'."),
+    (["build", "{model}", "--out", "{tmp}/out", "--per-channel"], 2,
+     "Error: --per-channel and --per-token apply to --quant int8-sq only, not --quant none."),
+    (["build", "{model}", "--out", "{tmp}/out", "--max-queue-size", "-1"], 2,
+     "Error: max_queue_size must be an integer >= 0, got -1."),
+    (["serve"], 2, 'Error: no build to serve; pass OUT or set out = "..." in the --config file.'),
+    (["serve", "{tmp}/out", "--http-port", "70000"], 2, "Error: http_port must be a port in 1..65535, got 70000."),
+    (["serve", "{tmp}/out", "--config", "{tmp}/missing.toml"], 2,
      "Error: config file {tmp}/missing.toml does not exist."),
     (["inspect", "{model}", "--tp", "3"], 2,
      "Error: num_attention_heads 4 is not divisible by tp_size 3; choose a tp_size that divides 4."),
@@ -249,10 +260,13 @@ def test_build_json_points_at_a_manifest_that_matches_the_disk(tiny_llama: Path,
     assert (manifest["target"], manifest["layout"]["world_size"], manifest["precision"]["weights"]) == (
         "cpu", 1, "float16")
     spec = manifest["spec"]
-    assert {k: spec[k] for k in BASE_SPEC_KEYS} == {"model": str(tiny_llama), "out": str(out), "tp": 1, "pp": 1,
-                                                    "dtype": "auto", "until": STAGES[-1], "target": "auto",
-                                                    "verify": None, "allow_pickle": False, "force": False}
-    assert {k: spec[k] for k in ENGINE_SPEC} == ENGINE_SPEC
+    assert sorted(spec) == ["build", "model", "out", "quant", "repo", "serve"]
+    assert (spec["model"], spec["out"]) == (str(tiny_llama), str(out))
+    assert {k: spec["build"][k] for k in BASE_SPEC_KEYS} == {"tp": 1, "pp": 1, "dtype": "auto", "until": STAGES[-1],
+                                                             "target": "auto", "verify": None, "allow_pickle": False,
+                                                             "force": False}
+    assert {k: spec["build"][k] for k in ENGINE_SPEC} == ENGINE_SPEC
+    assert BuildSpec.from_dict(spec).to_dict() == spec
     assert manifest["inputs"] == {name: sha256(tiny_llama / name) for name in ("config.json", "model.safetensors")}
     tools = manifest["tools"]
     assert (tools["trtllm_kit"], tools["torch"], tools["transformers"]) == (__version__, torch.__version__,
@@ -279,8 +293,8 @@ def test_config_file_with_flags_overriding_it(flags: list[str], tp: int, pp: int
 
     assert result.exit_code == 0, result.output
     spec = json.loads((out / "manifest.json").read_text())["spec"]
-    assert (spec["model"], spec["out"], spec["tp"], spec["pp"], spec["verify"]) == (str(tiny_llama), str(out), tp, pp,
-                                                                                    False)
+    assert (spec["model"], spec["out"], spec["build"]["tp"], spec["build"]["pp"], spec["build"]["verify"]) == (
+        str(tiny_llama), str(out), tp, pp, False)
     mapping = json.loads((out / "checkpoint" / "config.json").read_text())["mapping"]
     assert (mapping["tp_size"], mapping["pp_size"], mapping["world_size"]) == (tp, pp, tp * pp)
     assert sorted(p.name for p in (out / "checkpoint").glob("rank*")) == [f"rank{r}.safetensors"
@@ -288,12 +302,24 @@ def test_config_file_with_flags_overriding_it(flags: list[str], tp: int, pp: int
 
 
 @pytest.mark.parametrize(("toml", "message"), [
-    ("tensor_parallel = 2\n[build]\nquantize = true\n",
-     "{path}: unknown key(s) quantize, tensor_parallel; known keys: " + ", ".join(sorted(SPEC_KEYS)) + "."),
+    ("[build]\nquantize = true\n", "{path}: unknown key quantize in [build]; did you mean [quant] quant?"),
+    ("[build]\ntensor_parallel = 2\n",
+     "{path}: unknown key tensor_parallel in [build]; the keys of [build] are " + ", ".join(BUILD_KEYS) + "."),
+    ("[build]\nmax_batch = 8\n", "{path}: unknown key max_batch in [build]; did you mean max_batch_size?"),
+    ("tp = 2\n", "{path}: unknown key tp at the top level; it belongs in [build]."),
+    ("[repo]\ngpu = 'L4'\n", "{path}: unknown key gpu in [repo]; it belongs in [build]."),
+    ("[engine]\ngpu = 'L4'\n[engine.build_flags]\ngemm_plugin = 'auto'\n",
+     "{path}: the [engine] table is no longer read; its keys (gpu, [engine.build_flags]) belong in [build]: rename "
+     "[engine] to [build] (and [engine.build_flags] to [build.build_flags])."),
+    ("[buld]\ntp = 2\n", "{path}: unknown table [buld]; did you mean [build]?"),
+    ("build = 2\n", "{path}: build must be a table ([build]), got 2."),
     ("[build]\ntp = '2'\n", "tp must be a positive integer, got '2'."),
     ("[build]\ndtype = 'fp8'\n", "dtype 'fp8' is not one of auto, float16, bfloat16, float32."),
+    ("[repo]\nbatch_scheduler_policy = 'static'\n",
+     "batch_scheduler_policy 'static' is not one of guaranteed_no_evict, max_utilization."),
     ("tp = 2\ntp = 3\n", "{path} is not valid TOML (Cannot overwrite a value (at line 2, column 7))."),
-], ids=["unknown-keys", "tp-as-string", "bad-dtype", "invalid-toml"])
+], ids=["key-of-another-table", "no-near-key", "near-key", "top-level-key", "wrong-table", "engine-table",
+        "misspelt-table", "table-as-value", "tp-as-string", "bad-dtype", "runtime-only-policy", "invalid-toml"])
 def test_bad_config_file(toml: str, message: str, tiny_llama: Path, tmp_path: Path) -> None:
     config = tmp_path / "trtllm-kit.toml"
     config.write_text(toml)

@@ -268,7 +268,7 @@ def test_allow_pickle_gives_the_same_checkpoint_as_safetensors(tiny_llama: Path,
     assert checkpoint == snapshot(tmp_path / "safetensors" / "checkpoint")
     manifest = json.loads((tmp_path / "pickle" / "manifest.json").read_text())
     assert sorted(manifest["inputs"]) == ["config.json", "pytorch_model.bin"]
-    assert manifest["spec"]["allow_pickle"] is True
+    assert manifest["spec"]["build"]["allow_pickle"] is True
 
 
 def test_repo_id_found_in_the_hf_cache_by_refs_main(tiny_llama: Path, tmp_path: Path,

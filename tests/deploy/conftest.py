@@ -20,6 +20,7 @@ from trtllm_kit.artifact import (
 from trtllm_kit.build.plan import Precision
 from trtllm_kit.build.shard import Mapping
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.tables import BuildOptions
 
 
 def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 1,
@@ -48,7 +49,8 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
         repo=RepoRecord("repo", "", target, ["tensorrt_llm"], False, f"/models/llama70b/{model_dir}",
                         {"max_batch_size": 64}, {}),
         stages=["checkpoint", "engine", "repo"])
-    Artifact(path=out, spec=BuildSpec(model=source, out=out, tp=tp, pp=pp, target=target), target=target,
+    Artifact(path=out, spec=BuildSpec(model=source, out=out, build=BuildOptions(tp=tp, pp=pp, target=target)),
+             target=target,
              layout=Mapping(tp, pp), precision=Precision("bfloat16"), records=records, files=files).write()
     return out
 

@@ -179,7 +179,8 @@ def test_the_real_tiny_artifact_reads(tmp_path):
     from trtllm_kit.spec import build_spec
 
     out = tmp_path / "out"
-    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, "until": "repo"}))
+    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out,
+                              "build": {"verify": False, "until": "repo"}}))
     source = read_source(out)
     assert (source.target, source.world_size, source.mount_path) == ("cpu", 1, str(out.absolute()))
     assert source.load_bytes == sum((out / f.path).stat().st_size for f in source.files

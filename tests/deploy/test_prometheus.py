@@ -54,8 +54,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
     root = tmp_path_factory.mktemp("scale")
     out = root / "out"
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, "max_batch_size": 2,
-                              **one_each}))
+    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out,
+                              "build": {"verify": False, "max_batch_size": 2}, "repo": one_each}))
     assert run(["deploy", "k8s", str(out), "--out", str(root / "k8s"), "--pvc", "models", "--name", "tiny",
                 "--namespace", "llm", "--queue-target", "1"]) == 0
     endpoints: Endpoints = free_endpoints()

@@ -43,8 +43,8 @@ def serve(root: Path, model: str, **options):
     """Build ``model`` for the cpu target into ``root`` and serve its repository; yields (client, reference)."""
     torch.set_num_threads(1)
     out = root / "out"
-    run_build(BuildSpec(model=f"builtin:{model}", out=out, verify=False, preprocessing_instances=1,
-                        postprocessing_instances=1, bls_instances=1, **options))
+    run_build(BuildSpec.from_dict({"model": f"builtin:{model}", "out": out, "build": {"verify": False}, "repo": {
+        "preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1, **options}}))
     with running_server(out / "repo", root) as server:
         client = grpcclient.InferenceServerClient(server.config.endpoints.url("grpc"))
         try:

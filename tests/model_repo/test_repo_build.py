@@ -12,16 +12,22 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.model_repo.configs import MODEL_NAMES, parse_config
-from trtllm_kit.spec import BuildSpec, build_spec, load_toml
+from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.spec import BuildOptions, BuildSpec, build_spec, load_toml
 
 
 def config(out: Path, model: str):
     return parse_config((out / "repo" / model / "config.pbtxt").read_text())
 
 
+def qwen2_spec(out: Path, bls_instances: int) -> BuildSpec:
+    return BuildSpec("builtin:tiny-qwen2", out, BuildOptions(verify=False),
+                     repo=RepoOptions(bls_instances=bls_instances))
+
+
 def test_build_ends_with_a_cached_repository_stage(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = run_build(BuildSpec(model="builtin:tiny-qwen2", out=out, verify=False, bls_instances=2))
+    result = run_build(qwen2_spec(out, 2))
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["summary"]["stages"] == ["checkpoint", "engine", "repo"]
     repo = manifest["summary"]["repo"]
@@ -36,17 +42,17 @@ def test_build_ends_with_a_cached_repository_stage(tmp_path: Path) -> None:
     assert (out / "repo" / "tensorrt_llm" / "1" / "model.py").read_bytes() == (
         Path(__file__).parents[2] / "trtllm_kit" / "model_repo" / "python" / "tensorrt_llm_cpu.py").read_bytes()
 
-    again = run_build(BuildSpec(model="builtin:tiny-qwen2", out=out, verify=False, bls_instances=2))
+    again = run_build(qwen2_spec(out, 2))
     assert again.summary["reused"] == ["checkpoint", "engine", "repo"]
-    changed = run_build(BuildSpec(model="builtin:tiny-qwen2", out=out, verify=False, bls_instances=3))
+    changed = run_build(qwen2_spec(out, 3))
     assert changed.summary["reused"] == ["checkpoint", "engine"]
     assert config(out, "tensorrt_llm_bls").instance_group[0].count == 3
 
 
 def test_repo_table_and_flags_reach_the_configs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     toml = tmp_path / "kit.toml"
-    toml.write_text('model = "builtin:tiny-llama"\nverify = false\n[repo]\nmax_queue_delay_microseconds = 100\n'
-                    'batch_scheduler_policy = "max_utilization"\n')
+    toml.write_text('model = "builtin:tiny-llama"\n[build]\nverify = false\n'
+                    '[repo]\nmax_queue_delay_microseconds = 100\nbatch_scheduler_policy = "max_utilization"\n')
     out = tmp_path / "out"
     code = run(["build", "--config", str(toml), "--out", str(out), "--no-streaming", "--instances", "2",
                 "--max-queue-size", "3", "--no-kv-cache-reuse", "--json"])
@@ -64,10 +70,11 @@ def test_repo_table_and_flags_reach_the_configs(tmp_path: Path, capsys: pytest.C
 def test_bad_repo_values_are_usage_errors(tmp_path: Path) -> None:
     toml = tmp_path / "kit.toml"
     toml.write_text('[repo]\nbls_instances = 0\n')
-    with pytest.raises(KitUsageError, match=r"^bls_instances must be an integer >= 1, got 0.$"):
+    with pytest.raises(KitUsageError, match=r"^bls_instances must be a positive integer, got 0.$"):
         build_spec(load_toml(toml), {"model": "builtin:tiny-llama", "out": tmp_path / "o"})
     toml.write_text('[repo]\nstreaming = true\n')
-    with pytest.raises(KitUsageError, match=r"unknown key\(s\) streaming"):
+    with pytest.raises(KitUsageError, match=r"unknown key streaming in \[repo\]; did you mean \[repo\] decoupled "
+                       r"\(the key of --streaming\)\?$"):
         load_toml(toml)
 
 

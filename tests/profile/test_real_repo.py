@@ -33,7 +33,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("repo") / "out"
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "verify": False, **one_each}))
+    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "build": {"verify": False}, "repo": one_each}))
     endpoints, openai_port = free_endpoints(), free_port()
     serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
     yield Served(out, endpoints, openai_port)

@@ -77,7 +77,7 @@ def test_build_fp8_with_fp8_kv_cache_at_tp2(tmp_path: Path, capsys: pytest.Captu
     assert sorted(p.name for p in (out / "calibration").iterdir()) == ["calibration.json", "stats.safetensors"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert "calibration/stats.safetensors" in manifest["outputs"]
-    assert manifest["spec"]["quant"] == "fp8" and manifest["spec"]["kv_cache"] == "fp8"
+    assert manifest["spec"]["quant"]["quant"] == "fp8" and manifest["spec"]["quant"]["kv_cache"] == "fp8"
     rank1 = load_file(out / "checkpoint" / "rank1.safetensors")
     assert rank1["transformer.layers.0.attention.qkv.weight"].dtype == torch.float8_e4m3fn
     assert rank1["lm_head.weight"].dtype == torch.bfloat16

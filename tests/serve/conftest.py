@@ -22,6 +22,7 @@ from trtllm_kit.build.artifact import file_hashes
 from trtllm_kit.build.plan import Precision
 from trtllm_kit.build.shard import Mapping
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.tables import BuildOptions
 
 FAKE_MODEL = '''
 import threading
@@ -119,7 +120,8 @@ def make_fake_out(out: Path, *, config_text: str | None = None, engine: EngineBu
                                              "LlamaForCausalLM", 2299136),
                            engine=EngineRecord(target, "stand-in", built=engine),
                            stages=["checkpoint", "engine", "repo"])
-    Artifact(path=out, spec=BuildSpec(model="builtin:tiny-llama", out=out, target=target), target=target,
+    Artifact(path=out, spec=BuildSpec(model="builtin:tiny-llama", out=out, build=BuildOptions(target=target)),
+             target=target,
              layout=Mapping(1, 1), precision=Precision("bfloat16"), records=records, files=file_hashes(out)).write()
     return out
 

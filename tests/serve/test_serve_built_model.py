@@ -35,7 +35,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("quickstart") / "out"
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}  # fast start/stop
-    run_build(build_spec({}, {"model": MODEL, "out": out, "verify": False, **one_each}))
+    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False}, "repo": one_each}))
     ep, openai_port = free_endpoints(), free_port()
     done = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
                            str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",

@@ -18,7 +18,7 @@ from trtllm_kit.artifact.records import CacheRecord, StageRecords
 from trtllm_kit.build.plan import Precision
 from trtllm_kit.build.shard import Mapping
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec import BuildSpec, nest_flat_spec
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -178,9 +178,9 @@ def _check_version(values: dict[str, Any], where: str, path: Path) -> None:
 
 def _spec(values: dict[str, Any], where: str) -> BuildSpec:
     try:
-        return BuildSpec(**values)
-    except TypeError as exc:
-        raise ManifestError(f"{where} records a spec this kit does not know ({exc}); rebuild the artifact.") from None
+        return BuildSpec.from_dict(values)
+    except (KitError, TypeError) as exc:
+        raise ManifestError(f"{where} records a spec this kit does not read ({exc}); rebuild the artifact.") from None
 
 
 def upgrade_manifest(out: Path) -> tuple[int, int]:
@@ -209,9 +209,9 @@ def upgrade_manifest(out: Path) -> tuple[int, int]:
 def _upgrade_from_1(values: dict[str, Any]) -> dict[str, Any]:
     """Schema 1 → 2: the target, layout and precision become top-level records; ``skipped`` becomes ``reason``."""
     try:
-        spec = _spec(values["spec"], "the schema 1 manifest")
+        spec = _spec(nest_flat_spec(values["spec"]), "the schema 1 manifest")
         summary = dict(values["summary"])
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ManifestError(f"the schema 1 manifest is damaged ({exc}); rebuild the artifact.") from None
     engine = dict(summary.get("engine") or {})
     if "skipped" in engine:
@@ -221,9 +221,9 @@ def _upgrade_from_1(values: dict[str, Any]) -> dict[str, Any]:
     target = (summary.get("repo") or {}).get("target") or engine.get("target") or "cpu"
     quant = spec.quant_config()
     checkpoint = summary.get("checkpoint") or {}
-    dtype = checkpoint.get("dtype") or spec.dtype
+    dtype = checkpoint.get("dtype") or spec.build.dtype
     return {**values, "schema_version": SCHEMA_VERSION, "spec": spec.to_dict(), "target": target,
-            "layout": Mapping(spec.tp, spec.pp).to_dict(),
+            "layout": _layout_dict(Mapping(spec.build.tp, spec.build.pp)),
             "precision": {"dtype": dtype, "quant_algo": quant.quant_algo,
                           "kv_cache_quant_algo": quant.kv_cache_quant_algo},
             "summary": summary}

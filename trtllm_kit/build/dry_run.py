@@ -38,9 +38,9 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
     path = resolve_model_path(spec.model)
     hf = read_hf_config(path)
     family = family_for(hf, spec.model)
-    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, spec.tp)
-    layers_for_rank(hf.num_hidden_layers, spec.pp, 0)
-    stages = STAGES[: STAGES.index(spec.until) + 1]
+    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, spec.build.tp)
+    layers_for_rank(hf.num_hidden_layers, spec.build.pp, 0)
+    stages = STAGES[: STAGES.index(spec.build.until) + 1]
     engine = prepare_engine(spec, hf, family, detect_machine(), compile_requested="engine" in stages,
                             plan_only=True)
     report: dict[str, Any] = {
@@ -53,7 +53,7 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "command_lines": [engine.command.line] if engine.command else [],
     }
     if engine.command is not None:
-        layer = layer_graph(hf, precision_of(spec, hf), spec.tp, dict(engine.command.flags))
+        layer = layer_graph(hf, precision_of(spec, hf), spec.build.tp, dict(engine.command.flags))
         report["fusion"] = fusion_table(layer)
         if graph is not None:
             report["graph"] = str(write_graph(layer, graph))
@@ -67,12 +67,12 @@ def _stage_status(spec: BuildSpec, stages: tuple[str, ...], engine: EngineSetup)
     from trtllm_kit.build.pipeline import stage_keys
 
     try:
-        model = inspect_model(spec.model, allow_pickle=spec.allow_pickle)
+        model = inspect_model(spec.model, allow_pickle=spec.build.allow_pickle)
     except KitError as exc:
         return [{"stage": name, "status": "cannot build", "why": str(exc)} for name in stages]
-    previous = Previous.load(spec.out, force=spec.force)
+    previous = Previous.load(spec.out, force=spec.build.force)
     if previous.artifact is None:  # nothing to reuse: do not hash the weights just to say so
-        why = "--force" if spec.force else f"no earlier build in {spec.out}"
+        why = "--force" if spec.build.force else f"no earlier build in {spec.out}"
         return [{"stage": name, "status": "will build", "why": why} for name in stages]
     digests = input_digests([model.path / "config.json", *model.weight_files], previous)
     keys = stage_keys(spec, model, digests, engine)

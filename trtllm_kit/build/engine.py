@@ -63,7 +63,7 @@ def precision_of(spec: BuildSpec, hf: HFConfig) -> Precision:
         hf: the model config (``auto`` dtype).
     """
     quant = spec.quant_config()
-    return Precision(resolve_dtype(spec.dtype, hf), quant.quant_algo, quant.kv_cache_quant_algo)
+    return Precision(resolve_dtype(spec.build.dtype, hf), quant.quant_algo, quant.kv_cache_quant_algo)
 
 
 def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machine, *,
@@ -78,17 +78,18 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
         plan_only: nothing will run (``plan``, ``build --dry-run``): the target's machine check is reported,
         not enforced, so a CPU machine plans the build a GPU machine will do.
     """
-    check_overrides(spec.build_flags)
+    check_overrides(spec.build.build_flags)
     if compile_requested:
-        target, reason = choose_target(spec.target, machine, plan_only=plan_only)
+        target, reason = choose_target(spec.build.target, machine, plan_only=plan_only)
     else:
         target, reason = choose_target("cpu", machine)[0], "engine stage not run"
-    gpu = resolve_gpu(spec.gpu, spec.gpu_memory, list(machine.gpus))
+    gpu = resolve_gpu(spec.build.gpu, spec.build.gpu_memory, list(machine.gpus))
     plan = None
     if gpu is not None:
-        limits = Limits(spec.max_batch_size, spec.max_input_len, spec.max_seq_len, spec.max_num_tokens,
-                        spec.tokens_per_block, spec.kv_cache_fraction)
-        plan = make_plan(hf, family, Mapping(spec.tp, spec.pp), precision_of(spec, hf), gpu, limits)
+        b = spec.build
+        limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
+                        b.kv_cache_fraction)
+        plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)
     build_gpu = machine.gpus[0] if target.name == "engine" and machine.gpus else gpu
@@ -96,9 +97,9 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
         check_fp8(precision_of(spec, hf), build_gpu)
     command = None
     if plan is not None and build_gpu is not None:
-        workers = max(1, min(spec.tp * spec.pp, len(machine.gpus)))
+        workers = max(1, min(spec.build.tp * spec.build.pp, len(machine.gpus)))
         command = build_command(plan, build_gpu, Path("checkpoint"), Path(ENGINE_DIR), workers=workers,
-                                timing_cache=timing_cache_path(build_gpu, machine), overrides=spec.build_flags)
+                                timing_cache=timing_cache_path(build_gpu, machine), overrides=spec.build.build_flags)
     return EngineSetup(target, reason, plan, build_gpu, command, machine)
 
 

@@ -1,7 +1,7 @@
 """Runs the build stages in order into one atomically placed output directory.
 
 Each stage is a function of the ``BuildContext``: it writes its own subdirectory of the staging
-directory and its typed record to ``ctx.records``. ``spec.until`` names the last stage to run. The result is
+directory and its typed record to ``ctx.records``. ``spec.build.until`` names the last stage to run. The result is
 an ``Artifact`` whose ``manifest.json`` every later command reads.
 """
 
@@ -23,7 +23,6 @@ from trtllm_kit.build.engine import EngineSetup, engine_stage, precision_of, pre
 from trtllm_kit.build.inspect import ModelSpec, inspect_model
 from trtllm_kit.build.shard import Mapping, check_tp
 from trtllm_kit.errors import VerifyError
-from trtllm_kit.model_repo.options import REPO_FIELDS
 from trtllm_kit.model_repo.repository import repo_key_parts, repo_stage
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model
@@ -63,8 +62,8 @@ class BuildResult:
 
 
 def should_verify(spec: BuildSpec, model: ModelSpec) -> bool:
-    if spec.verify is not None:
-        return spec.verify
+    if spec.build.verify is not None:
+        return spec.build.verify
     return model.hf.num_parameters <= VERIFY_MAX_PARAMETERS
 
 
@@ -81,9 +80,10 @@ def checkpoint_stage(ctx: BuildContext) -> None:
         stats.save(ctx.out / "calibration")
         ctx.timings["calibrate"] = time.perf_counter() - t0
         ctx.records.calibration = {"dir": "calibration", **stats.params}
-    transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.dtype, quant, stats)
+    transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.build.dtype, quant, stats)
     with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
-        result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.dtype, lambda _name, n: advance(n), transform)
+        result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.build.dtype, lambda _name, n: advance(n),
+                         transform)
     _copy_tokenizer(ctx.model, ctx.out / "tokenizer")
     ctx.records.checkpoint = CheckpointRecord(
         dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
@@ -96,17 +96,18 @@ def checkpoint_stage(ctx: BuildContext) -> None:
 
 STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": checkpoint_stage, "engine": engine_stage,
                                                               "repo": repo_stage}
-# spec fields that do not change the checkpoint (every other field, quantization included, is in its key)
-NOT_CHECKPOINT_FIELDS = ("out", "until", "target", "force", "archive", "gpu", "gpu_memory", "kv_cache_fraction",
+# [build] fields that do not change the checkpoint (the others and every [quant] field are in its key)
+NOT_CHECKPOINT_FIELDS = ("until", "target", "force", "archive", "gpu", "gpu_memory", "kv_cache_fraction",
                          "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
-                         "build_flags", "model", "verify", *REPO_FIELDS)
+                         "build_flags", "verify")
 CHECKPOINT_TOOLS = ("trtllm_kit", "torch", "transformers", "safetensors")
 
 
 def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engine: EngineSetup) -> dict[str, str]:
     """The cache key of every stage: its inputs, the spec fields it reads, the tool versions, the previous key."""
     tools = tool_versions()
-    fields = {k: v for k, v in spec.to_dict().items() if k not in NOT_CHECKPOINT_FIELDS}
+    values = spec.to_dict()
+    fields = {**{k: v for k, v in values["build"].items() if k not in NOT_CHECKPOINT_FIELDS}, **values["quant"]}
     checkpoint = stage_key("checkpoint", {"inputs": digests, "spec": fields, "verify": should_verify(spec, model),
                                           "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}})
     engine_key = stage_key("engine", {"checkpoint": checkpoint, **engine.key_parts()})
@@ -115,7 +116,7 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
 
 
 def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
-    """Run the stages up to ``spec.until`` into ``spec.out``; nothing is left behind on failure.
+    """Run the stages up to ``spec.build.until`` into ``spec.out``; nothing is left behind on failure.
 
     Arguments:
         spec: the validated build spec.
@@ -123,26 +124,26 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     """
     reporter = reporter or Reporter()
     started = time.perf_counter()
-    check_out_dir(spec.out, force=spec.force)
-    model = inspect_model(spec.model, allow_pickle=spec.allow_pickle)
-    mapping = Mapping(spec.tp, spec.pp)
-    check_tp(model.hf.num_attention_heads, model.hf.num_key_value_heads, model.hf.intermediate_size, spec.tp)
-    check_model(spec.quant_config(), model.hf.num_key_value_heads, spec.tp)
+    check_out_dir(spec.out, force=spec.build.force)
+    model = inspect_model(spec.model, allow_pickle=spec.build.allow_pickle)
+    mapping = Mapping(spec.build.tp, spec.build.pp)
+    check_tp(model.hf.num_attention_heads, model.hf.num_key_value_heads, model.hf.intermediate_size, spec.build.tp)
+    check_model(spec.quant_config(), model.hf.num_key_value_heads, spec.build.tp)
     work_items(model, mapping)  # refuses pp larger than the layer count before any work
     reporter.note(f"{model.source}: {model.family.name} ({model.hf.architecture}), "
-                  f"{model.hf.num_parameters / 1e6:.1f}M parameters, tp={spec.tp} pp={spec.pp}")
-    stages = STAGES[: STAGES.index(spec.until) + 1]
+                  f"{model.hf.num_parameters / 1e6:.1f}M parameters, tp={spec.build.tp} pp={spec.build.pp}")
+    stages = STAGES[: STAGES.index(spec.build.until) + 1]
     engine = prepare_engine(spec, model.hf, model.family, detect_machine(), compile_requested="engine" in stages)
     if "engine" in stages:
         reporter.note(engine.reason)
     input_paths = [model.path / "config.json", *model.weight_files]
-    if spec.calib_data is not None and Path(spec.calib_data).is_file():
-        input_paths.append(Path(spec.calib_data))  # the calibration text decides the scales: key on its content
-    previous = Previous.load(spec.out, force=spec.force)
+    if spec.quant.calib_data is not None and Path(spec.quant.calib_data).is_file():
+        input_paths.append(Path(spec.quant.calib_data))  # the calibration text decides the scales: key on it
+    previous = Previous.load(spec.out, force=spec.build.force)
     digests = input_digests(input_paths, previous)
     keys = stage_keys(spec, model, digests, engine)
     reused = []
-    with staged_dir(spec.out, force=spec.force) as stage_dir:
+    with staged_dir(spec.out, force=spec.build.force) as stage_dir:
         ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
         ctx.records.model = ModelRecord(source=model.source, path=str(model.path), family=model.family.name,
                                         architecture=model.hf.architecture, num_parameters=model.hf.num_parameters)
@@ -168,10 +169,10 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
         artifact.write()
     artifact = artifact.moved(spec.out.absolute())
     summary = {"manifest": str(artifact.manifest_path), **ctx.records.to_dict(), "reused": reused}
-    if spec.archive:
+    if spec.build.archive:
         from trtllm_kit.build.archive import pack_archive
 
-        summary["archive"] = str(pack_archive(artifact.path, spec.archive).absolute())
+        summary["archive"] = str(pack_archive(artifact.path, spec.build.archive).absolute())
     return BuildResult(artifact, summary)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from trtllm_kit.build.gpus import GIB, GPU
 from trtllm_kit.build.shard import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size, shard_shape
+from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.base import Family, Place, Split
 from trtllm_kit.models.hf_config import HFConfig
@@ -68,8 +69,8 @@ class Limits:
     max_input_len: int | None = None
     max_seq_len: int | None = None
     max_num_tokens: int | None = None
-    tokens_per_block: int = 32
-    kv_cache_fraction: float = 0.9
+    tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK
+    kv_cache_fraction: float = DEFAULT_KV_CACHE_FRACTION
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Recipe (every flag is passed explicitly, because upstream defaults moved between
 * all-reduce fused with the following residual add and norm (``reduce_fusion``) when tp > 1;
 * FP8 context FMHA and the FP8 GEMM-SwiGLU plugin for FP8 models on SM 9.0+ (Hopper and newer).
 
-``overrides`` (``--build-flag NAME=VALUE`` or the ``[engine.build_flags]`` table) replace any recipe value;
+``overrides`` (``--build-flag NAME=VALUE`` or the ``[build.build_flags]`` table) replace any recipe value;
 they must name a 1.2.x flag with a valid value.
 """
 
@@ -194,7 +194,7 @@ def check_overrides(overrides: MappingABC[str, object]) -> None:
     """Refuse overrides of flags the kit owns (paths, plan limits, workers) and unknown flags or values.
 
     Arguments:
-        overrides: ``{flag: value}`` from ``--build-flag`` or ``[engine.build_flags]``.
+        overrides: ``{flag: value}`` from ``--build-flag`` or ``[build.build_flags]``.
     """
     for name, value in overrides.items():
         if name in OWN_FLAGS:

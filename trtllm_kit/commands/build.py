@@ -7,61 +7,29 @@ from typing import Any
 
 import click
 
-from trtllm_kit.commands.build_flags import engine_flags, engine_values, quant_flags, repo_flags, repo_values
-from trtllm_kit.commands.common import emit_json, given, reporter_for
+from trtllm_kit.commands.build_flags import SHARED_FLAGS, declared_fields, spec_options, typed_values
+from trtllm_kit.commands.common import emit_json, reporter_for
+
+SPEC_TABLES = ("build", "quant", "repo")
 
 
-def layout_options(command: Any) -> Any:
-    """The config file, parallel layout and dtype, shared by ``build`` and ``plan``."""
-    for option in reversed((
-        click.option("--config", "config_file", type=click.Path(path_type=Path),
-                     help="trtllm-kit.toml; flags override it."),
-        click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size."),
-        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size."),
-        click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto",
-                     show_default=True, help="Checkpoint dtype; auto takes the model's (float32 → float16)."),
-    )):
-        command = option(command)
-    return command
-
-
-def spec_sources(ctx: click.Context, config_file: Path | None, named: dict[str, Any], typed: dict[str, Any],
-                 stage_flags: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The config file's values and the flags the user gave, as ``build_spec`` takes them.
+def spec_sources(ctx: click.Context, config_file: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config file's values and the flags the user gave, both nested, as ``build_spec`` takes them.
 
     Arguments:
-        ctx: the command's context; config_file: ``--config`` or None; named: model/out/verify (None: not given);
-        typed: flags that count only when typed; stage_flags: the [engine]/[repo]/[quant] flags.
+        ctx: the command's context; config_file: ``--config`` or None.
     """
     from trtllm_kit.spec import load_toml
 
-    file_values = load_toml(config_file) if config_file else {}
-    flags = given(ctx, **typed)
-    flags.update({k: v for k, v in named.items() if v is not None})
-    flags.update(engine_values(repo_values(given(ctx, **stage_flags))))
-    return file_values, flags
+    return (load_toml(config_file) if config_file else {}), typed_values(ctx)
 
 
 @click.command()
-@click.argument("model", required=False)
-@click.option("--out", type=click.Path(path_type=Path), help="Output directory (created atomically).")
-@layout_options
-@click.option("--until", type=click.Choice(["checkpoint", "engine", "repo"]), default="repo", show_default=True,
-              help="Last stage to run.")
-@click.option("--verify/--no-verify", default=None, help="Check the checkpoint against transformers on the CPU "
-              "(default: on for models up to 500M parameters).")
-@click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt weights (loaded with weights_only=True).")
-@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@spec_options(declared_fields(*SPEC_TABLES), shared=SHARED_FLAGS)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest path and a summary as JSON.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (trtllm-kit plan) and build nothing.")
-@click.option("--archive", type=click.Path(path_type=Path), help="Also pack the artifact into FILE (.tar, .tar.gz).")
-@repo_flags
-@quant_flags
-@engine_flags
 @click.pass_context
-def build(ctx: click.Context, model: str | None, out: Path | None, config_file: Path | None, tp: int, pp: int,
-          dtype: str, until: str, verify: bool | None, allow_pickle: bool, force: bool, as_json: bool,
-          dry_run: bool, archive: Path | None, **repo: Any) -> None:
+def build(ctx: click.Context, config_file: Path | None, as_json: bool, dry_run: bool, **_flags: Any) -> None:
     """Convert MODEL (a directory, builtin:NAME or a repo id in the local HF cache).
 
     \b
@@ -72,11 +40,7 @@ def build(ctx: click.Context, model: str | None, out: Path | None, config_file: 
     from trtllm_kit.build.pipeline import run_build
     from trtllm_kit.spec import build_spec
 
-    file_values, flags = spec_sources(ctx, config_file, {"model": model, "out": out, "verify": verify},
-                                      {"tp": tp, "pp": pp, "dtype": dtype, "until": until,
-                                       "allow_pickle": allow_pickle, "force": force}, repo)
-    if archive is not None:
-        flags["archive"] = archive
+    file_values, flags = spec_sources(ctx, config_file)
     if dry_run:  # as plan: --out only names the artifact whose stage cache is checked
         file_values.setdefault("out", Path("out"))
         _print_plan(build_spec(file_values, flags), None, as_json)
@@ -90,24 +54,12 @@ def build(ctx: click.Context, model: str | None, out: Path | None, config_file: 
 
 
 @click.command()
-@click.argument("model", required=False)
-@click.option("--out", type=click.Path(path_type=Path), help="The artifact directory whose stage cache is checked "
-              "(default: the config file's, else out/).")
-@layout_options
-@click.option("--until", type=click.Choice(["checkpoint", "engine", "repo"]), default="repo", show_default=True,
-              help="Last stage to plan.")
-@click.option("--verify/--no-verify", default=None, help="As for build (part of the checkpoint's cache key).")
-@click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt weights.")
+@spec_options(declared_fields(*SPEC_TABLES, skip=("build.force", "build.archive")), shared=SHARED_FLAGS)
 @click.option("--graph", type=click.Path(path_type=Path), help="Write one decoder layer as the engine will run it "
               "(ONNX; opens in Netron).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@repo_flags
-@quant_flags
-@engine_flags
 @click.pass_context
-def plan(ctx: click.Context, model: str | None, out: Path | None, config_file: Path | None, tp: int, pp: int,
-         dtype: str, until: str, verify: bool | None, allow_pickle: bool, graph: Path | None, as_json: bool,
-         **options: Any) -> None:
+def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_json: bool, **_flags: Any) -> None:
     """Plan a build of MODEL without doing it: per-rank memory, KV capacity, stages with their cache status,
     the exact trtllm-build command and the fused decoder layer. Only the model's config.json is needed.
 
@@ -118,9 +70,7 @@ def plan(ctx: click.Context, model: str | None, out: Path | None, config_file: P
     """
     from trtllm_kit.spec import build_spec
 
-    file_values, flags = spec_sources(ctx, config_file, {"model": model, "out": out, "verify": verify},
-                                      {"tp": tp, "pp": pp, "dtype": dtype, "until": until,
-                                       "allow_pickle": allow_pickle}, options)
+    file_values, flags = spec_sources(ctx, config_file)
     file_values.setdefault("out", Path("out"))
     _print_plan(build_spec(file_values, flags), graph, as_json)
 

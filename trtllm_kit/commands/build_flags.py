@@ -1,90 +1,115 @@
-"""The option groups of the [quant], [engine] and [repo] tables, shared by ``build``, ``plan`` and ``inspect``."""
+"""The spec's options as click flags, generated from their declarations (``trtllm_kit.option``), and the values
+the user typed read back nested by table. ``build``, ``plan``, ``build --dry-run``, ``inspect`` and ``serve``
+share them; no flag of a spec field is written by hand."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
+
+from trtllm_kit.enums import Choice
+from trtllm_kit.model_repo.options import INSTANCES
+from trtllm_kit.option import Declared, SharedFlag, plain
+from trtllm_kit.spec import all_declared
+
+SHARED_FLAGS = (INSTANCES,)
 
 
-def repo_flags(command: Any) -> Any:
-    """The common options of the [repo] table (the Triton model repository) as ``build`` flags."""
-    for option in reversed((
-        click.option("--streaming/--no-streaming", "decoupled", default=True, show_default=True,
-                     help="Decoupled tensorrt_llm and BLS models, as stream=true needs."),
-        click.option("--kv-cache-reuse/--no-kv-cache-reuse", "enable_kv_cache_reuse", default=None,
-                     help="Reuse KV blocks of shared prefixes (default: when the engine has paged context FMHA)."),
-        click.option("--chunked-context/--no-chunked-context", "enable_chunked_context", default=None,
-                     help="Split long prompts into chunks (default: when the engine has paged context FMHA)."),
-        click.option("--batch-scheduler-policy", type=click.Choice(["guaranteed_no_evict", "max_utilization"]),
-                     default="guaranteed_no_evict", show_default=True),
-        click.option("--max-tokens-in-paged-kv-cache", type=int,
-                     help="KV pool cap in tokens (default: max_batch_size x max_seq_len)."),
-        click.option("--max-queue-size", type=int, default=0, show_default=True, help="0 = unbounded."),
-        click.option("--max-queue-delay-us", "max_queue_delay_microseconds", type=int, default=0, show_default=True),
-        click.option("--instances", type=int, help="Instances of preprocessing, postprocessing and BLS "
-                     "(default: max_batch_size clipped to 5..16)."),
-    )):
-        command = option(command)
-    return command
+def declared_fields(*tables: str, skip: Iterable[str] = (), only: Iterable[str] | None = None,
+                    top_level: bool = True) -> list[Declared]:
+    """The declared fields of ``tables`` (and the top-level keys), minus ``skip``, or just ``only``.
+
+    Arguments:
+        tables: table names; skip/only: fields as ``table.name`` (or ``name`` at the top level);
+        top_level: include ``model`` and ``out``.
+    """
+    skipped, wanted = set(skip), None if only is None else set(only)
+    chosen = []
+    for d in all_declared(tables):
+        key = f"{d.table}.{d.name}" if d.table else d.name
+        if (d.table is None and not top_level) or key in skipped or (wanted is not None and key not in wanted):
+            continue
+        chosen.append(d)
+    return chosen
 
 
-def quant_flags(command: Any) -> Any:
-    """The options of the [quant] table (quantization and calibration), for ``build`` and ``inspect``."""
-    for option in reversed((
-        click.option("--quant", type=click.Choice(["none", "int8-wo", "int8-sq", "fp8"]), default="none",
-                     show_default=True, help="Weights/activations: INT8 weight-only (W8A16), INT8 SmoothQuant, FP8."),
-        click.option("--kv-cache", type=click.Choice(["auto", "int8", "fp8"]), default="auto", show_default=True,
-                     help="KV-cache precision (auto: the model dtype)."),
-        click.option("--smoothquant-alpha", type=float, default=0.5, show_default=True,
-                     help="SmoothQuant migration strength α in [0, 1]."),
-        click.option("--per-channel", is_flag=True, help="SmoothQuant: per-channel weight scales."),
-        click.option("--per-token", is_flag=True, help="SmoothQuant: dynamic per-token activation scales."),
-        click.option("--calib-data", help="Calibration text: .txt (one text per line) or .jsonl with a \"text\" "
-                     "field (default: the corpus shipped with trtllm-kit)."),
-        click.option("--calib-samples", type=int, default=512, show_default=True, help="Calibration windows."),
-        click.option("--calib-seq-len", type=int, default=512, show_default=True, help="Tokens per window."),
-        click.option("--calib-seed", type=int, default=1234, show_default=True, help="Seed of the window offsets."),
-    )):
-        command = option(command)
-    return command
+def click_param(d: Declared) -> Callable[[Any], Any]:
+    """The click option (or argument) a declaration generates: name, type, default shown, help.
+
+    Arguments:
+        d: the declared field.
+    """
+    o = d.option
+    if o.argument:
+        return click.argument(d.param, required=False)
+    assert o.flag, f"{d.where} has no flag"
+    settings: dict[str, Any] = {"help": o.help, "metavar": o.metavar}
+    if d.kind is bool and "/" not in o.flag:
+        settings.update(is_flag=True, default=False)
+    elif d.kind is bool:
+        settings.update(default=d.default, show_default=d.default is not None)
+    elif o.multiple:
+        settings.update(multiple=True, type=str)
+    else:
+        kind = (click.Choice(d.kind.values()) if issubclass(d.kind, Choice) else
+                click.Path(path_type=Path) if d.kind is Path else d.kind)
+        settings.update(type=kind, default=plain(d.default), show_default=d.default is not None)
+    return click.option(o.flag, d.param, **settings)
 
 
-def engine_flags(command: Any) -> Any:
-    """The options of the [engine] table (target, GPU, memory plan limits, trtllm-build overrides)."""
-    for option in reversed((
-        click.option("--target", type=click.Choice(["auto", "cpu", "engine"]), default="auto", show_default=True,
-                     help="engine: compile with trtllm-build; cpu: no compile; auto: engine when a GPU and "
-                     "tensorrt_llm are present."),
-        click.option("--gpu", help="Plan for this GPU: H100-80GB, H200, A100-80GB, A100-40GB, L40S, L4, A10G, ... "
-                     "(default: the visible GPU)."),
-        click.option("--gpu-memory", type=float, help="Plan for this much GPU memory in GiB."),
-        click.option("--kv-cache-fraction", type=float, default=0.9, show_default=True,
-                     help="Share of the memory left after weights and activations given to the KV cache."),
-        click.option("--max-batch-size", type=int, help="Default: the sequences of max_seq_len that fit (<= 256)."),
-        click.option("--max-input-len", type=int, help="Default: max_seq_len / 2, at most max_num_tokens."),
-        click.option("--max-seq-len", type=int, help="Default: the model's max_position_embeddings."),
-        click.option("--max-num-tokens", type=int, help="Default: min(8192, max_batch_size x max_seq_len)."),
-        click.option("--tokens-per-block", type=int, default=32, show_default=True, help="Paged KV block size."),
-        click.option("--build-flag", "build_flags", multiple=True, metavar="NAME=VALUE",
-                     help="Override a trtllm-build recipe flag (repeatable), e.g. gemm_plugin=disable."),
-    )):
-        command = option(command)
-    return command
+def shared_param(shared: SharedFlag) -> Callable[[Any], Any]:
+    return click.option(shared.flag, shared.param, type=shared.kind, help=shared.help)
 
 
-def engine_values(flags: dict[str, Any]) -> dict[str, Any]:
-    """Spec fields from the [engine] flags the user typed (``--build-flag`` pairs become a table)."""
-    if "build_flags" in flags:
-        from trtllm_kit.build.recipe import parse_overrides
-
-        flags["build_flags"] = parse_overrides(flags["build_flags"])
-    return flags
+def config_option(help: str = "trtllm-kit.toml; flags override it.") -> Callable[[Any], Any]:
+    return click.option("--config", "config_file", type=click.Path(path_type=Path), help=help)
 
 
-def repo_values(flags: dict[str, Any]) -> dict[str, Any]:
-    """Spec fields from the [repo] flags the user typed (``--instances`` sets all three counts)."""
-    count = flags.pop("instances", None)
-    if count is not None:
-        flags.update(preprocessing_instances=count, postprocessing_instances=count, bls_instances=count)
-    return flags
+def spec_options(fields: Iterable[Declared], *, shared: Iterable[SharedFlag] = (),
+                 config: bool = True) -> Callable[[Any], Any]:
+    """A decorator adding the flags of ``fields`` (and ``--config`` after the top-level ones) to a command.
+
+    Arguments:
+        fields: from ``declared_fields``; shared: flags setting several fields; config: add ``--config``.
+    """
+    chosen = [d for d in fields if d.option.flag or d.option.argument]  # the others are config-file keys
+    params = [click_param(d) for d in chosen if d.table is None]
+    params += [config_option()] if config else []
+    params += [click_param(d) for d in chosen if d.table is not None]
+    params += [shared_param(s) for s in shared]
+
+    def decorate(command: Any) -> Any:
+        for param in reversed(params):
+            command = param(command)
+        return command
+
+    return decorate
+
+
+def typed_values(ctx: click.Context) -> dict[str, Any]:
+    """The declared options the user typed (defaults left out, so a config file's values stand), nested by
+    table as ``BuildSpec.from_dict`` reads them.
+
+    Arguments:
+        ctx: the command's context.
+    """
+    lookup = {d.param: d for d in all_declared()}
+    shared = {s.param: s for s in SHARED_FLAGS}
+    nested: dict[str, Any] = {}
+    for name, value in ctx.params.items():
+        if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT) or value is None:
+            continue
+        if name in lookup:
+            d = lookup[name]
+            value = d.option.parse(value) if d.option.parse else value
+            if d.table is None:
+                nested[d.name] = value
+            else:
+                nested.setdefault(d.table, {})[d.name] = value
+        elif name in shared:
+            nested.setdefault(shared[name].table, {}).update(dict.fromkeys(shared[name].names, value))
+    return nested

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from trtllm_kit.commands.build_flags import quant_flags
+from trtllm_kit.commands.build_flags import declared_fields, spec_options
 from trtllm_kit.commands.common import emit_json
 from trtllm_kit.errors import KitError
 
@@ -135,15 +135,12 @@ def verify(checkpoint: Path, hf_source: str, compute_dtype: str, as_json: bool) 
 
 @click.command(name="inspect")
 @click.argument("model")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size to plan for.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size to plan for.")
-@click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto",
-              show_default=True)
-@click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt weights.")
+@spec_options(declared_fields("build", "quant", only=("build.tp", "build.pp", "build.dtype", "build.allow_pickle",
+                                                      *(f"quant.{d.name}" for d in declared_fields("quant"))),
+                              top_level=False), config=False)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@quant_flags
-def inspect_command(model: str, tp: int, pp: int, dtype: str, allow_pickle: bool, as_json: bool,
-                    **quant: Any) -> None:
+@click.pass_context
+def inspect_command(ctx: click.Context, model: str, as_json: bool, **_flags: Any) -> None:
     """Show what MODEL is and what a build at --tp/--pp would write, without converting.
 
     \b
@@ -151,10 +148,13 @@ def inspect_command(model: str, tp: int, pp: int, dtype: str, allow_pickle: bool
       trtllm-kit inspect builtin:tiny-qwen2 --tp 4 --pp 2
     """
     from trtllm_kit.build.describe import describe_build, print_description
-    from trtllm_kit.quant.algos import QuantConfig
+    from trtllm_kit.commands.build_flags import typed_values
+    from trtllm_kit.spec import BuildOptions, QuantOptions
 
-    quant["calib_data"] = Path(quant["calib_data"]) if quant["calib_data"] else None
-    description = describe_build(model, tp, pp, dtype, allow_pickle=allow_pickle, quant=QuantConfig(**quant))
+    flags = typed_values(ctx)
+    layout, quant = BuildOptions(**flags.get("build", {})), QuantOptions(**flags.get("quant", {}))
+    description = describe_build(model, layout.tp, layout.pp, layout.dtype, allow_pickle=layout.allow_pickle,
+                                 quant=quant.quant_config())
     if as_json:
         emit_json(description)
     else:

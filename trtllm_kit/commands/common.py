@@ -1,4 +1,4 @@
-"""What every command shares: JSON output, progress reporting, flags the user actually typed."""
+"""What every command shares: JSON output and progress reporting (the flags typed: ``build_flags.typed_values``)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ def reporter_for(as_json: bool) -> Reporter:
     return Reporter() if as_json else RichReporter()
 
 
+
 def given(ctx: click.Context, **values: Any) -> dict[str, Any]:
-    """Only the options the user actually typed, so a config file's values are not overridden by defaults."""
+    """Only the options the user actually typed, so a config file's values are not overridden by defaults.
+
+    Arguments:
+        ctx: the command's context; values: the command's parameters by name.
+    """
     return {k: v for k, v in values.items() if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}

@@ -3,48 +3,41 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from trtllm_kit.commands.build_flags import config_option, declared_fields, spec_options, typed_values
 from trtllm_kit.commands.common import emit_json
+from trtllm_kit.errors import KitUsageError
+
+if TYPE_CHECKING:
+    from trtllm_kit.serve.service import ServeOptions
 
 
 @click.command()
-@click.argument("out", type=click.Path(path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address of every endpoint.")
-@click.option("--http-port", type=int, default=8000, show_default=True)
-@click.option("--grpc-port", type=int, default=8001, show_default=True)
-@click.option("--metrics-port", type=int, default=8002, show_default=True)
-@click.option("--openai-port", type=int, help="Also serve the OpenAI API (/v1/...) on this port.")
+@click.argument("out", type=click.Path(path_type=Path), required=False)
+@config_option("trtllm-kit.toml: its [serve] table, and its out when OUT is not given; flags override it.")
+@spec_options(declared_fields("serve", top_level=False), config=False)
 @click.option("--api-key", envvar="TRTLLM_KIT_API_KEY", help="Require 'Authorization: Bearer KEY' on the OpenAI "
-              "API (env TRTLLM_KIT_API_KEY).")
-@click.option("--model", help="Public model: tensorrt_llm_bls or ensemble (default: BLS when the repo has it; "
-              "it streams in order).")
+              "API (env TRTLLM_KIT_API_KEY; never read from a config file).")
 @click.option("--detach", is_flag=True, help="Return once ready; end it with trtllm-kit stop OUT.")
-@click.option("--tritonserver", type=click.Path(path_type=Path), help="The tritonserver binary or its install dir.")
-@click.option("--ready-timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for ready.")
-@click.option("--log-verbose", type=int, default=0, show_default=True, help="tritonserver --log-verbose level.")
-@click.option("--exit-timeout", type=click.IntRange(1), default=5, show_default=True,
-              help="Seconds in-flight requests get to finish on stop (tritonserver --exit-timeout-secs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the server's state as JSON when ready.")
-def serve(out: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, openai_port: int | None,
-          api_key: str | None, model: str | None, detach: bool, tritonserver: Path | None, ready_timeout: float,
-          log_verbose: int, exit_timeout: int, as_json: bool) -> None:
+@click.pass_context
+def serve(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None, detach: bool,
+          as_json: bool, **_flags: Any) -> None:
     """Serve a build's OUT/repo with tritonserver (under mpirun when tp x pp > 1); return only when ready.
 
     \b
     Example:
       trtllm-kit serve out/ --openai-port 9000
+      trtllm-kit serve --config trtllm-kit.toml --detach
       trtllm-kit generate "Hello" --max-tokens 16
     """
-    from trtllm_kit.serve.launcher import Endpoints
-    from trtllm_kit.serve.service import ServeOptions, serve_detached
     from trtllm_kit.serve.service import serve as serve_out
+    from trtllm_kit.serve.service import serve_detached
 
-    options = ServeOptions(out=out, endpoints=Endpoints(host, http_port, grpc_port, metrics_port),
-                           openai_port=openai_port, api_key=api_key, tritonserver=tritonserver, model=model,
-                           ready_timeout_s=ready_timeout, log_verbose=log_verbose, exit_timeout_s=exit_timeout)
+    options = serve_options(ctx, out, config_file, api_key)
 
     def ready(state: dict[str, Any]) -> None:
         if as_json:
@@ -59,6 +52,28 @@ def serve(out: Path, host: str, http_port: int, grpc_port: int, metrics_port: in
         ready(serve_detached(options))
     else:
         serve_out(options, ready)
+
+
+def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None) -> ServeOptions:
+    """The ``ServeOptions`` of a ``serve`` command line: the flags typed, over the config file's ``[serve]`` table
+    and its ``out`` (when OUT is not given), over the declared defaults.
+
+    Arguments:
+        ctx: the command's context; out: OUT or None; config_file: ``--config`` or None; api_key: ``--api-key``.
+    """
+    from trtllm_kit.serve.launcher import Endpoints
+    from trtllm_kit.serve.service import ServeOptions
+    from trtllm_kit.spec import ServeSettings, load_toml, merge
+
+    values = merge(load_toml(config_file) if config_file else {}, typed_values(ctx))
+    out = out if out is not None else (Path(values["out"]) if values.get("out") else None)
+    if out is None:
+        raise KitUsageError("no build to serve; pass OUT or set out = \"...\" in the --config file.")
+    settings = ServeSettings(**values.get("serve", {}))
+    return ServeOptions(out=out, endpoints=Endpoints(**settings.endpoint_values()), openai_port=settings.openai_port,
+                        api_key=api_key, tritonserver=settings.tritonserver, model=settings.model,
+                        ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
+                        exit_timeout_s=settings.exit_timeout_s)
 
 
 @click.command()

@@ -13,7 +13,6 @@ from trtllm_kit.jsonfile import read_json
 CPU_MAX_BATCH_SIZE = 8
 CPU_MAX_NUM_TOKENS = 2048
 CPU_MAX_SEQ_LEN = 1024
-TOKENS_PER_BLOCK = 32
 
 
 @dataclass(frozen=True)

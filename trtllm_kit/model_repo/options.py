@@ -1,62 +1,69 @@
-"""The repository settings a user chooses (the ``[repo]`` table and ``build`` flags), validated, and their
-resolution against the engine's limits."""
+"""The ``[repo]`` table: the repository settings a user chooses (each declared once; ``build`` flags are generated
+from the declarations), validated, and their resolution against the engine's limits."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
+from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION
+from trtllm_kit.enums import SchedulerPolicy
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.option import SharedFlag, check_declared, declared, option, plain
 
-SCHEDULER_POLICIES = ("guaranteed_no_evict", "max_utilization")
+if TYPE_CHECKING:
+    from trtllm_kit.model_repo.limits import EngineLimits
+
 MIN_INSTANCES = 5  # the backend docs advise about 5 pre/post/BLS instances, or the batch size; never 1 by default
 MAX_DEFAULT_INSTANCES = 16
-DEFAULT_KV_FRACTION = 0.9  # the backend's default
 
 
 @dataclass(frozen=True)
 class RepoOptions:
     """Settings of the generated repository; ``None`` means "derive from the engine and the plan"."""
 
-    decoupled: bool = True
+    decoupled: bool = field(default=True, metadata=option(
+        "Decoupled tensorrt_llm and BLS models, as stream=true needs.", "--streaming/--no-streaming"))
+    # not a [repo] key: the build's kv_cache_fraction (or the plan's) fills it in ``resolve``
     kv_cache_free_gpu_mem_fraction: float | None = None
-    max_tokens_in_paged_kv_cache: int | None = None
-    enable_kv_cache_reuse: bool | None = None
-    enable_chunked_context: bool | None = None
-    batch_scheduler_policy: str = "guaranteed_no_evict"
-    max_queue_size: int = 0
-    max_queue_delay_microseconds: int = 0
-    exclude_input_in_output: bool = True
-    preprocessing_instances: int | None = None
-    postprocessing_instances: int | None = None
-    bls_instances: int | None = None
+    max_tokens_in_paged_kv_cache: int | None = field(default=None, metadata=option(
+        "KV pool cap in tokens (default: max_batch_size x max_seq_len).", "--max-tokens-in-paged-kv-cache",
+        minimum=1))
+    enable_kv_cache_reuse: bool | None = field(default=None, metadata=option(
+        "Reuse KV blocks of shared prefixes (default: when the engine has paged context FMHA).",
+        "--kv-cache-reuse/--no-kv-cache-reuse"))
+    enable_chunked_context: bool | None = field(default=None, metadata=option(
+        "Split long prompts into chunks (default: when the engine has paged context FMHA).",
+        "--chunked-context/--no-chunked-context"))
+    batch_scheduler_policy: SchedulerPolicy = field(default=SchedulerPolicy.GUARANTEED_NO_EVICT, metadata=option(
+        "guaranteed_no_evict admits a request only when KV for its full length is guaranteed; max_utilization "
+        "packs more and may pause some.", "--batch-scheduler-policy"))
+    max_queue_size: int = field(default=0, metadata=option("Queued requests; 0 = unbounded.", "--max-queue-size",
+                                                           minimum=0))
+    max_queue_delay_microseconds: int = field(default=0, metadata=option(
+        "Longest wait in the queue to form a batch.", "--max-queue-delay-us", minimum=0))
+    exclude_input_in_output: bool = field(default=True, metadata=option(
+        "Return only the generated tokens (config file only)."))
+    preprocessing_instances: int | None = field(default=None, metadata=option(
+        "Preprocessing instances (flag: --instances sets all three).", minimum=1))
+    postprocessing_instances: int | None = field(default=None, metadata=option(
+        "Postprocessing instances (flag: --instances).", minimum=1))
+    bls_instances: int | None = field(default=None, metadata=option("BLS instances (flag: --instances).",
+                                                                    minimum=1))
 
     def __post_init__(self) -> None:
+        check_declared(self, "repo")
         fraction = self.kv_cache_free_gpu_mem_fraction
         if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, int | float)
                                      or not 0 < fraction <= 1):
             raise KitUsageError(f"kv_cache_free_gpu_mem_fraction must be in (0, 1], got {fraction!r}.")
-        if self.batch_scheduler_policy not in SCHEDULER_POLICIES:
-            raise KitUsageError(f"batch_scheduler_policy {self.batch_scheduler_policy!r} is not one of "
-                                f"{', '.join(SCHEDULER_POLICIES)}.")
-        for name in ("decoupled", "exclude_input_in_output", "enable_kv_cache_reuse", "enable_chunked_context"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise KitUsageError(f"{name} must be true or false, got {value!r}.")
-        for name, low in (("max_tokens_in_paged_kv_cache", 1), ("max_queue_size", 0),
-                          ("max_queue_delay_microseconds", 0), ("preprocessing_instances", 1),
-                          ("postprocessing_instances", 1), ("bls_instances", 1)):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise KitUsageError(f"{name} must be an integer >= {low}, got {value!r}.")
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> RepoOptions:
-        """The options among ``values`` (a spec's fields); ``None`` values take the defaults.
+        """The options among ``values``; ``None`` values take the defaults.
 
         Arguments:
-            values: any mapping, e.g. ``BuildSpec.to_dict()``.
+            values: any mapping, e.g. ``BuildSpec.to_dict()["repo"]``.
         """
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
@@ -73,7 +80,7 @@ class RepoOptions:
             raise KitUsageError(f"kv_cache_free_gpu_mem_fraction {fraction} differs from the build plan's "
                                 f"kv_cache_fraction {plan_fraction}, which sized max_batch_size; set them equal.")
         fraction = fraction if fraction is not None else (plan_fraction if plan_fraction is not None else
-                                                          DEFAULT_KV_FRACTION)
+                                                          DEFAULT_KV_CACHE_FRACTION)
         paged = limits.use_paged_context_fmha
         for name in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if getattr(self, name) and not paged:
@@ -95,8 +102,12 @@ class RepoOptions:
             bls_instances=self.bls_instances or instances)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field (the resolved KV fraction included), as plain values."""
+        return {k: plain(v) for k, v in asdict(self).items()}
 
 
-# The options a build spec carries (the [repo] table); the KV fraction comes from the spec's kv_cache_fraction.
-REPO_FIELDS = tuple(f.name for f in fields(RepoOptions) if f.name != "kv_cache_free_gpu_mem_fraction")
+# The keys of the [repo] table; the KV fraction comes from the build's kv_cache_fraction.
+REPO_FIELDS = tuple(d.name for d in declared(RepoOptions, "repo"))
+INSTANCES = SharedFlag("--instances", "repo", ("preprocessing_instances", "postprocessing_instances",
+                                               "bls_instances"), int,
+                       "Instances of preprocessing, postprocessing and BLS (default: max_batch_size clipped to 5..16).")

@@ -93,15 +93,15 @@ def repo_key_parts(spec: Any) -> dict[str, Any]:
     Arguments:
         spec: the build spec.
     """
-    values = spec.to_dict()
     from trtllm_kit.targets import TARGETS
 
+    values = spec.to_dict()
     sources = sorted({f for source, helpers in PYTHON_MODELS.values() for f in (source, *helpers)}
                      | {t.slot_model for t in TARGETS.values() if t.slot_model})
-    return {"options": {k: values.get(k) for k in REPO_FIELDS},
-            "limits": {k: values.get(k) for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
-                                                   "tokens_per_block", "kv_cache_fraction")},
-            "target": values.get("target"), "out": str(Path(values["out"]).absolute()), "schema": SCHEMA,
+    return {"options": {k: values["repo"][k] for k in REPO_FIELDS},
+            "limits": {k: values["build"][k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
+                                                        "tokens_per_block", "kv_cache_fraction")},
+            "target": values["build"]["target"], "out": str(Path(values["out"]).absolute()), "schema": SCHEMA,
             "sources": {name: sha256_file(python_source(name)) for name in sources}}
 
 
@@ -110,16 +110,16 @@ def repo_stage(ctx: BuildContext) -> None:
     engine = ctx.records.engine
     assert engine is not None, "the engine stage runs (or is reused) before the repo stage"
     target = get_target(engine.target)
-    spec_values = ctx.spec.to_dict()
-    limits = target.limits(ctx.out / target.model_dir, {k: spec_values.get(k) for k in (
-        "max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block")})
+    build = ctx.spec.build
+    limits = target.limits(ctx.out / target.model_dir, {
+        "max_batch_size": build.max_batch_size, "max_num_tokens": build.max_num_tokens,
+        "max_seq_len": build.max_seq_len, "tokens_per_block": build.tokens_per_block})
     tokenizer_dir = ctx.out / "tokenizer"
     files = sorted(tokenizer_dir.iterdir()) if tokenizer_dir.is_dir() else list(ctx.model.tokenizer_files)
-    options = RepoOptions.from_values(spec_values)
     fraction = engine.kv_cache_fraction
-    record = write_repository(ctx.out / "repo", limits, options, model_path=ctx.spec.out.absolute() / target.model_dir,
-                              tokenizer_files=files,
-                              plan_fraction=fraction if fraction is not None else ctx.spec.kv_cache_fraction)
+    record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,
+                              model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,
+                              plan_fraction=fraction if fraction is not None else build.kv_cache_fraction)
     expect = Expectation(world_size=ctx.mapping.world_size, kv_cache_fraction=fraction)
     report = validate_repository(ctx.out / "repo", model_dir=limits.model_dir, expect=expect)
     if report.errors:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtllm_kit.enums import KVCache, Quant
 from trtllm_kit.errors import KitUsageError
 
-QUANT_CHOICES = ("none", "int8-wo", "int8-sq", "fp8")
-KV_CACHE_CHOICES = ("auto", "int8", "fp8")
+QUANT_CHOICES = Quant.values()
+KV_CACHE_CHOICES = KVCache.values()
 KV_ALGOS = {"auto": None, "int8": "INT8", "fp8": "FP8"}
 SQ_ALGOS = {  # (per_channel, per_token) → the plugin algorithm
     (False, False): "W8A8_SQ_PER_TENSOR_PLUGIN",
@@ -60,8 +61,8 @@ def _either(choices: tuple[str, ...] | list[str]) -> str:
 class QuantConfig:
     """What to quantize and how to calibrate: validated on construction."""
 
-    quant: str = "none"
-    kv_cache: str = "auto"
+    quant: str = Quant.NONE.value
+    kv_cache: str = KVCache.AUTO.value
     smoothquant_alpha: float = DEFAULT_SMOOTHQUANT_ALPHA
     per_channel: bool = False
     per_token: bool = False

@@ -15,13 +15,14 @@ from typing import NamedTuple
 
 import torch
 
+from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.enums import RUNTIME_SCHEDULER_POLICIES as POLICIES
+from trtllm_kit.enums import SchedulerPolicy
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.model import CheckpointModel, attend
 from trtllm_kit.runtime.sampling import sample
 from trtllm_kit.runtime.scheduler import Scheduler
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
-
-POLICIES = ("guaranteed_no_evict", "max_utilization", "static")
 
 
 @dataclass
@@ -30,9 +31,9 @@ class EngineConfig:
 
     max_batch_size: int = 8
     max_num_tokens: int = 512
-    tokens_per_block: int = 32
+    tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK
     max_tokens_in_paged_kv_cache: int = 8192
-    batch_scheduler_policy: str = "guaranteed_no_evict"
+    batch_scheduler_policy: str = SchedulerPolicy.GUARANTEED_NO_EVICT.value
     enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = False
     max_queue_size: int = 0  # 0 = unbounded

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtllm_kit.defaults import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.locate import TritonInstall
 
@@ -18,10 +19,10 @@ PYTHON_SHM_GROWTH_BYTES = 1024 * 1024
 class Endpoints:
     """Where the server listens: one bind address and the HTTP, gRPC and metrics ports."""
 
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
+    host: str = DEFAULT_HOST
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
 
     @property
     def client_host(self) -> str:

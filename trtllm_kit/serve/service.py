@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtllm_kit.defaults import DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free
@@ -39,7 +40,7 @@ class ServeOptions:
     api_key: str | None = None
     tritonserver: Path | None = None
     model: str | None = None  # ensemble, or tensorrt_llm_bls; the first the repository has when None
-    ready_timeout_s: float = 300.0
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     exit_timeout_s: int = 5
     log_verbose: int = 0
 

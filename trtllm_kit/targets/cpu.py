@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import EngineRecord
+from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,
-    TOKENS_PER_BLOCK,
     EngineLimits,
 )
 from trtllm_kit.targets.base import Target
@@ -58,6 +58,6 @@ class CpuTarget(Target):
             max_batch_size=overrides.get("max_batch_size") or CPU_MAX_BATCH_SIZE,
             max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
             max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,
-            tokens_per_block=overrides.get("tokens_per_block") or TOKENS_PER_BLOCK, use_paged_context_fmha=True,
+            tokens_per_block=overrides.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK, use_paged_context_fmha=True,
             tp_size=int(mapping.get("tp_size", 1)), pp_size=int(mapping.get("pp_size", 1)),
             vocab_size=config.get("vocab_size"))

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import EngineBuild, EngineRecord
 from trtllm_kit.build.compat import engine_problem
+from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.model_repo.limits import TOKENS_PER_BLOCK, EngineLimits
+from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.targets.base import Target
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class EngineTarget(Target):
             target=self.name, model_dir=model_dir, max_batch_size=int(build["max_batch_size"]),
             max_num_tokens=int(build.get("max_num_tokens") or 8192), max_seq_len=int(build["max_seq_len"]),
             max_beam_width=int(build.get("max_beam_width", 1)),
-            tokens_per_block=int(plugin.get("tokens_per_block", TOKENS_PER_BLOCK)),
+            tokens_per_block=int(plugin.get("tokens_per_block", DEFAULT_TOKENS_PER_BLOCK)),
             use_paged_context_fmha=_enabled(plugin.get("use_paged_context_fmha", False)),
             tp_size=int(mapping.get("tp_size", 1)), pp_size=int(mapping.get("pp_size", 1)),
             vocab_size=pretrained.get("vocab_size"))

@@ -1,0 +1,10 @@
+"""Defaults more than one stage relies on, stated once. The spec's fields declare them (``BuildOptions``,
+``ServeSettings``); the planner, the CPU runtime, the repository and the launcher import them from here."""
+
+DEFAULT_TOKENS_PER_BLOCK = 32  # paged KV block size: the build, the plan, the CPU runtime, engines that omit it
+DEFAULT_KV_CACHE_FRACTION = 0.9  # the backend's kv_cache_free_gpu_mem_fraction, and the plan's KV share
+DEFAULT_HOST = "127.0.0.1"  # safe by default: every endpoint binds loopback unless told otherwise
+DEFAULT_HTTP_PORT = 8000  # tritonserver's own defaults
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_METRICS_PORT = 8002
+DEFAULT_READY_TIMEOUT_S = 300.0

@@ -1,0 +1,171 @@
+"""The ``[build]``, ``[quant]`` and ``[serve]`` tables of a spec, each field declared once (``[repo]`` is
+``model_repo.options.RepoOptions``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit.defaults import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_KV_CACHE_FRACTION,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_READY_TIMEOUT_S,
+    DEFAULT_TOKENS_PER_BLOCK,
+)
+from trtllm_kit.enums import Dtype, KVCache, Quant, Stage, Target
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.option import check_declared, option
+from trtllm_kit.quant.algos import (
+    DEFAULT_CALIB_SAMPLES,
+    DEFAULT_CALIB_SEED,
+    DEFAULT_CALIB_SEQ_LEN,
+    DEFAULT_SMOOTHQUANT_ALPHA,
+    QuantConfig,
+)
+
+LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block")
+
+
+def _build_flags(pairs: tuple[str, ...]) -> dict[str, str]:
+    from trtllm_kit.build.recipe import parse_overrides
+
+    return parse_overrides(pairs)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """The ``[build]`` table: parallel layout, dtype, stages, target, and the engine's memory plan and limits
+    (None: planned)."""
+
+    tp: int = field(default=1, metadata=option("Tensor-parallel size.", "--tp", minimum=1))
+    pp: int = field(default=1, metadata=option("Pipeline-parallel size.", "--pp", minimum=1))
+    dtype: Dtype = field(default=Dtype.AUTO, metadata=option(
+        "Checkpoint dtype; auto takes the model's (float32 → float16).", "--dtype"))
+    until: Stage = field(default=Stage.REPO, metadata=option("Last stage to run (or plan).", "--until"))
+    target: Target = field(default=Target.AUTO, metadata=option(
+        "engine: compile with trtllm-build; cpu: no compile; auto: engine when a GPU and tensorrt_llm are "
+        "present.", "--target"))
+    verify: bool | None = field(default=None, metadata=option(
+        "Check the checkpoint against transformers on the CPU (default: on for models up to 500M parameters; "
+        "part of the checkpoint's cache key).", "--verify/--no-verify"))
+    allow_pickle: bool = field(default=False, metadata=option(
+        "Accept .bin/.pt weights (loaded with weights_only=True).", "--allow-pickle"))
+    force: bool = field(default=False, metadata=option("Replace a non-empty --out.", "--force"))
+    archive: Path | None = field(default=None, metadata=option(
+        "Also pack the artifact into FILE (.tar, .tar.gz).", "--archive"))
+    gpu: str | None = field(default=None, metadata=option(
+        "Plan for this GPU: H100-80GB, H200, A100-80GB, A100-40GB, L40S, L4, A10G, ... (default: the visible "
+        "GPU).", "--gpu"))
+    gpu_memory: float | None = field(default=None, metadata=option(
+        "Plan for this much GPU memory in GiB.", "--gpu-memory"))
+    kv_cache_fraction: float = field(default=DEFAULT_KV_CACHE_FRACTION, metadata=option(
+        "Share of the memory left after weights and activations given to the KV cache (also the repository's "
+        "kv_cache_free_gpu_mem_fraction).", "--kv-cache-fraction"))
+    max_batch_size: int | None = field(default=None, metadata=option(
+        "Default: the sequences of max_seq_len that fit (<= 256).", "--max-batch-size", minimum=1))
+    max_input_len: int | None = field(default=None, metadata=option(
+        "Default: max_seq_len / 2, at most max_num_tokens.", "--max-input-len", minimum=1))
+    max_seq_len: int | None = field(default=None, metadata=option(
+        "Default: the model's max_position_embeddings.", "--max-seq-len", minimum=1))
+    max_num_tokens: int | None = field(default=None, metadata=option(
+        "Default: min(8192, max_batch_size x max_seq_len).", "--max-num-tokens", minimum=1))
+    tokens_per_block: int = field(default=DEFAULT_TOKENS_PER_BLOCK, metadata=option(
+        "Paged KV block size (a power of two).", "--tokens-per-block", minimum=1))
+    build_flags: dict[str, str] = field(default_factory=dict, metadata=option(
+        "Override a trtllm-build recipe flag (repeatable), e.g. gemm_plugin=disable; in TOML the "
+        "[build.build_flags] table.", "--build-flag", multiple=True, metavar="NAME=VALUE", parse=_build_flags))
+
+    def __post_init__(self) -> None:
+        check_declared(self, "build")
+        if self.tokens_per_block & (self.tokens_per_block - 1):
+            raise KitUsageError(f"tokens_per_block must be a power of two (32 and 64 are common), got "
+                                f"{self.tokens_per_block}.")
+        if not 0 < self.kv_cache_fraction <= 1:
+            raise KitUsageError(f"kv_cache_fraction must be a number in (0, 1], got {self.kv_cache_fraction!r}.")
+        if self.gpu_memory is not None and self.gpu_memory <= 0:
+            raise KitUsageError(f"gpu_memory must be a positive number of GiB, got {self.gpu_memory!r}.")
+        if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in self.build_flags.values()):
+            raise KitUsageError(f"build_flags must be a table of NAME = \"VALUE\", got {self.build_flags!r}.")
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    """The ``[quant]`` table: quantization algorithm, KV cache, SmoothQuant options and calibration."""
+
+    quant: Quant = field(default=Quant.NONE, metadata=option(
+        "Weights/activations: INT8 weight-only (W8A16), INT8 SmoothQuant, FP8.", "--quant"))
+    kv_cache: KVCache = field(default=KVCache.AUTO, metadata=option(
+        "KV-cache precision (auto: the model dtype).", "--kv-cache"))
+    smoothquant_alpha: float = field(default=DEFAULT_SMOOTHQUANT_ALPHA, metadata=option(
+        "SmoothQuant migration strength α in [0, 1].", "--smoothquant-alpha"))
+    per_channel: bool = field(default=False, metadata=option(
+        "SmoothQuant: per-channel weight scales.", "--per-channel"))
+    per_token: bool = field(default=False, metadata=option(
+        "SmoothQuant: dynamic per-token activation scales.", "--per-token"))
+    calib_data: str | None = field(default=None, metadata=option(
+        "Calibration text: .txt (one text per line) or .jsonl with a \"text\" field (default: the corpus shipped "
+        "with trtllm-kit).", "--calib-data"))
+    # ranges checked by QuantConfig, whose messages name the flags
+    calib_samples: int = field(default=DEFAULT_CALIB_SAMPLES, metadata=option("Calibration windows.",
+                                                                                 "--calib-samples"))
+    calib_seq_len: int = field(default=DEFAULT_CALIB_SEQ_LEN, metadata=option("Tokens per window.",
+                                                                                 "--calib-seq-len"))
+    calib_seed: int = field(default=DEFAULT_CALIB_SEED, metadata=option(
+        "Seed of the window offsets.", "--calib-seed"))
+
+    def __post_init__(self) -> None:
+        check_declared(self, "quant")
+        self.quant_config()  # refuses invalid combinations
+
+    def quant_config(self) -> QuantConfig:
+        """The table as the quantizer takes it (validated: refuses invalid combinations)."""
+        return QuantConfig(quant=self.quant, kv_cache=self.kv_cache, smoothquant_alpha=self.smoothquant_alpha,
+                           per_channel=self.per_channel, per_token=self.per_token,
+                           calib_data=Path(self.calib_data) if self.calib_data else None,
+                           calib_samples=self.calib_samples, calib_seq_len=self.calib_seq_len,
+                           calib_seed=self.calib_seed)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The ``[serve]`` table: where ``trtllm-kit serve`` listens and how it starts tritonserver."""
+
+    host: str = field(default=DEFAULT_HOST, metadata=option("Bind address of every endpoint.", "--host"))
+    http_port: int = field(default=DEFAULT_HTTP_PORT, metadata=option("Triton HTTP port.", "--http-port",
+                                                                      minimum=1))
+    grpc_port: int = field(default=DEFAULT_GRPC_PORT, metadata=option("Triton gRPC port.", "--grpc-port",
+                                                                      minimum=1))
+    metrics_port: int = field(default=DEFAULT_METRICS_PORT, metadata=option(
+        "Triton metrics port.", "--metrics-port", minimum=1))
+    openai_port: int | None = field(default=None, metadata=option(
+        "Also serve the OpenAI API (/v1/...) on this port.", "--openai-port", minimum=1))
+    model: str | None = field(default=None, metadata=option(
+        "Public model: tensorrt_llm_bls or ensemble (default: BLS when the repo has it; it streams in order).",
+        "--model"))
+    tritonserver: Path | None = field(default=None, metadata=option(
+        "The tritonserver binary or its install dir.", "--tritonserver"))
+    ready_timeout_s: float = field(default=DEFAULT_READY_TIMEOUT_S, metadata=option(
+        "Seconds to wait for ready.", "--ready-timeout"))
+    log_verbose: int = field(default=0, metadata=option("tritonserver --log-verbose level.", "--log-verbose",
+                                                        minimum=0))
+    exit_timeout_s: int = field(default=5, metadata=option(
+        "Seconds in-flight requests get to finish on stop (tritonserver --exit-timeout-secs).", "--exit-timeout",
+        minimum=1))
+
+    def __post_init__(self) -> None:
+        check_declared(self, "serve")
+        for name in ("http_port", "grpc_port", "metrics_port", "openai_port"):
+            port = getattr(self, name)
+            if port is not None and port > 65535:
+                raise KitUsageError(f"{name} must be a port in 1..65535, got {port}.")
+        if self.ready_timeout_s <= 0:
+            raise KitUsageError(f"ready_timeout_s must be a positive number of seconds, got {self.ready_timeout_s}.")
+
+    def endpoint_values(self) -> dict[str, Any]:
+        """Host and the three Triton ports, as ``serve.launcher.Endpoints`` takes them."""
+        return {"host": self.host, "http_port": self.http_port, "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port}
