@@ -372,7 +372,7 @@ def test_a_file_system_without_kernel_copies_falls_back(hf_dirs: dict[str, Path]
 def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: dict[str, Path]) -> None:
     from contextlib import ExitStack
 
-    from trtllm_kit.build.convert import TensorReader
+    from trtllm_kit.build.convert import SourceRead, TensorReader
     from trtllm_kit.build.inspect import inspect_model
 
     model = inspect_model(str(hf_dirs["llama"]))
@@ -380,14 +380,20 @@ def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: di
     with ExitStack() as stack:
         reader = TensorReader(model, stack)
         weight = reader.read(name)
-        locate = reader.locator([(name, weight, weight)])
+        locate = reader.locator([SourceRead(name, weight, weight)])
         rows = weight.shape[0] // 2
         second = locate(weight[rows:])
         assert second is not None and second.nbytes == weight[rows:].numel() * 4
         assert second.offset == model.tensors[name].offset + weight[:rows].numel() * 4
         assert locate(weight[:, : weight.shape[1] // 2]) is None  # a row-parallel split is strided
         assert locate(weight[rows:].clone()) is None  # new memory
-        assert reader.locator([(name, weight, weight.half())])(weight.half()) is None  # converted
+        assert reader.locator([SourceRead(name, weight, weight.half())])(weight.half()) is None  # converted
+        # a row slice is read alone and is still one byte range of the file, at its rows' offset
+        part = reader.read(name, (10, 30))
+        assert torch.equal(part, weight[10:30])
+        found = reader.locator([SourceRead(name, part, part, (10, 30))])(part[5:15])
+        assert found is not None and found.nbytes == 10 * weight.shape[1] * 4
+        assert found.offset == model.tensors[name].offset + 15 * weight.shape[1] * 4
 
 
 # --- the streaming writer against the real safetensors readers -------------------------------------------

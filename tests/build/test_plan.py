@@ -105,7 +105,8 @@ REST_8B = 2 * (128256 * 4096 * 2 + 4096 + 32 * 2 * 4096)  # embedding, lm_head, 
     ("W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",                                   # int8 + float32 [1, out] scales
      sum(o * i + o * 4 for o, i in LINEARS_8B) + 4096 * 4 + 14336 * 4 + 2 * 4),  # + smoothers, norm scale_to_int
     ("W8A8_SQ_PER_TENSOR_PLUGIN",                                              # int8 + [1,1] scale + act_scale
-     sum(o * i + 4 + 4 for o, i in LINEARS_8B) + 4096 * 4 + 14336 * 4 + 2 * 4 + 2 * 4),  # + quantization_scaling
+     sum(o * i + 4 + 4 for o, i in LINEARS_8B) + 4096 * 4 + 14336 * 4 + 2 * 4 + 2 * 4  # + quantization_scaling
+     + (6144 - 1) * 4),  # qkv's per_channel_scale is [1, out] (per q/k/v part), as the converter writes it
 ])
 def test_quantized_weight_bytes(quant_algo: str, per_layer: int) -> None:
     hf, family = model(LLAMA3_8B)

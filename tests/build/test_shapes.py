@@ -19,9 +19,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from trtllm_kit.build.convert import TORCH_DTYPES, check_sources, convert, iter_shards, rank_entries, work_items
 from trtllm_kit.build.inspect import ModelSpec, TensorInfo
-from trtllm_kit.build.shard import Mapping, check_tp
 from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.models.hf_config import parse_hf_config
 from trtllm_kit.models.registry import family_for
 
@@ -63,8 +63,10 @@ class MetaModel:
         tensors = {n: TensorInfo(Path("meta"), dtype, shape) for n, (dtype, shape) in self.tensors.items()}
         return ModelSpec(self.name, Path("meta"), hf, family_for(hf, self.name), "safetensors", tensors, ())
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
         dtype, shape = self.tensors[name]
+        if rows is not None:
+            shape = (rows[1] - rows[0], *shape[1:])
         return torch.empty(shape, dtype=dtype, device="meta")
 
 
@@ -153,7 +155,7 @@ def run_meta(model: MetaModel, tp_size: int, pp_size: int) -> tuple[list[Table],
             assert item.target not in produced[rank], f"{item.target} written twice to rank {rank}"
             produced[rank][item.target] = (shape, item.sources)
             written[rank].append((item.target, tensor_dtype, shape))
-    assert rank_entries(spec, items, mapping, TORCH_DTYPES[dtype]) == written
+    assert rank_entries(spec, mapping, dtype) == written
     return produced, written, TORCH_DTYPES[dtype]
 
 
