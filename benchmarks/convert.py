@@ -98,7 +98,7 @@ def pick(figures: list[Figures], statistic: str) -> Figures:
 def run_kit(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
     from trtllm_kit.build.convert import convert, quant_transform
     from trtllm_kit.build.inspect import inspect_model
-    from trtllm_kit.build.shard import Mapping
+    from trtllm_kit.layout import Mapping
     from trtllm_kit.quant.algos import QuantConfig
     from trtllm_kit.quant.calibrate import CalibrationStats
 

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from trtllm_kit.cli import run
 
-SUPPORTED = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+SUPPORTED = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Phi3ForCausalLM"
 PREVIOUS = "previous build, must survive a failed one\n"
 BIG_LAYERS = 4
 

@@ -19,10 +19,10 @@ from trtllm_kit.build.compile import effective_settings, run_trtllm_build, valid
 from trtllm_kit.build.gpus import gpu_from_table
 from trtllm_kit.build.plan import Limits, Precision, make_plan
 from trtllm_kit.build.recipe import FLAGS_1_2, build_command, check_flag, parse_overrides
-from trtllm_kit.build.shard import Mapping
 from trtllm_kit.build.trtllm_config import checkpoint_config
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.layout import Mapping
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for

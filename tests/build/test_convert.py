@@ -24,6 +24,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
@@ -372,7 +374,7 @@ def test_a_file_system_without_kernel_copies_falls_back(hf_dirs: dict[str, Path]
 def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: dict[str, Path]) -> None:
     from contextlib import ExitStack
 
-    from trtllm_kit.build.convert import TensorReader
+    from trtllm_kit.build.convert import SourceRead, TensorReader
     from trtllm_kit.build.inspect import inspect_model
 
     model = inspect_model(str(hf_dirs["llama"]))
@@ -380,14 +382,20 @@ def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: di
     with ExitStack() as stack:
         reader = TensorReader(model, stack)
         weight = reader.read(name)
-        locate = reader.locator([(name, weight, weight)])
+        locate = reader.locator([SourceRead(name, weight, weight)])
         rows = weight.shape[0] // 2
         second = locate(weight[rows:])
         assert second is not None and second.nbytes == weight[rows:].numel() * 4
         assert second.offset == model.tensors[name].offset + weight[:rows].numel() * 4
         assert locate(weight[:, : weight.shape[1] // 2]) is None  # a row-parallel split is strided
         assert locate(weight[rows:].clone()) is None  # new memory
-        assert reader.locator([(name, weight, weight.half())])(weight.half()) is None  # converted
+        assert reader.locator([SourceRead(name, weight, weight.half())])(weight.half()) is None  # converted
+        # a row slice is read alone and is still one byte range of the file, at its rows' offset
+        part = reader.read(name, (10, 30))
+        assert torch.equal(part, weight[10:30])
+        found = reader.locator([SourceRead(name, part, part, (10, 30))])(part[5:15])
+        assert found is not None and found.nbytes == 10 * weight.shape[1] * 4
+        assert found.offset == model.tensors[name].offset + 15 * weight.shape[1] * 4
 
 
 # --- the streaming writer against the real safetensors readers -------------------------------------------
@@ -433,3 +441,156 @@ def test_writer_refuses_wrong_shape_and_missing_tensors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="never written"), \
             SafetensorsWriter(tmp_path / "y.safetensors", entries) as w:
         w.write("a", torch.zeros(4, 2))
+
+
+# --- Phi-3: fused HF qkv_proj and gate_up_proj, sliced by the rules -------------------------------------
+
+PHI3_DIMS = {**DIMS, "rope_scaling": None, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+             "pad_token_id": 0}
+
+
+def phi3_as_llama(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The Phi-3 tensors with q/k/v and gate/up cut apart by plain indexing (HF's own order: q, k, v; gate, up)."""
+    d = DIMS["hidden_size"] // DIMS["num_attention_heads"]
+    q, kv, inter = DIMS["num_attention_heads"] * d, DIMS["num_key_value_heads"] * d, DIMS["intermediate_size"]
+    out = {}
+    for name, t in hf.items():
+        if name.endswith("qkv_proj.weight"):
+            a = name.removesuffix("qkv_proj.weight")
+            out |= {a + "q_proj.weight": t[:q], a + "k_proj.weight": t[q:q + kv], a + "v_proj.weight": t[q + kv:]}
+        elif name.endswith("gate_up_proj.weight"):
+            m = name.removesuffix("gate_up_proj.weight")
+            out |= {m + "gate_proj.weight": t[:inter], m + "up_proj.weight": t[inter:]}
+        else:
+            out[name] = t
+    return out
+
+
+def phi3_expected(hf: dict[str, torch.Tensor], tp_size: int, pp_size: int) -> list[dict[str, torch.Tensor]]:
+    """Llama's layout, except that each rank's ``mlp.fc`` is its rows of up, then its rows of gate (the halves
+    ``[x; g]`` that TensorRT-LLM's swiglu reads as ``x * silu(g)``) and there is no ``mlp.gate``."""
+    ranks = expected_ranks(phi3_as_llama(hf), tp_size, pp_size)
+    for tensors in ranks:
+        for name in [n for n in tensors if n.endswith("mlp.gate.weight")]:
+            up = tensors.pop(name)
+            fc = name.replace("mlp.gate.", "mlp.fc.")
+            tensors[fc] = torch.cat([up, tensors[fc]])
+    return ranks
+
+
+@pytest.fixture(scope="module")
+def phi3_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``random``: a seeded transformers Phi-3; ``arange``: the same shapes, every element its own index."""
+    root = tmp_path_factory.mktemp("phi3")
+    torch.manual_seed(0)
+    model = Phi3ForCausalLM(Phi3Config(**PHI3_DIMS))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape))
+    model.save_pretrained(root / "random")
+    offset = 0
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.arange(offset, offset + param.numel(), dtype=torch.float32).reshape(param.shape))
+            offset += param.numel()
+    assert offset < 2**24  # every index exact in float32
+    model.save_pretrained(root / "arange")
+    return {"random": root / "random", "arange": root / "arange"}
+
+
+@pytest.mark.parametrize(("tp_size", "pp_size"), LAYOUTS)
+def test_phi3_every_tensor_is_the_hf_slice(tp_size: int, pp_size: int, phi3_dirs: dict[str, Path],
+                                           tmp_path: Path) -> None:
+    convert_checkpoint(phi3_dirs["random"], tmp_path, tp_size=tp_size, pp_size=pp_size, dtype="float32")
+    got = rank_files(tmp_path, tp_size * pp_size)
+    assert_ranks_equal(got, phi3_expected(hf_tensors(phi3_dirs["random"]), tp_size, pp_size), torch.float32)
+
+
+@pytest.mark.parametrize("tp_size", [1, 2, 4])
+def test_phi3_fused_slices_hold_the_exact_rows(tp_size: int, phi3_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """With every HF element equal to its index, each rank's rows are the HF rows named here by number:
+    q heads 4r/tp.., then the rank's KV head (duplicated at tp=4), and up rows then gate rows of its share."""
+    convert_checkpoint(phi3_dirs["arange"], tmp_path, tp_size=tp_size, pp_size=1, dtype="float32")
+    hf, ranks = hf_tensors(phi3_dirs["arange"]), rank_files(tmp_path, tp_size)
+    d, inter, h = 16, DIMS["intermediate_size"], DIMS["hidden_size"]
+    qkv, gate_up = hf["model.layers.1.self_attn.qkv_proj.weight"], hf["model.layers.1.mlp.gate_up_proj.weight"]
+    first_qkv, first_gate_up = int(qkv[0, 0]), int(gate_up[0, 0])
+    for r, tensors in enumerate(ranks):
+        q_heads = range(r * 4 // tp_size, (r + 1) * 4 // tp_size)
+        kv_head = r * 2 // tp_size  # 2 KV heads: one per rank at tp=2, each on two ranks at tp=4
+        kv_heads = [kv_head] if tp_size > 1 else [0, 1]
+        rows = [h_ * d + i for h_ in q_heads for i in range(d)]
+        rows += [64 + k * d + i for k in kv_heads for i in range(d)]  # k rows follow the 64 q rows
+        rows += [96 + k * d + i for k in kv_heads for i in range(d)]  # v rows follow the 32 k rows
+        fused = tensors["transformer.layers.1.attention.qkv.weight"]
+        assert (fused[:, 0] - first_qkv).long().div(h, rounding_mode="floor").tolist() == rows
+        share = inter // tp_size
+        fc_rows = list(range(inter + r * share, inter + (r + 1) * share)) + list(range(r * share, (r + 1) * share))
+        fc = tensors["transformer.layers.1.mlp.fc.weight"]
+        assert fc.shape == (2 * share, h) and "transformer.layers.1.mlp.gate.weight" not in tensors
+        assert (fc[:, 0] - first_gate_up).long().div(h, rounding_mode="floor").tolist() == fc_rows
+        assert torch.equal(fc, gate_up[fc_rows])
+
+
+def test_phi3_config_json(phi3_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """Phi3Config's keys (docs/phi3.md): hidden_act swiglu, rotary_pct, the tie flag; nothing unportable."""
+    convert_checkpoint(phi3_dirs["random"], tmp_path, tp_size=2, pp_size=3, dtype="float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    top = set(config) - {"mapping", "quantization"}
+    assert top == PORTABLE_KEYS | {"rotary_pct", "tie_word_embeddings"}
+    assert config["architecture"] == "Phi3ForCausalLM" and config["hidden_act"] == "swiglu"
+    assert (config["rotary_pct"], config["tie_word_embeddings"], config["rotary_scaling"]) == (1.0, False, None)
+    assert config["position_embedding_type"] == "rope_gpt_neox" and config["rotary_base"] == 10000.0
+    assert (config["head_size"], config["intermediate_size"], config["vocab_size"]) == (16, 128, 67)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+      "original_max_position_embeddings": 64}, "uses 'longrope' RoPE scaling"),
+    ({"max_position_embeddings": 131072}, "uses 'longrope' RoPE scaling"),
+    ({"partial_rotary_factor": 0.5}, "rotates only a fraction 0.5 of each head"),
+])
+def test_phi3_variants_the_kit_cannot_convert_are_refused(changes: dict[str, Any], message: str,
+                                                          phi3_dirs: dict[str, Path], tmp_path: Path) -> None:
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    raw = json.loads((phi3_dirs["random"] / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**raw, **changes}))
+    (hf_dir / "model.safetensors").symlink_to(phi3_dirs["random"] / "model.safetensors")
+    with pytest.raises(KitUsageError, match=message):
+        convert_checkpoint(hf_dir, tmp_path / "ckpt", dtype="float32")
+    assert not (tmp_path / "ckpt").exists() or list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_phi3_refuses_calibrated_quantization(phi3_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from trtllm_kit.quant.algos import QuantConfig
+
+    with pytest.raises(KitUsageError, match="--quant fp8 --kv-cache auto needs calibration statistics per q/k/v"):
+        convert_checkpoint(phi3_dirs["random"], tmp_path, quant=QuantConfig(quant="fp8"))
+    convert_checkpoint(phi3_dirs["random"], tmp_path / "wo", tp_size=2, dtype="float32",
+                       quant=QuantConfig(quant="int8-wo"))
+    config = json.loads((tmp_path / "wo" / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] == "W8A16"
+    assert_ranks_equal(rank_files(tmp_path / "wo", 2), phi3_expected(hf_tensors(phi3_dirs["random"]), 2, 1),
+                       torch.float32)
+
+
+def test_phi3_slices_are_copied_file_to_file(phi3_dirs: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice of a fused tensor is read alone and its column shards are byte ranges of the input file."""
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no copy_file_range on this platform")
+    copied: list[int] = []
+    real = os.copy_file_range
+
+    def counted(*args: int) -> int:
+        copied.append(real(*args))
+        return copied[-1]
+
+    monkeypatch.setattr(safetensors_io, "_kernel_copy", True)
+    monkeypatch.setattr(os, "copy_file_range", counted)
+    kernel = convert_bytes(phi3_dirs["random"], tmp_path / "kernel")
+    total = sum(len(data) for name, data in kernel.items() if name.startswith("rank"))
+    assert 0.5 * total < sum(copied) < total
+    monkeypatch.setattr(safetensors_io, "_kernel_copy", False)
+    assert convert_bytes(phi3_dirs["random"], tmp_path / "memory") == kernel

@@ -13,8 +13,8 @@ from trtllm_kit.build.fusion_graph import FUSED, PLUGIN, fusion_table, layer_gra
 from trtllm_kit.build.gpus import gpu_from_table
 from trtllm_kit.build.plan import Limits, Precision, make_plan
 from trtllm_kit.build.recipe import build_command
-from trtllm_kit.build.shard import Mapping
 from trtllm_kit.cli import run
+from trtllm_kit.layout import Mapping
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
 

@@ -17,8 +17,8 @@ import pytest
 from trtllm_kit.build.fit import check_plan
 from trtllm_kit.build.gpus import GIB, GPU_TABLE, MIB, gpu_from_table, resolve_gpu
 from trtllm_kit.build.plan import Limits, Precision, make_plan, rank_weight_bytes
-from trtllm_kit.build.shard import Mapping
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
@@ -105,7 +105,8 @@ REST_8B = 2 * (128256 * 4096 * 2 + 4096 + 32 * 2 * 4096)  # embedding, lm_head, 
     ("W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",                                   # int8 + float32 [1, out] scales
      sum(o * i + o * 4 for o, i in LINEARS_8B) + 4096 * 4 + 14336 * 4 + 2 * 4),  # + smoothers, norm scale_to_int
     ("W8A8_SQ_PER_TENSOR_PLUGIN",                                              # int8 + [1,1] scale + act_scale
-     sum(o * i + 4 + 4 for o, i in LINEARS_8B) + 4096 * 4 + 14336 * 4 + 2 * 4 + 2 * 4),  # + quantization_scaling
+     sum(o * i + 4 + 4 for o, i in LINEARS_8B) + 4096 * 4 + 14336 * 4 + 2 * 4 + 2 * 4  # + quantization_scaling
+     + (6144 - 1) * 4),  # qkv's per_channel_scale is [1, out] (per q/k/v part), as the converter writes it
 ])
 def test_quantized_weight_bytes(quant_algo: str, per_layer: int) -> None:
     hf, family = model(LLAMA3_8B)

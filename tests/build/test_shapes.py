@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, Phi3Config
 
 from trtllm_kit.build.convert import TORCH_DTYPES, check_sources, convert, iter_shards, rank_entries, work_items
 from trtllm_kit.build.inspect import ModelSpec, TensorInfo
-from trtllm_kit.build.shard import Mapping, check_tp
 from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors
 from trtllm_kit.models.hf_config import parse_hf_config
 from trtllm_kit.models.registry import family_for
 
@@ -49,9 +49,9 @@ Table = dict[str, tuple[tuple[int, ...], tuple[str, ...]]]  # TRT-LLM name → (
 class MetaModel:
     """One HF model instantiated on the meta device: its raw config and its (deduplicated) parameters."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, raw: dict[str, Any] | None = None) -> None:
         self.name = name
-        self.raw: dict[str, Any] = json.loads((CONFIG_DIR / name / "config.json").read_text())
+        self.raw: dict[str, Any] = raw or json.loads((CONFIG_DIR / name / "config.json").read_text())
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**self.raw))
         # named_parameters() drops the tied lm_head, as save_pretrained does on disk
@@ -63,8 +63,10 @@ class MetaModel:
         tensors = {n: TensorInfo(Path("meta"), dtype, shape) for n, (dtype, shape) in self.tensors.items()}
         return ModelSpec(self.name, Path("meta"), hf, family_for(hf, self.name), "safetensors", tensors, ())
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
         dtype, shape = self.tensors[name]
+        if rows is not None:
+            shape = (rows[1] - rows[0], *shape[1:])
         return torch.empty(shape, dtype=dtype, device="meta")
 
 
@@ -153,7 +155,7 @@ def run_meta(model: MetaModel, tp_size: int, pp_size: int) -> tuple[list[Table],
             assert item.target not in produced[rank], f"{item.target} written twice to rank {rank}"
             produced[rank][item.target] = (shape, item.sources)
             written[rank].append((item.target, tensor_dtype, shape))
-    assert rank_entries(spec, items, mapping, TORCH_DTYPES[dtype]) == written
+    assert rank_entries(spec, mapping, dtype) == written
     return produced, written, TORCH_DTYPES[dtype]
 
 
@@ -273,3 +275,64 @@ def test_checkpoint_config_of_real_configs(name: str) -> None:
     assert config["mapping"] == {"world_size": 4, "tp_size": 2, "pp_size": 2}
     if raw["model_type"] == "qwen2":
         assert config["qwen_type"] == "qwen2"
+
+
+# --- Phi-3-mini-4k: transformers' Phi3Config() defaults are its dimensions ------------------------------
+
+def phi3_mini() -> MetaModel:
+    config = Phi3Config()
+    dims = (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+            config.num_attention_heads, config.num_key_value_heads, config.max_position_embeddings)
+    assert dims == (32064, 3072, 8192, 32, 32, 32, 4096)  # microsoft/Phi-3-mini-4k-instruct
+    raw = {**config.to_dict(), "architectures": ["Phi3ForCausalLM"], "dtype": "bfloat16"}
+    return MetaModel("Phi3Config()", raw)
+
+
+def phi3_table(tp_size: int, pp_size: int) -> list[dict[str, tuple[int, ...]]]:
+    """Per rank, from the dimensions alone: fused qkv 3·3072/tp rows (MHA), fused fc 2·8192/tp rows (up and
+    gate), no mlp.gate, lm_head 32064/tp rows (no padding needed at tp 2 and 4)."""
+    h, i, v = 3072, 8192, 32064
+    tables = []
+    for layers in torch.tensor_split(torch.arange(32), pp_size):
+        table: dict[str, tuple[int, ...]] = {}
+        if layers[0] == 0:
+            table["transformer.vocab_embedding.weight"] = (v, h)
+        for n in range(len(layers)):
+            t = f"transformer.layers.{n}."
+            table |= {t + "input_layernorm.weight": (h,), t + "attention.qkv.weight": (3 * h // tp_size, h),
+                      t + "attention.dense.weight": (h, h // tp_size), t + "post_layernorm.weight": (h,),
+                      t + "mlp.fc.weight": (2 * i // tp_size, h), t + "mlp.proj.weight": (h, i // tp_size)}
+        if layers[-1] == 31:
+            table |= {"transformer.ln_f.weight": (h,), "lm_head.weight": (v // tp_size, h)}
+        tables += [table] * tp_size
+    return tables
+
+
+@pytest.mark.parametrize("pp_size", [1, 2])
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_phi3_mini_rank_tensors(tp_size: int, pp_size: int) -> None:
+    """``rank_tensors`` names and shapes every rank's tensors; the converter's loop on meta tensors writes them."""
+    model = phi3_mini()
+    spec, mapping = model.spec(), Mapping(tp_size, pp_size)
+    assert spec.family.name == "phi3"
+    want = phi3_table(tp_size, pp_size)
+    for rank in mapping.ranks():
+        tensors = rank_tensors(spec.hf, spec.family, mapping, rank, None, "bfloat16")
+        assert {n: t.shape for n, t in tensors.items()} == want[rank], f"rank {rank}"
+        assert {t.dtype for t in tensors.values()} == {"bfloat16"}
+    produced, _, _ = run_meta(model, tp_size, pp_size)  # asserts rank_entries == what was written
+    assert [{n: shape for n, (shape, _) in table.items()} for table in produced] == want
+    assert produced[0]["transformer.layers.0.attention.qkv.weight"][1] == (
+        ("model.layers.0.self_attn.qkv_proj.weight",) * 3)
+    assert produced[0]["transformer.layers.5.mlp.fc.weight"][1] == ("model.layers.5.mlp.gate_up_proj.weight",) * 2
+    read = {s for table in produced for _, sources in table.values() for s in sources}
+    assert read == set(model.tensors)
+
+
+def test_phi3_mini_w8a16_and_kv_scales_in_the_layout() -> None:
+    """The layout of W8A16 with an INT8 KV cache: model-dtype weights and one KV scale per layer."""
+    spec = phi3_mini().spec()
+    tensors = rank_tensors(spec.hf, spec.family, Mapping(2, 1), 1, QuantLayout("W8A16", "INT8"), "float16")
+    scales = [n for n in tensors if n.endswith("kv_cache_scaling_factor")]
+    assert len(scales) == 32 and tensors[scales[0]].shape == (1,) and tensors[scales[0]].dtype == "float32"
+    assert tensors["transformer.layers.0.mlp.fc.weight"].dtype == "float16"

@@ -18,7 +18,7 @@ from trtllm_kit.artifact import (
     StageRecords,
 )
 from trtllm_kit.build.plan import Precision
-from trtllm_kit.build.shard import Mapping
+from trtllm_kit.layout import Mapping
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.tables import BuildOptions
 

@@ -20,11 +20,12 @@ from trtllm_kit.runtime.model import CheckpointModel, Rope, attend, causal_mask
 
 # The built-in models: H=256, 4 heads, 2 KV heads (duplicated at tp=4), 3 layers ([0, 1], [2] at pp=2),
 # vocab 1031 (lm_head padded to 1032 at tp=2 and 4); tiny-llama has llama3 RoPE scaling, tiny-qwen2 q/k/v
-# biases and tied embeddings, tiny-mistral plain RoPE.
+# biases and tied embeddings, tiny-mistral plain RoPE, tiny-phi3 fused qkv_proj/gate_up_proj (swiglu MLP).
 VOCAB = 1031
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
 SPLITS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]
+FAMILIES = ["llama", "mistral", "qwen2", "phi3"]
 VARIANTS = {"linear": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
             "dynamic": {"rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 16}}
 
@@ -41,7 +42,7 @@ def variant(source: Path, out: Path, **changes: object) -> Path:
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, torch.nn.Module]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRTLLM_KIT_CACHE", str(tmp_path_factory.mktemp("cache")))
-        dirs = {name: builtin_dir(f"tiny-{name}") for name in ("llama", "qwen2", "mistral")}
+        dirs = {name: builtin_dir(f"tiny-{name}") for name in FAMILIES}
     root = tmp_path_factory.mktemp("variants")
     dirs.update({name: variant(dirs["llama"], root / name, **changes) for name, changes in VARIANTS.items()})
     return {name: (path, load_hf_reference(path, torch.float32, torch.float32)) for name, path in dirs.items()}
@@ -62,7 +63,7 @@ def convert(hf_dir: Path, out: Path, tp: int = 1, pp: int = 1, dtype: str = "flo
 
 
 @pytest.mark.parametrize("tp, pp", SPLITS)
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_fp32_logits_equal_transformers(models, tmp_path, name, tp, pp):
     hf_dir, hf = models[name]
     runtime = CheckpointModel.load(convert(hf_dir, tmp_path / "ckpt", tp, pp))
@@ -84,7 +85,7 @@ def test_other_variants_equal_transformers(models, tmp_path, name, length, rope_
 
 
 @pytest.mark.parametrize("tp, pp", [(1, 1), (4, 1), (2, 2)])
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_bf16_logits_within_documented_tolerance(models, tmp_path, name, tp, pp):
     hf_dir = models[name][0]
     runtime = CheckpointModel.load(convert(hf_dir, tmp_path / "ckpt", tp, pp, "bfloat16"), torch.bfloat16)
@@ -183,6 +184,9 @@ def test_replicated_tensors_must_agree_across_tp_ranks(ckpt):
     ({"rotary_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rotary_scaling of type 'yarn', which the CPU"),
     ({"quantization": {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None}}, "is quantized with W4A16_AWQ"),
     ({"architecture": "GPT2LMHeadModel"}, "architecture 'GPT2LMHeadModel'"),
+    ({"hidden_act": "swiglu"}, "has hidden_act 'swiglu'; the CPU runtime needs 'silu'"),  # Llama: GatedMLP
+    ({"architecture": "Phi3ForCausalLM"}, "has hidden_act 'silu'; the CPU runtime needs 'swiglu'"),
+    ({"rotary_pct": 0.5}, "has rotary_pct 0.5; the CPU runtime needs 1.0"),
 ])
 def test_unsupported_configs(ckpt, changes, message):
     edit_config(ckpt, **changes)

@@ -13,32 +13,26 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 from safetensors import safe_open
 
 from trtllm_kit.build.inspect import ModelSpec, TensorInfo, inspect_model
 from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter
-from trtllm_kit.build.shard import (
-    Mapping,
-    check_tp,
-    kv_heads_per_rank,
-    layers_for_rank,
-    qkv_parts,
-    shard,
-    shard_shape,
-)
+from trtllm_kit.build.shard import qkv_parts, shard
 from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
-from trtllm_kit.errors import CheckpointError
+from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
-from trtllm_kit.models.base import Place, Rule, Split
+from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stage_rules
+from trtllm_kit.models.base import Rule, Slice, Source, Split, source_name
 
 if TYPE_CHECKING:
     from trtllm_kit.quant.algos import QuantConfig
     from trtllm_kit.quant.calibrate import CalibrationStats
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+STORED_DTYPES = {**TORCH_DTYPES, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # layout names → torch
 OnTensor = Callable[[str, int], None]
 Layout = list[tuple[str, torch.dtype, tuple[int, ...]]]
 
@@ -54,7 +48,13 @@ class WorkItem:
 
     @property
     def sources(self) -> tuple[str, ...]:
+        """The HF tensor names read (a fused tensor once per slice)."""
         return self.rule.source_names(self.layer)
+
+    @property
+    def reads(self) -> tuple[Source, ...]:
+        """The sources with the layer slot filled in: names, or row slices of fused tensors."""
+        return self.rule.layer_sources(self.layer)
 
     @property
     def target(self) -> str:
@@ -62,12 +62,10 @@ class WorkItem:
 
 
 class TensorTransform(Protocol):
-    """A per-work-item hook (quantization): what each rank file holds instead of the plain tensor."""
+    """A per-work-item hook (quantization): what each rank file holds instead of the plain tensor (the layout of
+    which ``trtllm_kit.layout.rank_tensors`` states from the ``quantization`` object)."""
 
     quantization: dict[str, Any]  # the ``quantization`` object of config.json
-
-    def entries(self, item: WorkItem, shape: tuple[int, ...]) -> Layout:
-        """(name, dtype, shape) per rank for ``item``, whose plain per-rank shape is ``shape``."""
 
     def apply(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> list[list[tuple[str, list[torch.Tensor]]]]:
         """Per TP rank, (name, parts) in ``entries`` order, from the plain per-rank parts."""
@@ -87,16 +85,8 @@ class ConvertResult:
 def work_items(model: ModelSpec, mapping: Mapping) -> list[WorkItem]:
     """Every tensor of every stage in file order: embedding, layers, final norm and lm_head."""
     rules = model.family.rules(model.hf)
-    items: list[WorkItem] = []
-    for pp_rank in range(mapping.pp_size):
-        layers = layers_for_rank(model.hf.num_hidden_layers, mapping.pp_size, pp_rank)
-        if pp_rank == 0:
-            items += [WorkItem(r, None, None, pp_rank) for r in rules if r.place is Place.FIRST]
-        for local, layer in enumerate(layers):
-            items += [WorkItem(r, layer, local, pp_rank) for r in rules if r.place is Place.LAYER]
-        if pp_rank == mapping.pp_size - 1:
-            items += [WorkItem(r, None, None, pp_rank) for r in rules if r.place is Place.LAST]
-    return items
+    return [WorkItem(p.rule, p.layer, p.local_layer, pp_rank) for pp_rank in range(mapping.pp_size)
+            for p in stage_rules(rules, model.hf.num_hidden_layers, mapping, pp_rank)]
 
 
 def check_sources(model: ModelSpec, items: list[WorkItem]) -> None:
@@ -108,30 +98,34 @@ def check_sources(model: ModelSpec, items: list[WorkItem]) -> None:
             if info is None:
                 raise CheckpointError(f"{model.path}: tensor {name} is missing from the weights; the checkpoint is "
                                  "incomplete or does not match its config.json.")
-            expected = shapes[pattern]
+            expected = shapes[source_name(pattern)]
             if info.shape != expected:
                 raise CheckpointError(f"{info.path.name}: tensor {name} has shape {list(info.shape)}, but config.json "
                                  f"implies {list(expected)}; the weights and config do not match.")
 
 
-def rank_entries(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: torch.dtype,
-                 transform: TensorTransform | None = None) -> list[Layout]:
-    """The (name, dtype, shape) layout of each rank file (with a transform's extra tensors and dtypes)."""
-    hf = model.hf
-    qkv_heads = hf.num_attention_heads // mapping.tp_size + 2 * kv_heads_per_rank(hf.num_key_value_heads,
-                                                                                   mapping.tp_size)
-    entries: list[list[tuple[str, torch.dtype, tuple[int, ...]]]] = [[] for _ in range(mapping.world_size)]
-    for item in items:
-        shape = model.tensors[item.sources[0]].shape
-        rows = qkv_heads * hf.head_dim if item.rule.split is Split.QKV else None
-        local = shard_shape(shape, item.rule.split, mapping.tp_size, qkv_rows=rows)
-        layout = transform.entries(item, local) if transform else [(item.target, dtype, local)]
-        for tp_rank in range(mapping.tp_size):
-            entries[mapping.rank(tp_rank, item.pp_rank)].extend(layout)
-    return entries
+def rank_entries(model: ModelSpec, mapping: Mapping, dtype: str, quantization: dict[str, Any] | None = None,
+                 ) -> list[Layout]:
+    """The (name, dtype, shape) layout of each rank file: ``rank_tensors`` in torch dtypes.
+
+    Arguments:
+        model: the inspected model; mapping: the layout; dtype: the resolved checkpoint dtype;
+        quantization: the config's ``quantization`` object (None: unquantized).
+    """
+    quant = QuantLayout.from_dict(quantization)
+    return [[(name, STORED_DTYPES[spec.dtype], spec.shape)
+             for name, spec in rank_tensors(model.hf, model.family, mapping, rank, quant, dtype).items()]
+            for rank in mapping.ranks()]
 
 
-Source = tuple[str, torch.Tensor, torch.Tensor]  # HF name, HF tensor, the tensor in the checkpoint dtype
+class SourceRead(NamedTuple):
+    """One source as read: the HF name, the tensor read (a slice's rows only), it in the checkpoint dtype, and
+    the row range of a slice (None for a whole tensor)."""
+
+    name: str
+    original: torch.Tensor
+    converted: torch.Tensor
+    rows: tuple[int, int] | None = None
 
 
 class TensorReader:
@@ -144,22 +138,25 @@ class TensorReader:
         self._stack = stack
         self._pickle = model.weight_format == "pickle"
 
-    def locator(self, sources: list[Source]) -> Callable[[torch.Tensor], FileSlice | None]:
+    def locator(self, sources: list[SourceRead]) -> Callable[[torch.Tensor], FileSlice | None]:
         """A function that tells which input file bytes a tensor to be written is equal to: a contiguous view
-        of a source read unchanged (same dtype) is a byte range of its safetensors file.
+        of a source read unchanged (same dtype) is a byte range of its safetensors file (a slice's rows are
+        one contiguous range too).
 
         Arguments:
-            sources: the (HF name, HF tensor, converted tensor) of one work item, alive while it is written.
+            sources: the sources of one work item as read, alive while it is written.
         """
         spans = []
-        for name, original, converted in sources:
+        for name, original, converted, rows in sources:
             info: TensorInfo = self._tensors[name]
             if converted is original and info.offset is not None and not original.is_meta:
                 fd = self._fds.get(info.path)
                 if fd is None:
                     fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
                     self._stack.callback(os.close, fd)
-                spans.append((original.data_ptr(), info.nbytes, fd, info.offset))
+                start = rows[0] * (info.nbytes // info.shape[0]) if rows else 0
+                spans.append((original.data_ptr(), original.numel() * original.element_size(), fd,
+                              info.offset + start))
 
         def locate(part: torch.Tensor) -> FileSlice | None:
             if not part.is_contiguous():
@@ -172,7 +169,12 @@ class TensorReader:
 
         return locate
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """One HF tensor, or only its rows ``[start, stop)``.
+
+        Arguments:
+            name: the HF tensor name; rows: a row range of it, or None for the whole tensor.
+        """
         info: TensorInfo = self._tensors[name]
         handle = self._handles.get(info.path)
         if handle is None:
@@ -184,7 +186,9 @@ class TensorReader:
             self._handles[info.path] = handle
         try:
             with INTERRUPTS.deferred():
-                return handle[name] if self._pickle else handle.get_tensor(name)
+                if rows is None:
+                    return handle[name] if self._pickle else handle.get_tensor(name)
+                return handle[name][rows[0]:rows[1]] if self._pickle else handle.get_slice(name)[rows[0]:rows[1]]
         except Exception as exc:  # a file that changed or broke after inspection
             raise CheckpointError(f"{info.path.name}: reading {name} failed ({exc}).") from None
 
@@ -209,34 +213,36 @@ def check_finite(name: str, original: torch.Tensor, converted: torch.Tensor, dty
 
 
 def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype: str,
-                read: Callable[[str], torch.Tensor],
-                ) -> Iterator[tuple[WorkItem, int, list[list[torch.Tensor]], list[Source]]]:
+                read: Callable[[str, tuple[int, int] | None], torch.Tensor],
+                ) -> Iterator[tuple[WorkItem, int, list[list[torch.Tensor]], list[SourceRead]]]:
     """Yield (item, bytes read, per TP rank the parts that concatenate along dim 0 to its tensor, and the
-    (HF name, HF tensor, converted tensor) it came from, for ``check_finite``).
+    sources as read, for ``check_finite`` and the kernel copy path).
 
-    Each HF tensor is read once; q/k/v parts are not concatenated in memory but written one after another.
+    Each HF tensor (or slice of a fused one) is read once; the parts of q/k/v or of several column sources are
+    not concatenated in memory but written one after another.
 
     Arguments:
         model: the inspected model.
         items: from ``work_items``.
         mapping: the TP/PP layout.
         dtype: the resolved checkpoint dtype.
-        read: HF tensor name → tensor (a ``TensorReader``, or meta tensors for shape tests).
+        read: (HF tensor name, row range or None) → tensor (a ``TensorReader``, or meta tensors for shape tests).
     """
     target = TORCH_DTYPES[dtype]
+    tp = mapping.tp_size
     for item in items:
         sources = []
         nbytes = 0
-        for name in item.sources:
-            original = read(name)
+        for source in item.reads:
+            rows = (source.start, source.stop) if isinstance(source, Slice) else None
+            original = read(source_name(source), rows)
             nbytes += original.numel() * original.element_size()
-            sources.append((name, original, original.to(target)))
-        parts = [converted for _, _, converted in sources]
+            sources.append(SourceRead(source_name(source), original, original.to(target), rows))
+        parts = [s.converted for s in sources]
         if item.rule.split is Split.QKV:
-            shards = [qkv_parts(parts, model.hf.num_key_value_heads, mapping.tp_size, r)
-                      for r in range(mapping.tp_size)]
+            shards = [qkv_parts(parts, model.hf.num_key_value_heads, tp, r) for r in range(tp)]
         else:
-            shards = [[shard(parts[0], item.rule.split, mapping.tp_size, r)] for r in range(mapping.tp_size)]
+            shards = [[shard(p, item.rule.split, tp, r) for p in parts] for r in range(tp)]
         yield item, nbytes, shards, sources
 
 
@@ -267,7 +273,7 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
     dtype = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
     check_sources(model, items)
-    entries = rank_entries(model, items, mapping, TORCH_DTYPES[dtype], transform)
+    entries = rank_entries(model, mapping, dtype, transform.quantization if transform else None)
     paths = tuple(out_dir / f"rank{rank}.safetensors" for rank in range(mapping.world_size))
     total = 0
     with ExitStack() as stack:
@@ -289,7 +295,7 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
                     writers[mapping.rank(tp_rank, item.pp_rank)].write(name, parts, locate)
             while checking:
                 checking.pop().result()
-            checking = [checker.submit(check_finite, *source, dtype) for source in sources]
+            checking = [checker.submit(check_finite, s.name, s.original, s.converted, dtype) for s in sources]
             total += nbytes
             if on_tensor:
                 on_tensor(item.target, nbytes)
@@ -336,8 +342,13 @@ def quant_transform(model: ModelSpec, mapping: Mapping, dtype: str, quant: Quant
 
     if quant is None or not quant.is_quantized:
         return None
+    rules = model.family.rules(model.hf)
+    if quant.needs_calibration and any(isinstance(s, Slice) for rule in rules for s in rule.sources):
+        raise KitUsageError(f"--quant {quant.quant} --kv-cache {quant.kv_cache} needs calibration statistics per "
+                            f"q/k/v and gate/up projection, which {model.family.name}'s fused HF projections do not "
+                            "give; use --quant int8-wo or none with --kv-cache auto.")
     check_model(quant, model.hf.num_key_value_heads, mapping.tp_size)
     if quant.needs_calibration and stats is None:
         stats = calibrate(model.path, quant)
     target = TORCH_DTYPES[resolve_dtype(dtype, model.hf)]
-    return QuantTransform(quant, model.family.rules(model.hf), target, stats)
+    return QuantTransform(quant, rules, target, stats)

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
-from trtllm_kit.build.convert import TORCH_DTYPES, check_sources, rank_entries, work_items
+from trtllm_kit.build.convert import check_sources, work_items
 from trtllm_kit.build.inspect import inspect_model
-from trtllm_kit.build.shard import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size
 from trtllm_kit.build.trtllm_config import resolve_dtype
+from trtllm_kit.layout import (
+    Mapping,
+    QuantLayout,
+    check_tp,
+    kv_heads_per_rank,
+    layers_for_rank,
+    pad_vocab_size,
+    rank_tensors,
+)
 from trtllm_kit.quant.algos import QuantConfig, check_model
-from trtllm_kit.quant.checkpoint import QuantTransform
 
 
 def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_pickle: bool = False,
@@ -37,16 +43,15 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
     check_sources(model, items)
     quant = quant or QuantConfig()
     check_model(quant, hf.num_key_value_heads, tp)
-    transform = QuantTransform(quant, model.family.rules(hf), TORCH_DTYPES[resolved], None) if quant.is_quantized \
-        else None
-    entries = rank_entries(model, items, mapping, TORCH_DTYPES[resolved], transform)
+    layout = QuantLayout(quant.quant_algo, quant.kv_cache_quant_algo)
     ranks = []
-    for rank, layout in enumerate(entries):
+    for rank in mapping.ranks():
+        tensors = rank_tensors(hf, model.family, mapping, rank, layout, resolved)
         pp_rank = mapping.pp_rank(rank)
         layers = layers_for_rank(hf.num_hidden_layers, pp, pp_rank)
-        nbytes = sum(_numel(shape) * torch.empty((), dtype=dt).element_size() for _, dt, shape in layout)
+        nbytes = sum(spec.nbytes for spec in tensors.values())
         ranks.append({"rank": rank, "tp_rank": mapping.tp_rank(rank), "pp_rank": pp_rank,
-                      "layers": [layers.start, layers.stop - 1], "num_tensors": len(layout),
+                      "layers": [layers.start, layers.stop - 1], "num_tensors": len(tensors),
                       "bytes": nbytes})
     used = {name for item in items for name in item.sources}
     return {
@@ -73,13 +78,6 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
                   "quantization": quant.quantization_block(), "needs_calibration": quant.needs_calibration},
         "unused_tensors": sorted(set(model.tensors) - used),
     }
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
 
 
 def print_description(d: dict[str, Any], console: Console | None = None) -> None:

@@ -18,8 +18,8 @@ from trtllm_kit.build.compat import detect_machine
 from trtllm_kit.build.engine import EngineSetup, precision_of, prepare_engine
 from trtllm_kit.build.fusion_graph import fusion_table, layer_graph, write_graph
 from trtllm_kit.build.inspect import inspect_model, resolve_model_path
-from trtllm_kit.build.shard import check_tp, layers_for_rank
 from trtllm_kit.errors import KitError
+from trtllm_kit.layout import check_tp, layers_for_rank
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.spec import STAGES, BuildSpec

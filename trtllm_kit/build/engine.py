@@ -17,9 +17,9 @@ from trtllm_kit.build.fit import check_plan
 from trtllm_kit.build.gpus import GPU, resolve_gpu
 from trtllm_kit.build.plan import BuildPlan, Limits, Precision, make_plan
 from trtllm_kit.build.recipe import BuildCommand, build_command, check_overrides
-from trtllm_kit.build.shard import Mapping
 from trtllm_kit.build.trtllm_config import resolve_dtype
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from trtllm_kit.build.plan import Precision
-from trtllm_kit.build.shard import kv_heads_per_rank
+from trtllm_kit.layout import kv_heads_per_rank
 from trtllm_kit.models.hf_config import HFConfig
 
 PLUGIN = "trtllm.plugin"

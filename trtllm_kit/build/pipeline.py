@@ -21,8 +21,8 @@ from trtllm_kit.build.compat import detect_machine
 from trtllm_kit.build.convert import convert, quant_transform, work_items
 from trtllm_kit.build.engine import EngineSetup, engine_stage, precision_of, prepare_engine
 from trtllm_kit.build.inspect import ModelSpec, inspect_model
-from trtllm_kit.build.shard import Mapping, check_tp
 from trtllm_kit.errors import VerifyError
+from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.model_repo.repository import repo_key_parts, repo_stage
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model

@@ -26,10 +26,19 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trtllm_kit.build.gpus import GIB, GPU
-from trtllm_kit.build.shard import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size, shard_shape
 from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.models.base import Family, Place, Split
+from trtllm_kit.layout import (
+    SQ_PREFIX,
+    Mapping,
+    QuantLayout,
+    check_tp,
+    kv_heads_per_rank,
+    layers_for_rank,
+    pad_vocab_size,
+    rank_tensors,
+)
+from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 
 ACTIVATION_FACTOR = 8
@@ -38,9 +47,6 @@ MAX_NUM_TOKENS = 8192
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 LINEARS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
            "mlp.proj.weight")
-ROW_LINEARS = ("attention.dense.weight", "mlp.proj.weight")
-NORMS = ("input_layernorm.weight", "post_layernorm.weight")
-SQ_PREFIX = "W8A8_SQ_"
 
 
 @dataclass(frozen=True)
@@ -130,56 +136,26 @@ class BuildPlan:
 
 
 def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision) -> list[int]:
-    """Bytes each rank holds once the build has quantized its weights.
+    """Bytes each rank holds once the build has quantized its weights: the checkpoint's tensors
+    (``rank_tensors``), except that W8A16 linears count 1 byte per element plus ``out_local`` scales in the model
+    dtype, as ``trtllm-build`` stores them.
 
     Arguments:
         hf: the model config; family: its weight table; mapping: the TP/PP layout; precision: dtype and quant.
     """
-    item = ITEMSIZE[precision.dtype]
-    shapes = family.hf_shapes(hf)
-    tp = mapping.tp_size
-    qkv_rows = (hf.num_attention_heads // tp + 2 * kv_heads_per_rank(hf.num_key_value_heads, tp)) * hf.head_dim
-    totals = [0] * mapping.world_size
-    for pp_rank in range(mapping.pp_size):
-        layers = len(layers_for_rank(hf.num_hidden_layers, mapping.pp_size, pp_rank))
-        stage = 0
-        for rule in family.rules(hf):
-            count = {Place.LAYER: layers, Place.FIRST: int(pp_rank == 0),
-                     Place.LAST: int(pp_rank == mapping.pp_size - 1)}[rule.place]
-            shape = shard_shape(shapes[rule.sources[0]], rule.split, tp,
-                                qkv_rows=qkv_rows if rule.split is Split.QKV else None)
-            stage += count * _tensor_bytes(rule.name, shape, precision, item)
-        if precision.kv_cache_quant_algo:
-            stage += layers * 4  # attention.kv_cache_scaling_factor
-        if (precision.quant_algo or "").startswith(SQ_PREFIX) and not precision.quant_algo.endswith("PER_TOKEN_PLUGIN"):
-            stage += layers * 2 * 4  # attention/mlp.quantization_scaling_factor (static activations)
-        for tp_rank in range(tp):
-            totals[mapping.rank(tp_rank, pp_rank)] = stage
-    return totals
-
-
-def _tensor_bytes(name: str, shape: tuple[int, ...], precision: Precision, item: int) -> int:
-    numel = math.prod(shape)
     algo = precision.quant_algo
-    if algo is None:
-        return numel * item
-    if name.endswith(NORMS) and algo.startswith(SQ_PREFIX):
-        return numel * item + 4  # scale_to_int
-    if not name.endswith(LINEARS):
-        return numel * item
-    out_local, in_local = shape
-    if algo == "W8A16":
-        return numel + out_local * item  # per_channel_scale in the model dtype
-    if algo == "FP8":
-        return numel + 2 * 4  # weights_scaling_factor, activation_scaling_factor
-    if algo.startswith(SQ_PREFIX) and algo.endswith("_PLUGIN"):
-        per_channel = "PER_CHANNEL" in algo
-        per_token = algo.endswith("PER_TOKEN_PLUGIN")
-        extra = (out_local if per_channel else 1) * 4 + (0 if per_token else 4)  # per_channel_scale, act_scale
-        if name.endswith(ROW_LINEARS):
-            extra += in_local * 4  # smoother
-        return numel + extra
-    raise KitUsageError(f"the planner has no weight formula for quant_algo {algo}; plan without it.")
+    if algo is not None and algo not in ("W8A16", "FP8") and not (algo.startswith(SQ_PREFIX)
+                                                                   and algo.endswith("_PLUGIN")):
+        raise KitUsageError(f"the planner has no weight formula for quant_algo {algo}; plan without it.")
+    quant = QuantLayout(algo, precision.kv_cache_quant_algo)
+    item = ITEMSIZE[precision.dtype]
+    stages = []
+    for pp_rank in range(mapping.pp_size):  # every rank of a stage holds the same shapes
+        tensors = rank_tensors(hf, family, mapping, mapping.rank(0, pp_rank), quant, precision.dtype)
+        stages.append(sum(math.prod(spec.shape) + spec.shape[0] * item
+                          if algo == "W8A16" and name.endswith(LINEARS) else spec.nbytes
+                          for name, spec in tensors.items()))
+    return [stages[mapping.pp_rank(rank)] for rank in mapping.ranks()]
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_bytes: int) -> int:

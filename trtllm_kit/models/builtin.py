@@ -3,7 +3,8 @@
 Each is a normal Hugging Face directory with random bfloat16 weights drawn from a seeded ``torch.Generator``
 (never transformers' initialisers, which change between versions) and a byte-level BPE tokenizer trained on
 the shipped corpus. The shapes exercise every conversion rule: GQA, an odd vocabulary (lm_head padding at
-tp=2 and 4), three layers (an uneven pp=2 split), llama3 RoPE scaling, q/k/v biases and tied embeddings.
+tp=2 and 4), three layers (an uneven pp=2 split), llama3 RoPE scaling, q/k/v biases, tied embeddings and Phi-3's
+fused ``qkv_proj`` and ``gate_up_proj``.
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {m.name: m for m in (
                           tie_word_embeddings=True),
         seed=1003,
     ),
+    BuiltinModel(
+        name="tiny-phi3",
+        description="Phi-3 style, GQA, fused qkv_proj and gate_up_proj, untied; 3 layers, hidden 256, random weights",
+        hf_config=_config("Phi3ForCausalLM", "phi3", rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+                          original_max_position_embeddings=1024, sliding_window=None, attention_bias=False,
+                          resid_pdrop=0.0, embd_pdrop=0.0, tie_word_embeddings=False),
+        seed=1004,
+    ),
 )}
 
 
@@ -125,15 +134,22 @@ def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
     has_qkv_bias = config["model_type"] == "qwen2"
-    layer = {
-        "model.layers.{}.input_layernorm.weight": (h,),
-        f"{ATTN}.q_proj.weight": (q, h), f"{ATTN}.k_proj.weight": (kv, h), f"{ATTN}.v_proj.weight": (kv, h),
-        **({f"{ATTN}.q_proj.bias": (q,), f"{ATTN}.k_proj.bias": (kv,), f"{ATTN}.v_proj.bias": (kv,)}
-           if has_qkv_bias else {}),
-        f"{ATTN}.o_proj.weight": (h, q),
-        "model.layers.{}.post_attention_layernorm.weight": (h,),
-        f"{MLP}.gate_proj.weight": (i, h), f"{MLP}.up_proj.weight": (i, h), f"{MLP}.down_proj.weight": (h, i),
-    }
+    if config["model_type"] == "phi3":  # q, k, v and gate, up stacked along dim 0
+        layer = {
+            "model.layers.{}.input_layernorm.weight": (h,), f"{ATTN}.qkv_proj.weight": (q + 2 * kv, h),
+            f"{ATTN}.o_proj.weight": (h, q), "model.layers.{}.post_attention_layernorm.weight": (h,),
+            f"{MLP}.gate_up_proj.weight": (2 * i, h), f"{MLP}.down_proj.weight": (h, i),
+        }
+    else:
+        layer = {
+            "model.layers.{}.input_layernorm.weight": (h,),
+            f"{ATTN}.q_proj.weight": (q, h), f"{ATTN}.k_proj.weight": (kv, h), f"{ATTN}.v_proj.weight": (kv, h),
+            **({f"{ATTN}.q_proj.bias": (q,), f"{ATTN}.k_proj.bias": (kv,), f"{ATTN}.v_proj.bias": (kv,)}
+               if has_qkv_bias else {}),
+            f"{ATTN}.o_proj.weight": (h, q),
+            "model.layers.{}.post_attention_layernorm.weight": (h,),
+            f"{MLP}.gate_proj.weight": (i, h), f"{MLP}.up_proj.weight": (i, h), f"{MLP}.down_proj.weight": (h, i),
+        }
     shapes = {"model.embed_tokens.weight": (v, h)}
     for n in range(config["num_hidden_layers"]):
         shapes.update({name.format(n): shape for name, shape in layer.items()})
@@ -146,7 +162,8 @@ def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def random_weights(model: BuiltinModel) -> dict[str, torch.Tensor]:
     """The model's bfloat16 weights from its seed, drawn in ``hf_weight_shapes`` order.
 
-    Linear weights are N(0, 1/in), except q and k at N(0, 4/in) so attention is sharp and position-dependent;
+    Linear weights are N(0, 1/in), except q and k (the q and k rows of a fused ``qkv_proj``) at N(0, 4/in) so
+    attention is sharp and position-dependent;
     the embedding is N(0, 1/hidden), so a tied lm_head (Qwen2) gives unit-scale logits like an untied one and
     the input token does not dominate the residual stream; norms are 1 + 0.1·N(0, 1), biases 0.1·N(0, 1).
     Without the last two choices greedy decoding settles on repeating one token within a few steps.
@@ -166,6 +183,11 @@ def random_weights(model: BuiltinModel) -> dict[str, torch.Tensor]:
             x = 0.1 * x
         elif name.endswith(("q_proj.weight", "k_proj.weight")):
             x = x * (QK_GAIN / shape[1] ** 0.5)
+        elif name.endswith("qkv_proj.weight"):
+            qk_rows = (model.hf_config["num_attention_heads"] + model.hf_config["num_key_value_heads"]) * \
+                model.hf_config["head_dim"]
+            x[:qk_rows] *= QK_GAIN
+            x = x / shape[1] ** 0.5
         else:
             x = x / shape[1] ** 0.5
         weights[name] = x.to(torch.bfloat16)

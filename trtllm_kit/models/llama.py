@@ -75,6 +75,12 @@ def llama_config(hf: HFConfig) -> dict[str, Any]:
             "tie_word_embeddings": hf.tie_word_embeddings}
 
 
+def llama_flags(config: dict[str, Any]) -> dict[str, Any]:
+    """``llama_config`` read back: Llama's ``attn_bias`` covers q/k/v and o_proj."""
+    return {"attention_bias": bool(config.get("attn_bias")), "mlp_bias": bool(config.get("mlp_bias")),
+            "tie_word_embeddings": bool(config.get("tie_word_embeddings"))}
+
+
 LLAMA = Family(
     name="llama",
     architectures=("LlamaForCausalLM",),
@@ -82,4 +88,5 @@ LLAMA = Family(
     rules=lambda hf: decoder_rules(hf, qkv_bias=hf.attention_bias),
     extra_config=llama_config,
     hf_shapes=decoder_shapes,
+    checkpoint_flags=llama_flags,
 )

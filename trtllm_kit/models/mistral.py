@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trtllm_kit.models.base import Family
-from trtllm_kit.models.llama import decoder_rules, decoder_shapes, llama_config
+from trtllm_kit.models.llama import decoder_rules, decoder_shapes, llama_config, llama_flags
 
 MISTRAL = Family(
     name="mistral",
@@ -12,4 +12,5 @@ MISTRAL = Family(
     rules=lambda hf: decoder_rules(hf, qkv_bias=hf.attention_bias),
     extra_config=llama_config,
     hf_shapes=decoder_shapes,
+    checkpoint_flags=llama_flags,
 )

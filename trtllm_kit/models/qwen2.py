@@ -15,6 +15,11 @@ def qwen2_config(hf: HFConfig) -> dict[str, Any]:
             "seq_length": hf.max_position_embeddings}
 
 
+def qwen2_flags(config: dict[str, Any]) -> dict[str, Any]:
+    """``qwen2_config`` read back: Qwen2's ``attn_bias`` means q/k/v biases only (o_proj has none)."""
+    return {"tie_word_embeddings": bool(config.get("tie_word_embeddings"))}
+
+
 QWEN2 = Family(
     name="qwen2",
     architectures=("Qwen2ForCausalLM",),
@@ -22,4 +27,5 @@ QWEN2 = Family(
     rules=lambda hf: decoder_rules(hf, qkv_bias=True),
     extra_config=qwen2_config,
     hf_shapes=decoder_shapes,
+    checkpoint_flags=qwen2_flags,
 )

@@ -1,8 +1,9 @@
 """The converter's quantization hook: given one work item's per-rank shards and the calibration statistics,
 the tensors each rank file holds instead (quantized weights, scales, smoothed norms, KV-cache scales).
 
-``entries`` gives the layout (names, dtypes, shapes) before any data moves; ``apply`` produces the data. Both
-see a tensor by its TensorRT-LLM name; the HF modules behind it come from the family's weight table.
+``trtllm_kit.layout.quant_entries`` states the layout (names, dtypes, shapes) before any data moves; ``apply``
+produces the data in that order. It sees a tensor by its TensorRT-LLM name; the HF modules behind it come from
+the family's weight table.
 """
 
 from __future__ import annotations
@@ -11,25 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trtllm_kit.layout import KV_SCALE_NAME, LINEARS, NORM_INPUTS, ROW_LINEARS
 from trtllm_kit.models.base import Place, Split
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import BlockBuffer
 from trtllm_kit.quant.calibrate import CalibrationStats
-from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_quantize, fp8_scale
+from trtllm_kit.quant.fp8 import fp8_quantize, fp8_scale
 from trtllm_kit.quant.int8 import INT8_MAX, quantize_rows_int8, smoothed_row_amax, smoothing_scales
-from trtllm_kit.quant.kv import KV_SCALE_NAME, fp8_kv_scale, int8_kv_scale, kv_scale_tensor
+from trtllm_kit.quant.kv import fp8_kv_scale, int8_kv_scale, kv_scale_tensor
 
 if TYPE_CHECKING:
     from trtllm_kit.build.convert import WorkItem
     from trtllm_kit.models.base import Rule
 
-LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
-NORM_INPUTS = {"input_layernorm": ("attention.qkv",), "post_layernorm": ("mlp.fc", "mlp.gate")}
-ROW_LINEARS = {"attention.dense": "attention.quantization_scaling_factor",
-               "mlp.proj": "mlp.quantization_scaling_factor"}
 LAYER_PREFIX = "transformer.layers.{}."
 F32 = torch.float32
-Layout = list[tuple[str, torch.dtype, tuple[int, ...]]]
 Outputs = list[list[tuple[str, list[torch.Tensor]]]]
 
 
@@ -38,7 +35,7 @@ class QuantTransform:
 
     Arguments:
         config: the quantization; rules: the family's weight table for this model; dtype: the checkpoint dtype;
-        stats: calibration statistics (``apply`` needs them unless the config needs none; ``entries`` never).
+        stats: calibration statistics (``apply`` needs them unless the config needs none).
     """
 
     def __init__(self, config: QuantConfig, rules: list[Rule], dtype: torch.dtype,
@@ -77,39 +74,8 @@ class QuantTransform:
         module, _, param = item.rule.name.removeprefix(LAYER_PREFIX).rpartition(".")
         return module, param
 
-    def entries(self, item: WorkItem, shape: tuple[int, ...]) -> Layout:
-        """The (name, dtype, shape) each rank file holds for ``item`` whose plain per-rank shape is ``shape``.
-
-        Arguments:
-            item: the work item; shape: its per-rank shape in the unquantized layout.
-        """
-        layout: Layout = [(item.target, self.dtype, shape)]
-        module, param = self._kind(item)
-        prefix = item.target.rsplit(".", 1)[0]
-        base = item.target[: -len(f"{module}.{param}")] if module else ""
-        quant = self.config.quant
-        if quant == "fp8" and module in LINEARS and param == "weight":
-            layout = [(item.target, FP8_DTYPE, shape), (f"{prefix}.weights_scaling_factor", F32, (1,)),
-                      (f"{prefix}.activation_scaling_factor", F32, (1,))]
-        elif quant == "int8-sq" and module in NORM_INPUTS and param == "weight":
-            layout.append((f"{prefix}.scale_to_int", F32, (1,)))
-        elif quant == "int8-sq" and module in LINEARS and param == "weight":
-            out_l, in_l = shape
-            per_channel = self.config.per_channel or module == "attention.qkv"
-            channel_shape = (1, out_l) if per_channel else (1, 1)
-            layout = [(item.target, torch.int8, shape), (f"{prefix}.per_channel_scale", F32, channel_shape)]
-            if not self.config.per_token:
-                layout.append((f"{prefix}.act_scale", F32, (1, 1)))
-            if module in ROW_LINEARS:
-                layout.append((f"{prefix}.smoother", F32, (1, in_l)))
-                if not self.config.per_token:
-                    layout.append((base + ROW_LINEARS[module], F32, (1,)))
-        if self.config.kv_cache_quant_algo and module == "attention.qkv" and param == "weight":
-            layout.append((base + KV_SCALE_NAME, F32, (1,)))
-        return layout
-
     def apply(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> Outputs:
-        """Per TP rank, (name, parts) in ``entries`` order.
+        """Per TP rank, (name, parts) in ``trtllm_kit.layout.quant_entries`` order.
 
         Arguments:
             item: the work item; shards: per TP rank the parts that concatenate (dim 0) to its plain tensor.

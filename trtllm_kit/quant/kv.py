@@ -15,8 +15,6 @@ import torch
 from trtllm_kit.quant.fp8 import FP8_MAX, fp8_round_trip
 from trtllm_kit.quant.int8 import INT8_MAX
 
-KV_SCALE_NAME = "attention.kv_cache_scaling_factor"
-
 
 def int8_kv_scale(qkv_amax: float) -> float:
     """``max |q, k, v projection output| / 127``.

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trtllm_kit.errors import CheckpointError
+from trtllm_kit.layout import LINEARS, NORM_INPUTS, ROW_LINEARS, split_name
 from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_round_trip
 from trtllm_kit.quant.int8 import quantize_activation_int8, quantize_per_token_int8, w8a16_round_trip
 from trtllm_kit.quant.kv import kv_round_trip
@@ -26,14 +27,12 @@ Weights = dict[str, torch.Tensor]
 QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
                "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN")
 KV_ALGOS = (None, "INT8", "FP8")
-LINEAR_WEIGHTS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
-                  "mlp.proj.weight")
+LINEAR_WEIGHTS = tuple(f"{module}.weight" for module in LINEARS)
 SCALE_SUFFIXES = ("scale_to_int", "per_channel_scale", "act_scale", "smoother", "quantization_scaling_factor",
                   "weights_scaling_factor", "activation_scaling_factor", "kv_cache_scaling_factor")
 # where a SmoothQuant linear finds its static activation scale, relative to the layer
-ACT_SCALES = {"attention.qkv": "input_layernorm.scale_to_int", "mlp.fc": "post_layernorm.scale_to_int",
-              "mlp.gate": "post_layernorm.scale_to_int", "attention.dense": "attention.quantization_scaling_factor",
-              "mlp.proj": "mlp.quantization_scaling_factor"}
+ACT_SCALES = {**{module: f"{norm}.scale_to_int" for norm, modules in NORM_INPUTS.items() for module in modules},
+              **ROW_LINEARS}
 
 
 class Rope:
@@ -119,8 +118,7 @@ def _smoothquant_linear(x: torch.Tensor, weight: torch.Tensor, weights: Weights,
     if act_scale is None:  # per token, dynamic
         qx, token_scale = quantize_per_token_int8(xs)
         return torch.nn.functional.linear(qx, weight.float()) * token_scale * channel
-    module = prefix.rpartition(".layers.")[2].partition(".")[2]
-    base = prefix[: len(prefix) - len(module)]
+    base, module, _ = split_name(f"{prefix}.weight")
     qx = quantize_activation_int8(xs, weights[base + ACT_SCALES[module]])
     return torch.nn.functional.linear(qx, weight.float()) * channel * act_scale.reshape(-1)
 
@@ -157,33 +155,6 @@ def check_quantization(quantization: dict[str, Any], source: str) -> None:
     if algo not in QUANT_ALGOS or kv not in KV_ALGOS:
         raise CheckpointError(f"{source} is quantized with {algo} (KV cache {kv}); the CPU runtime simulates "
                               f"{', '.join(a for a in QUANT_ALGOS if a)} with a KV cache of none, INT8 or FP8.")
-
-
-def required_quant_tensors(names: list[str], quantization: dict[str, Any]) -> list[str]:
-    """The scale tensors (and weight dtypes are checked by the caller) a quantized rank file must hold.
-
-    Arguments:
-        names: the rank file's tensor names; quantization: the config's ``quantization`` object.
-    """
-    algo, kv = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
-    static = bool(algo) and algo.startswith("W8A8_SQ") and "PER_TOKEN" not in algo
-    required = []
-    for name in names:
-        if not name.endswith(LINEAR_WEIGHTS):
-            continue
-        prefix = name.removesuffix(".weight")
-        module = prefix.rpartition(".layers.")[2].partition(".")[2]
-        if algo == "FP8":
-            required += [f"{prefix}.weights_scaling_factor", f"{prefix}.activation_scaling_factor"]
-        elif algo and algo.startswith("W8A8_SQ"):
-            required.append(f"{prefix}.per_channel_scale")
-            if module in ("attention.dense", "mlp.proj"):
-                required.append(f"{prefix}.smoother")
-            if static:
-                required += [f"{prefix}.act_scale", prefix[: len(prefix) - len(module)] + ACT_SCALES[module]]
-        if kv and module == "attention.qkv":
-            required.append(prefix.removesuffix("qkv") + "kv_cache_scaling_factor")
-    return required
 
 
 def kv_cache(weights: Weights, layer_prefix: str, algo: str | None,

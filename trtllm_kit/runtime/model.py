@@ -17,8 +17,19 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from trtllm_kit.errors import CheckpointError
+from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.jsonfile import read_json
+from trtllm_kit.layout import (
+    Mapping,
+    QuantLayout,
+    TensorSpec,
+    check_tp,
+    kv_heads_per_rank,
+    layers_for_rank,
+    rank_tensors,
+)
+from trtllm_kit.models.base import Activation, Family, Norm
+from trtllm_kit.models.registry import family_of_checkpoint
 from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
     LINEAR_WEIGHTS,
     ROPE_TYPES,
@@ -31,11 +42,11 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
     linear,
     prepare_weights,
     reduce,
-    required_quant_tensors,
     rms_norm,
 )
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+NORMS = {Norm.RMS: rms_norm}  # the norm forms the runtime computes
+STORED_DTYPES = {"int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # quantized weights, checked on load
 
 
 @dataclass(frozen=True)
@@ -59,11 +70,15 @@ class Dims:
 
     @property
     def num_kv_heads_per_rank(self) -> int:
-        return -(-self.num_kv_heads // self.tp_size)  # ceil: KV heads are duplicated when fewer than tp
+        return kv_heads_per_rank(self.num_kv_heads, self.tp_size)
+
+    @property
+    def mapping(self) -> Mapping:
+        return Mapping(self.tp_size, self.pp_size)
 
     def layers_for_stage(self, pp_rank: int) -> list[int]:
         """The global layers of a pipeline stage (TensorRT-LLM 1.x: ``tensor_split``)."""
-        return torch.tensor_split(torch.arange(self.num_layers), self.pp_size)[pp_rank].tolist()
+        return list(layers_for_rank(self.num_layers, self.pp_size, pp_rank))
 
     @classmethod
     def from_config(cls, config: dict[str, Any], source: str) -> Dims:
@@ -72,18 +87,16 @@ class Dims:
         Arguments:
             config: the parsed ``config.json``; source: its path, for error messages.
         """
-        if config.get("architecture") not in ARCHITECTURES:
-            raise CheckpointError(f"{source} has architecture {config.get('architecture')!r}; the CPU "
-                                  f"runtime runs {', '.join(ARCHITECTURES)}.")
+        family = family_of_checkpoint(config.get("architecture"), source)
         check_quantization(config.get("quantization") or {}, source)
-        for key, want in (("position_embedding_type", "rope_gpt_neox"), ("hidden_act", "silu")):
+        for key, want in (("position_embedding_type", "rope_gpt_neox"), ("hidden_act", family.activation.value),
+                          ("rotary_pct", 1.0)):
             if config.get(key, want) != want:
                 raise CheckpointError(f"{source} has {key} {config[key]!r}; the CPU runtime needs {want!r}.")
-        mapping = config.get("mapping") or {}
-        tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
-        if int(mapping.get("world_size", tp * pp)) != tp * pp:
-            raise CheckpointError(f"{source} has mapping.world_size {mapping['world_size']} but tp_size {tp} "
-                                  f"× pp_size {pp} = {tp * pp}; the config is inconsistent: convert again.")
+        if family.norm not in NORMS:
+            raise CheckpointError(f"{source}: the CPU runtime has no {family.norm.value} norm.")
+        mapping = Mapping.from_dict(config.get("mapping") or {}, source)
+        tp, pp = mapping.tp_size, mapping.pp_size
         try:
             heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
             dims = cls(vocab_size=int(config["vocab_size"]), hidden_size=hidden,
@@ -94,11 +107,13 @@ class Dims:
                        norm_epsilon=float(config.get("norm_epsilon", 1e-5)), tp_size=tp, pp_size=pp)
         except KeyError as missing:
             raise CheckpointError(f"{source} lacks the key {missing.args[0]!r}.") from None
-        kv = dims.num_kv_heads
-        if heads % tp or dims.intermediate_size % tp or (kv % tp if kv >= tp else tp % kv) or pp > dims.num_layers:
-            raise CheckpointError(f"{source}: {heads} heads, {kv} KV heads, intermediate size "
+        try:
+            check_tp(heads, dims.num_kv_heads, dims.intermediate_size, tp)
+            layers_for_rank(dims.num_layers, pp, 0)
+        except KitUsageError:
+            raise CheckpointError(f"{source}: {heads} heads, {dims.num_kv_heads} KV heads, intermediate size "
                                   f"{dims.intermediate_size} and {dims.num_layers} layers cannot be split "
-                                  f"over tp_size {tp} and pp_size {pp}.")
+                                  f"over tp_size {tp} and pp_size {pp}.") from None
         return dims
 
 
@@ -112,6 +127,8 @@ class CheckpointModel:
         """
         self.config = config
         self.dims = Dims.from_config(config, source)
+        self.family: Family = family_of_checkpoint(config["architecture"], source)
+        self.norm_fn = NORMS[self.family.norm]
         self.rope = Rope(config, self.dims.head_size, source)
         self.kv_cache_quant_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
         self.dtype = dtype
@@ -141,8 +158,9 @@ class CheckpointModel:
         config = read_json(config_path, f"{ckpt_dir} has no config.json; point at a TensorRT-LLM checkpoint.",
                            CheckpointError)
         dims = Dims.from_config(config, str(config_path))
+        plain, full = expected_tensors(config, dims, str(config_path))
         ranks = []
-        for rank in range(dims.tp_size * dims.pp_size):
+        for rank in dims.mapping.ranks():
             path = ckpt_dir / f"rank{rank}.safetensors"
             if not path.is_file():
                 raise CheckpointError(f"{path} is missing: the config's mapping needs "
@@ -151,8 +169,8 @@ class CheckpointModel:
                 tensors = load_file(path)
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{path} cannot be read as safetensors ({exc}).") from None
-            _check_rank(tensors, _expected_shapes(config, dims, rank // dims.tp_size), path)
-            _check_quantized(tensors, config.get("quantization") or {}, path)
+            _check_rank(tensors, plain[rank], path)
+            _check_quantized(tensors, full[rank], plain[rank], config.get("quantization") or {}, path)
             ranks.append(tensors)
         _check_replicas(ranks, config, dims, ckpt_dir)
         quantization = config.get("quantization") or {}
@@ -183,7 +201,7 @@ class CheckpointModel:
         """
         pp_rank, local = self.layer_places[layer]
         weight = self.weights(pp_rank, 0)[f"transformer.layers.{local}.{name}.weight"]
-        return rms_norm(x, weight, self.dims.norm_epsilon)
+        return self.norm_fn(x, weight, self.dims.norm_epsilon)
 
     def qkv(self, layer: int, tp_rank: int, x: torch.Tensor, positions: torch.Tensor,
             seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -214,7 +232,8 @@ class CheckpointModel:
         return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.bias"))
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """``proj(silu(fc(x)) * gate(x))`` on every rank, reduced across TP.
+        """The family's gated MLP on every rank, reduced across TP: ``proj(silu(fc(x)) * gate(x))`` (``silu``), or
+        ``proj(x1 * silu(g))`` with ``[x1; g] = fc(x)`` split in halves on each rank (``swiglu``).
 
         Arguments:
             layer: global layer number; x: normalized hidden states [B, T, H].
@@ -224,7 +243,11 @@ class CheckpointModel:
         partials = []
         for r in range(self.dims.tp_size):
             w = self.weights(pp_rank, r)
-            act = torch.nn.functional.silu(linear(x, w, f"{prefix}.fc")) * linear(x, w, f"{prefix}.gate")
+            if self.family.activation is Activation.SWIGLU:
+                x1, gate = linear(x, w, f"{prefix}.fc").chunk(2, dim=-1)
+                act = x1 * torch.nn.functional.silu(gate)
+            else:
+                act = torch.nn.functional.silu(linear(x, w, f"{prefix}.fc")) * linear(x, w, f"{prefix}.gate")
             partials.append(linear(act, w, f"{prefix}.proj", with_bias=False))
         return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.proj.bias"))
 
@@ -235,7 +258,7 @@ class CheckpointModel:
             hidden: the last layer's output [B, T, H].
         """
         last = self.dims.pp_size - 1
-        x = rms_norm(hidden, self.weights(last, 0)["transformer.ln_f.weight"], self.dims.norm_epsilon)
+        x = self.norm_fn(hidden, self.weights(last, 0)["transformer.ln_f.weight"], self.dims.norm_epsilon)
         shards = [linear(x, self.weights(last, r), "lm_head") for r in range(self.dims.tp_size)]
         return torch.cat(shards, dim=-1)[..., : self.dims.vocab_size].float()
 
@@ -259,60 +282,55 @@ class CheckpointModel:
         return self.logits(hidden)
 
 
-def _expected_shapes(config: dict[str, Any], dims: Dims, pp_rank: int) -> dict[str, tuple[int, ...]]:
-    """Name → shape of every tensor that the file of a rank on stage ``pp_rank`` must hold."""
-    h, tp, i_r = dims.hidden_size, dims.tp_size, dims.intermediate_size // dims.tp_size
-    qkv_rows = (dims.num_heads_per_rank + 2 * dims.num_kv_heads_per_rank) * dims.head_size
-    shapes = {"input_layernorm.weight": (h,), "attention.qkv.weight": (qkv_rows, h),
-              "attention.dense.weight": (h, dims.num_heads_per_rank * dims.head_size),
-              "post_layernorm.weight": (h,), "mlp.fc.weight": (i_r, h), "mlp.gate.weight": (i_r, h),
-              "mlp.proj.weight": (h, i_r)}
-    is_qwen2 = config["architecture"] == "Qwen2ForCausalLM"
-    if config.get("attn_bias") or is_qwen2:
-        shapes["attention.qkv.bias"] = (qkv_rows,)
-        if not is_qwen2:  # Llama's attention_bias also covers o_proj; Qwen2 has q/k/v biases only
-            shapes["attention.dense.bias"] = (h,)
-    if config.get("mlp_bias"):
-        shapes.update({"mlp.fc.bias": (i_r,), "mlp.gate.bias": (i_r,), "mlp.proj.bias": (h,)})
-    expected = {f"transformer.layers.{i}.{name}": shape
-                for i in range(len(dims.layers_for_stage(pp_rank))) for name, shape in shapes.items()}
-    if pp_rank == 0:
-        vocab, hidden = dims.vocab_size, h
-        if config.get("use_parallel_embedding"):  # split by padded vocab rows (dim 0) or hidden columns (1)
-            vocab, hidden = ((-(-vocab // tp), h) if int(config.get("embedding_sharding_dim", 0)) == 0
-                             else (vocab, h // tp))
-        expected["transformer.vocab_embedding.weight"] = (vocab, hidden)
-    if pp_rank == dims.pp_size - 1:
-        expected["transformer.ln_f.weight"] = (h,)
-        expected["lm_head.weight"] = (-(-dims.vocab_size // tp), h)
-    return expected
+def expected_tensors(config: dict[str, Any], dims: Dims, source: str,
+                     ) -> tuple[list[dict[str, TensorSpec]], list[dict[str, TensorSpec]]]:
+    """Per rank, the tensors its file must hold: unquantized (names and shapes checked), and with the
+    quantization's scales (names, and the dtype of int8/float8 weights checked).
+
+    Arguments:
+        config: the checkpoint ``config.json``; dims: its sizes; source: its path, for error messages.
+    """
+    family = family_of_checkpoint(config["architecture"], source)
+    try:
+        hf = family.hf_config_of_checkpoint(config)
+    except KeyError as missing:
+        raise CheckpointError(f"{source} lacks the key {missing.args[0]!r}.") from None
+    split = int(config.get("embedding_sharding_dim", 0)) if config.get("use_parallel_embedding") else None
+    dtype = str(config.get("dtype", "float32"))
+    quant = QuantLayout.from_dict(config.get("quantization"))
+    ranks = dims.mapping.ranks()
+    plain = [rank_tensors(hf, family, dims.mapping, r, None, dtype, embedding_split=split) for r in ranks]
+    full = [rank_tensors(hf, family, dims.mapping, r, quant, dtype, embedding_split=split) for r in ranks]
+    return plain, full
 
 
-def _check_rank(tensors: Weights, expected: dict[str, tuple[int, ...]], path: Path) -> None:
+def _check_rank(tensors: Weights, expected: dict[str, TensorSpec], path: Path) -> None:
     """Raise ``CheckpointError`` naming the file and the first missing or misshapen tensor."""
     missing = [name for name in expected if name not in tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"{path} lacks the tensor {missing[0]!r}{more}; convert the checkpoint again.")
-    for name, shape in expected.items():
+    for name, spec in expected.items():
+        shape = spec.shape
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {list(tensors[name].shape)}, but "
                                   f"config.json implies {list(shape)}.")
 
 
-def _check_quantized(tensors: Weights, quantization: dict[str, Any], path: Path) -> None:
+def _check_quantized(tensors: Weights, full: dict[str, TensorSpec], plain: dict[str, TensorSpec],
+                     quantization: dict[str, Any], path: Path) -> None:
     """A quantized rank file holds every scale its algorithm needs, and weights of the algorithm's dtype."""
-    missing = [name for name in required_quant_tensors(list(tensors), quantization) if name not in tensors]
+    missing = [name for name in full if name not in plain and name not in tensors]
     if missing:
         raise CheckpointError(f"{path} lacks the tensor {missing[0]!r} that quant_algo "
                               f"{quantization.get('quant_algo')} / kv_cache_quant_algo "
                               f"{quantization.get('kv_cache_quant_algo')} needs; convert the checkpoint again.")
     algo = quantization.get("quant_algo") or ""
-    want = torch.float8_e4m3fn if algo == "FP8" else torch.int8 if algo.startswith("W8A8_SQ") else None
-    wrong = [n for n in tensors if n.endswith(LINEAR_WEIGHTS) and want is not None and tensors[n].dtype != want]
-    if wrong:
-        raise CheckpointError(f"{path}: tensor {wrong[0]!r} is {tensors[wrong[0]].dtype}, but quant_algo {algo} "
-                              f"stores {want}; convert the checkpoint again.")
+    for name, spec in full.items():
+        want = STORED_DTYPES.get(spec.dtype)
+        if want is not None and tensors[name].dtype != want:
+            raise CheckpointError(f"{path}: tensor {name!r} is {tensors[name].dtype}, but quant_algo {algo} "
+                                  f"stores {want}; convert the checkpoint again.")
 
 
 def _check_replicas(ranks: list[Weights], config: dict[str, Any], dims: Dims, ckpt_dir: Path) -> None:

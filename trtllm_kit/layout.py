@@ -1,0 +1,327 @@
+"""The parallel layout of a TensorRT-LLM checkpoint, stated once (no torch): ranks, pipeline stages, KV-head
+duplication, vocabulary padding and the tensors every rank file holds, quantization scales included.
+
+The converter writes, the planner counts and the CPU runtime checks exactly what ``rank_tensors`` says. A
+rank's tensors come from the family's ``Rule`` table (names, sources, split, stage) and the quantization's
+entries (§5: FP8 scales, SmoothQuant scales and smoothers, the KV-cache scale).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from trtllm_kit.errors import CheckpointError, KitUsageError
+from trtllm_kit.models.base import Family, Place, Rule, Slice, Split
+from trtllm_kit.models.hf_config import HFConfig
+
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "float8_e4m3fn": 1}
+FP8 = "float8_e4m3fn"
+F32 = "float32"
+LAYER_PREFIX = "transformer.layers."
+LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
+NORM_INPUTS = {"input_layernorm": ("attention.qkv",), "post_layernorm": ("mlp.fc", "mlp.gate")}
+ROW_LINEARS = {"attention.dense": "attention.quantization_scaling_factor",
+               "mlp.proj": "mlp.quantization_scaling_factor"}
+KV_SCALE_NAME = "attention.kv_cache_scaling_factor"
+SQ_PREFIX = "W8A8_SQ_"
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """The parallel layout: rank = tp_rank + tp_size * pp_rank (context parallelism is always 1)."""
+
+    tp_size: int = 1
+    pp_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp_size", "pp_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise KitUsageError(f"{name} must be a positive integer, got {value!r}.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    def rank(self, tp_rank: int, pp_rank: int) -> int:
+        return tp_rank + self.tp_size * pp_rank
+
+    def tp_rank(self, rank: int) -> int:
+        return rank % self.tp_size
+
+    def pp_rank(self, rank: int) -> int:
+        return rank // self.tp_size
+
+    def ranks(self) -> range:
+        """Every global rank, in file order (``rank{N}.safetensors``)."""
+        return range(self.world_size)
+
+    def to_dict(self) -> dict[str, int]:
+        """The ``mapping`` object of a checkpoint ``config.json`` (portable keys only)."""
+        return {"world_size": self.world_size, "tp_size": self.tp_size, "pp_size": self.pp_size}
+
+    @classmethod
+    def from_dict(cls, mapping: dict[str, Any], source: str = "config.json") -> Mapping:
+        """Read a checkpoint's ``mapping`` object; missing sizes are 1, a world size other than tp × pp is refused.
+
+        Arguments:
+            mapping: the ``mapping`` object (may be empty); source: its file, for error messages.
+        """
+        tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+        if int(mapping.get("world_size", tp * pp)) != tp * pp:
+            raise CheckpointError(f"{source} has mapping.world_size {mapping['world_size']} but tp_size {tp} "
+                                  f"× pp_size {pp} = {tp * pp}; the config is inconsistent: convert again.")
+        return cls(tp, pp)
+
+
+def layers_for_rank(num_layers: int, pp_size: int, pp_rank: int) -> range:
+    """The global layers of a pipeline stage: ``torch.tensor_split`` (the first ``L % pp`` stages get one more).
+
+    Arguments:
+        num_layers: the model's layer count.
+        pp_size: the number of pipeline stages.
+        pp_rank: the stage.
+    """
+    if pp_size > num_layers:
+        raise KitUsageError(f"pp_size {pp_size} is larger than the model's {num_layers} layers; "
+                            f"choose pp_size <= {num_layers}.")
+    if not 0 <= pp_rank < pp_size:
+        raise ValueError(f"pp_rank {pp_rank} is outside 0..{pp_size - 1}")
+    base, extra = divmod(num_layers, pp_size)
+    start = pp_rank * base + min(pp_rank, extra)
+    return range(start, start + base + (1 if pp_rank < extra else 0))
+
+
+def pad_vocab_size(vocab_size: int, tp_size: int) -> int:
+    """The vocabulary rounded up to a multiple of ``tp_size`` (lm_head rows, zero-padded).
+
+    Arguments:
+        vocab_size: the unpadded vocabulary; tp_size: tensor-parallel size.
+    """
+    return math.ceil(vocab_size / tp_size) * tp_size
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """``ceil(Nkv / tp)``: KV heads are duplicated when there are fewer than ranks.
+
+    Arguments:
+        num_kv_heads: the model's KV heads; tp_size: tensor-parallel size.
+    """
+    return (num_kv_heads + tp_size - 1) // tp_size
+
+
+def qkv_rows(num_heads: int, num_kv_heads: int, head_dim: int, tp_size: int) -> int:
+    """Rows of one rank's fused ``attention.qkv``: its query heads, then its (possibly duplicated) K and V heads.
+
+    Arguments:
+        num_heads, num_kv_heads, head_dim: the model's attention shape; tp_size: tensor-parallel size.
+    """
+    return (num_heads // tp_size + 2 * kv_heads_per_rank(num_kv_heads, tp_size)) * head_dim
+
+
+def check_tp(num_heads: int, num_kv_heads: int, intermediate_size: int, tp_size: int) -> None:
+    """Refuse a tensor-parallel size the model's shapes cannot be split by, naming the sizes.
+
+    Arguments:
+        num_heads, num_kv_heads, intermediate_size: the model's sizes; tp_size: tensor-parallel size.
+    """
+    if num_heads % tp_size:
+        raise KitUsageError(f"num_attention_heads {num_heads} is not divisible by tp_size {tp_size}; "
+                            f"choose a tp_size that divides {num_heads}.")
+    if intermediate_size % tp_size:
+        raise KitUsageError(f"intermediate_size {intermediate_size} is not divisible by tp_size {tp_size}.")
+    if num_kv_heads >= tp_size and num_kv_heads % tp_size:
+        raise KitUsageError(f"num_key_value_heads {num_kv_heads} is not divisible by tp_size {tp_size}.")
+    if num_kv_heads < tp_size and tp_size % num_kv_heads:
+        raise KitUsageError(f"tp_size {tp_size} is not a multiple of num_key_value_heads {num_kv_heads}, "
+                            "so KV heads cannot be duplicated evenly.")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The shape and dtype name (``float16``, ``int8``, ``float8_e4m3fn`` …) of one tensor in a rank file."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class QuantLayout:
+    """The ``quant_algo`` and ``kv_cache_quant_algo`` names that decide which scale tensors a rank file holds."""
+
+    quant_algo: str | None = None
+    kv_cache_quant_algo: str | None = None
+
+    @classmethod
+    def from_dict(cls, quantization: dict[str, Any] | None) -> QuantLayout:
+        """Read a checkpoint's ``quantization`` object (None or empty: unquantized).
+
+        Arguments:
+            quantization: the ``quantization`` object of ``config.json``.
+        """
+        quantization = quantization or {}
+        return cls(quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo"))
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.quant_algo == "FP8"
+
+    @property
+    def is_smoothquant(self) -> bool:
+        return (self.quant_algo or "").startswith(SQ_PREFIX)
+
+    @property
+    def per_channel(self) -> bool:
+        return "PER_CHANNEL" in (self.quant_algo or "")
+
+    @property
+    def per_token(self) -> bool:
+        return "PER_TOKEN" in (self.quant_algo or "")
+
+
+def split_name(name: str) -> tuple[str, str, str]:
+    """(layer prefix, module, parameter) of a TensorRT-LLM tensor name: ``transformer.layers.3.``,
+    ``attention.qkv``, ``weight``; ``("", "", name)`` outside the layers.
+
+    Arguments:
+        name: a tensor name with a concrete layer number (or a rule's name with ``{}``).
+    """
+    if not name.startswith(LAYER_PREFIX):
+        return "", "", name
+    number, _, rest = name.removeprefix(LAYER_PREFIX).partition(".")
+    module, _, param = rest.rpartition(".")
+    return f"{LAYER_PREFIX}{number}.", module, param
+
+
+def quant_entries(name: str, spec: TensorSpec, quant: QuantLayout) -> list[tuple[str, TensorSpec]]:
+    """What a rank file holds for one tensor of plain per-rank ``spec`` under a quantization (§5).
+
+    Arguments:
+        name: the tensor's name in the rank file; spec: its unquantized shape and the checkpoint dtype;
+        quant: the quantization.
+    """
+    base, module, param = split_name(name)
+    prefix = name.rsplit(".", 1)[0]
+    entries = [(name, spec)]
+    scalar = TensorSpec((1,), F32)
+    if param != "weight":
+        return entries
+    if quant.is_fp8 and module in LINEARS:
+        entries = [(name, TensorSpec(spec.shape, FP8)), (f"{prefix}.weights_scaling_factor", scalar),
+                   (f"{prefix}.activation_scaling_factor", scalar)]
+    elif quant.is_smoothquant and module in NORM_INPUTS:
+        entries.append((f"{prefix}.scale_to_int", scalar))
+    elif quant.is_smoothquant and module in LINEARS:
+        out_local, in_local = spec.shape
+        channels = out_local if quant.per_channel or module == "attention.qkv" else 1
+        entries = [(name, TensorSpec(spec.shape, "int8")),
+                   (f"{prefix}.per_channel_scale", TensorSpec((1, channels), F32))]
+        if not quant.per_token:
+            entries.append((f"{prefix}.act_scale", TensorSpec((1, 1), F32)))
+        if module in ROW_LINEARS:
+            entries.append((f"{prefix}.smoother", TensorSpec((1, in_local), F32)))
+            if not quant.per_token:
+                entries.append((base + ROW_LINEARS[module], scalar))
+    if quant.kv_cache_quant_algo and module == "attention.qkv":
+        entries.append((base + KV_SCALE_NAME, scalar))
+    return entries
+
+
+def source_shape(source: str | Slice, hf_shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape a rule reads from one source: the HF tensor's, or its row range.
+
+    Arguments:
+        source: a rule's source (with the ``{}`` slot); hf_shapes: the family's ``hf_shapes``.
+    """
+    if isinstance(source, Slice):
+        return (source.rows, *hf_shapes[source.name][1:])
+    return hf_shapes[source]
+
+
+def shard_shape(shape: tuple[int, ...], split: Split, tp_size: int, *, qkv_rows: int | None = None) -> tuple[int, ...]:
+    """The per-rank shape of one tensor split ``split`` ways (for QKV, the fused rows must be given).
+
+    Arguments:
+        shape: the full shape; split: the split style; tp_size: tensor-parallel size; qkv_rows: for QKV.
+    """
+    if split is Split.QKV:
+        assert qkv_rows is not None
+        return (qkv_rows, *shape[1:])
+    if split is Split.COLUMN:
+        return (shape[0] // tp_size, *shape[1:])
+    if split is Split.ROW:
+        return (shape[0], shape[1] // tp_size)
+    if split is Split.VOCAB:
+        return (pad_vocab_size(shape[0], tp_size) // tp_size, *shape[1:])
+    return shape
+
+
+def local_shape(rule: Rule, hf: HFConfig, hf_shapes: dict[str, tuple[int, ...]], tp_size: int) -> tuple[int, ...]:
+    """The shape of a rule's tensor on one tensor-parallel rank (several column sources: their parts stacked).
+
+    Arguments:
+        rule: the weight-table entry; hf: the model config; hf_shapes: the family's ``hf_shapes(hf)``;
+        tp_size: tensor-parallel size.
+    """
+    parts = [source_shape(s, hf_shapes) for s in rule.sources]
+    if rule.split is Split.QKV:
+        rows = qkv_rows(hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, tp_size)
+        return shard_shape(parts[0], rule.split, tp_size, qkv_rows=rows)
+    shapes = [shard_shape(p, rule.split, tp_size) for p in parts]
+    return (sum(s[0] for s in shapes), *shapes[0][1:])
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A rule placed on a pipeline stage: its global HF layer and its layer number in the stage's files."""
+
+    rule: Rule
+    layer: int | None
+    local_layer: int | None
+
+    @property
+    def target(self) -> str:
+        return self.rule.target_name(self.local_layer)
+
+
+def stage_rules(rules: list[Rule], num_layers: int, mapping: Mapping, pp_rank: int) -> Iterator[Placed]:
+    """A stage's tensors in file order: the embedding (first stage), its layers, ``ln_f`` and ``lm_head`` (last).
+
+    Arguments:
+        rules: the family's table; num_layers: the model's layers; mapping: the layout; pp_rank: the stage.
+    """
+    if pp_rank == 0:
+        yield from (Placed(r, None, None) for r in rules if r.place is Place.FIRST)
+    for local, layer in enumerate(layers_for_rank(num_layers, mapping.pp_size, pp_rank)):
+        yield from (Placed(r, layer, local) for r in rules if r.place is Place.LAYER)
+    if pp_rank == mapping.pp_size - 1:
+        yield from (Placed(r, None, None) for r in rules if r.place is Place.LAST)
+
+
+def rank_tensors(hf: HFConfig, family: Family, mapping: Mapping, rank: int, quant: QuantLayout | None = None,
+                 dtype: str = "float16", *, embedding_split: int | None = None) -> dict[str, TensorSpec]:
+    """Every tensor of ``rank{rank}.safetensors`` in file order, with its shape and dtype.
+
+    Arguments:
+        hf: the model config (from HF, or ``Family.hf_config_of_checkpoint`` for a checkpoint); family: its
+        weight table; mapping: the layout; rank: the global rank; quant: the quantization (None: unquantized);
+        dtype: the checkpoint dtype; embedding_split: for checkpoints written with ``use_parallel_embedding``,
+        the ``embedding_sharding_dim`` (0: padded vocabulary rows, 1: hidden columns); None: replicated.
+    """
+    quant = quant or QuantLayout()
+    rules, shapes, tp = family.rules(hf), family.hf_shapes(hf), mapping.tp_size
+    tensors: dict[str, TensorSpec] = {}
+    for placed in stage_rules(rules, hf.num_hidden_layers, mapping, mapping.pp_rank(rank)):
+        shape = local_shape(placed.rule, hf, shapes, tp)
+        if placed.rule.place is Place.FIRST and embedding_split is not None:
+            vocab, hidden = shape
+            shape = (pad_vocab_size(vocab, tp) // tp, hidden) if embedding_split == 0 else (vocab, hidden // tp)
+        tensors.update(quant_entries(placed.target, TensorSpec(shape, dtype), quant))
+    return tensors
