@@ -4,6 +4,13 @@ A ``KeyboardInterrupt`` raised inside a native extension that calls back into Py
 ``get_tensor`` does) can be turned into an unrelated error, or crash the process. The CLI installs these
 handlers; code around such calls wraps them in ``INTERRUPTS.deferred()``, and a signal that arrives
 meanwhile is raised as ``KeyboardInterrupt`` right after the call returns.
+
+A ``KeyboardInterrupt`` raised inside a ``__del__`` method (the ``regex`` module's ``Group.__del__`` runs
+whenever transformers drops a compiled pattern) or a weakref finalizer is printed as "Exception ignored"
+and lost: the program carries on as if nothing happened. A signal that lands there is held and delivered
+again 10 ms later from a timer (``SIGALRM``), outside the finalizer. Only the first signal is raised; later
+ones are recorded and never cut the cleanup that the first one started short. ``raise_if_received`` lets a
+commit point (renaming a build into place) refuse to go ahead after any signal at all.
 """
 
 from __future__ import annotations
@@ -13,6 +20,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+REDELIVER_S = 0.01
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or a caller is a ``__del__`` method or a weakref finalizer, which swallow exceptions."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (code.co_name == "__call__" and code.co_filename.endswith("weakref.py")):
+            return True
+        frame = frame.f_back
+    return False
+
 
 class Interrupts:
     """The process's SIGINT/SIGTERM handling (signals are process-wide, so there is one instance)."""
@@ -20,17 +39,49 @@ class Interrupts:
     def __init__(self) -> None:
         self._depth = 0
         self._pending: int | None = None
+        self._received: int | None = None  # the first signal, once it has been raised or is about to be
+        self._raised = False
 
     def install(self) -> None:
         """Handle SIGINT and SIGTERM here (main thread only)."""
         signal.signal(signal.SIGINT, self._handle)
         signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGALRM, self._redeliver)
 
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+    @property
+    def pending(self) -> int | None:
+        """A signal held by a ``deferred`` block or a finalizer, not yet raised."""
+        return self._pending
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._received is None:
+            self._received = signum
+        if self._raised:
+            return  # the first signal is already on its way; cleanup must not be cut short
+        self._pending = signum
+        self._raise_if_safe(frame)
+
+    def _redeliver(self, _signum: int, frame: FrameType | None) -> None:
+        if self._pending is not None and not self._raised:
+            self._raise_if_safe(frame)
+
+    def _raise_if_safe(self, frame: FrameType | None) -> None:
         if self._depth:
-            self._pending = signum
+            return  # raised when the outermost deferred block ends
+        if _in_finalizer(frame):
+            signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)
             return
+        signum, self._pending = self._pending, None
+        self._raised = True
         raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def raise_if_received(self) -> None:
+        """Raise ``KeyboardInterrupt`` if any signal arrived since ``install``, even one whose exception a
+        finalizer swallowed: call it before an action that makes a result final."""
+        if self._received is not None:
+            self._pending = None
+            self._raised = True
+            raise KeyboardInterrupt(signal.Signals(self._received).name)
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
@@ -40,8 +91,9 @@ class Interrupts:
             yield
         finally:
             self._depth -= 1
-            if not self._depth and self._pending is not None:
+            if not self._depth and self._pending is not None and not self._raised:
                 signum, self._pending = self._pending, None
+                self._raised = True
                 raise KeyboardInterrupt(signal.Signals(signum).name)
 
 

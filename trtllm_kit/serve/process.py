@@ -55,8 +55,10 @@ class TritonProcess:
         """
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = self.install.environment()
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # the stubs import model.py files of a hashed artifact: no __pycache__
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.install.environment(), stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                          preexec_fn=_die_with_parent if die_with_parent else None)
 
