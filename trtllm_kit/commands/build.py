@@ -51,7 +51,9 @@ def spec_sources(ctx: click.Context, config_file: Path | None, named: dict[str, 
 @click.option("--verify/--no-verify", default=None, help="Check the checkpoint against transformers on the CPU "
               "(default: on for models up to 500M parameters).")
 @click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt weights (loaded with weights_only=True).")
-@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--force", is_flag=True, help="Rebuild every stage, ignoring the stage cache, and replace --out even "
+              "when it holds files that are not a trtllm-kit artifact. Without it, a build into an existing "
+              "artifact already replaces it (atomically), reusing the stages whose inputs did not change.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest path and a summary as JSON.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (trtllm-kit plan) and build nothing.")
 @click.option("--archive", type=click.Path(path_type=Path), help="Also pack the artifact into FILE (.tar, .tar.gz).")

@@ -25,10 +25,12 @@ from trtllm_kit.commands.common import emit_json
 @click.option("--tritonserver", type=click.Path(path_type=Path), help="The tritonserver binary or its install dir.")
 @click.option("--ready-timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for ready.")
 @click.option("--log-verbose", type=int, default=0, show_default=True, help="tritonserver --log-verbose level.")
+@click.option("--verify", is_flag=True, help="Check every file's sha256 against the manifest before starting "
+              "(default: sizes and times, hashing only files whose time changed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the server's state as JSON when ready.")
 def serve(out: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, openai_port: int | None,
           api_key: str | None, model: str | None, detach: bool, tritonserver: Path | None, ready_timeout: float,
-          log_verbose: int, as_json: bool) -> None:
+          log_verbose: int, verify: bool, as_json: bool) -> None:
     """Serve a build's OUT/repo with tritonserver (under mpirun when tp x pp > 1); return only when ready.
 
     \b
@@ -42,7 +44,7 @@ def serve(out: Path, host: str, http_port: int, grpc_port: int, metrics_port: in
 
     options = ServeOptions(out=out, endpoints=Endpoints(host, http_port, grpc_port, metrics_port),
                            openai_port=openai_port, api_key=api_key, tritonserver=tritonserver, model=model,
-                           ready_timeout_s=ready_timeout, log_verbose=log_verbose)
+                           ready_timeout_s=ready_timeout, log_verbose=log_verbose, verify=verify)
 
     def ready(state: dict[str, Any]) -> None:
         if as_json:
