@@ -7,8 +7,10 @@ meanwhile is raised as ``KeyboardInterrupt`` right after the call returns.
 
 A ``KeyboardInterrupt`` raised inside a ``__del__`` method (the ``regex`` module's ``Group.__del__`` runs
 whenever transformers drops a compiled pattern) or a weakref finalizer is printed as "Exception ignored"
-and lost: the program carries on as if nothing happened. A signal that lands there is held and delivered
-again 10 ms later from a timer (``SIGALRM``), outside the finalizer. Only the first signal is raised; later
+and lost: the program carries on as if nothing happened. Raised inside the import of torch or of an
+extension module, it can reach C++ init code (abort) or ``PyRun_String`` (the interpreter then kills itself
+with SIGINT at exit, whatever exit code was asked for). A signal that lands in either is held and delivered
+again every 10 ms from a timer (``SIGALRM``) until it lands outside them. Only the first signal is raised; later
 ones are recorded and never cut the cleanup that the first one started short. ``raise_if_received`` lets a
 commit point (renaming a build into place) refuse to go ahead after any signal at all.
 """
@@ -21,14 +23,23 @@ from contextlib import contextmanager
 from types import FrameType
 
 REDELIVER_S = 0.01
+NATIVE_INIT_PACKAGES = ("torch",)  # their __init__ runs C++ that calls back into Python
 
 
-def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether ``frame`` or a caller is a ``__del__`` method or a weakref finalizer, which swallow exceptions."""
+def _unsafe(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or a caller is a ``__del__`` method or a weakref finalizer (they swallow exceptions),
+    or an import (an extension's init code may run Python through ``PyRun_String``, after which an exception
+    makes the interpreter kill itself with SIGINT at exit, or through C++ that aborts on it): an extension
+    module's, or a package's in ``NATIVE_INIT_PACKAGES`` whose Python init drives such code."""
     while frame is not None:
         code = frame.f_code
         if code.co_name == "__del__" or (code.co_name == "__call__" and code.co_filename.endswith("weakref.py")):
             return True
+        if code.co_name == "_load_unlocked" and code.co_filename.startswith("<frozen importlib._bootstrap"):
+            spec = frame.f_locals.get("spec")
+            name, origin = getattr(spec, "name", ""), getattr(spec, "origin", None) or ""
+            if name.partition(".")[0] in NATIVE_INIT_PACKAGES or origin.endswith(".so"):
+                return True
         frame = frame.f_back
     return False
 
@@ -68,7 +79,7 @@ class Interrupts:
     def _raise_if_safe(self, frame: FrameType | None) -> None:
         if self._depth:
             return  # raised when the outermost deferred block ends
-        if _in_finalizer(frame):
+        if _unsafe(frame):
             signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)
             return
         signum, self._pending = self._pending, None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
+KIT = [sys.executable, "-m", "trtllm_kit"]
 MODEL = "builtin:tiny-llama"
 
 

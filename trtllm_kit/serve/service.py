@@ -167,7 +167,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     if holder is not None:
         raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
     ep = options.endpoints
-    argv = [sys.executable, "-c", "from trtllm_kit.cli import main; main()", "serve", str(options.out),
+    argv = [sys.executable, "-m", "trtllm_kit", "serve", str(options.out),
             "--host", ep.host, "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
             "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
             "--log-verbose", str(options.log_verbose)]
