@@ -22,7 +22,15 @@ from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.process import TritonProcess, group_alive
-from trtllm_kit.serve.state import claim_run_dir, is_alive, read_state, run_dir, serving_pid, write_pid
+from trtllm_kit.serve.state import (
+    claim_run_dir,
+    is_alive,
+    read_state,
+    run_dir,
+    serving_pid,
+    working_copy,
+    write_pid,
+)
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.openai import OpenAIFrontend
@@ -64,10 +72,10 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
     if options.openai_port is not None:
         check_ports_free(options.endpoints.host, {"OpenAI": options.openai_port})
-    config = LaunchConfig(repo=target.repo.absolute(), endpoints=options.endpoints, world_size=target.world_size,
-                          shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.log_verbose,
-                          exit_timeout_s=options.exit_timeout_s)
     state_dir = claim_run_dir(options.out)
+    config = LaunchConfig(repo=working_copy(target.repo, state_dir), endpoints=options.endpoints,
+                          world_size=target.world_size, shm_prefix=f"trtllmkit_{os.getpid()}_",
+                          log_verbose=options.log_verbose, exit_timeout_s=options.exit_timeout_s)
     process = TritonProcess(install, config, state_dir / "tritonserver.log")
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
     write_pid(options.out)

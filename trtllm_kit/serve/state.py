@@ -6,6 +6,11 @@ directory (``$TRTLLM_KIT_CACHE`` or the user cache, e.g. ``~/.cache/trtllm-kit``
 directory name and ``<key>`` the first 16 hex digits of the sha256 of OUT's resolved absolute path; ``target``
 in that directory records the path. A rebuild of OUT therefore cannot delete a running server's state, and
 ``build`` refuses an OUT that is being served.
+
+tritonserver is given a copy of ``OUT/repo`` made there (config files, ``model.py`` files and tokenizers: a
+few hundred kB; engines and checkpoints stay where they are, named by absolute path): the Python backend's
+stub embeds an interpreter that ignores ``PYTHONDONTWRITEBYTECODE`` and writes ``__pycache__`` beside every
+module it imports, which must not land in the hashed tree.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,18 @@ def claim_run_dir(out: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "target").write_text(os.path.realpath(out) + "\n")
     return directory
+
+
+def working_copy(repo: Path, directory: Path) -> Path:
+    """A fresh copy of the model repository ``repo`` in ``directory`` (the serve's run directory); return it.
+
+    Arguments:
+        repo: the artifact's ``repo/``; directory: from ``claim_run_dir``.
+    """
+    copy = directory / "repo"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(repo, copy, symlinks=False)
+    return copy.absolute()
 
 
 def read_state(out: Path) -> dict[str, Any] | None:
