@@ -107,8 +107,12 @@ def make_fake_out(out: Path, *, config_text: str | None = None) -> Path:
     (out / "tokenizer").mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy2(builtin_dir("tiny-llama") / name, out / "tokenizer" / name)
+    from trtllm_kit.build.artifact import file_hashes
+    from trtllm_kit.build.integrity import file_stats
+
     manifest = {"schema_version": 1, "spec": {"target": "cpu"},
-                "summary": {"model": {"source": "builtin:tiny-llama"}, "checkpoint": {"tp_size": 1, "pp_size": 1}}}
+                "summary": {"model": {"source": "builtin:tiny-llama"}, "checkpoint": {"tp_size": 1, "pp_size": 1}},
+                "outputs": file_hashes(out), "output_stats": file_stats(out)}  # serve checks the files against them
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 
