@@ -115,14 +115,16 @@ def make_fake_out(out: Path, *, config_text: str | None = None, engine: EngineBu
     (out / "tokenizer").mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy2(builtin_dir("tiny-llama") / name, out / "tokenizer" / name)
+    from trtllm_kit.build.integrity import file_stats
+
     target = "engine" if engine else "cpu"
     records = StageRecords(model=ModelRecord("builtin:tiny-llama", str(builtin_dir("tiny-llama")), "llama",
                                              "LlamaForCausalLM", 2299136),
                            engine=EngineRecord(target, "stand-in", built=engine),
                            stages=["checkpoint", "engine", "repo"])
     Artifact(path=out, spec=BuildSpec(model="builtin:tiny-llama", out=out, build=BuildOptions(target=target)),
-             target=target,
-             layout=Mapping(1, 1), precision=Precision("bfloat16"), records=records, files=file_hashes(out)).write()
+             target=target, layout=Mapping(1, 1), precision=Precision("bfloat16"), records=records,
+             files=file_hashes(out), file_stats=file_stats(out)).write()  # serve checks the files against them
     return out
 
 

@@ -21,7 +21,7 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import read_state
+from trtllm_kit.serve.state import read_state
 from trtllm_kit.spec import build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

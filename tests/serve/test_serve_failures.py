@@ -14,6 +14,7 @@ import pytest
 
 from trtllm_kit.artifact import EngineBuild
 from trtllm_kit.serve.launcher import free_endpoints
+from trtllm_kit.serve.state import run_dir
 
 pytestmark = pytest.mark.integration
 KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
@@ -39,11 +40,12 @@ def test_corrupted_repository(tmp_path: Path, make_out: Callable[..., Path]) -> 
     proc = subprocess.run(serve_argv(out), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     first = proc.stderr.splitlines()[0]
+    config = run_dir(out) / "repo" / "ensemble" / "config.pbtxt"  # tritonserver reads serve's copy of repo/
     assert first.startswith("Error: tritonserver exited with code 1 while starting: Poll failed for model directory "
-                            f"'ensemble': failed to read text proto from {out / 'repo' / 'ensemble' / 'config.pbtxt'} "
+                            f"'ensemble': failed to read text proto from {config} "
                             "(log ") and first.endswith("tritonserver.log); last lines:"), proc.stderr
     assert "failed to load all models" in proc.stderr
-    assert not servers_of(out / "repo")
+    assert not servers_of(run_dir(out) / "repo")
 
 
 def test_manifest_from_another_trtllm(tmp_path: Path, make_out: Callable[..., Path]) -> None:
@@ -67,7 +69,7 @@ def test_port_in_use(fake_out: Path) -> None:
                               timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"Error: OpenAI port {port} on 127.0.0.1 is in use by pid {os.getpid()} ")
-    assert not servers_of(fake_out / "repo")
+    assert not servers_of(run_dir(fake_out) / "repo")
 
 
 def test_generate_without_a_server() -> None:

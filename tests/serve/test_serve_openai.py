@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import read_state
+from trtllm_kit.serve.state import read_state, run_dir
 
 pytestmark = pytest.mark.integration
 KEY = "sk-test-key"
@@ -246,8 +246,8 @@ def test_sigterm_during_a_stream_finishes_it_then_leaves_nothing(server: dict[st
     for pid in [server["pid"], server["server_pid"], *server["stub_pids"]]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert server["stub_pids"] and not list(Path("/dev/shm").glob(f"{server['shm_prefix']}*"))
-    assert read_state(fake_out) is None and not (fake_out / ".serve" / "serve.pid").exists()
+    assert read_state(fake_out) is None and not (run_dir(fake_out) / "serve.pid").exists()
     assert kit("stop", str(fake_out)).returncode == 2
     again = kit("stop")
     assert (again.returncode, again.stderr) == (2, f"Error: nothing serves {fake_out.absolute()} (no live pid in "
-                                                   f"{fake_out.absolute() / '.serve' / 'serve.pid'}).\n")
+                                                   f"{run_dir(fake_out) / 'serve.pid'}).\n")

@@ -58,6 +58,7 @@ class Artifact:
     precision: Precision
     records: StageRecords
     files: dict[str, str]  # path relative to the artifact → sha256 (manifest.json excluded)
+    file_stats: dict[str, list[int]] = field(default_factory=dict)  # path → [size, mtime_ns] when written
     inputs: dict[str, str] = field(default_factory=dict)
     tools: dict[str, str | None] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
@@ -92,6 +93,7 @@ class Artifact:
                           "activations": activation_type(self.precision), "kv_cache": kv_cache_type(self.precision)},
             "summary": self.records.to_dict(), "inputs": self.inputs, "tools": self.tools, "machine": self.machine,
             "cache": asdict(self.cache), "timings_s": self.timings_s, "outputs": self.files,
+            "output_stats": self.file_stats,
         }
 
     def write(self) -> Path:
@@ -120,6 +122,7 @@ class Artifact:
                 precision=Precision(precision["dtype"], precision.get("quant_algo"),
                                     precision.get("kv_cache_quant_algo")),
                 records=StageRecords.from_dict(values["summary"]), files=dict(values["outputs"]),
+                file_stats=dict(values.get("output_stats") or {}),
                 inputs=dict(values.get("inputs") or {}), tools=dict(values.get("tools") or {}),
                 machine=dict(values.get("machine") or {}), cache=CacheRecord.from_dict(values.get("cache") or {}),
                 timings_s=dict(values.get("timings_s") or {}), argv=list(values.get("argv") or []),

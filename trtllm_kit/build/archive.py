@@ -21,6 +21,7 @@ from typing import IO, Any
 from trtllm_kit.artifact import MANIFEST, Artifact
 from trtllm_kit.build.artifact import sha256_file
 from trtllm_kit.build.compat import Machine
+from trtllm_kit.build.integrity import TamperedError, walk_files
 from trtllm_kit.errors import KitError, KitUsageError
 
 COMPRESSED = (".tar.gz", ".tgz")
@@ -37,8 +38,7 @@ def pack_archive(artifact_dir: Path, archive: Path) -> Path:
     if not name.endswith((".tar", *COMPRESSED)):
         raise KitUsageError(f"--archive {archive} must end in .tar, .tar.gz or .tgz.")
     Artifact.read(artifact_dir)
-    files = sorted(str(p.relative_to(artifact_dir)) for p in artifact_dir.rglob("*") if p.is_file())
-    files.remove(MANIFEST)
+    files = sorted(walk_files(artifact_dir))  # refuses symlinks and special files
     archive.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".partial", dir=archive.parent)
     try:
@@ -93,8 +93,7 @@ def verify_artifact(path: Path, machine: Machine) -> VerifyReport:
     """
     if path.is_dir():
         artifact = Artifact.read(path)
-        actual = {str(p.relative_to(path)): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}
-        actual.pop(MANIFEST, None)
+        actual = {name: sha256_file(path / name) for name in sorted(walk_files(path))}
     elif path.is_file():
         values, actual = _read_archive(path)
         artifact = Artifact.from_dict(values, path, f"{path}:{MANIFEST}")
@@ -115,11 +114,11 @@ def verify_artifact(path: Path, machine: Machine) -> VerifyReport:
 def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     digests: dict[str, str] = {}
     manifest: dict[str, Any] | None = None
+    seen: set[str] = set()
     try:
         with tarfile.open(path, mode="r:*") as tar:
             for member in tar:
-                if not member.isfile():
-                    continue
+                check_member(path, member, seen)
                 f = tar.extractfile(member)
                 assert f is not None
                 if member.name == MANIFEST:
@@ -130,6 +129,8 @@ def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
                 for block in iter(lambda f=f: f.read(16 * 2**20), b""):
                     digest.update(block)
                 digests[member.name] = digest.hexdigest()
+    except TamperedError:
+        raise
     except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
         reason = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
         raise KitError(f"{path} is not a readable tar archive ({reason}); it is truncated or not made by "
@@ -139,6 +140,31 @@ def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     if manifest is None:
         raise KitUsageError(f"{path} holds no {MANIFEST}; it is not a trtllm-kit artifact archive.")
     return manifest, digests
+
+
+def check_member(archive: Path, member: tarfile.TarInfo, seen: set[str]) -> None:
+    """Refuse a member that ``--archive`` never writes and that could land outside the directory it is
+    extracted into or replace another file: links, devices, directories, absolute or ``..`` names, duplicates.
+
+    Arguments:
+        archive: the archive (for the message).
+        member: the member read.
+        seen: names read so far (updated).
+    """
+    name = member.name
+    kind = ("a symlink" if member.issym() else "a hard link" if member.islnk() else None if member.isfile()
+            else "not a regular file")
+    parts = Path(name).parts
+    if kind is None and (name.startswith("/") or ".." in parts or not parts):
+        kind = "an absolute path" if name.startswith("/") else "a path that leaves the artifact"
+    if kind is None and name in seen:
+        kind = "a second member of that name"
+    if kind is not None:
+        target = f" -> {member.linkname}" if member.issym() or member.islnk() else ""
+        raise TamperedError(f"{archive} holds {name}{target}, {kind}; archives made by --archive hold only "
+                            "regular files with relative names: the archive was crafted or corrupted, do not "
+                            "extract it.")
+    seen.add(name)
 
 
 def verdict(report: VerifyReport, *, hashes_only: bool) -> str | None:

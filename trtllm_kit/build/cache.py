@@ -1,10 +1,10 @@
 """Stage cache: each stage is keyed by a hash of its inputs, the spec fields it reads and the tool versions.
 
-A build into an existing artifact reuses every stage whose key is unchanged: its directories are
-hard-linked (or copied) from the old artifact into the new staging directory, and its summary sections are
-carried over from the old manifest. ``--force`` rebuilds everything. Input files are identified by their
-sha256; the old manifest's digest is reused when a file's size and mtime have not changed, so a re-run
-does not hash a large model again.
+A build into an existing artifact reuses every stage whose key is unchanged and whose files all still have
+the sha256 the old manifest records: its directories are hard-linked (or copied) from the old artifact into
+the new staging directory, and its stage records are carried over from the old artifact. ``--force``
+rebuilds everything. Input files are identified by their sha256; the old manifest's digest is reused when a
+file's size and mtime have not changed, so a re-run does not hash a large model again.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ class Previous:
 
     out_dir: Path
     artifact: Artifact | None
+    checked: dict[str, str | None] = field(default_factory=dict, compare=False)  # stage → damage, hashed once
 
     @classmethod
     def load(cls, out_dir: Path, *, force: bool) -> Previous:
@@ -46,16 +47,34 @@ class Previous:
         return self.artifact.cache.stages.get(stage) if self.artifact else None
 
     def can_reuse(self, stage: str, key: str) -> bool:
-        """The old artifact built ``stage`` with the same key and still holds its directories intact."""
-        if self.artifact is None or self.key(stage) != key:
-            return False
-        outputs = self.artifact.files
+        """The old artifact built ``stage`` with the same key and still holds its files exactly as built."""
+        return self.key(stage) == key and self.damage(stage) is None
+
+    def damage(self, stage: str) -> str | None:
+        """What is wrong with the old artifact's files of ``stage`` (first file named), or None when every file
+        the manifest lists is there, a regular file, with the recorded sha256 (each is hashed: a flipped byte
+        keeps a file's size and may keep its time)."""
+        if stage not in self.checked:
+            self.checked[stage] = self._damage(stage)
+        return self.checked[stage]
+
+    def _damage(self, stage: str) -> str | None:
+        outputs = self.artifact.files if self.artifact else {}
+        names = [n for n in sorted(outputs) if n.startswith(tuple(f"{d}/" for d in STAGE_DIRS[stage]))]
+        for name in names:
+            path = self.out_dir / name
+            if path.is_symlink() or not path.is_file():
+                return f"{name} of the previous build is missing or not a regular file"
+            if sha256_file(path) != outputs[name]:
+                return f"{name} of the previous build differs from its manifest (sha256)"
         for directory in STAGE_DIRS[stage]:
-            for name in (n for n in outputs if n.startswith(f"{directory}/")):
-                path = self.out_dir / name
-                if not path.is_file() or (path.stat().st_size == 0 and outputs[name] != _EMPTY_SHA):
-                    return False
-        return True
+            root = self.out_dir / directory
+            extra = sorted(str(p.relative_to(self.out_dir)) for p in root.rglob("*")
+                           if not p.is_dir() and str(p.relative_to(self.out_dir)) not in outputs) \
+                if root.is_dir() else []
+            if extra:
+                return f"{extra[0]} in the previous build is not in its manifest"
+        return None
 
     def reuse(self, stage: str, staging: Path, records: StageRecords) -> None:
         """Link the stage's directories into ``staging`` and carry its records over into ``records``."""
@@ -78,9 +97,6 @@ class Previous:
 
     def inputs(self) -> dict[str, str]:
         return self.artifact.inputs if self.artifact else {}
-
-
-_EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
 def _link_or_copy(src: str, dst: str) -> None:

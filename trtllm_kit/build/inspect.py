@@ -103,16 +103,46 @@ def _cached_snapshot(repo_id: str) -> Path:
                      "downloads: fetch it first (huggingface-cli download) or pass a local directory.")
 
 
+def model_root(model_dir: Path) -> Path:
+    """The directory every file of a model must resolve into: the model directory itself, or for a hub-cache
+    snapshot (``models--ORG--NAME/snapshots/REV``) that model's cache folder, whose ``blobs/`` the snapshot's
+    symlinks point into by design.
+
+    Arguments:
+        model_dir: a local model directory.
+    """
+    resolved = model_dir.resolve()
+    if model_dir.parent.name == "snapshots" and model_dir.parent.parent.name.startswith("models--"):
+        return model_dir.parent.parent.resolve()
+    return resolved
+
+
+def check_inside(path: Path, model_dir: Path) -> Path:
+    """``path`` if it resolves inside the model (``model_root``); a ``ModelError`` naming where it leads if not.
+
+    Arguments:
+        path: a file the kit is about to read (a link is followed to its target).
+        model_dir: the model directory it belongs to.
+    """
+    root, target = model_root(model_dir), path.resolve()
+    if not target.is_relative_to(root):
+        shown = path.relative_to(model_dir) if path.is_relative_to(model_dir) else path
+        raise ModelError(f"{model_dir}: {shown} resolves to {target}, outside the model directory {root}; the kit "
+                         "reads no file from outside a model: replace it with the file itself.")
+    return path
+
+
 def _safetensors_index(model_dir: Path) -> dict[str, TensorInfo]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
+        check_inside(index, model_dir)
         weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted({model_dir / name for name in weight_map.values()})
+        files = sorted({check_inside(model_dir / name, model_dir) for name in weight_map.values()})
         for file in files:
             if not file.is_file():
                 raise ModelError(f"{index} lists {file.name}, which is missing; the download is incomplete.")
     else:
-        files = sorted(model_dir.glob("*.safetensors"))
+        files = sorted(check_inside(p, model_dir) for p in model_dir.glob("*.safetensors"))
     tensors: dict[str, TensorInfo] = {}
     for file in files:
         header, data_start = read_layout(file)
@@ -145,6 +175,7 @@ def inspect_model(source: str, *, allow_pickle: bool = False) -> ModelSpec:
         allow_pickle: accept ``.bin``/``.pt`` checkpoints (loaded with ``weights_only=True``).
     """
     path = resolve_model_path(source)
+    check_inside(path / "config.json", path)
     hf = read_hf_config(path)
     family = family_for(hf, source)
     tensors = _safetensors_index(path)
@@ -156,6 +187,6 @@ def inspect_model(source: str, *, allow_pickle: bool = False) -> ModelSpec:
         if not allow_pickle:
             raise ModelError(f"{path} has only pickle weights ({pickles[0].name}); pickle can run code when "
                              "loaded, so the kit refuses it: convert to safetensors or pass --allow-pickle.")
-        tensors, weight_format = _pickle_index(pickles), "pickle"
-    tokenizer = tuple(path / name for name in TOKENIZER_FILES if (path / name).is_file())
+        tensors, weight_format = _pickle_index([check_inside(p, path) for p in pickles]), "pickle"
+    tokenizer = tuple(check_inside(path / name, path) for name in TOKENIZER_FILES if (path / name).exists())
     return ModelSpec(source, path, hf, family, weight_format, tensors, tokenizer)

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import Artifact, CacheRecord, CheckpointRecord, ModelRecord, StageRecords
-from trtllm_kit.build.artifact import check_out_dir, file_hashes, staged_dir, tool_versions
+from trtllm_kit.build.artifact import file_hashes, tool_versions
 from trtllm_kit.build.cache import Previous, fingerprint, input_digests, stage_key
 from trtllm_kit.build.compat import detect_machine
 from trtllm_kit.build.convert import convert, quant_transform, work_items
 from trtllm_kit.build.engine import EngineSetup, engine_stage, precision_of, prepare_engine
 from trtllm_kit.build.inspect import ModelSpec, inspect_model
+from trtllm_kit.build.integrity import file_stats
+from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.errors import VerifyError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.model_repo.repository import repo_key_parts, repo_stage
@@ -143,7 +145,10 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     digests = input_digests(input_paths, previous)
     keys = stage_keys(spec, model, digests, engine)
     reused = []
-    with staged_dir(spec.out, force=spec.build.force) as stage_dir:
+    for path, size in reclaim_stale(spec.out):
+        reporter.note(f"removed {path.name} ({size / 1e6:.1f} MB), left by a build that was killed")
+    needed = 0 if previous.can_reuse("checkpoint", keys["checkpoint"]) else expected_bytes(spec, model)
+    with staged_dir(spec.out, force=spec.build.force, needed_bytes=needed) as stage_dir:
         ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
         ctx.records.model = ModelRecord(source=model.source, path=str(model.path), family=model.family.name,
                                         architecture=model.hf.architecture, num_parameters=model.hf.num_parameters)
@@ -154,6 +159,8 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
                 reused.append(name)
                 reporter.note(f"{name}: unchanged (cache key {keys[name]}), reused")
             else:
+                if previous.key(name) == keys[name]:
+                    reporter.note(f"{name}: {previous.damage(name)}; building it again")
                 STAGE_FUNCTIONS[name](ctx)
             ctx.timings[name] = time.perf_counter() - t0
         ctx.timings["total"] = time.perf_counter() - started
@@ -165,7 +172,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
             cache=CacheRecord(stages={name: keys[name] for name in stages}, reused=reused,
                               fingerprints={p.name: fingerprint(p) for p in input_paths}),
             timings_s={k: round(v, 3) for k, v in ctx.timings.items()},
-            files=file_hashes(stage_dir, previous.outputs_of(reused)))
+            files=file_hashes(stage_dir, previous.outputs_of(reused)), file_stats=file_stats(stage_dir))
         artifact.write()
     artifact = artifact.moved(spec.out.absolute())
     summary = {"manifest": str(artifact.manifest_path), **ctx.records.to_dict(), "reused": reused}
@@ -181,6 +188,21 @@ def _served_target(ctx: BuildContext) -> str:
     if ctx.records.repo is not None:
         return ctx.records.repo.target
     return ctx.records.engine.target if ctx.records.engine is not None else "cpu"
+
+
+def expected_bytes(spec: BuildSpec, model: ModelSpec) -> int:
+    """About what a build writes: the weights in the checkpoint's precision, the tokenizer three times (its own
+    directory and two text models of the repository) and 1 MB of configs and model files.
+
+    Arguments:
+        spec: the build spec; model: the inspected model.
+    """
+    from trtllm_kit.build.trtllm_config import resolve_dtype
+
+    dtype = resolve_dtype(spec.build.dtype, model.hf)
+    element = 1 if spec.quant_config().quant in ("fp8", "int8-sq") else {"float32": 4}.get(dtype, 2)
+    tokenizer = sum(p.stat().st_size for p in model.tokenizer_files)
+    return model.hf.num_parameters * element + 3 * tokenizer + 1_000_000
 
 
 def _copy_tokenizer(model: ModelSpec, dest: Path) -> None:

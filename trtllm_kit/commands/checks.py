@@ -99,23 +99,26 @@ def validate(repo: Path, as_json: bool) -> None:
 
 @click.command()
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--against", "hf_source", required=True, help="The HF model: a directory, builtin:NAME or repo id.")
+@click.option("--against", "hf_source", help="The HF model: a directory, builtin:NAME or repo id (default: the "
+              "source recorded in the build's manifest.json).")
 @click.option("--compute-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Precision of both forward passes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(checkpoint: Path, hf_source: str, compute_dtype: str, as_json: bool) -> None:
+def verify(checkpoint: Path, hf_source: str | None, compute_dtype: str, as_json: bool) -> None:
     """Run a TensorRT-LLM CHECKPOINT (or a build's output directory) on the CPU, rank by rank, and compare
     its logits with transformers.
 
     \b
     Example:
+      trtllm-kit verify out/
       trtllm-kit verify out/checkpoint --against builtin:tiny-llama
     """
     from trtllm_kit.build.artifact import checkpoint_dir
     from trtllm_kit.build.inspect import resolve_model_path
-    from trtllm_kit.build.verify import verify_checkpoint
+    from trtllm_kit.build.verify import recorded_source, verify_checkpoint
     from trtllm_kit.errors import VerifyError
 
+    hf_source = hf_source or recorded_source(checkpoint)
     report = verify_checkpoint(checkpoint_dir(checkpoint), resolve_model_path(hf_source), compute_dtype=compute_dtype)
     if as_json:
         emit_json(report.to_dict())

@@ -73,7 +73,7 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
     return ServeOptions(out=out, endpoints=Endpoints(**settings.endpoint_values()), openai_port=settings.openai_port,
                         api_key=api_key, tritonserver=settings.tritonserver, model=settings.model,
                         ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
-                        exit_timeout_s=settings.exit_timeout_s)
+                        exit_timeout_s=settings.exit_timeout_s, verify=settings.verify)
 
 
 @click.command()

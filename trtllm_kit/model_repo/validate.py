@@ -208,15 +208,24 @@ def _check_decoupled(configs: dict[str, mc.ModelConfig], report: ValidationRepor
                    "stream=true are refused; set decoupled = true in [repo] to stream.")
 
 
-def _tokenizer_size(path: Path) -> int | None:
-    if not (path / "tokenizer.json").is_file():
-        return None
-    from tokenizers import Tokenizer
+def _load_tokenizer(path: Path) -> tuple[int | None, str | None]:
+    """(vocabulary size, None) of the tokenizer the Python models load from ``path`` (``tokenizer.json`` with
+    ``tokenizers``, else ``transformers`` with local files), or (None, why it cannot be loaded)."""
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
 
+        try:
+            return Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size(), None
+        except Exception as exc:  # tokenizers raises plain Exceptions for malformed files
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return None, f"its tokenizer.json cannot be read ({reason})"
     try:
-        return Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size()
-    except Exception:  # an unreadable file is reported by the server; the size check is then moot
-        return None
+        from transformers import AutoTokenizer
+
+        return len(AutoTokenizer.from_pretrained(str(path), local_files_only=True)), None
+    except Exception as exc:  # transformers raises many kinds for files it cannot use
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, f"it has no tokenizer.json and transformers cannot load the files it has ({reason[:200]})"
 
 
 def _check_python_models(repo: Path, configs: dict[str, mc.ModelConfig], report: ValidationReport,
@@ -233,7 +242,11 @@ def _check_python_models(repo: Path, configs: dict[str, mc.ModelConfig], report:
             report.add("error", name, "tokenizer", f"tokenizer_dir {value or '(unset)'!r} holds no tokenizer "
                        f"({', '.join(TOKENIZER_FILES)}); copy the model's tokenizer there or regenerate.")
             continue
-        size = _tokenizer_size(path)
+        size, problem = _load_tokenizer(path)
+        if problem:
+            report.add("error", name, "tokenizer", f"tokenizer_dir {value!r}: {problem}; the model would fail to "
+                       "load: copy the model's tokenizer files there or rebuild.")
+            continue
         if limits is not None and limits.vocab_size and size and size > limits.vocab_size:
             report.add("error", name, "tokenizer", f"tokenizer_dir {value!r} has {size} tokens but the model's "
                        f"vocabulary has {limits.vocab_size} ({limits.model_dir}/config.json); the tokenizer belongs "

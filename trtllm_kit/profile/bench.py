@@ -158,24 +158,39 @@ def gates(spec: BenchSpec, level: float, summary: dict[str, Any], loop_lag: dict
     """
     failed = []
     if summary["num_errors"]:
-        failed.append(f"{summary['num_errors']} failed requests {summary['errors_by_kind']}")
+        failed.append(f"{summary['num_errors']} failed requests {summary['errors_by_kind']}: the figures would count "
+                      "only the requests that succeeded (raise --timeout if they timed out)")
     if summary["length_mismatches"] or summary["server_count_mismatches"]:
         failed.append(f"{summary['length_mismatches']} output-length mismatches, "
-                      f"{summary['server_count_mismatches']} client/server count mismatches")
+                      f"{summary['server_count_mismatches']} client/server count mismatches: tok/s and TPOT would "
+                      "divide by the wrong token counts (the server ignores min_tokens/end_id, or --vocab-size is "
+                      "above the model's)")
     if (server and server.get("model") and server.get("request_success") is not None
             and server["request_success"] != summary["num_ok"]):
-        failed.append(f"server counted {server['request_success']:g} successes, client {summary['num_ok']}")
+        failed.append(f"server counted {server['request_success']:g} successes, client {summary['num_ok']}: another "
+                      "client shared the server, so its figures are not this load's (or pass --metrics-url of the "
+                      "right server)")
     if spec.mode == "concurrency" and summary["num_requests"] >= level and summary["max_in_flight"] != int(level):
-        failed.append(f"max in flight {summary['max_in_flight']} differs from concurrency {level:g}")
+        failed.append(f"max in flight {summary['max_in_flight']} differs from concurrency {level:g}: the point did "
+                      "not measure that load (lower --concurrency or raise --timeout)")
     if spec.mode == "rate" and abs(summary["send_rate_per_s"] / level - 1) > GATE_RATE_TOLERANCE:
-        failed.append(f"achieved send rate {summary['send_rate_per_s']:.3g}/s is not within 5 % of {level:g}/s")
+        failed.append(f"achieved send rate {summary['send_rate_per_s']:.3g}/s is not within 5 % of {level:g}/s: the "
+                      "latencies belong to another rate (lower --rate, or give --duration long enough for the "
+                      "Poisson draws to average out)")
     if loop_lag.get("p99", 0) > spec.max_loop_lag_ms:
-        failed.append(f"client event-loop lag p99 {loop_lag['p99']:.1f} ms: the load generator is saturated")
+        failed.append(f"client event-loop lag p99 {loop_lag['p99']:.1f} ms is above --max-client-lag "
+                      f"{spec.max_loop_lag_ms:g} ms: the load generator is saturated and adds up to that much to "
+                      "every TTFT and ITL it measures (on a small client machine raise --max-client-lag, knowing "
+                      "the latencies carry that error, or lower --concurrency)")
     if telemetry and telemetry.get("num_samples"):
         if not telemetry["valid"]:
-            failed.append(f"GPU clock throttling: {', '.join(telemetry['throttle_invalidating'])}")
+            failed.append(f"GPU clock throttling: {', '.join(telemetry['throttle_invalidating'])}: the GPU ran "
+                          "below its clocks, so throughput is understated (no flag relaxes this: cool the GPU or "
+                          "lift its power cap)")
         if telemetry["coverage"] < 0.95:
-            failed.append(f"telemetry covers {telemetry['coverage']:.0%} of the expected 10 Hz samples")
+            failed.append(f"telemetry covers {telemetry['coverage']:.0%} of the expected 10 Hz samples: energy and "
+                          "clock figures would miss part of the window (the client machine is overloaded: lower "
+                          "--concurrency)")
     return failed
 
 

@@ -209,6 +209,7 @@ def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: t
     import asyncio
 
     from trtllm_kit.profile.bench import run_bench_async
+    from trtllm_kit.serve.process import kit_environment
 
     nsys = find_nsys()
     if not server_argv:
@@ -219,7 +220,7 @@ def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: t
     log = spec.out / "server.log"
     argv = profile_argv(nsys, report, server_argv)
     with log.open("w") as log_file:
-        proc = subprocess.Popen(argv, env={**os.environ, **profile_env(iterations)}, stdout=log_file,
+        proc = subprocess.Popen(argv, env={**kit_environment(), **profile_env(iterations)}, stdout=log_file,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_ready(proc, ready_url, ready_timeout_s, log)

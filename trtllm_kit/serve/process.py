@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -55,8 +56,9 @@ class TritonProcess:
         """
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = kit_environment(self.install.environment())
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.install.environment(), stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                          preexec_fn=_die_with_parent if die_with_parent else None)
 
@@ -147,6 +149,21 @@ class TritonProcess:
             region.unlink(missing_ok=True)
             removed.append(region)
         return removed
+
+
+def kit_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server the kit starts: this interpreter's bin directory first on ``PATH`` (the
+    Python-backend stub runs the first ``python3`` there, which must be the one that has the kit and numpy,
+    whatever ``PATH`` said), and no bytecode written (the stubs import ``model.py`` files of a hashed artifact).
+
+    Arguments:
+        base: the environment to extend (``os.environ`` when omitted).
+    """
+    env = dict(os.environ if base is None else base)
+    first = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([first, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != first)])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 def _signal_group(pgid: int, sig: int, *, leader_only: bool = False, pid: int | None = None) -> None:

@@ -16,17 +16,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.defaults import DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.process import TritonProcess, group_alive
+from trtllm_kit.serve.state import (
+    claim_run_dir,
+    is_alive,
+    read_state,
+    run_dir,
+    serving_pid,
+    working_copy,
+    write_pid,
+)
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.openai import OpenAIFrontend
 
-RUN_DIR = ".serve"
 API_KEY_ENV = "TRTLLM_KIT_API_KEY"
 
 
@@ -43,36 +52,7 @@ class ServeOptions:
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     exit_timeout_s: int = 5
     log_verbose: int = 0
-
-
-def run_dir(out: Path) -> Path:
-    """Where a serve of ``out`` keeps its pid file, state and logs."""
-    return out / RUN_DIR
-
-
-def read_state(out: Path) -> dict[str, Any] | None:
-    """The state a running serve of ``out`` wrote (pids, endpoints, readiness), or None."""
-    try:
-        return json.loads((run_dir(out) / "state.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _running_pid(out: Path) -> int | None:
-    try:
-        pid = int((run_dir(out) / "serve.pid").read_text())
-    except (OSError, ValueError):
-        return None
-    return pid if _alive(pid) else None
+    verify: bool = False  # check every file's sha256 against the manifest (sizes and times are always checked)
 
 
 def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -85,21 +65,21 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         on_ready: called once with the state (endpoints, pids, time to ready) when the server is ready.
     """
     target = servable(options.out)
+    check_artifact(target.artifact, hashes=options.verify)
     model = _model(target, options.model)
     install = locate_tritonserver(options.tritonserver)
-    state_dir = run_dir(options.out)
-    holder = _running_pid(options.out)
+    holder = serving_pid(options.out)
     if holder is not None:
         raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
     if options.openai_port is not None:
         check_ports_free(options.endpoints.host, {"OpenAI": options.openai_port})
-    config = LaunchConfig(repo=target.repo.absolute(), endpoints=options.endpoints, world_size=target.world_size,
-                          shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.log_verbose,
-                          exit_timeout_s=options.exit_timeout_s)
+    state_dir = claim_run_dir(options.out)
+    config = LaunchConfig(repo=working_copy(target.repo, state_dir), endpoints=options.endpoints,
+                          world_size=target.world_size, shm_prefix=f"trtllmkit_{os.getpid()}_",
+                          log_verbose=options.log_verbose, exit_timeout_s=options.exit_timeout_s)
     process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=target.target.argv(install, config))
-    state_dir.mkdir(exist_ok=True)
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
-    (state_dir / "serve.pid").write_text(f"{os.getpid()}\n")
+    write_pid(options.out)
     try:
         started = time.perf_counter()
         process.start()
@@ -191,22 +171,22 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
         options: what to serve and where.
         timeout_s: seconds to wait (the readiness timeout plus 30 s when omitted).
     """
-    holder = _running_pid(options.out)
+    holder = serving_pid(options.out)
     if holder is not None:
         raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
     ep = options.endpoints
-    argv = [sys.executable, "-c", "from trtllm_kit.cli import main; main()", "serve", str(options.out),
+    argv = [sys.executable, "-m", "trtllm_kit", "serve", str(options.out),
             "--host", ep.host, "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
             "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
             "--log-verbose", str(options.log_verbose)]
+    argv += ["--verify"] if options.verify else []
     argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
     argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
     argv += ["--model", options.model] if options.model else []
     env = dict(os.environ)
     if options.api_key:
         env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
-    log_path = run_dir(options.out) / "serve.log"
-    log_path.parent.mkdir(exist_ok=True)
+    log_path = claim_run_dir(options.out) / "serve.log"
     (run_dir(options.out) / "state.json").unlink(missing_ok=True)
     with log_path.open("wb") as log:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -249,15 +229,15 @@ def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
         out: the served build output.
         timeout_s: seconds to wait for a graceful shutdown.
     """
-    pid = _running_pid(out)
+    pid = serving_pid(out)
     if pid is None:
         raise KitUsageError(f"nothing serves {out} (no live pid in {run_dir(out) / 'serve.pid'}).")
     state = read_state(out) or {}
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
+    while is_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    forced = _alive(pid)
+    forced = is_alive(pid)
     if forced:
         os.kill(pid, signal.SIGKILL)
         server_pid = state.get("server_pid")

@@ -54,7 +54,10 @@ class BuildOptions:
         "part of the checkpoint's cache key).", "--verify/--no-verify"))
     allow_pickle: bool = field(default=False, metadata=option(
         "Accept .bin/.pt weights (loaded with weights_only=True).", "--allow-pickle"))
-    force: bool = field(default=False, metadata=option("Replace a non-empty --out.", "--force"))
+    force: bool = field(default=False, metadata=option(
+        "Rebuild every stage, ignoring the stage cache, and replace --out even when it holds files that are not a "
+        "trtllm-kit artifact. Without it, a build into an existing artifact already replaces it (atomically), "
+        "reusing the stages whose inputs did not change.", "--force"))
     archive: Path | None = field(default=None, metadata=option(
         "Also pack the artifact into FILE (.tar, .tar.gz).", "--archive"))
     gpu: str | None = field(default=None, metadata=option(
@@ -152,6 +155,9 @@ class ServeSettings:
         "Seconds to wait for ready.", "--ready-timeout"))
     log_verbose: int = field(default=0, metadata=option("tritonserver --log-verbose level.", "--log-verbose",
                                                         minimum=0))
+    verify: bool = field(default=False, metadata=option(
+        "Check every file's sha256 against the manifest before starting (default: sizes and times, hashing only "
+        "files whose time changed).", "--verify"))
     exit_timeout_s: int = field(default=5, metadata=option(
         "Seconds in-flight requests get to finish on stop (tritonserver --exit-timeout-secs).", "--exit-timeout",
         minimum=1))

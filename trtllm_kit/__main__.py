@@ -1,0 +1,41 @@
+"""The ``trtllm-kit`` command (and ``python -m trtllm_kit``): the signal handlers first, then the CLI.
+
+Importing the CLI takes a few hundred milliseconds (click, rich); a Ctrl-C meanwhile must end the command
+like any other, with exit code 130 and one line, not a traceback from the middle of an import. Once the
+command has returned, further signals are ignored: its work is done and its exit code says how it went.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+INTERRUPTED = "Error: interrupted; nothing was written."
+
+
+def main() -> None:
+    """Install the kit's SIGINT/SIGTERM handling, run the CLI, and exit with its code (130 when interrupted)."""
+    from trtllm_kit.interrupts import INTERRUPTS
+
+    INTERRUPTS.install()
+    try:
+        from trtllm_kit.cli import run
+
+        code = run()
+    except KeyboardInterrupt:  # before the command itself started (an import, the argument parser)
+        print(INTERRUPTED, file=sys.stderr)
+        code = 130
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    if code == 130:
+        # Every cleanup has run. A KeyboardInterrupt that went through an extension's ``PyRun_String`` on its way
+        # makes the interpreter's own exit kill it with SIGINT (status -2, not 130): leave before that.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

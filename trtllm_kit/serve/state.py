@@ -1,0 +1,113 @@
+"""Where a running ``trtllm-kit serve`` keeps its pid, state and logs: outside the artifact it serves.
+
+The artifact is a hashed tree (every file is in its manifest), so nothing of a server may be written into
+it. A serve of ``OUT`` keeps its files in ``<cache>/run/<name>-<key>/``, where ``<cache>`` is the kit's cache
+directory (``$TRTLLM_KIT_CACHE`` or the user cache, e.g. ``~/.cache/trtllm-kit``), ``<name>`` is OUT's
+directory name and ``<key>`` the first 16 hex digits of the sha256 of OUT's resolved absolute path; ``target``
+in that directory records the path. A rebuild of OUT therefore cannot delete a running server's state, and
+``build`` refuses an OUT that is being served.
+
+tritonserver is given a copy of ``OUT/repo`` made there (config files, ``model.py`` files and tokenizers: a
+few hundred kB; engines and checkpoints stay where they are, named by absolute path): the Python backend's
+stub embeds an interpreter that ignores ``PYTHONDONTWRITEBYTECODE`` and writes ``__pycache__`` beside every
+module it imports, which must not land in the hashed tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+
+def run_dir(out: Path) -> Path:
+    """The directory where a serve of ``out`` keeps its pid file, state and logs.
+
+    Arguments:
+        out: the served build output.
+    """
+    from trtllm_kit.models.builtin import cache_root
+
+    resolved = os.path.realpath(out)
+    key = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    return cache_root() / "run" / f"{Path(resolved).name}-{key}"
+
+
+def claim_run_dir(out: Path) -> Path:
+    """Create ``run_dir(out)`` and record ``out`` in it; return it.
+
+    Arguments:
+        out: the served build output.
+    """
+    directory = run_dir(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "target").write_text(os.path.realpath(out) + "\n")
+    return directory
+
+
+def working_copy(repo: Path, directory: Path) -> Path:
+    """A fresh copy of the model repository ``repo`` in ``directory`` (the serve's run directory); return it.
+
+    Arguments:
+        repo: the artifact's ``repo/``; directory: from ``claim_run_dir``.
+    """
+    copy = directory / "repo"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(repo, copy, symlinks=False)
+    return copy.absolute()
+
+
+def read_state(out: Path) -> dict[str, Any] | None:
+    """The state a running serve of ``out`` wrote (pids, endpoints, readiness), or None.
+
+    Arguments:
+        out: the served build output.
+    """
+    try:
+        return json.loads((run_dir(out) / "state.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not).
+
+    Arguments:
+        pid: a process id.
+    """
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def write_pid(out: Path) -> None:
+    """Record this process as the serve of ``out`` (its pid and start time, so a reused pid is not taken for it).
+
+    Arguments:
+        out: the served build output.
+    """
+    from trtllm_kit.build.staging import owner_tag
+
+    (run_dir(out) / "serve.pid").write_text(owner_tag() + "\n")
+
+
+def serving_pid(out: Path) -> int | None:
+    """The pid of the live ``trtllm-kit serve`` of ``out``, or None.
+
+    Arguments:
+        out: a build output.
+    """
+    from trtllm_kit.build.staging import owner_alive
+
+    try:
+        tag = (run_dir(out) / "serve.pid").read_text().strip()
+        pid = int(tag.partition("-")[0])
+    except (OSError, ValueError):
+        return None
+    return pid if is_alive(pid) and owner_alive(tag) else None
