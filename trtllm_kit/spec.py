@@ -17,7 +17,7 @@ else:  # pragma: no cover
 
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 STAGES = ("checkpoint", "engine", "repo")
-TARGETS = ("auto", "cpu", "engine")
+TARGETS = ("auto", "cpu", "engine", "llmapi")
 TABLES = ("build", "engine", "repo", "quant")
 LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block")
 

@@ -53,8 +53,9 @@ def quant_flags(command: Any) -> Any:
 def engine_flags(command: Any) -> Any:
     """The options of the [engine] table (target, GPU, memory plan limits, trtllm-build overrides)."""
     for option in reversed((
-        click.option("--target", type=click.Choice(["auto", "cpu", "engine"]), default="auto", show_default=True,
-                     help="engine: compile with trtllm-build; cpu: no compile; auto: engine when a GPU and "
+        click.option("--target", type=click.Choice(["auto", "cpu", "engine", "llmapi"]), default="auto",
+                     show_default=True, help="engine: compile with trtllm-build; cpu: no compile; llmapi: "
+                     "TensorRT-LLM's PyTorch backend (unified HF checkpoint); auto: engine when a GPU and "
                      "tensorrt_llm are present."),
         click.option("--gpu", help="Plan for this GPU: H100-80GB, H200, A100-80GB, A100-40GB, L40S, L4, A10G, ... "
                      "(default: the visible GPU)."),
