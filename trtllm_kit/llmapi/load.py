@@ -64,7 +64,7 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
     algo, kv_algo = read_quantization(ckpt_dir)
     dtype = resolve_dtype("auto", hf)
     quantization = {**default_quantization(), "quant_algo": algo, "kv_cache_quant_algo": kv_algo,
-                    "exclude_modules": ["lm_head"] if algo else None}
+                    "exclude_modules": ["lm_head"] if algo else None}  # the TensorRT-LLM checkpoint's spelling
     config = checkpoint_config(hf, model.family, mapping, dtype, quantization)
     ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(mapping.world_size)]
     with ExitStack() as stack:

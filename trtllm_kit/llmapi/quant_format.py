@@ -20,7 +20,7 @@ PRODUCER = "trtllm-kit"
 QUANT_CONFIG_FILE = "hf_quant_config.json"
 # the HF linears the FP8 format quantizes (per decoder layer); lm_head and every embedding stay unquantized
 LAYER_LINEAR = re.compile(r"^(model\.layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj))\.weight$")
-EXCLUDED_MODULES = ("lm_head",)
+EXCLUDED_MODULES = ("lm_head", "model.embed_tokens")  # sorted, as ModelOpt lists them
 KV_SCALES = {"k_proj": "k_scale", "v_proj": "v_scale"}
 REFUSED = {
     "int8-sq": "--quant int8-sq is refused for --target llmapi because TensorRT-LLM's PyTorch backend has no "
@@ -98,10 +98,15 @@ def inline_quantization_config(config: QuantConfig) -> dict[str, Any]:
     Arguments:
         config: the build's quantization.
     """
-    inline: dict[str, Any] = {"quant_method": "modelopt", "quant_algo": config.quant_algo,
-                              "producer": {"name": PRODUCER, "version": __version__}}
+    fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+    inline: dict[str, Any] = {}
     if config.quant_algo:
+        inline["config_groups"] = {"group_0": {"input_activations": dict(fp8), "weights": dict(fp8),
+                                               "targets": ["Linear"]}}
         inline["ignore"] = list(EXCLUDED_MODULES)
+    inline["quant_algo"] = config.quant_algo
     if config.kv_cache_quant_algo == "FP8":
-        inline["kv_cache_scheme"] = {"type": "float", "num_bits": 8, "dynamic": False}
+        inline["kv_cache_scheme"] = dict(fp8)
+    inline["producer"] = {"name": PRODUCER, "version": __version__}
+    inline["quant_method"] = "modelopt"
     return inline
