@@ -95,7 +95,7 @@ ROWS = [
     (["build", "{model}", "--out", "{tmp}/out", "--until", "compile"], 2,
      "Error: Invalid value for '--until': 'compile' is not one of 'checkpoint', 'engine', 'repo'."),
     (["build", "{model}", "--out", "{tmp}/out", "--target", "gpu"], 2,
-     "Error: Invalid value for '--target': 'gpu' is not one of 'auto', 'cpu', 'engine'."),
+     "Error: Invalid value for '--target': 'gpu' is not one of 'auto', 'cpu', 'engine', 'llmapi'."),
     (["build", "{model}", "--out", "{tmp}/out", "--tokens-per-block", "48"], 2,
      "Error: tokens_per_block must be a power of two (32 and 64 are common), got 48."),
     (["build", "{model}", "--out", "{tmp}/out", "--build-flag", "gemm_plugin=fast"], 2,

@@ -315,5 +315,12 @@ def test_enum_members_read_as_plain_strings() -> None:
     assert (Dtype.BFLOAT16 == "bfloat16", f"{Target.CPU}", str(Quant.INT8_SQ)) == (True, "cpu", "int8-sq")
     assert json.dumps({"kv": KVCache.FP8}) == '{"kv": "fp8"}'
     assert Target.parse("target", "engine") is Target.ENGINE
-    with pytest.raises(KitUsageError, match=r"^target 'gpu' is not one of auto, cpu, engine\.$"):
+    with pytest.raises(KitUsageError, match=r"^target 'gpu' is not one of auto, cpu, engine, llmapi\.$"):
         Target.parse("target", "gpu")
+
+
+def test_the_target_choices_are_the_registered_targets() -> None:
+    from trtllm_kit.targets import AUTO_ORDER, TARGETS
+
+    assert sorted(Target.values()) == sorted(["auto", *TARGETS])
+    assert set(AUTO_ORDER) <= set(TARGETS)

@@ -59,11 +59,13 @@ class Stage(Choice):
 
 
 class Target(Choice):
-    """What serves the ``tensorrt_llm`` slot: the kit's CPU runtime, or engines compiled by trtllm-build."""
+    """The serving target (``trtllm_kit.targets`` registers one module per member but ``auto``): the kit's CPU
+    runtime, engines compiled by trtllm-build, or TensorRT-LLM's PyTorch backend (LLM API)."""
 
     AUTO = "auto"
     CPU = "cpu"
     ENGINE = "engine"
+    LLMAPI = "llmapi"
 
 
 class Quant(Choice):

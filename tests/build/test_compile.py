@@ -264,7 +264,7 @@ def test_version_tuple_and_target_choice() -> None:
     target, reason = choose_target("engine", cpu_only, plan_only=True)  # a plan runs no tool
     assert target.name == "engine"
     assert reason.startswith("target engine (plan only; a build here would stop: tensorrt_llm is not installed")
-    with pytest.raises(KitUsageError, match=r"^target 'tpu' is not one of engine, cpu\.$"):
+    with pytest.raises(KitUsageError, match=r"^target 'tpu' is not one of engine, cpu, llmapi\.$"):
         choose_target("tpu", cpu_only)
 
 

@@ -24,7 +24,7 @@ from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.spec import BuildSpec
-from trtllm_kit.targets import Target, choose_target
+from trtllm_kit.targets import Target, choose_target, get_target
 from trtllm_kit.targets.engine import ENGINE_DIR
 
 if TYPE_CHECKING:
@@ -79,10 +79,11 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
         not enforced, so a CPU machine plans the build a GPU machine will do.
     """
     check_overrides(spec.build.build_flags)
-    if compile_requested:
-        target, reason = choose_target(spec.build.target, machine, plan_only=plan_only)
+    if compile_requested or (spec.build.target != "auto" and get_target(spec.build.target).owns_checkpoint):
+        target, reason = choose_target(spec.build.target, machine, plan_only=plan_only or not compile_requested)
     else:
         target, reason = choose_target("cpu", machine)[0], "engine stage not run"
+    target.check_spec(spec)
     gpu = resolve_gpu(spec.build.gpu, spec.build.gpu_memory, list(machine.gpus))
     plan = None
     if gpu is not None:

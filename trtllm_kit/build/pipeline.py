@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact, CacheRecord, CheckpointRecord, ModelRecord, StageRecords
 from trtllm_kit.build.artifact import file_hashes, tool_versions
@@ -29,6 +29,9 @@ from trtllm_kit.model_repo.repository import repo_key_parts, repo_stage
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model
 from trtllm_kit.spec import STAGES, BuildSpec
+
+if TYPE_CHECKING:
+    from trtllm_kit.quant.calibrate import CalibrationStats
 
 VERIFY_MAX_PARAMETERS = 500_000_000
 
@@ -70,29 +73,43 @@ def should_verify(spec: BuildSpec, model: ModelSpec) -> bool:
 
 
 def checkpoint_stage(ctx: BuildContext) -> None:
-    """HF weights → ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
+    """HF weights → the target's ``checkpoint/`` (+ ``tokenizer/``)."""
+    assert ctx.engine is not None, "run_build prepares the engine stage"
+    ctx.engine.target.write_checkpoint(ctx)
+
+
+def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
+    """Calibrate when the quantization needs it; the statistics are saved with the artifact
+    (``calibration/stats.safetensors`` + ``.json``)."""
+    quant = ctx.spec.quant_config()
+    if not quant.needs_calibration:
+        return None
+    from trtllm_kit.quant.calibrate import calibrate
+
+    t0 = time.perf_counter()
+    stats = calibrate(ctx.model.path, quant, ctx.reporter)
+    stats.save(ctx.out / "calibration")
+    ctx.timings["calibrate"] = time.perf_counter() - t0
+    ctx.records.calibration = {"dir": "calibration", **stats.params}
+    return stats
+
+
+def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
+    """HF weights → the TensorRT-LLM ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
     ckpt_dir = ctx.out / "checkpoint"
     ckpt_dir.mkdir()
-    quant, stats = ctx.spec.quant_config(), None
-    if quant.needs_calibration:  # statistics saved with the artifact: calibration/stats.safetensors + .json
-        from trtllm_kit.quant.calibrate import calibrate
-
-        t0 = time.perf_counter()
-        stats = calibrate(ctx.model.path, quant, ctx.reporter)
-        stats.save(ctx.out / "calibration")
-        ctx.timings["calibrate"] = time.perf_counter() - t0
-        ctx.records.calibration = {"dir": "calibration", **stats.params}
+    quant, stats = ctx.spec.quant_config(), calibration_stats(ctx)
     transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.build.dtype, quant, stats)
     with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
         result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.build.dtype, lambda _name, n: advance(n),
                          transform)
-    _copy_tokenizer(ctx.model, ctx.out / "tokenizer")
+    copy_tokenizer(ctx.model, ctx.out / "tokenizer")
     ctx.records.checkpoint = CheckpointRecord(
         dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
         quantization=quant.quantization_block() if quant.is_quantized else None)
     if should_verify(ctx.spec, ctx.model):
         t0 = time.perf_counter()
-        ctx.records.verify = _verify(ckpt_dir, ctx.model, ctx.reporter)
+        ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter)
         ctx.timings["verify"] = time.perf_counter() - t0
 
 
@@ -205,17 +222,28 @@ def expected_bytes(spec: BuildSpec, model: ModelSpec) -> int:
     return model.hf.num_parameters * element + 3 * tokenizer + 1_000_000
 
 
-def _copy_tokenizer(model: ModelSpec, dest: Path) -> None:
+def copy_tokenizer(model: ModelSpec, dest: Path) -> None:
+    """The model's tokenizer files into the new directory ``dest``.
+
+    Arguments:
+        model: the inspected model; dest: the directory to create.
+    """
     dest.mkdir()
     for path in model.tokenizer_files:
         shutil.copy2(path, dest / path.name)
 
 
-def _verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter) -> dict[str, Any]:
+def run_verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter, load: Any = None) -> dict[str, Any]:
+    """Verify ``ckpt_dir`` against the HF model; a failure raises ``VerifyError``, a pass returns the report.
+
+    Arguments:
+        ckpt_dir: the checkpoint; model: the HF model; reporter: notes; load: the checkpoint's loader (see
+        ``verify_checkpoint``; default: the TensorRT-LLM checkpoint's).
+    """
     from trtllm_kit.build.verify import verify_checkpoint
 
     reporter.note("verify: running the checkpoint on the CPU against transformers")
-    report = verify_checkpoint(ckpt_dir, model.path)
+    report = verify_checkpoint(ckpt_dir, model.path, load=load)
     if not report.passed and report.quantization:
         raise VerifyError(f"verify failed: {report.quality_failure()}")
     if not report.passed:

@@ -145,8 +145,10 @@ class SafetensorsWriter:
         """
         dtype, shape, offset, _ = self._layout[name]
         parts = [parts] if isinstance(parts, torch.Tensor) else parts
-        rows = sum(p.shape[0] for p in parts)
-        if any(p.dtype != dtype or tuple(p.shape[1:]) != shape[1:] for p in parts) or rows != shape[0]:
+        if not shape:  # a scalar is written whole
+            parts = [p.reshape(()) for p in parts if p.numel() == 1][:1] or parts
+        rows = sum(p.shape[0] if p.dim() else 1 for p in parts)
+        if any(p.dtype != dtype or tuple(p.shape[1:]) != shape[1:] for p in parts) or rows != (shape or (1,))[0]:
             found = [(p.dtype, tuple(p.shape)) for p in parts]
             raise CheckpointError(f"{name}: produced {found}, declared {dtype} {shape}.")
         position = self._data_start + offset

@@ -153,7 +153,8 @@ def load_hf_reference(hf_dir: Path, weight_dtype: torch.dtype, compute_dtype: to
 
 
 def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] | None = None,
-                      compute_dtype: str = "float32", atol: float | None = None) -> VerifyReport:
+                      compute_dtype: str = "float32", atol: float | None = None,
+                      load: Callable[[torch.dtype], CheckpointModel] | None = None) -> VerifyReport:
     """Run the checkpoint (CPU runtime) and the HF model on the same prompts and compare the logits.
 
     Tolerance: ``atol`` when given; else 1e-4 in float32, and for bfloat16/float16 compute a fraction of the
@@ -169,10 +170,12 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] 
         prompts: token-id lists; default: ``default_prompts(vocab_size)``.
         compute_dtype: float32, bfloat16 or float16.
         atol: an absolute tolerance overriding the default.
+        load: compute dtype → the runtime model (default: ``CheckpointModel.load(ckpt_dir, ...)``; another
+        checkpoint format, such as the llmapi target's unified one, brings its loader).
     """
     if compute_dtype not in DTYPES:
         raise KitUsageError(f"compute dtype {compute_dtype!r} is not one of {', '.join(DTYPES)}.")
-    runtime = CheckpointModel.load(Path(ckpt_dir), DTYPES[compute_dtype])
+    runtime = (load or (lambda dtype: CheckpointModel.load(Path(ckpt_dir), dtype)))(DTYPES[compute_dtype])
     vocab_size = runtime.dims.vocab_size
     prompts = default_prompts(vocab_size) if prompts is None else prompts
     bad = [p for p in prompts if not p or min(p) < 0 or max(p) >= vocab_size]

@@ -110,6 +110,10 @@ def repo_stage(ctx: BuildContext) -> None:
     engine = ctx.records.engine
     assert engine is not None, "the engine stage runs (or is reused) before the repo stage"
     target = get_target(engine.target)
+    own = target.write_repo(ctx)  # a target with its own repository layout (llmapi)
+    if own is not None:
+        ctx.records.repo = own
+        return
     build = ctx.spec.build
     limits = target.limits(ctx.out / target.model_dir, {
         "max_batch_size": build.max_batch_size, "max_num_tokens": build.max_num_tokens,

@@ -43,11 +43,11 @@ def servable(out: Path, machine: Machine | None = None) -> Servable:
     """
     artifact = Artifact.read(out)
     repo = out / "repo"
-    models = tuple(name for name in TEXT_MODELS if (repo / name / "config.pbtxt").is_file())
-    if not models:
-        raise KitUsageError(f"{repo} holds no tensorrt_llm_bls or ensemble model; rebuild with the repo stage "
-                            f"(trtllm-kit build ... --out {out}).")
     target = get_target(artifact.target)
+    models = tuple(name for name in target.text_models if (repo / name / "config.pbtxt").is_file())
+    if not models:
+        raise KitUsageError(f"{repo} holds no {' or '.join(target.text_models)} model; rebuild with the repo stage "
+                            f"(trtllm-kit build ... --out {out}).")
     problems = target.serve_problems(artifact, machine)
     if problems:
         raise KitUsageError(f"{out} cannot be served here: {'; '.join(problems)}; rebuild it on this machine "

@@ -9,11 +9,12 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.targets.base import Target
 from trtllm_kit.targets.cpu import CpuTarget
 from trtllm_kit.targets.engine import EngineTarget
+from trtllm_kit.targets.llmapi import LlmapiTarget
 
 if TYPE_CHECKING:
     from trtllm_kit.build.compat import Machine
 
-TARGETS: dict[str, Target] = {target.name: target for target in (EngineTarget(), CpuTarget())}
+TARGETS: dict[str, Target] = {target.name: target for target in (EngineTarget(), CpuTarget(), LlmapiTarget())}
 AUTO_ORDER = ("engine", "cpu")  # auto takes the first target this machine can build
 
 

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from trtllm_kit.artifact import Artifact, EngineRecord
+    from trtllm_kit.artifact import Artifact, EngineRecord, RepoRecord
     from trtllm_kit.build.compat import Machine
     from trtllm_kit.build.engine import EngineSetup
     from trtllm_kit.build.pipeline import BuildContext
     from trtllm_kit.model_repo.limits import EngineLimits
     from trtllm_kit.serve.launcher import LaunchConfig
     from trtllm_kit.serve.locate import TritonInstall
+    from trtllm_kit.spec import BuildSpec
 
 
 class Target(ABC):
@@ -27,6 +28,27 @@ class Target(ABC):
     backend: ClassVar[str]            # the Triton backend of the tensorrt_llm slot
     slot_model: ClassVar[str | None]  # the kit's Python model file for that slot (None: a C++ backend)
     compiles: ClassVar[bool]          # whether the compile stage produces files (else it records what it would run)
+    # the public models a client sends text to, in order of preference (the engine-target repository's)
+    text_models: ClassVar[tuple[str, ...]] = ("tensorrt_llm_bls", "ensemble")
+    owns_checkpoint: ClassVar[bool] = False  # writes its own checkpoint/ (so --until checkpoint still asks it)
+
+    def check_spec(self, spec: BuildSpec) -> None:
+        """Refuse, before any heavy work, a spec this target cannot build (default: every spec is fine).
+
+        Arguments:
+            spec: the build spec.
+        """
+        return None
+
+    def write_checkpoint(self, ctx: BuildContext) -> None:
+        """The checkpoint stage: ``checkpoint/`` and ``tokenizer/`` (default: the TensorRT-LLM checkpoint)."""
+        from trtllm_kit.build.pipeline import trtllm_checkpoint_stage
+
+        trtllm_checkpoint_stage(ctx)
+
+    def write_repo(self, ctx: BuildContext) -> RepoRecord | None:
+        """The repo stage for a target with its own repository layout; None: the standard five models."""
+        return None
 
     @abstractmethod
     def machine_problem(self, machine: Machine) -> str | None:

@@ -1,0 +1,122 @@
+"""The unified checkpoint loaded the way TensorRT-LLM's PyTorch backend loads it, for the CPU runtime.
+
+The backend shards at load time (column/row splits of each HF tensor, KV heads duplicated when fewer than
+tp), fuses q/k/v and gate/up, and for FP8 gives a fused linear the largest of its parts' ``weight_scale`` and
+``input_scale``, rescaling each part's e4m3 weights to it (``FP8QDQLinearMethod``); an FP8 KV cache runs with
+unit scales, whatever ``k_scale``/``v_scale`` say. The result here is the same per-rank tensors in the CPU
+runtime's layout (``CheckpointModel``), so its TP partial sums and PP stages run as the GPUs would.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from trtllm_kit.build.convert import work_items
+from trtllm_kit.build.inspect import ModelSpec, inspect_model
+from trtllm_kit.build.shard import qkv_parts, shard
+from trtllm_kit.build.trtllm_config import checkpoint_config, default_quantization, resolve_dtype
+from trtllm_kit.errors import CheckpointError
+from trtllm_kit.layout import Mapping, check_tp
+from trtllm_kit.llmapi.quant_format import QUANT_CONFIG_FILE
+from trtllm_kit.models.base import Split
+from trtllm_kit.quant.fp8 import fp8_quantize
+from trtllm_kit.runtime.layers import LINEAR_WEIGHTS, prepare_weights
+from trtllm_kit.runtime.model import CheckpointModel
+
+F32 = torch.float32
+# TensorRT-LLM modules whose HF parts share one FP8 scale when fused (gate_up: fc and gate read both)
+FUSED_PARTS = {"mlp.fc": ("gate_proj", "up_proj"), "mlp.gate": ("gate_proj", "up_proj")}
+
+
+def read_quantization(ckpt_dir: Path) -> tuple[str | None, str | None]:
+    """(``quant_algo``, ``kv_cache_quant_algo``) of a unified checkpoint, from ``hf_quant_config.json``.
+
+    Arguments:
+        ckpt_dir: the checkpoint directory.
+    """
+    path = ckpt_dir / QUANT_CONFIG_FILE
+    if not path.is_file():
+        return None, None
+    quantization = json.loads(path.read_text()).get("quantization") or {}
+    algo, kv_algo = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
+    if algo not in (None, "FP8") or kv_algo not in (None, "FP8"):
+        raise CheckpointError(f"{path} has quant_algo {algo} / kv_cache_quant_algo {kv_algo}; the CPU runtime "
+                              "runs unquantized and FP8 unified checkpoints.")
+    return algo, kv_algo
+
+
+def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
+                 compute_dtype: torch.dtype = F32) -> CheckpointModel:
+    """Load ``ckpt_dir`` (an HF directory, unquantized or ModelOpt FP8) for the CPU runtime at ``mapping``.
+
+    Arguments:
+        ckpt_dir: the unified checkpoint; mapping: the serving TP/PP (1×1 when omitted);
+        compute_dtype: float32, or the checkpoint dtype to reproduce the GPU's rounding.
+    """
+    ckpt_dir, mapping = Path(ckpt_dir), mapping or Mapping(1, 1)
+    model = inspect_model(str(ckpt_dir))
+    hf = model.hf
+    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
+    algo, kv_algo = read_quantization(ckpt_dir)
+    dtype = resolve_dtype("auto", hf)
+    quantization = {**default_quantization(), "quant_algo": algo, "kv_cache_quant_algo": kv_algo,
+                    "exclude_modules": ["lm_head"] if algo else None}  # the TensorRT-LLM checkpoint's spelling
+    config = checkpoint_config(hf, model.family, mapping, dtype, quantization)
+    ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(mapping.world_size)]
+    with ExitStack() as stack:
+        handles = {path: stack.enter_context(safe_open(str(path), framework="pt")) for path in model.weight_files}
+
+        def read(name: str) -> torch.Tensor:
+            info = model.tensors.get(name)
+            if info is None:
+                raise CheckpointError(f"{ckpt_dir} lacks the tensor {name!r}; export the checkpoint again.")
+            return handles[info.path].get_tensor(name)
+
+        for item in work_items(model, mapping):
+            parts = [read(name) for name in item.sources]
+            module = item.rule.name.removeprefix("transformer.layers.{}.").removesuffix(".weight")
+            is_fp8 = algo == "FP8" and item.rule.name.endswith(LINEAR_WEIGHTS)
+            scales: dict[str, torch.Tensor] = {}
+            if is_fp8:
+                parts, scales = _fp8_group(model, item.sources, module, read)
+            else:
+                parts = [p.to(getattr(torch, dtype)) for p in parts]
+            for tp_rank in range(mapping.tp_size):
+                if item.rule.split is Split.QKV:
+                    local = qkv_parts(parts, hf.num_key_value_heads, mapping.tp_size, tp_rank)
+                else:
+                    local = [shard(parts[0], item.rule.split, mapping.tp_size, tp_rank)]
+                tensors = ranks[mapping.rank(tp_rank, item.pp_rank)]
+                if is_fp8:
+                    prefix = item.target.removesuffix(".weight")
+                    tensors[item.target] = torch.cat([fp8_quantize(p, float(scales["w"])) for p in local])
+                    tensors[f"{prefix}.weights_scaling_factor"] = scales["w"].reshape(1)
+                    tensors[f"{prefix}.activation_scaling_factor"] = scales["x"].reshape(1)
+                else:
+                    tensors[item.target] = torch.cat(local).contiguous()
+                if kv_algo == "FP8" and item.rule.name.endswith("attention.qkv.weight"):
+                    base = item.target.removesuffix("qkv.weight")
+                    tensors[f"{base}kv_cache_scaling_factor"] = torch.ones(1, dtype=F32)  # unit scale (§4.4)
+    ranks = [prepare_weights(tensors, quantization, compute_dtype) for tensors in ranks]
+    return CheckpointModel(config, ranks, compute_dtype, str(ckpt_dir))
+
+
+def _fp8_group(model: ModelSpec, sources: tuple[str, ...], module: str,
+               read: object) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The parts dequantized to float32, and the fused group's largest weight and input scales."""
+    def scale(name: str, kind: str) -> torch.Tensor:
+        return read(f"{name.removesuffix('.weight')}.{kind}").to(F32)  # type: ignore[operator]
+
+    group = list(sources)
+    if module in FUSED_PARTS:  # fc and gate are one gate_up linear on the GPU: one scale for both
+        layer_prefix = sources[0].rsplit(".", 2)[0]
+        group = [f"{layer_prefix}.{part}.weight" for part in FUSED_PARTS[module]]
+    parts = [read(name).to(F32) * scale(name, "weight_scale") for name in sources]  # type: ignore[operator]
+    w = torch.stack([scale(name, "weight_scale") for name in group]).max()
+    x = torch.stack([scale(name, "input_scale") for name in group]).max()
+    return parts, {"w": w, "x": x}

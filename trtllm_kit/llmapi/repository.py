@@ -1,0 +1,107 @@
+"""The llmapi target's Triton repository: one ``tensorrt_llm`` Python model (``config.pbtxt``, ``1/model.py``,
+``1/model.yaml``). Its tensors are upstream's ``llmapi`` interface (docs/llmapi.md §1.4) plus ``input_ids``,
+``output_ids``, ``num_input_tokens``, ``num_output_tokens`` and the ``sampling_param_min_tokens``,
+``sampling_param_end_id``, ``sampling_param_ignore_eos`` inputs benchmarks need. ``config.pbtxt`` mirrors
+``triton_config.decoupled`` because servers start with ``--disable-auto-complete-config``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtllm_kit.artifact import RepoRecord
+from trtllm_kit.errors import KitError
+from trtllm_kit.llmapi.serve_config import dump_yaml, model_yaml, recipe_for
+from trtllm_kit.model_repo.configs import model_input, model_output, parse_config, to_text
+from trtllm_kit.model_repo.tensors import Tensor
+
+if TYPE_CHECKING:
+    from trtllm_kit.build.pipeline import BuildContext
+
+MODEL = "tensorrt_llm"
+SCHEMA = "tensorrt_llm llmapi (Python backend over the LLM API), TensorRT-LLM >= 1.0"
+SOURCE = "tensorrt_llm_llmapi.py"
+B, S = "BOOL", "STRING"
+INPUTS = (
+    Tensor("text_input", S, (-1,)), Tensor("input_ids", "INT32", (-1,)), Tensor("streaming", B, (1,)),
+    Tensor("sampling_param_best_of", "INT32", (1,)), Tensor("sampling_param_temperature", "FP32", (1,)),
+    Tensor("sampling_param_top_k", "INT32", (1,)), Tensor("sampling_param_top_p", "FP32", (1,)),
+    Tensor("sampling_param_frequency_penalty", "FP32", (1,)), Tensor("sampling_param_presence_penalty", "FP32", (1,)),
+    Tensor("sampling_param_max_tokens", "INT32", (1,)), Tensor("sampling_param_stop", S, (-1,)),
+    Tensor("sampling_param_seed", "UINT64", (1,)), Tensor("sampling_param_exclude_input_from_output", B, (1,)),
+    Tensor("sampling_param_return_perf_metrics", B, (1,)), Tensor("sampling_param_min_tokens", "INT32", (1,)),
+    Tensor("sampling_param_end_id", "INT32", (1,)), Tensor("sampling_param_ignore_eos", B, (1,)),
+    Tensor("return_finish_reason", B, (1,)), Tensor("return_stop_reason", B, (1,)),
+    Tensor("return_cumulative_logprob", B, (1,)), Tensor("stop", B, (1,)),
+)
+OUTPUTS = (
+    Tensor("text_output", S, (-1,)), Tensor("finish_reason", S, (-1,)), Tensor("stop_reason", S, (-1,)),
+    Tensor("cumulative_logprob", "FP32", (-1,)), Tensor("output_ids", "INT32", (-1,)),
+    Tensor("num_input_tokens", "INT32", (1,)), Tensor("num_output_tokens", "INT32", (1,)),
+)
+
+
+def llmapi_config(decoupled: bool, instances: int = 1) -> mc.ModelConfig:
+    """``config.pbtxt`` of the ``tensorrt_llm`` llmapi model.
+
+    Arguments:
+        decoupled: the transaction policy (as ``model.yaml``'s ``triton_config.decoupled``);
+        instances: model instances (one ``LLM`` each).
+    """
+    config = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=0)
+    config.model_transaction_policy.decoupled = decoupled
+    config.input.extend(model_input(t) for t in INPUTS)
+    config.output.extend(model_output(t) for t in OUTPUTS)
+    config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
+    return config
+
+
+def write_llmapi_repository(repo_dir: Path, model_values: dict, decoupled: bool) -> None:
+    """Write the repository into the new directory ``repo_dir``.
+
+    Arguments:
+        repo_dir: where; model_values: ``model.yaml``; decoupled: mirrored into ``config.pbtxt``.
+    """
+    from trtllm_kit.model_repo.repository import python_source
+
+    config = llmapi_config(decoupled)
+    text = to_text(config)
+    if parse_config(text) != config:  # internal invariant of the generator
+        raise AssertionError("tensorrt_llm/config.pbtxt does not round-trip through text_format")
+    version = repo_dir / MODEL / "1"
+    version.mkdir(parents=True)
+    (repo_dir / MODEL / "config.pbtxt").write_text(text)
+    shutil.copy2(python_source(SOURCE), version / "model.py")
+    (version / "model.yaml").write_text(dump_yaml(model_values))
+
+
+def llmapi_repo_stage(ctx: BuildContext) -> RepoRecord:
+    """``repo/`` for the llmapi target, validated before the build output is moved into place.
+
+    Arguments:
+        ctx: the build.
+    """
+    from trtllm_kit.llmapi.validate import validate_llmapi_repository
+    from trtllm_kit.targets import get_target
+
+    assert ctx.engine is not None
+    target = get_target("llmapi")
+    recipe = recipe_for(ctx, ctx.engine)
+    model_path = ctx.spec.out.absolute() / target.model_dir
+    values = model_yaml(recipe, model_path, ctx.spec.repo.decoupled)
+    write_llmapi_repository(ctx.out / "repo", values, ctx.spec.repo.decoupled)
+    problems = validate_llmapi_repository(ctx.out / "repo", checkpoint=ctx.out / target.model_dir)
+    if problems:
+        raise KitError(f"the generated repository fails validation: {problems[0]}")
+    args = recipe.args
+    limits = target.limits(ctx.out / target.model_dir, {
+        "max_batch_size": args["max_batch_size"], "max_num_tokens": args["max_num_tokens"],
+        "max_seq_len": args["max_seq_len"], "tokens_per_block": args["kv_cache_config"]["tokens_per_block"],
+        "tp_size": ctx.spec.build.tp, "pp_size": ctx.spec.build.pp})
+    ctx.reporter.note(f"repo: llmapi target, one tensorrt_llm Python model, decoupled {ctx.spec.repo.decoupled}")
+    return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[MODEL], text=True,
+                      gpt_model_path=str(model_path), limits=limits.to_dict(),
+                      options={"decoupled": ctx.spec.repo.decoupled, "llm_args": args})

@@ -1,0 +1,195 @@
+"""HF checkpoint → the llmapi target's ``checkpoint/``: one unsharded, unfused Hugging Face directory as
+TensorRT-LLM's PyTorch backend loads it (``HfWeightLoader``; TP/PP are applied at load time).
+
+Each input safetensors file becomes one output shard with the same tensors in the same order, listed in
+``model.safetensors.index.json``. A tensor kept in its dtype is copied file to file by the kernel (the
+converter's ``SafetensorsWriter``); with ``--quant fp8`` every decoder linear becomes e4m3 weights plus
+float32 scalar ``weight_scale`` and ``input_scale`` (ModelOpt's unified format), and ``--kv-cache fp8`` adds
+``k_proj.k_scale`` / ``v_proj.v_scale``. ``config.json`` (dtype and ``quantization_config`` updated),
+``generation_config.json``, ``hf_quant_config.json`` and the tokenizer files complete the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtllm_kit.build.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
+from trtllm_kit.build.inspect import ModelSpec
+from trtllm_kit.build.safetensors_io import SafetensorsWriter
+from trtllm_kit.build.trtllm_config import resolve_dtype
+from trtllm_kit.errors import CheckpointError
+from trtllm_kit.llmapi.quant_format import (
+    KV_SCALES,
+    LAYER_LINEAR,
+    QUANT_CONFIG_FILE,
+    activation_scale,
+    check_llmapi_quant,
+    hf_quant_config,
+    inline_quantization_config,
+    quantize_weight,
+    weight_scale,
+)
+from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.calibrate import CalibrationStats
+
+INDEX_FILE = "model.safetensors.index.json"
+F32 = torch.float32
+OnTensor = Any  # (name, bytes read) -> None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One output tensor: its name, dtype and shape, the HF tensor it comes from and how (``copy``, ``fp8``,
+    ``weight_scale``, ``input_scale``, ``k_scale``, ``v_scale``)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    source: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class UnifiedResult:
+    """What the export wrote."""
+
+    out_dir: Path
+    dtype: str
+    files: tuple[Path, ...]
+    bytes_read: int
+    quantized_modules: tuple[str, ...]
+
+
+def shard_names(count: int) -> list[str]:
+    """``model-00001-of-0000N.safetensors`` for each output shard.
+
+    Arguments:
+        count: the number of shards.
+    """
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def plan_entries(model: ModelSpec, dtype: torch.dtype, quant: QuantConfig) -> list[list[Entry]]:
+    """The tensors of each output shard (one per input weight file, in its order).
+
+    Arguments:
+        model: the inspected HF model; dtype: the checkpoint dtype; quant: the quantization.
+    """
+    ignored = {pattern.format(layer) for pattern in model.family.ignored
+               for layer in range(model.hf.num_hidden_layers)}
+    by_file: dict[Path, list[Entry]] = {path: [] for path in model.weight_files}
+    for name, info in model.tensors.items():
+        if name in ignored:
+            continue
+        entries = by_file[info.path]
+        linear = LAYER_LINEAR.match(name) if quant.quant_algo == "FP8" else None
+        if linear is None:
+            keep = info.dtype if not info.dtype.is_floating_point else dtype
+            entries.append(Entry(name, keep, info.shape, name, "copy"))
+        else:
+            module = linear.group(1)
+            entries += [Entry(name, torch.float8_e4m3fn, info.shape, name, "fp8"),
+                        Entry(f"{module}.weight_scale", F32, (), name, "weight_scale"),
+                        Entry(f"{module}.input_scale", F32, (), name, "input_scale")]
+        proj = name.removesuffix(".weight").rsplit(".", 1)[-1]
+        if quant.kv_cache_quant_algo == "FP8" and name.endswith(".weight") and proj in KV_SCALES \
+                and ".self_attn." in name:
+            module = name.removesuffix(".weight")
+            entries.append(Entry(f"{module}.{KV_SCALES[proj]}", F32, (), name, KV_SCALES[proj]))
+    return [by_file[path] for path in model.weight_files]
+
+
+def _scale(entry: Entry, stats: CalibrationStats) -> torch.Tensor:
+    module = entry.source.removesuffix(".weight")
+    if entry.kind == "weight_scale":
+        return weight_scale(stats.get("w", module).max())
+    if entry.kind == "input_scale":
+        return activation_scale(stats.get("x", module).max())
+    return activation_scale(stats.get("y", module).max())  # k_scale / v_scale: amax of the k / v projection output
+
+
+def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: QuantConfig | None = None,
+                  stats: CalibrationStats | None = None, on_tensor: OnTensor | None = None) -> UnifiedResult:
+    """Write the unified checkpoint of ``model`` into the empty directory ``out_dir``.
+
+    Arguments:
+        model: the inspected HF model; out_dir: an existing empty directory (the caller makes it atomic);
+        dtype: ``auto`` or a dtype; quant: the quantization (none when omitted); stats: calibration statistics
+        (needed for FP8 weights or an FP8 KV cache); on_tensor: progress, called with (name, bytes read).
+    """
+    quant = quant or QuantConfig()
+    check_llmapi_quant(quant)
+    if quant.needs_calibration and stats is None:
+        raise CheckpointError(f"--quant {quant.quant} --kv-cache {quant.kv_cache} needs calibration statistics.")
+    resolved = resolve_dtype(dtype, model.hf)
+    target = TORCH_DTYPES[resolved]
+    plans = plan_entries(model, target, quant)
+    names = shard_names(len(plans))
+    weight_map: dict[str, str] = {}
+    total, quantized = 0, []
+    with ExitStack() as stack:
+        stack.enter_context(_torch_threads(1))
+        reader = TensorReader(model, stack)
+        checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
+        checking: list[Future[None]] = []
+        for file_name, entries in zip(names, plans, strict=True):
+            layout = [(e.name, e.dtype, e.shape) for e in entries]
+            with SafetensorsWriter(out_dir / file_name, layout, metadata={"format": "pt"}) as writer:
+                for entry in entries:
+                    weight_map[entry.name] = file_name
+                    if entry.kind not in ("copy", "fp8"):
+                        writer.write(entry.name, _scale(entry, stats).reshape(entry.shape))
+                        continue
+                    original = reader.read(entry.source)
+                    if entry.kind == "fp8":
+                        module = entry.source.removesuffix(".weight")
+                        scale = weight_scale(stats.get("w", module).max())
+                        converted = quantize_weight(original.to(target), scale)
+                        quantized.append(module)
+                        sources = [SourceRead(entry.source, original, original, None)]
+                    else:
+                        converted = original if original.dtype == entry.dtype else original.to(entry.dtype)
+                        sources = [SourceRead(entry.source, original, converted, None)]
+                    writer.write(entry.name, converted, reader.locator(sources))
+                    while checking:  # one tensor behind, on another thread (see convert.convert)
+                        checking.pop().result()
+                    checking = [checker.submit(check_finite, *sources[0][:3], resolved)]
+                    nbytes = original.numel() * original.element_size()
+                    total += nbytes
+                    if on_tensor:
+                        on_tensor(entry.name, nbytes)
+        while checking:
+            checking.pop().result()
+    index = {"metadata": {"total_size": sum((out_dir / n).stat().st_size for n in names)}, "weight_map": weight_map}
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    _write_configs(model, out_dir, resolved, quant)
+    return UnifiedResult(out_dir, resolved, tuple(out_dir / n for n in names), total, tuple(quantized))
+
+
+def _write_configs(model: ModelSpec, out_dir: Path, dtype: str, quant: QuantConfig) -> None:
+    """config.json (dtype, inline quantization), generation_config.json, hf_quant_config.json, tokenizer files."""
+    config = dict(model.hf.raw)
+    config["dtype" if "dtype" in config and "torch_dtype" not in config else "torch_dtype"] = dtype
+    config.pop("quantization_config", None)
+    if quant.is_quantized:
+        config["quantization_config"] = inline_quantization_config(quant)
+        (out_dir / QUANT_CONFIG_FILE).write_text(json.dumps(hf_quant_config(quant), indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for path in model.tokenizer_files:
+        shutil.copy2(path, out_dir / path.name)
+    if not (out_dir / "generation_config.json").is_file():
+        generation: dict[str, Any] = {"_from_model_config": True}
+        if model.hf.bos_token_id is not None:
+            generation["bos_token_id"] = model.hf.bos_token_id
+        if model.hf.eos_token_ids:
+            eos = list(model.hf.eos_token_ids)
+            generation["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+        (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

@@ -1,0 +1,227 @@
+"""The ``tensorrt_llm`` model of the llmapi target: a Triton Python-backend model over TensorRT-LLM's public LLM API.
+
+Written by trtllm-kit against the documented API (``LLM``, ``SamplingParams``, ``generate_async``, ``abort``,
+``get_stats``, ``shutdown``). Its tensors are upstream's ``llmapi`` interface (``text_input``, ``streaming``,
+``sampling_param_*``, ``return_finish_reason``, ``return_stop_reason``, ``return_cumulative_logprob``, ``stop``
+→ ``text_output``, ``finish_reason``, ``stop_reason``, ``cumulative_logprob``) plus what benchmarks and
+autoscalers need: ``input_ids`` in place of text, ``output_ids`` and the token counts out, and the C++
+backend's gauges ``nv_trt_llm_request_metrics`` / ``nv_trt_llm_kv_cache_block_metrics`` as custom metrics.
+
+``model.yaml`` (next to this file, or ``$LLM_CONFIG_PATH``) holds the ``LLM()`` arguments and ``triton_config``.
+The class is ``tensorrt_llm.LLM`` where TensorRT-LLM and a GPU are present, else the kit's CPU runtime behind
+the same interface (``trtllm_kit.llmapi.cpu_llm.LLM``); nothing else differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import yaml
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+TRITON_ONLY = ("triton_config", "logits_post_processors")
+SAMPLING = {  # input → (SamplingParams field, numpy → python)
+    "sampling_param_best_of": ("best_of", int), "sampling_param_temperature": ("temperature", float),
+    "sampling_param_top_k": ("top_k", int), "sampling_param_top_p": ("top_p", float),
+    "sampling_param_frequency_penalty": ("frequency_penalty", float),
+    "sampling_param_presence_penalty": ("presence_penalty", float),
+    "sampling_param_max_tokens": ("max_tokens", int), "sampling_param_seed": ("seed", int),
+    "sampling_param_exclude_input_from_output": ("exclude_input_from_output", bool),
+    "sampling_param_return_perf_metrics": ("return_perf_metrics", bool),
+    "sampling_param_min_tokens": ("min_tokens", int), "sampling_param_end_id": ("end_id", int),
+    "sampling_param_ignore_eos": ("ignore_eos", bool),
+}
+GAUGES = {  # family → (label, {label value: getter over one iteration-stats dict})
+    "nv_trt_llm_request_metrics": ("request_type", {
+        "active": ("numActiveRequests",), "max": ("maxNumActiveRequests",), "waiting": ("numQueuedRequests",),
+        "scheduled": ("inflightBatchingStats", "numScheduledRequests"),
+        "context": ("inflightBatchingStats", "numContextRequests")}),
+    "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {
+        "max": ("kvCacheStats", "maxNumBlocks"), "free": ("kvCacheStats", "freeNumBlocks"),
+        "used": ("kvCacheStats", "usedNumBlocks"), "tokens_per": ("kvCacheStats", "tokensPerBlock")}),
+}
+
+
+def llm_class():
+    """``tensorrt_llm``'s ``LLM`` and ``SamplingParams`` with a GPU, else the kit's CPU ones."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from tensorrt_llm import LLM, SamplingParams
+
+            return LLM, SamplingParams
+    except ImportError:
+        pass
+    from trtllm_kit.llmapi.cpu_llm import LLM, SamplingParams
+
+    return LLM, SamplingParams
+
+
+def _scalar(request, name: str, default=None):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+
+def _strings(request, name: str) -> list[str]:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return []
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        model_dir = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(model_dir, os.environ.get("LLM_CONFIG_PATH", "model.yaml"))) as f:
+            config = yaml.safe_load(f)
+        triton = config["triton_config"]
+        self.decoupled = bool(triton["decoupled"])
+        self.cancel_period = int(triton.get("cancellation_check_period_ms", 100)) / 1000
+        llm_args = {k: v for k, v in config.items() if k not in TRITON_ONLY}
+        LLM, self.SamplingParams = llm_class()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop", daemon=True)
+        self.thread.start()
+        self.llm = LLM(**llm_args)
+        self.inflight: dict[str, list] = {}  # triton request id → running results (for the ``stop`` input)
+        self.pending: set = set()
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.families, self.gauges = [], []
+        for family, (label, values) in GAUGES.items():
+            metric_family = pb_utils.MetricFamily(name=family, description=f"TensorRT-LLM {label} (LLM.get_stats)",
+                                                  kind=pb_utils.MetricFamily.GAUGE)
+            self.families.append(metric_family)  # a family must outlive its metrics
+            self.gauges += [(path, metric_family.Metric(labels={**labels, label: value}))
+                            for value, path in values.items()]
+        self.metrics_task = asyncio.run_coroutine_threadsafe(self._publish(), self.loop)
+
+    def execute(self, requests):
+        if not self.decoupled:
+            futures = [asyncio.run_coroutine_threadsafe(self._run(r, None), self.loop) for r in requests]
+            return [future.result() for future in futures]
+        for request in requests:
+            future = asyncio.run_coroutine_threadsafe(self._run(request, request.get_response_sender()), self.loop)
+            self.pending.add(future)
+            future.add_done_callback(self.pending.discard)
+        return None
+
+    def finalize(self) -> None:
+        for future in list(self.pending):
+            future.cancel()
+        self.metrics_task.cancel()
+        self.llm.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    async def _run(self, request, sender):
+        """One request from tensors to responses; an error becomes an error response with ``N/A`` text."""
+        request_id = request.request_id()
+        try:
+            if bool(_scalar(request, "stop", False)):
+                for result in self.inflight.get(request_id, []):
+                    result.abort()
+                return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"])), final=True)
+            prompt, params, streaming = self._convert(request)
+            result = self.llm.generate_async(prompt, params, streaming=streaming)
+            self.inflight.setdefault(request_id, []).append(result)
+            watcher = asyncio.ensure_future(self._watch(request, result)) if sender is not None else None
+            try:
+                if streaming:
+                    async for output in result:
+                        final = output.finished
+                        self._send(sender, self._response(request, output, diff=True), final=final)
+                        if final:
+                            return None
+                    return self._send(sender, None, final=True)
+                output = await result.aresult()
+                if output.outputs[0].finish_reason == "cancelled":
+                    raise asyncio.CancelledError
+                return self._send(sender, self._response(request, output, diff=False), final=True)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+                self.inflight.get(request_id, []).remove(result) if result in self.inflight.get(request_id, []) \
+                    else None
+        except asyncio.CancelledError:
+            error = pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED)
+            return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"]), error=error), final=True)
+        except Exception as exc:  # every failure is answered; the model goes on serving
+            error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+            return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"]), error=error), final=True)
+
+    async def _watch(self, request, result) -> None:
+        """Abort the generation when Triton reports the request cancelled (polled every period)."""
+        while True:
+            await asyncio.sleep(self.cancel_period)
+            if request.is_cancelled():
+                result.abort()
+                return
+
+    def _convert(self, request):
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        texts = _strings(request, "text_input")
+        if ids is not None:
+            prompt = [int(t) for t in ids.as_numpy().reshape(-1)]
+        elif texts:
+            prompt = texts[0]
+        else:
+            raise ValueError("send text_input (a prompt) or input_ids (token ids)")
+        kwargs = {}
+        for name, (field, cast) in SAMPLING.items():
+            value = _scalar(request, name)
+            if value is not None:
+                kwargs[field] = cast(value.item() if hasattr(value, "item") else value)
+        stops = _strings(request, "sampling_param_stop")
+        if stops:
+            kwargs["stop"] = stops
+        streaming = bool(_scalar(request, "streaming", False))
+        if streaming and not self.decoupled:
+            raise ValueError("Streaming is only supported in decoupled mode.")
+        return prompt, self.SamplingParams(**kwargs), streaming
+
+    def _text(self, values):
+        return [pb_utils.Tensor("text_output", np.array(values, dtype=np.object_))]
+
+    def _response(self, request, output, diff: bool):
+        completions = output.outputs
+        texts = [c.text_diff if diff else c.text for c in completions]
+        token_ids = [list(c.token_ids_diff if diff else c.token_ids) for c in completions]
+        tensors = self._text(texts)
+        tensors.append(pb_utils.Tensor("output_ids", np.array(token_ids[0], dtype=np.int32)))
+        tensors.append(pb_utils.Tensor("num_input_tokens", np.array([len(output.prompt_token_ids)], np.int32)))
+        tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(completions[0].token_ids)], np.int32)))
+        for flag, name in (("return_finish_reason", "finish_reason"), ("return_stop_reason", "stop_reason")):
+            if bool(_scalar(request, flag, False)):
+                values = [str(getattr(c, name)) for c in completions]
+                tensors.append(pb_utils.Tensor(name, np.array(values, dtype=np.object_)))
+        if bool(_scalar(request, "return_cumulative_logprob", False)):
+            values = [float(c.cumulative_logprob or 0.0) for c in completions]
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array(values, dtype=np.float32)))
+        return pb_utils.InferenceResponse(tensors)
+
+    def _send(self, sender, response, final: bool):
+        if sender is None:
+            return response
+        sender.send(response, flags=FINAL if final else 0)
+        return None
+
+    async def _publish(self) -> None:
+        """Copy the newest iteration statistics into the gauges, twice a second."""
+        while True:
+            try:
+                stats = await self.loop.run_in_executor(None, self.llm.get_stats, 0.1)
+                if stats:
+                    latest = stats[-1] if isinstance(stats[-1], dict) else {}
+                    for path, metric in self.gauges:
+                        value = latest
+                        for key in path:
+                            value = value.get(key, 0) if isinstance(value, dict) else 0
+                        metric.set(float(value or 0))
+            except Exception as exc:  # statistics are best effort; serving goes on
+                pb_utils.Logger.log_warn(f"llmapi gauges: {exc!r}")
+            await asyncio.sleep(0.5)

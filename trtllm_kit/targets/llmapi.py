@@ -1,0 +1,111 @@
+"""Target ``llmapi``: TensorRT-LLM's PyTorch backend (1.0 and later, including 1.2.1 and every release after the
+TensorRT engine path was removed). The artifact is an unsharded unified HF checkpoint, ``model.yaml`` of
+``TorchLlmArgs`` fields, one Triton ``tensorrt_llm`` Python model with upstream's ``llmapi`` interface, and a
+``trtllm-serve`` configuration. TP/PP happen inside the ``LLM`` at load time: one server process."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtllm_kit.artifact import CheckpointRecord, EngineRecord
+from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.jsonfile import read_json
+from trtllm_kit.model_repo.limits import (
+    CPU_MAX_BATCH_SIZE,
+    CPU_MAX_NUM_TOKENS,
+    CPU_MAX_SEQ_LEN,
+    EngineLimits,
+)
+from trtllm_kit.targets.base import Target
+
+if TYPE_CHECKING:
+    from trtllm_kit.artifact import RepoRecord
+    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.build.engine import EngineSetup
+    from trtllm_kit.build.pipeline import BuildContext
+    from trtllm_kit.spec import BuildSpec
+
+CHECKPOINT_DIR = "checkpoint"
+SERVE_DIR = "trtllm-serve"
+
+
+class LlmapiTarget(Target):
+    name = "llmapi"
+    summary = "TensorRT-LLM's PyTorch backend: unified HF checkpoint, Triton llmapi Python model, trtllm-serve"
+    model_dir = CHECKPOINT_DIR
+    rank_file_pattern = "model-*.safetensors"
+    backend = "python"
+    compiles = False
+    slot_model = "tensorrt_llm_llmapi.py"
+    text_models = ("tensorrt_llm",)
+    owns_checkpoint = True
+
+    def machine_problem(self, machine: Machine) -> str | None:
+        return None  # builds anywhere; on a CPU the repository's model runs the kit's CPU runtime
+
+    def chosen_because(self, machine: Machine) -> str:
+        if machine.tensorrt_llm:
+            return f"tensorrt_llm {machine.tensorrt_llm} found; the PyTorch backend loads checkpoint/ at start-up"
+        return "no compile; the PyTorch backend (or, on a CPU, the kit's CPU runtime) loads checkpoint/ at start-up"
+
+    def check_spec(self, spec: BuildSpec) -> None:
+        """Refuse the quantizations the PyTorch backend cannot load (int8-sq, int8-wo, an INT8 KV cache)."""
+        from trtllm_kit.llmapi.quant_format import check_llmapi_quant
+
+        check_llmapi_quant(spec.quant_config())
+
+    def write_checkpoint(self, ctx: BuildContext) -> None:
+        """The unified HF checkpoint (calibrated for FP8), the tokenizer, and a CPU verify for small models."""
+        from trtllm_kit.build.pipeline import calibration_stats, copy_tokenizer, run_verify, should_verify
+        from trtllm_kit.llmapi.quant_format import hf_quant_config
+        from trtllm_kit.llmapi.unified import write_unified
+
+        quant = ctx.spec.quant_config()
+        stats = calibration_stats(ctx)
+        ckpt_dir = ctx.out / CHECKPOINT_DIR
+        ckpt_dir.mkdir()
+        with ctx.reporter.task("export", ctx.model.weight_bytes) as advance:
+            result = write_unified(ctx.model, ckpt_dir, ctx.spec.build.dtype, quant, stats, lambda _n, b: advance(b))
+        copy_tokenizer(ctx.model, ctx.out / "tokenizer")
+        ctx.records.checkpoint = CheckpointRecord(
+            dir=CHECKPOINT_DIR, dtype=result.dtype, **ctx.mapping.to_dict(),
+            quantization=hf_quant_config(quant)["quantization"] if quant.is_quantized else None)
+        if should_verify(ctx.spec, ctx.model):
+            from trtllm_kit.llmapi.load import load_unified
+
+            t0 = time.perf_counter()
+            ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter,
+                                            load=lambda dtype: load_unified(ckpt_dir, ctx.mapping, dtype))
+            ctx.timings["verify"] = time.perf_counter() - t0
+
+    def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
+        """Nothing to compile: write the ``trtllm-serve`` configuration and record its command line."""
+        from trtllm_kit.llmapi.serve_config import write_serve_config
+
+        command = write_serve_config(ctx, setup)
+        return EngineRecord(target=self.name, reason=setup.reason, command=command,
+                            plan=setup.plan.to_dict() if setup.plan else None)
+
+    def reads_model_dir(self, config: dict[str, Any]) -> bool:
+        return isinstance(config.get("architectures"), list) and "model_type" in config
+
+    def limits(self, model_dir: Path, overrides: dict[str, int | None]) -> EngineLimits:
+        """The given sizes, else the CPU runtime's defaults, over the unified checkpoint's HF ``config.json``."""
+        config = read_json(model_dir / "config.json", f"{model_dir}/config.json does not exist; build the "
+                           "checkpoint first (trtllm-kit build --target llmapi).")
+        positions = int(config.get("max_position_embeddings") or CPU_MAX_SEQ_LEN)
+        return EngineLimits(
+            target=self.name, model_dir=model_dir,
+            max_batch_size=overrides.get("max_batch_size") or CPU_MAX_BATCH_SIZE,
+            max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
+            max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,
+            tokens_per_block=overrides.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK, use_paged_context_fmha=True,
+            tp_size=int(overrides.get("tp_size") or 1), pp_size=int(overrides.get("pp_size") or 1),
+            vocab_size=config.get("vocab_size"))
+
+    def write_repo(self, ctx: BuildContext) -> RepoRecord | None:
+        from trtllm_kit.llmapi.repository import llmapi_repo_stage
+
+        return llmapi_repo_stage(ctx)
