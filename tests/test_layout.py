@@ -79,7 +79,8 @@ def test_stage_and_head_arithmetic() -> None:
 
 
 def test_quant_entries_per_algorithm() -> None:
-    """§5 by hand: FP8 scales, SmoothQuant per-tensor scales and smoother, the norm's scale, the KV scale."""
+    """docs/trtllm-checkpoint.md §5 by hand: FP8 scales, SmoothQuant per-tensor scales and smoother, the norm's
+    scale, the KV scale."""
     dense = TensorSpec((64, 32), "float16")
     fp8 = quant_entries("transformer.layers.0.attention.dense.weight", dense, QuantLayout("FP8"))
     assert fp8 == [("transformer.layers.0.attention.dense.weight", TensorSpec((64, 32), "float8_e4m3fn")),

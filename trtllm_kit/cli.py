@@ -19,7 +19,7 @@ class KitClickError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares a class default; each error sets its own
 
 
 class KitGroup(click.Group):

@@ -86,7 +86,7 @@ class KVCache(Choice):
 
 
 class SchedulerPolicy(Choice):
-    """``batch_scheduler_policy`` of the ``tensorrt_llm`` model: what the C++ backend accepts (triton-repo.md
+    """``batch_scheduler_policy`` of the ``tensorrt_llm`` model: what the C++ backend accepts (docs/triton-repo.md
     §3.2). The CPU runtime also runs ``STATIC_BATCHING``, a baseline that benchmarks/batching.py compares
     in-flight batching with; the C++ backend has no such policy, so no option offers it and no repository is
     written with it."""

@@ -83,6 +83,7 @@ class Interrupts:
             signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)
             return
         signum, self._pending = self._pending, None
+        assert signum is not None, "a signal is pending here"
         self._raised = True
         raise KeyboardInterrupt(signal.Signals(signum).name)
 

@@ -3,7 +3,7 @@ duplication, vocabulary padding and the tensors every rank file holds, quantizat
 
 The converter writes, the planner counts and the CPU runtime checks exactly what ``rank_tensors`` says. A
 rank's tensors come from the family's ``Rule`` table (names, sources, split, stage) and the quantization's
-entries (§5: FP8 scales, SmoothQuant scales and smoothers, the KV-cache scale).
+entries (``docs/trtllm-checkpoint.md`` §5: FP8 scales, SmoothQuant scales and smoothers, the KV-cache scale).
 """
 
 from __future__ import annotations

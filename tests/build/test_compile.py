@@ -101,7 +101,7 @@ def test_argv_per_precision_and_layout(quant: str | None, gpu: str, tp: int, pp:
 
 
 def spec_flags() -> set[str]:
-    """Every ``--flag`` named in the spec's §7.1–7.2 (trtllm-build 1.2.x)."""
+    """Every ``--flag`` named in docs/trtllm-checkpoint.md §7.1–7.2 (trtllm-build 1.2.x)."""
     text = SPEC.read_text()
     section = text[text.index("## 7. Building engines"):text.index("### 7.3")]
     return set(re.findall(r"`--([a-z_0-9]+)", section)) | set(re.findall(r"--([a-z_0-9]+) <", section))

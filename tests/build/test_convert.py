@@ -1,4 +1,4 @@
-"""End-to-end conversion of tiny HF models written by ``transformers`` (spec §2–§4).
+"""End-to-end conversion of tiny HF models written by ``transformers`` (docs/trtllm-checkpoint.md §2–§4).
 
 Each test converts a real ``save_pretrained`` directory and reads the rank files back with the real
 ``safetensors`` library. The expected content of every rank file is built here by indexing the HF tensors

@@ -1,4 +1,5 @@
-"""The memory planner against hand computations from the spec's §8 formulas, on real configs and H100-80GB.
+"""The memory planner against hand computations from the formulas of docs/trtllm-checkpoint.md §8, on real
+configs and H100-80GB.
 
 Every expected figure below is written out from the formulas (numbers of the published configs), not
 computed by the planner's code: weights per rank = Σ numel × 2 bytes over the rank's tensors (+ 4 bytes per

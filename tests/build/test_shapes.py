@@ -1,4 +1,4 @@
-"""Name/shape tables for real configs on the meta device (spec §3.1, §3.2, §4).
+"""Name/shape tables for real configs on the meta device (docs/trtllm-checkpoint.md §3.1, §3.2, §4).
 
 The HF names and shapes come from ``transformers`` itself (the model instantiated on ``meta``), never from
 the kit's family tables; the expected TensorRT-LLM table per rank is computed here from the spec's formulas.

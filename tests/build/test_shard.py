@@ -1,4 +1,4 @@
-"""Exact-slice tests of the split rules with ``arange`` weights (spec §4.2–4.4).
+"""Exact-slice tests of the split rules with ``arange`` weights (docs/trtllm-checkpoint.md §4.2–4.4).
 
 Every element of an ``arange`` weight is distinct, so a shard can only equal the expected slice if it holds
 exactly those rows or columns. Expected slices are written out by index here, never with ``torch.chunk``.

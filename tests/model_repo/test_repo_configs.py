@@ -1,5 +1,5 @@
 """Generated ``config.pbtxt``: protobuf messages that round-trip, golden files for both targets, and the
-``tensorrt_llm`` parameters checked against the spec's parameter table (triton-repo.md §3.2)."""
+``tensorrt_llm`` parameters checked against the spec's parameter table (docs/triton-repo.md §3.2)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ def pack_archive(artifact_dir: Path, archive: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".partial", dir=archive.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
-            stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if name.endswith(COMPRESSED) else raw
+            stream: IO[bytes] = (gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if name.endswith(COMPRESSED)  # type: ignore[assignment]
+                                 else raw)
             with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for rel in (MANIFEST, *files):
                     info = tar.gettarinfo(str(artifact_dir / rel), arcname=rel)
@@ -126,7 +127,7 @@ def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
                     manifest = json.loads(data)
                     continue
                 digest = hashlib.sha256()
-                for block in iter(lambda f=f: f.read(16 * 2**20), b""):
+                while block := f.read(16 * 2**20):
                     digest.update(block)
                 digests[member.name] = digest.hexdigest()
     except TamperedError:

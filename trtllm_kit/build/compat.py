@@ -1,7 +1,7 @@
 """This machine's engine toolchain and GPUs, and whether an artifact's engines can run here.
 
 An engine runs only with the TensorRT-LLM/TensorRT versions it was built with and only on GPUs of the
-compute capability it was built for (spec §7.5). ``compatibility`` is the one check that
+compute capability it was built for (``docs/trtllm-checkpoint.md`` §7.5). ``compatibility`` is the one check that
 ``artifact verify`` and ``serve`` share.
 """
 

@@ -65,7 +65,9 @@ class TensorTransform(Protocol):
     """A per-work-item hook (quantization): what each rank file holds instead of the plain tensor (the layout of
     which ``trtllm_kit.layout.rank_tensors`` states from the ``quantization`` object)."""
 
-    quantization: dict[str, Any]  # the ``quantization`` object of config.json
+    @property
+    def quantization(self) -> dict[str, Any]:
+        """The ``quantization`` object of config.json."""
 
     def apply(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> list[list[tuple[str, list[torch.Tensor]]]]:
         """Per TP rank, (name, parts) in ``entries`` order, from the plain per-rank parts."""
@@ -133,7 +135,7 @@ class TensorReader:
 
     def __init__(self, model: ModelSpec, stack: ExitStack) -> None:
         self._tensors = model.tensors
-        self._handles: dict[Path, object] = {}
+        self._handles: dict[Path, Any] = {}
         self._fds: dict[Path, int] = {}
         self._stack = stack
         self._pickle = model.weight_format == "pickle"

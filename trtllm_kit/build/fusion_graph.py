@@ -103,10 +103,11 @@ def layer_graph(hf: HFConfig, precision: Precision, tp_size: int, flags: dict[st
 def _norm(g: LayerGraph, name: str, x: str, precision: Precision, flags: dict[str, str], tokens: int | str,
           h: int) -> str:
     weight = f"{name}.weight"
-    if (precision.quant_algo or "").startswith("W8A8_SQ_"):
+    algo = precision.quant_algo or ""
+    if algo.startswith("W8A8_SQ_"):
         return g.node(name, "RmsnormQuantization", [x, weight], [f"{name}.int8"],
-                      f"quant_algo {precision.quant_algo} (rmsnorm_quantization_plugin)", PLUGIN, [tokens, h],
-                      per_token=int("PER_TOKEN" in precision.quant_algo))[0]
+                      f"quant_algo {algo} (rmsnorm_quantization_plugin)", PLUGIN, [tokens, h],
+                      per_token=int("PER_TOKEN" in algo))[0]
     if precision.quant_algo == "FP8" and flags.get("norm_quant_fusion") == "enable":
         return g.node(name, "RmsNormQuantFP8", [x, weight], [f"{name}.fp8"], "--norm_quant_fusion enable", PLUGIN,
                       [tokens, h])[0]

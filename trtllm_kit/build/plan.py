@@ -1,6 +1,6 @@
 """The memory plan of an engine build: what each rank holds and how many sequences its KV cache serves.
 
-Per rank ``r`` on a GPU of ``M`` bytes (formulas of the checkpoint spec, §8):
+Per rank ``r`` on a GPU of ``M`` bytes (formulas of ``docs/trtllm-checkpoint.md`` §8):
 
 * weights: the bytes of ``rank{r}.safetensors`` after the build's quantization (W8A16: 1 byte per linear
   weight element + ``out_local`` scales in the model dtype; FP8: 1 byte + two float32 scalars per linear,

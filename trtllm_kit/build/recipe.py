@@ -28,7 +28,8 @@ TOGGLE = ("enable", "disable")
 PLUGIN_DTYPES = ("auto", "float16", "bfloat16", "float32", "int32", "disable")
 INT = "<int>"
 PATH = "<path>"
-# trtllm-build 1.2.x: flag → accepted values (INT / PATH for free values), from the spec's §7.2 tables
+# trtllm-build 1.2.x: flag → accepted values (INT / PATH for free values), from the tables of
+# docs/trtllm-checkpoint.md §7.2
 FLAGS_1_2: dict[str, tuple[str, ...]] = {
     "checkpoint_dir": (PATH,), "model_config": (PATH,), "build_config": (PATH,), "output_dir": (PATH,),
     "max_batch_size": (INT,), "max_input_len": (INT,), "max_seq_len": (INT,), "max_num_tokens": (INT,),

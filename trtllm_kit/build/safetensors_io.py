@@ -155,7 +155,7 @@ class SafetensorsWriter:
         for part in parts:
             source = locate(part) if locate else None
             if source is None or not copy_slice(source, self._fd, position):
-                data = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
+                data = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy().data)
                 _write_all(self._fd, data, position)
             position += part.numel() * part.element_size()
         self._pending.discard(name)

@@ -120,7 +120,7 @@ def reclaim_stale(out_dir: Path) -> list[tuple[Path, int]]:
     """
     out_dir = out_dir.absolute()
     pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(\d+-\d+)\.(?:[^.]+\.partial|old)$")
-    removed = []
+    removed: list[tuple[Path, int]] = []
     if not out_dir.parent.is_dir():
         return removed
     for path in sorted(out_dir.parent.iterdir()):

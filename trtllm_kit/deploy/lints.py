@@ -59,7 +59,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
             found.append(Finding(file, kind, doc["metadata"]["name"], "spec/startupPolicy", "the leader waits for "
                                  "its workers, so workers must start with it: use LeaderCreated"))
     for file, doc in docs:
-        kind, name, spec = doc.get("kind"), (doc.get("metadata") or {}).get("name"), doc.get("spec") or {}
+        kind, name = str(doc.get("kind")), str((doc.get("metadata") or {}).get("name"))
+        spec = doc.get("spec") or {}
         wanted = None
         if kind == "Service":
             wanted = spec.get("selector") or {}

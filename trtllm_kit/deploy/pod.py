@@ -146,9 +146,10 @@ def server_container(settings: DeploySettings, source: DeploySource, command: li
     _, container_security = security()
     ports = [{"name": kind, "containerPort": port} for kind, port in PORTS.items()]
     ports.append({"name": "openai", "containerPort": settings.openai_port})
-    env = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}}
+    env: list[Obj] = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}}
            for n, f in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))]
-    mounts = [{"name": "artifact", "mountPath": source.mount_path}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[Obj] = [{"name": "artifact", "mountPath": source.mount_path},
+                         {"name": "dshm", "mountPath": "/dev/shm"}]
     if scripts:
         mounts.append({"name": "launch", "mountPath": SCRIPTS_DIR, "readOnly": True})
     container: Obj = {"name": CONTAINER, "image": settings.image, "command": command, "env": env,

@@ -136,10 +136,10 @@ def check_llm_args(values: dict[str, Any], *, triton: bool = False) -> None:
                 if nested is not None and isinstance(inner_value, dict):
                     _check_keys(inner_value, nested, f"{name}.{inner}.")
     for path, choices in ENUMS.items():
-        value: Any = values
+        found: Any = values
         for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is not None and value not in choices:
+            found = found.get(part) if isinstance(found, dict) else None
+        if found is not None and found not in choices:
             raise KitUsageError(f"{path} is {value!r}, which TensorRT-LLM 1.2 does not accept; use one of "
                                 f"{', '.join(choices)}.")
 

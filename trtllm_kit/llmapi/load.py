@@ -101,7 +101,8 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
                     tensors[item.target] = torch.cat(local).contiguous()
                 if kv_algo == "FP8" and item.rule.name.endswith("attention.qkv.weight"):
                     base = item.target.removesuffix("qkv.weight")
-                    tensors[f"{base}kv_cache_scaling_factor"] = torch.ones(1, dtype=F32)  # unit scale (§4.4)
+                    # unit scale (docs/llmapi.md §4.4)
+                    tensors[f"{base}kv_cache_scaling_factor"] = torch.ones(1, dtype=F32)
     ranks = [prepare_weights(tensors, quantization, compute_dtype) for tensors in ranks]
     return CheckpointModel(config, ranks, compute_dtype, str(ckpt_dir))
 

@@ -1,6 +1,6 @@
 """``config.pbtxt`` of each repository model, built as ``inference.ModelConfig`` protobuf messages.
 
-Every parameter the TensorRT-LLM backend reads is set explicitly (``triton-repo.md`` §3.2); keys that are
+Every parameter the TensorRT-LLM backend reads is set explicitly (``docs/triton-repo.md`` §3.2); keys that are
 deliberately left to the backend's default are listed in ``BACKEND_DEFAULT_KEYS`` with the reason. Nothing
 is templated: a value is either set from the engine, the plan and the options, or absent.
 """

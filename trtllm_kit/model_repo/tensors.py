@@ -1,4 +1,4 @@
-"""The tensors of the five repository models, as data (``triton-repo.md`` §3.4–§7).
+"""The tensors of the five repository models, as data (``docs/triton-repo.md`` §3.4–§7).
 
 Each row is ``(name, data type, dims, required)``; dims exclude the Triton batch dimension. The
 ``tensorrt_llm`` tables are the upstream names and types on both targets, so clients and the ensemble never

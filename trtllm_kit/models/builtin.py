@@ -150,7 +150,7 @@ def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             "model.layers.{}.post_attention_layernorm.weight": (h,),
             f"{MLP}.gate_proj.weight": (i, h), f"{MLP}.up_proj.weight": (i, h), f"{MLP}.down_proj.weight": (h, i),
         }
-    shapes = {"model.embed_tokens.weight": (v, h)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
     for n in range(config["num_hidden_layers"]):
         shapes.update({name.format(n): shape for name, shape in layer.items()})
     shapes["model.norm.weight"] = (h,)

@@ -71,6 +71,7 @@ class BenchSpec:
         """Measured requests at ``level``: --requests, or enough to last --duration."""
         if self.num_requests is not None:
             return self.num_requests
+        assert self.duration_s is not None, "__post_init__ requires --requests or --duration"
         if self.mode == "rate":
             return max(1, math.ceil(level * self.duration_s))
         return 1_000_000  # closed loop stops issuing at the duration
@@ -146,7 +147,7 @@ def _one_token_word(tokenizer: Any) -> str | None:
 
 def gates(spec: BenchSpec, level: float, summary: dict[str, Any], loop_lag: dict[str, Any],
           server: dict[str, Any] | None, telemetry: dict[str, Any] | None) -> list[str]:
-    """Reasons a point is invalid (harness spec §10); empty when it is valid.
+    """Reasons a point is invalid (``docs/harness.md`` §10); empty when it is valid.
 
     Arguments:
         spec: the benchmark.
@@ -250,8 +251,8 @@ async def _measure(spec: BenchSpec, client: StreamClient, prompts: PromptSource,
                 r.scenario, r.repeat = f"isl{spec.workload.isl}_osl{spec.workload.osl}", repeat
             write_records(phase.records, records_path)
             summary = summarize(phase.records, spec.slo, phase.window_ns, phase.offered_span_ns)
-            telemetry = (summarize_telemetry(sampler.samples, phase.window_ns, summary.get("output_tokens", 0),
-                                             summary.get("num_ok", 0)) if sampler.available else None)
+            telemetry = (summarize_telemetry(sampler.samples, phase.window_ns, int(summary.get("output_tokens", 0)),
+                                             int(summary.get("num_ok", 0))) if sampler.available else None)
             lag = stats(phase.loop_lag_ms)
             failed = gates(spec, level, summary, lag, server, telemetry)
             runs.append({"level": level, "label": label, "repeat": repeat, "window_ns": list(phase.window_ns),
@@ -301,7 +302,7 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
     finally:
         sampler.stop()
         await client.close()
-    by_level = {}
+    by_level: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_level.setdefault(run["label"], []).append(run)
     recorded = {key: value for key, value in asdict(spec).items() if key != "api_key"}

@@ -53,7 +53,9 @@ class LagProbe:
     """Measures how late a 10 ms timer fires: a saturated client shows lag in its own event loop."""
 
     def __init__(self, period_s: float = 0.01) -> None:
-        self.period_s, self.lags_ms, self._task = period_s, [], None
+        self.period_s = period_s
+        self.lags_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
@@ -66,7 +68,8 @@ class LagProbe:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 async def _sleep_until(t_ns: int) -> None:

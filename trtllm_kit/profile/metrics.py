@@ -1,4 +1,4 @@
-"""Metric definitions (harness spec §4) computed from per-request records.
+"""Metric definitions (``docs/harness.md`` §4) computed from per-request records.
 
 Per request: TTFT ``t_1 − t_send``, TTST ``t_2 − t_1``, inter-chunk latency ``t_k − t_{k−1}``, per-chunk ITL
 ``ICL_k / n_k`` counted ``n_k`` times, TPOT ``(t_m − t_1)/(OSL_obs − 1)``, E2E ``t_end − t_send``; chunks
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -140,7 +141,7 @@ def max_in_flight(records: Sequence[RequestRecord]) -> int:
 
 
 def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = None,
-              window_ns: tuple[int, int] | None = None, offered_span_ns: int | None = None) -> dict[str, object]:
+              window_ns: tuple[int, int] | None = None, offered_span_ns: int | None = None) -> dict[str, Any]:
     """All aggregates of §4.3 for the measured requests.
 
     Arguments:
@@ -224,9 +225,11 @@ def drift(records: Sequence[RequestRecord], num_bins: int = 10) -> dict[str, obj
     tpots = [[m.tpot_ms for r in b if r.ok and (m := request_metrics(r)).tpot_ms is not None] for b in bins]
     p99 = [float(np.percentile(t, 99)) if t else None for t in tpots]
 
-    def slope(ys: list[float | None]) -> float | None:
+    def slope(ys: list[float] | list[float | None]) -> float | None:
         points = [(x, y) for x, y in zip(centers_h, ys, strict=True) if y is not None]
-        return float(np.polyfit(*zip(*points, strict=True), 1)[0]) if len(points) > 1 else None
+        if len(points) < 2:
+            return None
+        return float(np.polyfit([x for x, _ in points], [y for _, y in points], 1)[0])
 
     return {"bin_s": width / 1e9, "output_tok_per_s": tok_s, "tpot_p99_ms": p99,
             "output_tok_per_s_slope_per_h": slope(tok_s), "tpot_p99_ms_slope_per_h": slope(p99),

@@ -1,5 +1,5 @@
 """Nsight Systems: the server under ``nsys profile`` with an iteration capture range, harness NVTX ranges,
-and ``nsys stats`` CSVs reduced to the top kernels and NVTX ranges (harness spec §7)."""
+and ``nsys stats`` CSVs reduced to the top kernels and NVTX ranges (``docs/harness.md`` §7)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def read_summary_csv(path: Path, top: int = 10) -> list[dict[str, Any]]:
     avg_col = next((c for c in columns if c.startswith("Avg")), None)
     name_col = next(c for c in ("Name", "Range", "Operation") if c in columns)
     scale = 1e-6 if "(ns)" in total_col else 1e-3 if "(us)" in total_col else 1.0
-    out = [{"name": row[name_col], "total_ms": _number(row[total_col]) * scale,
+    out: list[dict[str, Any]] = [{"name": row[name_col], "total_ms": _number(row[total_col]) * scale,
             "instances": int(_number(row.get("Instances", "0") or "0")),
             "avg_ms": _number(row[avg_col]) * scale if avg_col else None,
             "percent": _number(row.get("Time (%)", "0") or "0")} for row in rows]

@@ -1,4 +1,4 @@
-"""GPU telemetry: an NVML sampler at 10 Hz in its own thread (harness spec §6).
+"""GPU telemetry: an NVML sampler at 10 Hz in its own thread (``docs/harness.md`` §6).
 
 Each sample is timestamped with ``time.monotonic_ns()`` (the clock of the request records). Energy comes
 from the energy counter's delta, never from integrating power. Hardware or thermal clock-event reasons in
@@ -43,7 +43,8 @@ class NvmlSampler:
     """Samples every GPU (or ``gpus``) every ``period_s`` on a daemon thread; ``nvml`` may be injected."""
 
     def __init__(self, period_s: float = 0.1, gpus: list[int] | None = None, nvml: ModuleType | Any = None) -> None:
-        self.period_s, self.samples, self.unavailable = period_s, [], ""
+        self.period_s, self.unavailable = period_s, ""
+        self.samples: list[Sample] = []
         self.nvml, self.handles, self.devices = nvml, [], []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,7 +132,7 @@ class NvmlSampler:
 
 def summarize_telemetry(samples: list[Sample], window_ns: tuple[int, int], output_tokens: int,
                         num_ok: int, period_s: float = 0.1) -> dict[str, Any]:
-    """Energy, power, clocks and throttle verdict for one window (spec §6.4, §6.3, gate 11).
+    """Energy, power, clocks and throttle verdict for one window (``docs/harness.md`` §6.4, §6.3, §10 gate 11).
 
     Arguments:
         samples: all samples of the run.

@@ -1,5 +1,5 @@
 """Triton's Prometheus ``/metrics``: scraped right before and after each phase and at 1 Hz in between,
-parsed with ``prometheus_client``; counters are used as deltas over the window (harness spec §5)."""
+parsed with ``prometheus_client``; counters are used as deltas over the window (``docs/harness.md`` §5)."""
 
 from __future__ import annotations
 

@@ -111,7 +111,8 @@ class QuantConfig:
         return self.quant in ("int8-sq", "fp8") or self.kv_cache_quant_algo is not None
 
     def quantization_block(self) -> dict[str, Any]:
-        """The ``quantization`` object of the checkpoint ``config.json`` (portable keys only, §2.3)."""
+        """The ``quantization`` object of the checkpoint ``config.json`` (portable keys only,
+        docs/trtllm-checkpoint.md §2.3)."""
         return {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo, "group_size": 128,
                 "has_zero_point": False, "pre_quant_scale": False,
                 "exclude_modules": ["lm_head"] if self.quant == "fp8" else None}

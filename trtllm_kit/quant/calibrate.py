@@ -1,5 +1,6 @@
-"""Calibration (§6): forward hooks on the ``transformers`` model record per-channel amax of every linear layer's
-input and output over seeded samples of a text corpus; the weights' per-row and per-column amax come along.
+"""Calibration (``docs/trtllm-checkpoint.md`` §6): forward hooks on the ``transformers`` model record per-channel
+amax of every linear layer's input and output over seeded samples of a text corpus; the weights' per-row and
+per-column amax come along.
 
 The text is the corpus shipped with the package (``trtllm_kit/data/corpus.txt``) or ``--calib-data FILE``
 (``.txt``: one text per non-empty line; ``.jsonl``: one object with a ``"text"`` string per line). All texts are

@@ -51,16 +51,17 @@ class QuantTransform:
     def quantization(self) -> dict[str, Any]:
         return self.config.quantization_block()
 
-    def hf_modules(self, kind: str, layer: int) -> list[str]:
+    def hf_modules(self, kind: str, layer: int | None) -> list[str]:
         """The HF module names behind a TensorRT-LLM layer module (three for qkv)."""
+        assert layer is not None, "quantization statistics belong to decoder layers"
         return [name.removesuffix(".weight") for name in self.modules[kind].source_names(layer)]
 
-    def stat(self, what: str, kinds: tuple[str, ...], layer: int) -> torch.Tensor:
+    def stat(self, what: str, kinds: tuple[str, ...], layer: int | None) -> torch.Tensor:
         """One statistic reduced (elementwise max) over the HF modules of ``kinds`` (same-length vectors)."""
         values = [self.stats.get(what, m) for kind in kinds for m in self.hf_modules(kind, layer)]
         return torch.stack(values).amax(0) if len({v.numel() for v in values}) == 1 else torch.cat(values)
 
-    def smoother(self, kinds: tuple[str, ...], layer: int) -> torch.Tensor:
+    def smoother(self, kinds: tuple[str, ...], layer: int | None) -> torch.Tensor:
         """The SmoothQuant scales of the linears that share one input."""
         x = self.stat("x", kinds[:1], layer)
         wc = torch.stack([self.stat("wc", (k,), layer) for k in kinds]).amax(0)
@@ -99,7 +100,7 @@ class QuantTransform:
                 rank.append((name, [scale]))
         return outputs
 
-    def _kv_scale(self, layer: int) -> float:
+    def _kv_scale(self, layer: int | None) -> float:
         q, k, v = self.hf_modules("attention.qkv", layer)
         y = {m: float(self.stats.get("y", m).max()) for m in (q, k, v)}
         if self.config.kv_cache_quant_algo == "INT8":
@@ -107,7 +108,8 @@ class QuantTransform:
         return fp8_kv_scale(y[k], y[v])
 
     def _fp8(self, item: WorkItem, module: str, shards: list[list[torch.Tensor]]) -> Outputs:
-        """One shared scale per fused group: q/k/v are one item; fc and gate share their max (§5.5)."""
+        """One shared scale per fused group: q/k/v are one item; fc and gate share their max
+        (docs/trtllm-checkpoint.md §5.5)."""
         group = ("mlp.fc", "mlp.gate") if module in ("mlp.fc", "mlp.gate") else (module,)
         w_amax = float(self.stat("w", group, item.layer).max())
         x_amax = float(self.stat("x", group[:1], item.layer).max())
@@ -134,7 +136,7 @@ class QuantTransform:
         return outputs
 
     def _sq_linear(self, item: WorkItem, module: str, shards: list[list[torch.Tensor]]) -> Outputs:
-        """int8 weights and the scale tensors of §5.3 step 4, split per step 5."""
+        """int8 weights and the scale tensors of docs/trtllm-checkpoint.md §5.3 step 4, split per step 5."""
         layer, cfg = item.layer, self.config
         is_row = item.rule.split is Split.ROW
         kinds = ("mlp.fc", "mlp.gate") if module in ("mlp.fc", "mlp.gate") else (module,)

@@ -1,4 +1,4 @@
-"""FP8 (e4m3) per-tensor quantization (§5.5).
+"""FP8 (e4m3) per-tensor quantization (``docs/trtllm-checkpoint.md`` §5.5).
 
 ``weights_scaling_factor = amax|W| / 448`` and ``activation_scaling_factor = amax|X| / 448`` (float32 ``[1]``);
 fused layers (q/k/v; fc/gate) share the largest scale; weights are clamped to ±448 before the cast, because the

@@ -1,6 +1,7 @@
 """INT8 math: the W8A16 CPU preview and SmoothQuant (TensorRT-LLM plugin flavour).
 
-W8A16 (§5.2): scale = column max of Wᵀ / 128 in the model dtype, q = clip(round-half-away(Wᵀ / s), -128, 127).
+W8A16 (``docs/trtllm-checkpoint.md`` §5.2): scale = column max of Wᵀ / 128 in the model dtype,
+q = clip(round-half-away(Wᵀ / s), -128, 127).
 The checkpoint keeps model-dtype weights (the build quantizes them on the GPU); the preview is what the CPU
 runtime and ``verify`` compute with.
 

@@ -1,4 +1,5 @@
-"""KV-cache scales (§5.6): ``attention.kv_cache_scaling_factor``, float32 ``[1]``, a dequantization scale.
+"""KV-cache scales (``docs/trtllm-checkpoint.md`` §5.6): ``attention.kv_cache_scaling_factor``, float32 ``[1]``, a
+dequantization scale.
 
 * INT8 follows TensorRT-LLM's own converter (the legacy rule that goes with the SmoothQuant plugin flavour):
   amax over the whole q/k/v projection output during calibration, / 127. Taking q's range too leaves headroom
