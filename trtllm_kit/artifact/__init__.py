@@ -5,11 +5,8 @@ from trtllm_kit.artifact.manifest import (
     SCHEMA_VERSION,
     Artifact,
     ManifestError,
-    activation_type,
-    kv_cache_type,
     read_manifest_json,
     upgrade_manifest,
-    weight_type,
 )
 from trtllm_kit.artifact.records import (
     CacheRecord,
@@ -23,6 +20,5 @@ from trtllm_kit.artifact.records import (
 
 __all__ = [
     "MANIFEST", "SCHEMA_VERSION", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild", "EngineRecord",
-    "ManifestError", "ModelRecord", "RepoRecord", "StageRecords", "activation_type", "kv_cache_type",
-    "read_manifest_json", "upgrade_manifest", "weight_type",
+    "ManifestError", "ModelRecord", "RepoRecord", "StageRecords", "read_manifest_json", "upgrade_manifest",
 ]

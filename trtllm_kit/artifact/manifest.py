@@ -22,29 +22,10 @@ from trtllm_kit.spec import BuildSpec, nest_flat_spec
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
-_WEIGHT_TYPES = {"W8A16": "int8", "FP8": "fp8"}  # W8A8_SQ_* → int8 (by prefix)
-_KV_TYPES = {"INT8": "int8", "FP8": "fp8"}
 
 
 class ManifestError(KitError):
     """A manifest that cannot be read as this kit's artifact (damaged, foreign or from another schema)."""
-
-
-def weight_type(precision: Precision) -> str:
-    """The element type of the linear weights: ``int8``, ``fp8`` or the checkpoint dtype."""
-    algo = precision.quant_algo or ""
-    return "int8" if algo.startswith("W8A8_SQ") else _WEIGHT_TYPES.get(algo, precision.dtype)
-
-
-def activation_type(precision: Precision) -> str:
-    """The element type the GEMMs read activations in: ``int8`` (SmoothQuant), ``fp8`` or the dtype."""
-    algo = precision.quant_algo or ""
-    return "int8" if algo.startswith("W8A8_SQ") else "fp8" if algo == "FP8" else precision.dtype
-
-
-def kv_cache_type(precision: Precision) -> str:
-    """The KV cache's element type: ``int8``, ``fp8`` or the dtype."""
-    return _KV_TYPES.get(precision.kv_cache_quant_algo or "", precision.dtype)
 
 
 @dataclass(frozen=True)
@@ -89,8 +70,8 @@ class Artifact:
         return {
             "schema_version": self.schema_version, "argv": self.argv, "spec": self.spec.to_dict(),
             "target": self.target, "layout": _layout_dict(self.layout),
-            "precision": {**asdict(self.precision), "weights": weight_type(self.precision),
-                          "activations": activation_type(self.precision), "kv_cache": kv_cache_type(self.precision)},
+            "precision": {**asdict(self.precision), "weights": self.precision.weight_dtype,
+                          "activations": self.precision.activation_dtype, "kv_cache": self.precision.kv_dtype},
             "summary": self.records.to_dict(), "inputs": self.inputs, "tools": self.tools, "machine": self.machine,
             "cache": asdict(self.cache), "timings_s": self.timings_s, "outputs": self.files,
             "output_stats": self.file_stats,

@@ -45,6 +45,12 @@ ACTIVATION_FACTOR = 8
 MAX_BATCH_SIZE = 256
 MAX_NUM_TOKENS = 8192
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+ELEMENT_TYPES = {"FP8": "fp8", "INT8": "int8", "W8A16": "int8", "W8A8": "int8"}  # QuantAlgo (family) → element
+
+
+def _algo_family(quant_algo: str | None) -> str:
+    """``W8A8`` for every SmoothQuant flavour (``W8A8_SQ_*``), else the algorithm's own name ("" for none)."""
+    return "W8A8" if (quant_algo or "").startswith("W8A8_SQ") else quant_algo or ""
 LINEARS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
            "mlp.proj.weight")
 
@@ -59,7 +65,19 @@ class Precision:
 
     @property
     def kv_dtype(self) -> str:
-        return {"FP8": "fp8", "INT8": "int8"}.get(self.kv_cache_quant_algo or "", self.dtype)
+        """The KV cache's element type: ``int8``, ``fp8`` or the dtype."""
+        return ELEMENT_TYPES.get(self.kv_cache_quant_algo or "", self.dtype)
+
+    @property
+    def weight_dtype(self) -> str:
+        """The linear weights' element type: ``int8`` (W8A16, SmoothQuant), ``fp8`` or the dtype."""
+        return ELEMENT_TYPES.get(_algo_family(self.quant_algo), self.dtype)
+
+    @property
+    def activation_dtype(self) -> str:
+        """The element type the GEMMs read activations in: ``int8`` (SmoothQuant), ``fp8`` or the dtype."""
+        family = _algo_family(self.quant_algo)
+        return ELEMENT_TYPES[family] if family in ("W8A8", "FP8") else self.dtype
 
     @property
     def kv_bytes(self) -> int:

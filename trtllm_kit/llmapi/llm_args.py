@@ -140,7 +140,7 @@ def check_llm_args(values: dict[str, Any], *, triton: bool = False) -> None:
         for part in path.split("."):
             found = found.get(part) if isinstance(found, dict) else None
         if found is not None and found not in choices:
-            raise KitUsageError(f"{path} is {value!r}, which TensorRT-LLM 1.2 does not accept; use one of "
+            raise KitUsageError(f"{path} is {found!r}, which TensorRT-LLM 1.2 does not accept; use one of "
                                 f"{', '.join(choices)}.")
 
 
