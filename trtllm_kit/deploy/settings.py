@@ -84,19 +84,9 @@ def deploy_table(config: Path) -> dict[str, Any]:
     Arguments:
         config: the TOML file.
     """
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    from trtllm_kit.spec import load_table
 
-    try:
-        table = tomllib.loads(config.read_text()).get("deploy", {})
-    except OSError as exc:
-        raise KitUsageError(f"--config {config} cannot be read ({exc.strerror}); pass an existing file.") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise KitUsageError(f"--config {config} is not valid TOML ({exc}); fix the file.") from None
-    if not isinstance(table, dict):
-        raise KitUsageError(f"--config {config}: deploy must be a table ([deploy]), found {type(table).__name__}.")
+    table = load_table(config, "deploy")
     return {key.replace("-", "_"): value for key, value in table.items()}
 
 
