@@ -28,7 +28,9 @@ class UsageRecord:
 
 
 class UsageLog:
-    """The append-only log: one JSON object per line, flushed and fsynced per request.
+    """The append-only log: one JSON object per line, written per request (in the kernel's page cache at once, so
+    it survives the process ending however it ends; fsynced at close, not per request, which would cost
+    milliseconds each: a machine crash may lose the last seconds of records).
 
     Arguments:
         path: the JSONL file (created with its directory when missing).
@@ -42,7 +44,6 @@ class UsageLog:
     def append(self, record: UsageRecord) -> None:
         """Append one record (a single ``write`` of a whole line, so concurrent writers never interleave)."""
         os.write(self._fd, (json.dumps(asdict(record)) + "\n").encode())
-        os.fsync(self._fd)
 
     def records(self) -> Iterator[UsageRecord]:
         """Every complete record in the log (a torn last line, from a crash mid-write, is skipped)."""
@@ -54,6 +55,7 @@ class UsageLog:
                     continue
 
     def close(self) -> None:
+        os.fsync(self._fd)
         os.close(self._fd)
 
 
