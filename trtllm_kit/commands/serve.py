@@ -71,7 +71,8 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
         raise KitUsageError("no build to serve; pass OUT or set out = \"...\" in the --config file.")
     settings = ServeSettings(**values.get("serve", {}))
     return ServeOptions(out=out, endpoints=Endpoints(**settings.endpoint_values()), openai_port=settings.openai_port,
-                        api_key=api_key, tritonserver=settings.tritonserver, model=settings.model,
+                        api_key=api_key, api_keys=settings.api_keys, usage_log=settings.usage_log,
+                        tritonserver=settings.tritonserver, model=settings.model,
                         ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
                         exit_timeout_s=settings.exit_timeout_s, verify=settings.verify)
 

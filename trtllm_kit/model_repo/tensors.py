@@ -67,6 +67,9 @@ TRTLLM_INPUTS = (
     _t("prompt_embedding_table", "FP16", (-1, -1)),
     _t("prompt_table_extra_ids", "UINT64", (-1,)),
     _t("prompt_vocab_size", "INT32"),
+    # The kit's addition (no upstream tensorrt_llm input carries it): the request priority in [0, 1], higher
+    # first, as TensorRT-LLM's executor Request takes it. The CPU runtime schedules by it; the C++ backend ignores it.
+    _t("priority", "FP32"),
 )
 
 TRTLLM_OUTPUTS = (
@@ -150,6 +153,7 @@ TEXT_INPUTS = (
     (_t("stream", "BOOL"), "streaming"),
     (_t("prompt_embedding_table", "FP16", (-1, -1)), "prompt_embedding_table"),
     (_t("prompt_vocab_size", "INT32"), "prompt_vocab_size"),
+    (_t("priority", "FP32"), "priority"),
 )
 
 # Preprocessing's inputs fed from the text interface, and its outputs fed to tensorrt_llm (via internal names).

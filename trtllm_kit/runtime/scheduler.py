@@ -8,6 +8,11 @@ Policies (``batch_scheduler_policy``):
 * ``static``: static batching, for comparison: a batch is formed only when the previous one has finished
   completely, and no request joins a running batch. As in a static batch, a finished request keeps its
   slot, its KV blocks and its compute (a padding row recomputing its last position) until the batch ends.
+Priorities (``SamplingParams.priority``, TensorRT-LLM's 0–1 float, higher first): the waiting queue is ordered
+by priority, then arrival; and under ``max_utilization`` and ``guaranteed_no_evict`` a waiting sequence that
+cannot start (no batch slot or no blocks) preempts the lowest-priority running sequence below its own priority
+(the most recently admitted of them), whose blocks are freed and whose tokens are recomputed when it runs again.
+This is the only eviction ``guaranteed_no_evict`` makes, and it never happens while every priority is equal.
 Each step spends at most ``max_num_tokens`` tokens: one per generating sequence, the rest on context
 (prompt) tokens; with chunked context a long prompt is computed over several steps.
 """
@@ -70,7 +75,31 @@ class Scheduler:
         if config.max_queue_size and queued >= config.max_queue_size:
             raise QueueFullError(f"the request queue is full ({queued} requests wait for a batch slot, "
                                  f"max_queue_size {config.max_queue_size}); retry later or raise max_queue_size.")
-        self.waiting.append(seq)
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: Sequence, first: bool = False) -> None:
+        """Queue ``seq`` after every waiting sequence of a higher priority (and, unless ``first``, of its own)."""
+        priority = seq.params.priority
+        index = next((i for i, other in enumerate(self.waiting) if other.params.priority < priority
+                      or (first and other.params.priority == priority)), len(self.waiting))
+        self.waiting.insert(index, seq)
+
+    def _admissible(self, seq: Sequence) -> bool:
+        """Whether ``seq`` could start now: a batch slot, and blocks for its prompt (``max_utilization``) or its
+        whole reservation."""
+        reserve = len(seq) if self.config.batch_scheduler_policy == "max_utilization" else seq.max_num_tokens
+        return len(self.running) < self.config.max_batch_size and self.block_manager.can_allocate(seq, reserve)
+
+    def _preempt_for_priority(self) -> None:
+        """Preempt lower-priority running sequences while the first waiting one outranks them and cannot start."""
+        if self.config.batch_scheduler_policy == "static":
+            return
+        while self.waiting and not self._admissible(head := self.waiting[0]):
+            lower = [s for s in self.running if s.params.priority < head.params.priority]
+            if not lower:
+                return
+            lowest = min(s.params.priority for s in lower)
+            self._preempt([s for s in lower if s.params.priority == lowest][-1])
 
     def _chunk(self, seq: Sequence, num_uncomputed: int, budget: int) -> int:
         """Tokens of ``seq`` to compute within ``budget``: all of them, a chunk, or 0 (wait)."""
@@ -81,6 +110,7 @@ class Scheduler:
     def schedule(self) -> list[Sequence]:
         """Pick this step's sequences and set their ``num_scheduled_tokens``; blocks are allocated here."""
         policy, manager = self.config.batch_scheduler_policy, self.block_manager
+        self._preempt_for_priority()
         budget, scheduled, num_preempted = self.config.max_num_tokens, [], self.num_preemptions
         running = list(self.running)
         while running:
@@ -90,7 +120,9 @@ class Scheduler:
                 continue
             while not manager.can_append(seq, seq.num_computed_tokens + num_tokens):
                 assert policy == "max_utilization", "reserved sequences never run out of blocks"
-                victim = running.pop() if running else seq
+                victim = self._victim(seq, running)
+                if victim is not seq:
+                    running.remove(victim)
                 self._preempt(victim)
                 if victim is seq:
                     break
@@ -124,6 +156,13 @@ class Scheduler:
             budget -= num_tokens
         return scheduled
 
+    @staticmethod
+    def _victim(seq: Sequence, later: list[Sequence]) -> Sequence:
+        """Who makes room for ``seq``: the lowest priority among it and the sequences after it, the latest on a tie."""
+        candidates = [seq, *later]
+        lowest = min(s.params.priority for s in candidates)
+        return [s for s in candidates if s.params.priority == lowest][-1]
+
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks and put it first in line; its tokens are recomputed later."""
         self.running.remove(seq)
@@ -131,7 +170,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, first=True)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
         """Advance the computed tokens, append sampled tokens and retire finished sequences; returns those.

@@ -10,6 +10,8 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 
+DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's default request priority
+
 
 class SequenceStatus(Enum):
     WAITING = auto()
@@ -29,6 +31,7 @@ class SamplingParams:
     top_p: float = 0.0
     seed: int = 0
     stop_words: list[list[int]] = field(default_factory=list)
+    priority: float = DEFAULT_PRIORITY  # TensorRT-LLM's request priority: in [0, 1], higher runs first
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -39,6 +42,8 @@ class SamplingParams:
         if self.temperature < 0 or self.top_k < 0 or not 0 <= self.top_p <= 1:
             raise KitUsageError(f"temperature {self.temperature} and runtime_top_k {self.top_k} must be >= 0 and "
                                 f"runtime_top_p {self.top_p} in [0, 1].")
+        if not 0 <= self.priority <= 1:
+            raise KitUsageError(f"priority must lie in [0, 1] (higher runs first), got {self.priority}.")
         if any(not words for words in self.stop_words):
             raise KitUsageError("stop_words_list holds an empty stop word; drop it or give its token ids.")
 

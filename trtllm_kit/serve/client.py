@@ -38,6 +38,7 @@ class GenerationRequest:
     min_tokens: int | None = None
     end_id: int | None = None
     request_id: str = ""
+    priority: float | None = None  # TensorRT-LLM's request priority in [0, 1], higher first
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ SAMPLING_INPUTS = (("temperature", "temperature", "FP32", np.float32, "temperatu
                    ("top_k", "runtime_top_k", "INT32", np.int32, "top_k"),
                    ("seed", "seed", "UINT64", np.uint64, "seed"),
                    ("min_tokens", "min_tokens", "INT32", np.int32, "min_tokens"),
-                   ("end_id", "end_id", "INT32", np.int32, "end_id"))
+                   ("end_id", "end_id", "INT32", np.int32, "end_id"),
+                   ("priority", "priority", "FP32", np.float32, "priority"))
 TOKEN_MODEL = "tensorrt_llm"
 
 

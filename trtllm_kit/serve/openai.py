@@ -36,6 +36,8 @@ class OpenAIConfig:
     triton_model: str = "ensemble"
     tokenizer_dir: Path | None = None
     api_key: str | None = None
+    api_keys: Path | None = None  # the gateway's key file (keys, limits, quotas)
+    usage_log: Path | None = None  # the gateway's usage log (default: beside the key file)
 
 
 def error_response(exc: RequestError) -> web.Response:
@@ -56,9 +58,20 @@ class OpenAIFrontend:
         self.client: TextClient | None = None
         self.created = int(time.time())
         self.metrics = FrontendMetrics()
+        self.gateway = None
+        if config.api_keys is not None:
+            if config.api_key is not None:
+                raise KitUsageError("--api-key and --api-keys both given; use one (a key file can hold one key).")
+            from trtllm_kit.serve.gateway.middleware import Gateway
+
+            self.gateway = Gateway(config.api_keys, config.usage_log, self.metrics.registry)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._measure, self._errors])
+        gateway = [] if self.gateway is None else [self.gateway.middleware]
+        app = web.Application(middlewares=[self._measure, *gateway, self._errors])
+        if self.gateway is not None:
+            app.on_startup.append(self.gateway.on_startup)
+            app.on_cleanup.append(self.gateway.on_cleanup)
         app.router.add_get("/metrics", self.prometheus_metrics)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
@@ -160,6 +173,7 @@ class OpenAIFrontend:
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = self.tokenizer.eos_id if self.tokenizer is not None and isinstance(prompt, tuple) else None
         run = Run(self, generation_request(prompt, sampling, ident, eos_id), sampling)
+        request["usage"] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(self.config.served_name)
         shape = ChoiceShape(kind, ident, self.config.served_name, int(time.time()))
         if not sampling.stream:

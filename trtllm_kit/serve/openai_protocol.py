@@ -9,6 +9,7 @@ from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.serve.client import GenerationRequest
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
+PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spans -100..100
 
 
 class RequestError(Exception):
@@ -37,6 +38,17 @@ class Sampling:
     min_tokens: int | None = None
     ignore_eos: bool = False
     continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage in every chunk
+    priority: int | None = None  # vLLM's extra field: lower runs first
+
+
+def trtllm_priority(priority: int) -> float:
+    """vLLM's integer priority (lower first, default 0) as TensorRT-LLM's float (higher first, default 0.5):
+    -100 → 1.0, 0 → 0.5, 100 → 0.0, linearly.
+
+    Arguments:
+        priority: the request's ``priority`` field, in -100..100.
+    """
+    return 0.5 - priority / (2 * PRIORITY_RANGE)
 
 
 def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
@@ -71,11 +83,16 @@ def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
         raise RequestError(f"ignore_eos must be true or false, got {ignore_eos!r}.", param="ignore_eos")
     if body.get("n", 1) != 1:
         raise RequestError(f"n must be 1 here, got {body.get('n')!r}.", param="n")
+    priority = body.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not -PRIORITY_RANGE <= priority <= PRIORITY_RANGE):
+        raise RequestError(f"priority must be an integer from {-PRIORITY_RANGE} to {PRIORITY_RANGE} (lower runs "
+                           f"first), got {priority!r}.", param="priority")
     options = body.get("stream_options") or {}
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(body.get("stream", False)),
                     bool(options.get("include_usage", False)), min_tokens, ignore_eos,
-                    bool(options.get("continuous_usage_stats", False)))
+                    bool(options.get("continuous_usage_stats", False)), priority)
 
 
 def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:
@@ -115,7 +132,8 @@ def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, reques
     """
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
     end_id = NEVER_END_ID if sampling.ignore_eos else eos_id
-    common = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id, "request_id": request_id}
+    common = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id, "request_id": request_id,
+              "priority": None if sampling.priority is None else trtllm_priority(sampling.priority)}
     if temperature == 0:
         return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p

@@ -47,6 +47,8 @@ class ServeOptions:
     endpoints: Endpoints = field(default_factory=Endpoints)
     openai_port: int | None = None
     api_key: str | None = None
+    api_keys: Path | None = None  # the gateway's key file
+    usage_log: Path | None = None
     tritonserver: Path | None = None
     model: str | None = None  # ensemble, or tensorrt_llm_bls; the first the repository has when None
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
@@ -123,7 +125,8 @@ def _frontend(options: ServeOptions, target: Servable, model: str) -> OpenAIFron
     from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
 
     config = OpenAIConfig(grpc_url=options.endpoints.url("grpc"), served_name=_served_name(target),
-                          triton_model=model, tokenizer_dir=target.tokenizer_dir, api_key=options.api_key)
+                          triton_model=model, tokenizer_dir=target.tokenizer_dir, api_key=options.api_key,
+                          api_keys=options.api_keys, usage_log=options.usage_log)
     return OpenAIFrontend(config)
 
 
@@ -183,6 +186,8 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
     argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
     argv += ["--model", options.model] if options.model else []
+    argv += ["--api-keys", str(options.api_keys.absolute())] if options.api_keys else []
+    argv += ["--usage-log", str(options.usage_log.absolute())] if options.usage_log else []
     env = dict(os.environ)
     if options.api_key:
         env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it

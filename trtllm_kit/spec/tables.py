@@ -146,6 +146,12 @@ class ServeSettings:
         "Triton metrics port.", "--metrics-port", minimum=1))
     openai_port: int | None = field(default=None, metadata=option(
         "Also serve the OpenAI API (/v1/...) on this port.", "--openai-port", minimum=1))
+    api_keys: Path | None = field(default=None, metadata=option(
+        "Require a key from FILE (made by trtllm-kit keys add) on every /v1 route of the OpenAI API, with its "
+        "models, rate limits and quota; re-read on SIGHUP.", "--api-keys", metavar="FILE"))
+    usage_log: Path | None = field(default=None, metadata=option(
+        "Append each request's tokens per key and model to this JSONL file (default: FILE.usage.jsonl beside "
+        "--api-keys); quotas are recomputed from it at start.", "--usage-log", metavar="FILE"))
     model: str | None = field(default=None, metadata=option(
         "Public model: tensorrt_llm_bls or ensemble (default: BLS when the repo has it; it streams in order).",
         "--model"))

@@ -26,6 +26,7 @@ PASSTHROUGH_INPUTS = (
     ("exclude_input_in_output", "exclude_input_in_output"), ("beam_width", "beam_width"),
     ("num_return_sequences", "num_return_sequences"), ("stream", "streaming"),
     ("prompt_embedding_table", "prompt_embedding_table"), ("prompt_vocab_size", "prompt_vocab_size"),
+    ("priority", "priority"),
 )
 PREPROCESSING_INPUTS = (
     ("text_input", "QUERY"), ("max_tokens", "REQUEST_OUTPUT_LEN"), ("bad_words", "BAD_WORDS_DICT"),

@@ -28,7 +28,7 @@ import triton_python_backend_utils as pb_utils
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.scheduler import QueueFullError
-from trtllm_kit.runtime.sequence import SamplingParams, Sequence
+from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Inputs whose non-default values the CPU runtime cannot honour: refusing beats answering differently.
@@ -168,7 +168,8 @@ class TritonPythonModel:
                 max_tokens=int(_input(request, "request_output_len")), min_tokens=int(_input(request, "min_tokens", 0)),
                 end_id=_input(request, "end_id"), temperature=float(_input(request, "temperature", 1.0)),
                 top_k=int(_input(request, "runtime_top_k", 0)), top_p=float(_input(request, "runtime_top_p", 0.0)),
-                seed=int(_input(request, "seed", 0)), stop_words=_words(request, "stop_words_list"))
+                seed=int(_input(request, "seed", 0)), stop_words=_words(request, "stop_words_list"),
+                priority=float(_input(request, "priority", DEFAULT_PRIORITY)))
             item.streaming = bool(_input(request, "streaming", False))
             if item.streaming and not self.decoupled:
                 raise KitUsageError("streaming needs the model's decoupled transaction policy; send streaming "

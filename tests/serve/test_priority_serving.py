@@ -1,0 +1,78 @@
+"""Two priority classes at overload against a real served tiny Llama (CPU runtime, 4 batch slots): the high
+class's p99 time to first token stays under the bound while the low class absorbs the queueing."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.openai_protocol import RequestError, parse_sampling, trtllm_priority
+from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+from trtllm_kit.spec import build_spec
+
+MODEL = "builtin:tiny-llama"
+HIGH_P99_TTFT_BOUND_S = 1.0  # and below the low class's median
+
+
+def test_openai_priority_maps_onto_trtllm_float() -> None:
+    assert [trtllm_priority(p) for p in (-100, -50, 0, 50, 100)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert parse_sampling({"priority": -3}, "text_completion").priority == -3
+    for bad in (101, 1.5, True, "high"):
+        with pytest.raises(RequestError, match=r"priority must be an integer from -100 to 100 \(lower runs first\)"):
+            parse_sampling({"priority": bad}, "text_completion")
+
+
+@pytest.fixture(scope="module")
+def openai_port(tmp_path_factory: pytest.TempPathFactory) -> int:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("priority") / "out"
+    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
+    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 4},
+                              "repo": one_each}))
+    port = free_port()
+    serve_detached(ServeOptions(out=out, endpoints=free_endpoints(), ready_timeout_s=120, openai_port=port))
+    yield port
+    stop_serving(out, 30)
+
+
+def ttft(port: int, prompt: list[int], max_tokens: int, priority: int) -> float:
+    """Seconds from sending a streamed token-id completion to its first token; reads the stream to its end."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "priority": priority}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    started = time.perf_counter()
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    first = None
+    for line in response:
+        if line.startswith(b"data: {") and first is None and json.loads(line[6:])["choices"][0].get("token_ids"):
+            first = time.perf_counter() - started
+    connection.close()
+    assert first is not None
+    return first
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_high_priority_ttft_stays_bounded_while_low_priority_queues(openai_port: int) -> None:
+    g = np.random.default_rng(0)
+    with ThreadPoolExecutor(20) as pool:
+        lows = [pool.submit(ttft, openai_port, g.integers(0, 1000, 16).tolist(), 48, 10) for _ in range(12)]
+        time.sleep(1.0)  # the four slots are busy and eight low requests wait
+        highs = []
+        for _ in range(8):
+            highs.append(pool.submit(ttft, openai_port, g.integers(0, 1000, 16).tolist(), 4, -10))
+            time.sleep(0.1)
+        high_s, low_s = [f.result() for f in highs], [f.result() for f in lows]
+    high_p99, low_p50 = float(np.percentile(high_s, 99)), float(np.percentile(low_s, 50))
+    print(f"high p99 TTFT {high_p99:.3f} s, low p50 TTFT {low_p50:.3f} s, low max {max(low_s):.3f} s")
+    assert high_p99 < HIGH_P99_TTFT_BOUND_S and high_p99 < low_p50
