@@ -124,7 +124,7 @@ def test_serve_flags_override_the_config_file(tmp_path: Path) -> None:
     assert (options.out, options.endpoints.host, options.endpoints.http_port, options.endpoints.grpc_port,
             options.openai_port, options.api_key) == (Path("other"), "0.0.0.0", 8000, 8001, 9100, "k")
     config.write_text('[serve]\napi_key = "secret"\n')
-    with pytest.raises(KitUsageError, match=r"unknown key api_key in \[serve\]; the keys of \[serve\] are host, "):
+    with pytest.raises(KitUsageError, match=r"unknown key api_key in \[serve\]; did you mean api_keys\?"):
         serve_options(parsed("serve", ["out", "--config", str(config)]), Path("out"), config, None)
 
 

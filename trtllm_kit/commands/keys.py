@@ -18,8 +18,8 @@ def keys() -> None:
 
     \b
     Example:
-      trtllm-kit keys add team-a --keys keys.json --models builtin:tiny-llama --rps 5 --tpm 20000 \\
-          --quota-tokens 1000000 --quota-period month
+      trtllm-kit keys add team-a --keys keys.json --models builtin:tiny-llama --rps 5 --tpm 20000
+      trtllm-kit keys add team-b --keys keys.json --quota-tokens 1000000 --quota-period month
       trtllm-kit keys list --keys keys.json
       trtllm-kit keys revoke team-a --keys keys.json   # then: kill -HUP <serve pid>
     """
