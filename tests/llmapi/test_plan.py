@@ -34,7 +34,8 @@ def test_plan_with_a_gpu_models_this_paths_memory(capsys: pytest.CaptureFixture[
     weights = rank_weight_bytes(hf, family_for(hf, MODEL), Mapping(2, 1), Precision("float16", "FP8"))
     assert [r["weight_bytes"] for r in body["ranks"]] == weights
     batch = body["llm_args"]["max_batch_size"]
-    assert body["cuda_graph_batch_sizes"] == cuda_graph_batch_sizes(batch) and body["cuda_graph_batch_sizes"][-1] == batch
+    sizes = body["cuda_graph_batch_sizes"]
+    assert sizes == cuda_graph_batch_sizes(batch) and sizes[-1] == batch
     assert body["cuda_graph_pool_bytes"] >= GRAPH_OVERHEAD * len(body["cuda_graph_batch_sizes"])
     gpu = resolve_gpu("H100-80GB", None, [])
     for r in body["ranks"]:
