@@ -50,6 +50,13 @@ class Dtype(Choice):
     FLOAT32 = "float32"
 
 
+class Server(Choice):
+    """What ``serve`` runs: tritonserver over ``repo/``, or an llmapi artifact's recorded ``trtllm-serve``."""
+
+    TRITON = "triton"
+    TRTLLM_SERVE = "trtllm-serve"
+
+
 class Stage(Choice):
     """The build stages, in the order they run."""
 

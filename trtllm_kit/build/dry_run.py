@@ -52,7 +52,14 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "commands": [engine.command.argv] if engine.command else [],
         "command_lines": [engine.command.line] if engine.command else [],
     }
-    if engine.command is not None:
+    if engine.target.name == "llmapi":  # no engine: the PyTorch backend's recipe, memory and serve command
+        from trtllm_kit.llmapi.plan_report import llmapi_plan
+
+        report["llmapi"] = llmapi_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
+        report.update(plan=None, commands=[], command_lines=[])
+        if graph is not None:
+            raise KitError("--graph draws the engine's fused layer; target llmapi builds no engine.")
+    elif engine.command is not None:
         layer = layer_graph(hf, precision_of(spec, hf), spec.build.tp, dict(engine.command.flags))
         report["fusion"] = fusion_table(layer)
         if graph is not None:
@@ -96,7 +103,11 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
     console.print(f"{model['source']}: {model['architecture']}, {size} parameters; "
                   f"{report['reason']}", highlight=False, markup=False)
     plan = report["plan"]
-    if plan is None:
+    if report.get("llmapi"):
+        from trtllm_kit.llmapi.plan_report import print_llmapi_plan
+
+        print_llmapi_plan(report, console)
+    elif plan is None:
         console.print("Memory plan: no GPU known (none visible); pass --gpu NAME or --gpu-memory GiB.", markup=False)
     else:
         gpu, precision = plan["gpu"], plan["precision"]

@@ -87,7 +87,9 @@ def validate(repo: Path, as_json: bool) -> None:
 
     if (repo / "repo").is_dir() and not (repo / "config.pbtxt").exists():
         repo = repo / "repo"
-    report = validate_repository(repo)
+    from trtllm_kit.llmapi.validate import is_llmapi_repository, llmapi_report
+
+    report = llmapi_report(repo) if is_llmapi_repository(repo) else validate_repository(repo)
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -117,9 +119,12 @@ def verify(checkpoint: Path, hf_source: str | None, compute_dtype: str, as_json:
     from trtllm_kit.build.inspect import resolve_model_path
     from trtllm_kit.build.verify import recorded_source, verify_checkpoint
     from trtllm_kit.errors import VerifyError
+    from trtllm_kit.llmapi.load import unified_loader
 
     hf_source = hf_source or recorded_source(checkpoint)
-    report = verify_checkpoint(checkpoint_dir(checkpoint), resolve_model_path(hf_source), compute_dtype=compute_dtype)
+    ckpt = checkpoint_dir(checkpoint)
+    report = verify_checkpoint(ckpt, resolve_model_path(hf_source), compute_dtype=compute_dtype,
+                               load=unified_loader(ckpt))  # the llmapi target's unified checkpoint brings its loader
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -44,6 +44,10 @@ def serve(ctx: click.Context, out: Path | None, config_file: Path | None, api_ke
             emit_json(state)
             return
         openai = f", OpenAI http://{state['openai']}/v1" if state.get("openai") else ""
+        if state.get("server") == "trtllm-serve":
+            click.echo(f"ready in {state['ready_s']:.1f} s: trtllm-serve, OpenAI http://{state['openai']}/v1 (pid "
+                       f"{state['server_pid']}, log {state['log']})", err=not as_json)
+            return
         click.echo(f"ready in {state['ready_s']:.1f} s: {state['model']} on HTTP http://{state['http']}, gRPC "
                    f"{state['grpc']}, metrics http://{state['metrics']}/metrics{openai} (pid {state['pid']}, log "
                    f"{state['log']})" + ("" if detach else "; Ctrl-C to stop"), err=not as_json)
@@ -74,7 +78,8 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
                         api_key=api_key, api_keys=settings.api_keys, usage_log=settings.usage_log,
                         tritonserver=settings.tritonserver, model=settings.model,
                         ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
-                        exit_timeout_s=settings.exit_timeout_s, verify=settings.verify)
+                        exit_timeout_s=settings.exit_timeout_s, verify=settings.verify,
+                        server=str(settings.server))
 
 
 @click.command()

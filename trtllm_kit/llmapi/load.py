@@ -10,6 +10,7 @@ runtime's layout (``CheckpointModel``), so its TP partial sums and PP stages run
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -121,3 +122,22 @@ def _fp8_group(model: ModelSpec, sources: tuple[str, ...], module: str,
     w = torch.stack([scale(name, "weight_scale") for name in group]).max()
     x = torch.stack([scale(name, "input_scale") for name in group]).max()
     return parts, {"w": w, "x": x}
+
+
+def unified_loader(ckpt_dir: Path) -> Callable[[torch.dtype], CheckpointModel] | None:
+    """``verify_checkpoint``'s loader for a unified checkpoint (an HF ``config.json``), at the serving TP/PP the
+    artifact beside it records (1×1 without one); None for a TensorRT-LLM checkpoint.
+
+    Arguments:
+        ckpt_dir: the checkpoint directory.
+    """
+    config = json.loads((Path(ckpt_dir) / "config.json").read_text())
+    if "architectures" not in config or "architecture" in config:
+        return None
+    mapping = Mapping(1, 1)
+    if (Path(ckpt_dir).parent / "manifest.json").is_file():
+        from trtllm_kit.artifact import Artifact
+
+        layout = Artifact.read(Path(ckpt_dir).parent).layout
+        mapping = Mapping(layout.tp_size, layout.pp_size)
+    return lambda dtype: load_unified(ckpt_dir, mapping, dtype)

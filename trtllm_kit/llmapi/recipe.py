@@ -98,7 +98,7 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
     }
     notes = [
         f"decode CUDA graphs with padding for batches {_sizes(cuda_graph_batch_sizes(batch))} (max_batch_size "
-        f"{batch}); pool set aside: {pool / 2**20:.0f} MiB",
+        f"{batch})" + (f"; pool set aside: {pool / 2**20:.0f} MiB" if gpu is not None else ""),
         "overlap scheduler on: the CPU work of step n overlaps the GPU's step n+1 (one extra decode step, more "
         "throughput)",
         "attention backend TRTLLM: RoPE fused into attention" + ("; FP8 KV cache with paged context FMHA and unit "

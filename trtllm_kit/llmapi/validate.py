@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp
 from trtllm_kit.model_repo.configs import parse_config
+
+if TYPE_CHECKING:
+    from trtllm_kit.model_repo.validate import ValidationReport
 
 MODEL = "tensorrt_llm"
 REQUIRED_INPUTS = ("text_input", "streaming", "sampling_param_max_tokens", "sampling_param_temperature",
@@ -83,3 +87,18 @@ def _checkpoint_problems(ckpt: Path, tp_size: int) -> list[str]:
     except KitError as exc:
         return [f"model {ckpt}: {exc}"]
     return []
+
+
+def llmapi_report(repo: Path) -> ValidationReport:
+    """``validate_llmapi_repository``'s broken rules as a ``ValidationReport`` (errors of ``tensorrt_llm``), so
+    ``trtllm-kit validate`` prints and exits for an llmapi repository as for the engine target's.
+
+    Arguments:
+        repo: the llmapi repository.
+    """
+    from trtllm_kit.model_repo.validate import ValidationReport
+
+    report = ValidationReport(repo)
+    for problem in validate_llmapi_repository(repo):
+        report.add("error", MODEL, "llmapi", problem)
+    return report

@@ -21,6 +21,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.workload import Prompt
+from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
 
 PERF_OUTPUTS = {"arrival_time_ns": "arrival_ns", "first_scheduled_time_ns": "first_scheduled_ns",
                 "first_token_time_ns": "first_token_ns", "last_token_time_ns": "last_token_ns",
@@ -86,6 +87,7 @@ class TritonStreamClient:
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         self.streams: list[_Stream] = []
         self.sent = 0
+        self.llmapi = False  # the llmapi target's model (read by check_ready): its tensors, unbatched
 
     def request(self, prompt: Prompt, request_id: str | None = None) -> service_pb2.ModelInferRequest:
         """The streaming request: forced OSL (``min_tokens = request_output_len``), counts and perf metrics on."""
@@ -95,6 +97,13 @@ class TritonStreamClient:
         flags = ("streaming", "exclude_input_in_output", "return_num_output_tokens", "return_perf_metrics")
         req = service_pb2.ModelInferRequest(model_name=self.model, id=request_id or prompt.request_id)
         req.parameters["triton_enable_empty_final_response"].bool_param = True
+        if self.llmapi:  # the llmapi target's model: the forced length is max_tokens = min_tokens
+            values = llmapi_values(prompt.input_ids, prompt.osl, min_tokens=prompt.osl, end_id=self.end_id)
+            for name, datatype, array in values:
+                req.inputs.append(service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype,
+                                                                                 shape=list(array.shape)))
+                req.raw_input_contents.append(array.tobytes())
+            return req
         tensors = [_tensor("input_ids", "INT32", [1, prompt.isl], np.asarray(prompt.input_ids, np.int32).tobytes())]
         tensors += [_tensor(k, "INT32", [1, 1], np.array([[v]], np.int32).tobytes()) for k, v in scalar.items()]
         tensors += [_tensor(k, "BOOL", [1, 1], one[:1]) for k in flags]
@@ -115,6 +124,8 @@ class TritonStreamClient:
             names = ", ".join(sorted(m.name for m in index.models)) or "none"
             raise KitError(f"model {self.model!r} is not ready at {self.target} (ready: {names}); "
                            "pass --model NAME.")
+        config = await self.stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model), timeout=10)
+        self.llmapi = speaks_llmapi(tensor.name for tensor in config.config.input)
 
     def _stream(self) -> _Stream:
         self.streams = [s for s in self.streams if s.failure is None and not s.reader.done()]

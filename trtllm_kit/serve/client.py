@@ -14,6 +14,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.compat import TEXT_MODELS
+from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
 
 
 class GenerationError(KitError):
@@ -86,7 +87,7 @@ class TextClient:
     async def resolve_model(self) -> str:
         """The model to call: the one given, else the first of ``TEXT_MODELS`` the server has ready."""
         if self.model is None:
-            for name in TEXT_MODELS:
+            for name in (*TEXT_MODELS, TOKEN_MODEL):  # an llmapi repository's one model is tensorrt_llm
                 try:
                     if (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=name))).ready:
                         self.model = name
@@ -114,9 +115,18 @@ class TextClient:
         return self._inputs
 
     async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
-        if isinstance(req.prompt, tuple):
+        if isinstance(req.prompt, tuple) and self.model not in (None, TOKEN_MODEL):
             return self._token_request(req)
         names = await self.model_inputs()
+        if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
+            sampling = {field: getattr(req, field) for field in ("temperature", "top_p", "top_k", "seed",
+                                                                 "min_tokens", "end_id")}
+            return _infer_request(self.model, req.request_id, llmapi_values(req.prompt, req.max_tokens, **sampling),
+                                  self._batched)
+        if isinstance(req.prompt, tuple):
+            return self._token_request(req)
+        if self.model == TOKEN_MODEL:
+            raise GenerationError(f"the server at {self.url} has none of {', '.join(TEXT_MODELS)} ready.", status=404)
         values: list[tuple[str, str, np.ndarray]] = [
             ("text_input", "BYTES", np.array([req.prompt.encode()], dtype=np.object_)),
             ("max_tokens", "INT32", np.array([req.max_tokens], dtype=np.int32)),
@@ -166,7 +176,9 @@ class TextClient:
                     raise _generation_error(request.model_name, response.error_message)
                 result = InferResult(response.infer_response)
                 text, ids = result.as_numpy("text_output"), result.as_numpy("output_ids")
-                if text is not None:
+                if ids is not None and isinstance(req.prompt, tuple):  # llmapi answers token ids with text too
+                    yield Chunk("", token_ids=tuple(int(t) for t in ids.reshape(-1)))
+                elif text is not None:
                     yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
                                 _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
                 elif ids is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtllm_kit.artifact import Artifact
 from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.defaults import DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
@@ -55,6 +56,7 @@ class ServeOptions:
     exit_timeout_s: int = 5
     log_verbose: int = 0
     verify: bool = False  # check every file's sha256 against the manifest (sizes and times are always checked)
+    server: str = "triton"  # or trtllm-serve: the llmapi artifact's recorded command (serve/trtllm_serve.py)
 
 
 def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -66,6 +68,12 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         options: what to serve and where.
         on_ready: called once with the state (endpoints, pids, time to ready) when the server is ready.
     """
+    if options.server == "trtllm-serve":
+        from trtllm_kit.serve.trtllm_serve import serve_trtllm
+
+        check_artifact(Artifact.read(options.out), hashes=options.verify)
+        serve_trtllm(options, on_ready)
+        return
     target = servable(options.out)
     check_artifact(target.artifact, hashes=options.verify)
     model = _model(target, options.model)
@@ -188,6 +196,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     argv += ["--model", options.model] if options.model else []
     argv += ["--api-keys", str(options.api_keys.absolute())] if options.api_keys else []
     argv += ["--usage-log", str(options.usage_log.absolute())] if options.usage_log else []
+    argv += ["--server", options.server] if options.server != "triton" else []
     env = dict(os.environ)
     if options.api_key:
         env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it

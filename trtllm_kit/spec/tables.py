@@ -16,7 +16,7 @@ from trtllm_kit.defaults import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_TOKENS_PER_BLOCK,
 )
-from trtllm_kit.enums import Dtype, KVCache, Quant, Stage, Target
+from trtllm_kit.enums import Dtype, KVCache, Quant, Server, Stage, Target
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.option import check_declared, option
 from trtllm_kit.quant.algos import (
@@ -137,6 +137,9 @@ class QuantOptions:
 class ServeSettings:
     """The ``[serve]`` table: where ``trtllm-kit serve`` listens and how it starts tritonserver."""
 
+    server: Server = field(default=Server.TRITON, metadata=option(
+        "triton: tritonserver over OUT/repo; trtllm-serve: the llmapi artifact's recorded trtllm-serve command "
+        "(OpenAI API on --openai-port, else --http-port).", "--server"))
     host: str = field(default=DEFAULT_HOST, metadata=option("Bind address of every endpoint.", "--host"))
     http_port: int = field(default=DEFAULT_HTTP_PORT, metadata=option("Triton HTTP port.", "--http-port",
                                                                       minimum=1))

@@ -1,0 +1,148 @@
+"""The kit's clients over the llmapi repository on a real tritonserver (``trtllm-kit serve``, CPU runtime behind
+the LLM interface): ``generate``, the OpenAI frontend (text and token ids, streamed and whole, usage), a
+cancelled stream freeing its KV blocks, the nv_trt_llm_* gauges moving with load, and ``bench`` over gRPC and
+OpenAI with exact token counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import AutoTokenizer
+
+from trtllm_kit.cli import run
+from trtllm_kit.llmapi.load import load_unified
+from trtllm_kit.profile.records import read_records
+from trtllm_kit.profile.report import read_summary
+from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.sequence import SamplingParams
+from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+KIT = [sys.executable, "-m", "trtllm_kit"]
+PROMPT, MAX_TOKENS = "The capital of France is", 8
+GREEDY = {"model": "builtin:tiny-llama", "temperature": 0}  # the served name; OpenAI's default samples
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("llmapi-clients") / "out"
+    assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
+    endpoints, openai_port = free_endpoints(), free_port()
+    state = serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
+    yield {**state, "out": out, "endpoints": endpoints}
+    stop_serving(out, 30)
+
+
+@pytest.fixture(scope="module")
+def greedy(served: dict[str, Any]) -> tuple[list[int], list[int]]:
+    ckpt = served["out"] / "checkpoint"
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
+    ids = tokenizer.encode(PROMPT)
+    out = Engine(load_unified(ckpt), EngineConfig()).generate(
+        [ids], [SamplingParams(max_tokens=MAX_TOKENS, end_id=tokenizer.eos_token_id)])[0]
+    return ids, [t for t in out if t != tokenizer.eos_token_id]
+
+
+def post(served: dict[str, Any], body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(f"http://{served['openai']}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(request, timeout=60)
+
+
+def gauges(served: dict[str, Any], family: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{served['metrics']}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {s.labels[next(k for k in s.labels if k not in ("model", "version"))]: s.value
+            for f in text_string_to_metric_families(text) if f.name == family for s in f.samples}
+
+
+def test_generate_cli(served: dict[str, Any], greedy: tuple[list[int], list[int]]) -> None:
+    done = subprocess.run([*KIT, "generate", PROMPT, "--url", served["grpc"], "--max-tokens", str(MAX_TOKENS)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    tokenizer = AutoTokenizer.from_pretrained(str(served["out"] / "checkpoint"))
+    assert done.stdout.rstrip("\n") == tokenizer.decode(greedy[1], skip_special_tokens=True)
+
+
+def test_openai_text_whole_with_usage(served: dict[str, Any], greedy: tuple[list[int], list[int]]) -> None:
+    with post(served, {**GREEDY, "prompt": PROMPT, "max_tokens": MAX_TOKENS}) as response:
+        body = json.loads(response.read())
+    tokenizer = AutoTokenizer.from_pretrained(str(served["out"] / "checkpoint"))
+    assert body["choices"][0]["text"] == tokenizer.decode(greedy[1], skip_special_tokens=True)
+    assert body["usage"] == {"prompt_tokens": len(greedy[0]), "completion_tokens": len(greedy[1]),
+                             "total_tokens": len(greedy[0]) + len(greedy[1])}
+
+
+def test_openai_token_ids_streamed(served: dict[str, Any], greedy: tuple[list[int], list[int]]) -> None:
+    body = {**GREEDY, "prompt": greedy[0], "max_tokens": MAX_TOKENS, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with post(served, body) as response:
+        events = [e[len("data: "):] for e in response.read().decode().split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    ids = [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids") or []]
+    assert ids == greedy[1]
+    assert chunks[-1]["usage"]["completion_tokens"] == len(greedy[1])
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(greedy[0])
+
+
+def test_a_cancelled_stream_frees_its_kv_blocks(served: dict[str, Any]) -> None:
+    idle = gauges(served, "nv_trt_llm_kv_cache_block_metrics")
+    body = {**GREEDY, "prompt": PROMPT * 8, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    response = post(served, body)
+    for _ in range(3):  # a few tokens in: the request holds blocks
+        response.readline()
+    busy = None
+    for _ in range(50):  # bounded: the gauges are published twice a second
+        seen = gauges(served, "nv_trt_llm_kv_cache_block_metrics")
+        if seen["used"] > idle["used"]:
+            busy = seen
+            break
+        time.sleep(0.1)
+    assert busy is not None and busy["free"] < idle["free"]
+    assert gauges(served, "nv_trt_llm_request_metrics")["active"] >= 1
+    response.close()  # the client goes away: the frontend cancels, the model aborts, the blocks come back
+    for _ in range(100):
+        blocks = gauges(served, "nv_trt_llm_kv_cache_block_metrics")
+        if blocks["used"] == 0 and gauges(served, "nv_trt_llm_request_metrics")["active"] == 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"blocks still held after the stream was cancelled: {blocks}")
+    assert blocks["free"] == blocks["max"]
+
+
+def bench(out: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, list]:
+    code = run(["bench", *args, "--isl", "16", "--no-plots", "--max-client-lag", "1000", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    return read_summary(out)["runs"][0], read_records(out / "requests.jsonl")
+
+
+def test_bench_over_grpc(served: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_, records = bench(tmp_path / "res", capsys, "--url", f"grpc://{served['grpc']}", "--model", "tensorrt_llm",
+                          "--concurrency", "3", "--requests", "6", "--osl", "8", "--vocab-size", "1000",
+                          "--warmup", "1")
+    assert run_["num_ok"] == 6 and run_["length_mismatches"] == 0 and run_["server_count_mismatches"] == 0
+    assert all(r.osl_observed == 8 == r.osl_server for r in records)
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_bench_over_openai(served: dict[str, Any], text: bool, tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    extra = ["--tokenizer", str(served["out"] / "tokenizer")] if text else []
+    run_, records = bench(tmp_path / "res", capsys, "--openai-url", f"http://{served['openai']}/v1", *extra,
+                          "--concurrency", "2", "--requests", "4", "--osl", "8", "--vocab-size", "1000",
+                          "--warmup", "1")
+    assert run_["num_ok"] == 4 and run_["length_mismatches"] == 0 and run_["server_count_mismatches"] == 0
+    assert all(r.osl_server == 8 and r.server["prompt_tokens"] == 16 for r in records)

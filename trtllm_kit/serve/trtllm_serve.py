@@ -1,0 +1,152 @@
+"""``trtllm-kit serve OUT --server trtllm-serve``: run the ``trtllm-serve`` command an llmapi artifact records
+(its OpenAI server, TensorRT-LLM's PyTorch backend), on the ports of ``[serve]``, until SIGINT/SIGTERM.
+
+The recorded argv is run as written except for three values: the checkpoint and options paths are re-rooted at
+OUT (the artifact may have moved) and ``--host``/``--port`` take the serve settings (the port is
+``--openai-port`` when given, else ``--http-port``). Ready is ``GET /health`` answering 200.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.launcher import check_ports_free
+from trtllm_kit.serve.state import claim_run_dir, run_dir, serving_pid, write_pid
+
+if TYPE_CHECKING:
+    from trtllm_kit.serve.service import ServeOptions
+
+SERVER = "trtllm-serve"
+INSTALL_HINT = ("install TensorRT-LLM 1.0 or later (pip install tensorrt_llm, or use NVIDIA's Triton TRT-LLM "
+                "container) where a GPU is, or serve this artifact with the default --server triton")
+
+
+def recorded_argv(out: Path) -> list[str]:
+    """The ``trtllm-serve`` argv the artifact's manifest records, with its paths re-rooted at ``out``.
+
+    Arguments:
+        out: an llmapi build's output directory.
+    """
+    artifact = Artifact.read(out)
+    command = artifact.records.engine.command if artifact.records.engine else None
+    if artifact.target != "llmapi" or not command or command[0] != SERVER:
+        raise KitUsageError(f"{out} is a target {artifact.target} artifact without a trtllm-serve command; --server "
+                            "trtllm-serve serves llmapi builds (trtllm-kit build MODEL --target llmapi).")
+    argv = list(command)
+    argv[1] = str(out.absolute() / "checkpoint")
+    flag = "--extra_llm_api_options"
+    if flag in argv:
+        index = argv.index(flag) + 1
+        argv[index] = str(out.absolute() / Path(argv[index]).parent.name / Path(argv[index]).name)
+    return argv
+
+
+def launch_argv(out: Path, host: str, port: int) -> list[str]:
+    """The command line ``serve --server trtllm-serve`` runs: the recorded one on ``host``:``port``.
+
+    Arguments:
+        out: the artifact; host, port: where trtllm-serve listens.
+    """
+    argv = recorded_argv(out)
+    for flag, value in (("--host", host), ("--port", str(port))):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    return argv
+
+
+def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Run the artifact's ``trtllm-serve`` command, wait for ``/health``, block until SIGINT/SIGTERM, stop it.
+
+    Arguments:
+        options: what to serve and where; on_ready: called once with the state when it answers 200 on /health.
+    """
+    host, port = options.endpoints.host, options.openai_port or options.endpoints.http_port
+    argv = launch_argv(options.out, host, port)
+    binary = shutil.which(SERVER)
+    if binary is None:
+        raise KitError(f"{SERVER} is not on PATH, so {options.out} cannot be served with --server {SERVER}; "
+                       f"{INSTALL_HINT}.")
+    holder = serving_pid(options.out)
+    if holder is not None:
+        raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
+    check_ports_free(host, {SERVER: port})
+    state_dir = claim_run_dir(options.out)
+    log_path = state_dir / "trtllm-serve.log"
+    stop = {"requested": False}
+
+    def request_stop(_sig: int, _frame: object) -> None:
+        stop["requested"] = True
+
+    saved = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    write_pid(options.out)
+    started = time.perf_counter()
+    with log_path.open("wb") as log:
+        child = subprocess.Popen([binary, *argv[1:]], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        url = f"http://{options.endpoints.client_host}:{port}"
+        _wait_ready(child, f"{url}/health", options.ready_timeout_s, log_path, stop)
+        if stop["requested"]:
+            return
+        state = {"pid": os.getpid(), "server_pid": child.pid, "server": SERVER, "model": "trtllm-serve",
+                 "target": "llmapi", "openai": f"{host}:{port}", "argv": argv, "log": str(log_path),
+                 "ready_s": round(time.perf_counter() - started, 3), "ready": True}
+        (run_dir(options.out) / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        if on_ready is not None:
+            on_ready(state)
+        while not stop["requested"]:
+            if child.poll() is not None:
+                raise KitError(f"{SERVER} exited with code {child.returncode} while serving (log {log_path}).")
+            time.sleep(0.1)
+    finally:
+        _end(child, options.exit_timeout_s)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for name in ("state.json", "serve.pid"):
+            (state_dir / name).unlink(missing_ok=True)
+
+
+def _wait_ready(child: subprocess.Popen[bytes], health: str, timeout_s: float, log_path: Path,
+                stop: dict[str, bool]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop["requested"]:
+        if child.poll() is not None:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+            raise KitError(f"{SERVER} exited with code {child.returncode} before it was ready (log {log_path}); "
+                           f"last lines:\n{tail}")
+        try:
+            with urllib.request.urlopen(health, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    if not stop["requested"]:
+        raise KitError(f"{SERVER} did not answer 200 on {health} within {timeout_s:g} s (log {log_path}); raise "
+                       "--ready-timeout or read the log.")
+
+
+def _end(child: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the server's process group, SIGKILL it after ``grace_s``."""
+    if child.poll() is not None:
+        return
+    os.killpg(child.pid, signal.SIGTERM)
+    try:
+        child.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
