@@ -181,7 +181,7 @@ def models(as_json: bool) -> None:
     from trtllm_kit.models.builtin import BUILTIN_MODELS
     from trtllm_kit.models.registry import FAMILIES
 
-    listing = {
+    listing: dict[str, dict[str, Any]] = {
         "builtin": {f"builtin:{name}": m.description for name, m in BUILTIN_MODELS.items()},
         "families": {f.name: list(f.architectures) for f in FAMILIES},
     }

@@ -129,6 +129,7 @@ def simulate(directory: Path, series: Path | None, prometheus_url: str | None, s
             raise KitUsageError(f"--series {series} cannot be read as JSON ({exc}); pass a file written by "
                                 "--save.") from None
     else:
+        assert prometheus_url is not None, "one of --series and --prometheus is given"
         body = _query_series(directory, spec.query, prometheus_url, start, end, step)
     if save is not None:
         save.write_text(json.dumps(body) + "\n")

@@ -107,7 +107,8 @@ def plan_entries(model: ModelSpec, dtype: torch.dtype, quant: QuantConfig) -> li
     return [by_file[path] for path in model.weight_files]
 
 
-def _scale(entry: Entry, stats: CalibrationStats) -> torch.Tensor:
+def _scale(entry: Entry, stats: CalibrationStats | None) -> torch.Tensor:
+    assert stats is not None, "write_unified refuses a calibrated quantization without statistics"
     module = entry.source.removesuffix(".weight")
     if entry.kind == "weight_scale":
         return weight_scale(stats.get("w", module).max())
@@ -150,6 +151,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                         continue
                     original = reader.read(entry.source)
                     if entry.kind == "fp8":
+                        assert stats is not None, "checked above: FP8 needs calibration statistics"
                         module = entry.source.removesuffix(".weight")
                         scale = weight_scale(stats.get("w", module).max())
                         converted = quantize_weight(original.to(target), scale)

@@ -110,6 +110,8 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
     config.input.extend(model_input(t, ragged=True, scalar_reshape=True) for t in T.TRTLLM_INPUTS)
     config.output.extend(model_output(t) for t in T.TRTLLM_OUTPUTS)
     _instances(config, 1)
+    fraction = options.kv_cache_free_gpu_mem_fraction
+    assert fraction is not None, "RepoOptions.resolve fills the KV fraction"
     parameters = {
         "max_beam_width": str(limits.max_beam_width),
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
@@ -117,7 +119,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
         "gpt_model_path": str(model_path),
         "max_tokens_in_paged_kv_cache": str(options.max_tokens_in_paged_kv_cache),
         "batch_scheduler_policy": options.batch_scheduler_policy,
-        "kv_cache_free_gpu_mem_fraction": repr(float(options.kv_cache_free_gpu_mem_fraction)),
+        "kv_cache_free_gpu_mem_fraction": repr(float(fraction)),
         "kv_cache_host_memory_bytes": "0",
         "kv_cache_onboard_blocks": "true",
         "exclude_input_in_output": _flag(options.exclude_input_in_output),

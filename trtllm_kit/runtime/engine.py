@@ -11,7 +11,7 @@ import itertools
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -61,7 +61,7 @@ class EngineConfig:
         Arguments:
             parameters: name → string value (a Triton model's ``parameters``).
         """
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for f in fields(cls):
             raw = str(parameters.get(f.name, "")).strip()
             if not raw or (raw.startswith("${") and raw.endswith("}")):

@@ -336,7 +336,7 @@ def _check_quantized(tensors: Weights, full: dict[str, TensorSpec], plain: dict[
 def _check_replicas(ranks: list[Weights], config: dict[str, Any], dims: Dims, ckpt_dir: Path) -> None:
     """Replicated tensors (norms, row biases, the unsplit embedding) must be equal on every TP rank of a stage:
     the runtime reads rank 0's copy, while GPUs would silently diverge."""
-    replicated = ("layernorm.weight", "ln_f.weight", "dense.bias", "proj.bias")
+    replicated: tuple[str, ...] = ("layernorm.weight", "ln_f.weight", "dense.bias", "proj.bias")
     if not config.get("use_parallel_embedding"):
         replicated += ("vocab_embedding.weight",)
     for rank, tensors in enumerate(ranks):

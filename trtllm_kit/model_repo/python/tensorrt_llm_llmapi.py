@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -35,7 +36,7 @@ SAMPLING = {  # input → (SamplingParams field, numpy → python)
     "sampling_param_min_tokens": ("min_tokens", int), "sampling_param_end_id": ("end_id", int),
     "sampling_param_ignore_eos": ("ignore_eos", bool),
 }
-GAUGES = {  # family → (label, {label value: getter over one iteration-stats dict})
+GAUGES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {  # family → (label, {label value: key path})
     "nv_trt_llm_request_metrics": ("request_type", {
         "active": ("numActiveRequests",), "max": ("maxNumActiveRequests",), "waiting": ("numQueuedRequests",),
         "scheduled": ("inflightBatchingStats", "numScheduledRequests"),
@@ -200,8 +201,8 @@ class TritonPythonModel:
                 values = [str(getattr(c, name)) for c in completions]
                 tensors.append(pb_utils.Tensor(name, np.array(values, dtype=np.object_)))
         if bool(_scalar(request, "return_cumulative_logprob", False)):
-            values = [float(c.cumulative_logprob or 0.0) for c in completions]
-            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array(values, dtype=np.float32)))
+            logprobs = [float(c.cumulative_logprob or 0.0) for c in completions]
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array(logprobs, dtype=np.float32)))
         return pb_utils.InferenceResponse(tensors)
 
     def _send(self, sender, response, final: bool):
@@ -218,7 +219,7 @@ class TritonPythonModel:
                 if stats:
                     latest = stats[-1] if isinstance(stats[-1], dict) else {}
                     for path, metric in self.gauges:
-                        value = latest
+                        value: Any = latest
                         for key in path:
                             value = value.get(key, 0) if isinstance(value, dict) else 0
                         metric.set(float(value or 0))
