@@ -68,11 +68,13 @@ class TextClient:
     Arguments:
         url: ``host:port`` of the server's gRPC endpoint.
         model: ``tensorrt_llm_bls`` or ``ensemble``; the first of them that is ready when None.
+        headers: gRPC metadata sent with every call (the token of a server with restricted protocols).
     """
 
-    def __init__(self, url: str, model: str | None = None) -> None:
+    def __init__(self, url: str, model: str | None = None, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.url = url
         self.model = model
+        self.metadata = tuple(headers) or None
         self._channel = grpc.aio.insecure_channel(url)
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._inputs: set[str] | None = None
@@ -86,7 +88,8 @@ class TextClient:
         if self.model is None:
             for name in TEXT_MODELS:
                 try:
-                    if (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=name))).ready:
+                    if (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=name),
+                                                           metadata=self.metadata)).ready:
                         self.model = name
                         break
                 except grpc.aio.AioRpcError as exc:
@@ -103,7 +106,8 @@ class TextClient:
         await self.resolve_model()
         if self._inputs is None:
             try:
-                response = await self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model))
+                response = await self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model),
+                                                       metadata=self.metadata)
             except grpc.aio.AioRpcError as exc:
                 raise GenerationError(f"model {self.model!r} is not available at {self.url}: {exc.details()}",
                                       status=404 if exc.code() == grpc.StatusCode.NOT_FOUND else 503) from None
@@ -157,7 +161,7 @@ class TextClient:
             yield request
             await finished.wait()  # keep the stream open until the last response arrived
 
-        call = self._stub.ModelStreamInfer(requests())
+        call = self._stub.ModelStreamInfer(requests(), metadata=self.metadata)
         try:
             async for response in call:
                 if response.error_message:
@@ -180,6 +184,7 @@ class TextClient:
 
 
 def _generation_error(model: str, message: str) -> GenerationError:
+    message = message.split("\n\nAt:")[0].strip()  # the Python backend appends the failing model's traceback
     unknown = "unknown model" in message
     if unknown and model == TOKEN_MODEL:
         return GenerationError(f"token-id prompts go to the {TOKEN_MODEL!r} model, which the server does not have; "

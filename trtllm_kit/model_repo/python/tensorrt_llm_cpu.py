@@ -4,7 +4,9 @@ It takes the upstream tensors (``input_ids``, ``input_lengths``, ``request_outpu
 ``pad_id``, ``streaming``, the sampling inputs) and answers with ``output_ids`` and ``sequence_length``
 (plus the optional counters), so clients and the ensemble cannot tell it from the GPU backend. The engine
 runs in its own thread; ``execute`` only hands requests over. In decoupled mode every step's new tokens are
-streamed; cancelled requests are dropped (blocks freed) at the next step. Configuration comes from the
+streamed; cancelled requests are dropped (blocks freed) at the next step, and so are those named by a request
+with ``stop = true`` and the same request id (how the TensorRT-LLM backend stops a request, and how
+``tensorrt_llm_bls`` stops its inner call when its client leaves). Configuration comes from the
 model's ``parameters``: ``gpt_model_path`` (the TensorRT-LLM checkpoint), ``max_batch_size``,
 ``max_num_tokens``, ``max_seq_len``, ``tokens_per_block``, ``max_tokens_in_paged_kv_cache``,
 ``batch_scheduler_policy``, ``enable_kv_cache_reuse``, ``enable_chunked_context``,
@@ -157,6 +159,9 @@ class TritonPythonModel:
         if item is None:
             return
         request = item.request
+        if _input(request, "stop", False):
+            self._stop(item)
+            return
         try:
             for name, default in UNSUPPORTED.items():
                 if _input(request, name, default) != default:
@@ -184,6 +189,14 @@ class TritonPythonModel:
                                                     else pb_utils.TritonError.INVALID_ARG))
             return
         self.active[item.seq.seq_id] = item
+
+    def _stop(self, item: _Pending) -> None:
+        """Cancel the running requests with ``item``'s request id; answer ``item`` with an empty final response."""
+        request_id = item.request.request_id()
+        for other in [p for p in self.active.values() if request_id and p.request.request_id() == request_id]:
+            self.engine.cancel(other.seq)
+            self._finish(other, pb_utils.TritonError("the request was stopped", pb_utils.TritonError.CANCELLED))
+        self._finish(item, None, pb_utils.InferenceResponse(output_tensors=[]))
 
     def _outputs(self, item: _Pending, token_ids: list[int]) -> list:
         seq = item.seq
