@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
-
 TRTLLM_MODEL = "tensorrt_llm"
 
 
@@ -19,6 +16,9 @@ def max_seq_len(repo: Path) -> int | None:
     Arguments:
         repo: the model repository.
     """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
     path = repo / TRTLLM_MODEL / "config.pbtxt"
     try:
         config = text_format.Parse(path.read_text(), mc.ModelConfig())

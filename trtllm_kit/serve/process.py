@@ -175,6 +175,14 @@ class TritonProcess:
         self.remove_shm()
         return self.proc.returncode
 
+    def protect_shm(self) -> None:
+        """Make this launch's ``/dev/shm`` regions readable by their owner only (the Python backend creates them
+        with mode 0644 whatever the umask, and prompts and outputs pass through them)."""
+        for region in SHM_DIR.glob(f"{self.config.shm_prefix}*"):
+            with contextlib.suppress(OSError):
+                if region.stat().st_mode & 0o077:
+                    region.chmod(0o600)
+
     def remove_shm(self) -> list[Path]:
         """Delete ``/dev/shm`` regions of this launch's prefix (left behind when a stub or the server was killed)."""
         removed = []

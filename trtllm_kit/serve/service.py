@@ -103,6 +103,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         reaper.watch(process.pid)  # the server's own session: its group holds every stub
         frontend = _frontend(options, target, model, config)  # the tokenizer loads while the server starts
         process.wait_ready(options.ready_timeout_s)
+        process.protect_shm()
         watch.stubs = process.stubs()
         state = {"pid": os.getpid(), "server_pid": process.pid, "model": model, "target": target.target.name,
                  "world_size": target.world_size, "tritonserver": str(install.server), "source": install.source,
@@ -126,7 +127,8 @@ class Watch:
     stubs: dict[int, str] = field(default_factory=dict)
 
     def failure(self) -> str | None:
-        """Why the server cannot serve any more (a process died), or None."""
+        """Why the server cannot serve any more (a process died), or None; new shm regions are made private."""
+        self.process.protect_shm()
         proc = self.process.proc
         if proc is not None and proc.poll() is not None:
             return f"tritonserver exited with code {proc.returncode} while serving"
@@ -253,7 +255,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
 
 
 def _last_detached_file() -> Path:
-    from trtllm_kit.models.builtin import cache_root
+    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
 
     return cache_root() / "serve" / "last-detached"
 

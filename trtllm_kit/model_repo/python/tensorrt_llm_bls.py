@@ -8,6 +8,8 @@ all tokens so far and only the new text is sent, so multi-byte characters split 
 Cancellation: the response iterator of an inner call cannot be cancelled from a Python model, so when the
 client cancels (a closed stream) the BLS sends ``tensorrt_llm`` a request with the inner call's id and
 ``stop = true``, as the TensorRT-LLM backend defines it; the engine drops the sequence at its next step.
+(Triton 2.51's ensemble passes no cancellation to its steps: a client of ``ensemble`` that leaves does not
+stop its generation, which is why ``serve`` prefers the BLS.)
 Errors reach the client as one sentence with the inner model's status code, never a traceback.
 """
 
@@ -172,9 +174,7 @@ class TritonPythonModel:
         sent = b""
         for response in responses:
             if sender is not None and sender.is_cancelled():
-                self._stop(inner_id)
-                for _ in responses:  # the stopped call's final (cancelled) response
-                    pass
+                self._stop(inner_id)  # its final response may never come: the iterator is dropped, not drained
                 raise Cancelled
             if response.has_error():
                 raise _error(response.error())
