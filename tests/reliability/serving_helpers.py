@@ -36,7 +36,7 @@ def serve(out: Path, *args: str, env: dict[str, str] | None = None) -> dict[str,
 
 
 def counters(state: dict[str, Any]) -> dict[str, float]:
-    """The CPU runtime's ``steps`` (iteration counter) and ``active`` requests, from Triton's /metrics."""
+    """The CPU runtime's ``steps`` (iteration counter), ``active`` and ``waiting`` requests, from Triton's /metrics."""
     with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=5) as response:
         text = response.read().decode()
     found = {}
@@ -44,8 +44,8 @@ def counters(state: dict[str, Any]) -> dict[str, float]:
         for sample in family.samples:
             if family.name == "nv_trt_llm_general_metrics" and sample.labels["general_type"] == "iteration_counter":
                 found["steps"] = sample.value
-            if family.name == "nv_trt_llm_request_metrics" and sample.labels["request_type"] == "active":
-                found["active"] = sample.value
+            if family.name == "nv_trt_llm_request_metrics" and sample.labels["request_type"] in ("active", "waiting"):
+                found[sample.labels["request_type"]] = sample.value
     return found
 
 

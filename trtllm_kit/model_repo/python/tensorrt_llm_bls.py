@@ -69,7 +69,25 @@ def _error(error) -> BlsError:
     """A ``TritonError`` of an inner call as a ``BlsError``: its first line (the Python backend appends the
     failing model's traceback under "At:") and its code."""
     message = error.message().split("\n\nAt:")[0].strip()
-    return BlsError(message, error.code())
+    try:
+        return BlsError(message, error.code())
+    except Exception:  # a stub without TritonError.code()
+        return BlsError(message)
+
+
+def _triton_error(exc: Exception):
+    """The error a client gets for ``exc``: its message in one sentence and, where known, its status code."""
+    if isinstance(exc, Cancelled):
+        message, code = "the request was cancelled", pb_utils.TritonError.CANCELLED
+    elif isinstance(exc, BlsError):
+        message, code = str(exc), exc.code
+    else:
+        message, code = f"tensorrt_llm_bls failed: {exc}", None
+    try:
+        return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    except Exception as error:  # a code this stub's TritonError does not take
+        pb_utils.Logger.log_warn(f"tensorrt_llm_bls: error code {code!r} not kept: {error}")
+        return pb_utils.TritonError(message)
 
 
 def _exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
@@ -111,10 +129,8 @@ class TritonPythonModel:
     def _respond_once(self, request):
         try:
             chunks = list(self._generate(request))
-        except BlsError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), exc.code))
         except Exception as exc:  # one sentence, never a traceback with server paths
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm_bls failed: {exc}"))
+            return pb_utils.InferenceResponse(error=_triton_error(exc))
         text = b"".join(c[0] for c in chunks)
         extra = next((c[1] for c in reversed(chunks) if c[1]), [])
         return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([text], dtype=object)), *extra])
@@ -127,12 +143,7 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(tensors))
             sender.send(flags=final)
         except Exception as exc:  # every failure must reach the client as the final response
-            if isinstance(exc, Cancelled):
-                error = pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED)
-            elif isinstance(exc, BlsError):
-                error = pb_utils.TritonError(str(exc), exc.code)
-            else:
-                error = pb_utils.TritonError(f"tensorrt_llm_bls failed: {exc}")
+            error = _triton_error(exc)
             try:
                 sender.send(pb_utils.InferenceResponse(error=error), flags=final)
             except Exception as send_error:  # a cancelled request may refuse its final response
