@@ -16,6 +16,7 @@ PYTHON_SHM_GROWTH_BYTES = 1024 * 1024
 # With a token, every Triton API but health demands the header RESTRICTED_HEADER: TOKEN (HTTP and gRPC).
 RESTRICTED_APIS = "metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
 RESTRICTED_HEADER = "trtllm-kit-token"
+GRPC_RESTRICTED_HEADER = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # the metadata key Triton's gRPC checks
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.defaults import DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
-from trtllm_kit.serve.launcher import RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
+from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
 from trtllm_kit.serve.limits import max_seq_len
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.process import TritonProcess, group_alive
@@ -167,7 +167,7 @@ def _frontend(options: ServeOptions, target: Servable, model: str, launch: Launc
     config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=_served_name(target),
                           triton_model=model, tokenizer_dir=target.tokenizer_dir, api_key=options.api_key,
                           max_seq_len=max_seq_len(target.repo),
-                          triton_headers=((RESTRICTED_HEADER, token),) if token else ())
+                          triton_headers=((GRPC_RESTRICTED_HEADER, token),) if token else ())
     return OpenAIFrontend(config)
 
 
