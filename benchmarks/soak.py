@@ -102,7 +102,8 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.R
         prompt = " ".join(rng.choice(words) for _ in range(rng.randint(2, 30)))
         usage = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": rng.randint(4, 64), "temperature": 0,
-                           "ignore_eos": True, "stream": kind != "whole", **({} if kind == "whole" else usage)}).encode()
+                           "ignore_eos": True, "stream": kind != "whole",
+                           **({} if kind == "whole" else usage)}).encode()
     timeout = aiohttp.ClientTimeout(total=120)
     try:
         if kind == "drop-early":
