@@ -97,6 +97,9 @@ def stop(out: Path | None, timeout: float) -> None:
 
     out = out if out is not None else last_detached()
     result = stop_serving(out, timeout)
+    if result["pid"] is None:
+        click.echo(f"nothing to stop: no trtllm-kit serve of {out} is running")
+        return
     click.echo(f"stopped pid {result['pid']}" + (" (killed after the timeout)" if result["forced"] else ""))
 
 

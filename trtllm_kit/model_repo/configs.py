@@ -82,13 +82,13 @@ def _set_parameters(config: mc.ModelConfig, values: dict[str, str]) -> None:
         config.parameters[key].string_value = value
 
 
-def _queue(config: mc.ModelConfig, options: RepoOptions, preferred: int | None) -> None:
+def _queue(config: mc.ModelConfig, options: RepoOptions, preferred: int | None, max_queue_size: int = 0) -> None:
     batching = config.dynamic_batching
     batching.SetInParent()
     if preferred:
         batching.preferred_batch_size.append(preferred)
     batching.max_queue_delay_microseconds = options.max_queue_delay_microseconds
-    batching.default_queue_policy.max_queue_size = options.max_queue_size
+    batching.default_queue_policy.max_queue_size = max_queue_size
 
 
 def _instances(config: mc.ModelConfig, count: int) -> None:
@@ -106,7 +106,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
     config = mc.ModelConfig(name=TRTLLM_MODEL, backend="python" if is_cpu else "tensorrtllm",
                             max_batch_size=limits.max_batch_size)
     config.model_transaction_policy.decoupled = options.decoupled
-    _queue(config, options, limits.max_batch_size)
+    _queue(config, options, limits.max_batch_size, options.max_queue_size or 0)  # the engine's queue is the bound
     config.input.extend(model_input(t, ragged=True, scalar_reshape=True) for t in T.TRTLLM_INPUTS)
     config.output.extend(model_output(t) for t in T.TRTLLM_OUTPUTS)
     _instances(config, 1)
@@ -132,6 +132,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
         "request_stats_max_iterations": "0",
         "decoding_mode": "top_k_top_p" if limits.max_beam_width == 1 else "beam_search",
         "gpu_weights_percent": "1.0",
+        "max_queue_size": str(options.max_queue_size or 0),
         "enable_context_fmha_fp32_acc": "false",
         "multi_block_mode": "true",
         "cuda_graph_mode": "false",
@@ -139,7 +140,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
     if is_cpu:  # what the engine would carry, as parameters the CPU runtime reads
         parameters.update({"max_batch_size": str(limits.max_batch_size), "max_num_tokens": str(limits.max_num_tokens),
                            "max_seq_len": str(limits.max_seq_len), "tokens_per_block": str(limits.tokens_per_block),
-                           "max_queue_size": str(options.max_queue_size), "decoupled": _flag(options.decoupled)})
+                           "decoupled": _flag(options.decoupled)})
     _set_parameters(config, parameters)
     return config
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 MIN_INSTANCES = 5  # the backend docs advise about 5 pre/post/BLS instances, or the batch size; never 1 by default
 MAX_DEFAULT_INSTANCES = 16
+QUEUE_BATCHES = 4  # the default queue holds this many full batches beyond the running one
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,9 @@ class RepoOptions:
     batch_scheduler_policy: SchedulerPolicy = field(default=SchedulerPolicy.GUARANTEED_NO_EVICT, metadata=option(
         "guaranteed_no_evict admits a request only when KV for its full length is guaranteed; max_utilization "
         "packs more and may pause some.", "--batch-scheduler-policy"))
-    max_queue_size: int = field(default=0, metadata=option("Queued requests; 0 = unbounded.", "--max-queue-size",
-                                                           minimum=0))
+    max_queue_size: int | None = field(default=None, metadata=option(
+        f"Requests the engine queues beyond its running batch; more are refused (HTTP 429) at once (default: "
+        f"{QUEUE_BATCHES} x max_batch_size; 0 = unbounded).", "--max-queue-size", minimum=0))
     max_queue_delay_microseconds: int = field(default=0, metadata=option(
         "Longest wait in the queue to form a batch.", "--max-queue-delay-us", minimum=0))
     exclude_input_in_output: bool = field(default=True, metadata=option(
@@ -93,8 +95,10 @@ class RepoOptions:
             raise KitUsageError(f"max_tokens_in_paged_kv_cache {kv_tokens} is below max_seq_len "
                                 f"{limits.max_seq_len}: one full-length sequence would not fit; raise it.")
         instances = max(MIN_INSTANCES, min(limits.max_batch_size, MAX_DEFAULT_INSTANCES))
+        queue = QUEUE_BATCHES * limits.max_batch_size if self.max_queue_size is None else self.max_queue_size
         return replace(
             self, kv_cache_free_gpu_mem_fraction=float(fraction), max_tokens_in_paged_kv_cache=kv_tokens,
+            max_queue_size=queue,
             enable_kv_cache_reuse=paged if self.enable_kv_cache_reuse is None else self.enable_kv_cache_reuse,
             enable_chunked_context=paged if self.enable_chunked_context is None else self.enable_chunked_context,
             preprocessing_instances=self.preprocessing_instances or instances,

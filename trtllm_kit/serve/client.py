@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -71,11 +71,13 @@ class TextClient:
     Arguments:
         url: ``host:port`` of the server's gRPC endpoint.
         model: ``tensorrt_llm_bls`` or ``ensemble``; the first of them that is ready when None.
+        headers: gRPC metadata sent with every call (the token of a server with restricted protocols).
     """
 
-    def __init__(self, url: str, model: str | None = None) -> None:
+    def __init__(self, url: str, model: str | None = None, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.url = url
         self.model = model
+        self.metadata = tuple(headers) or None
         self._channel = grpc.aio.insecure_channel(url)
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._inputs: set[str] | None = None
@@ -89,7 +91,8 @@ class TextClient:
         if self.model is None:
             for name in (*TEXT_MODELS, TOKEN_MODEL):  # an llmapi repository's one model is tensorrt_llm
                 try:
-                    if (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=name))).ready:
+                    if (await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=name),
+                                                           metadata=self.metadata)).ready:
                         self.model = name
                         break
                 except grpc.aio.AioRpcError as exc:
@@ -106,7 +109,8 @@ class TextClient:
         await self.resolve_model()
         if self._inputs is None:
             try:
-                response = await self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model))
+                response = await self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model),
+                                                       metadata=self.metadata)
             except grpc.aio.AioRpcError as exc:
                 raise GenerationError(f"model {self.model!r} is not available at {self.url}: {exc.details()}",
                                       status=404 if exc.code() == grpc.StatusCode.NOT_FOUND else 503) from None
@@ -121,8 +125,8 @@ class TextClient:
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
             sampling = {field: getattr(req, field) for field in ("temperature", "top_p", "top_k", "seed",
                                                                  "min_tokens", "end_id")}
-            return _infer_request(self.model, req.request_id, llmapi_values(req.prompt, req.max_tokens, **sampling),
-                                  self._batched)
+            llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling)
+            return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
             return self._token_request(req)
         if self.model == TOKEN_MODEL:
@@ -139,7 +143,7 @@ class TextClient:
         for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
             if flag in names:
                 values.append((flag, "BOOL", np.array([True])))
-        return _infer_request(self.model, req.request_id, values, self._batched)
+        return _infer_request(await self.resolve_model(), req.request_id, values, self._batched)
 
     @staticmethod
     def _token_request(req: GenerationRequest) -> service_pb2.ModelInferRequest:
@@ -155,7 +159,7 @@ class TextClient:
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
         return _infer_request(TOKEN_MODEL, req.request_id, values, batched=True)
 
-    async def stream(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
+    async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         """Yield each response (text, or token ids for a token-id prompt) until the final one; leaving early
         cancels the request.
 
@@ -169,7 +173,7 @@ class TextClient:
             yield request
             await finished.wait()  # keep the stream open until the last response arrived
 
-        call = self._stub.ModelStreamInfer(requests())
+        call = self._stub.ModelStreamInfer(requests(), metadata=self.metadata)
         try:
             async for response in call:
                 if response.error_message:
@@ -194,6 +198,7 @@ class TextClient:
 
 
 def _generation_error(model: str, message: str) -> GenerationError:
+    message = message.split("\n\nAt:")[0].strip()  # the Python backend appends the failing model's traceback
     unknown = "unknown model" in message
     if unknown and model == TOKEN_MODEL:
         return GenerationError(f"token-id prompts go to the {TOKEN_MODEL!r} model, which the server does not have; "

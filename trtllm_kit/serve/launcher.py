@@ -13,6 +13,10 @@ from trtllm_kit.serve.locate import TritonInstall
 
 PYTHON_SHM_DEFAULT_BYTES = 4 * 1024 * 1024
 PYTHON_SHM_GROWTH_BYTES = 1024 * 1024
+# With a token, every Triton API but health demands the header RESTRICTED_HEADER: TOKEN (HTTP and gRPC).
+RESTRICTED_APIS = "metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
+RESTRICTED_HEADER = "trtllm-kit-token"
+GRPC_RESTRICTED_HEADER = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # the metadata key Triton's gRPC checks
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class LaunchConfig:
     exit_timeout_s: int = 5
     trtllm_models: tuple[str, ...] = ("tensorrt_llm",)
     extra_args: tuple[str, ...] = ()
+    restricted_token: str | None = field(default=None, repr=False)  # demanded by every API but health
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -86,6 +91,9 @@ def rank_argv(install: TritonInstall, config: LaunchConfig, rank: int) -> list[s
                  f"--grpc-address={ep.host}", f"--grpc-port={ep.grpc_port}",
                  f"--metrics-address={ep.host}", f"--metrics-port={ep.metrics_port}",
                  "--strict-readiness=true", f"--log-verbose={config.log_verbose}"]
+        if config.restricted_token:
+            restriction = f"{RESTRICTED_APIS}:{RESTRICTED_HEADER}={config.restricted_token}"
+            argv += [f"--http-restricted-api={restriction}", f"--grpc-restricted-protocol={restriction}"]
     else:
         argv += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
                  "--model-control-mode=explicit", *(f"--load-model={name}" for name in config.trtllm_models)]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ from aiohttp import web
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import Chunk, GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.errors import error_response, generation_failure, parse_body
 from trtllm_kit.serve.openai_metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai_protocol import (
     ChoiceShape,
     RequestError,
     Sampling,
+    check_fields,
     generation_request,
     parse_prompt,
     parse_sampling,
@@ -38,10 +41,8 @@ class OpenAIConfig:
     api_key: str | None = None
     api_keys: Path | None = None  # the gateway's key file (keys, limits, quotas)
     usage_log: Path | None = None  # the gateway's usage log (default: beside the key file)
-
-
-def error_response(exc: RequestError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status)
+    max_seq_len: int | None = None  # prompt plus output tokens; requests beyond it are refused with a 400
+    triton_headers: tuple[tuple[str, str], ...] = ()  # gRPC metadata Triton's restricted protocols demand
 
 
 class OpenAIFrontend:
@@ -81,7 +82,7 @@ class OpenAIFrontend:
         return app
 
     async def _open(self, _app: web.Application) -> None:
-        self.client = TextClient(self.config.grpc_url, self.config.triton_model)
+        self.client = TextClient(self.config.grpc_url, self.config.triton_model, self.config.triton_headers)
 
     async def _close(self, _app: web.Application) -> None:
         if self.client is not None:
@@ -96,12 +97,15 @@ class OpenAIFrontend:
         except RequestError as exc:
             return error_response(exc)
         except GenerationError as exc:
-            return error_response(RequestError(str(exc), exc.status, kind="server_error"
-                                               if exc.status >= 500 else "invalid_request_error"))
+            return error_response(generation_failure(exc))
         except KitUsageError as exc:
             return error_response(RequestError(str(exc)))
         except web.HTTPException as exc:
             return error_response(RequestError(f"{request.method} {request.path}: {exc.reason}", exc.status))
+        except Exception as exc:  # a bug: the client gets JSON and no traceback; the log gets the details
+            logging.getLogger(__name__).exception("the OpenAI frontend failed a request")
+            return error_response(RequestError(f"internal error ({type(exc).__name__}); see the server log.", 500,
+                                               kind="server_error"))
 
     @web.middleware
     async def _measure(self, request: web.Request,
@@ -126,7 +130,11 @@ class OpenAIFrontend:
         if key is None:
             return
         given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        try:
+            matches = hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+        except UnicodeEncodeError:  # a header that is not UTF-8 arrives with surrogate escapes: not the key
+            matches = False
+        if not matches:
             raise RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.", 401,
                                code="invalid_api_key")
 
@@ -134,23 +142,19 @@ class OpenAIFrontend:
         entry = {"id": self.config.served_name, "object": "model", "created": self.created, "owned_by": "trtllm-kit"}
         return web.json_response({"object": "list", "data": [entry]})
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RequestError("the request body is not valid JSON.") from None
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object.")
+    async def _body(self, request: web.Request, kind: str) -> dict[str, Any]:
+        body = parse_body(await request.read())
         model = body.get("model")
         if model is None:
             raise RequestError(f"'model' is required; this server has {self.config.served_name!r}.", param="model")
         if model not in (self.config.served_name, self.config.triton_model):
             raise RequestError(f"The model {model!r} does not exist; this server has {self.config.served_name!r}.",
                                404, param="model", code="model_not_found")
+        check_fields(body, kind)
         return body
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        body = await self._body(request, "text_completion")
         prompt = parse_prompt(body, self.tokenizer.vocab_size if self.tokenizer else None)
         if isinstance(prompt, tuple) and self.tokenizer is None:
             raise RequestError("token-id prompts need the model's tokenizer to return text, and this server has "
@@ -158,7 +162,7 @@ class OpenAIFrontend:
         return await self._respond(request, body, prompt, "text_completion")
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        body = await self._body(request, "chat.completion")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
@@ -169,7 +173,8 @@ class OpenAIFrontend:
 
     async def _respond(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
                        kind: str) -> web.StreamResponse:
-        sampling = parse_sampling(body, kind)
+        sampling = parse_sampling(body, kind, self.config.max_seq_len)
+        self._check_length(prompt, sampling)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = self.tokenizer.eos_id if self.tokenizer is not None and isinstance(prompt, tuple) else None
         run = Run(self, generation_request(prompt, sampling, ident, eos_id), sampling)
@@ -177,7 +182,11 @@ class OpenAIFrontend:
         timer = self.metrics.timer(self.config.served_name)
         shape = ChoiceShape(kind, ident, self.config.served_name, int(time.time()))
         if not sampling.stream:
-            text = "".join([piece.text async for piece in timer.timed(run.pieces())])
+            whole = timer.timed(run.pieces())
+            try:  # a client that leaves cancels this handler, and closing ``whole`` cancels the generation
+                text = "".join([piece.text async for piece in whole])
+            finally:
+                await whole.aclose()
             return web.json_response(shape.whole(text, run.finish_reason, run.usage()))
 
         def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
@@ -202,7 +211,7 @@ class OpenAIFrontend:
             if sampling.include_usage:
                 await _send(response, {**shape.chunk(None, None), "choices": [], "usage": run.usage()})
         except (GenerationError, RequestError) as exc:
-            error = exc if isinstance(exc, RequestError) else RequestError(str(exc), exc.status, kind="server_error")
+            error = exc if isinstance(exc, RequestError) else generation_failure(exc)
             await _send(response, error.body())
         except ConnectionResetError:  # the client left: closing ``pieces`` cancels the generation
             return response
@@ -210,6 +219,23 @@ class OpenAIFrontend:
             await pieces.aclose()
         await response.write(b"data: [DONE]\n\n")
         return response
+
+
+    def _check_length(self, prompt: str | tuple[int, ...], sampling: Sampling) -> None:
+        """Refuse a prompt that is empty or, with ``max_tokens``, longer than ``max_seq_len``."""
+        limit, tokenizer = self.config.max_seq_len, self.tokenizer
+        if limit is None:
+            return
+        if isinstance(prompt, tuple):
+            num_prompt = len(prompt)
+        elif tokenizer is not None:
+            num_prompt = tokenizer.count(prompt)
+        else:
+            return
+        if num_prompt + sampling.max_tokens > limit:
+            raise RequestError(f"this model's maximum context length is {limit} tokens; the request asks for "
+                               f"{num_prompt} prompt + {sampling.max_tokens} completion tokens: shorten the prompt "
+                               "or lower max_tokens.", param="max_tokens", code="context_length_exceeded")
 
 
 async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
@@ -239,11 +265,12 @@ class Run:
         self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
         self.finish_reason = "stop"
 
-    async def pieces(self) -> AsyncIterator[Piece]:
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
         """The pieces of the answer as they may be shown."""
         assert self.frontend.client is not None, "the application is not started"
         matcher = StopMatcher(self.sampling.stops)
-        decoder = self.frontend.tokenizer.decoder() if isinstance(self.gen.prompt, tuple) else None
+        tokenizer = self.frontend.tokenizer
+        decoder = tokenizer.decoder() if isinstance(self.gen.prompt, tuple) and tokenizer is not None else None
         stream = self.frontend.client.stream(self.gen)
         try:
             async for chunk in stream:
@@ -298,7 +325,8 @@ async def start_frontend(frontend: OpenAIFrontend, host: str, port: int) -> web.
         host: the bind address.
         port: the TCP port.
     """
-    runner = web.AppRunner(frontend.app(), access_log=None)
+    # handler_cancellation: a client that disconnects cancels its handler, which cancels its generation
+    runner = web.AppRunner(frontend.app(), access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

@@ -10,6 +10,20 @@ from trtllm_kit.serve.client import GenerationRequest
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
 PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spans -100..100
+MAX_INT32, MAX_UINT64 = 2**31 - 1, 2**64 - 1
+# The fields the frontend implements, per endpoint; ``user`` is accepted and not used (it only labels a request).
+FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
+          "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority"}
+ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt"}, "chat.completion": FIELDS | {"messages"}}
+# OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
+NOT_IMPLEMENTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+                   "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+                   "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+                   "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
+                   "response_format": (None, {"type": "text"}), "service_tier": (None, "auto", "default"),
+                   "store": (None, False), "metadata": (None, {}), "modalities": (None, ["text"]),
+                   "prediction": (None,), "audio": (None,), "reasoning_effort": (None,)}
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
 class RequestError(Exception):
@@ -51,17 +65,41 @@ def trtllm_priority(priority: int) -> float:
     return 0.5 - priority / (2 * PRIORITY_RANGE)
 
 
-def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
+def check_fields(body: dict[str, Any], kind: str) -> None:
+    """Refuse a field the frontend does not implement (OpenAI's own answer to an unknown one is a 400 too).
+
+    Arguments:
+        body: the JSON request body.
+        kind: ``text_completion`` or ``chat.completion``.
+    """
+    for name, value in body.items():
+        if name in ENDPOINT_FIELDS[kind]:
+            continue
+        if name in NOT_IMPLEMENTED:
+            if any(type(value) is type(default) and value == default for default in NOT_IMPLEMENTED[name]):
+                continue
+            raise RequestError(f"{name} is not supported by this server (got {value!r:.60}); leave it out.",
+                               param=name, code="unsupported_parameter")
+        raise RequestError(f"Unrecognized request argument supplied: {name}.", param=name,
+                           code="unknown_parameter")
+
+
+def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = None) -> Sampling:
     """Validate OpenAI's generation fields, quoting the bad value.
 
     Arguments:
         body: the JSON request body.
         kind: ``text_completion`` or ``chat.completion`` (their ``max_tokens`` defaults differ).
+        max_seq_len: prompt plus output tokens the model takes (``max_tokens`` is bounded by it when known).
     """
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = DEFAULT_MAX_TOKENS[kind] if max_tokens is None else max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}.", param="max_tokens")
+    limit = MAX_INT32 if max_seq_len is None else max_seq_len - 1
+    if max_tokens > limit:
+        reason = f"this model's max_seq_len is {max_seq_len} tokens" if max_seq_len else "the limit is 2**31 - 1"
+        raise RequestError(f"max_tokens must be at most {limit} ({reason}), got {max_tokens}.", param="max_tokens")
     temperature, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
     if temperature is not None and (not isinstance(temperature, int | float) or not 0 <= temperature <= 2):
         raise RequestError(f"temperature must be between 0 and 2, got {temperature!r}.", param="temperature")
@@ -69,6 +107,8 @@ def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
         raise RequestError(f"top_p must be in (0, 1], got {top_p!r}.", param="top_p")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise RequestError(f"seed must be a non-negative integer, got {seed!r}.", param="seed")
+    if seed is not None and seed > MAX_UINT64:
+        raise RequestError(f"seed must be below 2**64, got {seed}.", param="seed")
     stop = body.get("stop") or []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) for s in stops):
@@ -88,11 +128,26 @@ def parse_sampling(body: dict[str, Any], kind: str) -> Sampling:
                                  or not -PRIORITY_RANGE <= priority <= PRIORITY_RANGE):
         raise RequestError(f"priority must be an integer from {-PRIORITY_RANGE} to {PRIORITY_RANGE} (lower runs "
                            f"first), got {priority!r}.", param="priority")
-    options = body.get("stream_options") or {}
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError(f"stream must be true or false, got {stream!r}.", param="stream")
+    options = _stream_options(body.get("stream_options"), bool(stream))
     return Sampling(max_tokens, None if temperature is None else float(temperature),
-                    None if top_p is None else float(top_p), seed, stops, bool(body.get("stream", False)),
+                    None if top_p is None else float(top_p), seed, stops, bool(stream),
                     bool(options.get("include_usage", False)), min_tokens, ignore_eos,
                     bool(options.get("continuous_usage_stats", False)), priority)
+
+
+def _stream_options(options: Any, stream: bool) -> dict[str, bool]:
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or not all(k in STREAM_OPTIONS and isinstance(v, bool)
+                                                for k, v in options.items()):
+        raise RequestError(f"stream_options must be an object of {' and '.join(STREAM_OPTIONS)} booleans, got "
+                           f"{options!r:.60}.", param="stream_options")
+    if not stream:
+        raise RequestError("stream_options is only allowed when stream is true.", param="stream_options")
+    return options
 
 
 def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:
@@ -106,6 +161,8 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt is empty; send at least one character.", param="prompt")
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if t < 0 or (vocab_size is not None and t >= vocab_size)]
@@ -132,8 +189,9 @@ def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, reques
     """
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
     end_id = NEVER_END_ID if sampling.ignore_eos else eos_id
-    common = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id, "request_id": request_id,
-              "priority": None if sampling.priority is None else trtllm_priority(sampling.priority)}
+    common: dict[str, Any] = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id,
+                              "request_id": request_id,
+                              "priority": None if sampling.priority is None else trtllm_priority(sampling.priority)}
     if temperature == 0:
         return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p

@@ -25,10 +25,19 @@ ERROR_LINE = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] (.+)$", re.MULTILINE)
 CPU_NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
 STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize Python stub")
 PR_SET_PDEATHSIG = 1
+STUB_NAME = "triton_python_backend_stub"
+SECRET_ENV = ("TRTLLM_KIT_API_KEY",)  # never passed to a server or its stubs
+
+
+def _private() -> None:
+    """In the child before exec: files and shared-memory regions it creates are its user's alone."""
+    os.umask(0o077)
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: end (SIGTERM) when the launching process dies, so nothing is orphaned."""
+    """In the child before exec: end (SIGTERM) when the launching process dies, so nothing is orphaned; private
+    files."""
+    _private()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -60,7 +69,7 @@ class TritonProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent if die_with_parent else None)
+                                         preexec_fn=_die_with_parent if die_with_parent else _private)
 
     def is_ready(self) -> bool:
         """``GET /v2/health/ready`` answers 200, and so does ``/metrics`` (Triton starts it last, and a benchmark
@@ -119,28 +128,60 @@ class TritonProcess:
             return ""
         return "\n".join(lines[-num_lines:])
 
-    def stop(self, grace_s: float | None = None) -> int | None:
+    def stubs(self) -> dict[int, str]:
+        """The live Python-backend stubs of this server: pid → the model they run."""
+        import psutil
+
+        if self.proc is None:
+            return {}
+        found = {}
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return {}
+        for child in children:
+            try:
+                if child.name() == STUB_NAME and child.status() != psutil.STATUS_ZOMBIE:
+                    found[child.pid] = _stub_model(child.cmdline())
+            except psutil.Error:
+                continue
+        return found
+
+    def stop(self, grace_s: float | None = None, *, stubs: dict[int, str] | None = None) -> int | None:
         """SIGTERM the server (mpirun forwards it to every rank), wait, then kill whatever of the group is left.
 
         Removes the shared-memory regions of this launch's prefix. Returns the server's exit code.
 
         Arguments:
             grace_s: seconds to wait for a graceful exit (the server's exit timeout plus 5 s when omitted).
+            stubs: the stubs the server had when it was ready; when one of them is gone, the server cannot unload
+                its model and would wait out its exit timeout, so it is killed at once.
         """
         if self.proc is None:
             return None
         grace_s = self.config.exit_timeout_s + 5.0 if grace_s is None else grace_s
+        if stubs and not set(stubs) <= set(self.stubs()):
+            grace_s = 0.0
         pgid = self.proc.pid
         if self.proc.poll() is None:
-            _signal_group(pgid, signal.SIGTERM, leader_only=True, pid=self.proc.pid)
+            graceful = grace_s > 0
+            _signal_group(pgid, signal.SIGTERM if graceful else signal.SIGKILL, leader_only=graceful, pid=self.proc.pid)
             try:
-                self.proc.wait(timeout=grace_s)
+                self.proc.wait(timeout=grace_s if graceful else 5.0)
             except subprocess.TimeoutExpired:
                 _signal_group(pgid, signal.SIGKILL)
                 self.proc.wait()
         _reap_group(pgid, wait_s=3.0)
         self.remove_shm()
         return self.proc.returncode
+
+    def protect_shm(self) -> None:
+        """Make this launch's ``/dev/shm`` regions readable by their owner only (the Python backend creates them
+        with mode 0644 whatever the umask, and prompts and outputs pass through them)."""
+        for region in SHM_DIR.glob(f"{self.config.shm_prefix}*"):
+            with contextlib.suppress(OSError):
+                if region.stat().st_mode & 0o077:
+                    region.chmod(0o600)
 
     def remove_shm(self) -> list[Path]:
         """Delete ``/dev/shm`` regions of this launch's prefix (left behind when a stub or the server was killed)."""
@@ -159,11 +200,17 @@ def kit_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     Arguments:
         base: the environment to extend (``os.environ`` when omitted).
     """
-    env = dict(os.environ if base is None else base)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in SECRET_ENV}
     first = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([first, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != first)])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+def _stub_model(cmdline: list[str]) -> str:
+    """The model a stub runs, from its first argument (``<repo>/<model>/<version>/model.py``)."""
+    parts = Path(cmdline[1]).parts if len(cmdline) > 1 else ()
+    return parts[-3] if len(parts) >= 3 else "?"
 
 
 def _signal_group(pgid: int, sig: int, *, leader_only: bool = False, pid: int | None = None) -> None:

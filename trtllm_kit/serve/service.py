@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,9 +22,11 @@ from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.defaults import DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
-from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free
+from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
+from trtllm_kit.serve.limits import max_seq_len
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.process import TritonProcess, group_alive
+from trtllm_kit.serve.reaper import Reaper, reap
 from trtllm_kit.serve.state import (
     claim_run_dir,
     is_alive,
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
     from trtllm_kit.serve.openai import OpenAIFrontend
 
 API_KEY_ENV = "TRTLLM_KIT_API_KEY"
+WATCH_S = 0.5  # how often a serving process checks that tritonserver and every stub are alive
+LOOPBACK = {False: "127.0.0.1", True: "::1"}
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,11 @@ class ServeOptions:
 def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Launch the server, wait until it is ready, run the OpenAI frontend, and block until SIGINT/SIGTERM.
 
-    Every rank, stub and shared-memory region is gone when this returns or raises.
+    Every rank, stub and shared-memory region is gone when this returns or raises, and within seconds when this
+    process is killed (a reaper process watches it). When tritonserver or one of its stubs dies while serving,
+    in-flight requests fail at once and this raises ``KitError`` naming it (``serve`` exits 1 for a supervisor
+    to restart it). With an API key, Triton's own ports listen on loopback and demand a per-launch token for
+    every API but health, so the OpenAI port is the only way in; the key reaches no child process.
 
     Arguments:
         options: what to serve and where.
@@ -83,29 +92,61 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
     if options.openai_port is not None:
         check_ports_free(options.endpoints.host, {"OpenAI": options.openai_port})
+    os.environ.pop(API_KEY_ENV, None)  # read already; no child inherits it
     state_dir = claim_run_dir(options.out)
-    config = LaunchConfig(repo=working_copy(target.repo, state_dir), endpoints=options.endpoints,
+    endpoints = options.endpoints
+    if options.api_key:
+        endpoints = Endpoints(LOOPBACK[":" in endpoints.host], *endpoints.ports().values())
+    config = LaunchConfig(repo=working_copy(target.repo, state_dir), endpoints=endpoints,
                           world_size=target.world_size, shm_prefix=f"trtllmkit_{os.getpid()}_",
-                          log_verbose=options.log_verbose, exit_timeout_s=options.exit_timeout_s)
+                          log_verbose=options.log_verbose, exit_timeout_s=options.exit_timeout_s,
+                          restricted_token=secrets.token_urlsafe(24) if options.api_key else None)
     process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=target.target.argv(install, config))
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
     write_pid(options.out)
+    reaper = Reaper(config.shm_prefix)
+    watch = Watch(process)
     try:
         started = time.perf_counter()
         process.start()
-        frontend = _frontend(options, target, model)  # the tokenizer loads while the server starts
+        assert process.pid is not None
+        reaper.watch(process.pid)  # the server's own session: its group holds every stub
+        frontend = _frontend(options, target, model, config)  # the tokenizer loads while the server starts
         process.wait_ready(options.ready_timeout_s)
+        process.protect_shm()
+        watch.stubs = process.stubs()
         state = {"pid": os.getpid(), "server_pid": process.pid, "model": model, "target": target.target.name,
                  "world_size": target.world_size, "tritonserver": str(install.server), "source": install.source,
-                 "host": options.endpoints.host, "http": options.endpoints.url("http"),
-                 "grpc": options.endpoints.url("grpc"), "metrics": options.endpoints.url("metrics"),
-                 "openai": None, "shm_prefix": config.shm_prefix, "log": str(process.log_path)}
-        asyncio.run(_run(options, frontend, process, state, started, on_ready))
+                 "host": endpoints.host, "http": endpoints.url("http"), "grpc": endpoints.url("grpc"),
+                 "metrics": endpoints.url("metrics"), "openai": None, "shm_prefix": config.shm_prefix,
+                 "log": str(process.log_path), "stubs": {str(pid): name for pid, name in watch.stubs.items()}}
+        asyncio.run(_run(options, frontend, watch, state, started, on_ready))
     finally:
         with _signals_ignored():
-            process.stop()
+            process.stop(stubs=watch.stubs)
+            reaper.close()
             for name in ("state.json", "serve.pid"):
                 (state_dir / name).unlink(missing_ok=True)
+
+
+@dataclass
+class Watch:
+    """What a serving process checks every ``WATCH_S``: tritonserver and the stubs it had when it was ready."""
+
+    process: TritonProcess
+    stubs: dict[int, str] = field(default_factory=dict)
+
+    def failure(self) -> str | None:
+        """Why the server cannot serve any more (a process died), or None; new shm regions are made private."""
+        self.process.protect_shm()
+        proc = self.process.proc
+        if proc is not None and proc.poll() is not None:
+            return f"tritonserver exited with code {proc.returncode} while serving"
+        dead = {pid: name for pid, name in self.stubs.items() if pid not in self.process.stubs()}
+        if dead:
+            pid, name = next(iter(dead.items()))
+            return f"the Python-backend stub of model {name} (pid {pid}) died while serving"
+        return None
 
 
 @contextmanager
@@ -127,19 +168,23 @@ def _model(target: Servable, wanted: str | None) -> str:
     return wanted
 
 
-def _frontend(options: ServeOptions, target: Servable, model: str) -> OpenAIFrontend | None:
+def _frontend(options: ServeOptions, target: Servable, model: str, launch: LaunchConfig) -> OpenAIFrontend | None:
     if options.openai_port is None:
         return None
     from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
 
-    config = OpenAIConfig(grpc_url=options.endpoints.url("grpc"), served_name=_served_name(target),
+    token = launch.restricted_token
+    config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=_served_name(target),
                           triton_model=model, tokenizer_dir=target.tokenizer_dir, api_key=options.api_key,
+                          max_seq_len=max_seq_len(target.repo),
+                          triton_headers=((GRPC_RESTRICTED_HEADER, token),) if token else (),
                           api_keys=options.api_keys, usage_log=options.usage_log)
     return OpenAIFrontend(config)
 
 
-async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, process: TritonProcess,
+async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, watch: Watch,
                state: dict[str, Any], started: float, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+    process = watch.process
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -158,11 +203,13 @@ async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, process: 
         if on_ready is not None:
             on_ready(state)
         while not stop.is_set():
-            if process.proc is not None and process.proc.poll() is not None:
-                raise KitError(f"tritonserver exited with code {process.proc.returncode} while serving (log "
-                               f"{process.log_path}); last lines:\n{process.log_tail()}")
+            failure = watch.failure()
+            if failure is not None:
+                process.stop(stubs=watch.stubs)  # in-flight requests fail now, not at their clients' timeouts
+                raise KitError(f"{failure}; serve stopped so that it can be restarted (log {process.log_path}); "
+                               f"last lines:\n{process.log_tail()}")
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=0.5)
+                await asyncio.wait_for(stop.wait(), timeout=WATCH_S)
     finally:
         if runner is not None:
             await runner.cleanup()
@@ -197,7 +244,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     argv += ["--api-keys", str(options.api_keys.absolute())] if options.api_keys else []
     argv += ["--usage-log", str(options.usage_log.absolute())] if options.usage_log else []
     argv += ["--server", options.server] if options.server != "triton" else []
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     if options.api_key:
         env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
     log_path = claim_run_dir(options.out) / "serve.log"
@@ -222,7 +269,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
 
 
 def _last_detached_file() -> Path:
-    from trtllm_kit.models.builtin import cache_root
+    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
 
     return cache_root() / "serve" / "last-detached"
 
@@ -237,7 +284,8 @@ def last_detached() -> Path:
 
 
 def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
-    """End the serve of ``out`` (SIGTERM, then SIGKILL of everything it started after ``timeout_s``).
+    """End the serve of ``out`` (SIGTERM, then SIGKILL of everything it started after ``timeout_s``); ``pid`` is
+    None when nothing serves it.
 
     Arguments:
         out: the served build output.
@@ -245,7 +293,7 @@ def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
     """
     pid = serving_pid(out)
     if pid is None:
-        raise KitUsageError(f"nothing serves {out} (no live pid in {run_dir(out) / 'serve.pid'}).")
+        return {"pid": None, "forced": False}
     state = read_state(out) or {}
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -255,11 +303,7 @@ def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
     if forced:
         os.kill(pid, signal.SIGKILL)
         server_pid = state.get("server_pid")
-        if server_pid and group_alive(server_pid):
-            os.killpg(server_pid, signal.SIGKILL)
-        if state.get("shm_prefix"):
-            for region in Path("/dev/shm").glob(f"{state['shm_prefix']}*"):
-                region.unlink(missing_ok=True)
+        reap([server_pid] if server_pid and group_alive(server_pid) else [], state.get("shm_prefix", ""))
         for name in ("state.json", "serve.pid"):
             (run_dir(out) / name).unlink(missing_ok=True)
     return {"pid": pid, "forced": forced}

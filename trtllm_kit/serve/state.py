@@ -29,7 +29,7 @@ def run_dir(out: Path) -> Path:
     Arguments:
         out: the served build output.
     """
-    from trtllm_kit.models.builtin import cache_root
+    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
 
     resolved = os.path.realpath(out)
     key = hashlib.sha256(resolved.encode()).hexdigest()[:16]

@@ -88,7 +88,7 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         self.directory = directory
-        self.hf = AutoTokenizer.from_pretrained(str(directory))
+        self.hf: Any = AutoTokenizer.from_pretrained(str(directory))  # a fast or slow HF tokenizer
 
     @property
     def vocab_size(self) -> int:

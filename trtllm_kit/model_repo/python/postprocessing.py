@@ -20,14 +20,22 @@ class TritonPythonModel:
         self.skip_special_tokens = flag(config, "skip_special_tokens", True)
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
-            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
-            tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])  # [batch, beams, tokens]
-            lengths = lengths.reshape(tokens.shape[0], -1)
-            texts = [[self.codec.decode(beam[: int(n)].tolist(), skip_special_tokens=self.skip_special_tokens)
-                      .encode() for beam, n in zip(row, row_lengths, strict=True)]
-                     for row, row_lengths in zip(tokens, lengths, strict=True)]
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, dtype=object))]))
-        return responses
+        return [self._answer(request) for request in requests]
+
+    def _answer(self, request):
+        """One request's text, or its error in one sentence (the batch's other requests go on)."""
+        try:
+            return self._run(request)
+        except Exception as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"postprocessing failed: {type(exc).__name__}: {exc}", pb_utils.TritonError.INVALID_ARG))
+
+    def _run(self, request):
+        tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])  # [batch, beams, tokens]
+        lengths = lengths.reshape(tokens.shape[0], -1)
+        texts = [[self.codec.decode(beam[: int(n)].tolist(), skip_special_tokens=self.skip_special_tokens)
+                  .encode() for beam, n in zip(row, row_lengths, strict=True)]
+                 for row, row_lengths in zip(tokens, lengths, strict=True)]
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, dtype=object))])

@@ -1,6 +1,8 @@
 """Triton ``preprocessing`` model: prompt text → ``input_ids`` and the other tensors ``tensorrt_llm`` reads.
 
 Parameters: ``tokenizer_dir`` (relative to the model directory, or absolute) and ``add_special_tokens``.
+Every request of a batch is answered on its own: one that cannot be read (text that is not UTF-8) gets its
+error, in one sentence, and the others their results.
 """
 
 from __future__ import annotations
@@ -12,13 +14,26 @@ import triton_python_backend_utils as pb_utils
 from text_codec import flag, model_codec
 
 
+class InputError(ValueError):
+    """A request input that cannot be used, said in one sentence."""
+
+
+def _text(value, name: str) -> str:
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{name} is not UTF-8 text (byte {value[exc.start]:#04x} at offset {exc.start}); send "
+                         "UTF-8.") from None
+
+
 def _strings(request, name: str) -> list[list[str]] | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
     rows = tensor.as_numpy()
-    return [[v.decode() if isinstance(v, bytes) else str(v) for v in np.atleast_1d(row).tolist() if v]
-            for row in rows]
+    return [[_text(v, name) for v in np.atleast_1d(row).tolist() if v] for row in rows]
 
 
 def _column(request, name: str, batch_size: int, default: int | None) -> np.ndarray:
@@ -35,13 +50,23 @@ class TritonPythonModel:
         self.add_special_tokens = flag(config, "add_special_tokens", True)
 
     def execute(self, requests):
-        return [self._run(request) for request in requests]
+        return [self._answer(request) for request in requests]
+
+    def _answer(self, request):
+        """One request's response, or its error without a traceback (the batch's other requests go on)."""
+        try:
+            return self._run(request)
+        except InputError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+        except Exception as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"preprocessing failed: {type(exc).__name__}: {exc}"))
 
     def _run(self, request):
         try:
             queries = [row[0] for row in _strings(request, "QUERY")]
         except (TypeError, IndexError):
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError("QUERY must hold one string per row."))
+            raise InputError("QUERY must hold one string per row.") from None
         batch = len(queries)
         ids = [self.codec.encode(q, add_special_tokens=self.add_special_tokens) for q in queries]
         end_id = _column(request, "END_ID", batch, self.codec.eos_id)

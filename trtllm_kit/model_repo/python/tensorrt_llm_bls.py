@@ -4,12 +4,20 @@
 Decoupled (the config's transaction policy): each request runs in its own thread and streams one response per
 ``tensorrt_llm`` response when ``stream`` is true. With ``accumulate_tokens`` the postprocessing model decodes
 all tokens so far and only the new text is sent, so multi-byte characters split across tokens come out whole.
+
+Cancellation: the response iterator of an inner call cannot be cancelled from a Python model, so when the
+client cancels (a closed stream) the BLS sends ``tensorrt_llm`` a request with the inner call's id and
+``stop = true``, as the TensorRT-LLM backend defines it; the engine drops the sequence at its next step.
+(Triton 2.51's ensemble passes no cancellation to its steps: a client of ``ensemble`` that leaves does not
+stop its generation, which is why ``serve`` prefers the BLS.)
+Errors reach the client as one sentence with the inner model's status code, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -47,13 +55,46 @@ TRTLLM_OUTPUTS = (
 
 
 class BlsError(Exception):
-    """A called model answered with an error."""
+    """A called model answered with an error (its Triton status code kept)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = pb_utils.TritonError.INTERNAL if code is None else code
+
+
+class Cancelled(Exception):
+    """The client cancelled the request."""
+
+
+def _error(error) -> BlsError:
+    """A ``TritonError`` of an inner call as a ``BlsError``: its first line (the Python backend appends the
+    failing model's traceback under "At:") and its code."""
+    message = error.message().split("\n\nAt:")[0].strip()
+    try:
+        return BlsError(message, error.code())
+    except Exception:  # a stub without TritonError.code()
+        return BlsError(message)
+
+
+def _triton_error(exc: Exception):
+    """The error a client gets for ``exc``: its message in one sentence and, where known, its status code."""
+    if isinstance(exc, Cancelled):
+        message, code = "the request was cancelled", pb_utils.TritonError.CANCELLED
+    elif isinstance(exc, BlsError):
+        message, code = str(exc), exc.code
+    else:
+        message, code = f"tensorrt_llm_bls failed: {exc}", None
+    try:
+        return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    except Exception as error:  # a code this stub's TritonError does not take
+        pb_utils.Logger.log_warn(f"tensorrt_llm_bls: error code {code!r} not kept: {error}")
+        return pb_utils.TritonError(message)
 
 
 def _exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
     response = request.exec()
     if response.has_error():
-        raise BlsError(response.error().message())
+        raise _error(response.error())
     return response
 
 
@@ -89,28 +130,33 @@ class TritonPythonModel:
     def _respond_once(self, request):
         try:
             chunks = list(self._generate(request))
-        except BlsError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+        except Exception as exc:  # one sentence, never a traceback with server paths
+            return pb_utils.InferenceResponse(error=_triton_error(exc))
         text = b"".join(c[0] for c in chunks)
         extra = next((c[1] for c in reversed(chunks) if c[1]), [])
         return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([text], dtype=object)), *extra])
 
     def _stream(self, request, sender):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            for text, extra in self._generate(request):
+            for text, extra in self._generate(request, sender):
                 tensors = [pb_utils.Tensor("text_output", np.array([text], dtype=object)), *extra]
                 sender.send(pb_utils.InferenceResponse(tensors))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(flags=final)
         except Exception as exc:  # every failure must reach the client as the final response
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            error = _triton_error(exc)
+            try:
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+            except Exception as send_error:  # a cancelled request may refuse its final response
+                pb_utils.Logger.log_warn(f"tensorrt_llm_bls: final response not sent: {send_error}")
         finally:
             with self.idle:
                 self.num_running -= 1
                 self.idle.notify_all()
 
-    def _generate(self, request):
-        """Yield (new text as bytes, pass-through tensors) per tensorrt_llm response."""
+    def _generate(self, request, sender=None):
+        """Yield (new text as bytes, pass-through tensors) per tensorrt_llm response; a cancellation seen through
+        ``sender`` stops the inner call and raises ``Cancelled``."""
         stream = pb_utils.get_input_tensor_by_name(request, "stream")
         if stream is not None and bool(stream.as_numpy().any()) and not self.decoupled:
             raise BlsError("stream=true needs a decoupled tensorrt_llm_bls model; regenerate the repository "
@@ -130,14 +176,20 @@ class TritonPythonModel:
                 inputs.append(pb_utils.Tensor(target, value))
         inputs += [pb_utils.Tensor(target, t.as_numpy()) for source, target in PASSTHROUGH_INPUTS
                    if (t := pb_utils.get_input_tensor_by_name(request, source)) is not None]
-        call = pb_utils.InferenceRequest(model_name=self.trtllm_name, inputs=inputs,
+        if sender is not None and sender.is_cancelled():
+            raise Cancelled
+        inner_id = uuid.uuid4().hex
+        call = pb_utils.InferenceRequest(model_name=self.trtllm_name, inputs=inputs, request_id=inner_id,
                                          requested_output_names=list(TRTLLM_OUTPUTS))
         responses = call.exec(decoupled=True) if self.decoupled else [_exec(call)]
         tokens = None  # accumulated [batch, beams, n]
         sent = b""
         for response in responses:
+            if sender is not None and sender.is_cancelled():
+                self._stop(inner_id)  # its final response may never come: the iterator is dropped, not drained
+                raise Cancelled
             if response.has_error():
-                raise BlsError(response.error().message())
+                raise _error(response.error())
             ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
             if ids is None:  # the empty final response of a decoupled model
                 continue
@@ -159,6 +211,18 @@ class TritonPythonModel:
             rest = self._detokenize(tokens)[len(sent):]
             if rest:
                 yield rest, []
+
+    def _stop(self, inner_id: str) -> None:
+        """Ask ``tensorrt_llm`` to stop the request ``inner_id`` (its ``stop`` input; the other required inputs
+        are placeholders)."""
+        one = np.ones((1, 1), np.int32)
+        stop = pb_utils.InferenceRequest(
+            model_name=self.trtllm_name, request_id=inner_id, requested_output_names=["output_ids"],
+            inputs=[pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
+                    pb_utils.Tensor("request_output_len", one),
+                    pb_utils.Tensor("stop", np.ones((1, 1), np.bool_))])
+        for _ in stop.exec(decoupled=True):
+            pass
 
     def _detokenize(self, tokens: np.ndarray) -> bytes:
         lengths = np.full(tokens.shape[:2], tokens.shape[-1], np.int32)

@@ -4,7 +4,9 @@ It takes the upstream tensors (``input_ids``, ``input_lengths``, ``request_outpu
 ``pad_id``, ``streaming``, the sampling inputs) and answers with ``output_ids`` and ``sequence_length``
 (plus the optional counters), so clients and the ensemble cannot tell it from the GPU backend. The engine
 runs in its own thread; ``execute`` only hands requests over. In decoupled mode every step's new tokens are
-streamed; cancelled requests are dropped (blocks freed) at the next step. Configuration comes from the
+streamed; cancelled requests are dropped (blocks freed) at the next step, and so are those named by a request
+with ``stop = true`` and the same request id (how the TensorRT-LLM backend stops a request, and how
+``tensorrt_llm_bls`` stops its inner call when its client leaves). Configuration comes from the
 model's ``parameters``: ``gpt_model_path`` (the TensorRT-LLM checkpoint), ``max_batch_size``,
 ``max_num_tokens``, ``max_seq_len``, ``tokens_per_block``, ``max_tokens_in_paged_kv_cache``,
 ``batch_scheduler_policy``, ``enable_kv_cache_reuse``, ``enable_chunked_context``,
@@ -73,10 +75,17 @@ class _Pending:
     def __init__(self, request, sender=None) -> None:
         self.request, self.sender = request, sender
         self.seq: Sequence | None = None
-        self.streaming = self.exclude_input = self.perf = self.counts = False
+        self.streaming = self.exclude_input = self.perf = False
+        self.counts = (False, False)  # return_num_input_tokens, return_num_output_tokens
         self.num_sent = 0
         self.response = None
         self.done = threading.Event()
+
+    @property
+    def admitted(self) -> Sequence:
+        """The engine's sequence: set when the request is admitted (only admitted requests are active)."""
+        assert self.seq is not None, "the request was admitted"
+        return self.seq
 
 
 class TritonPythonModel:
@@ -135,7 +144,7 @@ class TritonPythonModel:
             except queue.Empty:
                 pass
             for item in [p for p in self.active.values() if p.request.is_cancelled()]:
-                self.engine.cancel(item.seq)
+                self.engine.cancel(item.admitted)
                 self._finish(item, pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED))
             if self.engine.has_work():
                 try:
@@ -143,7 +152,7 @@ class TritonPythonModel:
                 except Exception as exc:  # a failing step must not leave clients waiting forever
                     pb_utils.Logger.log_error(f"CPU runtime step failed: {exc!r}")
                     for item in list(self.active.values()):
-                        self.engine.cancel(item.seq)
+                        self.engine.cancel(item.admitted)
                         self._finish(item, pb_utils.TritonError(f"the CPU runtime failed: {exc!r}"))
                     continue
                 for seq in sampled:
@@ -157,6 +166,9 @@ class TritonPythonModel:
         if item is None:
             return
         request = item.request
+        if _input(request, "stop", False):
+            self._stop(item)
+            return
         try:
             for name, default in UNSUPPORTED.items():
                 if _input(request, name, default) != default:
@@ -186,8 +198,16 @@ class TritonPythonModel:
             return
         self.active[item.seq.seq_id] = item
 
+    def _stop(self, item: _Pending) -> None:
+        """Cancel the running requests with ``item``'s request id; answer ``item`` with an empty final response."""
+        request_id = item.request.request_id()
+        for other in [p for p in self.active.values() if request_id and p.request.request_id() == request_id]:
+            self.engine.cancel(other.admitted)
+            self._finish(other, pb_utils.TritonError("the request was stopped", pb_utils.TritonError.CANCELLED))
+        self._finish(item, None, pb_utils.InferenceResponse(output_tensors=[]))
+
     def _outputs(self, item: _Pending, token_ids: list[int]) -> list:
-        seq = item.seq
+        seq = item.admitted
         tensors = [pb_utils.Tensor("output_ids", np.array([[token_ids]], np.int32)),
                    pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], np.int32))]
         for wanted, name, value in zip(item.counts, ("num_input_tokens", "num_output_tokens"),
@@ -208,7 +228,7 @@ class TritonPythonModel:
 
     def _progress(self, item: _Pending) -> None:
         """Stream the new tokens, or answer a finished non-streaming request in full."""
-        seq = item.seq
+        seq = item.admitted
         if item.streaming:
             new = seq.output_ids[item.num_sent:]
             item.num_sent += len(new)

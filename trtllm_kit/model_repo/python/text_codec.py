@@ -29,8 +29,8 @@ class TextCodec:
             raise FileNotFoundError(f"tokenizer_dir {tokenizer_dir} does not exist; rebuild the repository.")
         config_path = tokenizer_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        self._fast = None
-        self._hf = None
+        self._fast: Any = None  # tokenizers.Tokenizer over tokenizer.json
+        self._hf: Any = None  # transformers' tokenizer where there is no tokenizer.json
         if (tokenizer_dir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
 

@@ -1,0 +1,220 @@
+"""Soak: minutes of mixed load on the OpenAI frontend of the tiny model, with disconnects and bad requests.
+
+Builds ``builtin:tiny-llama`` (or takes ``--out``), serves it with ``trtllm-kit serve --detach`` and runs
+``--workers`` clients for ``--minutes``. Each request is drawn (fixed seed) from: a whole completion, a streamed
+one, a stream the client drops after a few events, a request the client drops before any answer, and faulty
+bodies (non-UTF-8, a lone surrogate, deep nesting, ``max_tokens`` beyond ``max_seq_len``, ``"stream": "false"``).
+It prints one line of figures: requests served, errors by kind, requests lost (sent, not dropped by the client,
+and never answered within 120 s: must be 0), the engine's sequence-steps spent after disconnects (scheduled
+sequence-steps minus the prompts and tokens clients received), and the RSS of every server process at start and
+end.
+
+    python benchmarks/soak.py --minutes 10 [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.state import read_state
+
+KIT = [sys.executable, "-m", "trtllm_kit"]
+MODEL = "builtin:tiny-llama"
+FAULTS = [b'{"model": "builtin:tiny-llama", "prompt": "\xff\xfe"}',
+          b'{"model": "builtin:tiny-llama", "prompt": "\\ud800"}',
+          b'{"model": "builtin:tiny-llama", "prompt": ' + b"[" * 50_000 + b"}",
+          b'{"model": "builtin:tiny-llama", "prompt": "hi", "max_tokens": 5000}',
+          b'{"model": "builtin:tiny-llama", "prompt": "hi", "stream": "false"}']
+KINDS = ("whole", "stream", "drop-stream", "drop-early", "fault")
+WEIGHTS = (3, 3, 2, 1, 1)
+
+
+@dataclass
+class SoakResult:
+    """The figures of one soak."""
+
+    minutes: float
+    workers: int
+    sent: int = 0
+    served: int = 0
+    dropped_by_client: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    lost: int = 0
+    tokens_received: int = 0
+    engine_sequence_steps: float = 0.0
+    wasted_after_disconnects: float = 0.0
+    rss_mb_start: dict[str, float] = field(default_factory=dict)
+    rss_mb_end: dict[str, float] = field(default_factory=dict)
+    serve_alive_at_end: bool = False
+
+
+def engine_counters(metrics: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if family.name == "trtllm_kit_batch_metrics" and sample.labels["batch_metric"] == \
+                    "total_scheduled_requests":
+                found["sequence_steps"] = sample.value
+            if family.name == "nv_trt_llm_request_metrics" and sample.labels["request_type"] == "active":
+                found["active"] = sample.value
+    return found
+
+
+def rss(state: dict[str, Any]) -> dict[str, float]:
+    """RSS in MB of serve, tritonserver and every stub (by model)."""
+    pids = {"serve": state["pid"], "tritonserver": state["server_pid"],
+            **{f"stub:{name}": int(pid) for pid, name in state["stubs"].items()}}
+    out = {}
+    for name, pid in pids.items():
+        try:
+            out[name] = round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+        except psutil.Error:
+            out[name] = 0.0
+    return out
+
+
+async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.Random,
+              result: SoakResult) -> None:
+    result.sent += 1
+    body: bytes
+    if kind == "fault":
+        body = rng.choice(FAULTS)
+    else:
+        words = ("the", "a", "cat", "sat", "on", "mat", "and")
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(2, 30)))
+        usage = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": rng.randint(4, 64), "temperature": 0,
+                           "ignore_eos": True, "stream": kind != "whole",
+                           **({} if kind == "whole" else usage)}).encode()
+    timeout = aiohttp.ClientTimeout(total=120)
+    try:
+        if kind == "drop-early":
+            task = asyncio.create_task(session.post(url, data=body, timeout=timeout))
+            await asyncio.sleep(rng.uniform(0.0, 0.3))
+            task.cancel()
+            try:
+                response = await task
+                response.close()
+            except asyncio.CancelledError:
+                pass
+            result.dropped_by_client += 1
+            return
+        async with session.post(url, data=body, timeout=timeout) as response:
+            if response.status != 200:
+                payload = await response.json(content_type=None)
+                key = f"{response.status} {payload['error'].get('code') or payload['error']['type']}"
+                result.errors[key] = result.errors.get(key, 0) + 1
+                return
+            if kind == "whole":
+                payload = await response.json()
+                result.tokens_received += payload["usage"]["completion_tokens"]
+                result.served += 1
+                return
+            events, tokens, limit = 0, 0, rng.randint(1, 5) if kind == "drop-stream" else None
+            async for line in response.content:
+                if not line.startswith(b"data: "):
+                    continue
+                if line.startswith(b"data: [DONE]"):
+                    result.served += 1
+                    result.tokens_received += tokens
+                    return
+                if b'"error"' in line:
+                    key = "stream error"
+                    result.errors[key] = result.errors.get(key, 0) + 1
+                    return
+                events += 1
+                tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens", tokens)
+                if limit is not None and events >= limit:
+                    result.tokens_received += tokens
+                    result.dropped_by_client += 1
+                    response.close()  # the client leaves
+                    return
+            result.lost += 1  # the stream ended without [DONE] or an error
+    except (TimeoutError, asyncio.TimeoutError):
+        result.lost += 1
+    except aiohttp.ClientError as exc:
+        key = f"connection {type(exc).__name__}"
+        result.errors[key] = result.errors.get(key, 0) + 1
+
+
+async def load(openai: str, minutes: float, workers: int, seed: int, result: SoakResult) -> None:
+    url = f"http://{openai}/v1/completions"
+    deadline = time.monotonic() + minutes * 60
+
+    async def worker(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                await one(session, url, rng.choices(KINDS, WEIGHTS)[0], rng, result)
+
+    await asyncio.gather(*(worker(i) for i in range(workers)))
+
+
+def main(argv: list[str] | None = None) -> SoakResult:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="a built artifact (default: build the tiny model)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.out or Path(tmp) / "out"
+        if args.out is None:
+            subprocess.run([*KIT, "build", MODEL, "--no-verify", "--instances", "1", "--out", str(out)], check=True,
+                           capture_output=True)
+        ep, openai_port = free_endpoints(), free_port()
+        subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
+                        "--metrics-port", str(ep.metrics_port), "--openai-port", str(openai_port), "--detach"],
+                       check=True, capture_output=True)
+        state = read_state(out)
+        assert state is not None
+        result = SoakResult(args.minutes, args.workers)
+        try:
+            asyncio.run(load(state["openai"], 0.05, 2, args.seed + 1, SoakResult(0, 0)))  # untimed warm-up
+            result.rss_mb_start = rss(state)
+            before = engine_counters(state["metrics"])
+            asyncio.run(load(state["openai"], args.minutes, args.workers, args.seed, result))
+            while engine_counters(state["metrics"])["active"]:
+                time.sleep(0.1)
+            after = engine_counters(state["metrics"])
+            result.engine_sequence_steps = after["sequence_steps"] - before["sequence_steps"]
+            answered = result.served + result.dropped_by_client  # each had one prompt (context) step
+            result.wasted_after_disconnects = max(0.0, result.engine_sequence_steps - result.tokens_received -
+                                                  answered)
+            result.rss_mb_end = rss(state)
+            result.serve_alive_at_end = psutil.pid_exists(state["pid"])
+        finally:
+            subprocess.run([*KIT, "stop", str(out)], capture_output=True)
+    errors = ", ".join(f"{k}: {v}" for k, v in sorted(result.errors.items()))
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print(f"soak {result.minutes:g} min, {result.workers} workers: sent {result.sent}, served {result.served}, "
+              f"dropped by the client {result.dropped_by_client}, errors {{{errors}}}, lost {result.lost}, "
+              f"engine sequence-steps {result.engine_sequence_steps:.0f} of which after disconnects "
+              f"{result.wasted_after_disconnects:.0f}, RSS MB start {result.rss_mb_start} end {result.rss_mb_end}, "
+              f"serve alive at end {result.serve_alive_at_end}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

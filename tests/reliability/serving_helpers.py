@@ -1,0 +1,142 @@
+"""What the serving reliability tests share: a served copy of the tiny artifact, the CPU runtime's counters,
+raw HTTP clients that can leave mid-stream, and the processes and shared memory a server leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+from reliability_helpers import kit
+
+from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.state import read_state
+
+MODEL = "builtin:tiny-llama"  # the served name
+STUB = "triton_python_backend_stub"
+
+
+def serve(out: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``trtllm-kit serve OUT --detach`` on free loopback ports with the OpenAI frontend; its state."""
+    ep, openai_port = free_endpoints(), free_port()
+    done = kit("serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
+               "--metrics-port", str(ep.metrics_port), "--openai-port", str(openai_port), "--detach", *args,
+               timeout=240, env=env)
+    assert done.returncode == 0, done.stderr
+    state = read_state(out)
+    assert state is not None
+    return {**state, "out": out}
+
+
+def counters(state: dict[str, Any]) -> dict[str, float]:
+    """The CPU runtime's ``steps`` (iteration counter), ``active`` and ``waiting`` requests, from Triton's /metrics."""
+    with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if family.name == "nv_trt_llm_general_metrics" and sample.labels["general_type"] == "iteration_counter":
+                found["steps"] = sample.value
+            if family.name == "nv_trt_llm_request_metrics" and sample.labels["request_type"] in ("active", "waiting"):
+                found[sample.labels["request_type"]] = sample.value
+    return found
+
+
+def wait_idle(state: dict[str, Any], timeout_s: float) -> tuple[float, dict[str, float]]:
+    """Seconds until the engine has no active request (or ``timeout_s``), and the counters then."""
+    started = time.perf_counter()
+    while True:
+        now = counters(state)
+        if now["active"] == 0 or time.perf_counter() - started > timeout_s:
+            return time.perf_counter() - started, now
+        time.sleep(0.02)
+
+
+def open_stream(state: dict[str, Any], body: dict[str, Any], num_events: int = 3,
+                path: str = "/v1/completions", headers: dict[str, str] | None = None) -> socket.socket:
+    """POST ``body`` over a raw socket and read until ``num_events`` server-sent events arrived (0: none)."""
+    host, port = state["openai"].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    data = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}Content-Length: "
+                 f"{len(data)}\r\n\r\n".encode() + data)
+    received = b""
+    while received.count(b"data: ") < num_events:
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    return sock
+
+
+def read_rest(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything the server sends until it closes, ends the chunked body or ``timeout_s`` passes."""
+    sock.settimeout(timeout_s)
+    received = b""
+    try:
+        while not received.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    except (TimeoutError, OSError):
+        pass
+    return received
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """POST raw bytes; the status, headers and body, errors included."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def server_processes(state: dict[str, Any]) -> list[psutil.Process]:
+    """Live processes of the server: its process group, and every stub or server naming its shm prefix."""
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            in_group = state.get("server_pid") is not None and _pgid(proc.pid) == state["server_pid"]
+            names_prefix = any(state["shm_prefix"] in part for part in proc.info["cmdline"] or [])
+            if in_group or names_prefix:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def shm_regions(state: dict[str, Any]) -> list[Path]:
+    return sorted(Path("/dev/shm").glob(f"{state['shm_prefix']}*"))
+
+
+def wait_gone(state: dict[str, Any], timeout_s: float) -> float:
+    """Seconds until no process or shm region of the server is left; fails after ``timeout_s``."""
+    started = time.perf_counter()
+    while server_processes(state) or shm_regions(state):
+        assert time.perf_counter() - started < timeout_s, (server_processes(state), shm_regions(state))
+        time.sleep(0.05)
+    return time.perf_counter() - started
+
+
+def stubs(state: dict[str, Any]) -> dict[str, int]:
+    """model name → pid of the server's Python-backend stubs."""
+    return {name: int(pid) for pid, name in state["stubs"].items()}

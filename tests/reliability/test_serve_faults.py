@@ -1,0 +1,123 @@
+"""Items 2 and 6 against a real tritonserver, faults injected with SIGKILL: a dead stub or server is seen (in-flight
+requests fail within seconds, readiness goes, ``serve`` exits 1 naming the model), and whatever dies, no process
+or shared-memory region of the server outlives it by more than a few seconds; ``stop`` is quick and idempotent.
+
+Before the fix: a killed ``tensorrt_llm`` stub left in-flight streams hanging until the client's timeout and
+``/v2/health/ready`` at 200; ``serve`` killed 2 s into start-up left a stub (parent pid 1) and a ``/dev/shm``
+region for minutes (28 s and counting when measured); ``stop`` of the idle tiny model took 6.0 s (2.4 s of it
+importing torch); ``stop`` with nothing to stop exited 2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from reliability_helpers import kit
+from serving_helpers import MODEL, open_stream, read_rest, serve, server_processes, shm_regions, stubs, wait_gone
+
+from trtllm_kit.serve.launcher import free_endpoints
+from trtllm_kit.serve.service import stop_serving
+from trtllm_kit.serve.state import run_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+LONG = {"model": MODEL, "prompt": "Hello there", "max_tokens": 900, "ignore_eos": True, "temperature": 0,
+        "stream": True}
+
+
+def ready(state: dict[str, Any]) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{state['http']}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def serve_exits(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_bls", "preprocessing"])
+def test_a_killed_stub_fails_in_flight_requests_and_ends_serve(artifact_copy: Path, model: str) -> None:
+    state = serve(artifact_copy)
+    sock = open_stream(state, LONG)
+    started = time.perf_counter()
+    os.kill(stubs(state)[model], signal.SIGKILL)
+    rest = read_rest(sock, timeout_s=30)
+    answered = time.perf_counter() - started
+    assert b'data: {"error": {"message": "the server at ' in rest and b'"type": "server_error"' in rest, rest[-400:]
+    assert answered < 10, answered
+    assert not ready(state)
+    gone = wait_gone(state, timeout_s=10)
+    assert serve_exits(state["pid"], timeout_s=10)
+    log = (run_dir(artifact_copy) / "serve.log").read_text()
+    assert f"Error: the Python-backend stub of model {model} (pid {stubs(state)[model]}) died while serving; " \
+           "serve stopped so that it can be restarted" in log
+    assert "Traceback" not in log
+    assert answered + gone < 15
+
+
+def test_a_killed_tritonserver_ends_serve_and_everything_it_started(artifact_copy: Path) -> None:
+    state = serve(artifact_copy)
+    os.kill(state["server_pid"], signal.SIGKILL)
+    wait_gone(state, timeout_s=10)
+    assert "Error: tritonserver exited with code -9 while serving" in (run_dir(artifact_copy) / "serve.log").read_text()
+
+
+@pytest.mark.parametrize("delay_s", [2.0, None], ids=["during-start-up", "when-ready"])
+def test_a_killed_serve_leaves_no_process_and_no_shared_memory(artifact_copy: Path, delay_s: float | None) -> None:
+    ep = free_endpoints()
+    argv = [sys.executable, "-m", "trtllm_kit", "serve", str(artifact_copy), "--http-port", str(ep.http_port),
+            "--grpc-port", str(ep.grpc_port), "--metrics-port", str(ep.metrics_port)]
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    prefix = f"trtllmkit_{child.pid}_"
+    deadline = time.monotonic() + (delay_s or 120)
+    while time.monotonic() < deadline:
+        if delay_s is None and (run_dir(artifact_copy) / "state.json").exists():
+            break
+        time.sleep(0.05)
+    state = {"shm_prefix": prefix, "server_pid": None}
+    seen = server_processes(state)
+    assert seen, "the server had started nothing to leave behind"
+    child.kill()
+    child.wait()
+    state["server_pid"] = next((p.pid for p in seen if p.info["name"] == "tritonserver"), None)
+    assert wait_gone(state, timeout_s=10) < 10
+    assert not shm_regions(state)
+
+
+def test_stop_is_quick_and_stopping_nothing_is_fine(artifact_copy: Path) -> None:
+    state = serve(artifact_copy)
+    started = time.perf_counter()
+    result = stop_serving(artifact_copy)
+    stopped = time.perf_counter() - started
+    assert result == {"pid": state["pid"], "forced": False}
+    assert stopped < 3.5, stopped  # Triton polls its models once a second while unloading: about 2 s
+    wait_gone(state, timeout_s=5)
+    done = kit("stop", str(artifact_copy))
+    assert (done.returncode, done.stdout) == (0, f"nothing to stop: no trtllm-kit serve of {artifact_copy} is "
+                                                 "running\n")
+
+
+def test_stop_with_a_dead_stub_does_not_wait_out_the_exit_timeout(artifact_copy: Path) -> None:
+    state = serve(artifact_copy)
+    os.kill(stubs(state)["postprocessing"], signal.SIGKILL)
+    started = time.perf_counter()
+    done = kit("stop", str(artifact_copy), timeout=60)
+    assert done.returncode == 0, done.stderr
+    wait_gone(state, timeout_s=10)
+    assert time.perf_counter() - started < 8

@@ -1,0 +1,37 @@
+"""What a served repository accepts per request, read from its ``tensorrt_llm`` model: ``max_seq_len`` (prompt
+plus output tokens), so the frontend refuses a request that cannot fit with a 400 before it reaches the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TRTLLM_MODEL = "tensorrt_llm"
+
+
+def max_seq_len(repo: Path) -> int | None:
+    """The ``tensorrt_llm`` model's ``max_seq_len``: its parameter (the CPU runtime), else the engine's
+    ``config.json`` (``build_config.max_seq_len``); None when neither says.
+
+    Arguments:
+        repo: the model repository.
+    """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    path = repo / TRTLLM_MODEL / "config.pbtxt"
+    try:
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+    except (OSError, text_format.ParseError):
+        return None
+    parameters = {key: value.string_value for key, value in config.parameters.items()}
+    if parameters.get("max_seq_len", "").isdigit():
+        return int(parameters["max_seq_len"])
+    engine_dir = Path(parameters.get("gpt_model_path", ""))
+    engine_dir = engine_dir if engine_dir.is_absolute() else repo / TRTLLM_MODEL / engine_dir
+    try:
+        build = json.loads((engine_dir / "config.json").read_text()).get("build_config", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    value = build.get("max_seq_len")
+    return value if isinstance(value, int) and value > 0 else None

@@ -1,0 +1,99 @@
+"""A small watcher process that removes a server's processes and shared memory when ``serve`` dies.
+
+``serve`` starts it first, in a session of its own, holding the write end of a pipe whose read end is the
+reaper's stdin, and writes the process-group id of every server it starts to it. Whatever ends ``serve``
+(SIGKILL included), the kernel closes that pipe: the reaper reads end-of-file, SIGKILLs each group it was given
+(tritonserver and every Python-backend stub it forked) and deletes the ``/dev/shm`` regions of the launch's
+prefix. A graceful stop does all of this itself first, so the reaper then finds nothing left.
+
+Run as ``python -m trtllm_kit.serve.reaper SHM_PREFIX``; it imports nothing of the kit, so it starts at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+
+
+def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0) -> None:
+    """SIGKILL every process of ``pgids``, wait until they are gone (``wait_s`` at most), remove the shm regions.
+
+    Arguments:
+        pgids: process groups to end; shm_prefix: the launch's ``/dev/shm`` region prefix (empty: none).
+    """
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(_group_alive(pgid) for pgid in pgids):
+        time.sleep(0.02)
+    if shm_prefix:
+        for region in SHM_DIR.glob(f"{shm_prefix}*"):
+            region.unlink(missing_ok=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str]) -> int:
+    """Read process-group ids from stdin until end-of-file, then reap them.
+
+    Arguments:
+        argv: ``[SHM_PREFIX]``.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # only the pipe's end ends the reaper
+    shm_prefix = argv[0] if argv else ""
+    pgids = []
+    for line in sys.stdin:
+        if line.strip().isdigit():
+            pgids.append(int(line))
+    reap(pgids, shm_prefix)
+    return 0
+
+
+class Reaper:
+    """The reaper of one ``serve``: start it, tell it each server's process group; closing it (or dying) reaps.
+
+    Arguments:
+        shm_prefix: the launch's shared-memory prefix.
+    """
+
+    def __init__(self, shm_prefix: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "trtllm_kit.serve.reaper", shm_prefix],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+
+    def watch(self, pgid: int) -> None:
+        """Reap process group ``pgid`` when ``serve`` ends."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{pgid}\n".encode())
+        self.proc.stdin.flush()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the reaper (it reaps what is left of the groups it was given)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
