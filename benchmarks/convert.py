@@ -139,6 +139,7 @@ def kernel_figures(preset: str, workers: int) -> dict[str, float]:
     import torch
     from synthetic_checkpoint import PRESETS
 
+    from trtllm_kit.llmapi.quant_format import quantize_weight
     from trtllm_kit.quant.blocks import BlockBuffer
     from trtllm_kit.quant.fp8 import fp8_quantize
     from trtllm_kit.quant.int8 import quantize_rows_int8, smoothed_row_amax, w8a16_quantize
@@ -154,6 +155,7 @@ def kernel_figures(preset: str, workers: int) -> dict[str, float]:
         "sq-int8": lambda: quantize_rows_int8(weight, row_scale, smoother, buffer),
         "sq-amax": lambda: smoothed_row_amax(weight, smoother, buffer),
         "w8a16": lambda: w8a16_quantize(weight, buffer),
+        "llmapi-fp8": lambda: quantize_weight(weight, torch.tensor(1e-4)),  # the unified export's (no workers)
     }
     figures = {}
     for name, kernel in kernels.items():
@@ -332,7 +334,7 @@ def main() -> None:
         if "kit" in runs:
             print(f"kit peak anon {pick(runs['kit'], 'best').peak_anon_mb:.0f} MB vs budget {budget:.0f} MB "
                   "(2 x largest tensor + 300 MB)")
-        if not {"kit-fp8", "kit-int8-sq"} & set(runs):
+        if not set(CALIBRATED) & set(runs):
             return
         from trtllm_kit.quant.blocks import default_workers
 
