@@ -1,6 +1,6 @@
 """Conversion speed and memory: the kit against the raw I/O floor and a naive transformers baseline.
 
-    python benchmarks/convert.py [--preset tinyllama-1.1b] [--tp 2] [--workdir DIR]
+    python benchmarks/convert.py [--preset tinyllama-1.1b] [--tp 2] [--workdir DIR] [--variants a,b,...]
 
 Writes a synthetic Llama-shaped bf16 checkpoint (TinyLlama-1.1B dimensions, 2.2 GB) into a temporary
 directory, then converts it at tp=2 three ways, each in a fresh process and into a fresh output directory:
@@ -12,6 +12,14 @@ directory, then converts it at tp=2 three ways, each in a fresh process and into
 * naive: ``transformers`` ``from_pretrained``, split the state dict, ``safetensors.save_file`` per rank
 * kit-fp8, kit-int8-sq: the kit with ``--quant fp8`` / ``--quant int8-sq`` (per-tensor, static activations),
          from calibration statistics computed once beforehand (not part of the conversion time)
+* copy:  ``shutil.copyfile`` of every input safetensors file, the index and config.json into a fresh directory:
+         the floor of the llmapi export, which writes the same files (``--tp`` does not apply)
+* llmapi, llmapi-fp8: the ``--target llmapi`` export, ``trtllm_kit.llmapi.unified.write_unified`` as the build
+         calls it (one unsharded unified HF checkpoint), unquantized and with ``--quant fp8`` from the same
+         calibration statistics
+
+``--variants`` runs only the named ones (comma-separated), e.g. ``--variants copy,llmapi,llmapi-fp8``; the
+ratios whose variants did not run are left out.
 
 Calibration runs once, in its own process: the real forward hooks on the float32 ``transformers`` model, but on
 ``--calib-samples`` windows of ``--calib-seq-len`` seeded random token ids (the synthetic checkpoint has no
@@ -131,6 +139,7 @@ def kernel_figures(preset: str, workers: int) -> dict[str, float]:
     import torch
     from synthetic_checkpoint import PRESETS
 
+    from trtllm_kit.llmapi.quant_format import quantize_weight
     from trtllm_kit.quant.blocks import BlockBuffer
     from trtllm_kit.quant.fp8 import fp8_quantize
     from trtllm_kit.quant.int8 import quantize_rows_int8, smoothed_row_amax, w8a16_quantize
@@ -146,6 +155,7 @@ def kernel_figures(preset: str, workers: int) -> dict[str, float]:
         "sq-int8": lambda: quantize_rows_int8(weight, row_scale, smoother, buffer),
         "sq-amax": lambda: smoothed_row_amax(weight, smoother, buffer),
         "w8a16": lambda: w8a16_quantize(weight, buffer),
+        "llmapi-fp8": lambda: quantize_weight(weight, torch.tensor(1e-4)),  # the unified export's (no workers)
     }
     figures = {}
     for name, kernel in kernels.items():
@@ -194,14 +204,55 @@ def run_naive(src: Path, dst: Path, tp: int) -> None:
         del shards
 
 
-VARIANTS = {"kit": run_kit, "floor": run_floor, "naive": run_naive,
+def run_copy(src: Path, dst: Path, tp: int) -> None:
+    """The llmapi export's floor: the same files copied as they are (``tp`` is a serving choice there)."""
+    dst.mkdir()
+    weight_map = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    for file in [*sorted(set(weight_map.values())), "model.safetensors.index.json", "config.json"]:
+        shutil.copyfile(src / file, dst / file)
+
+
+def run_llmapi(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
+    """``--target llmapi``'s export as ``LlmapiTarget.write_checkpoint`` calls it (``tp`` only goes into
+    model.yaml there, so it does not change the export)."""
+    from trtllm_kit.build.inspect import inspect_model
+    from trtllm_kit.llmapi.unified import write_unified
+    from trtllm_kit.quant.algos import QuantConfig
+    from trtllm_kit.quant.calibrate import CalibrationStats
+
+    dst.mkdir()
+    config = QuantConfig(quant=quant)
+    stats = CalibrationStats.load(src.parent / "calibration") if config.needs_calibration else None
+    write_unified(inspect_model(str(src)), dst, "auto", config, stats, lambda _name, _nbytes: None)
+
+
+VARIANTS = {"floor": run_floor, "kit": run_kit, "naive": run_naive,
             "kit-fp8": lambda src, dst, tp: run_kit(src, dst, tp, "fp8"),
-            "kit-int8-sq": lambda src, dst, tp: run_kit(src, dst, tp, "int8-sq")}
+            "kit-int8-sq": lambda src, dst, tp: run_kit(src, dst, tp, "int8-sq"),
+            "copy": run_copy, "llmapi": run_llmapi,
+            "llmapi-fp8": lambda src, dst, tp: run_llmapi(src, dst, tp, "fp8")}
+CALIBRATED = ("kit-fp8", "kit-int8-sq", "llmapi-fp8")
 
 
 # Modules each variant needs, imported before the clock starts: the figures compare work, not import time.
 IMPORTS = {"floor": ("safetensors",), "naive": ("safetensors.torch", "transformers.models.llama.modeling_llama"),
-           "kit": ("trtllm_kit.build.convert", "trtllm_kit.quant.calibrate")}
+           "kit": ("trtllm_kit.build.convert", "trtllm_kit.quant.calibrate"), "copy": ("shutil",),
+           "llmapi": ("trtllm_kit.llmapi.unified", "trtllm_kit.build.inspect", "trtllm_kit.quant.calibrate")}
+
+
+# (slower, faster, target) pairs printed as time ratios when both ran.
+RATIOS = (("kit", "floor", " (target <= 1.25x)"), ("naive", "kit", " (target >= 1.8x)"),
+          ("kit-fp8", "kit", " (target <= 1.5x)"), ("kit-int8-sq", "kit", ""),
+          ("llmapi", "copy", " (target <= 1.1x)"), ("llmapi-fp8", "llmapi", " (target <= 1.3x)"))
+
+
+def _variant_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(unknown) or '(none)'}; "
+                                         f"choose from {', '.join(VARIANTS)}")
+    return names
 
 
 def child(variant: str, src: Path, dst: Path, tp: int, input_bytes: int) -> None:
@@ -228,6 +279,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="Runs of each variant, interleaved.")
     parser.add_argument("--calib-samples", type=int, default=4, help="Calibration windows (random token ids).")
     parser.add_argument("--calib-seq-len", type=int, default=128, help="Tokens per calibration window.")
+    parser.add_argument("--variants", type=_variant_list, default=list(VARIANTS),
+                        help=f"Comma-separated variants to run (default: all of {','.join(VARIANTS)}).")
     parser.add_argument("--child", nargs=4, metavar=("VARIANT", "SRC", "DST", "BYTES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -251,13 +304,14 @@ def main() -> None:
         largest = max(info.nbytes for info in inspect_model(str(src)).tensors.values())
         print(f"input: {args.preset}, {input_bytes / 1e9:.2f} GB bf16, largest tensor {largest / 2**20:.0f} MiB, "
               f"tp={args.tp}")
-        out = subprocess.run([sys.executable, __file__, "--calib-samples", str(args.calib_samples), "--calib-seq-len",
-                              str(args.calib_seq_len), "--child", "calibrate", str(src), "-", str(input_bytes)],
-                             check=True, capture_output=True, text=True)
-        calibration = Figures(**json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"calibration: {calibration.seconds:.1f} s for {args.calib_samples} x {args.calib_seq_len} random "
-              f"tokens (float32 forward with hooks), peak anon {calibration.peak_anon_mb:.0f} MB")
-        runs: dict[str, list[Figures]] = {"floor": [], "kit": [], "naive": [], "kit-fp8": [], "kit-int8-sq": []}
+        if any(v in CALIBRATED for v in args.variants):
+            out = subprocess.run([sys.executable, __file__, "--calib-samples", str(args.calib_samples),
+                                  "--calib-seq-len", str(args.calib_seq_len), "--child", "calibrate", str(src), "-",
+                                  str(input_bytes)], check=True, capture_output=True, text=True)
+            calibration = Figures(**json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"calibration: {calibration.seconds:.1f} s for {args.calib_samples} x {args.calib_seq_len} random "
+                  f"tokens (float32 forward with hooks), peak anon {calibration.peak_anon_mb:.0f} MB")
+        runs: dict[str, list[Figures]] = {v: [] for v in args.variants}
         for attempt in range(args.repeat):
             for variant in runs:
                 out_dir = work / f"out-{variant}-{attempt}"
@@ -273,13 +327,15 @@ def main() -> None:
                   f"{middle.seconds:5.2f} s, peak anon {best.peak_anon_mb:5.0f} MB   (runs: {times} s)")
         budget = 2 * largest / 2**20 + 300
         for statistic in ("best", "median"):
-            kit, floor, naive, fp8, sq = (pick(runs[v], statistic) for v in
-                                          ("kit", "floor", "naive", "kit-fp8", "kit-int8-sq"))
-            print(f"{statistic:>6}: kit/floor time {kit.seconds / floor.seconds:.2f}x (target <= 1.25x); naive/kit "
-                  f"{naive.seconds / kit.seconds:.2f}x (target >= 1.8x); kit-fp8/kit {fp8.seconds / kit.seconds:.2f}x "
-                  f"(target <= 1.5x); kit-int8-sq/kit {sq.seconds / kit.seconds:.2f}x")
-        print(f"kit peak anon {pick(runs['kit'], 'best').peak_anon_mb:.0f} MB vs budget {budget:.0f} MB "
-              "(2 x largest tensor + 300 MB)")
+            ratios = [f"{a}/{b} {pick(runs[a], statistic).seconds / pick(runs[b], statistic).seconds:.2f}x{target}"
+                      for a, b, target in RATIOS if a in runs and b in runs]
+            if ratios:
+                print(f"{statistic:>6}: " + "; ".join(ratios))
+        if "kit" in runs:
+            print(f"kit peak anon {pick(runs['kit'], 'best').peak_anon_mb:.0f} MB vs budget {budget:.0f} MB "
+                  "(2 x largest tensor + 300 MB)")
+        if not set(CALIBRATED) & set(runs):
+            return
         from trtllm_kit.quant.blocks import default_workers
 
         for workers in sorted({1, default_workers()}):
