@@ -38,7 +38,7 @@ ENGINE_VALUES = {
     "decoding_mode": "top_k_top_p", "gpu_weights_percent": "1.0",
 }
 CPU_EXTRA = {"max_batch_size": "8", "max_num_tokens": "2048", "max_seq_len": "1024", "tokens_per_block": "32",
-             "max_queue_size": "0", "decoupled": "true"}
+             "max_queue_size": "32", "decoupled": "true"}
 
 
 def configs(target: str):
@@ -119,4 +119,4 @@ def test_non_streaming_options_reach_tensorrt_llm_and_bls() -> None:
     assert params["max_tokens_in_paged_kv_cache"] == "4096"
     assert trt.dynamic_batching.max_queue_delay_microseconds == 250
     assert trt.dynamic_batching.default_queue_policy.max_queue_size == 7
-    assert made["preprocessing"].dynamic_batching.default_queue_policy.max_queue_size == 7
+    assert made["preprocessing"].dynamic_batching.default_queue_policy.max_queue_size == 0  # only the engine bounds

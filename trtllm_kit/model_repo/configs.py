@@ -132,7 +132,6 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
         "request_stats_max_iterations": "0",
         "decoding_mode": "top_k_top_p" if limits.max_beam_width == 1 else "beam_search",
         "gpu_weights_percent": "1.0",
-        "max_queue_size": str(options.max_queue_size or 0),
         "enable_context_fmha_fp32_acc": "false",
         "multi_block_mode": "true",
         "cuda_graph_mode": "false",
@@ -140,7 +139,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
     if is_cpu:  # what the engine would carry, as parameters the CPU runtime reads
         parameters.update({"max_batch_size": str(limits.max_batch_size), "max_num_tokens": str(limits.max_num_tokens),
                            "max_seq_len": str(limits.max_seq_len), "tokens_per_block": str(limits.tokens_per_block),
-                           "decoupled": _flag(options.decoupled)})
+                           "max_queue_size": str(options.max_queue_size or 0), "decoupled": _flag(options.decoupled)})
     _set_parameters(config, parameters)
     return config
 
