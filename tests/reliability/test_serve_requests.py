@@ -26,7 +26,7 @@ import openai
 import psutil
 import pytest
 from reliability_helpers import kit
-from serving_helpers import MODEL, counters, open_stream, wait_idle, post, serve, shm_regions, stubs
+from serving_helpers import MODEL, counters, open_stream, post, serve, shm_regions, stubs, wait_idle
 from tritonclient.grpc import InferResult, service_pb2_grpc
 
 from trtllm_kit.serve.client import _infer_request
