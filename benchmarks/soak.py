@@ -81,7 +81,7 @@ def engine_counters(metrics: str) -> dict[str, float]:
 def rss(state: dict[str, Any]) -> dict[str, float]:
     """RSS in MB of serve, tritonserver and every stub (by model)."""
     pids = {"serve": state["pid"], "tritonserver": state["server_pid"],
-            **{f"stub:{name}": int(pid) for pid, name in state["stubs"].items()}}
+            **{f"stub:{name}": int(pid) for pid, name in state.get("stubs", {}).items()}}
     out = {}
     for name, pid in pids.items():
         try:
@@ -193,15 +193,18 @@ def main(argv: list[str] | None = None) -> SoakResult:
             result.rss_mb_start = rss(state)
             before = engine_counters(state["metrics"])
             asyncio.run(load(state["openai"], args.minutes, args.workers, args.seed, result))
-            while engine_counters(state["metrics"])["active"]:
-                time.sleep(0.1)
-            after = engine_counters(state["metrics"])
+            result.serve_alive_at_end = psutil.pid_exists(state["pid"])
+            try:
+                while engine_counters(state["metrics"])["active"]:
+                    time.sleep(0.1)
+                after = engine_counters(state["metrics"])
+            except OSError:  # the server died: the figures say so (serve_alive_at_end false)
+                after = before
             result.engine_sequence_steps = after["sequence_steps"] - before["sequence_steps"]
             answered = result.served + result.dropped_by_client  # each had one prompt (context) step
             result.wasted_after_disconnects = max(0.0, result.engine_sequence_steps - result.tokens_received -
                                                   answered)
             result.rss_mb_end = rss(state)
-            result.serve_alive_at_end = psutil.pid_exists(state["pid"])
         finally:
             subprocess.run([*KIT, "stop", str(out)], capture_output=True)
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(result.errors.items()))

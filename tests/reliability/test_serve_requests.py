@@ -26,7 +26,7 @@ import openai
 import psutil
 import pytest
 from reliability_helpers import kit
-from serving_helpers import MODEL, counters, open_stream, post, serve, shm_regions, stubs
+from serving_helpers import MODEL, counters, open_stream, post, serve, shm_regions, stubs, wait_idle
 from tritonclient.grpc import InferResult, service_pb2_grpc
 
 from trtllm_kit.serve.client import _infer_request
@@ -142,6 +142,7 @@ def test_a_full_queue_is_429_with_retry_after_and_not_retried(served: dict[str, 
     finally:
         for sock in streams:
             sock.close()
+        wait_idle(served, timeout_s=120)  # queued requests of departed clients leave when they reach a slot
 
 
 def test_a_non_utf8_prompt_fails_alone_without_a_traceback(served: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
-from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, free_endpoints, free_port
 from trtllm_kit.serve.state import read_state, run_dir
 
 pytestmark = pytest.mark.integration
@@ -206,11 +206,18 @@ def test_bench_sends_the_api_key_and_never_writes_it(server: dict[str, Any], fak
     assert all(KEY not in path.read_text() for path in (tmp_path / "res").iterdir())
 
 
+def triton_token(server: dict[str, Any]) -> dict[str, str]:
+    """The gRPC header a keyed server's Triton demands (the per-launch token on its command line)."""
+    argv = Path(f"/proc/{server['server_pid']}/cmdline").read_bytes().decode().split("\0")
+    token = next(a for a in argv if a.startswith("--grpc-restricted-protocol=")).rsplit("=", 1)[1]
+    return {GRPC_RESTRICTED_HEADER: token}
+
+
 def test_generate_cli_and_tritonclient(server: dict[str, Any]) -> None:
-    done = kit("generate", "hello", "--url", server["grpc"], "--max-tokens", "4")
-    assert done.returncode == 0 and done.stdout == " w0 w1 w2 w3\n", done.stderr
+    done = kit("generate", "hello", "--url", server["grpc"], "--max-tokens", "4")  # with --api-key: not without it
+    assert done.returncode == 1 and "This protocol is restricted" in done.stderr, done.stderr
     with grpcclient.InferenceServerClient(server["grpc"]) as triton:
-        assert triton.is_model_ready("ensemble")
+        assert triton.is_model_ready("ensemble")  # health stays open
 
 
 def test_a_second_serve_of_the_same_out_is_refused(server: dict[str, Any], fake_out: Path) -> None:
@@ -222,7 +229,7 @@ def test_a_second_serve_of_the_same_out_is_refused(server: dict[str, Any], fake_
 def test_sigterm_during_a_stream_finishes_it_then_leaves_nothing(server: dict[str, Any], fake_out: Path) -> None:
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server["grpc"])
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.start_stream(callback=lambda result, error: responses.put((result, error)), headers=triton_token(server))
     inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES"),
               grpcclient.InferInput("max_tokens", [1, 1], "INT32")]
     inputs[0].set_data_from_numpy(np.array([[b"slow"]], dtype=np.object_))
