@@ -17,6 +17,7 @@ from pathlib import Path
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.launcher import LaunchConfig, check_ports_free, launch_argv
 from trtllm_kit.serve.locate import TritonInstall
+from trtllm_kit.serve.reaper import group_alive
 
 SHM_DIR = Path("/dev/shm")
 # Triton's error lines: E<MMDD> <time> <thread> <file:line>] <message>
@@ -221,17 +222,6 @@ def _signal_group(pgid: int, sig: int, *, leader_only: bool = False, pid: int | 
             os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _reap_group(pgid: int, wait_s: float) -> None:

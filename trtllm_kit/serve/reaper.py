@@ -32,20 +32,22 @@ def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and any(_group_alive(pgid) for pgid in pgids):
+    while time.monotonic() < deadline and any(group_alive(pgid) for pgid in pgids):
         time.sleep(0.02)
     if shm_prefix:
         for region in SHM_DIR.glob(f"{shm_prefix}*"):
             region.unlink(missing_ok=True)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still exists."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return True
     return True
 
 

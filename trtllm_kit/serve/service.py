@@ -25,8 +25,8 @@ from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
 from trtllm_kit.serve.limits import max_seq_len
 from trtllm_kit.serve.locate import locate_tritonserver
-from trtllm_kit.serve.process import TritonProcess, group_alive
-from trtllm_kit.serve.reaper import Reaper, reap
+from trtllm_kit.serve.process import TritonProcess
+from trtllm_kit.serve.reaper import Reaper, group_alive, reap
 from trtllm_kit.serve.state import (
     claim_run_dir,
     is_alive,
