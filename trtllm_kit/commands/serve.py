@@ -16,28 +16,35 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.argument("out", type=click.Path(path_type=Path), required=False)
+@click.argument("outs", metavar="[OUT]...", nargs=-1, type=click.Path(path_type=Path))
 @config_option("trtllm-kit.toml: its [serve] table, and its out when OUT is not given; flags override it.")
 @spec_options(declared_fields("serve", top_level=False), config=False)
 @click.option("--api-key", envvar="TRTLLM_KIT_API_KEY", help="Require 'Authorization: Bearer KEY' on the OpenAI "
               "API (env TRTLLM_KIT_API_KEY; never read from a config file).")
+@click.option("--name", "names", multiple=True, metavar="NAME=OUT", help="Serve OUT under the model name NAME "
+              "(default: its model source, made unique); repeatable.")
+@click.option("--alias", "aliases", multiple=True, metavar="NAME=A:W,B:W", help="An A/B alias: requests for NAME "
+              "go to the served models A, B, ... by the weights W (sticky per OpenAI 'user'); repeatable.")
 @click.option("--detach", is_flag=True, help="Return once ready; end it with trtllm-kit stop OUT.")
 @click.option("--json", "as_json", is_flag=True, help="Print the server's state as JSON when ready.")
 @click.pass_context
-def serve(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None, detach: bool,
-          as_json: bool, **_flags: Any) -> None:
+def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, api_key: str | None,
+          names: tuple[str, ...], aliases: tuple[str, ...], detach: bool, as_json: bool, **_flags: Any) -> None:
     """Serve a build's OUT/repo with tritonserver (under mpirun when tp x pp > 1); return only when ready.
+    Several OUTs share one server, each under its own model name; the OpenAI frontend routes by 'model'.
 
     \b
     Example:
       trtllm-kit serve out/ --openai-port 9000
+      trtllm-kit serve out-a/ out-b/ --name a=out-a/ --name b=out-b/ --alias chat=a:90,b:10 --openai-port 9000
       trtllm-kit serve --config trtllm-kit.toml --detach
       trtllm-kit generate "Hello" --max-tokens 16
     """
     from trtllm_kit.serve.service import serve as serve_out
     from trtllm_kit.serve.service import serve_detached
 
-    options = serve_options(ctx, out, config_file, api_key)
+    options = serve_options(ctx, outs[0] if outs else None, config_file, api_key, more=outs[1:], names=names,
+                            aliases=aliases)
 
     def ready(state: dict[str, Any]) -> None:
         if as_json:
@@ -58,12 +65,15 @@ def serve(ctx: click.Context, out: Path | None, config_file: Path | None, api_ke
         serve_out(options, ready)
 
 
-def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None) -> ServeOptions:
+def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None, *,
+                  more: tuple[Path, ...] = (), names: tuple[str, ...] = (),
+                  aliases: tuple[str, ...] = ()) -> ServeOptions:
     """The ``ServeOptions`` of a ``serve`` command line: the flags typed, over the config file's ``[serve]`` table
     and its ``out`` (when OUT is not given), over the declared defaults.
 
     Arguments:
-        ctx: the command's context; out: OUT or None; config_file: ``--config`` or None; api_key: ``--api-key``.
+        ctx: the command's context; out: OUT or None; config_file: ``--config`` or None; api_key: ``--api-key``;
+        more: further OUTs; names: ``--name NAME=OUT``; aliases: ``--alias NAME=A:W,B:W``.
     """
     from trtllm_kit.serve.launcher import Endpoints
     from trtllm_kit.serve.service import ServeOptions
@@ -71,6 +81,10 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
 
     values = merge(load_toml(config_file) if config_file else {}, typed_values(ctx))
     out = out if out is not None else (Path(values["out"]) if values.get("out") else None)
+    if out is None and names:
+        from trtllm_kit.serve.members import parse_names
+
+        out = next(iter(parse_names(names).values()))
     if out is None:
         raise KitUsageError("no build to serve; pass OUT or set out = \"...\" in the --config file.")
     settings = ServeSettings(**values.get("serve", {}))
@@ -79,7 +93,7 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
                         tritonserver=settings.tritonserver, model=settings.model,
                         ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
                         exit_timeout_s=settings.exit_timeout_s, verify=settings.verify,
-                        server=str(settings.server))
+                        server=str(settings.server), more=more, names=names, aliases=aliases)
 
 
 @click.command()
@@ -127,3 +141,30 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
     request = GenerationRequest(prompt, max_tokens, temperature or None, top_p, top_k, seed)
     asyncio.run(generate_to(url, model, request, lambda text: click.echo(text, nl=False)))
     click.echo()
+
+
+@click.command()
+@click.argument("name")
+@click.argument("new_out", type=click.Path(path_type=Path))
+@click.option("--out", "served_out", type=click.Path(path_type=Path), help="An OUT the running serve serves "
+              "(default: the last one started with --detach).")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the result.")
+@click.option("--json", "as_json", is_flag=True, help="Print what happened as JSON.")
+def reload(name: str, new_out: Path, served_out: Path | None, timeout: float, as_json: bool) -> None:
+    """Swap the served model NAME for the build NEW_OUT without dropping a request: the new version loads beside
+    the old one, new requests go to it, the old one finishes its requests and is unloaded.
+
+    \b
+    Example:
+      trtllm-kit reload builtin:tiny-llama out-v2/ --out out/
+    """
+    from trtllm_kit.serve.reload import request_reload
+    from trtllm_kit.serve.service import last_detached
+
+    result = request_reload(served_out if served_out is not None else last_detached(), name, new_out, timeout)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"{name}: version {result['old_version']} -> {result['version']} ({new_out}); switched after "
+               f"{result['switch_s']:.2f} s, {result['in_flight_at_switch']} request(s) in flight then "
+               f"{'drained' if result['drained'] else 'NOT drained'}, done in {result['total_s']:.2f} s")

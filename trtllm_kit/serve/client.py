@@ -72,11 +72,14 @@ class TextClient:
         url: ``host:port`` of the server's gRPC endpoint.
         model: ``tensorrt_llm_bls`` or ``ensemble``; the first of them that is ready when None.
         headers: gRPC metadata sent with every call (the token of a server with restricted protocols).
+        token_model: the model token-id prompts go to (``tensorrt_llm``, or its name in a merged repository).
     """
 
-    def __init__(self, url: str, model: str | None = None, headers: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, url: str, model: str | None = None, headers: tuple[tuple[str, str], ...] = (), *,
+                 token_model: str = "tensorrt_llm") -> None:
         self.url = url
         self.model = model
+        self.token_model = token_model
         self.metadata = tuple(headers) or None
         self._channel = grpc.aio.insecure_channel(url)
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
@@ -119,7 +122,7 @@ class TextClient:
         return self._inputs
 
     async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
-        if isinstance(req.prompt, tuple) and self.model not in (None, TOKEN_MODEL):
+        if isinstance(req.prompt, tuple) and self.model not in (None, self.token_model):
             return self._token_request(req)
         names = await self.model_inputs()
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
@@ -129,7 +132,7 @@ class TextClient:
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
             return self._token_request(req)
-        if self.model == TOKEN_MODEL:
+        if self.model == self.token_model:
             raise GenerationError(f"the server at {self.url} has none of {', '.join(TEXT_MODELS)} ready.", status=404)
         values: list[tuple[str, str, np.ndarray]] = [
             ("text_input", "BYTES", np.array([req.prompt.encode()], dtype=np.object_)),
@@ -145,8 +148,7 @@ class TextClient:
                 values.append((flag, "BOOL", np.array([True])))
         return _infer_request(await self.resolve_model(), req.request_id, values, self._batched)
 
-    @staticmethod
-    def _token_request(req: GenerationRequest) -> service_pb2.ModelInferRequest:
+    def _token_request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
         ids = np.asarray(req.prompt, dtype=np.int32)
         values: list[tuple[str, str, np.ndarray]] = [
             ("input_ids", "INT32", ids), ("input_lengths", "INT32", np.array([ids.size], np.int32)),
@@ -157,7 +159,7 @@ class TextClient:
             if value is not None:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
-        return _infer_request(TOKEN_MODEL, req.request_id, values, batched=True)
+        return _infer_request(self.token_model, req.request_id, values, batched=True)
 
     async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         """Yield each response (text, or token ids for a token-id prompt) until the final one; leaving early
@@ -200,7 +202,7 @@ class TextClient:
 def _generation_error(model: str, message: str) -> GenerationError:
     message = message.split("\n\nAt:")[0].strip()  # the Python backend appends the failing model's traceback
     unknown = "unknown model" in message
-    if unknown and model == TOKEN_MODEL:
+    if unknown and model.endswith(TOKEN_MODEL):
         return GenerationError(f"token-id prompts go to the {TOKEN_MODEL!r} model, which the server does not have; "
                                "send the prompt as text.", status=404)
     return GenerationError(f"{model}: {message}", status=404 if unknown else 400 if "INVALID_ARG" in message else 500)

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.client import Chunk, GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.errors import error_response, generation_failure, parse_body
 from trtllm_kit.serve.openai_metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai_protocol import (
@@ -27,12 +27,17 @@ from trtllm_kit.serve.openai_protocol import (
     parse_prompt,
     parse_sampling,
 )
-from trtllm_kit.serve.text import StopMatcher, Tokenizer
+from trtllm_kit.serve.openai_run import Run, send
+from trtllm_kit.serve.routes import Alias, Route, RouteTable
+from trtllm_kit.serve.text import Tokenizer
+
+MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
 
 
 @dataclass(frozen=True)
 class OpenAIConfig:
-    """What the frontend serves: the Triton model behind it and the name clients use."""
+    """What the frontend serves: the Triton model behind it and the name clients use (one model), or ``routes``
+    (several; the single-model fields are then unused) and A/B ``aliases`` over them."""
 
     grpc_url: str
     served_name: str
@@ -43,22 +48,37 @@ class OpenAIConfig:
     usage_log: Path | None = None  # the gateway's usage log (default: beside the key file)
     max_seq_len: int | None = None  # prompt plus output tokens; requests beyond it are refused with a 400
     triton_headers: tuple[tuple[str, str], ...] = ()  # gRPC metadata Triton's restricted protocols demand
+    routes: tuple[Route, ...] = ()
+    aliases: tuple[Alias, ...] = ()
+
+    def route_table(self) -> RouteTable:
+        """The routes and aliases this configuration describes (one route from the single-model fields)."""
+        routes = self.routes or (Route(self.served_name, self.triton_model, tokenizer_dir=self.tokenizer_dir,
+                                       max_seq_len=self.max_seq_len),)
+        table = RouteTable({route.name: route for route in routes})
+        for alias in self.aliases:
+            table.add_alias(alias)
+        return table
 
 
 class OpenAIFrontend:
     """The aiohttp application: validates requests, streams from Triton, answers in OpenAI's formats.
 
     Arguments:
-        config: the served model and where Triton is.
-        tokenizer: the model's tokenizer (loaded from ``config.tokenizer_dir`` when omitted).
+        config: the served models and where Triton is.
+        tokenizer: the tokenizer of a single model (loaded from each route's ``tokenizer_dir`` when omitted).
     """
 
     def __init__(self, config: OpenAIConfig, tokenizer: Tokenizer | None = None) -> None:
         self.config = config
-        self.tokenizer = tokenizer or (Tokenizer(config.tokenizer_dir) if config.tokenizer_dir else None)
-        self.client: TextClient | None = None
+        self.table = config.route_table()
+        for route in self.table.routes.values():
+            route.tokenizer = route.tokenizer or tokenizer
+            route.load_tokenizer()
         self.created = int(time.time())
         self.metrics = FrontendMetrics()
+        self.alias_requests = Counter("trtllm_kit_openai_alias_requests", "Requests for an A/B alias, by the "
+                                      "model chosen.", ("alias", "model"), registry=self.metrics.registry)
         self.gateway = None
         if config.api_keys is not None:
             if config.api_key is not None:
@@ -82,11 +102,13 @@ class OpenAIFrontend:
         return app
 
     async def _open(self, _app: web.Application) -> None:
-        self.client = TextClient(self.config.grpc_url, self.config.triton_model, self.config.triton_headers)
+        for route in self.table.routes.values():
+            route.open(self.config.grpc_url, self.config.triton_headers)
 
     async def _close(self, _app: web.Application) -> None:
-        if self.client is not None:
-            await self.client.close()
+        for route in self.table.routes.values():
+            if route.client is not None:
+                await route.client.close()
 
     @web.middleware
     async def _errors(self, request: web.Request,
@@ -116,10 +138,10 @@ class OpenAIFrontend:
             response = await handler(request)
         except Exception:
             if measured:
-                self.metrics.answered(self.config.served_name, endpoint, 500)
+                self.metrics.answered(request.get("route_name", ""), endpoint, 500)
             raise
         if measured:
-            self.metrics.answered(self.config.served_name, endpoint, response.status)
+            self.metrics.answered(request.get("route_name", ""), endpoint, response.status)
         return response
 
     async def prometheus_metrics(self, _request: web.Request) -> web.Response:
@@ -139,60 +161,85 @@ class OpenAIFrontend:
                                code="invalid_api_key")
 
     async def models(self, _request: web.Request) -> web.Response:
-        entry = {"id": self.config.served_name, "object": "model", "created": self.created, "owned_by": "trtllm-kit"}
-        return web.json_response({"object": "list", "data": [entry]})
+        entries = [{"id": name, "object": "model", "created": self.created, "owned_by": "trtllm-kit"}
+                   for name in self.table.names]
+        return web.json_response({"object": "list", "data": entries})
 
-    async def _body(self, request: web.Request, kind: str) -> dict[str, Any]:
+    def _has(self) -> str:
+        return ", ".join(repr(name) for name in self.table.names)
+
+    async def _body(self, request: web.Request, kind: str) -> tuple[dict[str, Any], Route, Alias | None]:
         body = parse_body(await request.read())
         model = body.get("model")
         if model is None:
-            raise RequestError(f"'model' is required; this server has {self.config.served_name!r}.", param="model")
-        if model not in (self.config.served_name, self.config.triton_model):
-            raise RequestError(f"The model {model!r} does not exist; this server has {self.config.served_name!r}.",
-                               404, param="model", code="model_not_found")
+            raise RequestError(f"'model' is required; this server has {self._has()}.", param="model")
+        user = body.get("user")
+        try:
+            route, alias = self.table.resolve(str(model), user if isinstance(user, str) else None)
+        except LookupError:
+            raise RequestError(f"The model {model!r} does not exist; this server has {self._has()}.",
+                               404, param="model", code="model_not_found") from None
+        request["route_name"] = route.name
+        if alias is not None:
+            self.alias_requests.labels(alias.name, route.name).inc()
         check_fields(body, kind)
-        return body
+        return body, route, alias
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request, "text_completion")
-        prompt = parse_prompt(body, self.tokenizer.vocab_size if self.tokenizer else None)
-        if isinstance(prompt, tuple) and self.tokenizer is None:
+        body, route, alias = await self._body(request, "text_completion")
+        prompt = parse_prompt(body, route.tokenizer.vocab_size if route.tokenizer else None)
+        if isinstance(prompt, tuple) and route.tokenizer is None:
             raise RequestError("token-id prompts need the model's tokenizer to return text, and this server has "
                                "none; send the prompt as text.", param="prompt")
-        return await self._respond(request, body, prompt, "text_completion")
+        return await self._respond(request, body, prompt, "text_completion", route, alias)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request, "chat.completion")
+        body, route, alias = await self._body(request, "chat.completion")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise RequestError("messages must be a non-empty list of {role, content} objects.", param="messages")
-        if self.tokenizer is None:
+        if route.tokenizer is None:
             raise RequestError("this server has no tokenizer for a chat template; use /v1/completions.")
-        return await self._respond(request, body, self.tokenizer.chat_prompt(messages), "chat.completion")
+        return await self._respond(request, body, route.tokenizer.chat_prompt(messages), "chat.completion", route,
+                                   alias)
 
     async def _respond(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
-                       kind: str) -> web.StreamResponse:
-        sampling = parse_sampling(body, kind, self.config.max_seq_len)
-        self._check_length(prompt, sampling)
+                       kind: str, route: Route, alias: Alias | None) -> web.StreamResponse:
+        route.in_flight += 1  # a reload waits for this route's requests before it unloads its models
+        try:
+            return await self._generate(request, body, prompt, kind, route, alias)
+        finally:
+            route.in_flight -= 1
+
+    async def _generate(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
+                        kind: str, route: Route, alias: Alias | None) -> web.StreamResponse:
+        sampling = parse_sampling(body, kind, route.max_seq_len)
+        _check_length(route, prompt, sampling)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-        eos_id = self.tokenizer.eos_id if self.tokenizer is not None and isinstance(prompt, tuple) else None
-        run = Run(self, generation_request(prompt, sampling, ident, eos_id), sampling)
+        eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
+        run = Run(route, generation_request(prompt, sampling, ident, eos_id), sampling)
         request["usage"] = run.usage  # the gateway charges it when the request ends
-        timer = self.metrics.timer(self.config.served_name)
-        shape = ChoiceShape(kind, ident, self.config.served_name, int(time.time()))
+        timer = self.metrics.timer(route.name)
+        shape = ChoiceShape(kind, ident, route.name, int(time.time()))
+        headers = {MODEL_HEADER: route.name, VERSION_HEADER: str(route.version)}
+        if alias is not None:
+            headers[SPLIT_HEADER] = f"{alias.name}={alias.split}"
+        fingerprint = {"system_fingerprint": route.fingerprint}
         if not sampling.stream:
             whole = timer.timed(run.pieces())
             try:  # a client that leaves cancels this handler, and closing ``whole`` cancels the generation
                 text = "".join([piece.text async for piece in whole])
             finally:
                 await whole.aclose()
-            return web.json_response(shape.whole(text, run.finish_reason, run.usage()))
+            return web.json_response({**shape.whole(text, run.finish_reason, run.usage()), **fingerprint},
+                                     headers=headers)
 
         def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
             return {"usage": run.usage()} if sampling.continuous_usage else {}
 
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               **headers})
         pieces = timer.timed(run.pieces())
         try:
             first = await anext(pieces, None)  # errors before the first token still get an HTTP status
@@ -202,17 +249,17 @@ class OpenAIFrontend:
         await response.prepare(request)
         try:
             if kind == "chat.completion":
-                await _send(response, shape.chunk({"role": "assistant", "content": ""}, None))
+                await send(response, {**shape.chunk({"role": "assistant", "content": ""}, None), **fingerprint})
             if first is not None:
-                await _send(response, {**shape.chunk(first.text, None, first.token_ids), **usage()})
+                await send(response, {**fingerprint, **shape.chunk(first.text, None, first.token_ids), **usage()})
             async for piece in pieces:
-                await _send(response, {**shape.chunk(piece.text, None, piece.token_ids), **usage()})
-            await _send(response, {**shape.chunk(None, run.finish_reason), **usage()})
+                await send(response, {**fingerprint, **shape.chunk(piece.text, None, piece.token_ids), **usage()})
+            await send(response, {**fingerprint, **shape.chunk(None, run.finish_reason), **usage()})
             if sampling.include_usage:
-                await _send(response, {**shape.chunk(None, None), "choices": [], "usage": run.usage()})
+                await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": run.usage()})
         except (GenerationError, RequestError) as exc:
             error = exc if isinstance(exc, RequestError) else generation_failure(exc)
-            await _send(response, error.body())
+            await send(response, error.body())
         except ConnectionResetError:  # the client left: closing ``pieces`` cancels the generation
             return response
         finally:
@@ -220,101 +267,21 @@ class OpenAIFrontend:
         await response.write(b"data: [DONE]\n\n")
         return response
 
-
-    def _check_length(self, prompt: str | tuple[int, ...], sampling: Sampling) -> None:
-        """Refuse a prompt that is empty or, with ``max_tokens``, longer than ``max_seq_len``."""
-        limit, tokenizer = self.config.max_seq_len, self.tokenizer
-        if limit is None:
-            return
-        if isinstance(prompt, tuple):
-            num_prompt = len(prompt)
-        elif tokenizer is not None:
-            num_prompt = tokenizer.count(prompt)
-        else:
-            return
-        if num_prompt + sampling.max_tokens > limit:
-            raise RequestError(f"this model's maximum context length is {limit} tokens; the request asks for "
-                               f"{num_prompt} prompt + {sampling.max_tokens} completion tokens: shorten the prompt "
-                               "or lower max_tokens.", param="max_tokens", code="context_length_exceeded")
-
-
-async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write(f"data: {json.dumps(payload)}\n\n".encode())
-
-
-@dataclass(frozen=True)
-class Piece:
-    """What one streamed event carries: text that may be shown, and for token-id prompts the ids that arrived."""
-
-    text: str
-    token_ids: tuple[int, ...] | None = None
-
-
-class Run:
-    """One generation: streams text through the stop matcher and counts tokens.
-
-    Text prompts go to the ensemble or BLS and yield only non-empty text. Token-id prompts go to
-    ``tensorrt_llm``: every response yields its ids, with the text they complete (often empty while a multi-byte
-    character or a stop sequence is pending), so clients can count tokens as they arrive.
-    """
-
-    def __init__(self, frontend: OpenAIFrontend, gen: GenerationRequest, sampling: Sampling) -> None:
-        self.frontend, self.gen, self.sampling = frontend, gen, sampling
-        self.num_responses = 0  # one token each unless the model reports its count
-        self.num_reported: int | None = None
-        self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
-        self.finish_reason = "stop"
-
-    async def pieces(self) -> AsyncGenerator[Piece, None]:
-        """The pieces of the answer as they may be shown."""
-        assert self.frontend.client is not None, "the application is not started"
-        matcher = StopMatcher(self.sampling.stops)
-        tokenizer = self.frontend.tokenizer
-        decoder = tokenizer.decoder() if isinstance(self.gen.prompt, tuple) and tokenizer is not None else None
-        stream = self.frontend.client.stream(self.gen)
-        try:
-            async for chunk in stream:
-                self._count(chunk)
-                if decoder is not None and chunk.token_ids is not None:
-                    shown = matcher.feed(decoder.feed(chunk.token_ids))
-                    yield Piece(shown, chunk.token_ids)
-                else:
-                    shown = matcher.feed(chunk.text)
-                    if shown:
-                        yield Piece(shown)
-                if matcher.stopped:
-                    return
-            rest = matcher.flush() if decoder is None else matcher.feed(decoder.flush()) + matcher.flush()
-            if rest:
-                yield Piece(rest, () if decoder is not None else None)
-            if self.num_output_tokens >= self.gen.max_tokens:
-                self.finish_reason = "length"
-        finally:
-            await stream.aclose()
-
-    def _count(self, chunk: Chunk) -> None:
-        if chunk.token_ids is not None:
-            self.num_reported = (self.num_reported or 0) + len(chunk.token_ids)
-            return
-        if chunk.num_output_tokens is not None:  # reported counts are cumulative
-            self.num_reported = max(self.num_reported or 0, chunk.num_output_tokens)
-        self.num_responses += 1
-        if chunk.num_input_tokens is not None:
-            self.num_input_tokens = chunk.num_input_tokens
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.num_reported if self.num_reported is not None else self.num_responses
-
-    def usage(self) -> dict[str, int]:
-        prompt_tokens = self.num_input_tokens
-        if prompt_tokens is None:
-            tokenizer = self.frontend.tokenizer
-            prompt = self.gen.prompt
-            prompt_tokens = tokenizer.count(prompt) if tokenizer is not None and isinstance(prompt, str) else 0
-            self.num_input_tokens = prompt_tokens
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": self.num_output_tokens,
-                "total_tokens": prompt_tokens + self.num_output_tokens}
+def _check_length(route: Route, prompt: str | tuple[int, ...], sampling: Sampling) -> None:
+    """Refuse a prompt that is empty or, with ``max_tokens``, longer than the route's ``max_seq_len``."""
+    limit, tokenizer = route.max_seq_len, route.tokenizer
+    if limit is None:
+        return
+    if isinstance(prompt, tuple):
+        num_prompt = len(prompt)
+    elif tokenizer is not None:
+        num_prompt = tokenizer.count(prompt)
+    else:
+        return
+    if num_prompt + sampling.max_tokens > limit:
+        raise RequestError(f"this model's maximum context length is {limit} tokens; the request asks for "
+                           f"{num_prompt} prompt + {sampling.max_tokens} completion tokens: shorten the prompt "
+                           "or lower max_tokens.", param="max_tokens", code="context_length_exceeded")
 
 
 async def start_frontend(frontend: OpenAIFrontend, host: str, port: int) -> web.AppRunner:

@@ -1,4 +1,10 @@
-"""``trtllm-kit serve OUT`` and ``trtllm-kit stop OUT``: launch, wait, run the frontend, shut down, detach."""
+"""``trtllm-kit serve OUT [OUT ...]``: launch, wait, run the frontend, reload on request, shut down.
+
+Several OUTs are served by one tritonserver from one working repository (``serve/members.py``). The first OUT
+owns the serve's run directory (the working repository, the logs, the reload requests); every OUT's run directory
+gets the pid file and the state, so ``stop`` and ``reload`` take any of them and a rebuild into any of them is
+refused while it is served.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,25 +26,22 @@ from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.defaults import DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
+from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
+from trtllm_kit.serve.fit import check_fit, memory_need
 from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
-from trtllm_kit.serve.limits import max_seq_len
 from trtllm_kit.serve.locate import locate_tritonserver
+from trtllm_kit.serve.members import Member, parse_names, plan_members, route, working_repository
+from trtllm_kit.serve.merge import TRTLLM_MODEL
 from trtllm_kit.serve.process import TritonProcess
-from trtllm_kit.serve.reaper import Reaper, group_alive, reap
-from trtllm_kit.serve.state import (
-    claim_run_dir,
-    is_alive,
-    read_state,
-    run_dir,
-    serving_pid,
-    working_copy,
-    write_pid,
-)
+from trtllm_kit.serve.reaper import Reaper
+from trtllm_kit.serve.routes import Alias, Route
+from trtllm_kit.serve.state import claim_run_dir, run_dir, serving_pid, write_pid
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.openai import OpenAIFrontend
 
-API_KEY_ENV = "TRTLLM_KIT_API_KEY"
+__all__ = ["ServeOptions", "last_detached", "serve", "serve_detached", "stop_serving"]
+
 WATCH_S = 0.5  # how often a serving process checks that tritonserver and every stub are alive
 LOOPBACK = {False: "127.0.0.1", True: "::1"}
 
@@ -62,6 +63,18 @@ class ServeOptions:
     log_verbose: int = 0
     verify: bool = False  # check every file's sha256 against the manifest (sizes and times are always checked)
     server: str = "triton"  # or trtllm-serve: the llmapi artifact's recorded command (serve/trtllm_serve.py)
+    more: tuple[Path, ...] = ()  # further OUTs served beside ``out``
+    names: tuple[str, ...] = ()  # ``--name NAME=OUT``
+    aliases: tuple[str, ...] = ()  # ``--alias NAME=A:90,B:10``
+
+    @property
+    def outs(self) -> list[Path]:
+        """Every OUT to serve: ``out``, ``more``, then those only ``--name`` gives, without repeats."""
+        outs: list[Path] = []
+        for out in (self.out, *self.more, *parse_names(self.names).values()):
+            if all(os.path.realpath(out) != os.path.realpath(seen) for seen in outs):
+                outs.append(out)
+        return outs
 
 
 def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -80,16 +93,27 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     if options.server == "trtllm-serve":
         from trtllm_kit.serve.trtllm_serve import serve_trtllm
 
+        if len(options.outs) > 1:
+            raise KitUsageError("--server trtllm-serve serves one OUT; serve several with the default --server "
+                                "triton.")
         check_artifact(Artifact.read(options.out), hashes=options.verify)
         serve_trtllm(options, on_ready)
         return
-    target = servable(options.out)
-    check_artifact(target.artifact, hashes=options.verify)
-    model = _model(target, options.model)
+    outs = options.outs
+    targets = [servable(out) for out in outs]
+    for target in targets:
+        check_artifact(target.artifact, hashes=options.verify)
+    members = plan_members(targets, parse_names(options.names))
+    text_models = [_model(target, options.model) for target in targets]
+    aliases = tuple(Alias.parse(text) for text in options.aliases)
+    world_size = _world_size(targets)
+    if len(members) > 1:
+        check_fit([memory_need(m.name, m.target) for m in members])
     install = locate_tritonserver(options.tritonserver)
-    holder = serving_pid(options.out)
-    if holder is not None:
-        raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
+    for out in outs:
+        holder = serving_pid(out)
+        if holder is not None:
+            raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
     if options.openai_port is not None:
         check_ports_free(options.endpoints.host, {"OpenAI": options.openai_port})
     os.environ.pop(API_KEY_ENV, None)  # read already; no child inherits it
@@ -97,36 +121,92 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     endpoints = options.endpoints
     if options.api_key:
         endpoints = Endpoints(LOOPBACK[":" in endpoints.host], *endpoints.ports().values())
-    config = LaunchConfig(repo=working_copy(target.repo, state_dir), endpoints=endpoints,
-                          world_size=target.world_size, shm_prefix=f"trtllmkit_{os.getpid()}_",
-                          log_verbose=options.log_verbose, exit_timeout_s=options.exit_timeout_s,
+    repo, copies = working_repository(members, state_dir)
+    names = [name for copied in copies for name in copied.ordered()]
+    config = LaunchConfig(repo=repo, endpoints=endpoints, world_size=world_size,
+                          shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.log_verbose,
+                          exit_timeout_s=options.exit_timeout_s,
+                          trtllm_models=tuple(dict.fromkeys(c.names[TRTLLM_MODEL] for c in copies
+                                                            if TRTLLM_MODEL in c.names)) or (TRTLLM_MODEL,),
+                          extra_args=_explicit(names) if world_size == 1 else (),
                           restricted_token=secrets.token_urlsafe(24) if options.api_key else None)
-    process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=target.target.argv(install, config))
+    argv = targets[0].target.argv(install, config)
+    process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv)
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
-    write_pid(options.out)
+    for out in outs:
+        claim_run_dir(out)
+        write_pid(out)
     reaper = Reaper(config.shm_prefix)
     watch = Watch(process)
+    routes = [route(m, c, text) for m, c, text in zip(members, copies, text_models, strict=True)]
     try:
         started = time.perf_counter()
         process.start()
         assert process.pid is not None
         reaper.watch(process.pid)  # the server's own session: its group holds every stub
-        frontend = _frontend(options, target, model, config)  # the tokenizer loads while the server starts
+        frontend = _frontend(options, routes, aliases, config)  # tokenizers load while the server starts
         process.wait_ready(options.ready_timeout_s)
         process.protect_shm()
         watch.stubs = process.stubs()
-        state = {"pid": os.getpid(), "server_pid": process.pid, "model": model, "target": target.target.name,
-                 "world_size": target.world_size, "tritonserver": str(install.server), "source": install.source,
-                 "host": endpoints.host, "http": endpoints.url("http"), "grpc": endpoints.url("grpc"),
-                 "metrics": endpoints.url("metrics"), "openai": None, "shm_prefix": config.shm_prefix,
-                 "log": str(process.log_path), "stubs": {str(pid): name for pid, name in watch.stubs.items()}}
-        asyncio.run(_run(options, frontend, watch, state, started, on_ready))
+        state = {"pid": os.getpid(), "server_pid": process.pid, "model": routes[0].triton_model,
+                 "target": targets[0].target.name, "world_size": world_size, "tritonserver": str(install.server),
+                 "source": install.source, "host": endpoints.host, "http": endpoints.url("http"),
+                 "grpc": endpoints.url("grpc"), "metrics": endpoints.url("metrics"), "openai": None,
+                 "shm_prefix": config.shm_prefix, "log": str(process.log_path), "run_dir": str(state_dir),
+                 "outs": [str(out.absolute()) for out in outs], "routes": [_route_state(r) for r in routes],
+                 "aliases": {a.name: a.split for a in aliases},
+                 "stubs": {str(pid): name for pid, name in watch.stubs.items()}}
+        server = Server(options, config, watch, frontend, members, routes, state)
+        asyncio.run(_run(server, started, on_ready))
     finally:
         with _signals_ignored():
             process.stop(stubs=watch.stubs)
             reaper.close()
-            for name in ("state.json", "serve.pid"):
-                (state_dir / name).unlink(missing_ok=True)
+            for out in outs:
+                for name in ("state.json", "serve.pid"):
+                    (run_dir(out) / name).unlink(missing_ok=True)
+
+
+def _explicit(models: list[str]) -> tuple[str, ...]:
+    """Explicit model control, every model loaded at start: a reload loads and unloads through Triton's API."""
+    return ("--model-control-mode=explicit", *(f"--load-model={name}" for name in models))
+
+
+def _world_size(targets: list[Servable]) -> int:
+    sizes = {target.world_size for target in targets}
+    if len(sizes) > 1:
+        found = ", ".join(f"{t.out} {t.world_size}" for t in targets)
+        raise KitUsageError(f"the OUTs need different numbers of server processes ({found}); one server launches "
+                            "one world size: serve them separately.")
+    return sizes.pop()
+
+
+def _route_state(route: Route) -> dict[str, Any]:
+    return {"name": route.name, "version": route.version, "triton_model": route.triton_model,
+            "models": list(route.models), "out": str(route.out.absolute()) if route.out else None}
+
+
+@dataclass
+class Server:
+    """A running serve: its options, launch, watch, frontend and what it serves (what a reload changes)."""
+
+    options: ServeOptions
+    launch: LaunchConfig
+    watch: Watch
+    frontend: OpenAIFrontend | None
+    members: list[Member]
+    routes: list[Route]
+    state: dict[str, Any]
+
+    def write_state(self) -> None:
+        """Write the state into every served OUT's run directory."""
+        self.state["routes"] = [_route_state(r) for r in self.routes]
+        self.state["stubs"] = {str(pid): name for pid, name in self.watch.stubs.items()}
+        text = json.dumps(self.state, indent=2) + "\n"
+        for out in self.state["outs"]:
+            path = run_dir(Path(out)) / "state.json"
+            path.with_suffix(".tmp").write_text(text)
+            path.with_suffix(".tmp").replace(path)
 
 
 @dataclass
@@ -168,28 +248,35 @@ def _model(target: Servable, wanted: str | None) -> str:
     return wanted
 
 
-def _frontend(options: ServeOptions, target: Servable, model: str, launch: LaunchConfig) -> OpenAIFrontend | None:
+def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, ...],
+              launch: LaunchConfig) -> OpenAIFrontend | None:
     if options.openai_port is None:
+        if aliases:
+            raise KitUsageError("--alias needs the OpenAI frontend; add --openai-port PORT.")
         return None
     from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
 
     token = launch.restricted_token
-    config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=_served_name(target),
-                          triton_model=model, tokenizer_dir=target.tokenizer_dir, api_key=options.api_key,
-                          max_seq_len=max_seq_len(target.repo),
+    config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=routes[0].name,
+                          triton_model=routes[0].triton_model, api_key=options.api_key,
                           triton_headers=((GRPC_RESTRICTED_HEADER, token),) if token else (),
-                          api_keys=options.api_keys, usage_log=options.usage_log)
+                          api_keys=options.api_keys, usage_log=options.usage_log, routes=tuple(routes),
+                          aliases=aliases)
     return OpenAIFrontend(config)
 
 
-async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, watch: Watch,
-               state: dict[str, Any], started: float, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+    from trtllm_kit.serve.hotswap import Reloader
+
+    options, frontend, watch, state = server.options, server.frontend, server.watch, server.state
     process = watch.process
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in saved:
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    reloader = Reloader(server)
+    loop.add_signal_handler(signal.SIGUSR1, reloader.requested)
     runner = None
     try:
         if frontend is not None and options.openai_port is not None:
@@ -199,7 +286,7 @@ async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, watch: Wa
             state["openai"] = f"{options.endpoints.url('http').rsplit(':', 1)[0]}:{options.openai_port}"
         state["ready_s"] = round(time.perf_counter() - started, 3)
         state["ready"] = True
-        (run_dir(options.out) / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        server.write_state()
         if on_ready is not None:
             on_ready(state)
         while not stop.is_set():
@@ -211,6 +298,7 @@ async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, watch: Wa
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=WATCH_S)
     finally:
+        await reloader.close()
         if runner is not None:
             await runner.cleanup()
         for sig, handler in saved.items():
@@ -218,92 +306,3 @@ async def _run(options: ServeOptions, frontend: OpenAIFrontend | None, watch: Wa
             signal.signal(sig, handler)
 
 
-def _served_name(target: Servable) -> str:
-    return target.artifact.model_source
-
-
-def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dict[str, Any]:
-    """Start ``trtllm-kit serve`` in the background, wait until it is ready, and return its state.
-
-    Arguments:
-        options: what to serve and where.
-        timeout_s: seconds to wait (the readiness timeout plus 30 s when omitted).
-    """
-    holder = serving_pid(options.out)
-    if holder is not None:
-        raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
-    ep = options.endpoints
-    argv = [sys.executable, "-m", "trtllm_kit", "serve", str(options.out),
-            "--host", ep.host, "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-            "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
-            "--log-verbose", str(options.log_verbose)]
-    argv += ["--verify"] if options.verify else []
-    argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
-    argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
-    argv += ["--model", options.model] if options.model else []
-    argv += ["--api-keys", str(options.api_keys.absolute())] if options.api_keys else []
-    argv += ["--usage-log", str(options.usage_log.absolute())] if options.usage_log else []
-    argv += ["--server", options.server] if options.server != "triton" else []
-    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    if options.api_key:
-        env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
-    log_path = claim_run_dir(options.out) / "serve.log"
-    (run_dir(options.out) / "state.json").unlink(missing_ok=True)
-    with log_path.open("wb") as log:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    deadline = time.monotonic() + (options.ready_timeout_s + 30 if timeout_s is None else timeout_s)
-    while time.monotonic() < deadline:
-        state = read_state(options.out)
-        if state and state.get("ready") and state.get("pid") == child.pid:
-            _last_detached_file().parent.mkdir(parents=True, exist_ok=True)
-            _last_detached_file().write_text(str(options.out.absolute()))
-            return state
-        if child.poll() is not None:
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-            raise KitError(f"the background serve exited with code {child.returncode} before it was ready (log "
-                           f"{log_path}); last lines:\n{tail}")
-        time.sleep(0.05)
-    os.kill(child.pid, signal.SIGTERM)
-    raise KitError(f"the background serve was not ready in time (log {log_path}); it was sent SIGTERM.")
-
-
-def _last_detached_file() -> Path:
-    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
-
-    return cache_root() / "serve" / "last-detached"
-
-
-def last_detached() -> Path:
-    """The build output that ``serve --detach`` last brought up (what ``trtllm-kit stop`` ends by default)."""
-    try:
-        return Path(_last_detached_file().read_text().strip())
-    except OSError:
-        raise KitUsageError("no OUT given and no detached serve is recorded; pass the directory given to "
-                            "trtllm-kit serve.") from None
-
-
-def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
-    """End the serve of ``out`` (SIGTERM, then SIGKILL of everything it started after ``timeout_s``); ``pid`` is
-    None when nothing serves it.
-
-    Arguments:
-        out: the served build output.
-        timeout_s: seconds to wait for a graceful shutdown.
-    """
-    pid = serving_pid(out)
-    if pid is None:
-        return {"pid": None, "forced": False}
-    state = read_state(out) or {}
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while is_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    forced = is_alive(pid)
-    if forced:
-        os.kill(pid, signal.SIGKILL)
-        server_pid = state.get("server_pid")
-        reap([server_pid] if server_pid and group_alive(server_pid) else [], state.get("shm_prefix", ""))
-        for name in ("state.json", "serve.pid"):
-            (run_dir(out) / name).unlink(missing_ok=True)
-    return {"pid": pid, "forced": forced}

@@ -108,6 +108,8 @@ class TritonPythonModel:
             return default if not value or value.startswith("${") else value
 
         self.trtllm_name = parameter("tensorrt_llm_model_name", "tensorrt_llm")
+        self.pre_name = parameter("preprocessing_model_name", "preprocessing")  # renamed when repos are merged
+        self.post_name = parameter("postprocessing_model_name", "postprocessing")
         self.accumulate = parameter("accumulate_tokens", "false").lower() in ("true", "yes", "1", "t")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.lock = threading.Lock()
@@ -167,7 +169,7 @@ class TritonPythonModel:
                            "one request per prompt (they are batched in flight anyway).")
         pre_inputs = [pb_utils.Tensor(target, t.as_numpy()) for source, target in PREPROCESSING_INPUTS
                       if (t := pb_utils.get_input_tensor_by_name(request, source)) is not None]
-        pre = _exec(pb_utils.InferenceRequest(model_name="preprocessing", inputs=pre_inputs,
+        pre = _exec(pb_utils.InferenceRequest(model_name=self.pre_name, inputs=pre_inputs,
                                               requested_output_names=[n for n, _ in PREPROCESSING_OUTPUTS]))
         inputs = []
         for source, target in PREPROCESSING_OUTPUTS:
@@ -227,7 +229,7 @@ class TritonPythonModel:
     def _detokenize(self, tokens: np.ndarray) -> bytes:
         lengths = np.full(tokens.shape[:2], tokens.shape[-1], np.int32)
         post = _exec(pb_utils.InferenceRequest(
-            model_name="postprocessing", requested_output_names=["OUTPUT"],
+            model_name=self.post_name, requested_output_names=["OUTPUT"],
             inputs=[pb_utils.Tensor("TOKENS_BATCH", tokens.astype(np.int32)),
                     pb_utils.Tensor("SEQUENCE_LENGTH", lengths)]))
         return pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy().reshape(-1)[0]

@@ -1,0 +1,166 @@
+"""Several artifacts on one server: the merged repository, the memory check across them, and a real tritonserver
+serving two tiny Llamas (CPU runtime) behind one OpenAI frontend that routes by ``model``, with the gateway's
+per-key ``models`` applied to the routed names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.cli import run
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.compat import servable
+from trtllm_kit.serve.fit import Need, check_fit, memory_need
+from trtllm_kit.serve.gateway.keys import add_key
+from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.members import parse_names, plan_members
+from trtllm_kit.serve.merge import copy_models
+from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+from trtllm_kit.serve.state import read_state, run_dir, serving_pid
+from trtllm_kit.spec import build_spec
+
+MODEL = "builtin:tiny-llama"
+ONE_EACH = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
+
+
+def build(out: Path, max_seq_len: int) -> Path:
+    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 4,
+                                                                   "max_seq_len": max_seq_len}, "repo": ONE_EACH}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def outs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("multi")
+    return build(root / "big", 1024), build(root / "small", 256)
+
+
+def config(repo: Path, name: str) -> mc.ModelConfig:
+    return text_format.Parse((repo / name / "config.pbtxt").read_text(), mc.ModelConfig())
+
+
+def test_merged_repository_renames_every_reference_and_shares_identical_tokenizers(outs, tmp_path) -> None:
+    big, small = outs
+    other = tmp_path / "other-repo"
+    shutil.copytree(small / "repo", other)
+    (other / "preprocessing" / "tokenizer" / "tokenizer_config.json").write_text("{}")  # another tokenizer
+    into = tmp_path / "merged"
+    into.mkdir()
+    shared: dict[str, str] = {}
+    first = copy_models(big / "repo", into, "a__", shared)
+    second = copy_models(small / "repo", into, "b__", shared)
+    third = copy_models(other, into, "c__", shared)
+    assert sorted(p.name for p in into.iterdir()) == sorted(
+        [f"{p}__{m}" for p in "abc" for m in ("ensemble", "tensorrt_llm", "tensorrt_llm_bls")] +
+        ["a__preprocessing", "a__postprocessing", "c__preprocessing"])
+    assert second.names["preprocessing"] == "a__preprocessing" and second.names["postprocessing"] == \
+        "a__postprocessing"
+    assert third.names["preprocessing"] == "c__preprocessing" and third.names["postprocessing"] == \
+        "a__postprocessing"
+    assert first.ordered()[0] == "a__tensorrt_llm" and first.ordered()[-1] == "a__ensemble"
+    for prefix, copied in (("b", second), ("c", third)):
+        assert config(into, f"{prefix}__tensorrt_llm").name == f"{prefix}__tensorrt_llm"
+        steps = [s.model_name for s in config(into, f"{prefix}__ensemble").ensemble_scheduling.step]
+        assert steps == [copied.names["preprocessing"], f"{prefix}__tensorrt_llm", copied.names["postprocessing"]]
+        params = {k: v.string_value for k, v in config(into, f"{prefix}__tensorrt_llm_bls").parameters.items()}
+        assert params["tensorrt_llm_model_name"] == f"{prefix}__tensorrt_llm"
+        assert params["preprocessing_model_name"] == copied.names["preprocessing"]
+        assert params["postprocessing_model_name"] == copied.names["postprocessing"]
+
+
+def test_served_names_default_to_the_model_source_made_unique(outs) -> None:
+    big, small = outs
+    targets = [servable(big), servable(small), servable(big)]
+    assert [m.name for m in plan_members(targets, {})] == [MODEL, f"{MODEL}-2", f"{MODEL}-3"]
+    members = plan_members(targets[:2], parse_names(("small=" + str(small),)))
+    assert [(m.name, m.prefix) for m in members] == [(MODEL, "builtin_tiny-llama__"), ("small", "small__")]
+    assert [m.prefix for m in plan_members([servable(big)], {})] == [""]  # one OUT: the names as built
+    with pytest.raises(KitUsageError, match=r"--name 'small' is not NAME=OUT"):
+        parse_names(("small",))
+
+
+def test_cpu_memory_check_says_how_much_is_missing(outs) -> None:
+    needs = [memory_need("a", servable(outs[0])), memory_need("b", servable(outs[1]))]
+    assert needs[0].bytes_per_device[-1] > 2_299_136 * 4  # the tiny Llama's weights in float32, plus its KV pool
+    total = sum(n.bytes_per_device[-1] for n in needs)
+    check_fit(needs, available_bytes=total)
+    with pytest.raises(KitUsageError, match=r"^the models do not fit in this machine's memory: they need "
+                       r"[\d.]+ MiB \(a [\d.]+ MiB, b [\d.]+ MiB\) and [\d.]+ MiB is available, 1\.0 MiB missing; "):
+        check_fit(needs, available_bytes=total - 1024**2)
+
+
+def test_gpu_memory_check_adds_up_bytes_and_kv_fractions_per_gpu() -> None:
+    gib = 1024**3
+    a = Need("a", {0: 50 * gib}, 0.5, {0: 80 * gib, 1: 80 * gib})
+    b = Need("b", {1: 70 * gib}, 0.9, {1: 80 * gib})
+    check_fit([a, b])  # on different GPUs
+    with pytest.raises(KitUsageError, match=r"do not fit on GPU 0: they need 100\.00 GiB \(a 50\.00 GiB, c "
+                       r"50\.00 GiB\) of its 80\.00 GiB, 20\.00 GiB missing"):
+        check_fit([a, Need("c", {0: 50 * gib}, 0.4, {0: 80 * gib})])
+    with pytest.raises(KitUsageError, match=r"share GPU 0 with KV-cache fractions adding up to 1\.2 \(a 0\.5, "
+                       r"d 0\.7\), 0\.2 more than the whole"):
+        check_fit([a, Need("d", {0: 10 * gib}, 0.7, {0: 80 * gib})])
+
+
+@pytest.fixture(scope="module")
+def served(outs, tmp_path_factory: pytest.TempPathFactory):
+    torch.set_num_threads(1)
+    big, small = outs
+    keys = tmp_path_factory.mktemp("keys") / "keys.json"
+    secrets = {"only_small": add_key(keys, "only_small", models=("small",))[0], "any": add_key(keys, "any")[0]}
+    port = free_port()
+    state = serve_detached(ServeOptions(out=big, more=(small,), names=(f"small={small}",), endpoints=free_endpoints(),
+                                        ready_timeout_s=120, openai_port=port, api_keys=keys))
+    yield port, secrets, state
+    if serving_pid(big) is not None:
+        stop_serving(small, 30)  # any served OUT stops the serve
+
+
+def post(port: int, key: str, body: dict) -> tuple[int, dict, dict[str, str]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read()), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), dict(exc.headers)
+
+
+@pytest.mark.integration
+def test_two_artifacts_on_one_server_route_by_model(served, outs) -> None:
+    port, secrets, state = served
+    big, small = outs
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                     headers={"Authorization": f"Bearer {secrets['any']}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert [m["id"] for m in json.loads(response.read())["data"]] == [MODEL, "small"]
+    for name in (MODEL, "small"):
+        for prompt in ("Hello there", [5, 6, 7]):
+            status, body, headers = post(port, secrets["any"], {"model": name, "prompt": prompt, "max_tokens": 2})
+            assert status == 200, body
+            assert body["model"] == name and body["system_fingerprint"] == f"{name}-v1"
+            assert headers["x-trtllm-kit-model"] == name and headers["x-trtllm-kit-model-version"] == "1"
+            assert body["usage"]["completion_tokens"] == 2
+    status, body, _ = post(port, secrets["any"], {"model": "small", "prompt": [1] * 250, "max_tokens": 10})
+    assert status == 400 and "maximum context length is 256 tokens" in body["error"]["message"]  # small's own
+    assert post(port, secrets["any"], {"model": MODEL, "prompt": [1] * 250, "max_tokens": 10})[0] == 200
+    status, body, _ = post(port, secrets["any"], {"model": "nope", "prompt": "x", "max_tokens": 1})
+    assert status == 404 and body["error"]["message"] == \
+        f"The model 'nope' does not exist; this server has '{MODEL}', 'small'."
+    assert post(port, secrets["only_small"], {"model": "small", "prompt": "x", "max_tokens": 1})[0] == 200
+    status, body, _ = post(port, secrets["only_small"], {"model": MODEL, "prompt": "x", "max_tokens": 1})
+    assert status == 403 and body["error"]["code"] == "model_not_allowed"
+    # the first OUT owns the run directory; both are marked served and carry the state
+    assert serving_pid(small) == serving_pid(big) == state["pid"]
+    assert read_state(small)["run_dir"] == str(run_dir(big))
+    assert [r["name"] for r in read_state(small)["routes"]] == [MODEL, "small"]
+    assert run(["build", MODEL, "--out", str(small), "--target", "cpu"]) == 2  # a served OUT is not rebuilt

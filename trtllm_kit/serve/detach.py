@@ -1,0 +1,112 @@
+"""``serve --detach`` and ``stop``: a serve in the background, and its end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.reaper import group_alive, reap
+from trtllm_kit.serve.state import claim_run_dir, is_alive, read_state, run_dir, serving_pid
+
+if TYPE_CHECKING:
+    from trtllm_kit.serve.service import ServeOptions
+
+API_KEY_ENV = "TRTLLM_KIT_API_KEY"
+
+
+def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dict[str, Any]:
+    """Start ``trtllm-kit serve`` in the background, wait until it is ready, and return its state.
+
+    Arguments:
+        options: what to serve and where.
+        timeout_s: seconds to wait (the readiness timeout plus 30 s when omitted).
+    """
+    for out in options.outs:
+        holder = serving_pid(out)
+        if holder is not None:
+            raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
+    ep = options.endpoints
+    argv = [sys.executable, "-m", "trtllm_kit", "serve", str(options.out),
+            "--host", ep.host, "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
+            "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
+            "--log-verbose", str(options.log_verbose)]
+    argv += ["--verify"] if options.verify else []
+    argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
+    argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
+    argv += ["--model", options.model] if options.model else []
+    argv += ["--api-keys", str(options.api_keys.absolute())] if options.api_keys else []
+    argv += ["--usage-log", str(options.usage_log.absolute())] if options.usage_log else []
+    argv += ["--server", options.server] if options.server != "triton" else []
+    argv += [str(out) for out in options.more]
+    argv += [arg for name in options.names for arg in ("--name", name)]
+    argv += [arg for alias in options.aliases for arg in ("--alias", alias)]
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    if options.api_key:
+        env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
+    log_path = claim_run_dir(options.out) / "serve.log"
+    (run_dir(options.out) / "state.json").unlink(missing_ok=True)
+    with log_path.open("wb") as log:
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    deadline = time.monotonic() + (options.ready_timeout_s + 30 if timeout_s is None else timeout_s)
+    while time.monotonic() < deadline:
+        state = read_state(options.out)
+        if state and state.get("ready") and state.get("pid") == child.pid:
+            _last_detached_file().parent.mkdir(parents=True, exist_ok=True)
+            _last_detached_file().write_text(str(options.out.absolute()))
+            return state
+        if child.poll() is not None:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+            raise KitError(f"the background serve exited with code {child.returncode} before it was ready (log "
+                           f"{log_path}); last lines:\n{tail}")
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGTERM)
+    raise KitError(f"the background serve was not ready in time (log {log_path}); it was sent SIGTERM.")
+
+
+def _last_detached_file() -> Path:
+    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
+
+    return cache_root() / "serve" / "last-detached"
+
+
+def last_detached() -> Path:
+    """The build output that ``serve --detach`` last brought up (what ``trtllm-kit stop`` ends by default)."""
+    try:
+        return Path(_last_detached_file().read_text().strip())
+    except OSError:
+        raise KitUsageError("no OUT given and no detached serve is recorded; pass the directory given to "
+                            "trtllm-kit serve.") from None
+
+
+def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
+    """End the serve of ``out`` (any of the OUTs it serves): SIGTERM, then SIGKILL of everything it started after
+    ``timeout_s``; ``pid`` is None when nothing serves it.
+
+    Arguments:
+        out: the served build output.
+        timeout_s: seconds to wait for a graceful shutdown.
+    """
+    pid = serving_pid(out)
+    if pid is None:
+        return {"pid": None, "forced": False}
+    state = read_state(out) or {}
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    forced = is_alive(pid)
+    if forced:
+        os.kill(pid, signal.SIGKILL)
+        server_pid = state.get("server_pid")
+        reap([server_pid] if server_pid and group_alive(server_pid) else [], state.get("shm_prefix", ""))
+        for served in state.get("outs") or [str(out)]:
+            for name in ("state.json", "serve.pid"):
+                (run_dir(Path(served)) / name).unlink(missing_ok=True)
+    return {"pid": pid, "forced": forced}

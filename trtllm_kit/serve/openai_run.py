@@ -1,0 +1,94 @@
+"""One generation behind the OpenAI frontend: text through the stop matcher, tokens counted, SSE events sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from trtllm_kit.serve.client import Chunk, GenerationRequest
+from trtllm_kit.serve.openai_protocol import Sampling
+from trtllm_kit.serve.routes import Route
+from trtllm_kit.serve.text import StopMatcher
+
+
+async def send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one streamed event carries: text that may be shown, and for token-id prompts the ids that arrived."""
+
+    text: str
+    token_ids: tuple[int, ...] | None = None
+
+
+class Run:
+    """One generation: streams text through the stop matcher and counts tokens.
+
+    Text prompts go to the ensemble or BLS and yield only non-empty text. Token-id prompts go to
+    ``tensorrt_llm``: every response yields its ids, with the text they complete (often empty while a multi-byte
+    character or a stop sequence is pending), so clients can count tokens as they arrive.
+    """
+
+    def __init__(self, route: Route, gen: GenerationRequest, sampling: Sampling) -> None:
+        self.route, self.gen, self.sampling = route, gen, sampling
+        self.num_responses = 0  # one token each unless the model reports its count
+        self.num_reported: int | None = None
+        self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
+        self.finish_reason = "stop"
+
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
+        """The pieces of the answer as they may be shown."""
+        assert self.route.client is not None, "the application is not started"
+        matcher = StopMatcher(self.sampling.stops)
+        tokenizer = self.route.tokenizer
+        decoder = tokenizer.decoder() if isinstance(self.gen.prompt, tuple) and tokenizer is not None else None
+        stream = self.route.client.stream(self.gen)
+        try:
+            async for chunk in stream:
+                self._count(chunk)
+                if decoder is not None and chunk.token_ids is not None:
+                    shown = matcher.feed(decoder.feed(chunk.token_ids))
+                    yield Piece(shown, chunk.token_ids)
+                else:
+                    shown = matcher.feed(chunk.text)
+                    if shown:
+                        yield Piece(shown)
+                if matcher.stopped:
+                    return
+            rest = matcher.flush() if decoder is None else matcher.feed(decoder.flush()) + matcher.flush()
+            if rest:
+                yield Piece(rest, () if decoder is not None else None)
+            if self.num_output_tokens >= self.gen.max_tokens:
+                self.finish_reason = "length"
+        finally:
+            await stream.aclose()
+
+    def _count(self, chunk: Chunk) -> None:
+        if chunk.token_ids is not None:
+            self.num_reported = (self.num_reported or 0) + len(chunk.token_ids)
+            return
+        if chunk.num_output_tokens is not None:  # reported counts are cumulative
+            self.num_reported = max(self.num_reported or 0, chunk.num_output_tokens)
+        self.num_responses += 1
+        if chunk.num_input_tokens is not None:
+            self.num_input_tokens = chunk.num_input_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_reported if self.num_reported is not None else self.num_responses
+
+    def usage(self) -> dict[str, int]:
+        prompt_tokens = self.num_input_tokens
+        if prompt_tokens is None:
+            tokenizer = self.route.tokenizer
+            prompt = self.gen.prompt
+            prompt_tokens = tokenizer.count(prompt) if tokenizer is not None and isinstance(prompt, str) else 0
+            self.num_input_tokens = prompt_tokens
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": self.num_output_tokens,
+                "total_tokens": prompt_tokens + self.num_output_tokens}
