@@ -1,0 +1,114 @@
+"""Hot reload against a real tritonserver (CPU runtime, an API key so Triton's repository API needs the per-launch
+token): a bounded load keeps running across ``reload`` with no failed request and the version visible before and
+after; a reload refused for memory changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+import torch
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.cli import run
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.reload import request_reload
+from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+from trtllm_kit.serve.state import read_state, run_dir, serving_pid
+from trtllm_kit.spec import build_spec
+
+MODEL = "builtin:tiny-llama"
+KEY = "sk-test-reload"
+NUM_REQUESTS, CONCURRENCY, RELOAD_AFTER = 240, 6, 60
+
+
+def build(out: Path, **repo: int) -> Path:
+    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
+    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 4},
+                              "repo": {**one_each, **repo}}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("reload")
+    v1, v2 = build(root / "v1"), build(root / "v2")
+    huge = build(root / "huge", max_tokens_in_paged_kv_cache=2**40)  # ~3 PB of float32 KV: never fits
+    port = free_port()
+    serve_detached(ServeOptions(out=v1, endpoints=free_endpoints(), ready_timeout_s=120, openai_port=port,
+                                api_key=KEY))
+    yield port, v1, v2, huge
+    if serving_pid(v1) is not None:
+        stop_serving(v1, 30)
+
+
+async def one(http: aiohttp.ClientSession, port: int, i: int) -> tuple[int, str, str, float]:
+    body = {"model": MODEL, "prompt": [5 + i % 7, 6, 7], "max_tokens": 4, "ignore_eos": True}
+    async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                         headers={"Authorization": f"Bearer {KEY}"}) as response:
+        answer = await response.json()
+        return (response.status, response.headers.get("x-trtllm-kit-model-version", ""),
+                answer.get("system_fingerprint", json.dumps(answer)), time.monotonic())
+
+
+async def load_with_reload(port: int, v1: Path, v2: Path) -> tuple[list, dict, float]:
+    """NUM_REQUESTS requests, CONCURRENCY at a time; the reload starts once RELOAD_AFTER have been answered."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(NUM_REQUESTS):
+        queue.put_nowait(i)
+    results: list[tuple[int, str, str, float]] = []
+    started = asyncio.Event()
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            results.append(await one(http, port, queue.get_nowait()))
+            if len(results) >= RELOAD_AFTER:
+                started.set()
+
+    async def reload() -> tuple[dict, float]:
+        await started.wait()
+        result = await asyncio.get_running_loop().run_in_executor(None, request_reload, v1, MODEL, v2, 300.0)
+        return result, time.monotonic()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        *_, (result, done) = await asyncio.gather(*(worker(http) for _ in range(CONCURRENCY)), reload())
+    return results, result, done
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_reload_under_load_drops_no_request(served) -> None:
+    port, v1, v2, _ = served
+    results, result, done = asyncio.run(load_with_reload(port, v1, v2))
+    assert [r for r in results if r[0] != 200] == []
+    versions = [r[1] for r in results]
+    assert versions.count("1") >= RELOAD_AFTER and versions.count("2") > 0
+    assert all(fingerprint == f"{MODEL}-v{version}" for _, version, fingerprint, _ in results)
+    assert all(version == "2" for _, version, _, finished in results if finished > done + 1.0)  # old one drained
+    print(f"reload under load: {len(results)} requests, 0 failed, {versions.count('1')} on v1 and "
+          f"{versions.count('2')} on v2; switched after {result['switch_s']:.2f} s, done in {result['total_s']:.2f} s "
+          f"with {result['in_flight_at_switch']} in flight at the switch")
+    assert result["old_version"] == 1 and result["version"] == 2 and result["drained"]
+    assert result["models"][0] == "builtin_tiny-llama__v2__tensorrt_llm" and "tensorrt_llm" in result["unloaded"]
+    repo = run_dir(v1) / "repo"
+    assert sorted(p.name for p in repo.iterdir()) == sorted(result["models"])  # the old copies are gone
+    assert read_state(v1)["routes"][0]["version"] == 2 and serving_pid(v2) == serving_pid(v1)
+
+
+@pytest.mark.integration
+def test_reload_that_does_not_fit_changes_nothing(served, capsys) -> None:
+    port, v1, _, huge = served
+    before = (read_state(v1)["routes"], sorted(p.name for p in (run_dir(v1) / "repo").iterdir()))
+    with pytest.raises(KitUsageError, match=r"^.*huge next to the served models do not fit in this machine's memory: "
+                       r"they need [\d.]+ GiB .* is available, [\d.]+ GiB missing; "):
+        request_reload(v1, MODEL, huge, 60)
+    assert run(["reload", "nope", str(huge), "--out", str(v1), "--json"]) == 2
+    assert f"no served model is named 'nope'; this server serves {MODEL}" in capsys.readouterr().err
+    assert (read_state(v1)["routes"], sorted(p.name for p in (run_dir(v1) / "repo").iterdir())) == before
+    assert serving_pid(huge) is None
