@@ -24,7 +24,7 @@ from trtllm_kit.spec import build_spec
 
 MODEL = "builtin:tiny-llama"
 KEY = "sk-test-reload"
-NUM_REQUESTS, CONCURRENCY, RELOAD_AFTER = 240, 6, 60
+MAX_REQUESTS, CONCURRENCY, RELOAD_AFTER, AFTER_RELOAD = 3000, 6, 60, 60
 
 
 def build(out: Path, **repo: int) -> Path:
@@ -58,22 +58,25 @@ async def one(http: aiohttp.ClientSession, port: int, i: int) -> tuple[int, str,
 
 
 async def load_with_reload(port: int, v1: Path, v2: Path) -> tuple[list, dict, float]:
-    """NUM_REQUESTS requests, CONCURRENCY at a time; the reload starts once RELOAD_AFTER have been answered."""
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(NUM_REQUESTS):
-        queue.put_nowait(i)
+    """CONCURRENCY requests at a time (at most MAX_REQUESTS); the reload starts once RELOAD_AFTER have been
+    answered, and the load goes on until AFTER_RELOAD more have been answered after it returned."""
     results: list[tuple[int, str, str, float]] = []
     started = asyncio.Event()
+    finished: list[int] = []  # the number of results when the reload returned
+    issued = iter(range(MAX_REQUESTS))
 
     async def worker(http: aiohttp.ClientSession) -> None:
-        while not queue.empty():
-            results.append(await one(http, port, queue.get_nowait()))
+        for i in issued:
+            if finished and len(results) >= finished[0] + AFTER_RELOAD:
+                return
+            results.append(await one(http, port, i))
             if len(results) >= RELOAD_AFTER:
                 started.set()
 
     async def reload() -> tuple[dict, float]:
         await started.wait()
         result = await asyncio.get_running_loop().run_in_executor(None, request_reload, v1, MODEL, v2, 300.0)
+        finished.append(len(results))
         return result, time.monotonic()
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
@@ -103,7 +106,7 @@ def test_reload_under_load_drops_no_request(served) -> None:
 
 @pytest.mark.integration
 def test_reload_that_does_not_fit_changes_nothing(served, capsys) -> None:
-    port, v1, _, huge = served
+    _, v1, _, huge = served
     before = (read_state(v1)["routes"], sorted(p.name for p in (run_dir(v1) / "repo").iterdir()))
     with pytest.raises(KitUsageError, match=r"^.*huge next to the served models do not fit in this machine's memory: "
                        r"they need [\d.]+ GiB .* is available, [\d.]+ GiB missing; "):

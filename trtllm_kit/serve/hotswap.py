@@ -105,8 +105,9 @@ class Reloader:
         loaded: list[str] = []
         async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=self._headers()) as http:
             try:
-                for model in copied.ordered():
-                    await _post(http, f"/v2/repository/models/{model}/load")
+                for model in _load_order(copied.ordered()):
+                    if model not in await _ready(http):  # an ensemble's load brings its steps (reloading a ready
+                        await _post(http, f"/v2/repository/models/{model}/load")  # one would replace it)
                     loaded.append(model)
                 new = route(member, copied, text_model)
                 await asyncio.get_running_loop().run_in_executor(None, new.load_tokenizer)
@@ -159,6 +160,16 @@ async def _post(http: aiohttp.ClientSession, path: str, body: dict[str, Any] | N
         return await response.json(content_type=None) if text.strip() else None
 
 
+def _load_order(models: list[str]) -> list[str]:
+    """Ensembles first (Triton loads their steps with them), then the rest in ``models``' order."""
+    return sorted(models, key=lambda m: not m.endswith("ensemble"))
+
+
+async def _ready(http: aiohttp.ClientSession) -> set[str]:
+    """The models Triton's repository index shows ready."""
+    return {e.get("name") for e in await _post(http, "/v2/repository/index") or [] if e.get("state") == "READY"}
+
+
 async def _drain(old: Route, timeout_s: float) -> bool:
     """Wait until the old route has no request in flight (at most ``timeout_s``); whether it drained."""
     deadline = time.monotonic() + timeout_s
@@ -170,8 +181,5 @@ async def _drain(old: Route, timeout_s: float) -> bool:
 async def _wait_unloaded(http: aiohttp.ClientSession, models: list[str], timeout_s: float) -> None:
     """Wait until Triton's repository index shows none of ``models`` ready (at most ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        index = await _post(http, "/v2/repository/index") or []
-        if not any(entry.get("name") in models and entry.get("state") == "READY" for entry in index):
-            return
+    while time.monotonic() < deadline and set(models) & await _ready(http):
         await asyncio.sleep(0.05)
