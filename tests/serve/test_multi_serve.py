@@ -164,3 +164,23 @@ def test_two_artifacts_on_one_server_route_by_model(served, outs) -> None:
     assert read_state(small)["run_dir"] == str(run_dir(big))
     assert [r["name"] for r in read_state(small)["routes"]] == [MODEL, "small"]
     assert run(["build", MODEL, "--out", str(small), "--target", "cpu"]) == 2  # a served OUT is not rebuilt
+
+
+def test_command_line_with_several_outs_names_and_aliases(outs, tmp_path, capsys) -> None:
+    from trtllm_kit.cli import cli
+    from trtllm_kit.commands.serve import serve_options
+
+    big, small = outs
+    args = [str(big), str(small), "--name", f"s={small}", "--alias", "chat=s:1,builtin:tiny-llama:3"]
+    ctx = cli.commands["serve"].make_context("serve", list(args))
+    options = serve_options(ctx, big, None, None, more=(small,), names=(f"s={small}",),
+                            aliases=("chat=s:1,builtin:tiny-llama:3",))
+    assert (options.out, options.more, options.outs) == (big, (small,), [big, small])
+    assert ServeOptions(out=big, names=(f"s={small}", f"b={big}")).outs == [big, small]  # --name adds an OUT
+    assert run(["serve", *args]) == 2  # an alias needs the OpenAI frontend, refused before anything starts
+    assert "--alias needs the OpenAI frontend; add --openai-port PORT." in capsys.readouterr().err
+    assert run(["serve", str(big), str(small), "--alias", "chat=nope:1,s:1", "--name", f"s={small}",
+                "--openai-port", str(free_port())]) == 2
+    assert "--alias chat names nope, which this server does not serve; it serves builtin:tiny-llama, s." in \
+        capsys.readouterr().err
+    assert serving_pid(big) is None and serving_pid(small) is None

@@ -30,7 +30,7 @@ from trtllm_kit.serve.state import claim_run_dir, write_pid
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.routes import Route
-    from trtllm_kit.serve.service import Server
+    from trtllm_kit.serve.running import Server
 
 DRAIN_TIMEOUT_S = 120.0  # in-flight requests of the old version get this long before it is unloaded
 UNLOAD_TIMEOUT_S = 60.0

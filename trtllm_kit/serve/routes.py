@@ -109,12 +109,7 @@ class RouteTable:
 
     def add_alias(self, alias: Alias) -> None:
         """Add ``alias``, refusing one whose name is taken or whose models are not served."""
-        if alias.name in self.routes or alias.name in self.aliases:
-            raise KitUsageError(f"--alias {alias.name} names a model that is already served; choose another name.")
-        unknown = [m for m, _ in alias.shares if m not in self.routes]
-        if unknown:
-            raise KitUsageError(f"--alias {alias.name} names {', '.join(unknown)}, which this server does not "
-                                f"serve; it serves {', '.join(self.routes)}.")
+        check_aliases([*self.aliases.values(), alias], list(self.routes))
         self.aliases[alias.name] = alias
 
     @property
@@ -137,3 +132,20 @@ class RouteTable:
         if route is None:
             raise LookupError(model)
         return route, None
+
+
+def check_aliases(aliases: list[Alias], served: list[str]) -> None:
+    """Refuse aliases whose names are taken (by a served model or another alias) or whose models are not served.
+
+    Arguments:
+        aliases: the aliases; served: the served model names.
+    """
+    seen = set(served)
+    for alias in aliases:
+        if alias.name in seen:
+            raise KitUsageError(f"--alias {alias.name} names a model that is already served; choose another name.")
+        seen.add(alias.name)
+        unknown = [m for m, _ in alias.shares if m not in served]
+        if unknown:
+            raise KitUsageError(f"--alias {alias.name} names {', '.join(unknown)}, which this server does not "
+                                f"serve; it serves {', '.join(served)}.")

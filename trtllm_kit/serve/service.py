@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -30,11 +29,12 @@ from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, 
 from trtllm_kit.serve.fit import check_fit, memory_need
 from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
 from trtllm_kit.serve.locate import locate_tritonserver
-from trtllm_kit.serve.members import Member, parse_names, plan_members, route, working_repository
+from trtllm_kit.serve.members import parse_names, plan_members, route, working_repository
 from trtllm_kit.serve.merge import TRTLLM_MODEL
 from trtllm_kit.serve.process import TritonProcess
 from trtllm_kit.serve.reaper import Reaper
-from trtllm_kit.serve.routes import Alias, Route
+from trtllm_kit.serve.routes import Alias, Route, check_aliases
+from trtllm_kit.serve.running import Server, Watch, route_state
 from trtllm_kit.serve.state import claim_run_dir, run_dir, serving_pid, write_pid
 
 if TYPE_CHECKING:
@@ -106,6 +106,9 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     members = plan_members(targets, parse_names(options.names))
     text_models = [_model(target, options.model) for target in targets]
     aliases = tuple(Alias.parse(text) for text in options.aliases)
+    check_aliases(list(aliases), [m.name for m in members])
+    if aliases and options.openai_port is None:
+        raise KitUsageError("--alias needs the OpenAI frontend; add --openai-port PORT.")
     world_size = _world_size(targets)
     if len(members) > 1:
         check_fit([memory_need(m.name, m.target) for m in members])
@@ -153,7 +156,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
                  "source": install.source, "host": endpoints.host, "http": endpoints.url("http"),
                  "grpc": endpoints.url("grpc"), "metrics": endpoints.url("metrics"), "openai": None,
                  "shm_prefix": config.shm_prefix, "log": str(process.log_path), "run_dir": str(state_dir),
-                 "outs": [str(out.absolute()) for out in outs], "routes": [_route_state(r) for r in routes],
+                 "outs": [str(out.absolute()) for out in outs], "routes": [route_state(r) for r in routes],
                  "aliases": {a.name: a.split for a in aliases},
                  "stubs": {str(pid): name for pid, name in watch.stubs.items()}}
         server = Server(options, config, watch, frontend, members, routes, state)
@@ -181,54 +184,6 @@ def _world_size(targets: list[Servable]) -> int:
     return sizes.pop()
 
 
-def _route_state(route: Route) -> dict[str, Any]:
-    return {"name": route.name, "version": route.version, "triton_model": route.triton_model,
-            "models": list(route.models), "out": str(route.out.absolute()) if route.out else None}
-
-
-@dataclass
-class Server:
-    """A running serve: its options, launch, watch, frontend and what it serves (what a reload changes)."""
-
-    options: ServeOptions
-    launch: LaunchConfig
-    watch: Watch
-    frontend: OpenAIFrontend | None
-    members: list[Member]
-    routes: list[Route]
-    state: dict[str, Any]
-
-    def write_state(self) -> None:
-        """Write the state into every served OUT's run directory."""
-        self.state["routes"] = [_route_state(r) for r in self.routes]
-        self.state["stubs"] = {str(pid): name for pid, name in self.watch.stubs.items()}
-        text = json.dumps(self.state, indent=2) + "\n"
-        for out in self.state["outs"]:
-            path = run_dir(Path(out)) / "state.json"
-            path.with_suffix(".tmp").write_text(text)
-            path.with_suffix(".tmp").replace(path)
-
-
-@dataclass
-class Watch:
-    """What a serving process checks every ``WATCH_S``: tritonserver and the stubs it had when it was ready."""
-
-    process: TritonProcess
-    stubs: dict[int, str] = field(default_factory=dict)
-
-    def failure(self) -> str | None:
-        """Why the server cannot serve any more (a process died), or None; new shm regions are made private."""
-        self.process.protect_shm()
-        proc = self.process.proc
-        if proc is not None and proc.poll() is not None:
-            return f"tritonserver exited with code {proc.returncode} while serving"
-        dead = {pid: name for pid, name in self.stubs.items() if pid not in self.process.stubs()}
-        if dead:
-            pid, name = next(iter(dead.items()))
-            return f"the Python-backend stub of model {name} (pid {pid}) died while serving"
-        return None
-
-
 @contextmanager
 def _signals_ignored() -> Iterator[None]:
     """A second Ctrl-C must not cut the shutdown short (it is bounded by the grace period)."""
@@ -251,8 +206,6 @@ def _model(target: Servable, wanted: str | None) -> str:
 def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, ...],
               launch: LaunchConfig) -> OpenAIFrontend | None:
     if options.openai_port is None:
-        if aliases:
-            raise KitUsageError("--alias needs the OpenAI frontend; add --openai-port PORT.")
         return None
     from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
 
