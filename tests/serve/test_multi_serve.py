@@ -183,4 +183,31 @@ def test_command_line_with_several_outs_names_and_aliases(outs, tmp_path, capsys
                 "--openai-port", str(free_port())]) == 2
     assert "--alias chat names nope, which this server does not serve; it serves builtin:tiny-llama, s." in \
         capsys.readouterr().err
-    assert serving_pid(big) is None and serving_pid(small) is None
+
+
+def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None:
+    from dataclasses import asdict, replace
+
+    from trtllm_kit.artifact import EngineRecord
+    from trtllm_kit.build.plan import RankPlan
+    from trtllm_kit.serve.compat import Servable
+    from trtllm_kit.targets import get_target
+
+    gib = 1024**3
+    ranks = [asdict(RankPlan(rank, rank, 0, 3, 10 * gib, 1024, 32768, 2 * gib, gib, 67 * gib, 30 * gib, 100, 3200, 4,
+                             True)) for rank in range(2)]
+    plan = {"ranks": ranks, "gpu": {"name": "H100-80GB", "memory_bytes": 80 * gib}, "kv_cache_fraction": 0.45}
+    out = tmp_path / "engine-out"
+    shutil.copytree(outs[0] / "repo", out / "repo")
+    trtllm = config(out / "repo", "tensorrt_llm")
+    trtllm.parameters["gpu_device_ids"].string_value = "2,3"
+    (out / "repo" / "tensorrt_llm" / "config.pbtxt").write_text(text_format.MessageToString(trtllm))
+    artifact = servable(outs[0]).artifact
+    records = replace(artifact.records, engine=EngineRecord("engine", "planned", plan=plan))
+    target = Servable(replace(artifact, path=out, records=records), get_target("engine"), 2, None, ("ensemble",))
+    need = memory_need("e", target)
+    assert need.on_gpu and need.bytes_per_device == {2: 43 * gib, 3: 43 * gib} and need.kv_fraction == 0.45
+    check_fit([need, replace(need, name="f", bytes_per_device={0: 43 * gib, 1: 43 * gib})])  # other GPUs
+    with pytest.raises(KitUsageError, match=r"do not fit on GPU 2: they need 86\.00 GiB \(e 43\.00 GiB, f "
+                       r"43\.00 GiB\) of its 80\.00 GiB, 6\.00 GiB missing"):
+        check_fit([need, replace(need, name="f")])

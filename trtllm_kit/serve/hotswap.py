@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from trtllm_kit.serve.launcher import RESTRICTED_HEADER
 from trtllm_kit.serve.members import route, versioned
 from trtllm_kit.serve.merge import copy_models, remove_models
 from trtllm_kit.serve.reload import answer, take_requests
-from trtllm_kit.serve.state import claim_run_dir, write_pid
+from trtllm_kit.serve.state import claim_run_dir, serving_pid, write_pid
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.routes import Route
@@ -93,6 +94,9 @@ class Reloader:
             raise KitUsageError(f"no served model is named {name!r}; this server serves {', '.join(names)}.")
         index = names.index(name)
         old = server.routes[index]
+        holder = serving_pid(new_out)
+        if holder is not None and holder != os.getpid():
+            raise KitUsageError(f"{new_out} is served by another trtllm-kit serve (pid {holder}); stop it first.")
         target = servable(new_out)
         check_artifact(target.artifact, hashes=server.options.verify)
         wanted = server.options.model

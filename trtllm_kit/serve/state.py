@@ -10,7 +10,9 @@ in that directory records the path. A rebuild of OUT therefore cannot delete a r
 tritonserver is given a copy of ``OUT/repo`` made there (config files, ``model.py`` files and tokenizers: a
 few hundred kB; engines and checkpoints stay where they are, named by absolute path): the Python backend's
 stub embeds an interpreter that ignores ``PYTHONDONTWRITEBYTECODE`` and writes ``__pycache__`` beside every
-module it imports, which must not land in the hashed tree.
+module it imports, which must not land in the hashed tree. A serve of several OUTs keeps one such repository,
+merged (``serve/members.py``), in the first OUT's run directory; each OUT's run directory gets ``serve.pid`` and
+``state.json``.
 """
 
 from __future__ import annotations
