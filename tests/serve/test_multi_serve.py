@@ -207,7 +207,8 @@ def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None
     target = Servable(replace(artifact, path=out, records=records), get_target("engine"), 2, None, ("ensemble",))
     need = memory_need("e", target)
     assert need.on_gpu and need.bytes_per_device == {2: 43 * gib, 3: 43 * gib} and need.kv_fraction == 0.45
-    check_fit([need, replace(need, name="f", bytes_per_device={0: 43 * gib, 1: 43 * gib})])  # other GPUs
+    check_fit([need, replace(need, name="f", bytes_per_device={0: 43 * gib, 1: 43 * gib},
+                             device_bytes={0: 80 * gib, 1: 80 * gib})])  # on other GPUs
     with pytest.raises(KitUsageError, match=r"do not fit on GPU 2: they need 86\.00 GiB \(e 43\.00 GiB, f "
                        r"43\.00 GiB\) of its 80\.00 GiB, 6\.00 GiB missing"):
         check_fit([need, replace(need, name="f")])
