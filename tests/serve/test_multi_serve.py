@@ -212,3 +212,20 @@ def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None
     with pytest.raises(KitUsageError, match=r"do not fit on GPU 2: they need 86\.00 GiB \(e 43\.00 GiB, f "
                        r"43\.00 GiB\) of its 80\.00 GiB, 6\.00 GiB missing"):
         check_fit([need, replace(need, name="f")])
+
+
+@pytest.mark.integration
+def test_reload_of_one_route_keeps_the_shared_models_of_the_other(served, outs, tmp_path, capsys) -> None:
+    port, secrets, _ = served
+    big = outs[0]
+    small2 = build(tmp_path / "small2", 256)
+    assert run(["reload", "small", str(small2), "--out", str(big)]) == 0
+    assert capsys.readouterr().out.startswith(f"small: version 1 -> 2 ({small2}); switched after ")
+    routes = {r["name"]: r for r in read_state(small2)["routes"]}
+    assert routes["small"]["version"] == 2 and routes["small"]["models"][0] == "small__v2__tensorrt_llm"
+    assert routes[MODEL]["models"] == read_state(big)["routes"][0]["models"]
+    repo = sorted(p.name for p in (run_dir(big) / "repo").iterdir())
+    assert "builtin_tiny-llama__preprocessing" in repo and not any(n.startswith("small__e") for n in repo)
+    for name, version in ((MODEL, "1"), ("small", "2")):
+        status, body, headers = post(port, secrets["any"], {"model": name, "prompt": "Hi", "max_tokens": 2})
+        assert status == 200 and headers["x-trtllm-kit-model-version"] == version, body
