@@ -65,14 +65,11 @@ def copy_models(repo: Path, into: Path, prefix: str, shared: dict[str, str] | No
                     (not prefix or p.name != "tensorrt_llm_bls" or _names_models(p)))
     copied = Copied()
     for model in models:
-        digest = _digest(repo / model) if shared is not None and model in SHARABLE else None
-        key = f"{model}:{digest}"
-        if digest is not None and key in shared:
-            copied.names[model] = shared[key]
-            continue
         copied.names[model] = prefix + model
-        if digest is not None:
-            shared[key] = prefix + model
+        if shared is None or model not in SHARABLE:
+            continue
+        key = f"{model}:{_digest(repo / model)}"
+        copied.names[model] = shared.setdefault(key, prefix + model)
     for model in models:
         target = into / copied.names[model]
         if target.exists() and copied.names[model] != prefix + model:

@@ -64,7 +64,7 @@ class Alias:
             text: the ``--alias`` value.
         """
         name, sep, rest = text.partition("=")
-        shares = []
+        shares: list[tuple[str, int]] = []
         for part in rest.split(",") if sep else []:
             model, colon, weight = part.strip().rpartition(":")
             if not colon or not model or not weight.isdigit() or int(weight) <= 0:

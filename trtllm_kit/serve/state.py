@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +47,6 @@ def claim_run_dir(out: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "target").write_text(os.path.realpath(out) + "\n")
     return directory
-
-
-def working_copy(repo: Path, directory: Path) -> Path:
-    """A fresh copy of the model repository ``repo`` in ``directory`` (the serve's run directory); return it.
-
-    Arguments:
-        repo: the artifact's ``repo/``; directory: from ``claim_run_dir``.
-    """
-    copy = directory / "repo"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(repo, copy, symlinks=False)
-    return copy.absolute()
 
 
 def read_state(out: Path) -> dict[str, Any] | None:
