@@ -7,6 +7,8 @@ Builds three tiny Llamas (CPU runtime: a, b and a's next version), serves a and 
 time); then keeps 6 four-token requests for ``a`` in flight, reloads ``a`` with the new build once 60 have been
 answered, and goes on until 60 more have been answered after the reload returned. Prints the shares with the 4
 standard-deviation binomial tolerance, the requests answered by each version, the failures and the reload's times.
+Last, ``trtllm-kit bench --openai-url`` runs a closed loop of 4 for ``--bench-seconds`` against ``a`` while ``a`` is
+reloaded a second time after a third of it, and its own report counts the requests and the failed ones.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import json
 import math
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +53,9 @@ class Figures:
     in_flight_at_switch: int
     switch_s: float  # from the reload request to the route switch (the new models loaded)
     reload_s: float  # to the old version drained, unloaded and deleted
+    bench_requests: int = 0  # trtllm-kit bench's measured requests across the second reload
+    bench_failed: int = 0
+    bench_reload_s: float = 0.0
 
 
 async def complete(http: aiohttp.ClientSession, port: int, model: str, max_tokens: int, i: int) -> tuple[int, str]:
@@ -97,14 +103,35 @@ async def measure(port: int, served: Path, new: Path, num_requests: int) -> Figu
                    result["in_flight_at_switch"], result["switch_s"], result["total_s"])
 
 
+def bench_across_reload(port: int, served: Path, new: Path, seconds: float, results: Path) -> tuple[int, int, float]:
+    """``trtllm-kit bench`` against ``a`` while ``a`` is reloaded with ``new``: (requests, failed, reload seconds)."""
+    argv = [sys.executable, "-m", "trtllm_kit", "bench", "--openai-url", f"http://127.0.0.1:{port}/v1", "--model", "a",
+            "--concurrency", "4", "--duration", str(seconds), "--isl", "8", "--osl", "4", "--vocab-size", "200",
+            "--warmup", "2", "--no-plots", "--max-client-lag", "1000", "--out", str(results)]
+    bench = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(seconds / 3)
+        reloaded = request_reload(served, "a", new, 300.0)
+        _, stderr = bench.communicate(timeout=seconds * 4 + 120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    summary = json.loads((results / "summary.json").read_text())
+    if not summary["runs"]:
+        raise SystemExit(f"bench measured nothing (exit {bench.returncode}): {stderr[-2000:]}")
+    return (sum(run["num_requests"] for run in summary["runs"]), sum(run["num_errors"] for run in summary["runs"]),
+            reloaded["total_s"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000, help="Requests for the alias.")
+    parser.add_argument("--bench-seconds", type=float, default=30.0, help="Length of the bench run across a reload.")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-        outs = {name: Path(tmp) / name for name in ("a", "b", "a2")}
+        outs = {name: Path(tmp) / name for name in ("a", "b", "a2", "a3")}
         for out in outs.values():
             run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 8},
                                       "repo": one_each}))
@@ -115,6 +142,8 @@ def main() -> None:
         try:
             time.sleep(1.0)
             figures = asyncio.run(measure(port, outs["a"], outs["a2"], args.requests))
+            figures.bench_requests, figures.bench_failed, figures.bench_reload_s = bench_across_reload(
+                port, outs["a"], outs["a3"], args.bench_seconds, Path(tmp) / "bench")
         finally:
             stop_serving(outs["a"], 30)
     if args.json:
@@ -124,7 +153,8 @@ def main() -> None:
     print(f"alias chat=a:90,b:10 over {f.alias_requests} requests: a {f.alias_a}, b {f.alias_b} (tolerance "
           f"+-{f.tolerance:g}); reload of a under load: {f.reload_requests} requests, {f.reload_failed} failed, "
           f"{f.on_v1} on v1 and {f.on_v2} on v2, {f.in_flight_at_switch} in flight at the switch, switched after "
-          f"{f.switch_s:.2f} s, reload done in {f.reload_s:.2f} s")
+          f"{f.switch_s:.2f} s, reload done in {f.reload_s:.2f} s; trtllm-kit bench across a second reload "
+          f"({f.bench_reload_s:.2f} s): {f.bench_requests} requests, {f.bench_failed} failed")
 
 
 if __name__ == "__main__":
