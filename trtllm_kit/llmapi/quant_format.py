@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -70,8 +71,11 @@ def activation_scale(amax: torch.Tensor | float) -> torch.Tensor:
     return (torch.as_tensor(amax, dtype=torch.float32) / FP8_MAX).reshape(())
 
 
+BlockSink = Callable[[int, torch.Tensor], None]  # (first row, e4m3 rows) → None: write them out
+
+
 def quantize_weight(weight: torch.Tensor, scale: torch.Tensor, pool: Executor | None = None,
-                    workers: int = 1) -> tuple[torch.Tensor, bool]:
+                    workers: int = 1, sink: BlockSink | None = None) -> tuple[torch.Tensor, bool]:
     """``(W / scale)`` in W's dtype, clamped to ±448 and cast to e4m3: ModelOpt's arithmetic (the division of a
     bf16 tensor by a float32 scalar computes in float32 and rounds once to bf16), so the bytes are the same.
     Rows are split into ``workers`` ranges run on ``pool`` (torch releases the GIL), each a cache-sized block at a
@@ -83,7 +87,8 @@ def quantize_weight(weight: torch.Tensor, scale: torch.Tensor, pool: Executor | 
 
     Arguments:
         weight: the [out, in] weight in the checkpoint dtype; scale: its float32 scalar ``weight_scale``;
-        pool: threads for the row ranges (None: the calling thread); workers: how many ranges.
+        pool: threads for the row ranges (None: the calling thread); workers: how many ranges; sink: called on
+        the block's thread with each quantized block while it is still in cache (the export writes it there).
     """
     out = torch.empty(weight.shape, dtype=torch.float8_e4m3fn)
     src = weight.reshape(1, -1) if weight.dim() < 2 else weight.reshape(weight.shape[0], -1)
@@ -104,6 +109,8 @@ def quantize_weight(weight: torch.Tensor, scale: torch.Tensor, pool: Executor | 
             if not -FP8_MAX <= low <= high <= FP8_MAX:
                 block.clamp_(-FP8_MAX, FP8_MAX)
             dst[start:stop].copy_(block)
+            if sink is not None:
+                sink(start, dst[start:stop])
         return finite
 
     count = max(1, min(workers, len(starts) // 4)) if pool is not None else 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ import torch
 
 from trtllm_kit.build.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
 from trtllm_kit.build.inspect import ModelSpec
-from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout
+from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
 from trtllm_kit.build.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.llmapi.quant_format import (
@@ -148,6 +148,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
         reader = TensorReader(model, stack)
         checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8-block"))
+        writes = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-write"))
         checking: list[Future[None]] = []
         for source_file, file_name, entries in zip(model.weight_files, names, plans, strict=True):
             weight_map.update(dict.fromkeys((e.name for e in entries), file_name))
@@ -159,33 +160,54 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                 continue
             layout = [(e.name, e.dtype, e.shape) for e in entries]
             with SafetensorsWriter(out_dir / file_name, layout, metadata={"format": "pt"}) as writer:
-                for entry in entries:
-                    if entry.kind not in ("copy", "fp8"):
-                        writer.write(entry.name, _scale(entry, stats).reshape(entry.shape))
-                        continue
-                    original = reader.read(entry.source)
-                    if entry.kind == "fp8":
-                        assert stats is not None, "checked above: FP8 needs calibration statistics"
-                        module = entry.source.removesuffix(".weight")
-                        scale = weight_scale(stats.get("w", module).max())
-                        converted, finite = quantize_weight(original.to(target), scale, pool, workers)
-                        if not finite:  # NaN/Inf in the source, or a stale scale that overflowed: say which
-                            check_finite(entry.source, original, original, resolved)
-                        quantized.append(module)
-                        writer.write(entry.name, converted)
-                    elif original.dtype == entry.dtype:
-                        writer.write(entry.name, original, reader.locator([SourceRead(entry.source, original,
-                                                                                      original, None)]))
-                    else:
-                        converted = original.to(entry.dtype)
-                        writer.write(entry.name, converted)
-                        while checking:  # one tensor behind, on another thread (see convert.convert)
-                            checking.pop().result()
-                        checking = [checker.submit(check_finite, entry.source, original, converted, resolved)]
-                    nbytes = original.numel() * original.element_size()
-                    total += nbytes
-                    if on_tensor:
-                        on_tensor(entry.name, nbytes)
+                # Writes go to one thread, at most two behind, so the block threads quantize the next weight
+                # while the last one is written; every write has ended before the file is closed.
+                pending: list[Future[None]] = []
+
+                def write(*args: Any, writer: SafetensorsWriter = writer, pending: list = pending) -> None:
+                    pending.append(writes.submit(writer.write, *args))
+                    while len(pending) > 2:
+                        pending.pop(0).result()
+
+                try:
+                    for entry in entries:
+                        if entry.kind not in ("copy", "fp8"):
+                            write(entry.name, _scale(entry, stats).reshape(entry.shape))
+                            continue
+                        original = reader.read(entry.source)
+                        if entry.kind == "fp8":
+                            assert stats is not None, "checked above: FP8 needs calibration statistics"
+                            module = entry.source.removesuffix(".weight")
+                            scale = weight_scale(stats.get("w", module).max())
+                            fd, offset = writer.claim(entry.name, entry.dtype, entry.shape)
+                            row = original.numel() // max(1, original.shape[0])  # e4m3: one byte per element
+
+                            def sink(start: int, rows: torch.Tensor, fd: int = fd, offset: int = offset,
+                                     row: int = row) -> None:  # on the block's thread, the rows still in cache
+                                write_all(fd, memoryview(rows.view(torch.uint8).numpy()).cast("B"),
+                                          offset + start * row)
+
+                            _, finite = quantize_weight(original.to(target), scale, pool, workers, sink)
+                            if not finite:  # NaN/Inf in the source, or a stale scale that overflowed: say which
+                                check_finite(entry.source, original, original, resolved)
+                            quantized.append(module)
+                        elif original.dtype == entry.dtype:
+                            write(entry.name, original, reader.locator([SourceRead(entry.source, original,
+                                                                                   original, None)]))
+                        else:
+                            converted = original.to(entry.dtype)
+                            write(entry.name, converted)
+                            while checking:  # one tensor behind, on another thread (see convert.convert)
+                                checking.pop().result()
+                            checking = [checker.submit(check_finite, entry.source, original, converted, resolved)]
+                        nbytes = original.numel() * original.element_size()
+                        total += nbytes
+                        if on_tensor:
+                            on_tensor(entry.name, nbytes)
+                finally:
+                    wait(pending)
+                for done in pending:
+                    done.result()
         while checking:
             checking.pop().result()
     index = {"metadata": {"total_size": sum((out_dir / n).stat().st_size for n in names)}, "weight_map": weight_map}
