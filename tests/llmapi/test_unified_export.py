@@ -99,3 +99,25 @@ def test_nan_weight_is_refused_when_the_dtype_changes(hf_copy: Path, tmp_path: P
     out.mkdir()
     with pytest.raises(CheckpointError, match=f"HF tensor {name} holds 1 NaN"):
         write_unified(inspect_model(str(hf_copy)), out, "float16")
+
+
+def test_cpu_llm_raises_a_request_the_runtime_refuses(tmp_path: Path) -> None:
+    import asyncio
+
+    from trtllm_kit.llmapi.cpu_llm import LLM, RequestError, SamplingParams
+
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    write_unified(inspect_model("builtin:tiny-llama"), out)
+    llm = LLM(model=str(out), max_seq_len=64)
+
+    async def generate(ids: list[int]) -> list[int]:
+        return (await llm.generate_async(ids, SamplingParams(max_tokens=4, ignore_eos=True)).aresult()).outputs[0] \
+            .token_ids
+
+    try:
+        with pytest.raises(RequestError):
+            asyncio.run(generate([1] * 100))  # longer than max_seq_len: refused, raised where it is awaited
+        assert len(asyncio.run(generate([1, 415, 565]))) == 4  # the runtime goes on serving
+    finally:
+        llm.shutdown()

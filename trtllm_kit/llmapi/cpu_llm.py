@@ -23,6 +23,13 @@ from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
+ERROR = "error: "  # a finish reason that carries why the request could not run
+
+
+class RequestError(RuntimeError):
+    """A request the runtime refused (e.g. a prompt longer than max_seq_len, a token id outside the vocabulary)."""
+
+
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "cancelled": "cancelled"}
 
 
@@ -77,6 +84,9 @@ class RequestOutput:
         self._loop.call_soon_threadsafe(self._updates.put_nowait, (token_ids, reason))
 
     def _apply(self, token_ids: list[int], reason: str | None) -> None:
+        if reason is not None and reason.startswith(ERROR):  # raised where the caller awaits, as the LLM API does
+            self.finished = True
+            raise RequestError(reason.removeprefix(ERROR))
         out = self.outputs[0]
         before_text, before_ids = out.text, len(out.token_ids)
         out.token_ids = token_ids
@@ -218,7 +228,7 @@ class LLM:
             try:
                 output.seq = self.engine.add_request(output.prompt_token_ids, params)
             except Exception as exc:  # a request that can never run finishes at once with the reason
-                output._push([], f"error: {exc}")
+                output._push([], f"{ERROR}{exc}")
                 return
             self._active[output.seq.seq_id] = (output, 0)
         elif kind == "cancel" and payload.seq is not None and payload.seq.seq_id in self._active:
