@@ -148,3 +148,11 @@ def test_priority_reaches_the_cpu_runtime(tmp_path: Path) -> None:
     # Sent last, the high request preempts the running low one and finishes first; the preempted one resumes at
     # the head of the queue, then the waiting low ones run in arrival order (FIFO, as without priorities).
     assert order == ["high", "running", "low0", "low1", "low2"], order
+
+
+def test_clients_send_priority_to_an_llmapi_model() -> None:
+    from trtllm_kit.serve.llmapi_request import llmapi_values
+
+    values = {name: (datatype, array) for name, datatype, array in llmapi_values([1, 415], 4, priority=0.75)}
+    assert values["priority"][0] == "FP32" and values["priority"][1].tolist() == [0.75]
+    assert "priority" not in {name for name, _, _ in llmapi_values([1, 415], 4, priority=None)}
