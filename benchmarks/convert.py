@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -150,12 +151,13 @@ def kernel_figures(preset: str, workers: int) -> dict[str, float]:
     smoother = torch.rand(dims["hidden_size"]) + 0.5
     row_scale = torch.full((weight.shape[0],), 127.0 / 0.1)
     buffer = BlockBuffer(workers=workers)
+    buffer_pool = ThreadPoolExecutor(workers)  # the unified export's FP8 kernel takes a pool, as write_unified does
     kernels = {
         "fp8": lambda: fp8_quantize(weight, 1e-4, buffer),
         "sq-int8": lambda: quantize_rows_int8(weight, row_scale, smoother, buffer),
         "sq-amax": lambda: smoothed_row_amax(weight, smoother, buffer),
         "w8a16": lambda: w8a16_quantize(weight, buffer),
-        "llmapi-fp8": lambda: quantize_weight(weight, torch.tensor(1e-4)),  # the unified export's (no workers)
+        "llmapi-fp8": lambda: quantize_weight(weight, torch.tensor(1e-4), buffer_pool, workers),
     }
     figures = {}
     for name, kernel in kernels.items():
@@ -166,6 +168,7 @@ def kernel_figures(preset: str, workers: int) -> dict[str, float]:
             kernel()
             times.append(time.perf_counter() - start)
         figures[name] = weight.numel() * 2 / sorted(times)[2] / 1e9
+    buffer_pool.shutdown()
     return figures
 
 

@@ -40,10 +40,13 @@ SPEC_DOC = Path(__file__).parents[1] / "docs" / "triton-repo.md"
 FLAGGED = [d for d in all_declared() if d.option.flag]
 COMMAND = {"build": "build", "quant": "build", "repo": "build", "serve": "serve", None: "build"}
 CONTEXT = {"per_channel": ["--quant", "int8-sq"], "per_token": ["--quant", "int8-sq"]}  # what a field needs
+SAMPLES = {"gpu_device_ids": "0;1"}  # fields whose values have a syntax
 
 
 def sample(d: Declared) -> Any:
     """A valid value of the field other than its default."""
+    if d.name in SAMPLES:
+        return SAMPLES[d.name]
     if d.kind is bool:
         return not d.default if d.default is not None else True
     if issubclass(d.kind, Choice):
@@ -180,6 +183,9 @@ def field_strategy(d: Declared) -> st.SearchStrategy[Any]:
         return st.floats(min_value=0.01, max_value=1.0)
     if d.name.endswith("_port"):
         return st.integers(min_value=1, max_value=65535)
+    if d.name == "gpu_device_ids":  # groups of distinct GPU ids, as parse_gpu_device_ids checks
+        group = st.lists(st.integers(min_value=0, max_value=15), min_size=1, max_size=4, unique=True)
+        return st.lists(group.map(lambda ids: ",".join(map(str, ids))), min_size=1, max_size=3).map(";".join)
     if d.name in ("calib_samples", "calib_seq_len"):  # positive, as QuantConfig checks
         return st.integers(min_value=1, max_value=4096)
     if d.kind is bool:

@@ -132,7 +132,7 @@ class SafetensorsWriter:
         self._data_start = 8 + len(blob)
         self._pending = set(self._layout)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        _write_all(self._fd, memoryview(struct.pack("<Q", len(blob)) + blob), 0)
+        write_all(self._fd, memoryview(struct.pack("<Q", len(blob)) + blob), 0)
 
     def write(self, name: str, parts: torch.Tensor | list[torch.Tensor],
               locate: Callable[[torch.Tensor], FileSlice | None] | None = None) -> None:
@@ -156,9 +156,22 @@ class SafetensorsWriter:
             source = locate(part) if locate else None
             if source is None or not copy_slice(source, self._fd, position):
                 data = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-                _write_all(self._fd, data, position)
+                write_all(self._fd, data, position)
             position += part.numel() * part.element_size()
         self._pending.discard(name)
+
+    def claim(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]:
+        """``(fd, file offset)`` where tensor ``name`` goes, for a caller that writes its bytes itself (``pwrite``,
+        from several threads); the tensor counts as written, so the caller must write all of it or fail.
+
+        Arguments:
+            name: a declared tensor; dtype, shape: what the caller will write (checked against the declaration).
+        """
+        declared, declared_shape, offset, _ = self._layout[name]
+        if dtype != declared or tuple(shape) != declared_shape:
+            raise CheckpointError(f"{name}: produced {dtype} {tuple(shape)}, declared {declared} {declared_shape}.")
+        self._pending.discard(name)
+        return self._fd, self._data_start + offset
 
     def __enter__(self) -> SafetensorsWriter:
         return self
@@ -170,7 +183,12 @@ class SafetensorsWriter:
             raise CheckpointError(f"{self.path.name}: tensors never written: {sorted(self._pending)[:5]}.")
 
 
-def _write_all(fd: int, data: memoryview, offset: int) -> None:
+def write_all(fd: int, data: memoryview, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset``.
+
+    Arguments:
+        fd: the file; data: the bytes; offset: where.
+    """
     while data:
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written

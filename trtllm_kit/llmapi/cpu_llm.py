@@ -1,6 +1,6 @@
 """An ``LLM``-compatible class over the kit's CPU runtime, so the Triton ``llmapi`` model file runs unchanged on
 a machine without a GPU: ``LLM(model=..., **TorchLlmArgs)``, ``generate_async(prompt or token ids,
-SamplingParams, streaming)`` returning an async-iterable result with ``abort()`` and ``aresult()``,
+SamplingParams, streaming, priority)`` returning an async-iterable result with ``abort()`` and ``aresult()``,
 ``get_stats()`` (iteration statistics under the C++ executor's JSON keys) and ``shutdown()``.
 
 The engine steps in its own thread; each request's outputs reach its asyncio loop through
@@ -20,8 +20,15 @@ from typing import Any
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
 from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
-from trtllm_kit.runtime.sequence import Sequence
+
+ERROR = "error: "  # a finish reason that carries why the request could not run
+
+
+class RequestError(RuntimeError):
+    """A request the runtime refused (e.g. a prompt longer than max_seq_len, a token id outside the vocabulary)."""
+
 
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "cancelled": "cancelled"}
 
@@ -77,6 +84,9 @@ class RequestOutput:
         self._loop.call_soon_threadsafe(self._updates.put_nowait, (token_ids, reason))
 
     def _apply(self, token_ids: list[int], reason: str | None) -> None:
+        if reason is not None and reason.startswith(ERROR):  # raised where the caller awaits, as the LLM API does
+            self.finished = True
+            raise RequestError(reason.removeprefix(ERROR))
         out = self.outputs[0]
         before_text, before_ids = out.text, len(out.token_ids)
         out.token_ids = token_ids
@@ -145,16 +155,18 @@ class LLM:
         self._thread.start()
 
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None,
-                       streaming: bool = False, **_unused: Any) -> RequestOutput:
+                       streaming: bool = False, priority: float = DEFAULT_PRIORITY, **_unused: Any) -> RequestOutput:
         """Queue one request (a prompt string or token ids); must be called on the asyncio loop that consumes it.
 
         Arguments:
-            inputs: the prompt; sampling_params: generation settings; streaming: one output per step.
+            inputs: the prompt; sampling_params: generation settings; streaming: one output per step;
+            priority: TensorRT-LLM's request priority in [0, 1], higher first (the CPU runtime's scheduler orders
+            its waiting queue by it and preempts lower-priority running requests for it).
         """
         params = sampling_params or SamplingParams()
         ids = list(inputs) if isinstance(inputs, list) else self._encode(str(inputs), add_special_tokens=True)
         output = RequestOutput(self, ids, streaming)
-        self._inbox.put(("add", (output, self._runtime_params(params))))
+        self._inbox.put(("add", (output, self._runtime_params(params, float(priority)))))
         return output
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
@@ -177,7 +189,7 @@ class LLM:
             raise KitUsageError("the checkpoint has no tokenizer files; send token ids (input_ids) instead of text.")
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _runtime_params(self, p: SamplingParams) -> RuntimeParams:
+    def _runtime_params(self, p: SamplingParams, priority: float = DEFAULT_PRIORITY) -> RuntimeParams:
         stops = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         sampled = p.temperature not in (None, 0.0) and p.top_k is None and p.top_p is None
         return RuntimeParams(
@@ -185,7 +197,7 @@ class LLM:
             end_id=None if p.ignore_eos else (p.end_id if p.end_id is not None else self.eos_token_id),
             temperature=1.0 if p.temperature is None else float(p.temperature), top_k=int(p.top_k or 0),
             top_p=1.0 if sampled else float(p.top_p or 0.0), seed=int(p.seed or 0),
-            stop_words=[self._encode(s, add_special_tokens=False) for s in stops if s])
+            stop_words=[self._encode(s, add_special_tokens=False) for s in stops if s], priority=priority)
 
     def _cancel(self, output: RequestOutput) -> None:
         self._inbox.put(("cancel", output))
@@ -216,7 +228,7 @@ class LLM:
             try:
                 output.seq = self.engine.add_request(output.prompt_token_ids, params)
             except Exception as exc:  # a request that can never run finishes at once with the reason
-                output._push([], f"error: {exc}")
+                output._push([], f"{ERROR}{exc}")
                 return
             self._active[output.seq.seq_id] = (output, 0)
         elif kind == "cancel" and payload.seq is not None and payload.seq.seq_id in self._active:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from trtllm_kit.build.plan import Precision, rank_weight_bytes
 from trtllm_kit.layout import Mapping
+from trtllm_kit.llmapi.instances import describe, parse_gpu_device_ids
 from trtllm_kit.llmapi.recipe import cuda_graph_batch_sizes, make_recipe
 from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, SERVE_DIR, serve_argv
 
@@ -48,7 +49,12 @@ def llmapi_plan(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
         ranks.append(row)
     out = spec.out.absolute()
     argv = serve_argv(out / "checkpoint", out / SERVE_DIR / OPTIONS_FILE)
-    return {"llm_args": recipe.args, "notes": list(recipe.notes), "ranks": ranks,
+    ids = spec.repo.gpu_device_ids
+    groups = parse_gpu_device_ids(ids) if ids is not None else ()
+    instances = describe(groups) if groups else ("one tensorrt_llm instance on the visible GPUs (--gpu-device-ids "
+                                                 "0,1;2,3 runs one LLM per group of tp x pp GPUs)")
+    return {"llm_args": recipe.args, "notes": list(recipe.notes), "ranks": ranks, "instances": instances,
+            "gpu_device_ids": [list(g) for g in groups],
             "cuda_graph_batch_sizes": cuda_graph_batch_sizes(recipe.args["max_batch_size"]),
             "cuda_graph_pool_bytes": recipe.cuda_graph_pool_bytes,
             "gpu": gpu.to_dict() if gpu is not None else None, "serve_command": argv}
@@ -86,6 +92,8 @@ def print_llmapi_plan(report: dict[str, Any], console: Console) -> None:
     settings = ", ".join(f"{k} {args[k]}" for k in ("tensor_parallel_size", "pipeline_parallel_size",
                                                      "max_batch_size", "max_num_tokens", "max_seq_len"))
     console.print(f"TorchLlmArgs: {settings}; kv_cache_config {args['kv_cache_config']}", markup=False,
+                  highlight=False, soft_wrap=True)
+    console.print(f"Instances: {body['instances']}; the memory above is per instance.", markup=False,
                   highlight=False, soft_wrap=True)
     console.print(f"trtllm-serve command (written to {SERVE_DIR}/command.sh):\n  "
                   f"{shlex.join(map(str, body['serve_command']))}", markup=False, highlight=False, soft_wrap=True)

@@ -6,7 +6,10 @@ per-linear FP8 scales (ModelOpt's unified format), and the two places the format
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 import torch
@@ -15,6 +18,8 @@ from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.fp8 import FP8_MAX
+
+BLOCK_ELEMENTS = 1 << 18  # 512 KiB of bf16 per block: the division, the sum and the cast stay in cache
 
 PRODUCER = "trtllm-kit"
 QUANT_CONFIG_FILE = "hf_quant_config.json"
@@ -66,19 +71,54 @@ def activation_scale(amax: torch.Tensor | float) -> torch.Tensor:
     return (torch.as_tensor(amax, dtype=torch.float32) / FP8_MAX).reshape(())
 
 
-def quantize_weight(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``(W / scale)`` in W's dtype, cast to e4m3 (ModelOpt's arithmetic, a block of rows at a time); ``scale``
-    is ``amax/448``, so no element exceeds 448 (the clamp only guards against rounding).
+BlockSink = Callable[[int, torch.Tensor], None]  # (first row, e4m3 rows) → None: write them out
+
+
+def quantize_weight(weight: torch.Tensor, scale: torch.Tensor, pool: Executor | None = None,
+                    workers: int = 1, sink: BlockSink | None = None) -> tuple[torch.Tensor, bool]:
+    """``(W / scale)`` in W's dtype, clamped to ±448 and cast to e4m3: ModelOpt's arithmetic (the division of a
+    bf16 tensor by a float32 scalar computes in float32 and rounds once to bf16), so the bytes are the same.
+    Rows are split into ``workers`` ranges run on ``pool`` (torch releases the GIL), each a cache-sized block at a
+    time through one scratch buffer; ``scale`` is ``amax/448``, so the clamp only guards against a stale scale.
+
+    Returns the e4m3 tensor and whether every divided value was finite (a False sends the caller to the exact
+    NaN/Inf check of the source; it costs one in-cache min/max per block instead of a second pass over the
+    weight).
 
     Arguments:
-        weight: the [out, in] weight in the checkpoint dtype; scale: its float32 scalar ``weight_scale``.
+        weight: the [out, in] weight in the checkpoint dtype; scale: its float32 scalar ``weight_scale``;
+        pool: threads for the row ranges (None: the calling thread); workers: how many ranges; sink: called on
+        the block's thread with each quantized block while it is still in cache (the export writes it there).
     """
     out = torch.empty(weight.shape, dtype=torch.float8_e4m3fn)
-    rows = max(1, (1 << 22) // max(1, weight.shape[-1]))
-    for start in range(0, weight.shape[0], rows):
-        block = weight[start:start + rows] / scale
-        out[start:start + rows] = block.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return out
+    src = weight.reshape(1, -1) if weight.dim() < 2 else weight.reshape(weight.shape[0], -1)
+    dst = out.view(src.shape)
+    rows, cols = src.shape
+    per_block = max(1, BLOCK_ELEMENTS // max(1, cols))
+    starts = list(range(0, rows, per_block))
+
+    def run(chunk: list[int]) -> bool:
+        scratch = torch.empty((min(rows, per_block), cols), dtype=weight.dtype)
+        finite = True
+        for start in chunk:
+            stop = min(rows, start + per_block)
+            block = scratch[: stop - start]
+            torch.div(src[start:stop], scale, out=block)
+            low, high = (float(v) for v in torch.aminmax(block))  # NaN propagates; a third of a clamp's cost
+            finite = finite and math.isfinite(low) and math.isfinite(high)
+            if not -FP8_MAX <= low <= high <= FP8_MAX:
+                block.clamp_(-FP8_MAX, FP8_MAX)
+            dst[start:stop].copy_(block)
+            if sink is not None:
+                sink(start, dst[start:stop])
+        return finite
+
+    count = max(1, min(workers, len(starts) // 4)) if pool is not None else 1
+    if count == 1:
+        return out, run(starts)
+    size = -(-len(starts) // count)
+    futures = [pool.submit(run, starts[i:i + size]) for i in range(0, len(starts), size)]  # type: ignore[union-attr]
+    return out, all([future.result() for future in futures])
 
 
 def hf_quant_config(config: QuantConfig) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The llmapi target's Triton repository: one ``tensorrt_llm`` Python model (``config.pbtxt``, ``1/model.py``,
 ``1/model.yaml``). Its tensors are upstream's ``llmapi`` interface (docs/llmapi.md §1.4) plus ``input_ids``,
 ``output_ids``, ``num_input_tokens``, ``num_output_tokens`` and the ``sampling_param_min_tokens``,
-``sampling_param_end_id``, ``sampling_param_ignore_eos`` inputs benchmarks need. ``config.pbtxt`` mirrors
-``triton_config.decoupled`` because servers start with ``--disable-auto-complete-config``."""
+``sampling_param_end_id``, ``sampling_param_ignore_eos`` inputs benchmarks need, and ``priority``.
+``config.pbtxt`` mirrors ``triton_config.decoupled`` because servers start with
+``--disable-auto-complete-config``, and holds ``gpu_device_ids`` when several instances run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.artifact import RepoRecord
 from trtllm_kit.errors import KitError
+from trtllm_kit.llmapi.instances import GpuGroups, describe, format_groups, parse_gpu_device_ids
 from trtllm_kit.llmapi.serve_config import dump_yaml, model_yaml, recipe_for
 from trtllm_kit.model_repo.configs import model_input, model_output, parse_config, to_text
 from trtllm_kit.model_repo.tensors import Tensor
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 MODEL = "tensorrt_llm"
 SCHEMA = "tensorrt_llm llmapi (Python backend over the LLM API), TensorRT-LLM >= 1.0"
 SOURCE = "tensorrt_llm_llmapi.py"
+GPU_DEVICE_IDS = "gpu_device_ids"  # config.pbtxt parameter: one ;-separated group of GPU ids per instance
 B, S = "BOOL", "STRING"
 INPUTS = (
     Tensor("text_input", S, (-1,)), Tensor("input_ids", "INT32", (-1,)), Tensor("streaming", B, (1,)),
@@ -36,6 +39,7 @@ INPUTS = (
     Tensor("sampling_param_end_id", "INT32", (1,)), Tensor("sampling_param_ignore_eos", B, (1,)),
     Tensor("return_finish_reason", B, (1,)), Tensor("return_stop_reason", B, (1,)),
     Tensor("return_cumulative_logprob", B, (1,)), Tensor("stop", B, (1,)),
+    Tensor("priority", "FP32", (1,)),  # the kit's request priority in [0, 1], higher first (README "Priority")
 )
 OUTPUTS = (
     Tensor("text_output", S, (-1,)), Tensor("finish_reason", S, (-1,)), Tensor("stop_reason", S, (-1,)),
@@ -44,30 +48,34 @@ OUTPUTS = (
 )
 
 
-def llmapi_config(decoupled: bool, instances: int = 1) -> mc.ModelConfig:
+def llmapi_config(decoupled: bool, gpu_groups: GpuGroups = ()) -> mc.ModelConfig:
     """``config.pbtxt`` of the ``tensorrt_llm`` llmapi model.
 
     Arguments:
         decoupled: the transaction policy (as ``model.yaml``'s ``triton_config.decoupled``);
-        instances: model instances (one ``LLM`` each).
+        gpu_groups: the GPUs of each instance (one ``LLM`` each; empty: one instance on the visible GPUs).
     """
     config = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=0)
     config.model_transaction_policy.decoupled = decoupled
     config.input.extend(model_input(t) for t in INPUTS)
     config.output.extend(model_output(t) for t in OUTPUTS)
-    config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
+    # KIND_CPU: each instance is a Python stub process; its GPUs come from gpu_device_ids, not from Triton
+    config.instance_group.add(count=max(1, len(gpu_groups)), kind=mc.ModelInstanceGroup.KIND_CPU)
+    if gpu_groups:
+        config.parameters[GPU_DEVICE_IDS].string_value = format_groups(gpu_groups)
     return config
 
 
-def write_llmapi_repository(repo_dir: Path, model_values: dict, decoupled: bool) -> None:
+def write_llmapi_repository(repo_dir: Path, model_values: dict, decoupled: bool, gpu_groups: GpuGroups = ()) -> None:
     """Write the repository into the new directory ``repo_dir``.
 
     Arguments:
-        repo_dir: where; model_values: ``model.yaml``; decoupled: mirrored into ``config.pbtxt``.
+        repo_dir: where; model_values: ``model.yaml``; decoupled: mirrored into ``config.pbtxt``;
+        gpu_groups: the GPUs of each instance (empty: one instance).
     """
     from trtllm_kit.model_repo.repository import python_source
 
-    config = llmapi_config(decoupled)
+    config = llmapi_config(decoupled, gpu_groups)
     text = to_text(config)
     if parse_config(text) != config:  # internal invariant of the generator
         raise AssertionError("tensorrt_llm/config.pbtxt does not round-trip through text_format")
@@ -92,7 +100,9 @@ def llmapi_repo_stage(ctx: BuildContext) -> RepoRecord:
     recipe = recipe_for(ctx, ctx.engine)
     model_path = ctx.spec.out.absolute() / target.model_dir
     values = model_yaml(recipe, model_path, ctx.spec.repo.decoupled)
-    write_llmapi_repository(ctx.out / "repo", values, ctx.spec.repo.decoupled)
+    ids = ctx.spec.repo.gpu_device_ids
+    groups = parse_gpu_device_ids(ids) if ids is not None else ()
+    write_llmapi_repository(ctx.out / "repo", values, ctx.spec.repo.decoupled, groups)
     problems = validate_llmapi_repository(ctx.out / "repo", checkpoint=ctx.out / target.model_dir)
     if problems:
         raise KitError(f"the generated repository fails validation: {problems[0]}")
@@ -101,7 +111,9 @@ def llmapi_repo_stage(ctx: BuildContext) -> RepoRecord:
         "max_batch_size": args["max_batch_size"], "max_num_tokens": args["max_num_tokens"],
         "max_seq_len": args["max_seq_len"], "tokens_per_block": args["kv_cache_config"]["tokens_per_block"],
         "tp_size": ctx.spec.build.tp, "pp_size": ctx.spec.build.pp})
-    ctx.reporter.note(f"repo: llmapi target, one tensorrt_llm Python model, decoupled {ctx.spec.repo.decoupled}")
+    ctx.reporter.note(f"repo: llmapi target, one tensorrt_llm Python model, decoupled {ctx.spec.repo.decoupled}"
+                      + (f"; {describe(groups)}" if groups else ""))
     return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[MODEL], text=True,
                       gpt_model_path=str(model_path), limits=limits.to_dict(),
-                      options={"decoupled": ctx.spec.repo.decoupled, "llm_args": args})
+                      options={"decoupled": ctx.spec.repo.decoupled, "llm_args": args, "instances": max(1, len(groups)),
+                               "gpu_device_ids": format_groups(groups) if groups else None})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ import torch
 
 from trtllm_kit.build.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
 from trtllm_kit.build.inspect import ModelSpec
-from trtllm_kit.build.safetensors_io import SafetensorsWriter
+from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
 from trtllm_kit.build.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.llmapi.quant_format import (
@@ -38,6 +38,7 @@ from trtllm_kit.llmapi.quant_format import (
     weight_scale,
 )
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.blocks import default_workers
 from trtllm_kit.quant.calibrate import CalibrationStats
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -121,6 +122,11 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                   stats: CalibrationStats | None = None, on_tensor: OnTensor | None = None) -> UnifiedResult:
     """Write the unified checkpoint of ``model`` into the empty directory ``out_dir``.
 
+    A shard whose tensors are all kept as they are is the input file copied whole by the kernel (its header
+    checked first); a tensor kept in its dtype inside a shard that changes is a kernel copy of its bytes. Neither
+    is checked for NaN/Inf (the bytes are the input's, which the backend would load as they are; README "Target
+    llmapi"); a dtype conversion is checked (float16 can overflow) and so is every FP8 weight, in the same pass.
+
     Arguments:
         model: the inspected HF model; out_dir: an existing empty directory (the caller makes it atomic);
         dtype: ``auto`` or a dtype; quant: the quantization (none when omitted); stats: calibration statistics
@@ -136,44 +142,106 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
     names = shard_names(len(plans))
     weight_map: dict[str, str] = {}
     total, quantized = 0, []
+    workers = default_workers()
     with ExitStack() as stack:
-        stack.enter_context(_torch_threads(1))
+        stack.enter_context(_torch_threads(1))  # the FP8 blocks run on their own threads, one intra-op thread each
         reader = TensorReader(model, stack)
         checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8-block"))
+        writes = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-write"))
         checking: list[Future[None]] = []
-        for file_name, entries in zip(names, plans, strict=True):
+        for source_file, file_name, entries in zip(model.weight_files, names, plans, strict=True):
+            weight_map.update(dict.fromkeys((e.name for e in entries), file_name))
+            if _unchanged(model, source_file, entries):
+                nbytes = copy_whole_file(source_file, out_dir / file_name)
+                total += nbytes
+                if on_tensor:
+                    on_tensor(file_name, nbytes)
+                continue
             layout = [(e.name, e.dtype, e.shape) for e in entries]
             with SafetensorsWriter(out_dir / file_name, layout, metadata={"format": "pt"}) as writer:
-                for entry in entries:
-                    weight_map[entry.name] = file_name
-                    if entry.kind not in ("copy", "fp8"):
-                        writer.write(entry.name, _scale(entry, stats).reshape(entry.shape))
-                        continue
-                    original = reader.read(entry.source)
-                    if entry.kind == "fp8":
-                        assert stats is not None, "checked above: FP8 needs calibration statistics"
-                        module = entry.source.removesuffix(".weight")
-                        scale = weight_scale(stats.get("w", module).max())
-                        converted = quantize_weight(original.to(target), scale)
-                        quantized.append(module)
-                        sources = [SourceRead(entry.source, original, original, None)]
-                    else:
-                        converted = original if original.dtype == entry.dtype else original.to(entry.dtype)
-                        sources = [SourceRead(entry.source, original, converted, None)]
-                    writer.write(entry.name, converted, reader.locator(sources))
-                    while checking:  # one tensor behind, on another thread (see convert.convert)
-                        checking.pop().result()
-                    checking = [checker.submit(check_finite, *sources[0][:3], resolved)]
-                    nbytes = original.numel() * original.element_size()
-                    total += nbytes
-                    if on_tensor:
-                        on_tensor(entry.name, nbytes)
+                # Writes go to one thread, at most two behind, so the block threads quantize the next weight
+                # while the last one is written; every write has ended before the file is closed.
+                pending: list[Future[None]] = []
+
+                def write(*args: Any, writer: SafetensorsWriter = writer, pending: list = pending) -> None:
+                    pending.append(writes.submit(writer.write, *args))
+                    while len(pending) > 2:
+                        pending.pop(0).result()
+
+                try:
+                    for entry in entries:
+                        if entry.kind not in ("copy", "fp8"):
+                            write(entry.name, _scale(entry, stats).reshape(entry.shape))
+                            continue
+                        original = reader.read(entry.source)
+                        if entry.kind == "fp8":
+                            assert stats is not None, "checked above: FP8 needs calibration statistics"
+                            module = entry.source.removesuffix(".weight")
+                            scale = weight_scale(stats.get("w", module).max())
+                            fd, offset = writer.claim(entry.name, entry.dtype, entry.shape)
+                            row = original.numel() // max(1, original.shape[0])  # e4m3: one byte per element
+
+                            def sink(start: int, rows: torch.Tensor, fd: int = fd, offset: int = offset,
+                                     row: int = row) -> None:  # on the block's thread, the rows still in cache
+                                write_all(fd, memoryview(rows.view(torch.uint8).numpy()).cast("B"),
+                                          offset + start * row)
+
+                            _, finite = quantize_weight(original.to(target), scale, pool, workers, sink)
+                            if not finite:  # NaN/Inf in the source, or a stale scale that overflowed: say which
+                                check_finite(entry.source, original, original, resolved)
+                            quantized.append(module)
+                        elif original.dtype == entry.dtype:
+                            write(entry.name, original, reader.locator([SourceRead(entry.source, original,
+                                                                                   original, None)]))
+                        else:
+                            converted = original.to(entry.dtype)
+                            write(entry.name, converted)
+                            while checking:  # one tensor behind, on another thread (see convert.convert)
+                                checking.pop().result()
+                            checking = [checker.submit(check_finite, entry.source, original, converted, resolved)]
+                        nbytes = original.numel() * original.element_size()
+                        total += nbytes
+                        if on_tensor:
+                            on_tensor(entry.name, nbytes)
+                finally:
+                    wait(pending)
+                for done in pending:
+                    done.result()
         while checking:
             checking.pop().result()
     index = {"metadata": {"total_size": sum((out_dir / n).stat().st_size for n in names)}, "weight_map": weight_map}
     (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     _write_configs(model, out_dir, resolved, quant)
     return UnifiedResult(out_dir, resolved, tuple(out_dir / n for n in names), total, tuple(quantized))
+
+
+def _unchanged(model: ModelSpec, source_file: Path, entries: list[Entry]) -> bool:
+    """Whether the output shard is ``source_file`` as it is: safetensors, every tensor of it kept in its dtype
+    (none dropped, none added)."""
+    if model.weight_format != "safetensors":
+        return False
+    in_file = [name for name, info in model.tensors.items() if info.path == source_file]
+    return len(in_file) == len(entries) and all(
+        e.kind == "copy" and e.name == e.source and model.tensors[e.source].dtype == e.dtype for e in entries)
+
+
+def copy_whole_file(source: Path, dest: Path) -> int:
+    """Copy a safetensors file as it is (by the kernel where it can), after checking its header against its
+    size; returns the bytes of tensor data.
+
+    Arguments:
+        source: the input shard; dest: the new file.
+    """
+    _header, data_start = read_layout(source)
+    size = source.stat().st_size
+    with source.open("rb") as src, dest.open("wb") as dst:
+        if not copy_slice(FileSlice(src.fileno(), 0, size), dst.fileno(), 0):
+            shutil.copyfileobj(src, dst, 16 << 20)
+    if dest.stat().st_size != size:
+        raise CheckpointError(f"{source.name} changed while it was copied ({size} bytes before, "
+                              f"{dest.stat().st_size} copied); build again.")
+    return size - data_start
 
 
 def _write_configs(model: ModelSpec, out_dir: Path, dtype: str, quant: QuantConfig) -> None:

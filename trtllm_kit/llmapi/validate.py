@@ -1,13 +1,14 @@
 """The rules of an llmapi repository, checked before tritonserver sees it: one ``tensorrt_llm`` Python model whose
 ``config.pbtxt`` declares upstream's ``llmapi`` tensors and mirrors ``model.yaml``'s ``decoupled``; a
 ``model.yaml`` of ``TorchLlmArgs`` fields with a complete ``triton_config``; a ``model`` that is a unified
-checkpoint (HF ``config.json`` and the safetensors its index lists) with TP/PP that divide the model."""
+checkpoint (HF ``config.json`` and the safetensors its index lists) with TP/PP that divide the model; several
+instances only with ``gpu_device_ids``, one group of tp x pp GPUs per instance."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -68,9 +69,31 @@ def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> li
         check_llm_args(values, triton=True)
     except KitError as exc:
         problems.append(f"{model_dir}/1/model.yaml: {exc}")
+    problems += _instance_problems(model_dir, config, values)
     ckpt = checkpoint or Path(str(values.get("model", "")))
     problems += _checkpoint_problems(ckpt, int(values.get("tensor_parallel_size", 1)))
     return problems
+
+
+def _instance_problems(model_dir: Path, config: Any, values: dict[str, Any]) -> list[str]:
+    """Several instances need ``gpu_device_ids`` with one group of tp x pp GPUs per instance."""
+    from trtllm_kit.llmapi.instances import check_gpu_groups, parse_gpu_device_ids
+
+    count = sum(group.count or 1 for group in config.instance_group) or 1
+    ids = config.parameters["gpu_device_ids"].string_value if "gpu_device_ids" in config.parameters else ""
+    if not ids:
+        return [] if count == 1 else [f"{model_dir}/config.pbtxt: {count} instances but no gpu_device_ids "
+                                      "parameter; each instance's LLM needs its own GPUs (0,1;2,3)"]
+    try:
+        groups = parse_gpu_device_ids(ids)
+        check_gpu_groups(groups, int(values.get("tensor_parallel_size", 1)),
+                         int(values.get("pipeline_parallel_size", 1)))
+    except KitError as exc:
+        return [f"{model_dir}/config.pbtxt: {exc}"]
+    if len(groups) != count:
+        return [f"{model_dir}/config.pbtxt: gpu_device_ids has {len(groups)} GPU group(s) but instance_group "
+                f"{count} instance(s); give one group per instance"]
+    return []
 
 
 def _checkpoint_problems(ckpt: Path, tp_size: int) -> list[str]:

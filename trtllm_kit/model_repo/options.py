@@ -52,9 +52,16 @@ class RepoOptions:
         "Postprocessing instances (flag: --instances).", minimum=1))
     bls_instances: int | None = field(default=None, metadata=option("BLS instances (flag: --instances).",
                                                                     minimum=1))
+    gpu_device_ids: str | None = field(default=None, metadata=option(
+        "llmapi target: run one tensorrt_llm instance (its own LLM) per ';'-separated group of tp x pp GPU ids, "
+        "e.g. 0,1;2,3 (default: one instance on the visible GPUs).", "--gpu-device-ids", metavar="IDS"))
 
     def __post_init__(self) -> None:
         check_declared(self, "repo")
+        if self.gpu_device_ids is not None:
+            from trtllm_kit.llmapi.instances import parse_gpu_device_ids
+
+            parse_gpu_device_ids(self.gpu_device_ids)  # refuses a malformed list before any work
         fraction = self.kv_cache_free_gpu_mem_fraction
         if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, int | float)
                                      or not 0 < fraction <= 1):

@@ -128,6 +128,8 @@ class TextClient:
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
             sampling = {field: getattr(req, field) for field in ("temperature", "top_p", "top_k", "seed",
                                                                  "min_tokens", "end_id")}
+            if "priority" in names:  # llmapi repositories built before the input existed do not declare it
+                sampling["priority"] = req.priority
             llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling)
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):

@@ -19,7 +19,8 @@ SAMPLING = {"temperature": ("sampling_param_temperature", "FP32", np.float32),
             "top_k": ("sampling_param_top_k", "INT32", np.int32),
             "seed": ("sampling_param_seed", "UINT64", np.uint64),
             "min_tokens": ("sampling_param_min_tokens", "INT32", np.int32),
-            "end_id": ("sampling_param_end_id", "INT32", np.int32)}
+            "end_id": ("sampling_param_end_id", "INT32", np.int32),
+            "priority": ("priority", "FP32", np.float32)}  # only to a model that declares it (older repos do not)
 
 
 def speaks_llmapi(inputs: Iterable[str]) -> bool:
@@ -37,8 +38,8 @@ def llmapi_values(prompt: str | tuple[int, ...] | list[int], max_tokens: int, *,
 
     Arguments:
         prompt: text, or token ids; max_tokens: tokens to generate; streaming: one response per step;
-        sampling: ``temperature``, ``top_p``, ``top_k``, ``seed``, ``min_tokens``, ``end_id`` (None: the
-        model's default; ``NEVER_END_ID``: ``ignore_eos``).
+        sampling: ``temperature``, ``top_p``, ``top_k``, ``seed``, ``min_tokens``, ``end_id``, ``priority``
+        (None: the model's default; ``NEVER_END_ID``: ``ignore_eos``).
     """
     if isinstance(prompt, str):
         values = [("text_input", "BYTES", np.array([prompt.encode()], dtype=np.object_))]

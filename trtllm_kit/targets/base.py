@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trtllm_kit.errors import KitUsageError
+
 if TYPE_CHECKING:
     from trtllm_kit.artifact import Artifact, EngineRecord, RepoRecord
     from trtllm_kit.build.compat import Machine
@@ -38,7 +40,10 @@ class Target(ABC):
         Arguments:
             spec: the build spec.
         """
-        return None
+        if spec.repo.gpu_device_ids is not None:
+            raise KitUsageError(f"--gpu-device-ids applies to --target llmapi only (one LLM per GPU group); the "
+                                f"{self.name} target's repository runs one tensorrt_llm instance, so drop the option "
+                                "or build with --target llmapi.")
 
     def write_checkpoint(self, ctx: BuildContext) -> None:
         """The checkpoint stage: ``checkpoint/`` and ``tokenizer/`` (default: the TensorRT-LLM checkpoint)."""

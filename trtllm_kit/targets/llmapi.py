@@ -51,10 +51,14 @@ class LlmapiTarget(Target):
         return "no compile; the PyTorch backend (or, on a CPU, the kit's CPU runtime) loads checkpoint/ at start-up"
 
     def check_spec(self, spec: BuildSpec) -> None:
-        """Refuse the quantizations the PyTorch backend cannot load (int8-sq, int8-wo, an INT8 KV cache)."""
+        """Refuse the quantizations the PyTorch backend cannot load (int8-sq, int8-wo, an INT8 KV cache) and GPU
+        groups (``--gpu-device-ids``) that do not hold tp x pp distinct GPUs each."""
+        from trtllm_kit.llmapi.instances import check_gpu_groups, parse_gpu_device_ids
         from trtllm_kit.llmapi.quant_format import check_llmapi_quant
 
         check_llmapi_quant(spec.quant_config())
+        if spec.repo.gpu_device_ids is not None:
+            check_gpu_groups(parse_gpu_device_ids(spec.repo.gpu_device_ids), spec.build.tp, spec.build.pp)
 
     def write_checkpoint(self, ctx: BuildContext) -> None:
         """The unified HF checkpoint (calibrated for FP8), the tokenizer, and a CPU verify for small models."""

@@ -8,6 +8,10 @@ autoscalers need: ``input_ids`` in place of text, ``output_ids`` and the token c
 backend's gauges ``nv_trt_llm_request_metrics`` / ``nv_trt_llm_kv_cache_block_metrics`` as custom metrics.
 
 ``model.yaml`` (next to this file, or ``$LLM_CONFIG_PATH``) holds the ``LLM()`` arguments and ``triton_config``.
+Several instances each run their own ``LLM`` on their own GPUs: ``config.pbtxt``'s ``gpu_device_ids`` parameter
+("0,1;2,3", one group per instance) sets ``CUDA_VISIBLE_DEVICES`` in each instance's process before TensorRT-LLM
+is imported. A request's ``priority`` (FP32 in [0, 1], higher first) goes to ``generate_async(priority=...)``
+where the installed LLM API has that parameter.
 The class is ``tensorrt_llm.LLM`` where TensorRT-LLM and a GPU are present, else the kit's CPU runtime behind
 the same interface (``trtllm_kit.llmapi.cpu_llm.LLM``); nothing else differs.
 """
@@ -15,7 +19,10 @@ the same interface (``trtllm_kit.llmapi.cpu_llm.LLM``); nothing else differs.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
 import os
+import re
 import threading
 from typing import Any
 
@@ -75,6 +82,26 @@ def _strings(request, name: str) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
 
 
+def instance_gpus(args: dict[str, str]) -> tuple[int, int, str | None]:
+    """(this instance's index, the instance count, its GPU ids) from ``config.pbtxt``: ``instance_group`` counts
+    the instances and the ``gpu_device_ids`` parameter gives one ``;``-separated group per instance; Triton names
+    instances ``<group>_<index>``, which gives the index. No parameter: one instance on the visible GPUs."""
+    config = json.loads(args.get("model_config") or "{}")
+    count = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+    ids = config.get("parameters", {}).get("gpu_device_ids", {}).get("string_value", "")
+    match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
+    index = int(match.group(1)) if match and count > 1 else 0
+    if not ids:
+        if count > 1:
+            raise ValueError(f"{count} instances need the gpu_device_ids parameter (one GPU group per instance, "
+                             "e.g. 0,1;2,3); rebuild with --gpu-device-ids")
+        return index, count, None
+    groups = [group.strip() for group in ids.split(";")]
+    if index >= len(groups):
+        raise ValueError(f"instance {index} has no GPU group in gpu_device_ids {ids!r} ({len(groups)} groups)")
+    return index, count, groups[index]
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model_dir = os.path.join(args["model_repository"], args["model_version"])
@@ -84,14 +111,23 @@ class TritonPythonModel:
         self.decoupled = bool(triton["decoupled"])
         self.cancel_period = int(triton.get("cancellation_check_period_ms", 100)) / 1000
         llm_args = {k: v for k, v in config.items() if k not in TRITON_ONLY}
+        index, count, gpus = instance_gpus(args)
+        if gpus is not None:  # before torch or TensorRT-LLM is imported: this process then sees only its GPUs
+            os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["TRTLLM_VISIBLE_DEVICES"] = gpus
         LLM, self.SamplingParams = llm_class()
+        pb_utils.Logger.log_info(f"tensorrt_llm instance {index} of {count}: {LLM.__module__}.LLM on "
+                                 f"{'GPU ' + gpus if gpus is not None else 'the visible devices'}")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop", daemon=True)
         self.thread.start()
         self.llm = LLM(**llm_args)
+        self.takes_priority = "priority" in inspect.signature(self.llm.generate_async).parameters
+        self.priority_noted = False
         self.inflight: dict[str, list] = {}  # triton request id → running results (for the ``stop`` input)
         self.pending: set = set()
         labels = {"model": args["model_name"], "version": args["model_version"]}
+        if count > 1:  # several LLMs in one server: a gauge each, summed by whoever scrapes them
+            labels["instance"] = str(index)
         self.families, self.gauges = [], []
         for family, (label, values) in GAUGES.items():
             metric_family = pb_utils.MetricFamily(name=family, description=f"TensorRT-LLM {label} (LLM.get_stats)",
@@ -128,7 +164,7 @@ class TritonPythonModel:
                     result.abort()
                 return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"])), final=True)
             prompt, params, streaming = self._convert(request)
-            result = self.llm.generate_async(prompt, params, streaming=streaming)
+            result = self.llm.generate_async(prompt, params, streaming=streaming, **self._priority(request))
             self.inflight.setdefault(request_id, []).append(result)
             watcher = asyncio.ensure_future(self._watch(request, result)) if sender is not None else None
             try:
@@ -162,6 +198,23 @@ class TritonPythonModel:
             if request.is_cancelled():
                 result.abort()
                 return
+
+    def _priority(self, request) -> dict:
+        """``priority=`` for ``generate_async`` when the request carries one and the installed LLM API takes it
+        (its signature says so); otherwise nothing, said once in the log."""
+        value = _scalar(request, "priority")
+        if value is None:
+            return {}
+        priority = float(value)
+        if not 0.0 <= priority <= 1.0:
+            raise ValueError(f"priority must lie in [0, 1] (higher runs first), got {priority}")
+        if self.takes_priority:
+            return {"priority": priority}
+        if not self.priority_noted:
+            self.priority_noted = True
+            pb_utils.Logger.log_warn("request priority is ignored: this TensorRT-LLM's LLM.generate_async has no "
+                                     "priority parameter")
+        return {}
 
     def _convert(self, request):
         ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
