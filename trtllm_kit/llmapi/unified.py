@@ -184,7 +184,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
 
                             def sink(start: int, rows: torch.Tensor, fd: int = fd, offset: int = offset,
                                      row: int = row) -> None:  # on the block's thread, the rows still in cache
-                                write_all(fd, memoryview(rows.view(torch.uint8).numpy()).cast("B"),
+                                write_all(fd, rows.view(torch.uint8).numpy().data.cast("B"),
                                           offset + start * row)
 
                             _, finite = quantize_weight(original.to(target), scale, pool, workers, sink)
