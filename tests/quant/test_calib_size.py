@@ -88,7 +88,7 @@ def test_plan_says_the_calibration_size_and_why(tmp_path: Path, capsys: pytest.C
     report = json.loads(capsys.readouterr().out)
     assert report["calibration"]["device"] == "cpu"
     assert (report["calibration"]["samples"], report["calibration"]["seq_len"]) == (CPU_SAMPLES, CPU_SEQ_LEN)
-    assert run(["plan", "builtin:tiny-llama", "--quant", "fp8", "--calib-seq-len", "64",
+    assert run(["plan", "builtin:tiny-llama", "--quant", "fp8", "--calib-seq-len", "96",
                 "--out", str(tmp_path / "out")]) == 0
-    assert f"Calibration: {CPU_SAMPLES} windows x 64 tokens on cpu: --calib-samples {CPU_SAMPLES} is the CPU " \
+    assert f"Calibration: {CPU_SAMPLES} windows x 96 tokens on cpu: --calib-samples {CPU_SAMPLES} is the CPU " \
            "default; about" in " ".join(capsys.readouterr().out.split())

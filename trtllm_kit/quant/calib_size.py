@@ -3,9 +3,10 @@
 On a GPU the default is upstream's (``docs/trtllm-checkpoint.md`` §6: 512 samples × 512 tokens, as TensorRT-LLM's
 and ModelOpt's quantization scripts have it). On a CPU that is 262,144 tokens through a float32 forward pass:
 ``benchmarks/calibration.py`` measures about ``CPU_SECONDS_PER_TOKEN_7B`` per token for a 7B-class model on the
-2-core reference machine (extrapolated from one- and two-layer models of Llama-2-7B's shape: t(L) = a + b·L at
-L = 32), i.e. about 13 hours; the CPU default keeps it to minutes. ``--calib-samples`` / ``--calib-seq-len``
-given explicitly always win, on either device.
+2-core reference machine (extrapolated from one- and four-layer models of Llama-2-7B's shape: t(L) = a + b·L at
+L = 32), i.e. about 84 hours; the CPU default keeps it to about 20 minutes (and a built-in model's to seconds,
+where the GPU default took 3-12 minutes). ``--calib-samples`` / ``--calib-seq-len`` given explicitly always win,
+on either device.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass, replace
 from trtllm_kit.quant.algos import QuantConfig
 
 GPU_SAMPLES, GPU_SEQ_LEN = 512, 512  # upstream's calib_size × calib_max_seq_length
-CPU_SAMPLES, CPU_SEQ_LEN = 32, 128  # 4,096 tokens
-CPU_SECONDS_PER_TOKEN_7B = 0.18  # benchmarks/calibration.py on the 2-core reference machine (extrapolated)
+CPU_SAMPLES, CPU_SEQ_LEN = 16, 64  # 1,024 tokens: about 20 min for a 7B model, 1-3 s for the built-in models
+CPU_SECONDS_PER_TOKEN_7B = 1.16  # benchmarks/calibration.py on the shared 2-core reference machine (extrapolated)
 
 
 @dataclass(frozen=True)

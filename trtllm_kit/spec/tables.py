@@ -112,10 +112,10 @@ class QuantOptions:
         "with trtllm-kit).", "--calib-data"))
     # ranges checked by QuantConfig, whose messages name the flags
     calib_samples: int | None = field(default=None, metadata=option(
-        "Calibration windows (default: 512 on a GPU, as upstream; 32 on a CPU, where 512 x 512 tokens take hours "
-        "for a 7B model).", "--calib-samples"))
+        "Calibration windows (default: 512 on a GPU, as upstream; 16 on a CPU, where 512 x 512 tokens would take "
+        "days for a 7B model).", "--calib-samples"))
     calib_seq_len: int | None = field(default=None, metadata=option(
-        "Tokens per window (default: 512 on a GPU; 128 on a CPU).", "--calib-seq-len"))
+        "Tokens per window (default: 512 on a GPU; 64 on a CPU).", "--calib-seq-len"))
     calib_seed: int = field(default=DEFAULT_CALIB_SEED, metadata=option(
         "Seed of the window offsets.", "--calib-seed"))
 
