@@ -10,6 +10,9 @@ sequence-steps minus the prompts and tokens clients received), and the RSS of ev
 end.
 
     python benchmarks/soak.py --minutes 10 [--json]
+
+``--kinds drop-stream,whole`` runs only some kinds of request (to find which one a fault follows); ``--keep-log
+FILE`` copies tritonserver's log there at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +36,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.state import read_state
+from trtllm_kit.serve.state import read_state, run_dir
 
 KIT = [sys.executable, "-m", "trtllm_kit"]
 MODEL = "builtin:tiny-llama"
@@ -155,15 +159,17 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.R
         result.errors[key] = result.errors.get(key, 0) + 1
 
 
-async def load(openai: str, minutes: float, workers: int, seed: int, result: SoakResult) -> None:
+async def load(openai: str, minutes: float, workers: int, seed: int, result: SoakResult,
+               kinds: tuple[str, ...] = KINDS) -> None:
     url = f"http://{openai}/v1/completions"
     deadline = time.monotonic() + minutes * 60
+    weights = [WEIGHTS[KINDS.index(k)] for k in kinds]
 
     async def worker(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
-                await one(session, url, rng.choices(KINDS, WEIGHTS)[0], rng, result)
+                await one(session, url, rng.choices(kinds, weights)[0], rng, result)
 
     await asyncio.gather(*(worker(i) for i in range(workers)))
 
@@ -174,17 +180,24 @@ def main(argv: list[str] | None = None) -> SoakResult:
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="a built artifact (default: build the tiny model)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--keep-log", type=Path, help="copy tritonserver's log here at the end")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    kinds = tuple(args.kinds.split(","))
+    if not set(kinds) <= set(KINDS):
+        parser.error(f"--kinds takes {', '.join(KINDS)}")
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp) / "out"
         if args.out is None:
             subprocess.run([*KIT, "build", MODEL, "--no-verify", "--instances", "1", "--out", str(out)], check=True,
                            capture_output=True)
         ep, openai_port = free_endpoints(), free_port()
-        subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-                        "--metrics-port", str(ep.metrics_port), "--openai-port", str(openai_port), "--detach"],
-                       check=True, capture_output=True)
+        started = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
+                                  str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",
+                                  str(openai_port), "--detach"], capture_output=True, text=True)
+        if started.returncode:
+            sys.exit(f"serve failed (exit {started.returncode}): {started.stderr.strip()}")
         state = read_state(out)
         assert state is not None
         result = SoakResult(args.minutes, args.workers)
@@ -192,7 +205,7 @@ def main(argv: list[str] | None = None) -> SoakResult:
             asyncio.run(load(state["openai"], 0.05, 2, args.seed + 1, SoakResult(0, 0)))  # untimed warm-up
             result.rss_mb_start = rss(state)
             before = engine_counters(state["metrics"])
-            asyncio.run(load(state["openai"], args.minutes, args.workers, args.seed, result))
+            asyncio.run(load(state["openai"], args.minutes, args.workers, args.seed, result, kinds))
             result.serve_alive_at_end = psutil.pid_exists(state["pid"])
             try:
                 while engine_counters(state["metrics"])["active"]:
@@ -206,6 +219,8 @@ def main(argv: list[str] | None = None) -> SoakResult:
                                                   answered)
             result.rss_mb_end = rss(state)
         finally:
+            if args.keep_log is not None and (run_dir(out) / "tritonserver.log").exists():
+                shutil.copyfile(run_dir(out) / "tritonserver.log", args.keep_log)
             subprocess.run([*KIT, "stop", str(out)], capture_output=True)
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(result.errors.items()))
     if args.json:
