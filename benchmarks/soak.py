@@ -67,6 +67,7 @@ class SoakResult:
     rss_mb_end: dict[str, float] = field(default_factory=dict)
     serve_alive_at_end: bool = False
     server_died_after_s: float | None = None  # the load of one server stops when its serve is gone
+    examples: dict[str, str] = field(default_factory=dict)  # the first message of each kind of error
     crashes: list[dict[str, Any]] = field(default_factory=list)  # each death: seconds into the soak, and how
 
 
@@ -128,6 +129,7 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.R
                 payload = await response.json(content_type=None)
                 key = f"{response.status} {payload['error'].get('code') or payload['error']['type']}"
                 result.errors[key] = result.errors.get(key, 0) + 1
+                result.examples.setdefault(key, str(payload["error"].get("message"))[:160])
                 return
             if kind == "whole":
                 payload = await response.json()
@@ -145,6 +147,7 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.R
                 if b'"error"' in line:
                     key = "stream error"
                     result.errors[key] = result.errors.get(key, 0) + 1
+                    result.examples.setdefault(key, line[6:166].decode(errors="replace"))
                     return
                 events += 1
                 tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens", tokens)
@@ -290,7 +293,8 @@ def main(argv: list[str] | None = None) -> SoakResult:
               f"engine sequence-steps {result.engine_sequence_steps:.0f} of which after disconnects "
               f"{result.wasted_after_disconnects:.0f}, RSS MB start {result.rss_mb_start} end {result.rss_mb_end}, "
               f"serve alive at end {result.serve_alive_at_end}, server deaths {len(result.crashes)}"
-              + "".join(f"\n  died after {c['after_s']} s: {c['how']}" for c in result.crashes))
+              + "".join(f"\n  died after {c['after_s']} s: {c['how']}" for c in result.crashes)
+              + "".join(f"\n  {k}: {v}" for k, v in sorted(result.examples.items())))
     return result
 
 

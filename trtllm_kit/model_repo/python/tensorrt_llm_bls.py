@@ -8,10 +8,10 @@ all tokens so far and only the new text is sent, so multi-byte characters split 
 Cancellation: the response iterator of an inner call cannot be cancelled from a Python model, so when the
 client cancels (a closed stream) the BLS sends ``tensorrt_llm`` a request with the inner call's id and
 ``stop = true``, as the TensorRT-LLM backend defines it; the engine drops the sequence at its next step and
-answers the stopped call with its final response, which the BLS reads. An inner call's iterator is never
-dropped before its final response: Triton 2.51's Python backend frees the call's callback state when the stub
-releases the iterator, and the engine's next response for it then jumps through freed memory (tritonserver
-died of SIGSEGV in ``InferPayload::Callback`` after 1.5-3 minutes of dropped streams).
+answers the stopped call with its final response, which the BLS reads before it lets the call go. The same
+happens when sending to the client fails mid-stream (the generator is closed): the inner call is stopped, not
+left running to ``max_tokens``. (Triton 2.51's Python backend can still crash under a high rate of such
+cancellations: README, "Serving reliability".)
 (Triton 2.51's ensemble passes no cancellation to its steps: a client of ``ensemble`` that leaves does not
 stop its generation, which is why ``serve`` prefers the BLS.)
 Errors reach the client as one sentence with the inner model's status code, never a traceback.
