@@ -226,9 +226,13 @@ def run_segment(out: Path, state: dict[str, Any], minutes: float, workers: int, 
     asyncio.run(load(state["openai"], minutes, workers, seed, result, kinds, state["pid"]))
     if result.server_died_after_s is not None:
         return
-    while engine_counters(state["metrics"])["active"]:
-        time.sleep(0.1)
-    steps = engine_counters(state["metrics"])["sequence_steps"] - before["sequence_steps"]
+    try:
+        while engine_counters(state["metrics"])["active"]:
+            time.sleep(0.1)
+        steps = engine_counters(state["metrics"])["sequence_steps"] - before["sequence_steps"]
+    except OSError:  # it died (or hangs in its signal handler) after the load ended
+        result.server_died_after_s = minutes * 60
+        return
     answered = result.served + result.dropped_by_client - answered0  # each had one prompt (context) step
     result.engine_sequence_steps += steps
     result.wasted_after_disconnects += max(0.0, steps - (result.tokens_received - tokens0) - answered)
