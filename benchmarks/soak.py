@@ -10,6 +10,9 @@ sequence-steps minus the prompts and tokens clients received), and the RSS of ev
 end.
 
     python benchmarks/soak.py --minutes 10 [--json]
+
+``--kinds drop-stream,whole`` runs only some kinds of request (to find which one a fault follows); ``--keep-log
+FILE`` copies tritonserver's log there at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +36,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.state import read_state
+from trtllm_kit.serve.state import read_state, run_dir
 
 KIT = [sys.executable, "-m", "trtllm_kit"]
 MODEL = "builtin:tiny-llama"
@@ -62,6 +66,9 @@ class SoakResult:
     rss_mb_start: dict[str, float] = field(default_factory=dict)
     rss_mb_end: dict[str, float] = field(default_factory=dict)
     serve_alive_at_end: bool = False
+    server_died_after_s: float | None = None  # the load of one server stops when its serve is gone
+    examples: dict[str, str] = field(default_factory=dict)  # the first message of each kind of error
+    crashes: list[dict[str, Any]] = field(default_factory=list)  # each death: seconds into the soak, and how
 
 
 def engine_counters(metrics: str) -> dict[str, float]:
@@ -122,6 +129,7 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.R
                 payload = await response.json(content_type=None)
                 key = f"{response.status} {payload['error'].get('code') or payload['error']['type']}"
                 result.errors[key] = result.errors.get(key, 0) + 1
+                result.examples.setdefault(key, str(payload["error"].get("message"))[:160])
                 return
             if kind == "whole":
                 payload = await response.json()
@@ -139,6 +147,7 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.R
                 if b'"error"' in line:
                     key = "stream error"
                     result.errors[key] = result.errors.get(key, 0) + 1
+                    result.examples.setdefault(key, line[6:166].decode(errors="replace"))
                     return
                 events += 1
                 tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens", tokens)
@@ -155,17 +164,78 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, rng: random.R
         result.errors[key] = result.errors.get(key, 0) + 1
 
 
-async def load(openai: str, minutes: float, workers: int, seed: int, result: SoakResult) -> None:
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+async def load(openai: str, minutes: float, workers: int, seed: int, result: SoakResult,
+               kinds: tuple[str, ...] = KINDS, serve_pid: int | None = None) -> None:
     url = f"http://{openai}/v1/completions"
-    deadline = time.monotonic() + minutes * 60
+    started = time.monotonic()
+    deadline = started + minutes * 60
+
+    async def watch() -> None:
+        while serve_pid is not None and time.monotonic() < deadline:
+            if gone(serve_pid):
+                result.server_died_after_s = round(time.monotonic() - started, 1)
+                return
+            await asyncio.sleep(0.5)
+    weights = [WEIGHTS[KINDS.index(k)] for k in kinds]
 
     async def worker(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
         async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                await one(session, url, rng.choices(KINDS, WEIGHTS)[0], rng, result)
+            while time.monotonic() < deadline and result.server_died_after_s is None:
+                await one(session, url, rng.choices(kinds, weights)[0], rng, result)
 
-    await asyncio.gather(*(worker(i) for i in range(workers)))
+    await asyncio.gather(watch(), *(worker(i) for i in range(workers)))
+
+
+def start_serve(out: Path) -> dict[str, Any]:
+    """``serve --detach`` on free ports; its state (pids, addresses)."""
+    ep, openai_port = free_endpoints(), free_port()
+    started = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
+                              str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",
+                              str(openai_port), "--detach"], capture_output=True, text=True)
+    if started.returncode:
+        sys.exit(f"serve failed (exit {started.returncode}): {started.stderr.strip()}")
+    state = read_state(out)
+    assert state is not None
+    return state
+
+
+def crash_signature(log: Path) -> str:
+    """The line of tritonserver's log that says how it died (a signal, an uncaught C++ exception), if any."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    marks = ("Signal (", "terminate called", "what():", "Fatal Python error")
+    found = [line.strip() for line in lines if line.startswith(marks) or line.strip().startswith("what():")]
+    return "; ".join(found[:3]) or "no signal in the log"
+
+
+def run_segment(out: Path, state: dict[str, Any], minutes: float, workers: int, seed: int, result: SoakResult,
+                kinds: tuple[str, ...]) -> None:
+    """Load one server until the deadline or its death; add its engine steps when it survived."""
+    tokens0, answered0 = result.tokens_received, result.served + result.dropped_by_client
+    before = engine_counters(state["metrics"])
+    asyncio.run(load(state["openai"], minutes, workers, seed, result, kinds, state["pid"]))
+    if result.server_died_after_s is not None:
+        return
+    try:
+        while engine_counters(state["metrics"])["active"]:
+            time.sleep(0.1)
+        steps = engine_counters(state["metrics"])["sequence_steps"] - before["sequence_steps"]
+    except OSError:  # it died (or hangs in its signal handler) after the load ended
+        result.server_died_after_s = minutes * 60
+        return
+    answered = result.served + result.dropped_by_client - answered0  # each had one prompt (context) step
+    result.engine_sequence_steps += steps
+    result.wasted_after_disconnects += max(0.0, steps - (result.tokens_received - tokens0) - answered)
 
 
 def main(argv: list[str] | None = None) -> SoakResult:
@@ -174,38 +244,49 @@ def main(argv: list[str] | None = None) -> SoakResult:
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="a built artifact (default: build the tiny model)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--keep-log", type=Path, help="copy tritonserver's log here at the end (of each crash, "
+                                                      "as FILE.crashN)")
+    parser.add_argument("--no-restart", action="store_true", help="end the soak when the server dies")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    kinds = tuple(args.kinds.split(","))
+    if not set(kinds) <= set(KINDS):
+        parser.error(f"--kinds takes {', '.join(KINDS)}")
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp) / "out"
         if args.out is None:
             subprocess.run([*KIT, "build", MODEL, "--no-verify", "--instances", "1", "--out", str(out)], check=True,
                            capture_output=True)
-        ep, openai_port = free_endpoints(), free_port()
-        subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-                        "--metrics-port", str(ep.metrics_port), "--openai-port", str(openai_port), "--detach"],
-                       check=True, capture_output=True)
-        state = read_state(out)
-        assert state is not None
+        state = start_serve(out)
         result = SoakResult(args.minutes, args.workers)
         try:
             asyncio.run(load(state["openai"], 0.05, 2, args.seed + 1, SoakResult(0, 0)))  # untimed warm-up
             result.rss_mb_start = rss(state)
-            before = engine_counters(state["metrics"])
-            asyncio.run(load(state["openai"], args.minutes, args.workers, args.seed, result))
-            result.serve_alive_at_end = psutil.pid_exists(state["pid"])
-            try:
-                while engine_counters(state["metrics"])["active"]:
-                    time.sleep(0.1)
-                after = engine_counters(state["metrics"])
-            except OSError:  # the server died: the figures say so (serve_alive_at_end false)
-                after = before
-            result.engine_sequence_steps = after["sequence_steps"] - before["sequence_steps"]
-            answered = result.served + result.dropped_by_client  # each had one prompt (context) step
-            result.wasted_after_disconnects = max(0.0, result.engine_sequence_steps - result.tokens_received -
-                                                  answered)
+            deadline = time.monotonic() + args.minutes * 60
+            segment = 0
+            while True:
+                began = time.monotonic()
+                run_segment(out, state, (deadline - began) / 60, args.workers, args.seed + segment, result, kinds)
+                if result.server_died_after_s is None:
+                    break
+                log = run_dir(out) / "tritonserver.log"
+                result.crashes.append({"after_s": round(began - deadline + args.minutes * 60
+                                                        + result.server_died_after_s, 1),
+                                       "how": crash_signature(log)})
+                if args.keep_log is not None and log.exists():
+                    shutil.copyfile(log, f"{args.keep_log}.crash{len(result.crashes)}")
+                result.server_died_after_s = None
+                subprocess.run([*KIT, "stop", str(out)], capture_output=True)
+                if args.no_restart or time.monotonic() > deadline - 5:
+                    break
+                state = start_serve(out)  # as a supervisor restarts a serve that exited 1
+                segment += 1
+            result.serve_alive_at_end = not gone(state["pid"])
             result.rss_mb_end = rss(state)
         finally:
+            if args.keep_log is not None and (run_dir(out) / "tritonserver.log").exists():
+                shutil.copyfile(run_dir(out) / "tritonserver.log", args.keep_log)
             subprocess.run([*KIT, "stop", str(out)], capture_output=True)
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(result.errors.items()))
     if args.json:
@@ -215,7 +296,9 @@ def main(argv: list[str] | None = None) -> SoakResult:
               f"dropped by the client {result.dropped_by_client}, errors {{{errors}}}, lost {result.lost}, "
               f"engine sequence-steps {result.engine_sequence_steps:.0f} of which after disconnects "
               f"{result.wasted_after_disconnects:.0f}, RSS MB start {result.rss_mb_start} end {result.rss_mb_end}, "
-              f"serve alive at end {result.serve_alive_at_end}")
+              f"serve alive at end {result.serve_alive_at_end}, server deaths {len(result.crashes)}"
+              + "".join(f"\n  died after {c['after_s']} s: {c['how']}" for c in result.crashes)
+              + "".join(f"\n  {k}: {v}" for k, v in sorted(result.examples.items())))
     return result
 
 

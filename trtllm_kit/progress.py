@@ -6,7 +6,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 Advance = Callable[[int], None]
 
@@ -18,8 +28,8 @@ class Reporter:
         """A one-line status message."""
 
     @contextmanager
-    def task(self, description: str, total: int) -> Iterator[Advance]:
-        """A unit of work of ``total`` bytes (or items); yields a function that advances it."""
+    def task(self, description: str, total: int, unit: str = "bytes") -> Iterator[Advance]:
+        """A unit of work of ``total`` bytes (or other ``unit``s); yields a function that advances it."""
         yield lambda _n: None
 
 
@@ -33,9 +43,15 @@ class RichReporter(Reporter):
         self.console.print(message, highlight=False)
 
     @contextmanager
-    def task(self, description: str, total: int) -> Iterator[Advance]:
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn())
+    def task(self, description: str, total: int, unit: str = "bytes") -> Iterator[Advance]:
+        """A bar with the amount done, the rate and the time remaining (``eta``).
+
+        Arguments:
+            description: the bar's label; total: the amount of work; unit: ``bytes`` or what else it counts.
+        """
+        counted: tuple[ProgressColumn, ...] = (DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else \
+            (MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn())
+        columns = (TextColumn("{task.description}"), BarColumn(), *counted, TextColumn("eta"), TimeRemainingColumn())
         with Progress(*columns, console=self.console, transient=True) as progress:
             task_id = progress.add_task(description, total=total)
             yield lambda n: progress.advance(task_id, n)

@@ -54,7 +54,7 @@ def rank_argv(repo: Path, rank: int) -> list[str]:
     return [*argv, "--exit-on-error=true", "--exit-timeout-secs=5",
             f"--backend-config=python,shm-region-prefix-name=trtllmkit_42_{rank}_",
             "--backend-config=python,shm-default-byte-size=4194304",
-            "--backend-config=python,shm-growth-byte-size=1048576"]
+            "--backend-config=python,shm-growth-byte-size=1048576", "--backend-config=python,thread-pool-size=256"]
 
 
 def test_build_to_launch_argv_at_tp2_pp2(engine_out: Path, four_gpu_host: Machine) -> None:

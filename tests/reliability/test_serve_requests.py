@@ -118,8 +118,6 @@ def test_the_openai_client_does_not_retry_a_client_error(served: dict[str, Any])
     assert info.value.body["message"].startswith("max_tokens must be at most 1023")
 
 
-@pytest.mark.xfail(strict=False, reason="through the BLS the 41st request does not reach the engine while 40 "
-                   "generate (the ensemble gets the engine's queue-full error at once): not yet understood")
 def test_a_full_queue_is_429_with_retry_after_and_not_retried(served: dict[str, Any]) -> None:
     config = (served["out"] / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert "max_queue_size: 32" in config  # 4 x max_batch_size 8: the default is finite

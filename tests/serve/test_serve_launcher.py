@@ -17,7 +17,8 @@ from trtllm_kit.serve.text import StopMatcher
 
 OPT = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), "/opt/tritonserver",
                     backend_dir=Path("/opt/tritonserver/backends"))
-SHM = ["--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576"]
+SHM = ["--backend-config=python,shm-default-byte-size=4194304", "--backend-config=python,shm-growth-byte-size=1048576",
+       "--backend-config=python,thread-pool-size=256"]
 
 
 def test_single_process_argv() -> None:

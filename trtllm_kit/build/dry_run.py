@@ -52,6 +52,12 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "commands": [engine.command.argv] if engine.command else [],
         "command_lines": [engine.command.line] if engine.command else [],
     }
+    if spec.quant_config().needs_calibration:
+        from trtllm_kit.quant.calib_size import calibration_device, choose_size
+
+        size = choose_size(spec.quant_config(), calibration_device())
+        report["calibration"] = {"samples": size.samples, "seq_len": size.seq_len, "device": size.device,
+                                 "reason": size.reason}
     if engine.target.name == "llmapi":  # no engine: the PyTorch backend's recipe, memory and serve command
         from trtllm_kit.llmapi.plan_report import llmapi_plan
 
@@ -128,6 +134,10 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
                           f"{r['free_bytes'] / GIB:.2f}", f"{r['kv_pool_bytes'] / GIB:.2f}", str(r["num_blocks"]),
                           str(r["max_sequences"]), "fits" if r["fits"] else "DOES NOT FIT")
         console.print(table)
+    if report.get("calibration"):
+        c = report["calibration"]
+        console.print(f"Calibration: {c['samples']} windows x {c['seq_len']} tokens on {c['device']}: {c['reason']}",
+                      highlight=False, markup=False)
     stages = Table("stage", "status", "why")
     for row in report["stages"]:
         stages.add_row(row["stage"], row["status"], row["why"])

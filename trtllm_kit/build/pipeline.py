@@ -127,6 +127,11 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
     tools = tool_versions()
     values = spec.to_dict()
     fields = {**{k: v for k, v in values["build"].items() if k not in NOT_CHECKPOINT_FIELDS}, **values["quant"]}
+    if spec.quant_config().needs_calibration:  # the size the device gives when the spec leaves it out
+        from trtllm_kit.quant.calib_size import calibration_device, choose_size
+
+        size = choose_size(spec.quant_config(), calibration_device())
+        fields.update(calib_samples=size.samples, calib_seq_len=size.seq_len)
     checkpoint = stage_key("checkpoint", {"inputs": digests, "spec": fields, "verify": should_verify(spec, model),
                                           "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}})
     engine_key = stage_key("engine", {"checkpoint": checkpoint, **engine.key_parts()})

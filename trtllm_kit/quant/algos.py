@@ -29,8 +29,6 @@ VALID_COMBINATIONS: dict[str, tuple[str, ...]] = {
     "int8-sq": ("auto", "int8"),
     "fp8": ("auto", "fp8"),
 }
-DEFAULT_CALIB_SAMPLES = 512
-DEFAULT_CALIB_SEQ_LEN = 512
 DEFAULT_CALIB_SEED = 1234
 DEFAULT_SMOOTHQUANT_ALPHA = 0.5
 
@@ -67,8 +65,8 @@ class QuantConfig:
     per_channel: bool = False
     per_token: bool = False
     calib_data: Path | None = None
-    calib_samples: int = DEFAULT_CALIB_SAMPLES
-    calib_seq_len: int = DEFAULT_CALIB_SEQ_LEN
+    calib_samples: int | None = None  # None: sized by the device (quant/calib_size.py)
+    calib_seq_len: int | None = None
     calib_seed: int = DEFAULT_CALIB_SEED
 
     def __post_init__(self) -> None:
@@ -81,7 +79,7 @@ class QuantConfig:
                                 f"{self.quant}.")
         for name in ("calib_samples", "calib_seq_len"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise KitUsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}.")
         if isinstance(self.calib_seed, bool) or not isinstance(self.calib_seed, int):
             raise KitUsageError(f"--calib-seed must be an integer, got {self.calib_seed!r}.")

@@ -5,7 +5,9 @@ per-column amax come along.
 The text is the corpus shipped with the package (``trtllm_kit/data/corpus.txt``) or ``--calib-data FILE``
 (``.txt``: one text per non-empty line; ``.jsonl``: one object with a ``"text"`` string per line). All texts are
 tokenized into one stream, and ``samples`` windows of ``seq_len`` tokens (``<bos>`` first when the tokenizer has
-one) start at offsets drawn from a ``torch.Generator`` seeded with ``seed``.
+one) start at offsets drawn from a ``torch.Generator`` seeded with ``seed``. Unless given, ``samples`` and
+``seq_len`` are sized by the device (``calib_size.py``); the build log says which and why, and, after the first
+batch, how long the rest will take.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import col_amax, row_amax
+from trtllm_kit.quant.calib_size import calibration_device, choose_size, sized
 
 STATS_FILE = "stats.safetensors"
 PARAMS_FILE = "calibration.json"
 KINDS = ("x", "y", "w", "wc")  # input per in-channel, output per out-channel, weight per row, weight per column
-BATCH_SIZE = 8
+BATCH_SIZE = 8  # windows per forward pass on a GPU; one on a CPU, where batching gains little and the ETA
+# would move only every 8 windows
 
 
 @dataclass
@@ -168,6 +172,7 @@ def token_windows(model_path: Path, config: QuantConfig) -> list[list[int]]:
             stream.append(tokenizer.eos_token_id)
     if not stream:
         raise KitUsageError("the calibration texts tokenize to nothing; pass text with content in --calib-data.")
+    assert config.calib_samples is not None and config.calib_seq_len is not None, "size it first (sized)"
     return sample_windows(stream, config.calib_samples, config.calib_seq_len, config.calib_seed,
                           tokenizer.bos_token_id)
 
@@ -181,10 +186,15 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
         reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``).
     """
     started = time.perf_counter()
+    reporter = reporter or Reporter()
+    device = device or calibration_device()
+    size = choose_size(config, device)
+    config = sized(config, size)
+    reporter.note(f"calibrate: {size.samples} windows x {size.seq_len} tokens on {device}: {size.reason}")
     windows = token_windows(model_path, config)
     stats = collect_stats(model_path, windows, reporter, device)
     source = config.calib_data or corpus_path()
-    stats.params = {**config.calibration_params(), **stats.params,
+    stats.params = {**config.calibration_params(), **stats.params, "size_reason": size.reason,
                     "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
                     "seconds": round(time.perf_counter() - started, 3)}
     return stats
@@ -198,26 +208,54 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
         model_path: the HF model directory; windows: token-id lists (equal lengths batch together);
         reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``).
     """
-    reporter = reporter or Reporter()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or calibration_device()
     model = load_causal_lm(model_path, torch.float32).to(device)
+    return collect_model_stats(model, windows, reporter, device)
+
+
+def collect_model_stats(model: torch.nn.Module, windows: list[list[int]], reporter: Reporter | None = None,
+                        device: str = "cpu") -> CalibrationStats:
+    """``collect_stats`` on a model already loaded on ``device`` (float32, eval).
+
+    Arguments:
+        model: the causal LM; windows: token-id lists; reporter: progress; device: where the model is.
+    """
+    reporter = reporter or Reporter()
     stats = CalibrationStats()
     handles = []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
             stats.add_weight(name, module.weight)
             handles.append(module.register_forward_hook(_recorder(stats, name)))
-    batches = [windows[i:i + BATCH_SIZE] for i in range(0, len(windows), BATCH_SIZE)]
+    per_batch = 1 if device == "cpu" else BATCH_SIZE
+    batches = [windows[i:i + per_batch] for i in range(0, len(windows), per_batch)]
+    total = sum(len(w) for w in windows)
     try:
-        with torch.no_grad(), reporter.task("calibrate", len(windows)) as advance:
-            for batch in batches:
+        with torch.no_grad(), reporter.task("calibrate", total, unit="tokens") as advance:
+            started, done = time.perf_counter(), 0
+            for number, batch in enumerate(batches):
                 model(torch.tensor(batch, dtype=torch.int64, device=device))
-                advance(len(batch))
+                advance(sum(len(w) for w in batch))
+                done += sum(len(w) for w in batch)
+                if number == 0 and len(batches) > 1:
+                    reporter.note(eta_note(done, total, time.perf_counter() - started))
     finally:
         for handle in handles:
             handle.remove()
     stats.params = {"num_windows": len(windows), "num_tokens": sum(len(w) for w in windows), "device": device}
     return stats
+
+
+def eta_note(done: int, total: int, seconds: float) -> str:
+    """One line for the build log after the first batch: the rate and the time the rest will take.
+
+    Arguments:
+        done: tokens calibrated so far; total: tokens in all; seconds: time they took.
+    """
+    rate = done / seconds if seconds > 0 else float("inf")
+    left = (total - done) / rate if rate > 0 else 0.0
+    when = f"{left / 60:.1f} min" if left >= 90 else f"{left:.0f} s"
+    return f"calibrate: {done}/{total} tokens in {seconds:.1f} s ({rate:.0f} tokens/s); about {when} left"
 
 
 def _recorder(stats: CalibrationStats, name: str) -> Callable[..., None]:

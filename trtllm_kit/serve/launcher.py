@@ -13,6 +13,10 @@ from trtllm_kit.serve.locate import TritonInstall
 
 PYTHON_SHM_DEFAULT_BYTES = 4 * 1024 * 1024
 PYTHON_SHM_GROWTH_BYTES = 1024 * 1024
+# The Python backend answers its stubs' calls on a pool of threads (32 by default), and a decoupled BLS call holds
+# one until the inner model's first response: with 4 x max_batch_size requests queued in the engine the pool ran
+# dry and a new request could not reach the engine to be refused (nor a cancellation to be seen).
+PYTHON_THREAD_POOL_SIZE = 256
 # With a token, every Triton API but health demands the header RESTRICTED_HEADER: TOKEN (HTTP and gRPC).
 RESTRICTED_APIS = "metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
 RESTRICTED_HEADER = "trtllm-kit-token"
@@ -100,7 +104,8 @@ def rank_argv(install: TritonInstall, config: LaunchConfig, rank: int) -> list[s
     argv += ["--exit-on-error=true", f"--exit-timeout-secs={config.exit_timeout_s}",
              f"--backend-config=python,shm-region-prefix-name={config.rank_shm_prefix(rank)}",
              f"--backend-config=python,shm-default-byte-size={PYTHON_SHM_DEFAULT_BYTES}",
-             f"--backend-config=python,shm-growth-byte-size={PYTHON_SHM_GROWTH_BYTES}"]
+             f"--backend-config=python,shm-growth-byte-size={PYTHON_SHM_GROWTH_BYTES}",
+             f"--backend-config=python,thread-pool-size={PYTHON_THREAD_POOL_SIZE}"]
     if install.source == "nvidia-pytriton":  # the CPU build: no NVML, no pinned host memory
         argv += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
     return argv + list(config.extra_args)

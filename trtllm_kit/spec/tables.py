@@ -20,9 +20,7 @@ from trtllm_kit.enums import Dtype, KVCache, Quant, Server, Stage, Target
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.option import check_declared, option
 from trtllm_kit.quant.algos import (
-    DEFAULT_CALIB_SAMPLES,
     DEFAULT_CALIB_SEED,
-    DEFAULT_CALIB_SEQ_LEN,
     DEFAULT_SMOOTHQUANT_ALPHA,
     QuantConfig,
 )
@@ -113,10 +111,11 @@ class QuantOptions:
         "Calibration text: .txt (one text per line) or .jsonl with a \"text\" field (default: the corpus shipped "
         "with trtllm-kit).", "--calib-data"))
     # ranges checked by QuantConfig, whose messages name the flags
-    calib_samples: int = field(default=DEFAULT_CALIB_SAMPLES, metadata=option("Calibration windows.",
-                                                                                 "--calib-samples"))
-    calib_seq_len: int = field(default=DEFAULT_CALIB_SEQ_LEN, metadata=option("Tokens per window.",
-                                                                                 "--calib-seq-len"))
+    calib_samples: int | None = field(default=None, metadata=option(
+        "Calibration windows (default: 512 on a GPU, as upstream; 16 on a CPU, where 512 x 512 tokens would take "
+        "days for a 7B model).", "--calib-samples"))
+    calib_seq_len: int | None = field(default=None, metadata=option(
+        "Tokens per window (default: 512 on a GPU; 64 on a CPU).", "--calib-seq-len"))
     calib_seed: int = field(default=DEFAULT_CALIB_SEED, metadata=option(
         "Seed of the window offsets.", "--calib-seed"))
 

@@ -7,7 +7,11 @@ all tokens so far and only the new text is sent, so multi-byte characters split 
 
 Cancellation: the response iterator of an inner call cannot be cancelled from a Python model, so when the
 client cancels (a closed stream) the BLS sends ``tensorrt_llm`` a request with the inner call's id and
-``stop = true``, as the TensorRT-LLM backend defines it; the engine drops the sequence at its next step.
+``stop = true``, as the TensorRT-LLM backend defines it; the engine drops the sequence at its next step and
+answers the stopped call with its final response, which the BLS reads before it lets the call go. The same
+happens when sending to the client fails mid-stream (the generator is closed): the inner call is stopped, not
+left running to ``max_tokens``. (Triton 2.51's Python backend can still crash under a high rate of such
+cancellations: README, "Serving reliability".)
 (Triton 2.51's ensemble passes no cancellation to its steps: a client of ``ensemble`` that leaves does not
 stop its generation, which is why ``serve`` prefers the BLS.)
 Errors reach the client as one sentence with the inner model's status code, never a traceback.
@@ -62,18 +66,22 @@ class BlsError(Exception):
         self.code = pb_utils.TritonError.INTERNAL if code is None else code
 
 
+class InnerCallError(BlsError):
+    """The ``tensorrt_llm`` call answered with an error: its final response."""
+
+
 class Cancelled(Exception):
     """The client cancelled the request."""
 
 
-def _error(error) -> BlsError:
+def _error(error, kind: type[BlsError] = BlsError) -> BlsError:
     """A ``TritonError`` of an inner call as a ``BlsError``: its first line (the Python backend appends the
     failing model's traceback under "At:") and its code."""
     message = error.message().split("\n\nAt:")[0].strip()
     try:
-        return BlsError(message, error.code())
+        return kind(message, error.code())
     except Exception:  # a stub without TritonError.code()
-        return BlsError(message)
+        return kind(message)
 
 
 def _triton_error(exc: Exception):
@@ -140,8 +148,9 @@ class TritonPythonModel:
 
     def _stream(self, request, sender):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        chunks = self._generate(request, sender)
         try:
-            for text, extra in self._generate(request, sender):
+            for text, extra in chunks:
                 tensors = [pb_utils.Tensor("text_output", np.array([text], dtype=object)), *extra]
                 sender.send(pb_utils.InferenceResponse(tensors))
             sender.send(flags=final)
@@ -152,6 +161,7 @@ class TritonPythonModel:
             except Exception as send_error:  # a cancelled request may refuse its final response
                 pb_utils.Logger.log_warn(f"tensorrt_llm_bls: final response not sent: {send_error}")
         finally:
+            chunks.close()  # a send that failed leaves the inner call running: stop it and read its end now
             with self.idle:
                 self.num_running -= 1
                 self.idle.notify_all()
@@ -184,14 +194,28 @@ class TritonPythonModel:
         call = pb_utils.InferenceRequest(model_name=self.trtllm_name, inputs=inputs, request_id=inner_id,
                                          requested_output_names=list(TRTLLM_OUTPUTS))
         responses = call.exec(decoupled=True) if self.decoupled else [_exec(call)]
+        ended = not self.decoupled  # the inner call's final response has been read (or there is no iterator)
+        try:
+            yield from self._texts(responses, sender)
+            ended = True
+        except InnerCallError:  # an error response of the inner call is its final one
+            ended = True
+            raise
+        finally:
+            if not ended:  # cancelled, or the client's sender failed: stop the inner call and read its end
+                self._stop(inner_id)
+                for _ in responses:
+                    pass
+
+    def _texts(self, responses, sender):
+        """Yield (new text, pass-through tensors) per inner response; raise ``Cancelled`` when the client left."""
         tokens = None  # accumulated [batch, beams, n]
         sent = b""
         for response in responses:
             if sender is not None and sender.is_cancelled():
-                self._stop(inner_id)  # its final response may never come: the iterator is dropped, not drained
                 raise Cancelled
             if response.has_error():
-                raise _error(response.error())
+                raise _error(response.error(), InnerCallError)
             ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
             if ids is None:  # the empty final response of a decoupled model
                 continue
