@@ -215,10 +215,15 @@ class OpenAIFrontend:
     async def _generate(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
                         kind: str, route: Route, alias: Alias | None) -> web.StreamResponse:
         sampling = parse_sampling(body, kind, route.max_seq_len)
+        show_ids = isinstance(prompt, tuple)
+        if route.tokenizes and route.tokenizer is not None and isinstance(prompt, str):
+            # tokenized here, streamed as ids from tensorrt_llm and decoded here: one hop less than the BLS, exact
+            # token counts, and a disconnect cancels the engine's request itself
+            prompt = route.tokenizer.encode(prompt)
         _check_length(route, prompt, sampling)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
-        run = Run(route, generation_request(prompt, sampling, ident, eos_id), sampling)
+        run = Run(route, generation_request(prompt, sampling, ident, eos_id), sampling, show_ids=show_ids)
         request["usage"] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(route.name)
         shape = ChoiceShape(kind, ident, route.name, int(time.time()))

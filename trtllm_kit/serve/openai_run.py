@@ -30,13 +30,14 @@ class Piece:
 class Run:
     """One generation: streams text through the stop matcher and counts tokens.
 
-    Text prompts go to the ensemble or BLS and yield only non-empty text. Token-id prompts go to
-    ``tensorrt_llm``: every response yields its ids, with the text they complete (often empty while a multi-byte
-    character or a stop sequence is pending), so clients can count tokens as they arrive.
+    Token-id prompts, and text prompts the frontend has tokenized (``show_ids`` False), go to ``tensorrt_llm``
+    and are decoded here; text prompts of a route without a tokenizer go to the ensemble or BLS. Text prompts
+    yield only non-empty text. Token-id prompts yield every response's ids, with the text they complete (often
+    empty while a multi-byte character or a stop sequence is pending), so clients can count tokens as they arrive.
     """
 
-    def __init__(self, route: Route, gen: GenerationRequest, sampling: Sampling) -> None:
-        self.route, self.gen, self.sampling = route, gen, sampling
+    def __init__(self, route: Route, gen: GenerationRequest, sampling: Sampling, *, show_ids: bool = True) -> None:
+        self.route, self.gen, self.sampling, self.show_ids = route, gen, sampling, show_ids
         self.num_responses = 0  # one token each unless the model reports its count
         self.num_reported: int | None = None
         self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
@@ -54,7 +55,10 @@ class Run:
                 self._count(chunk)
                 if decoder is not None and chunk.token_ids is not None:
                     shown = matcher.feed(decoder.feed(chunk.token_ids))
-                    yield Piece(shown, chunk.token_ids)
+                    if self.show_ids:
+                        yield Piece(shown, chunk.token_ids)
+                    elif shown:
+                        yield Piece(shown)
                 else:
                     shown = matcher.feed(chunk.text)
                     if shown:
@@ -63,7 +67,7 @@ class Run:
                     return
             rest = matcher.flush() if decoder is None else matcher.feed(decoder.flush()) + matcher.flush()
             if rest:
-                yield Piece(rest, () if decoder is not None else None)
+                yield Piece(rest, () if decoder is not None and self.show_ids else None)
             if self.num_output_tokens >= self.gen.max_tokens:
                 self.finish_reason = "length"
         finally:

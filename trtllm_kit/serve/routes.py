@@ -39,6 +39,12 @@ class Route:
         """OpenAI's ``system_fingerprint``: the served name and version."""
         return f"{self.name}-v{self.version}"
 
+    @property
+    def tokenizes(self) -> bool:
+        """Whether the frontend tokenizes text prompts and streams them as ids from the token model (which the
+        route's repository must hold), decoding the answer itself."""
+        return self.tokenizer is not None and self.token_model in self.models
+
     def open(self, grpc_url: str, headers: tuple[tuple[str, str], ...]) -> None:
         """Create the route's Triton client (inside the running event loop)."""
         self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)

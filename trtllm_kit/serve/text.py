@@ -102,9 +102,13 @@ class Tokenizer:
         """A decoder for one generated stream (special tokens skipped)."""
         return IncrementalDecoder(lambda ids: self.hf.decode(ids, skip_special_tokens=True))
 
+    def encode(self, prompt: str) -> tuple[int, ...]:
+        """``prompt``'s token ids as preprocessing encodes them (special tokens added)."""
+        return tuple(self.hf(prompt).input_ids)
+
     def count(self, prompt: str) -> int:
         """Tokens of ``prompt`` as preprocessing encodes it (special tokens added)."""
-        return len(self.hf(prompt).input_ids)
+        return len(self.encode(prompt))
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
         """``messages`` through the tokenizer's chat template, ending with the assistant's turn.
