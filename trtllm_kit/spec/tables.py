@@ -155,7 +155,8 @@ class ServeSettings:
         "Append each request's tokens per key and model to this JSONL file (default: FILE.usage.jsonl beside "
         "--api-keys); quotas are recomputed from it at start.", "--usage-log", metavar="FILE"))
     model: str | None = field(default=None, metadata=option(
-        "Public model: tensorrt_llm_bls or ensemble (default: BLS when the repo has it; it streams in order).",
+        "Public text model: tensorrt_llm_bls or ensemble (default: BLS when the repo has it; it streams in order); "
+        "the OpenAI frontend sends text to it only where it cannot tokenize prompts itself.",
         "--model"))
     tritonserver: Path | None = field(default=None, metadata=option(
         "The tritonserver binary or its install dir.", "--tritonserver"))
