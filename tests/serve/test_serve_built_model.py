@@ -144,3 +144,23 @@ def test_forced_output_length_is_accepted_on_both_paths(served: dict[str, Any], 
     done = client.completions.create(model=MODEL, prompt=greedy[0] if prompt == "ids" else prompt, max_tokens=40,
                                      temperature=0, extra_body={"min_tokens": 40, "ignore_eos": True})
     assert (done.usage.completion_tokens, done.choices[0].finish_reason) == (40, "length")
+
+
+def test_openai_text_prompts_skip_the_bls(served: dict[str, Any], expected: tuple[list[str], int]) -> None:
+    """The frontend tokenizes text itself and streams from tensorrt_llm: the BLS sees none of its requests."""
+
+    def successes(client: grpcclient.InferenceServerClient, model: str) -> int:
+        stats = client.get_inference_statistics(model, as_json=True)["model_stats"]
+        return sum(int(s["inference_stats"]["success"].get("count", 0)) for s in stats)
+
+    client = openai.OpenAI(base_url=f"http://{served['openai']}/v1", api_key="unused", max_retries=0)
+    with grpcclient.InferenceServerClient(served["grpc"]) as triton:
+        before = {model: successes(triton, model) for model in ("tensorrt_llm_bls", "tensorrt_llm")}
+        for stream in (False, True):
+            done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                             stream=stream)
+            text = "".join(c.choices[0].text for c in done) if stream else done.choices[0].text
+            assert text == "".join(expected[0])
+        after = {model: successes(triton, model) for model in ("tensorrt_llm_bls", "tensorrt_llm")}
+    assert after["tensorrt_llm_bls"] == before["tensorrt_llm_bls"]
+    assert after["tensorrt_llm"] == before["tensorrt_llm"] + 2
