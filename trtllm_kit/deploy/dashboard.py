@@ -27,8 +27,8 @@ def panels(names: Names, settings: DeploySettings) -> list[tuple[str, str, list[
                                    ("failed", f"sum(rate(nv_inference_request_failure{{{trt}}}[1m]))")]),
         ("Queue (autoscaler signal)", "short", [
             ("waiting", waiting_query(names)),
-            ("target x replicas", f"{settings.queue_target:g} * count(nv_trt_llm_request_metrics"
-                                  f'{{{selector(names, request_type="waiting")}}})'),
+            ("target x replicas", f"{settings.queue_target:g} * count(count by (pod) (nv_trt_llm_request_metrics"
+                                  f'{{{selector(names, request_type="waiting")}}}))'),  # one per serving pod
             ("queue:compute", f'max(trtllm_kit:queue_compute:ratio{{namespace="{names.namespace}"}})')]),
         ("Active requests", "short", [
             ("active", f'sum(nv_trt_llm_request_metrics{{{selector(names, request_type="active")}}})'),

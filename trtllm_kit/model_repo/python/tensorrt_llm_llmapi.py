@@ -127,7 +127,7 @@ class TritonPythonModel:
         self.pending: set = set()
         labels = {"model": args["model_name"], "version": args["model_version"]}
         if count > 1:  # several LLMs in one server: a gauge each, summed by whoever scrapes them
-            labels["instance"] = str(index)
+            labels["model_instance"] = str(index)  # not "instance": Prometheus keeps that for the scraped target
         self.families, self.gauges = [], []
         for family, (label, values) in GAUGES.items():
             metric_family = pb_utils.MetricFamily(name=family, description=f"TensorRT-LLM {label} (LLM.get_stats)",
