@@ -27,14 +27,16 @@ NATIVE_INIT_PACKAGES = ("torch",)  # their __init__ runs C++ that calls back int
 
 
 def _unsafe(frame: FrameType | None) -> bool:
-    """Whether ``frame`` or a caller is a ``__del__`` method or a weakref finalizer (they swallow exceptions),
-    or an import (an extension's init code may run Python through ``PyRun_String``, after which an exception
-    makes the interpreter kill itself with SIGINT at exit, or through C++ that aborts on it): an extension
-    module's, or a package's in ``NATIVE_INIT_PACKAGES`` whose Python init drives such code."""
+    """Whether ``frame`` or a caller is a ``__del__`` method, a weakref finalizer or callback (they swallow
+    exceptions), or an import (an extension's init code may run Python through ``PyRun_String``, after which an
+    exception makes the interpreter kill itself with SIGINT at exit, or through C++ that aborts on it): an
+    extension module's, or a package's in ``NATIVE_INIT_PACKAGES`` whose Python init drives such code."""
     while frame is not None:
         code = frame.f_code
         if code.co_name == "__del__" or (code.co_name == "__call__" and code.co_filename.endswith("weakref.py")):
             return True
+        if code.co_name == "cb" and code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True  # the weakref callback that drops a module lock
         if code.co_name == "_load_unlocked" and code.co_filename.startswith("<frozen importlib._bootstrap"):
             spec = frame.f_locals.get("spec")
             name, origin = getattr(spec, "name", ""), getattr(spec, "origin", None) or ""
