@@ -106,7 +106,9 @@ def test_stop_is_quick_and_stopping_nothing_is_fine(artifact_copy: Path) -> None
     result = stop_serving(artifact_copy)
     stopped = time.perf_counter() - started
     assert result == {"pid": state["pid"], "forced": False}
-    assert stopped < 3.5, stopped  # Triton polls its models once a second while unloading: about 2 s
+    # about 2.5 s idle (Triton polls its models once a second while unloading); the bound leaves room for a loaded
+    # CI machine and still catches the 8-9 s graceful stop and the 30 s exit timeout this guards against
+    assert stopped < 6.0, stopped
     wait_gone(state, timeout_s=5)
     done = kit("stop", str(artifact_copy))
     assert (done.returncode, done.stdout) == (0, f"nothing to stop: no trtllm-kit serve of {artifact_copy} is "
