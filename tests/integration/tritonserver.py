@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtllm_kit.serve.launcher import LaunchConfig, free_endpoints
@@ -50,3 +52,16 @@ def metrics(server: TritonProcess, family: str) -> dict[str, float]:
             label = next(v for k, v in sample.labels.items() if k not in ("model", "version"))
             values[label] = sample.value
     return values
+
+
+TRITON_DTYPES = {np.object_: "BYTES", np.int32: "INT32", np.bool_: "BOOL", np.float32: "FP32"}
+
+
+def grpc_inputs(inputs: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
+    """``inputs`` as tritonclient gRPC inputs, each with its array's shape and Triton data type."""
+    tensors = []
+    for name, value in inputs.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), TRITON_DTYPES[value.dtype.type])
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    return tensors

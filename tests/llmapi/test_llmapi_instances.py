@@ -22,7 +22,7 @@ from trtllm_kit.llmapi.validate import validate_llmapi_repository
 from trtllm_kit.model_repo.configs import parse_config
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import running_server
+from tritonserver import grpc_inputs, running_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MODEL = "builtin:tiny-llama"
@@ -72,12 +72,7 @@ def stream(process, inputs: dict[str, np.ndarray], done: queue.Queue, tag: str) 
     """Send one streamed request; put (tag, finish time, first-token time) on ``done`` when it ends."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(process.config.endpoints.url("grpc"))
-    tensors = []
-    for name, value in inputs.items():
-        dtype = {np.int32: "INT32", np.bool_: "BOOL", np.float32: "FP32"}[value.dtype.type]
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        tensors.append(tensor)
+    tensors = grpc_inputs(inputs)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         client.async_stream_infer("tensorrt_llm", tensors, enable_empty_final_response=True)

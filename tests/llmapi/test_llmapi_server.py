@@ -18,7 +18,7 @@ from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import metrics, running_server
+from tritonserver import grpc_inputs, metrics, running_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MAX_TOKENS = 8
@@ -43,12 +43,7 @@ def expected(out: Path, ids: list[int]) -> list[int]:
 def infer(process, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(process.config.endpoints.url("grpc"))
-    tensors = []
-    for name, value in inputs.items():
-        dtype = {np.object_: "BYTES", np.int32: "INT32", np.bool_: "BOOL"}[value.dtype.type]
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        tensors.append(tensor)
+    tensors = grpc_inputs(inputs)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         client.async_stream_infer("tensorrt_llm", tensors, enable_empty_final_response=True)
