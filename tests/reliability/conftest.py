@@ -1,12 +1,15 @@
-"""Fixtures of the reliability tests: a tiny built artifact and private copies of it."""
+"""Fixtures of the reliability tests: a tiny built artifact, private copies of it, and a serve of one."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from reliability_helpers import MODEL, kit
+from serving_helpers import serve
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +28,13 @@ def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
     out = tmp_path / "out"
     shutil.copytree(tiny_artifact, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def served(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A serve of a private copy of the tiny artifact, for one test module; its state (endpoints, pids)."""
+    out = tmp_path_factory.mktemp("served") / "out"
+    shutil.copytree(tiny_artifact, out)
+    state = serve(out)
+    yield state
+    kit("stop", str(out), timeout=60)

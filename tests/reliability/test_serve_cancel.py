@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_helpers import kit
-from serving_helpers import MODEL, counters, open_stream, serve, wait_idle
+from serving_helpers import MODEL, counters, open_stream, wait_idle
 
 from trtllm_kit.serve.client import GenerationRequest, TextClient
 
@@ -23,17 +20,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LONG = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, "temperature": 0}
 MAX_STEPS, MAX_S = 50, 3.0  # the tiny model steps in ~10 ms: 50 steps is the disconnect's way through aiohttp, gRPC,
 # Triton and the BLS on a loaded 2-core machine (2-4 when idle); the old behaviour ran ~900
-
-
-@pytest.fixture(scope="module")
-def served(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    import shutil
-
-    out = tmp_path_factory.mktemp("cancel") / "out"
-    shutil.copytree(tiny_artifact, out)
-    state = serve(out)
-    yield state
-    kit("stop", str(out), timeout=60)
 
 
 def assert_stops(state: dict[str, Any], before: dict[str, float]) -> None:

@@ -35,15 +35,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KEY = "sk-reliability-key-0123456789"
 
 
-@pytest.fixture(scope="module")
-def served(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("requests") / "out"
-    shutil.copytree(tiny_artifact, out)
-    state = serve(out)
-    yield state
-    kit("stop", str(out), timeout=60)
-
-
 def client(state: dict[str, Any]) -> openai.OpenAI:
     """The official client, with its default of 2 retries."""
     return openai.OpenAI(base_url=f"http://{state['openai']}/v1", api_key="none")
