@@ -20,6 +20,7 @@ def keys() -> None:
     Example:
       trtllm-kit keys add team-a --keys keys.json --models builtin:tiny-llama --rps 5 --tpm 20000
       trtllm-kit keys add team-b --keys keys.json --quota-tokens 1000000 --quota-period month
+      trtllm-kit keys add ops --keys keys.json --admin    # may read the per-key metrics
       trtllm-kit keys list --keys keys.json
       trtllm-kit keys revoke team-a --keys keys.json   # then: kill -HUP <serve pid>
     """
@@ -34,14 +35,15 @@ def keys() -> None:
 @click.option("--tpm", type=click.IntRange(min=1), help="Prompt plus completion tokens per minute (a token bucket).")
 @click.option("--quota-tokens", type=click.IntRange(min=1), help="Tokens per --quota-period.")
 @click.option("--quota-period", type=click.Choice(["day", "month"]), help="The quota's UTC calendar period.")
+@click.option("--admin", is_flag=True, help="The key may also read the per-key series of the frontend's /metrics.")
 def add(name: str, keys_path: Path, tenant: str | None, models: str | None, rps: float | None, tpm: int | None,
-        quota_tokens: int | None, quota_period: str | None) -> None:
+        quota_tokens: int | None, quota_period: str | None, admin: bool) -> None:
     """Create the key NAME and print its secret once (only its salted SHA-256 is stored)."""
     from trtllm_kit.serve.gateway.keys import add_key
 
     listed = tuple(m.strip() for m in models.split(",") if m.strip()) if models else ()
     secret, _ = add_key(keys_path, name, tenant=tenant, models=listed, rps=rps, tpm=tpm, quota_tokens=quota_tokens,
-                        quota_period=quota_period)
+                        quota_period=quota_period, admin=admin)
     click.echo(secret)
     click.echo(f"added key {name!r} to {keys_path}; this is the only time the key is shown.", err=True)
 
@@ -61,7 +63,7 @@ def list_keys(keys_path: Path, as_json: bool) -> None:
         quota = f"{r['quota_tokens']}/{r['quota_period']}" if r["quota_tokens"] else "-"
         click.echo(f"{r['name']}\ttenant={r['tenant'] or '-'}\tmodels={','.join(r['models']) or '*'}\t"
                    f"rps={r['rps'] or '-'}\ttpm={r['tpm'] or '-'}\tquota={quota}\t"
-                   f"{'revoked' if r['revoked'] else 'live'}")
+                   f"{'admin' if r['admin'] else 'user'}\t{'revoked' if r['revoked'] else 'live'}")
 
 
 @keys.command("revoke")

@@ -16,7 +16,8 @@ from prometheus_client import Counter
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
-from trtllm_kit.serve.errors import error_response, generation_failure, parse_body
+from trtllm_kit.serve.errors import error_response, generation_failure
+from trtllm_kit.serve.gateway.middleware import ADMIT, Gateway
 from trtllm_kit.serve.openai_metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai_protocol import (
     ChoiceShape,
@@ -28,6 +29,7 @@ from trtllm_kit.serve.openai_protocol import (
     parse_sampling,
 )
 from trtllm_kit.serve.openai_run import Run, send
+from trtllm_kit.serve.request_body import json_body
 from trtllm_kit.serve.routes import Alias, Route, RouteTable
 from trtllm_kit.serve.text import Tokenizer
 
@@ -83,13 +85,11 @@ class OpenAIFrontend:
         if config.api_keys is not None:
             if config.api_key is not None:
                 raise KitUsageError("--api-key and --api-keys both given; use one (a key file can hold one key).")
-            from trtllm_kit.serve.gateway.middleware import Gateway
-
             self.gateway = Gateway(config.api_keys, config.usage_log, self.metrics.registry)
 
     def app(self) -> web.Application:
         gateway = [] if self.gateway is None else [self.gateway.middleware]
-        app = web.Application(middlewares=[self._measure, *gateway, self._errors])
+        app = web.Application(middlewares=[self._measure, self._errors, *gateway])  # the gateway's errors are JSON
         if self.gateway is not None:
             app.on_startup.append(self.gateway.on_startup)
             app.on_cleanup.append(self.gateway.on_cleanup)
@@ -144,8 +144,9 @@ class OpenAIFrontend:
             self.metrics.answered(request.get("route_name", ""), endpoint, response.status)
         return response
 
-    async def prometheus_metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+    async def prometheus_metrics(self, request: web.Request) -> web.Response:
+        per_key = b"" if self.gateway is None else self.gateway.per_key_metrics(request)  # for an admin key only
+        return web.Response(body=self.metrics.exposition() + per_key, headers={"Content-Type": CONTENT_TYPE})
 
     def _authorize(self, request: web.Request) -> None:
         key = self.config.api_key
@@ -169,7 +170,7 @@ class OpenAIFrontend:
         return ", ".join(repr(name) for name in self.table.names)
 
     async def _body(self, request: web.Request, kind: str) -> tuple[dict[str, Any], Route, Alias | None]:
-        body = parse_body(await request.read())
+        body = await json_body(request)  # the object the gateway decided on, when it runs
         model = body.get("model")
         if model is None:
             raise RequestError(f"'model' is required; this server has {self._has()}.", param="model")
@@ -221,6 +222,9 @@ class OpenAIFrontend:
             # token counts, and a disconnect cancels the engine's request itself
             prompt = route.tokenizer.encode(prompt)
         _check_length(route, prompt, sampling)
+        admit = request.get(ADMIT)
+        if admit is not None:  # the gateway reserves the most tokens the request can use, or refuses it
+            admit(_most_prompt_tokens(route, prompt) + sampling.max_tokens)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
         run = Run(route, generation_request(prompt, sampling, ident, eos_id), sampling, show_ids=show_ids)
@@ -271,6 +275,14 @@ class OpenAIFrontend:
             await pieces.aclose()
         await response.write(b"data: [DONE]\n\n")
         return response
+
+def _most_prompt_tokens(route: Route, prompt: str | tuple[int, ...]) -> int:
+    """The prompt's tokens as preprocessing counts them; for text on a route without a tokenizer, its UTF-8 bytes
+    (one token per byte at most, as byte-level tokenizers encode)."""
+    if isinstance(prompt, tuple):
+        return len(prompt)
+    return len(prompt.encode()) if route.tokenizer is None else route.tokenizer.count(prompt)
+
 
 def _check_length(route: Route, prompt: str | tuple[int, ...], sampling: Sampling) -> None:
     """Refuse a prompt that is empty or, with ``max_tokens``, longer than the route's ``max_seq_len``."""

@@ -37,6 +37,7 @@ class KeyRecord:
     quota_tokens: int | None = None
     quota_period: str | None = None
     revoked: bool = False
+    admin: bool = False  # may read the gateway's per-key metrics
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -78,7 +79,8 @@ class KeyFile:
         Arguments:
             key: a presented or new secret.
         """
-        return hashlib.sha256(bytes.fromhex(self.salt) + key.encode()).hexdigest()
+        # a header that is not UTF-8 arrives with surrogate escapes: hashed as its bytes, it matches no key
+        return hashlib.sha256(bytes.fromhex(self.salt) + key.encode("utf-8", "surrogateescape")).hexdigest()
 
     def find(self, key: str) -> KeyRecord | None:
         """The live record of ``key`` (None when unknown or revoked), compared with every hash in constant time.

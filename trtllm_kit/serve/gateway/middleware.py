@@ -1,10 +1,11 @@
-"""The gateway as an aiohttp middleware: every ``/v1/*`` request needs a live key; limits, quotas and allowed
-models are checked before the request reaches a model; the tokens it used are charged when it ends."""
+"""The gateway as an aiohttp middleware: every ``/v1/*`` request needs a live key; the allowed models are checked
+on the body the handler serves (decoded once); the handler calls the admission hook with the request's most tokens
+before it generates, which reserves them or refuses the request; the tokens it used are settled when it ends,
+however it ends (answered, failed, or its client gone)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import signal
@@ -16,12 +17,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.errors import error_response
 from trtllm_kit.serve.gateway.keys import KeyFile, KeyRecord, read_keys
-from trtllm_kit.serve.gateway.limits import KeyLimits
+from trtllm_kit.serve.gateway.limits import KeyLimits, Refusal
 from trtllm_kit.serve.gateway.usage import UsageLog, UsageMetrics, UsageRecord
+from trtllm_kit.serve.openai_protocol import RequestError
+from trtllm_kit.serve.request_body import json_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOG = logging.getLogger(__name__)
+ADMIT = "gateway_admit"  # the request's key of the admission hook the handler calls before it generates
 
 
 def usage_log_path(keys_path: Path) -> Path:
@@ -33,9 +38,23 @@ def usage_log_path(keys_path: Path) -> Path:
     return keys_path.with_name(keys_path.name + ".usage.jsonl")
 
 
-def _error(message: str, status: int, code: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return web.json_response(body, status=status, headers=headers)
+class Refused(Exception):
+    """A request the key's limits do not admit now (raised by the admission hook, answered by the middleware)."""
+
+    def __init__(self, key: str, refusal: Refusal) -> None:
+        super().__init__(refusal.reason)
+        self.key, self.refusal = key, refusal
+
+    def response(self) -> web.Response:
+        """OpenAI's 429 for a quota or a rate limit, with ``Retry-After`` in whole seconds."""
+        quota = self.refusal.is_quota
+        error = RequestError(f"Too many requests for the key {self.key!r}: {self.refusal.reason}; retry in "
+                             f"{self.refusal.wait_s:.2f} s.", 429,
+                             code="quota_exceeded" if quota else "rate_limit_exceeded",
+                             kind="insufficient_quota" if quota else "rate_limit_error")
+        response = error_response(error)
+        response.headers["Retry-After"] = str(max(1, math.ceil(self.refusal.wait_s)))
+        return response
 
 
 class Gateway:
@@ -62,7 +81,7 @@ class Gateway:
                 self.limits[record.key].count_past(record.total_tokens, record.time)
 
     def reload(self) -> None:
-        """Re-read the key file; a key whose limits are unchanged keeps its buckets and quota usage."""
+        """Re-read the key file; a key whose limits are unchanged keeps its buckets, and every key its quota usage."""
         keys = read_keys(self.keys_path)
         limits = {}
         for record in keys.records:
@@ -70,10 +89,10 @@ class Gateway:
             if old is not None and old.record == record:
                 limits[record.name] = old
             else:
-                limits[record.name] = KeyLimits.of(record)
-                if old is not None:
-                    limits[record.name].period_start, limits[record.name].used_tokens = old.period_start, \
-                        old.used_tokens
+                fresh = limits[record.name] = KeyLimits.of(record)
+                if old is not None:  # the period's usage and the reservations in flight carry over
+                    fresh.period_start, fresh.used_tokens, fresh.reserved_tokens = \
+                        old.period_start, old.used_tokens, old.reserved_tokens
         self.keys, self.limits = keys, limits
         LOG.info("read %d API keys from %s", len(keys.records), self.keys_path)
 
@@ -88,46 +107,88 @@ class Gateway:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         return self.keys.find(given.strip()) if scheme.lower() == "bearer" and given else None
 
+    def per_key_metrics(self, request: web.Request) -> bytes:
+        """The per-key series of ``/metrics`` for a request with an admin key, else nothing.
+
+        Arguments:
+            request: the scrape.
+        """
+        record = self._key(request)
+        return self.metrics.per_key_exposition() if record is not None and record.admin else b""
+
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Refuse, admit, then charge (an aiohttp middleware placed before the frontend's own)."""
+        """Refuse, then let the handler reserve through ``request[ADMIT]``, then settle (an aiohttp middleware
+        placed inside the frontend's error middleware, which turns the ``RequestError`` raised here into JSON)."""
         if not request.path.startswith("/v1/"):
             return await handler(request)
         record = self._key(request)
         if record is None:
-            self.metrics.requests.labels("", "unauthorized").inc()
-            return _error("Incorrect, revoked or missing API key: pass a key as 'Authorization: Bearer KEY'.", 401,
-                          "invalid_api_key", "invalid_request_error")
-        model = None
-        if request.method == "POST" and request.can_read_body:
-            try:
-                body = await request.json()  # aiohttp keeps the body; the handler reads it again
-                model = body.get("model") if isinstance(body, dict) else None
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                pass  # the handler answers 400
-        if isinstance(model, str) and not record.may_use(model):
-            self.metrics.requests.labels(record.name, "forbidden").inc()
-            return _error(f"the key {record.name!r} may not use the model {model!r}; it may use "
-                          f"{', '.join(record.models)}.", 403, "model_not_allowed", "permission_error")
-        limits = self.limits[record.name]
-        refused = limits.retry_after()
-        if refused is not None:
-            wait, why = refused
-            outcome = "quota_exceeded" if "quota" in why else "rate_limited"
-            self.metrics.requests.labels(record.name, outcome).inc()
-            return _error(f"Too many requests for the key {record.name!r}: {why}; retry in {wait:.2f} s.", 429,
-                          outcome if outcome == "quota_exceeded" else "rate_limit_exceeded",
-                          "insufficient_quota" if outcome == "quota_exceeded" else "rate_limit_error",
-                          {"Retry-After": str(max(1, math.ceil(wait)))})
-        self.metrics.requests.labels(record.name, "admitted").inc()
+            self.metrics.outcome("", "unauthorized")
+            raise RequestError("Incorrect, revoked or missing API key: pass a key as 'Authorization: Bearer KEY'.",
+                               401, code="invalid_api_key")
+        routed = request.match_info.http_exception is None  # a 404 or 405 is the router's to answer
+        model = (await json_body(request)).get("model") if request.method == "POST" and routed else None
+        if model is not None and not record.may_use(str(model)):  # str(): the name the handler resolves
+            self.metrics.outcome(record.name, "forbidden")
+            raise RequestError(f"the key {record.name!r} may not use the model {str(model)!r:.80}; it may use "
+                               f"{', '.join(record.models)}.", 403, code="model_not_allowed", kind="permission_error")
+        admission = Admission(self, record)
+        request[ADMIT] = admission.admit
+        response = None
         try:
-            return await handler(request)
+            response = await handler(request)
+            return response
+        except Refused as exc:
+            return exc.response()
         finally:
-            usage = request.get("usage")
-            if usage is not None and isinstance(model, str):
-                counts = usage()
-                used = UsageRecord(time.time(), record.name, record.tenant, model, counts["prompt_tokens"],
-                                   counts["completion_tokens"])
-                limits.charge(used.total_tokens)
-                self.metrics.used(used)
-                self.usage.append(used)
+            admission.settle(request.get("route_name", ""), request.get("usage"),
+                             response is not None and response.status < 400)
+
+
+class Admission:
+    """One request's passage through its key's limits: the reservation, then the settlement.
+
+    Arguments:
+        gateway: the gateway; record: the request's key.
+    """
+
+    def __init__(self, gateway: Gateway, record: KeyRecord) -> None:
+        self.gateway, self.record = gateway, record
+        self.reservation: int | None = None
+
+    def admit(self, reservation: int) -> None:
+        """Reserve the request's most tokens, or raise ``Refused`` (the frontend calls this before generating).
+
+        Arguments:
+            reservation: prompt tokens + max_tokens.
+        """
+        refusal = self.gateway.limits[self.record.name].admit(reservation)
+        if refusal is not None:
+            self.gateway.metrics.outcome(self.record.name, "quota_exceeded" if refusal.is_quota else "rate_limited")
+            raise Refused(self.record.name, refusal)
+        self.reservation = reservation
+        self.gateway.metrics.outcome(self.record.name, "admitted")
+
+    def settle(self, model: str, usage: Callable[[], dict[str, int]] | None, succeeded: bool) -> None:
+        """Replace the reservation by the tokens used: all counted ones, or none for a request that failed before
+        its first token; each charged request is a line of the usage log.
+
+        Arguments:
+            model: the served model; usage: the run's usage counts (None when it never started); succeeded:
+                whether it answered with a status below 400.
+        """
+        if self.reservation is None:
+            return
+        counts = usage() if usage is not None else {"prompt_tokens": 0, "completion_tokens": 0}
+        if not succeeded and counts["completion_tokens"] == 0:
+            counts = {"prompt_tokens": 0, "completion_tokens": 0}
+        used = UsageRecord(time.time(), self.record.name, self.record.tenant, model, counts["prompt_tokens"],
+                           counts["completion_tokens"])
+        limits = self.gateway.limits.get(self.record.name)  # a SIGHUP may have replaced them, or dropped the key
+        if limits is not None:
+            limits.settle(self.reservation, used.total_tokens)
+        self.reservation = None
+        if used.total_tokens:
+            self.gateway.metrics.used(used)
+            self.gateway.usage.append(used)

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+OUTCOMES = ("admitted", "unauthorized", "forbidden", "rate_limited", "quota_exceeded")
 
 
 @dataclass(frozen=True)
@@ -60,18 +62,32 @@ class UsageLog:
 
 
 class UsageMetrics:
-    """The gateway's counters in the frontend's registry.
+    """The gateway's counters: totals by model and outcome in the frontend's registry (anyone may scrape them),
+    and the same by key and tenant in a registry of their own that only an admin key reads.
 
     Arguments:
         registry: the frontend's Prometheus registry.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.tokens = Counter("trtllm_kit_gateway_tokens", "Tokens used, by key, tenant, model and kind "
-                              "(prompt or completion).", ("key", "tenant", "model", "kind"), registry=registry)
-        self.requests = Counter("trtllm_kit_gateway_requests", "Requests by key and outcome (admitted, "
-                                "unauthorized, forbidden, rate_limited, quota_exceeded).", ("key", "outcome"),
-                                registry=registry)
+        self.per_key = CollectorRegistry()
+        self.tokens = Counter("trtllm_kit_gateway_tokens", "Tokens used, by model and kind (prompt or completion).",
+                              ("model", "kind"), registry=registry)
+        self.requests = Counter("trtllm_kit_gateway_requests", f"Requests by outcome ({', '.join(OUTCOMES)}).",
+                                ("outcome",), registry=registry)
+        self.key_tokens = Counter("trtllm_kit_gateway_key_tokens", "Tokens used, by key, tenant, model and kind.",
+                                  ("key", "tenant", "model", "kind"), registry=self.per_key)
+        self.key_requests = Counter("trtllm_kit_gateway_key_requests", "Requests by key and outcome.",
+                                    ("key", "outcome"), registry=self.per_key)
+
+    def outcome(self, key: str, outcome: str) -> None:
+        """Count a request's outcome.
+
+        Arguments:
+            key: the key's name ("" when no key matched); outcome: one of ``OUTCOMES``.
+        """
+        self.requests.labels(outcome).inc()
+        self.key_requests.labels(key, outcome).inc()
 
     def used(self, record: UsageRecord) -> None:
         """Count a finished request's tokens.
@@ -80,5 +96,10 @@ class UsageMetrics:
             record: the request's usage.
         """
         tenant = record.tenant or ""
-        self.tokens.labels(record.key, tenant, record.model, "prompt").inc(record.prompt_tokens)
-        self.tokens.labels(record.key, tenant, record.model, "completion").inc(record.completion_tokens)
+        for kind, count in (("prompt", record.prompt_tokens), ("completion", record.completion_tokens)):
+            self.tokens.labels(record.model, kind).inc(count)
+            self.key_tokens.labels(record.key, tenant, record.model, kind).inc(count)
+
+    def per_key_exposition(self) -> bytes:
+        """The per-key series in Prometheus text format."""
+        return generate_latest(self.per_key)
