@@ -56,11 +56,33 @@ def test_period_bounds_are_utc_days_and_months() -> None:
 
 def test_limits_admit_to_the_configured_numbers() -> None:
     rps = KeyLimits.of(KeyRecord("r", "h", rps=3))
-    assert [rps.retry_after() is None for _ in range(4)] == [True, True, True, False]
+    assert [rps.admit(1) is None for _ in range(4)] == [True, True, True, False]
     quota = KeyLimits.of(KeyRecord("q", "h", quota_tokens=10, quota_period="day"))
     quota.count_past(8, datetime.now(timezone.utc).timestamp())
     quota.count_past(50, 0.0)  # long ago: another period
-    assert quota.retry_after() is None
-    quota.charge(2)
-    wait, why = quota.retry_after()
-    assert 0 < wait <= 86400 and why == "the daily quota of 10 tokens is used (10)"
+    assert quota.admit(2) is None
+    refusal = quota.admit(1)
+    assert refusal is not None and refusal.is_quota and 0 < refusal.wait_s <= 86400
+    assert refusal.reason == "the daily quota of 10 tokens is used (8 used, 2 reserved by requests in flight)"
+    quota.settle(2, 1)  # it used less than it reserved: the rest is free again
+    assert (quota.used_tokens, quota.reserved_tokens) == (9, 0) and quota.admit(5) is None
+
+
+def test_concurrent_reservations_keep_a_quota_within_one_reservation() -> None:
+    quota = KeyLimits.of(KeyRecord("q", "h", quota_tokens=30, quota_period="day"))
+    admitted = [r for r in (53,) * 20 if quota.admit(r) is None]  # 20 at once, none settled yet
+    assert admitted == [53]
+    small = KeyLimits.of(KeyRecord("s", "h", quota_tokens=30, quota_period="day"))
+    admitted = [r for r in (7,) * 20 if small.admit(r) is None]
+    assert admitted == [7] * 5 and sum(admitted) <= 30 + 7  # admitted at 0, 7, 14, 21, 28 reserved
+
+
+def test_the_minute_bucket_takes_the_reservation_and_gives_back_the_rest() -> None:
+    tpm = KeyLimits.of(KeyRecord("t", "h", tpm=20))
+    assert [tpm.admit(7) is None for _ in range(5)] == [True, True, True, False, False]  # 20, 13, 6, -1
+    assert tpm.tokens is not None and tpm.tokens.level <= -1 + 1e-3
+    for _ in range(3):
+        tpm.settle(7, 2)  # each used 2 of its 7
+    assert 13.9 <= tpm.tokens.level <= 14.1
+    big = KeyLimits.of(KeyRecord("b", "h", tpm=20))
+    assert [big.admit(203) is None for _ in range(20)] == [True] + [False] * 19

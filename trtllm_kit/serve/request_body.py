@@ -11,7 +11,7 @@ from aiohttp import web
 from trtllm_kit.serve.errors import parse_body
 from trtllm_kit.serve.openai_protocol import RequestError
 
-BODY = "json_body"  # the request's key of the parsed body
+BODY = web.RequestKey("json_body", dict[str, Any])
 UTF8 = ("utf-8", "utf8")
 
 
@@ -22,8 +22,7 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         request: a POST request.
     """
     if BODY in request:
-        body: dict[str, Any] = request[BODY]
-        return body
+        return request[BODY]
     charset = request.charset
     if charset is not None and charset.strip().lower() not in UTF8:
         raise RequestError(f"the request body must be JSON in UTF-8, and its Content-Type declares charset "

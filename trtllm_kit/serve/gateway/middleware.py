@@ -26,7 +26,8 @@ from trtllm_kit.serve.request_body import json_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOG = logging.getLogger(__name__)
-ADMIT = "gateway_admit"  # the request's key of the admission hook the handler calls before it generates
+# the admission hook the handler calls with the request's most tokens before it generates
+ADMIT: web.RequestKey[Callable[[int], None]] = web.RequestKey("gateway_admit")
 
 
 def usage_log_path(keys_path: Path) -> Path:
