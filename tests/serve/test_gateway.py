@@ -59,7 +59,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Gateway:
     keys_path = root / "keys.json"
     limits = {"open": {"tenant": "acme", "models": (MODEL,)}, "rps": {"rps": 2}, "tpm": {"tpm": 20},
               "quota": {"quota_tokens": 30, "quota_period": "day"}, "elsewhere": {"models": ("another",)},
-              "victim": {}}
+              "victim": {}, "ops": {"admin": True}}
     secrets = {name: add_key(keys_path, name, **values)[0] for name, values in limits.items()}
     served = Gateway(out, free_endpoints(), free_port(), keys_path, secrets)
     serve_detached(served.options())
@@ -80,8 +80,9 @@ def complete(gw: Gateway, key: str | None, model: str = MODEL) -> tuple[int, dic
         return exc.code, json.loads(exc.read()), dict(exc.headers)
 
 
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def scrape(url: str, key: str | None = None) -> dict[tuple[str, tuple], float]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
         text = response.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -100,9 +101,13 @@ def test_a_key_reaches_the_model_and_its_usage_is_counted_and_logged(gateway: Ga
     status, body, _ = complete(gateway, gateway.secrets["open"])
     assert status == 200 and body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     assert triton_inferences(gateway) == before + 1
-    metrics = scrape(f"http://127.0.0.1:{gateway.openai_port}/metrics")
+    url = f"http://127.0.0.1:{gateway.openai_port}/metrics"
     labels = (("key", "open"), ("kind", "completion"), ("model", MODEL), ("tenant", "acme"))
-    assert metrics[("trtllm_kit_gateway_tokens_total", labels)] == 4
+    assert scrape(url, gateway.secrets["ops"])[("trtllm_kit_gateway_key_tokens_total", labels)] == 4
+    for key in (None, gateway.secrets["open"]):  # no admin key: totals by model, no key or tenant
+        metrics = scrape(url, key)
+        assert metrics[("trtllm_kit_gateway_tokens_total", (("kind", "completion"), ("model", MODEL)))] >= 4
+        assert not any(name == "key" or name == "tenant" for _, labels in metrics for name, _ in labels)
     lines = [json.loads(line) for line in gateway.usage_path.read_text().splitlines()]
     assert {k: lines[-1][k] for k in ("key", "tenant", "model", "prompt_tokens", "completion_tokens")} == \
         {"key": "open", "tenant": "acme", "model": MODEL, "prompt_tokens": 3, "completion_tokens": 4}
