@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from reliability_helpers import kit
-from serving_helpers import MODEL, post, serve
+from serving_helpers import MODEL, open_stream, post, serve
 
 from trtllm_kit.serve.gateway.keys import add_key
 
@@ -30,7 +30,9 @@ QUOTA, TPM = 30, 20
 KEYS = {"elsewhere": {"models": ("another",)}, "charset_quota": {"quota_tokens": QUOTA, "quota_period": "day"},
         "burst_small": {"quota_tokens": QUOTA, "quota_period": "day"},
         "burst_large": {"quota_tokens": QUOTA, "quota_period": "day"}, "tpm_small": {"tpm": TPM},
-        "tpm_large": {"tpm": TPM}, "open": {"tenant": "acme"}, "ops": {"admin": True}}
+        "tpm_large": {"tpm": TPM}, "open": {"tenant": "acme"}, "ops": {"admin": True},
+        "leaver_stream": {"quota_tokens": 500, "quota_period": "day"},
+        "leaver_whole": {"quota_tokens": 500, "quota_period": "day"}}
 
 
 @dataclass
@@ -138,6 +140,33 @@ def test_a_burst_overshoots_tokens_per_minute_by_at_most_one_reservation(gated: 
     assert refused and all(answer["error"]["code"] == "rate_limit_exceeded" for answer in refused)
     logged_tokens = sum(line["prompt_tokens"] + line["completion_tokens"] for line in gated.usage(key))
     assert logged_tokens <= TPM + refill + len(PROMPT) + max_tokens
+
+
+@pytest.mark.parametrize(("key", "stream"), [("leaver_stream", True), ("leaver_whole", False)])
+def test_a_client_that_leaves_frees_its_reservation_and_is_charged_what_it_used(gated: Gated, key: str,
+                                                                               stream: bool) -> None:
+    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": 600, "ignore_eos": True, "stream": stream}
+    sock = open_stream(gated.state, request, 3 if stream else 0,
+                       headers={"Authorization": f"Bearer {gated.secrets[key]}"})
+    deadline = time.monotonic() + 30
+    while True:  # the in-flight reservation of 603 holds the 500-token quota
+        status, answer = complete(gated, key, body(4))
+        if status == 429:
+            break
+        assert time.monotonic() < deadline, "the leaving request was never admitted"
+        time.sleep(0.05)
+    assert "603 reserved by requests in flight" in answer["error"]["message"]
+    sock.close()
+    while complete(gated, key, body(4))[0] != 200:  # settled: the next request is admitted
+        assert time.monotonic() < deadline + 30, "the reservation of a client that left was never settled"
+        time.sleep(0.1)
+    lines = gated.usage(key)
+    left = [line for line in lines if line["completion_tokens"] != 4]  # the rest: requests of 4 tokens
+    if stream:  # it streamed some tokens, and is charged them: one line
+        assert len(left) == 1 and 0 < left[0]["completion_tokens"] < 600
+    else:  # charged what was generated before the handler was cancelled (nothing when no token came)
+        assert len(left) <= 1 and all(line["completion_tokens"] < 600 for line in left)
+    assert sum(line["prompt_tokens"] + line["completion_tokens"] for line in lines) <= 500 + 7
 
 
 def test_metrics_name_no_key_without_the_admin_key(gated: Gated) -> None:
