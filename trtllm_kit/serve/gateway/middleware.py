@@ -164,7 +164,11 @@ class Admission:
         Arguments:
             reservation: prompt tokens + max_tokens.
         """
-        refusal = self.gateway.limits[self.record.name].admit(reservation)
+        limits = self.gateway.limits.get(self.record.name)
+        if limits is None:  # dropped from the key file by a SIGHUP since the key was checked
+            raise RequestError(f"the key {self.record.name!r} is no longer in the key file.", 401,
+                               code="invalid_api_key")
+        refusal = limits.admit(reservation)
         if refusal is not None:
             self.gateway.metrics.outcome(self.record.name, "quota_exceeded" if refusal.is_quota else "rate_limited")
             raise Refused(self.record.name, refusal)
@@ -173,23 +177,32 @@ class Admission:
 
     def settle(self, model: str, usage: Callable[[], dict[str, int]] | None, succeeded: bool) -> None:
         """Replace the reservation by the tokens used: all counted ones, or none for a request that failed before
-        its first token; each charged request is a line of the usage log.
+        its first token (the whole reservation when counting fails); each charged request is a line of the usage
+        log.
 
         Arguments:
             model: the served model; usage: the run's usage counts (None when it never started); succeeded:
                 whether it answered with a status below 400.
         """
-        if self.reservation is None:
+        reservation, self.reservation = self.reservation, None
+        if reservation is None:
             return
-        counts = usage() if usage is not None else {"prompt_tokens": 0, "completion_tokens": 0}
-        if not succeeded and counts["completion_tokens"] == 0:
-            counts = {"prompt_tokens": 0, "completion_tokens": 0}
-        used = UsageRecord(time.time(), self.record.name, self.record.tenant, model, counts["prompt_tokens"],
-                           counts["completion_tokens"])
-        limits = self.gateway.limits.get(self.record.name)  # a SIGHUP may have replaced them, or dropped the key
-        if limits is not None:
-            limits.settle(self.reservation, used.total_tokens)
-        self.reservation = None
-        if used.total_tokens:
+        tokens = reservation
+        try:
+            counts = usage() if usage is not None else {"prompt_tokens": 0, "completion_tokens": 0}
+            if not succeeded and counts["completion_tokens"] == 0:
+                counts = {"prompt_tokens": 0, "completion_tokens": 0}
+            used = UsageRecord(time.time(), self.record.name, self.record.tenant, model, counts["prompt_tokens"],
+                               counts["completion_tokens"])
+            tokens = used.total_tokens
+        finally:
+            limits = self.gateway.limits.get(self.record.name)  # a SIGHUP may have replaced them, or dropped the key
+            if limits is not None:
+                limits.settle(reservation, tokens)
+        if tokens:
             self.gateway.metrics.used(used)
-            self.gateway.usage.append(used)
+            try:
+                self.gateway.usage.append(used)
+            except OSError:  # the answer is served and the quota charged in memory; a restart will not count it
+                LOG.exception("the usage log %s could not be written; key %r, %d tokens", self.gateway.usage.path,
+                              self.record.name, tokens)
