@@ -112,6 +112,8 @@ def test_a_restricted_key_is_refused_whatever_type_the_model_name_has(tmp_path: 
 def test_unknown_routes_and_methods_are_json_too(tmp_path: Path) -> None:
     def check(served: Served) -> None:
         assert send(served, b"", bearer(served), "GET", "/v1/nowhere")[0] == 404
+        for path in ("/v1/nowhere", "//v1/completions", "/v1%2Fcompletions", "/./v1/completions", "/V1/models"):
+            assert send(served, BODY, {}, "POST", path)[0] == 401  # without a key nothing but /metrics answers
         status, content_type, answer = send(served, b"{}", bearer(served), "PUT", "/v1/completions")
         assert (status, content_type) == (405, JSON) and answer["error"]["message"]
 

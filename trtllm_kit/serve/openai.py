@@ -17,7 +17,7 @@ from prometheus_client import Counter
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.errors import error_response, generation_failure
-from trtllm_kit.serve.gateway.middleware import ADMIT, Gateway
+from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, Gateway
 from trtllm_kit.serve.openai_metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai_protocol import (
     ChoiceShape,
@@ -93,7 +93,7 @@ class OpenAIFrontend:
         if self.gateway is not None:
             app.on_startup.append(self.gateway.on_startup)
             app.on_cleanup.append(self.gateway.on_cleanup)
-        app.router.add_get("/metrics", self.prometheus_metrics)
+        app.router.add_get(METRICS_PATH, self.prometheus_metrics)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
