@@ -29,6 +29,11 @@ def test_keys_add_prints_the_key_once_and_stores_only_a_salted_hash(tmp_path: Pa
     assert "key_hash" not in listed[0]
     assert run(["keys", "revoke", "a", "--keys", str(path)]) == 0
     assert read_keys(path).find(secret) is None
+    assert run(["keys", "add", "ops", "--keys", str(path), "--admin"]) == 0
+    admin = capsys.readouterr().out.splitlines()[-1]
+    assert read_keys(path).find(admin).admin and not read_keys(path).named("a").admin
+    assert run(["keys", "list", "--keys", str(path)]) == 0
+    assert "\tadmin\tlive" in capsys.readouterr().out.splitlines()[-1]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
