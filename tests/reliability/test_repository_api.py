@@ -28,12 +28,9 @@ from trtllm_kit.serve.state import TOKEN_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KEY = "sk-repository-test-key"
-PWN_CONFIG = """name: "pwn"
-backend: "python"
-max_batch_size: 0
-input [{ name: "x", data_type: TYPE_INT32, dims: [1] }]
-output [{ name: "y", data_type: TYPE_INT32, dims: [1] }]
-"""
+PWN_CONFIG = json.dumps({"name": "pwn", "backend": "python", "max_batch_size": 0,  # the API takes config as JSON
+                         "input": [{"name": "x", "data_type": "TYPE_INT32", "dims": [1]}],
+                         "output": [{"name": "y", "data_type": "TYPE_INT32", "dims": [1]}]})
 
 
 def pwn_code(marker: Path) -> bytes:
