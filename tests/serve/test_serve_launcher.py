@@ -48,7 +48,7 @@ def test_the_token_restricts_the_admin_apis_always_and_inference_with_keys(keyed
 
 
 def test_a_hidden_argument_reaches_the_child_but_not_its_cmdline() -> None:
-    code = "import sys; print(sys.argv[2]); print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3])"
+    code = "import sys; print(sys.argv[1]); print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3])"
     hidden = HiddenArgs([sys.executable, "-c", code, "--restricted=api:key=S3CRET"], "S3CRET")
     assert hidden.shown()[-1] == "--restricted=api:key=<hidden>"
     child = subprocess.Popen(hidden.shown(), env={**os.environ, **hidden.environment()}, preexec_fn=trace_me,
