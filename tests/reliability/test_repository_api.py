@@ -70,6 +70,8 @@ def test_the_token_is_kept_for_the_owner_only(guarded: dict[str, Any]) -> None:
     assert len(token) >= 32 and token not in (Path(guarded["run_dir"]) / "state.json").read_text()
     cmdline = Path(f"/proc/{guarded['server_pid']}/cmdline").read_bytes().decode()  # what any local user reads
     assert token not in cmdline and "--http-restricted-api=" in cmdline and "trtllm-kit-token=<hidden>" in cmdline
+    for log in (Path(guarded["log"]), Path(guarded["run_dir"]) / "serve.log"):
+        assert token not in log.read_text(errors="replace")
 
 
 def test_an_uploaded_model_is_refused_over_http(guarded: dict[str, Any]) -> None:

@@ -107,7 +107,8 @@ class Reloader:
         check_fit([*(others if need.on_gpu else []), need], what=f"{new_out} next to the served models")
         copied = copy_models(target.repo, launch.repo, member.prefix)
         loaded: list[str] = []
-        async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=http_headers(launch.restricted_token)) as http:
+        headers = http_headers(launch.restricted_token)  # the repository API demands the per-launch token
+        async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=headers) as http:
             try:
                 for model in _load_order(copied.ordered()):
                     if model not in await _ready(http):  # an ensemble's load brings its steps (reloading a ready

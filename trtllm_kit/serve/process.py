@@ -45,6 +45,14 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _traced(prepare: Callable[[], None]) -> Callable[[], None]:
+    """``prepare``, then stop at the exec for ``HiddenArgs.reveal``."""
+    def both() -> None:
+        prepare()
+        trace_me()
+    return both
+
+
 class TritonProcess:
     """One launch of the server: owns the process group, its log file and its shared-memory regions."""
 
@@ -74,7 +82,7 @@ class TritonProcess:
         if token and self.config.world_size == 1:  # under mpirun the ranks' argv pass through mpirun's own
             hidden = HiddenArgs(self.argv, token)
             try:
-                self._popen(hidden.shown(), {**env, **hidden.environment()}, lambda: (prepare(), trace_me()))
+                self._popen(hidden.shown(), {**env, **hidden.environment()}, _traced(prepare))
             except subprocess.SubprocessError:  # tracing refused (seccomp, Yama scope 3): the plain command line
                 with self.log_path.open("a") as log:
                     log.write("trtllm-kit: this system refuses ptrace, so the Triton token is on tritonserver's "
@@ -85,7 +93,7 @@ class TritonProcess:
                 return
         self._popen(self.argv, env, prepare)
 
-    def _popen(self, argv: list[str], env: dict[str, str], prepare: Callable[[], object]) -> None:
+    def _popen(self, argv: list[str], env: dict[str, str], prepare: Callable[[], None]) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=prepare)
