@@ -20,7 +20,7 @@ import ctypes
 import os
 import signal
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_kit.errors import KitError
@@ -43,10 +43,11 @@ class HiddenArgs:
 
     argv: list[str]
     secret: str
-    hidden: dict[int, str] = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", {i: arg for i, arg in enumerate(self.argv) if self.secret in arg})
+    @property
+    def hidden(self) -> dict[int, str]:
+        """The arguments that hold the secret, by position."""
+        return {i: arg for i, arg in enumerate(self.argv) if self.secret in arg}
 
     def shown(self) -> list[str]:
         """The command line the child is started with (and ``ps`` shows)."""
