@@ -42,7 +42,9 @@ def test_one_node_deployment(artifact, tmp_path, capsys):
     pod = found["Deployment/llama-3-1-70b-instruct"]["spec"]["template"]["spec"]
     server = pod["containers"][0]
     assert server["command"][:3] == ["trtllm-kit", "serve", "/models/llama70b"]  # where config.pbtxt expects it
-    assert {p["containerPort"] for p in server["ports"]} == {8000, 8001, 8002, 9000}
+    assert {p["containerPort"] for p in server["ports"]} == {8000, 8001, 8002, 9000}  # in-pod: probes, frontend
+    routed = found["Service/llama-3-1-70b-instruct"]["spec"]["ports"]
+    assert {(p["port"], p["targetPort"]) for p in routed} == {(9000, "openai"), (8002, "metrics")}
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
     startup = server["startupProbe"]
     assert startup["httpGet"]["path"] == "/v2/health/ready"
@@ -83,6 +85,10 @@ def test_tp8_on_two_nodes_of_four_gpus(artifact, tmp_path, capsys):
     assert mpirun[:4] == ["--host", "llama70b-0:4,llama70b-0-1:4", "--mca", "plm_rsh_agent"]
     ranks = " ".join(mpirun[5:]).split(" : ")
     assert len(ranks) == 8 and "--http-port=8000" in ranks[0] and "--allow-http=false" in ranks[7]
+    restricted = next(a for a in ranks[0].split() if a.startswith("--http-restricted-api="))
+    apis, _, token = restricted.partition("=")[2].partition(":trtllm-kit-token=")
+    assert "model-repository" in apis.split(",") and len(token) == 48 and int(token, 16) >= 0  # drawn at start
+    assert {p["targetPort"] for p in found["Service/llama70b"]["spec"]["ports"]} == {"openai", "metrics"}
     assert all("--exit-timeout-secs=30" in rank for rank in ranks)
     role = found["Role/llama70b-leader"]
     assert {"resources": ["pods/exec"], "verbs": ["create", "get"], "apiGroups": [""]} in role["rules"]

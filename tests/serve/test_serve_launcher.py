@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import servable
+from trtllm_kit.serve.hidden_args import HiddenArgs, trace_me
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, free_endpoints, launch_argv
 from trtllm_kit.serve.locate import TritonInstall, locate_tritonserver
 from trtllm_kit.serve.process import TritonProcess, group_alive
@@ -31,6 +34,28 @@ def test_single_process_argv() -> None:
         "--metrics-address=0.0.0.0", "--metrics-port=9002", "--strict-readiness=true", "--log-verbose=1",
         "--exit-on-error=true", "--exit-timeout-secs=3",
         "--backend-config=python,shm-region-prefix-name=trtllmkit_7_0_", *SHM]
+
+
+@pytest.mark.parametrize(("keyed", "apis"), [
+    (False, "model-repository,shared-memory,trace,logging"),
+    (True, "model-repository,shared-memory,trace,logging,metadata,inference,model-config,statistics")])
+def test_the_token_restricts_the_admin_apis_always_and_inference_with_keys(keyed: bool, apis: str) -> None:
+    config = LaunchConfig(Path("/r"), restricted_token="T0K", restrict_inference=keyed)
+    argv = launch_argv(OPT, config)
+    assert f"--http-restricted-api={apis}:trtllm-kit-token=T0K" in argv
+    assert f"--grpc-restricted-protocol={apis}:trtllm-kit-token=T0K" in argv
+    assert not any("restricted" in arg for arg in launch_argv(OPT, LaunchConfig(Path("/r"))))
+
+
+def test_a_hidden_argument_reaches_the_child_but_not_its_cmdline() -> None:
+    code = "import sys; print(sys.argv[1]); print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3])"
+    hidden = HiddenArgs([sys.executable, "-c", code, "--restricted=api:key=S3CRET"], "S3CRET")
+    assert hidden.shown()[-1] == "--restricted=api:key=<hidden>"
+    child = subprocess.Popen(hidden.shown(), env={**os.environ, **hidden.environment()}, preexec_fn=trace_me,
+                             stdout=subprocess.PIPE, text=True)
+    hidden.reveal(child.pid)
+    out, _ = child.communicate(timeout=60)
+    assert out.splitlines() == ["--restricted=api:key=S3CRET", "b'--restricted=api:key=<hidden>'"]
 
 
 def rank(n: int) -> list[str]:

@@ -17,9 +17,10 @@ import openai
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, free_endpoints, free_port
-from trtllm_kit.serve.state import read_state, run_dir
+from trtllm_kit.serve.state import TOKEN_FILE, read_state, run_dir
 
 pytestmark = pytest.mark.integration
 KEY = "sk-test-key"
@@ -207,17 +208,19 @@ def test_bench_sends_the_api_key_and_never_writes_it(server: dict[str, Any], fak
 
 
 def triton_token(server: dict[str, Any]) -> dict[str, str]:
-    """The gRPC header a keyed server's Triton demands (the per-launch token on its command line)."""
-    argv = Path(f"/proc/{server['server_pid']}/cmdline").read_bytes().decode().split("\0")
-    token = next(a for a in argv if a.startswith("--grpc-restricted-protocol=")).rsplit("=", 1)[1]
-    return {GRPC_RESTRICTED_HEADER: token}
+    """The gRPC header a keyed server's Triton demands (the per-launch token, in the owner's run directory)."""
+    return {GRPC_RESTRICTED_HEADER: (Path(server["run_dir"]) / TOKEN_FILE).read_text()}
 
 
 def test_generate_cli_and_tritonclient(server: dict[str, Any]) -> None:
-    done = kit("generate", "hello", "--url", server["grpc"], "--max-tokens", "4")  # with --api-key: not without it
-    assert done.returncode == 1 and "This protocol is restricted" in done.stderr, done.stderr
+    done = kit("generate", "hello", "--url", server["grpc"], "--max-tokens", "4")  # the owner's: with the token
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    cmdline = Path(f"/proc/{server['server_pid']}/cmdline").read_bytes().decode()
+    assert triton_token(server)[GRPC_RESTRICTED_HEADER] not in cmdline and "trtllm-kit-token=<hidden>" in cmdline
     with grpcclient.InferenceServerClient(server["grpc"]) as triton:
         assert triton.is_model_ready("ensemble")  # health stays open
+        with pytest.raises(InferenceServerException, match="This protocol is restricted"):
+            triton.get_model_metadata("ensemble")  # with --api-key, every other protocol demands the token
 
 
 def test_a_second_serve_of_the_same_out_is_refused(server: dict[str, Any], fake_out: Path) -> None:

@@ -128,7 +128,8 @@ def stop(out: Path | None, timeout: float) -> None:
 @click.option("--seed", type=int)
 def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperature: float | None, top_p: float | None,
              top_k: int | None, seed: int | None) -> None:
-    """Stream a completion of PROMPT from a running server to the terminal.
+    """Stream a completion of PROMPT from a running server to the terminal (with the serve's Triton token when
+    this user started it with trtllm-kit serve).
 
     \b
     Example:
@@ -137,9 +138,12 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
     import asyncio
 
     from trtllm_kit.serve.client import GenerationRequest, generate_to
+    from trtllm_kit.serve.launcher import grpc_headers
+    from trtllm_kit.serve.state import token_for
 
     request = GenerationRequest(prompt, max_tokens, temperature or None, top_p, top_k, seed)
-    asyncio.run(generate_to(url, model, request, lambda text: click.echo(text, nl=False)))
+    headers = grpc_headers(token_for(url))  # the owner's own serve: its token, from the run directory
+    asyncio.run(generate_to(url, model, request, lambda text: click.echo(text, nl=False), headers))
     click.echo()
 
 

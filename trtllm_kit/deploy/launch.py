@@ -22,6 +22,7 @@ PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 SCRIPTS_DIR = "/opt/trtllm-kit"  # the launch ConfigMap's mount
 CONTAINER = "server"
+TOKEN_SLOT = "@TRITON_TOKEN@"  # in the leader's mpirun line, replaced by the token the script draws at start
 
 
 def serve_command(source: DeploySource, settings: DeploySettings, ready_timeout_s: int) -> list[str]:
@@ -37,14 +38,16 @@ def serve_command(source: DeploySource, settings: DeploySettings, ready_timeout_
 
 
 def mpirun_ranks(source: DeploySource, settings: DeploySettings) -> list[str]:
-    """Every rank's ``tritonserver`` command line after ``mpirun`` (``-n 1 … : -n 1 …``), from the kit's launcher.
+    """Every rank's ``tritonserver`` command line after ``mpirun`` (``-n 1 … : -n 1 …``), from the kit's launcher;
+    rank 0's repository and admin APIs demand a token, ``TOKEN_SLOT`` here.
 
     Arguments:
         source: the artifact; settings: the deployment.
     """
     install = TritonInstall(server=Path(TRITONSERVER), source="container")
     config = LaunchConfig(repo=Path(source.mount_path) / "repo", endpoints=Endpoints("0.0.0.0", *PORTS.values()),
-                          world_size=source.world_size, exit_timeout_s=settings.exit_timeout_s)
+                          world_size=source.world_size, exit_timeout_s=settings.exit_timeout_s,
+                          restricted_token=TOKEN_SLOT)
     argv = launch_argv(install, config, is_root=False)
     assert argv[0] == "mpirun", "a multi-rank launch starts with mpirun"
     return argv[1:]
@@ -59,7 +62,7 @@ def leader_script(source: DeploySource, settings: DeploySettings, num_nodes: int
     Arguments:
         source: the artifact; settings: the deployment; num_nodes: pods in the group.
     """
-    ranks = shlex.join(mpirun_ranks(source, settings))
+    ranks = " ".join(_shell_word(arg) for arg in mpirun_ranks(source, settings))
     return f"""#!/bin/sh
 # Start {source.world_size} tritonserver ranks across the {num_nodes} pods of this LeaderWorkerSet group.
 set -eu
@@ -78,8 +81,15 @@ while :; do
 done
 hosts="$POD_NAME:{settings.gpus_per_node}"
 for worker in $workers; do hosts="$hosts,$worker:{settings.gpus_per_node}"; done
+# Triton's repository and admin APIs demand this launch's own token, which nothing outside this process keeps.
+token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
 exec mpirun --host "$hosts" --mca plm_rsh_agent {SCRIPTS_DIR}/kubessh {ranks}
 """
+
+
+def _shell_word(arg: str) -> str:
+    """``arg`` quoted for sh, with ``TOKEN_SLOT`` expanded from the script's ``$token``."""
+    return '"$token"'.join(shlex.quote(part) if part else "" for part in arg.split(TOKEN_SLOT))
 
 
 KUBESSH = f"""#!/bin/sh

@@ -41,9 +41,10 @@ def sha256_list(names: Names, source: DeploySource) -> Obj:
 
 
 def service(names: Names, settings: DeploySettings) -> Obj:
-    """A ClusterIP Service over the serving pods: HTTP, gRPC, metrics and the OpenAI API."""
-    ports = [{"name": kind, "port": port, "targetPort": kind} for kind, port in PORTS.items()]
-    ports.append({"name": "openai", "port": settings.openai_port, "targetPort": "openai"})
+    """A ClusterIP Service over the serving pods: the OpenAI API and the metrics only. Triton's HTTP and gRPC ports
+    stay inside the pod (its probes and the frontend reach them there), so no client can go around the API keys."""
+    ports = [{"name": "openai", "port": settings.openai_port, "targetPort": "openai"},
+             {"name": "metrics", "port": PORTS["metrics"], "targetPort": "metrics"}]
     return {"apiVersion": "v1", "kind": "Service", "metadata": names.meta(),
             "spec": {"type": "ClusterIP", "selector": names.serving, "ports": ports}}
 

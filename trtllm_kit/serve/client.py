@@ -227,7 +227,8 @@ def _scalar(result: InferResult, name: str) -> int | None:
     return int(value.reshape(-1)[0]) if value is not None and value.size else None
 
 
-async def generate_to(url: str, model: str | None, req: GenerationRequest, write: Callable[[str], object]) -> int:
+async def generate_to(url: str, model: str | None, req: GenerationRequest, write: Callable[[str], object],
+                      headers: tuple[tuple[str, str], ...] = ()) -> int:
     """Stream ``req``'s text through ``write`` as it arrives; returns the number of responses (tokens).
 
     Arguments:
@@ -235,8 +236,9 @@ async def generate_to(url: str, model: str | None, req: GenerationRequest, write
         model: the model to call (the first of ``TEXT_MODELS`` ready when None).
         req: the request.
         write: called with each piece of text.
+        headers: gRPC metadata for every call (the serve's token, ``launcher.grpc_headers``).
     """
-    client = TextClient(url, model)
+    client = TextClient(url, model, headers)
     count = 0
     try:
         async for chunk in client.stream(req):

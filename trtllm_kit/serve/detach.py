@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.reaper import group_alive, reap
-from trtllm_kit.serve.state import claim_run_dir, is_alive, read_state, run_dir, serving_pid
+from trtllm_kit.serve.state import TOKEN_FILE, claim_run_dir, is_alive, read_state, run_dir, serving_pid
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.service import ServeOptions
@@ -107,6 +107,6 @@ def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
         server_pid = state.get("server_pid")
         reap([server_pid] if server_pid and group_alive(server_pid) else [], state.get("shm_prefix", ""))
         for served in state.get("outs") or [str(out)]:
-            for name in ("state.json", "serve.pid"):
+            for name in ("state.json", "serve.pid", TOKEN_FILE):
                 (run_dir(Path(served)) / name).unlink(missing_ok=True)
     return {"pid": pid, "forced": forced}

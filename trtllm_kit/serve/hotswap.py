@@ -2,7 +2,7 @@
 
 Steps, each bounded: check the new artifact is servable and fits next to what is served (refusing before
 anything changes); copy its repository in as ``NAME__vN__*``; load those models through Triton's repository API
-(explicit model control; the per-launch token when the server has one); switch the route, so every new request
+(explicit model control, with the per-launch token); switch the route, so every new request
 goes to the new version; wait until the old route's requests in flight have finished; unload the old models
 that no other route uses and delete their copies.
 """
@@ -23,7 +23,7 @@ from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.launcher import RESTRICTED_HEADER
+from trtllm_kit.serve.launcher import http_headers
 from trtllm_kit.serve.members import route, versioned
 from trtllm_kit.serve.merge import copy_models, remove_models
 from trtllm_kit.serve.reload import answer, take_requests
@@ -107,7 +107,8 @@ class Reloader:
         check_fit([*(others if need.on_gpu else []), need], what=f"{new_out} next to the served models")
         copied = copy_models(target.repo, launch.repo, member.prefix)
         loaded: list[str] = []
-        async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=self._headers()) as http:
+        headers = http_headers(launch.restricted_token)  # the repository API demands the per-launch token
+        async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=headers) as http:
             try:
                 for model in _load_order(copied.ordered()):
                     if model not in await _ready(http):  # an ensemble's load brings its steps (reloading a ready
@@ -149,10 +150,6 @@ class Reloader:
                 "models": list(new.models), "unloaded": retired, "in_flight_at_switch": in_flight,
                 "drained": drained, "load_s": round(loaded_s, 3), "switch_s": round(switched_s, 3),
                 "total_s": round(time.perf_counter() - started, 3), "out": str(new_out.absolute())}
-
-    def _headers(self) -> dict[str, str]:
-        token = self.server.launch.restricted_token
-        return {RESTRICTED_HEADER: token} if token else {}
 
 
 async def _post(http: aiohttp.ClientSession, path: str, body: dict[str, Any] | None = None) -> Any:

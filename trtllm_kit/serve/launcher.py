@@ -17,8 +17,11 @@ PYTHON_SHM_GROWTH_BYTES = 1024 * 1024
 # one until the inner model's first response: with 4 x max_batch_size requests queued in the engine the pool ran
 # dry and a new request could not reach the engine to be refused (nor a cancellation to be seen).
 PYTHON_THREAD_POOL_SIZE = 256
-# With a token, every Triton API but health demands the header RESTRICTED_HEADER: TOKEN (HTTP and gRPC).
-RESTRICTED_APIS = "metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
+# Triton's API groups (tritonserver --help, "Allowed APIs"). With a token, those that change the server (load code
+# through the repository API, map shared memory, write trace and log files) always demand the header
+# RESTRICTED_HEADER: TOKEN on HTTP and gRPC; with inference restricted too, every group but health does.
+ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
+SERVING_APIS = ("metadata", "inference", "model-config", "statistics")
 RESTRICTED_HEADER = "trtllm-kit-token"
 GRPC_RESTRICTED_HEADER = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # the metadata key Triton's gRPC checks
 
@@ -62,7 +65,8 @@ class LaunchConfig:
     exit_timeout_s: int = 5
     trtllm_models: tuple[str, ...] = ("tensorrt_llm",)
     extra_args: tuple[str, ...] = ()
-    restricted_token: str | None = field(default=None, repr=False)  # demanded by every API but health
+    restricted_token: str | None = field(default=None, repr=False)  # demanded by the restricted APIs
+    restrict_inference: bool = False  # the token guards inference and metadata too (every API but health)
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -72,6 +76,12 @@ class LaunchConfig:
                 raise KitUsageError(f"--{name.lower()}-port {port} is not a TCP port; choose one in 1-65535.")
         if len(set(self.endpoints.ports().values())) < 3:
             raise KitUsageError(f"the HTTP, gRPC and metrics ports must differ, got {self.endpoints.ports()}.")
+
+    def restricted_apis(self) -> tuple[str, ...]:
+        """The API groups that demand the token (none without one)."""
+        if not self.restricted_token:
+            return ()
+        return ADMIN_APIS + SERVING_APIS if self.restrict_inference else ADMIN_APIS
 
     def rank_shm_prefix(self, rank: int) -> str:
         """The Python backend's shared-memory region prefix of ``rank`` (distinct per rank and per launch)."""
@@ -96,7 +106,7 @@ def rank_argv(install: TritonInstall, config: LaunchConfig, rank: int) -> list[s
                  f"--metrics-address={ep.host}", f"--metrics-port={ep.metrics_port}",
                  "--strict-readiness=true", f"--log-verbose={config.log_verbose}"]
         if config.restricted_token:
-            restriction = f"{RESTRICTED_APIS}:{RESTRICTED_HEADER}={config.restricted_token}"
+            restriction = f"{','.join(config.restricted_apis())}:{RESTRICTED_HEADER}={config.restricted_token}"
             argv += [f"--http-restricted-api={restriction}", f"--grpc-restricted-protocol={restriction}"]
     else:
         argv += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
@@ -109,6 +119,16 @@ def rank_argv(install: TritonInstall, config: LaunchConfig, rank: int) -> list[s
     if install.source == "nvidia-pytriton":  # the CPU build: no NVML, no pinned host memory
         argv += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
     return argv + list(config.extra_args)
+
+
+def grpc_headers(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The gRPC metadata that carries ``token`` to Triton's restricted protocols (none without a token)."""
+    return ((GRPC_RESTRICTED_HEADER, token),) if token else ()
+
+
+def http_headers(token: str | None) -> dict[str, str]:
+    """The HTTP headers that carry ``token`` to Triton's restricted APIs (none without a token)."""
+    return {RESTRICTED_HEADER: token} if token else {}
 
 
 def launch_argv(install: TritonInstall, config: LaunchConfig, *, mpirun: str = "mpirun",

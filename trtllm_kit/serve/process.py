@@ -12,9 +12,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from trtllm_kit.errors import KitError
+from trtllm_kit.serve.hidden_args import HiddenArgs, trace_me
 from trtllm_kit.serve.launcher import LaunchConfig, check_ports_free, launch_argv
 from trtllm_kit.serve.locate import TritonInstall
 from trtllm_kit.serve.reaper import group_alive
@@ -43,6 +45,14 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _traced(prepare: Callable[[], None]) -> Callable[[], None]:
+    """``prepare``, then stop at the exec for ``HiddenArgs.reveal``."""
+    def both() -> None:
+        prepare()
+        trace_me()
+    return both
+
+
 class TritonProcess:
     """One launch of the server: owns the process group, its log file and its shared-memory regions."""
 
@@ -67,10 +77,26 @@ class TritonProcess:
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = kit_environment(self.install.environment())
+        prepare = _die_with_parent if die_with_parent else _private
+        token = self.config.restricted_token
+        if token and self.config.world_size == 1:  # under mpirun the ranks' argv pass through mpirun's own
+            hidden = HiddenArgs(self.argv, token)
+            try:
+                self._popen(hidden.shown(), {**env, **hidden.environment()}, _traced(prepare))
+            except subprocess.SubprocessError:  # tracing refused (seccomp, Yama scope 3): the plain command line
+                with self.log_path.open("a") as log:
+                    log.write("trtllm-kit: this system refuses ptrace, so the Triton token is on tritonserver's "
+                              "command line, readable by local users\n")
+            else:
+                assert self.proc is not None
+                hidden.reveal(self.proc.pid)
+                return
+        self._popen(self.argv, env, prepare)
+
+    def _popen(self, argv: list[str], env: dict[str, str], prepare: Callable[[], None]) -> None:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent if die_with_parent else _private)
+            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=prepare)
 
     def is_ready(self) -> bool:
         """``GET /v2/health/ready`` answers 200, and so does ``/metrics`` (Triton starts it last, and a benchmark

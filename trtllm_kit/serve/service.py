@@ -27,7 +27,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
 from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
+from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.members import parse_names, plan_members, route, working_repository
 from trtllm_kit.serve.merge import TRTLLM_MODEL
@@ -35,7 +35,7 @@ from trtllm_kit.serve.process import TritonProcess
 from trtllm_kit.serve.reaper import Reaper
 from trtllm_kit.serve.routes import Alias, Route, check_aliases
 from trtllm_kit.serve.running import Server, Watch, route_state
-from trtllm_kit.serve.state import claim_run_dir, run_dir, serving_pid, write_pid
+from trtllm_kit.serve.state import TOKEN_FILE, claim_run_dir, run_dir, serving_pid, write_pid, write_token
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.openai import OpenAIFrontend
@@ -83,8 +83,10 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     Every rank, stub and shared-memory region is gone when this returns or raises, and within seconds when this
     process is killed (a reaper process watches it). When tritonserver or one of its stubs dies while serving,
     in-flight requests fail at once and this raises ``KitError`` naming it (``serve`` exits 1 for a supervisor
-    to restart it). With an API key, Triton's own ports listen on loopback and demand a per-launch token for
-    every API but health, so the OpenAI port is the only way in; the key reaches no child process.
+    to restart it). Triton's repository, shared-memory, trace and logging APIs demand a per-launch token that
+    only this process and the owner's ``run_dir/triton.token`` (mode 0600) hold. With an API key or a key file,
+    every Triton API but health demands it, so the OpenAI port is the only way in (with ``--api-key`` Triton's
+    ports also listen on loopback only); the key reaches no child process.
 
     Arguments:
         options: what to serve and where.
@@ -132,10 +134,13 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
                           trtllm_models=tuple(dict.fromkeys(c.names[TRTLLM_MODEL] for c in copies
                                                             if TRTLLM_MODEL in c.names)) or (TRTLLM_MODEL,),
                           extra_args=_explicit(names) if world_size == 1 else (),
-                          restricted_token=secrets.token_urlsafe(24) if options.api_key else None)
+                          restricted_token=secrets.token_urlsafe(24),
+                          restrict_inference=bool(options.api_key or options.api_keys))
     argv = targets[0].target.argv(install, config)
     process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv)
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
+    assert config.restricted_token is not None
+    write_token(state_dir, config.restricted_token)
     for out in outs:
         claim_run_dir(out)
         write_pid(out)
@@ -166,7 +171,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
             process.stop(stubs=watch.stubs)
             reaper.close()
             for out in outs:
-                for name in ("state.json", "serve.pid"):
+                for name in ("state.json", "serve.pid", TOKEN_FILE):
                     (run_dir(out) / name).unlink(missing_ok=True)
 
 
@@ -209,10 +214,9 @@ def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, 
         return None
     from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
 
-    token = launch.restricted_token
     config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=routes[0].name,
                           triton_model=routes[0].triton_model, api_key=options.api_key,
-                          triton_headers=((GRPC_RESTRICTED_HEADER, token),) if token else (),
+                          triton_headers=grpc_headers(launch.restricted_token),
                           api_keys=options.api_keys, usage_log=options.usage_log, routes=tuple(routes),
                           aliases=aliases)
     return OpenAIFrontend(config)

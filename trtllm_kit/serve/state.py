@@ -12,7 +12,8 @@ few hundred kB; engines and checkpoints stay where they are, named by absolute p
 stub embeds an interpreter that ignores ``PYTHONDONTWRITEBYTECODE`` and writes ``__pycache__`` beside every
 module it imports, which must not land in the hashed tree. A serve of several OUTs keeps one such repository,
 merged (``serve/members.py``), in the first OUT's run directory; each OUT's run directory gets ``serve.pid`` and
-``state.json``.
+``state.json``. The first also gets ``triton.token`` (mode 0600): the per-launch token Triton's restricted APIs
+demand, for the owner's own clients (``trtllm-kit generate``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+TOKEN_FILE = "triton.token"
 
 
 def run_dir(out: Path) -> Path:
@@ -100,3 +103,35 @@ def serving_pid(out: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if is_alive(pid) and owner_alive(tag) else None
+
+
+def write_token(directory: Path, token: str) -> None:
+    """Keep ``token`` in ``directory/triton.token``, readable by the owner only (created so from the start).
+
+    Arguments:
+        directory: the serve's run directory; token: Triton's per-launch token.
+    """
+    path = directory / TOKEN_FILE
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(token)
+
+
+def token_for(grpc_url: str) -> str | None:
+    """The per-launch token of the running serve whose Triton gRPC endpoint is ``grpc_url``, when this user can
+    read it; None otherwise (a server this kit did not start, or another user's).
+
+    Arguments:
+        grpc_url: ``host:port`` as ``state.json`` records it.
+    """
+    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
+
+    for state_path in sorted((cache_root() / "run").glob("*/state.json")):
+        try:
+            state = json.loads(state_path.read_text())
+            if state.get("grpc") == grpc_url and is_alive(int(state["pid"])):
+                return (Path(state["run_dir"]) / TOKEN_FILE).read_text().strip() or None
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
