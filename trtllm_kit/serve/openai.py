@@ -28,6 +28,7 @@ from trtllm_kit.serve.openai_protocol import (
     parse_sampling,
 )
 from trtllm_kit.serve.openai_run import Run, send
+from trtllm_kit.serve.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.routes import Alias, Route, RouteTable
 from trtllm_kit.serve.text import Tokenizer
 
@@ -89,7 +90,7 @@ class OpenAIFrontend:
 
     def app(self) -> web.Application:
         gateway = [] if self.gateway is None else [self.gateway.middleware]
-        app = web.Application(middlewares=[self._measure, *gateway, self._errors])
+        app = web.Application(middlewares=[self._measure, *gateway, self._errors], client_max_size=MAX_BODY_BYTES)
         if self.gateway is not None:
             app.on_startup.append(self.gateway.on_startup)
             app.on_cleanup.append(self.gateway.on_cleanup)
@@ -169,7 +170,12 @@ class OpenAIFrontend:
         return ", ".join(repr(name) for name in self.table.names)
 
     async def _body(self, request: web.Request, kind: str) -> tuple[dict[str, Any], Route, Alias | None]:
-        body = parse_body(await request.read())
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes, the limit; send a shorter "
+                               "prompt.", 413, code="request_too_large") from None
+        body = parse_body(raw)
         model = body.get("model")
         if model is None:
             raise RequestError(f"'model' is required; this server has {self._has()}.", param="model")
