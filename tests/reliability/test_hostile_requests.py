@@ -16,7 +16,6 @@ import queue
 import shutil
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np

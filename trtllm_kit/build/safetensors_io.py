@@ -10,6 +10,7 @@ tensor, not the file. A part that is a byte range of an input file (a ``FileSlic
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import struct
@@ -105,7 +106,7 @@ def _check_entries(path: Path, header: dict, data_size: int) -> None:
             raise CheckpointError(f"{path} has a corrupt safetensors header: tensor {name!r} spans {stop - begin} "
                                   f"bytes but its {entry['dtype']} shape {entry['shape']} needs {nbytes}.")
     spans.sort()
-    for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
+    for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
         if begin < end:
             raise CheckpointError(f"{path} has a corrupt safetensors header: the data of tensors {first!r} and "
                                   f"{second!r} overlap.")
