@@ -11,7 +11,8 @@ from trtllm_kit.errors import KitUsageError
 
 
 class StopMatcher:
-    """Cuts a stream of text at the first stop sequence, holding back text that may begin one.
+    """Cuts a stream of text before the stop sequence that ends first, holding back text that may begin one;
+    how the stream is split into pieces does not change where it is cut.
 
     Each piece is searched only where a stop sequence can newly end (the held-back text, shorter than the longest
     stop sequence, plus the new text), so the work per piece is bounded by the stop sequences' lengths, whose
@@ -32,9 +33,10 @@ class StopMatcher:
             return ""
         searched = len(self.pending)
         self.pending += text
-        hits = [i for i in (self.pending.find(s, max(0, searched - len(s) + 1)) for s in self.stops) if i >= 0]
+        found = ((self.pending.find(s, max(0, searched - len(s) + 1)), len(s)) for s in self.stops)
+        hits = [(i + n, i) for i, n in found if i >= 0]  # the stop sequence that ends first, as if fed by character
         if hits:
-            shown, self.pending, self.stopped = self.pending[: min(hits)], "", True
+            shown, self.pending, self.stopped = self.pending[: min(hits)[1]], "", True
             return shown
         hold = max((self._begun(s) for s in self.stops), default=0)
         shown = self.pending[: len(self.pending) - hold]
