@@ -4,7 +4,6 @@ sequences cut a stream in pieces exactly where they cut the whole text."""
 from __future__ import annotations
 
 import random
-
 from pathlib import Path
 
 import pytest
