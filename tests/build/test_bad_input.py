@@ -117,6 +117,67 @@ def truncated(model: Path, tmp: Path) -> Case:
                             f"holds {held}; download or copy it again.")
 
 
+def crafted_header(edit: Callable[[dict], object], message: str) -> Callable[[Path, Path], Case]:
+    """A case whose model.safetensors keeps its data under a header that ``edit`` changed (``edit`` may return
+    the raw header bytes to write instead); ``message`` names the file as ``{path}``, its data size ``{held}``."""
+    def maker(model: Path, tmp: Path) -> Case:
+        path = model / "model.safetensors"
+        data = path.read_bytes()
+        (header_len,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + header_len])
+        raw = edit(header)
+        head = raw if isinstance(raw, bytes) else json.dumps(header).encode()
+        path.write_bytes(struct.pack("<Q", len(head)) + head + data[8 + header_len:])
+        return str(model), [], message.format(path=path, held=len(data) - 8 - header_len)
+    return maker
+
+
+def _first(header: dict) -> dict:
+    return header[min(k for k in header if k != "__metadata__")]
+
+
+def _overlap(header: dict) -> None:
+    norms = "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight"
+    header[norms[1]]["data_offsets"] = header[norms[0]]["data_offsets"]  # same shape: the same bytes twice
+
+
+def huge_header_length(model: Path, tmp: Path) -> Case:
+    path = model / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(struct.pack("<Q", 2**63) + data[8:])
+    return str(model), [], (f"{path} is truncated or not a safetensors file (header of {2**63} bytes in a file of "
+                            f"{len(data)}).")
+
+
+CRAFTED = "{path} has a corrupt safetensors header: "
+CRAFTED_HEADERS = [
+    ("header-length-beyond-the-file", huge_header_length),
+    ("header-not-json", crafted_header(lambda h: b"{not json" + b" " * 40,
+                                       CRAFTED + "it is not JSON.")),
+    ("header-a-list", crafted_header(lambda h: b"[1, 2, 3]", CRAFTED + "a JSON list, not an object of tensors.")),
+    ("offsets-beyond-the-data", crafted_header(
+        lambda h: _first(h).update(data_offsets=[0, 10**12]),
+        "{path} is truncated: its header describes 1000000000000 bytes of data but the file holds {held}; "
+        "download or copy it again.")),
+    ("offsets-reversed", crafted_header(
+        lambda h: _first(h).update(data_offsets=[8, 4]),
+        CRAFTED + "tensor 'lm_head.weight' has data_offsets [8, 4]; they are [begin, end] with 0 <= begin <= end.")),
+    ("wrong-dtype-string", crafted_header(
+        lambda h: _first(h).update(dtype="F33"),
+        CRAFTED + "tensor 'lm_head.weight' has dtype 'F33', which is not a safetensors dtype (BOOL, U8, I8, F8_E5M2, "
+                  "F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64).")),
+    ("shape-not-a-list", crafted_header(
+        lambda h: _first(h).update(shape="big"),
+        CRAFTED + "tensor 'lm_head.weight' has shape 'big'; a shape is a list of non-negative integers.")),
+    ("size-disagrees-with-shape", crafted_header(
+        lambda h: _first(h).update(shape=[67, 65]),
+        CRAFTED + "tensor 'lm_head.weight' spans 17152 bytes but its F32 shape [67, 65] needs 17420.")),
+    ("overlapping-offsets", crafted_header(
+        _overlap, CRAFTED + "the data of tensors 'model.layers.0.input_layernorm.weight' and "
+                            "'model.layers.0.post_attention_layernorm.weight' overlap.")),
+]
+
+
 def missing_tensor(model: Path, tmp: Path) -> Case:
     edit_weights(model, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     return str(model), [], (f"{model}: tensor model.layers.1.mlp.up_proj.weight is missing from the weights; the "
@@ -220,6 +281,7 @@ BAD_INPUTS = [
     ("inf-weight", poisoned(float("-inf")), 1),
     ("float16-overflow", float16_overflow, 1),
     ("repo-id-not-cached", repo_id_not_cached, 2),
+    *((name, maker, 1) for name, maker in CRAFTED_HEADERS),
 ]
 
 

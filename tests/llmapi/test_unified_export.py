@@ -121,3 +121,33 @@ def test_cpu_llm_raises_a_request_the_runtime_refuses(tmp_path: Path) -> None:
         assert len(asyncio.run(generate([1, 415, 565]))) == 4  # the runtime goes on serving
     finally:
         llm.shutdown()
+
+
+def test_cpu_llm_refuses_hostile_sampling_while_a_neighbour_streams(tmp_path: Path) -> None:
+    import asyncio
+
+    from trtllm_kit.errors import KitUsageError
+    from trtllm_kit.llmapi.cpu_llm import LLM, SamplingParams
+
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    write_unified(inspect_model("builtin:tiny-llama"), out)
+    llm = LLM(model=str(out), max_seq_len=256)
+
+    async def scenario() -> tuple[list[int], list[int], list[int]]:
+        neighbour = llm.generate_async([1, 415, 565], SamplingParams(max_tokens=40, ignore_eos=True), streaming=True)
+        greedy = llm.generate_async([1, 415, 565], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        tiny = llm.generate_async([1, 415, 565], SamplingParams(max_tokens=6, temperature=1e-45, ignore_eos=True,
+                                                                seed=2**64 - 1))
+        for hostile in (SamplingParams(temperature=float("nan")), SamplingParams(seed=2**64),
+                        SamplingParams(top_p=1.5)):
+            with pytest.raises(KitUsageError):
+                llm.generate_async([1, 415, 565], hostile)
+        streamed = [output.outputs[0].token_ids async for output in neighbour][-1]
+        return streamed, (await greedy.aresult()).outputs[0].token_ids, (await tiny.aresult()).outputs[0].token_ids
+
+    try:
+        streamed, greedy, tiny = asyncio.run(asyncio.wait_for(scenario(), 300))
+        assert len(streamed) == 40 and tiny == greedy  # below 1e-5 the temperature is greedy
+    finally:
+        llm.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -132,3 +133,29 @@ def test_a_disk_that_fills_up_mid_build_names_the_file_and_the_space(tmp_path: P
     assert match, message
     assert match.group(1).startswith(("checkpoint/", "tokenizer/", "repo/")), message
     assert done.stdout.split("rc=1")[1].split() == ["filler"]  # no staging directory, no out
+
+
+@needs_root
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+def test_an_archive_onto_a_full_disk_names_the_file_and_the_space(tiny_artifact: Path, tmp_path: Path,
+                                                                  suffix: str) -> None:
+    """A plain tar that cannot fit is refused before writing; a compressed one fails at the write (ENOSPC). Either
+    way the artifact is complete, and no partial archive is left."""
+    mount = tmp_path / "small"
+    out = tmp_path / "out"
+    shutil.copytree(tiny_artifact, out)
+    kit_cmd = " ".join(f"'{a}'" for a in KIT)
+    done = in_tmpfs(f"{kit_cmd} build {MODEL} --no-verify --instances 1 --out {out} --force --archive "
+                    f"{mount}/a{suffix}; echo rc=$?; ls -A", "1m", mount, timeout_s=300)
+    assert "rc=1" in done.stdout, done.stdout + done.stderr
+    message = error_line(done)
+    if suffix == ".tar":
+        pattern = (rf"--archive {mount}/a\.tar needs about [\d.]+ MB but the file system of {mount} has 1\.0 MB free; "
+                   r"free [\d.]+ MB or choose another --archive path\.")
+    else:
+        pattern = (rf"no space left on the file system of {mount} while writing --archive a\.tar\.gz \([\d.]+ [KM]?B "
+                   r"written\): the artifact holds [\d.]+ MB and [\d.]+ [KM]?B is free; free space or choose another "
+                   r"--archive path\.")
+    assert re.fullmatch(pattern, message), message
+    assert done.stdout.split("rc=1")[1].split() == []  # no partial archive
+    assert kit("artifact", "verify", str(out)).returncode == 0

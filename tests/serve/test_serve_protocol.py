@@ -10,6 +10,11 @@ from trtllm_kit.serve.openai_protocol import ChoiceShape, RequestError, generati
 
 @pytest.mark.parametrize(("body", "expected"), [
     ({"temperature": 0}, GenerationRequest("p", 16, top_k=1, request_id="r")),  # greedy
+    ({"temperature": 1e-45}, GenerationRequest("p", 16, top_k=1, request_id="r")),  # below 1e-5: greedy
+    ({"temperature": 0.99e-5, "top_p": 0.5}, GenerationRequest("p", 16, top_k=1, request_id="r")),
+    ({"temperature": 1e-5}, GenerationRequest("p", 16, 1e-5, 1.0, request_id="r")),  # the smallest sampled
+    ({"temperature": 2, "top_p": 1e-30, "seed": 2**64 - 1},
+     GenerationRequest("p", 16, 2.0, 1e-30, seed=2**64 - 1, request_id="r")),
     ({}, GenerationRequest("p", 16, 1.0, 1.0, request_id="r")),  # OpenAI's defaults: sample the whole distribution
     ({"temperature": 0.5, "top_p": 0.9, "seed": 3, "max_tokens": 4},
      GenerationRequest("p", 4, 0.5, 0.9, seed=3, request_id="r")),
@@ -38,7 +43,8 @@ def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
     ([5, 100], "token ids must be in [0, 100) (the tokenizer's vocabulary), got 100."),
     ([-1], "token ids must be in [0, 100) (the tokenizer's vocabulary), got -1."),
     ([], "prompt must be a string or a list of token ids (or a list of one of them), got []."),
-    (["a", "b"], "prompt must be a string or a list of token ids (or a list of one of them), got ['a', 'b']."),
+    (["a", "b"], "prompt is a list of 2 prompts; at most 1 is allowed per request: send one request per prompt."),
+    ([[1], [2], [3]], "prompt is a list of 3 prompts; at most 1 is allowed per request: send one request per prompt."),
     ([True], "prompt must be a string or a list of token ids (or a list of one of them), got [True]."),
 ])
 def test_bad_prompts(prompt: object, message: str) -> None:
@@ -64,10 +70,19 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"max_tokens": 0}, "max_tokens must be a positive integer, got 0.", "max_tokens"),
     ({"temperature": 3}, "temperature must be between 0 and 2, got 3.", "temperature"),
     ({"top_p": 0}, "top_p must be in (0, 1], got 0.", "top_p"),
-    ({"seed": -1}, "seed must be a non-negative integer, got -1.", "seed"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop must be a string or a list of up to 4 strings, got ['a', 'b', 'c', "
-                                          "'d', 'e'].", "stop"),
-    ({"n": 2}, "n must be 1 here, got 2.", "n"),
+    ({"top_p": 1e-45 - 1e-45}, "top_p must be in (0, 1], got 0.0.", "top_p"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5.", "top_p"),
+    ({"temperature": "hot"}, "temperature must be a number, got 'hot'.", "temperature"),
+    ({"seed": -1}, "seed must be an integer from 0 to 2**64 - 1, got -1.", "seed"),
+    ({"seed": 2**64}, "seed must be an integer from 0 to 2**64 - 1, got 18446744073709551616.", "seed"),
+    ({"stop": ["a"] * 65}, "stop holds 65 sequences; at most 64 are allowed.", "stop"),
+    ({"stop": "x" * 1001}, "a stop sequence has 1001 characters; at most 1000 are allowed in each "
+                           "('xxxxxxxxxxxxxxxxxxxx'...).", "stop"),
+    ({"stop": ["y" * 1000] * 17}, "the stop sequences have 17000 characters together; at most 16384 are allowed.",
+     "stop"),
+    ({"stop": ["a", 5]}, "stop must be a string or a list of up to 64 strings, got ['a', 5].", "stop"),
+    ({"n": 2}, "n must be 1 (one choice per request on this server), got 2.", "n"),
+    ({"n": True}, "n must be 1 (one choice per request on this server), got True.", "n"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
      "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),

@@ -1,13 +1,15 @@
-"""Streamed detokenization with the built-in models' real tokenizer: pieces add up to the whole decoding."""
+"""Streamed detokenization with the built-in models' real tokenizer: pieces add up to the whole decoding; stop
+sequences cut a stream in pieces exactly where they cut the whole text."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from trtllm_kit.models.tokenizer import write_tokenizer
-from trtllm_kit.serve.text import Tokenizer
+from trtllm_kit.serve.text import StopMatcher, Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +41,29 @@ def test_special_tokens_are_skipped_and_a_truncated_stream_is_flushed(tokenizer:
     partial = tokenizer.hf("🙂", add_special_tokens=False).input_ids[:-1]
     assert decoder.feed(partial) == ""
     assert decoder.flush() == tokenizer.hf.decode(partial)
+
+
+def cut_at_first_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """The reference: the whole text cut before the stop sequence that ends first (the longer one on a tie)."""
+    hits = [(i + len(s), i) for i, s in ((text.find(s), s) for s in stops if s) if i >= 0]
+    return (text[:min(hits)[1]], True) if hits else (text, False)
+
+
+def test_stop_matching_in_pieces_equals_cutting_the_whole_text() -> None:
+    """Random streams over a small alphabet (many partial matches and overlaps), cut into random pieces."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        stops = ["".join(rng.choices("abc", k=rng.randint(1, 5))) for _ in range(rng.randint(1, 4))]
+        text = "".join(rng.choices("abcd", k=rng.randint(0, 40)))
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randint(1, 8))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        matcher = StopMatcher(stops)
+        shown = "".join(matcher.feed(p) for p in pieces) + matcher.flush()
+        assert (shown, matcher.stopped) == cut_at_first_stop(text, stops), (stops, pieces)
+
+
+def test_a_long_stop_sequence_held_back_across_many_pieces() -> None:
+    stop = "x" * 999 + "y"
+    matcher = StopMatcher([stop, "never"])
+    assert [matcher.feed("x" * 500), matcher.feed("x" * 600)] == ["", "x" * 101]  # 999 x's may still begin it
+    assert matcher.feed("y tail") == "" and matcher.stopped

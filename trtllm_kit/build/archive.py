@@ -8,10 +8,12 @@ the same bytes. Verification streams an archive without extracting it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from trtllm_kit.artifact import MANIFEST, Artifact
 from trtllm_kit.build.artifact import sha256_file
 from trtllm_kit.build.compat import Machine
 from trtllm_kit.build.integrity import TamperedError, walk_files
+from trtllm_kit.build.staging import FULL_ERRNOS, DiskFullError, human_size
 from trtllm_kit.errors import KitError, KitUsageError
 
 COMPRESSED = (".tar.gz", ".tgz")
@@ -40,26 +43,44 @@ def pack_archive(artifact_dir: Path, archive: Path) -> Path:
     Artifact.read(artifact_dir)
     files = sorted(walk_files(artifact_dir))  # refuses symlinks and special files
     archive.parent.mkdir(parents=True, exist_ok=True)
+    needed = sum((artifact_dir / rel).stat().st_size for rel in (MANIFEST, *files))
+    free = shutil.disk_usage(archive.parent).free
+    if needed > free and not name.endswith(COMPRESSED):
+        raise DiskFullError(f"--archive {archive} needs about {human_size(needed)} but the file system of "
+                            f"{archive.parent} has {human_size(free)} free; free {human_size(needed - free)} or "
+                            "choose another --archive path.")
     fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".partial", dir=archive.parent)
     try:
-        with os.fdopen(fd, "wb") as raw:
-            stream: IO[bytes] = (gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if name.endswith(COMPRESSED)  # type: ignore[assignment]
-                                 else raw)
-            with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for rel in (MANIFEST, *files):
-                    info = tar.gettarinfo(str(artifact_dir / rel), arcname=rel)
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    info.mtime = 0
-                    with (artifact_dir / rel).open("rb") as f:
-                        tar.addfile(info, f)
-            if stream is not raw:
-                stream.close()
+        with os.fdopen(fd, "wb", buffering=0) as raw:  # unbuffered: a full disk fails inside the write
+            try:
+                _write_tar(raw, artifact_dir, files, compressed=name.endswith(COMPRESSED))
+            except OSError as exc:
+                if exc.errno not in FULL_ERRNOS:
+                    raise
+                written = os.fstat(raw.fileno()).st_blocks * 512
+                free = shutil.disk_usage(archive.parent).free + written  # once the partial archive is gone
+                raise DiskFullError(f"no space left on the file system of {archive.parent} while writing --archive "
+                                    f"{archive.name} ({human_size(written)} written): the artifact holds "
+                                    f"{human_size(needed)} and {human_size(free)} is free; free space or choose "
+                                    "another --archive path.") from None
         os.replace(tmp, archive)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return archive
+
+
+def _write_tar(raw: IO[bytes], artifact_dir: Path, files: list[str], compressed: bool) -> None:
+    """The archive's bytes into ``raw``: ``manifest.json`` first, then ``files``, owners and times zeroed."""
+    opened = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if compressed else contextlib.nullcontext(raw)
+    with opened as stream, tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in (MANIFEST, *files):
+            info = tar.gettarinfo(str(artifact_dir / rel), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            with (artifact_dir / rel).open("rb") as f:
+                tar.addfile(info, f)
 
 
 @dataclass

@@ -10,6 +10,7 @@ tensor, not the file. A part that is a byte range of an input file (a ``FileSlic
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import struct
@@ -56,15 +57,63 @@ def read_layout(path: Path) -> tuple[dict[str, dict], int]:
                                   f"in a file of {size}).")
         try:
             header = json.loads(f.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise CheckpointError(f"{path} has a corrupt safetensors header.") from None
-    header.pop("__metadata__", None)
-    data_size = size - 8 - length
-    end = max((entry["data_offsets"][1] for entry in header.values()), default=0)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise CheckpointError(f"{path} has a corrupt safetensors header: it is not JSON.") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} has a corrupt safetensors header: a JSON {type(header).__name__}, not an "
+                              "object of tensors.")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path} has a corrupt safetensors header: __metadata__ must map names to strings.")
+    _check_entries(path, header, size - 8 - length)
+    return header, 8 + length
+
+
+# Every dtype code of the safetensors format, with its size in bytes (the kit reads those in DTYPE_CODES).
+ITEM_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+              "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _check_entries(path: Path, header: dict, data_size: int) -> None:
+    """Refuse entries whose dtype, shape or data offsets no safetensors reader could follow, with a sentence
+    naming the tensor; the data ranges must lie inside the file and not overlap."""
+    spans = []
+    for name, entry in header.items():
+        where = f"{path} has a corrupt safetensors header: tensor {name!r}"
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{where} is described by {entry!r:.40}, not an object.")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in ITEM_SIZES:
+            raise CheckpointError(f"{where} has dtype {dtype!r:.40}, which is not a safetensors dtype "
+                                  f"({', '.join(ITEM_SIZES)}).")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise CheckpointError(f"{where} has shape {shape!r:.40}; a shape is a list of non-negative integers.")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{where} has data_offsets {offsets!r:.40}; they are [begin, end] with "
+                                  "0 <= begin <= end.")
+        spans.append((offsets[0], offsets[1], name))
+    end = max((span[1] for span in spans), default=0)
     if end > data_size:
         raise CheckpointError(f"{path} is truncated: its header describes {end} bytes of data but the file "
                               f"holds {data_size}; download or copy it again.")
-    return header, 8 + length
+    for begin, stop, name in spans:
+        entry = header[name]
+        nbytes = ITEM_SIZES[entry["dtype"]]
+        for dim in entry["shape"]:
+            nbytes *= dim
+        if stop - begin != nbytes:
+            raise CheckpointError(f"{path} has a corrupt safetensors header: tensor {name!r} spans {stop - begin} "
+                                  f"bytes but its {entry['dtype']} shape {entry['shape']} needs {nbytes}.")
+    spans.sort()
+    for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
+        if begin < end:
+            raise CheckpointError(f"{path} has a corrupt safetensors header: the data of tensors {first!r} and "
+                                  f"{second!r} overlap.")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)

@@ -146,11 +146,17 @@ def check_free_space(out_dir: Path, needed_bytes: int) -> None:
     parent = _existing_parent(out_dir)
     free = shutil.disk_usage(parent).free
     if needed_bytes > free:
-        raise DiskFullError(f"--out {out_dir} needs about {_size(needed_bytes)} but the file system of {parent} "
-                            f"has {_size(free)} free; free {_size(needed_bytes - free)} or choose another --out.")
+        raise DiskFullError(f"--out {out_dir} needs about {human_size(needed_bytes)} but the file system of "
+                            f"{parent} has {human_size(free)} free; free {human_size(needed_bytes - free)} or choose "
+                            "another --out.")
 
 
-def _size(num_bytes: float) -> str:
+def human_size(num_bytes: float) -> str:
+    """``num_bytes`` in decimal units with one decimal (``512 B``, ``1.5 MB``).
+
+    Arguments:
+        num_bytes: a size.
+    """
     for unit in ("B", "KB", "MB", "GB"):
         if abs(num_bytes) < 1000 or unit == "GB":
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
@@ -165,10 +171,10 @@ def _disk_full(exc: OSError, staging: Path, out_dir: Path, needed_bytes: int) ->
     name = exc.filename or (max(files, key=lambda p: p.stat().st_mtime_ns) if files else staging)
     shown = Path(name).relative_to(staging) if Path(name).is_relative_to(staging) else Path(name)
     free = shutil.disk_usage(out_dir.parent).free + written  # what is free once the staging directory is gone
-    needed = f"the build needs about {_size(needed_bytes)}" if needed_bytes else "the build needs more"
+    needed = f"the build needs about {human_size(needed_bytes)}" if needed_bytes else "the build needs more"
     return DiskFullError(f"no space left on the file system of {out_dir.parent} while writing {shown} "
-                         f"({_size(written)} written): {needed} and {_size(free)} is free; free space or choose "
-                         "another --out.")
+                         f"({human_size(written)} written): {needed} and {human_size(free)} is free; free space or "
+                         "choose another --out.")
 
 
 @contextmanager

@@ -212,7 +212,15 @@ class LLM:
             except queue.Empty:
                 pass
             if self.engine.has_work():
-                sampled, finished = self.engine.step()
+                try:
+                    sampled, finished = self.engine.step()
+                except Exception as exc:  # a failing step must not wedge the loop: its requests end with the error
+                    for output, _ in list(self._active.values()):
+                        if output.seq is not None:
+                            self.engine.cancel(output.seq)
+                            del self._active[output.seq.seq_id]
+                            output._push([], f"{ERROR}the CPU runtime failed: {exc!r}")
+                    continue
                 for seq in {s.seq_id: s for s in [*sampled, *finished]}.values():
                     self._progress(seq)
                 self._stats.append(self._snapshot())
@@ -242,7 +250,8 @@ class LLM:
         ids = list(seq.output_ids)
         if seq.is_finished:
             del self._active[seq.seq_id]
-            output._push(ids, seq.finish_reason or "length")
+            reason = f"{ERROR}{seq.error}" if seq.finish_reason == "error" else seq.finish_reason or "length"
+            output._push(ids, reason)
         elif len(ids) > sent and output._streaming:
             self._active[seq.seq_id] = (output, len(ids))
             output._push(ids, None)

@@ -20,7 +20,7 @@ from trtllm_kit.enums import RUNTIME_SCHEDULER_POLICIES as POLICIES
 from trtllm_kit.enums import SchedulerPolicy
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.model import CheckpointModel, attend
-from trtllm_kit.runtime.sampling import sample
+from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 
@@ -184,7 +184,8 @@ class Engine:
         return not self.scheduler.is_finished()
 
     def step(self) -> tuple[list[Sequence], list[Sequence]]:
-        """One iteration; returns the sequences that received a token (or ended) and those that finished."""
+        """One iteration; returns the sequences that received a token (or ended) and those that finished (a
+        sequence that could not be sampled finishes with reason ``error`` and its ``error`` sentence)."""
         seqs = self.scheduler.schedule()
         context = [s for s in seqs if s.num_output_tokens == 0 or s.num_uncomputed_tokens > 1]
         self.last_scheduled, self.last_context = len(seqs), len(context)
@@ -194,10 +195,13 @@ class Engine:
             return [], []
         sampled = [s for s in seqs if s.num_computed_tokens + s.num_scheduled_tokens == len(s) and not s.is_finished]
         logits = self._forward(seqs, sampled)  # always: context chunks fill the cache even when nothing is sampled
-        tokens = iter(sample(logits, sampled))
-        is_sampled = {s.seq_id for s in sampled}
-        finished = self.scheduler.postprocess(seqs, [next(tokens) if s.seq_id in is_sampled else None
-                                                     for s in seqs])
+        token_of = dict(zip((s.seq_id for s in sampled), sample(logits, sampled), strict=True))
+        finished = self.scheduler.postprocess(seqs, [token_of.get(s.seq_id) for s in seqs])
+        for seq in sampled:  # a sequence whose numbers could not be sampled ends alone; its neighbours go on
+            if token_of[seq.seq_id] is None and not seq.is_finished:
+                seq.error = sampling_error(seq)
+                self.scheduler.finish(seq, "error")
+                finished.append(seq)
         self.num_steps += 1
         self.total_scheduled += len(seqs)
         self.peak_scheduled = max(self.peak_scheduled, len(seqs))

@@ -1,4 +1,8 @@
-"""Choosing each sequence's next token from its logits: greedy, or temperature / top-k / top-p with its own seed."""
+"""Choosing each sequence's next token from its logits: greedy, or temperature / top-k / top-p with its own seed.
+
+A row whose numbers cannot be sampled (NaN or infinite probabilities, or none left above zero) fails its own
+sequence, never the step: ``sample`` gives None for it and ``sampling_error`` says why.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +10,46 @@ import torch
 
 from trtllm_kit.runtime.sequence import Sequence
 
+NUMERICS_ERROR = ("the sampling probabilities of this request are not finite (NaN or inf) or all zero "
+                  "(temperature {temperature}, top_p {top_p}); send a temperature of at least 1e-5, or 0 for greedy.")
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """One token per sequence; ``end_id`` is masked until ``min_tokens`` tokens exist.
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
+    """One token per sequence, None for one whose probabilities cannot be sampled; ``end_id`` is masked until
+    ``min_tokens`` tokens exist.
 
     Arguments:
         logits: [len(seqs), vocab] float32 logits of each sequence's last position; seqs: the sequences.
     """
-    tokens = []
-    for row, seq in zip(logits, seqs, strict=True):
-        params = seq.params
-        if params.end_id is not None and seq.num_output_tokens < params.min_tokens and params.end_id < row.numel():
-            row = row.clone()
-            row[params.end_id] = float("-inf")
-        if params.is_greedy:
-            tokens.append(int(row.argmax()))
-            continue
-        row = row / params.temperature
-        if params.top_k > 0:
-            kth = torch.topk(row, min(params.top_k, row.numel())).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        if 0 < params.top_p < 1:
-            sorted_logits, order = torch.sort(row, descending=True)
-            probs = torch.softmax(sorted_logits, dim=-1)
-            drop = probs.cumsum(-1) - probs >= params.top_p  # keep the smallest prefix reaching top_p
-            row = row.scatter(0, order[drop], float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        tokens.append(int(torch.multinomial(probs, 1, generator=seq.generator)))
-    return tokens
+    return [_sample_row(row, seq) for row, seq in zip(logits, seqs, strict=True)]
+
+
+def sampling_error(seq: Sequence) -> str:
+    """The sentence a sequence that ``sample`` gave None for is finished with.
+
+    Arguments:
+        seq: the sequence.
+    """
+    return NUMERICS_ERROR.format(temperature=seq.params.temperature, top_p=seq.params.top_p)
+
+
+def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
+    params = seq.params
+    if params.end_id is not None and seq.num_output_tokens < params.min_tokens and params.end_id < row.numel():
+        row = row.clone()
+        row[params.end_id] = float("-inf")
+    if params.is_greedy:
+        return None if torch.isnan(row).any() else int(row.argmax())
+    row = row / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(row, min(params.top_k, row.numel())).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if 0 < params.top_p < 1:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(-1) - probs >= params.top_p  # keep the smallest prefix reaching top_p
+        row = row.scatter(0, order[drop], float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+        return None
+    return int(torch.multinomial(probs, 1, generator=seq.generator))

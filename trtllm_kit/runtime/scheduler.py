@@ -196,7 +196,8 @@ class Scheduler:
         """Retire a sequence at once (finished or cancelled) and free its blocks.
 
         Arguments:
-            seq: a waiting or running sequence; reason: ``length``, ``end_id``, ``stop_words``, ``cancelled``.
+            seq: a waiting or running sequence; reason: ``length``, ``end_id``, ``stop_words``, ``cancelled``,
+            ``error``.
         """
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)

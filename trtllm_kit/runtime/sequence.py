@@ -9,6 +9,7 @@ from enum import Enum, auto
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.sampling_rules import MAX_SEED, is_greedy_temperature
 
 DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's default request priority
 
@@ -39,9 +40,11 @@ class SamplingParams:
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise KitUsageError(f"min_tokens must lie in [0, request_output_len={self.max_tokens}], "
                                 f"got {self.min_tokens}.")
-        if self.temperature < 0 or self.top_k < 0 or not 0 <= self.top_p <= 1:
+        if not self.temperature >= 0 or self.top_k < 0 or not 0 <= self.top_p <= 1:  # NaN fails too
             raise KitUsageError(f"temperature {self.temperature} and runtime_top_k {self.top_k} must be >= 0 and "
                                 f"runtime_top_p {self.top_p} in [0, 1].")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise KitUsageError(f"seed must be an integer from 0 to 2**64 - 1, got {self.seed}.")
         if not 0 <= self.priority <= 1:
             raise KitUsageError(f"priority must lie in [0, 1] (higher runs first), got {self.priority}.")
         if any(not words for words in self.stop_words):
@@ -49,7 +52,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
+        return is_greedy_temperature(self.temperature) or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
 
 
 class Sequence:
@@ -74,6 +77,7 @@ class Sequence:
         self.num_scheduled_tokens = 0  # tokens to compute in the current step
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        self.error: str | None = None  # why the engine could not run it (finish reason ``error``)
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
         self.generator = torch.Generator().manual_seed(params.seed)

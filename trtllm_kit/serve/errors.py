@@ -12,6 +12,7 @@ from aiohttp import web
 
 from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.openai_protocol import RequestError
+from trtllm_kit.serve.request_limits import MAX_JSON_DEPTH, json_depth_problem
 
 RETRY_AFTER_S = 1
 # Server messages of a full queue: the CPU runtime's, and Triton's own dynamic batcher's.
@@ -68,14 +69,17 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise RequestError(f"the request body is not valid JSON: {exc.msg} at offset {exc.pos}.") from None
     except RecursionError:
-        raise RequestError("the request body nests JSON too deeply.") from None
+        raise RequestError(f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels; flatten it.") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}.")
+    too_deep = json_depth_problem(body)
+    if too_deep is not None:
+        raise RequestError(too_deep)
     try:  # a lone surrogate ("\ud800") decodes to a str that no tokenizer or UTF-8 encoder takes
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise RequestError(f"the request body holds a lone UTF-16 surrogate ({exc.object[exc.start]!r}); send "
                            "valid Unicode text.") from None
     except (RecursionError, ValueError):
-        raise RequestError("the request body nests JSON too deeply.") from None
+        raise RequestError(f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels; flatten it.") from None
     return body

@@ -1,5 +1,6 @@
 """What a served repository accepts per request, read from its ``tensorrt_llm`` model: ``max_seq_len`` (prompt
-plus output tokens), so the frontend refuses a request that cannot fit with a 400 before it reaches the engine."""
+plus output tokens), so the frontend refuses a request that cannot fit with a 400 before it reaches the engine.
+The llmapi target states it in ``tensorrt_llm/1/model.yaml`` (the ``LLM()`` arguments)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 from pathlib import Path
 
 TRTLLM_MODEL = "tensorrt_llm"
+LLM_ARGS = "1/model.yaml"  # the llmapi model's LLM() arguments, inside its model directory
 
 
 def max_seq_len(repo: Path) -> int | None:
     """The ``tensorrt_llm`` model's ``max_seq_len``: its parameter (the CPU runtime), else the engine's
-    ``config.json`` (``build_config.max_seq_len``); None when neither says.
+    ``config.json`` (``build_config.max_seq_len``), else the llmapi model's ``model.yaml``; None when none says.
 
     Arguments:
         repo: the model repository.
@@ -27,6 +29,8 @@ def max_seq_len(repo: Path) -> int | None:
     parameters = {key: value.string_value for key, value in config.parameters.items()}
     if parameters.get("max_seq_len", "").isdigit():
         return int(parameters["max_seq_len"])
+    if "gpt_model_path" not in parameters:
+        return _llm_args_max_seq_len(repo / TRTLLM_MODEL / LLM_ARGS)
     engine_dir = Path(parameters.get("gpt_model_path", ""))
     engine_dir = engine_dir if engine_dir.is_absolute() else repo / TRTLLM_MODEL / engine_dir
     try:
@@ -35,3 +39,15 @@ def max_seq_len(repo: Path) -> int | None:
         return None
     value = build.get("max_seq_len")
     return value if isinstance(value, int) and value > 0 else None
+
+
+def _llm_args_max_seq_len(path: Path) -> int | None:
+    """``max_seq_len`` of an llmapi ``model.yaml``, or None when it is absent or unreadable."""
+    import yaml
+
+    try:
+        args = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    value = args.get("max_seq_len") if isinstance(args, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

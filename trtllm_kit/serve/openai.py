@@ -30,6 +30,7 @@ from trtllm_kit.serve.openai_protocol import (
 )
 from trtllm_kit.serve.openai_run import Run, send
 from trtllm_kit.serve.request_body import json_body
+from trtllm_kit.serve.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.routes import Alias, Route, RouteTable
 from trtllm_kit.serve.text import Tokenizer
 
@@ -89,7 +90,8 @@ class OpenAIFrontend:
 
     def app(self) -> web.Application:
         gateway = [] if self.gateway is None else [self.gateway.middleware]
-        app = web.Application(middlewares=[self._measure, self._errors, *gateway])  # the gateway's errors are JSON
+        app = web.Application(middlewares=[self._measure, self._errors, *gateway],  # the gateway's errors are JSON
+                              client_max_size=MAX_BODY_BYTES)
         if self.gateway is not None:
             app.on_startup.append(self.gateway.on_startup)
             app.on_cleanup.append(self.gateway.on_cleanup)

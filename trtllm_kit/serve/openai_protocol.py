@@ -6,11 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
+from trtllm_kit.runtime.sampling_rules import is_greedy_temperature, sampling_problem
 from trtllm_kit.serve.client import GenerationRequest
+from trtllm_kit.serve.request_limits import MAX_PROMPTS, MAX_STOPS, stops_problem
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
 PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spans -100..100
-MAX_INT32, MAX_UINT64 = 2**31 - 1, 2**64 - 1
+MAX_INT32 = 2**31 - 1
 # The fields the frontend implements, per endpoint; ``user`` is accepted and not used (it only labels a request).
 FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
           "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority"}
@@ -101,18 +103,22 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
         reason = f"this model's max_seq_len is {max_seq_len} tokens" if max_seq_len else "the limit is 2**31 - 1"
         raise RequestError(f"max_tokens must be at most {limit} ({reason}), got {max_tokens}.", param="max_tokens")
     temperature, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
-    if temperature is not None and (not isinstance(temperature, int | float) or not 0 <= temperature <= 2):
-        raise RequestError(f"temperature must be between 0 and 2, got {temperature!r}.", param="temperature")
-    if top_p is not None and (not isinstance(top_p, int | float) or not 0 < top_p <= 1):
-        raise RequestError(f"top_p must be in (0, 1], got {top_p!r}.", param="top_p")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise RequestError(f"seed must be a non-negative integer, got {seed!r}.", param="seed")
-    if seed is not None and seed > MAX_UINT64:
-        raise RequestError(f"seed must be below 2**64, got {seed}.", param="seed")
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise RequestError(f"{name} must be a number, got {value!r:.60}.", param=name)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r:.60}.", param="seed")
+    wrong = sampling_problem(temperature, top_p, seed)
+    if wrong is not None:
+        raise RequestError(wrong[1], param=wrong[0])
     stop = body.get("stop") or []
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) for s in stops):
-        raise RequestError(f"stop must be a string or a list of up to 4 strings, got {stop!r}.", param="stop")
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise RequestError(f"stop must be a string or a list of up to {MAX_STOPS} strings, got {stop!r:.60}.",
+                           param="stop")
+    problem = stops_problem(stops)
+    if problem is not None:
+        raise RequestError(problem, param="stop")
     min_tokens = body.get("min_tokens")
     if min_tokens is not None and (isinstance(min_tokens, bool) or not isinstance(min_tokens, int)
                                    or not 0 <= min_tokens <= max_tokens):
@@ -121,8 +127,9 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise RequestError(f"ignore_eos must be true or false, got {ignore_eos!r}.", param="ignore_eos")
-    if body.get("n", 1) != 1:
-        raise RequestError(f"n must be 1 here, got {body.get('n')!r}.", param="n")
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise RequestError(f"n must be 1 (one choice per request on this server), got {n!r:.60}.", param="n")
     priority = body.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
                                  or not -PRIORITY_RANGE <= priority <= PRIORITY_RANGE):
@@ -158,7 +165,10 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
         vocab_size: ids must be below it (unchecked when None).
     """
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):  # a list of prompts
+        if len(prompt) > MAX_PROMPTS:
+            raise RequestError(f"prompt is a list of {len(prompt)} prompts; at most {MAX_PROMPTS} is allowed per "
+                               "request: send one request per prompt.", param="prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
@@ -176,7 +186,8 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
 
 def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, request_id: str,
                        eos_id: int | None = None) -> GenerationRequest:
-    """OpenAI's sampling in TensorRT-LLM's terms: temperature 0 is greedy (top_k 1); otherwise sample with
+    """OpenAI's sampling in TensorRT-LLM's terms: temperature 0, or below ``MIN_TEMPERATURE`` (too small to divide
+    logits by), is greedy (top_k 1); otherwise sample with
     ``top_p`` (default 1, the whole distribution), since TensorRT-LLM treats top_k = top_p = 0 as greedy.
     ``ignore_eos`` sends ``end_id = -1``, which no token equals; otherwise the end id is the model's default
     (``eos_id``, which token-id prompts send to ``tensorrt_llm`` themselves).
@@ -192,7 +203,7 @@ def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, reques
     common: dict[str, Any] = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id,
                               "request_id": request_id,
                               "priority": None if sampling.priority is None else trtllm_priority(sampling.priority)}
-    if temperature == 0:
+    if is_greedy_temperature(temperature):
         return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p
     return GenerationRequest(prompt, sampling.max_tokens, temperature, top_p, **common)

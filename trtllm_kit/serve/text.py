@@ -11,7 +11,12 @@ from trtllm_kit.errors import KitUsageError
 
 
 class StopMatcher:
-    """Cuts a stream of text at the first stop sequence, holding back text that may begin one.
+    """Cuts a stream of text before the stop sequence that ends first, holding back text that may begin one;
+    how the stream is split into pieces does not change where it is cut.
+
+    Each piece is searched only where a stop sequence can newly end (the held-back text, shorter than the longest
+    stop sequence, plus the new text), so the work per piece is bounded by the stop sequences' lengths, whose
+    total ``request_limits`` bounds, and the whole stream costs time linear in its length.
 
     Arguments:
         stops: the stop sequences (empty strings ignored).
@@ -19,22 +24,33 @@ class StopMatcher:
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
-        self.pending = ""
+        self.pending = ""  # held back: no stop sequence lies wholly inside it
         self.stopped = False
 
     def feed(self, text: str) -> str:
         """Add ``text``; return what may be shown now (``stopped`` turns true at a stop sequence)."""
         if self.stopped:
             return ""
+        searched = len(self.pending)
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        found = ((self.pending.find(s, max(0, searched - len(s) + 1)), len(s)) for s in self.stops)
+        hits = [(i + n, i) for i, n in found if i >= 0]  # the stop sequence that ends first, as if fed by character
         if hits:
-            shown, self.pending, self.stopped = self.pending[: min(hits)], "", True
+            shown, self.pending, self.stopped = self.pending[: min(hits)[1]], "", True
             return shown
-        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        hold = max((self._begun(s) for s in self.stops), default=0)
         shown = self.pending[: len(self.pending) - hold]
         self.pending = self.pending[len(shown):]
         return shown
+
+    def _begun(self, stop: str) -> int:
+        """The length of the longest end of ``pending`` that begins ``stop`` (shorter than it), or 0."""
+        start = max(0, len(self.pending) - len(stop) + 1)
+        while (start := self.pending.find(stop[0], start)) >= 0:
+            if stop.startswith(self.pending[start:]):
+                return len(self.pending) - start
+            start += 1
+        return 0
 
     def flush(self) -> str:
         """The held-back text once the stream has ended without a stop sequence."""

@@ -229,6 +229,10 @@ class TritonPythonModel:
     def _progress(self, item: _Pending) -> None:
         """Stream the new tokens, or answer a finished non-streaming request in full."""
         seq = item.admitted
+        if seq.finish_reason == "error":  # this request alone could not run; the client is told why
+            self._finish(item, pb_utils.TritonError(seq.error or "the request failed",
+                                                    pb_utils.TritonError.INVALID_ARG))
+            return
         if item.streaming:
             new = seq.output_ids[item.num_sent:]
             item.num_sent += len(new)

@@ -43,6 +43,11 @@ SAMPLING = {  # input → (SamplingParams field, numpy → python)
     "sampling_param_min_tokens": ("min_tokens", int), "sampling_param_end_id": ("end_id", int),
     "sampling_param_ignore_eos": ("ignore_eos", bool),
 }
+# Below this temperature logits divided by it overflow: it is greedy (top_k 1), as in vLLM. The kit states the same
+# value in trtllm_kit/runtime/sampling_rules.py; this file runs where the kit may not be installed.
+MIN_TEMPERATURE = 1e-5
+# Exceptions that mean the request, not the server, is wrong (tensorrt_llm's and the kit's): answered INVALID_ARG
+CLIENT_ERRORS = ("ValueError", "RequestError", "KitUsageError", "ModelError")
 GAUGES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {  # family → (label, {label value: key path})
     "nv_trt_llm_request_metrics": ("request_type", {
         "active": ("numActiveRequests",), "max": ("maxNumActiveRequests",), "waiting": ("numQueuedRequests",),
@@ -100,6 +105,20 @@ def instance_gpus(args: dict[str, str]) -> tuple[int, int, str | None]:
     if index >= len(groups):
         raise ValueError(f"instance {index} has no GPU group in gpu_device_ids {ids!r} ({len(groups)} groups)")
     return index, count, groups[index]
+
+
+def _check_sampling(kwargs: dict[str, Any]) -> None:
+    """Refuse a ``top_p`` outside (0, 1] or a negative temperature; make a temperature too small to divide by
+    greedy (``top_k`` 1), before any of them reaches the engine."""
+    top_p, temperature = kwargs.get("top_p"), kwargs.get("temperature")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if temperature is not None and not temperature >= 0:
+        raise ValueError(f"temperature must be at least 0, got {temperature!r}")
+    if temperature is not None and temperature < MIN_TEMPERATURE:
+        del kwargs["temperature"]
+        kwargs.pop("top_p", None)
+        kwargs["top_k"] = 1
 
 
 class TritonPythonModel:
@@ -188,7 +207,9 @@ class TritonPythonModel:
             error = pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED)
             return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"]), error=error), final=True)
         except Exception as exc:  # every failure is answered; the model goes on serving
-            error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+            is_client = any(cls.__name__ in CLIENT_ERRORS for cls in type(exc).__mro__)
+            error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INVALID_ARG if is_client
+                                         else pb_utils.TritonError.INTERNAL)
             return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"]), error=error), final=True)
 
     async def _watch(self, request, result) -> None:
@@ -230,6 +251,7 @@ class TritonPythonModel:
             value = _scalar(request, name)
             if value is not None:
                 kwargs[field] = cast(value.item() if hasattr(value, "item") else value)
+        _check_sampling(kwargs)
         stops = _strings(request, "sampling_param_stop")
         if stops:
             kwargs["stop"] = stops

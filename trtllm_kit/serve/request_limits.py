@@ -1,0 +1,49 @@
+"""Bounds on the size of one OpenAI request, each refused with an error that names the bound
+(docs/request-limits.md lists them): the body, its JSON nesting, the stop sequences and the prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a request body; larger is a 413
+MAX_JSON_DEPTH = 32  # objects and lists inside one another; chat content parts need 5
+MAX_STOPS = 64  # stop sequences in one request
+MAX_STOP_CHARS = 1000  # characters of one stop sequence
+MAX_STOP_TOTAL_CHARS = 16384  # characters of all stop sequences together
+MAX_PROMPTS = 1  # prompts in one completion request (a list holds one prompt)
+
+
+def json_depth_problem(value: Any) -> str | None:
+    """A sentence when ``value`` nests deeper than ``MAX_JSON_DEPTH``, else None (walked without recursion).
+
+    Arguments:
+        value: a parsed JSON value.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > MAX_JSON_DEPTH:
+                    return f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels; flatten it."
+                stack.append((child, depth + 1))
+    return None
+
+
+def stops_problem(stops: list[str]) -> str | None:
+    """A sentence naming the bound ``stops`` exceed (count, one's length, total length), else None.
+
+    Arguments:
+        stops: the request's stop sequences.
+    """
+    if len(stops) > MAX_STOPS:
+        return f"stop holds {len(stops)} sequences; at most {MAX_STOPS} are allowed."
+    longest = max(stops, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        return (f"a stop sequence has {len(longest)} characters; at most {MAX_STOP_CHARS} are allowed in each "
+                f"({longest[:20]!r}...).")
+    total = sum(map(len, stops))
+    if total > MAX_STOP_TOTAL_CHARS:
+        return f"the stop sequences have {total} characters together; at most {MAX_STOP_TOTAL_CHARS} are allowed."
+    return None
