@@ -125,11 +125,13 @@ def test_missing_wrong_and_forbidden_keys_never_reach_the_model(gateway: Gateway
 
 
 def test_requests_per_second_within_one_of_the_limit(gateway: Gateway) -> None:
+    started = time.monotonic()
     with ThreadPoolExecutor(6) as pool:  # six at once against a bucket of 2 refilled at 2/s
         results = list(pool.map(lambda _: complete(gateway, gateway.secrets["rps"]), range(6)))
+    spread_s = time.monotonic() - started  # the refill while they arrive: more on a loaded machine
     admitted = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] == 429]
-    assert len(admitted) in (2, 3) and len(admitted) + len(refused) == 6
+    assert 2 <= len(admitted) <= 3 + int(2 * spread_s) and len(admitted) + len(refused) == 6, spread_s
     assert all(r[1]["error"]["code"] == "rate_limit_exceeded" and r[2]["Retry-After"] == "1" for r in refused)
     time.sleep(1.0)
     assert complete(gateway, gateway.secrets["rps"])[0] == 200
@@ -158,9 +160,9 @@ def test_sighup_reloads_the_key_file_and_a_revoked_key_is_refused(gateway: Gatew
     assert run(["keys", "revoke", "victim", "--keys", str(gateway.keys_path)]) == 0
     before = triton_inferences(gateway)
     os.kill(read_state(gateway.out)["pid"], signal.SIGHUP)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a hang guard only
     while complete(gateway, gateway.secrets["victim"])[0] != 401:
-        assert time.monotonic() < deadline, "the revoked key is still accepted 10 s after SIGHUP"
+        assert time.monotonic() < deadline, "the revoked key is still accepted 60 s after SIGHUP"
         time.sleep(0.1)
     assert triton_inferences(gateway) <= before + 1  # at most the one sent before the signal was handled
     assert complete(gateway, gateway.secrets["open"])[0] == 200
