@@ -137,7 +137,7 @@ def test_cancelled_stream_frees_its_blocks(server):
     assert blocks["used"] >= 6  # 40 prompt tokens and more in 8-token blocks
     assert 0 < blocks["fraction"] <= 1  # the C++ backend's share of used blocks
     streams.close(cancel=True)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a hang guard only
     while metrics(server, "nv_trt_llm_kv_cache_block_metrics")["used"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metrics(server, "nv_trt_llm_kv_cache_block_metrics")["used"] == 0

@@ -68,8 +68,10 @@ def two_instances(tmp_path_factory: pytest.TempPathFactory):
         yield out, process
 
 
-def stream(process, inputs: dict[str, np.ndarray], done: queue.Queue, tag: str) -> None:
-    """Send one streamed request; put (tag, finish time, first-token time) on ``done`` when it ends."""
+def stream(process, inputs: dict[str, np.ndarray], done: queue.Queue, tag: str,
+           started: threading.Event | None = None) -> None:
+    """Send one streamed request; set ``started`` at its first token; put (tag, finish time, first-token time)
+    on ``done`` when it ends."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(process.config.endpoints.url("grpc"))
     tensors = grpc_inputs(inputs)
@@ -82,6 +84,8 @@ def stream(process, inputs: dict[str, np.ndarray], done: queue.Queue, tag: str) 
             assert error is None, error
             if result.get_response().outputs and first is None:
                 first = time.perf_counter()
+                if started is not None:
+                    started.set()
             if result.get_response().parameters["triton_final_response"].bool_param:
                 done.put((tag, time.perf_counter(), first))
                 return
@@ -127,13 +131,14 @@ def test_priority_reaches_the_cpu_runtime(tmp_path: Path) -> None:
                 str(out)]) == 0
     with running_server(out / "repo", tmp_path, timeout_s=180) as process:
         done: queue.Queue = queue.Queue()
-        threads = [threading.Thread(target=stream, args=(process, request(1000, 0.1), done, "running"))]
+        running = threading.Event()
+        threads = [threading.Thread(target=stream, args=(process, request(1000, 0.1), done, "running", running))]
         threads[0].start()
-        time.sleep(0.3)  # the first low request holds the one batch slot for ~1000 steps; the next ones wait
+        assert running.wait(120)  # the first low request holds the one batch slot for ~1000 steps; the rest wait
         for i in range(3):
             threads.append(threading.Thread(target=stream, args=(process, request(100, 0.1), done, f"low{i}")))
             threads[-1].start()
-            time.sleep(0.05)
+            time.sleep(0.3)  # arrival order, with room for a loaded machine
         threads.append(threading.Thread(target=stream, args=(process, request(100, 0.9), done, "high")))
         threads[-1].start()
         for thread in threads:

@@ -80,7 +80,7 @@ def test_runs_the_recorded_command_on_the_serve_port(out: Path, tmp_path: Path) 
         if serve.poll() is None:
             serve.kill()
             serve.wait()
-    deadline = time.monotonic() + 10  # the fake's port is free again: the server was stopped
+    deadline = time.monotonic() + 60  # the fake's port is free again: the server was stopped (a hang guard)
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) != 0:

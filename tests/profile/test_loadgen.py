@@ -1,5 +1,9 @@
 """Load modes against a real tritonserver and an OpenAI SSE endpoint on 127.0.0.1 whose token pace is known:
-the first token 20 ms after arrival, then one every 20 ms."""
+the first token 20 ms after arrival, then one every 20 ms.
+
+The stand-ins never send a token before its time, so the measured times have causal lower bounds that hold on
+any machine; how close the harness gets to them on an idle core is a benchmark (``benchmarks/loadgen.py``), not a
+test. Upper bounds are hang guards only."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from servers import TOKEN_MS
+from servers import FIRST_TOKEN_MS, TOKEN_MS
 
 from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient
 from trtllm_kit.profile.loadgen import closed_loop, offline, open_loop, poisson_schedule
@@ -15,6 +19,16 @@ from trtllm_kit.profile.metrics import summarize
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.triton_metrics import MetricsScraper
 from trtllm_kit.profile.workload import WorkloadSpec, synthetic_prompts
+
+HANG_MS = 60_000.0
+
+
+def assert_paced(summary: dict, osl: int) -> None:
+    """No request saw its first token before the stand-in's first-token delay, or its last before the pace allows;
+    the inter-token gaps were all measured."""
+    assert summary["ttft_ms"]["min"] >= FIRST_TOKEN_MS and summary["ttft_ms"]["max"] < HANG_MS
+    assert summary["e2e_ms"]["min"] >= FIRST_TOKEN_MS + (osl - 1) * TOKEN_MS and summary["e2e_ms"]["max"] < HANG_MS
+    assert summary["itl_ms"]["min"] >= 0 and summary["itl_ms"]["max"] < HANG_MS
 
 
 def test_poisson_schedule_is_seeded_sorted_and_exact_in_rate():
@@ -49,12 +63,11 @@ def test_triton_closed_open_and_offline(triton_server):
         "nv_inference_request_success", model="tensorrt_llm")
     assert served == 24
     assert s["itl_ms"]["count"] == 24 * 7
-    assert s["itl_ms"]["p50"] == pytest.approx(TOKEN_MS, abs=2.0)
-    assert s["ttft_ms"]["p50"] == pytest.approx(20.0, abs=8.0)
+    assert_paced(s, osl=8)
     o = summarize(opened.records, window_ns=opened.window_ns, offered_span_ns=opened.offered_span_ns)
     assert o["num_ok"] == 32 and o["offered_rate_per_s"] == 40.0
-    assert o["send_rate_per_s"] == pytest.approx(40.0, rel=0.05)
-    assert o["schedule_lag_ms"]["p50"] < 5
+    assert 0 < o["send_rate_per_s"] <= 40.0 + 1e-9  # the pacer never sends ahead of its schedule
+    assert o["schedule_lag_ms"]["min"] >= 0 and o["schedule_lag_ms"]["max"] < HANG_MS
     b = summarize(burst.records)
     assert b["num_ok"] == 8 and b["max_in_flight"] == 8
 
@@ -74,9 +87,9 @@ def test_openai_endpoint_concurrency_and_lengths(openai_server):
     assert s["num_ok"] == 12 and s["max_in_flight"] == 3
     assert s["length_mismatches"] == 0 and s["server_count_mismatches"] == 0
     assert all(r.osl_server == 8 for r in closed.records)
-    assert s["itl_ms"]["p50"] == pytest.approx(TOKEN_MS, abs=2.0)
+    assert_paced(s, osl=8)
     o = summarize(opened.records, window_ns=opened.window_ns, offered_span_ns=opened.offered_span_ns)
-    assert o["num_ok"] == 12 and o["send_rate_per_s"] == pytest.approx(30.0, rel=0.05)
+    assert o["num_ok"] == 12 and 0 < o["send_rate_per_s"] <= 30.0 + 1e-9
 
 
 def test_errors_are_recorded_by_category(triton_server):

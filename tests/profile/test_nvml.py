@@ -3,8 +3,7 @@ real NVML-absent path."""
 
 from __future__ import annotations
 
-import itertools
-import time
+import threading
 from types import SimpleNamespace
 
 from trtllm_kit.profile.nvml import NvmlSampler, summarize_telemetry
@@ -75,16 +74,54 @@ def test_thermal_throttling_invalidates_the_window():
     assert early["valid"]
 
 
-def test_thread_samples_at_10_hz_and_shuts_down():
-    fake = FakeNvml()
-    sampler = NvmlSampler(nvml=fake).start()
-    time.sleep(0.55)
+class SteppedTime:
+    """A clock that moves only when the sampler waits, by the time it asks for, plus ``slow_ns`` on the reads
+    ``slow_at`` (a sample that took long). After ``ticks`` waits it parks the sampler until ``stop``."""
+
+    def __init__(self, ticks: int, slow_at: frozenset[int] = frozenset(), slow_ns: int = 0) -> None:
+        self.now_ns, self.reads, self.waits = 7_000_000_000, 0, []
+        self.ticks, self.slow_at, self.slow_ns = ticks, slow_at, slow_ns
+        self.parked = threading.Event()
+
+    def clock(self) -> int:
+        self.reads += 1
+        if self.reads in self.slow_at:
+            self.now_ns += self.slow_ns
+        return self.now_ns
+
+    def wait(self, stop: threading.Event, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now_ns += round(seconds * 1e9)
+        if len(self.waits) == self.ticks:
+            self.parked.set()
+            stop.wait(30)  # hang guard only: the test stops the sampler at once
+
+
+def test_thread_samples_every_gpu_on_a_10_hz_grid_and_shuts_down():
+    fake, steps = FakeNvml(), SteppedTime(ticks=6)
+    sampler = NvmlSampler(nvml=fake, clock=steps.clock, wait=steps.wait).start()
+    assert steps.parked.wait(30)
     sampler.stop()
-    per_gpu = len([s for s in sampler.samples if s.gpu == 0])
-    assert 5 <= per_gpu <= 7 and fake.shutdown
-    times = [s.t_mono_ns for s in sampler.samples if s.gpu == 0]
-    gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(times)]
-    assert all(80 < g < 130 for g in gaps)
+    assert fake.shutdown and not any(t.name == "nvml-sampler" for t in threading.enumerate())
+    assert [s.gpu for s in sampler.samples] == [0, 1] * 6  # one sample per GPU per tick, in order
+    start = sampler.samples[0].t_mono_ns
+    assert [s.t_mono_ns for s in sampler.samples[::2]] == [start + i * 100_000_000 for i in range(6)]
+    assert steps.waits == [0.1] * 6
+    count = len(sampler.samples)
+    sampler.stop()  # a second stop is harmless and nothing samples after the first
+    assert len(sampler.samples) == count
+
+
+def test_a_slow_sample_keeps_the_grid_instead_of_shifting_it():
+    # the clock's 3rd read comes right after the first sample: that sample took 250 ms
+    steps = SteppedTime(ticks=5, slow_at=frozenset({3}), slow_ns=250_000_000)
+    sampler = NvmlSampler(nvml=FakeNvml(), gpus=[0], clock=steps.clock, wait=steps.wait).start()
+    assert steps.parked.wait(30)
+    sampler.stop()
+    start = sampler.samples[0].t_mono_ns
+    offsets_ms = [(s.t_mono_ns - start) / 1e6 for s in sampler.samples]
+    assert offsets_ms == [0, 250, 250, 300, 400]  # the two missed ticks at once, then back on the 100 ms grid
+    assert steps.waits == [0.0, 0.0, 0.05, 0.1, 0.1]
 
 
 def test_without_a_gpu_the_sampler_says_why_and_records_nothing():

@@ -18,13 +18,14 @@ from trtllm_kit.serve.client import GenerationRequest, TextClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LONG = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, "temperature": 0}
-MAX_STEPS, MAX_S = 50, 3.0  # the tiny model steps in ~10 ms: 50 steps is the disconnect's way through aiohttp, gRPC,
-# Triton and the BLS on a loaded 2-core machine (2-4 when idle); the old behaviour ran ~900
+MAX_STEPS = 50  # engine steps, not seconds: 50 is the disconnect's way through aiohttp, gRPC, Triton and the BLS
+# on a loaded 2-core machine (2-4 when idle); the old behaviour ran ~900
+HANG_S = 60  # a hang guard only
 
 
 def assert_stops(state: dict[str, Any], before: dict[str, float]) -> None:
-    seconds, after = wait_idle(state, timeout_s=20)
-    assert after["active"] == 0 and seconds < MAX_S, (seconds, after)
+    _, after = wait_idle(state, timeout_s=HANG_S)
+    assert after["active"] == 0, after
     assert after["steps"] - before["steps"] <= MAX_STEPS, (before, after)
 
 

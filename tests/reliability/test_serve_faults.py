@@ -1,6 +1,7 @@
 """Items 2 and 6 against a real tritonserver, faults injected with SIGKILL: a dead stub or server is seen (in-flight
-requests fail within seconds, readiness goes, ``serve`` exits 1 naming the model), and whatever dies, no process
-or shared-memory region of the server outlives it by more than a few seconds; ``stop`` is quick and idempotent.
+requests fail with an error instead of hanging, readiness goes, ``serve`` exits 1 naming the model), and whatever
+dies, no process or shared-memory region of the server outlives it; ``stop`` is graceful when it can be, kills at
+once when a stub is dead (instead of waiting out the exit timeout) and is idempotent.
 
 Before the fix: a killed ``tensorrt_llm`` stub left in-flight streams hanging until the client's timeout and
 ``/v2/health/ready`` at 200; ``serve`` killed 2 s into start-up left a stub (parent pid 1) and a ``/dev/shm``
@@ -32,6 +33,7 @@ from trtllm_kit.serve.state import run_dir
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LONG = {"model": MODEL, "prompt": "Hello there", "max_tokens": 900, "ignore_eos": True, "temperature": 0,
         "stream": True}
+HANG_S = 60  # hang guards only: every bound below is what a loaded machine may need, never a speed claim
 
 
 def ready(state: dict[str, Any]) -> bool:
@@ -40,6 +42,10 @@ def ready(state: dict[str, Any]) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def server_log(out: Path) -> str:
+    return (run_dir(out) / "tritonserver.log").read_text(errors="replace")
 
 
 def serve_exits(pid: int, timeout_s: float) -> bool:
@@ -55,48 +61,45 @@ def serve_exits(pid: int, timeout_s: float) -> bool:
 def test_a_killed_stub_fails_in_flight_requests_and_ends_serve(artifact_copy: Path, model: str) -> None:
     state = serve(artifact_copy)
     sock = open_stream(state, LONG)
-    started = time.perf_counter()
     os.kill(stubs(state)[model], signal.SIGKILL)
-    rest = read_rest(sock, timeout_s=30)
-    answered = time.perf_counter() - started
+    rest = read_rest(sock, timeout_s=HANG_S)  # the stream ends with an error, not at the client's timeout
     assert b'data: {"error": {"message": "the server at ' in rest and b'"type": "server_error"' in rest, rest[-400:]
-    assert answered < 10, answered
     assert not ready(state)
-    gone = wait_gone(state, timeout_s=10)
-    assert serve_exits(state["pid"], timeout_s=10)
+    wait_gone(state, timeout_s=HANG_S)
+    assert serve_exits(state["pid"], timeout_s=HANG_S)
     log = (run_dir(artifact_copy) / "serve.log").read_text()
     assert f"Error: the Python-backend stub of model {model} (pid {stubs(state)[model]}) died while serving; " \
            "serve stopped so that it can be restarted" in log
     assert "Traceback" not in log
-    assert answered + gone < 15
 
 
 def test_a_killed_tritonserver_ends_serve_and_everything_it_started(artifact_copy: Path) -> None:
     state = serve(artifact_copy)
     os.kill(state["server_pid"], signal.SIGKILL)
-    wait_gone(state, timeout_s=10)
+    wait_gone(state, timeout_s=HANG_S)
     assert "Error: tritonserver exited with code -9 while serving" in (run_dir(artifact_copy) / "serve.log").read_text()
 
 
-@pytest.mark.parametrize("delay_s", [2.0, None], ids=["during-start-up", "when-ready"])
-def test_a_killed_serve_leaves_no_process_and_no_shared_memory(artifact_copy: Path, delay_s: float | None) -> None:
+@pytest.mark.parametrize("when", ["during-start-up", "when-ready"])
+def test_a_killed_serve_leaves_no_process_and_no_shared_memory(artifact_copy: Path, when: str) -> None:
     ep = free_endpoints()
     argv = [sys.executable, "-m", "trtllm_kit", "serve", str(artifact_copy), "--http-port", str(ep.http_port),
             "--grpc-port", str(ep.grpc_port), "--metrics-port", str(ep.metrics_port)]
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    prefix = f"trtllmkit_{child.pid}_"
-    deadline = time.monotonic() + (delay_s or 120)
-    while time.monotonic() < deadline:
-        if delay_s is None and (run_dir(artifact_copy) / "state.json").exists():
+    state = {"shm_prefix": f"trtllmkit_{child.pid}_", "server_pid": None}
+    ready = run_dir(artifact_copy) / "state.json"
+    deadline = time.monotonic() + 120  # a hang guard only
+    while time.monotonic() < deadline:  # start-up: the first stub is there; or ready
+        if ready.exists() if when == "when-ready" else len(server_processes(state)) > 1:
             break
         time.sleep(0.05)
-    state = {"shm_prefix": prefix, "server_pid": None}
+    assert when == "when-ready" or not ready.exists(), "the serve got ready before it could be killed in start-up"
     seen = server_processes(state)
     assert seen, "the server had started nothing to leave behind"
     child.kill()
     child.wait()
     state["server_pid"] = next((p.pid for p in seen if p.info["name"] == "tritonserver"), None)
-    assert wait_gone(state, timeout_s=10) < 10
+    wait_gone(state, timeout_s=HANG_S)
     assert not shm_regions(state)
 
 
@@ -106,10 +109,10 @@ def test_stop_is_quick_and_stopping_nothing_is_fine(artifact_copy: Path) -> None
     result = stop_serving(artifact_copy)
     stopped = time.perf_counter() - started
     assert result == {"pid": state["pid"], "forced": False}
-    # about 2.5 s idle (Triton polls its models once a second while unloading); the bound leaves room for a loaded
-    # CI machine and still catches the 8-9 s graceful stop and the 30 s exit timeout this guards against
-    assert stopped < 6.0, stopped
-    wait_gone(state, timeout_s=5)
+    # about 2.5 s idle (Triton polls its models once a second while unloading); the bound is a hang guard only
+    assert stopped < HANG_S, stopped
+    assert "Signal (15) received" in server_log(artifact_copy)  # asked to leave: a graceful stop
+    wait_gone(state, timeout_s=HANG_S)
     done = kit("stop", str(artifact_copy))
     assert (done.returncode, done.stdout) == (0, f"nothing to stop: no trtllm-kit serve of {artifact_copy} is "
                                                  "running\n")
@@ -118,8 +121,8 @@ def test_stop_is_quick_and_stopping_nothing_is_fine(artifact_copy: Path) -> None
 def test_stop_with_a_dead_stub_does_not_wait_out_the_exit_timeout(artifact_copy: Path) -> None:
     state = serve(artifact_copy)
     os.kill(stubs(state)["postprocessing"], signal.SIGKILL)
-    started = time.perf_counter()
     done = kit("stop", str(artifact_copy), timeout=60)
     assert done.returncode == 0, done.stderr
-    wait_gone(state, timeout_s=10)
-    assert time.perf_counter() - started < 8
+    wait_gone(state, timeout_s=HANG_S)
+    # killed at once: never asked to leave, so it did not wait out its exit timeout for the dead stub's model
+    assert "Signal (15) received" not in server_log(artifact_copy)

@@ -57,7 +57,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Gateway:
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
     run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False}, "repo": one_each}))
     keys_path = root / "keys.json"
-    limits = {"open": {"tenant": "acme", "models": (MODEL,)}, "rps": {"rps": 2}, "tpm": {"tpm": 20},
+    limits = {"open": {"tenant": "acme", "models": (MODEL,)}, "rps": {"rps": 2}, "tpm": {"tpm": 15},
               "quota": {"quota_tokens": 30, "quota_period": "day"}, "elsewhere": {"models": ("another",)},
               "victim": {}, "ops": {"admin": True}}
     secrets = {name: add_key(keys_path, name, **values)[0] for name, values in limits.items()}
@@ -130,11 +130,13 @@ def test_missing_wrong_and_forbidden_keys_never_reach_the_model(gateway: Gateway
 
 
 def test_requests_per_second_within_one_of_the_limit(gateway: Gateway) -> None:
+    started = time.monotonic()
     with ThreadPoolExecutor(6) as pool:  # six at once against a bucket of 2 refilled at 2/s
         results = list(pool.map(lambda _: complete(gateway, gateway.secrets["rps"]), range(6)))
+    spread_s = time.monotonic() - started  # the refill while they arrive: more on a loaded machine
     admitted = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] == 429]
-    assert len(admitted) in (2, 3) and len(admitted) + len(refused) == 6
+    assert 2 <= len(admitted) <= 3 + int(2 * spread_s) and len(admitted) + len(refused) == 6, spread_s
     assert all(r[1]["error"]["code"] == "rate_limit_exceeded" and r[2]["Retry-After"] == "1" for r in refused)
     time.sleep(1.0)
     assert complete(gateway, gateway.secrets["rps"])[0] == 200
@@ -142,7 +144,9 @@ def test_requests_per_second_within_one_of_the_limit(gateway: Gateway) -> None:
 
 def test_tokens_per_minute_within_one_request_of_the_limit(gateway: Gateway) -> None:
     statuses = [complete(gateway, gateway.secrets["tpm"]) for _ in range(5)]
-    assert [s for s, _, _ in statuses] == [200, 200, 200, 429, 429]  # 20 tokens: the third of 7 goes over
+    # 15 tokens: the third of 7 goes over, 6 below zero; refilled at 15/min that takes 24 s, so the next two are
+    # refused however slowly a loaded machine sends them
+    assert [s for s, _, _ in statuses] == [200, 200, 200, 429, 429]
     assert 1 <= int(statuses[3][2]["Retry-After"]) <= 60
 
 
@@ -163,9 +167,9 @@ def test_sighup_reloads_the_key_file_and_a_revoked_key_is_refused(gateway: Gatew
     assert run(["keys", "revoke", "victim", "--keys", str(gateway.keys_path)]) == 0
     before = triton_inferences(gateway)
     os.kill(read_state(gateway.out)["pid"], signal.SIGHUP)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a hang guard only
     while complete(gateway, gateway.secrets["victim"])[0] != 401:
-        assert time.monotonic() < deadline, "the revoked key is still accepted 10 s after SIGHUP"
+        assert time.monotonic() < deadline, "the revoked key is still accepted 60 s after SIGHUP"
         time.sleep(0.1)
     assert triton_inferences(gateway) <= before + 1  # at most the one sent before the signal was handled
     assert complete(gateway, gateway.secrets["open"])[0] == 200

@@ -1,5 +1,6 @@
 """Two priority classes at overload against a real served tiny Llama (CPU runtime, 4 batch slots): the high
-class's p99 time to first token stays under the bound while the low class absorbs the queueing."""
+class's p99 time to first token stays below the low class's median while the low class absorbs the queueing
+(a comparison within one run, so a loaded machine slows both classes alike)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import build_spec
 
 MODEL = "builtin:tiny-llama"
-HIGH_P99_TTFT_BOUND_S = 1.0  # and below the low class's median
 
 
 def test_openai_priority_maps_onto_trtllm_float() -> None:
@@ -75,4 +75,4 @@ def test_high_priority_ttft_stays_bounded_while_low_priority_queues(openai_port:
         high_s, low_s = [f.result() for f in highs], [f.result() for f in lows]
     high_p99, low_p50 = float(np.percentile(high_s, 99)), float(np.percentile(low_s, 50))
     print(f"high p99 TTFT {high_p99:.3f} s, low p50 TTFT {low_p50:.3f} s, low max {max(low_s):.3f} s")
-    assert high_p99 < HIGH_P99_TTFT_BOUND_S and high_p99 < low_p50
+    assert high_p99 < low_p50

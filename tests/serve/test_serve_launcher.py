@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,11 @@ def test_fake_mpirun_on_path_receives_the_argv_and_readiness_timeout_shows_the_l
     config = LaunchConfig(tmp_path / "repo", free_endpoints(), world_size=4, shm_prefix=f"kit{os.getpid()}_")
     process = TritonProcess(install, config, tmp_path / "log.txt")
     process.start()
+    deadline = time.monotonic() + 60  # a hang guard only: the fake has started and said so
+    while "fake mpirun: 4 ranks up" not in ((tmp_path / "log.txt").read_text() if (tmp_path / "log.txt").exists()
+                                           else ""):
+        assert time.monotonic() < deadline, "the fake mpirun never started"
+        time.sleep(0.05)
     with pytest.raises(KitError) as info:
         process.wait_ready(timeout_s=0.5)
     assert str(info.value).startswith(f"tritonserver was not ready after 0.5 s (log {tmp_path / 'log.txt'}); last "

@@ -1,6 +1,7 @@
 """GPU telemetry: an NVML sampler at 10 Hz in its own thread (``docs/harness.md`` §6).
 
-Each sample is timestamped with ``time.monotonic_ns()`` (the clock of the request records). Energy comes
+Each sample is timestamped with ``time.monotonic_ns()`` (the clock of the request records; a test may inject
+another clock and wait). Energy comes
 from the energy counter's delta, never from integrating power. Hardware or thermal clock-event reasons in
 any sample inside a window mark that window invalid. Without NVML the sampler says why in one line and
 records nothing.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
@@ -40,10 +42,16 @@ class Sample:
 
 
 class NvmlSampler:
-    """Samples every GPU (or ``gpus``) every ``period_s`` on a daemon thread; ``nvml`` may be injected."""
+    """Samples every GPU (or ``gpus``) every ``period_s`` on a daemon thread, on a fixed grid of ``clock`` (ns).
 
-    def __init__(self, period_s: float = 0.1, gpus: list[int] | None = None, nvml: ModuleType | Any = None) -> None:
+    ``nvml``, ``clock`` and ``wait`` (how the thread waits for the next tick or for ``stop``) may be injected.
+    """
+
+    def __init__(self, period_s: float = 0.1, gpus: list[int] | None = None, nvml: ModuleType | Any = None,
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 wait: Callable[[threading.Event, float], object] = threading.Event.wait) -> None:
         self.period_s, self.unavailable = period_s, ""
+        self.clock, self.wait = clock, wait
         self.samples: list[Sample] = []
         self.nvml, self.handles, self.devices = nvml, [], []
         self._stop = threading.Event()
@@ -83,7 +91,7 @@ class NvmlSampler:
 
     def sample_once(self) -> list[Sample]:
         """Read every GPU once and append the samples."""
-        now = time.monotonic_ns()
+        now = self.clock()
         nvml, out = self.nvml, []
         for index, h in self.handles:
             instant = None
@@ -104,11 +112,11 @@ class NvmlSampler:
         return out
 
     def _loop(self) -> None:
-        next_t = time.monotonic()
+        period_ns, next_ns = round(self.period_s * 1e9), self.clock()
         while not self._stop.is_set():
             self.sample_once()
-            next_t += self.period_s
-            self._stop.wait(max(0.0, next_t - time.monotonic()))
+            next_ns += period_ns
+            self.wait(self._stop, max(0, next_ns - self.clock()) / 1e9)
 
     def start(self) -> NvmlSampler:
         """Start sampling (no-op when NVML is unavailable)."""
