@@ -60,22 +60,3 @@ def artifact(tmp_path: Path) -> Callable[..., Path]:
     """``write_artifact`` into a fresh directory."""
     counter = iter(range(100))
     return lambda **kwargs: write_artifact(tmp_path / f"artifact{next(counter)}", **kwargs)
-
-
-def schemas_available() -> bool:
-    """Whether the saved CRD schemas (``shared/data/k8s-schemas`` beside the checkout, or
-    ``TRTLLM_KIT_K8S_SCHEMAS``) are here: they are upstream data, not part of the repository."""
-    from trtllm_kit.deploy.validate import schema_dir
-
-    return (schema_dir() / "keda.sh_scaledobjects.yaml").is_file()
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Without the saved CRD schemas, the tests that write or check Kubernetes objects are skipped, saying why."""
-    if schemas_available():
-        return
-    skip = pytest.mark.skip(reason="the saved CRD schemas are not beside the checkout (shared/data/k8s-schemas); "
-                                   "set TRTLLM_KIT_K8S_SCHEMAS")
-    for item in items:
-        if item.path.name in ("test_k8s.py", "test_prometheus.py"):
-            item.add_marker(skip)
