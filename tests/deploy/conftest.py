@@ -37,6 +37,7 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
     files = {f"{model_dir}/rank{r}.{'engine' if target == 'engine' else 'safetensors'}": f"{r:064x}"
              for r in range(tp * pp)}
     files["repo/tensorrt_llm/config.pbtxt"] = "f" * 64
+    files["repo/tensorrt_llm_bls/config.pbtxt"] = "e" * 64
     plan = {"max_batch_size": 64, "ranks": [{"rank": r, "weight_bytes": rank_bytes} for r in range(tp * pp)]}
     built = EngineBuild(dir="engines", world_size=tp * pp, tp_size=tp, pp_size=pp, tensorrt_llm="1.2.1",
                         tensorrt="10.14.1.48", cuda="13.0", driver="580.65.06", gpu="NVIDIA H100 80GB HBM3",

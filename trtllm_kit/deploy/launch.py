@@ -2,17 +2,18 @@
 
 Each target is one ``TargetLaunch`` entry. ``engine`` and ``cpu`` serve the Triton repository with
 ``trtllm-kit serve`` (tritonserver per rank under ``mpirun`` when tp x pp > 1, the OpenAI frontend beside it);
-``llmapi`` runs tensor parallelism inside one process, so it never spans nodes. Only ``engine`` spans nodes:
-the leader waits for its group's pods, then starts every rank with ``mpirun`` over ``kubectl exec``.
+``llmapi`` runs tensor parallelism inside one process on one node. Across nodes the leader runs
+``trtllm-kit deploy leader`` with the plan written here (``deploy/leader.py``): it waits for the workers' sshd,
+starts every rank with ``mpirun`` over ssh, and serves the OpenAI API beside rank 0; workers run ``sshd`` only.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtllm_kit.deploy.leader import FrontendPlan, LeaderPlan
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, launch_argv
@@ -21,6 +22,10 @@ from trtllm_kit.serve.locate import TritonInstall
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 SCRIPTS_DIR = "/opt/trtllm-kit"  # the launch ConfigMap's mount
+PLAN_FILE = "plan.json"
+SSH_DIR = "/etc/trtllm-kit/ssh"  # the group's key pair (a Secret)
+SSH_KEY = "id_ed25519"
+SSH_PORT = 2222
 CONTAINER = "server"
 
 
@@ -50,44 +55,47 @@ def mpirun_ranks(source: DeploySource, settings: DeploySettings) -> list[str]:
     return argv[1:]
 
 
-def leader_script(source: DeploySource, settings: DeploySettings, num_nodes: int) -> str:
-    """The leader's entry point: wait until the group's pods run, then ``exec mpirun`` with one host per pod.
-
-    Rank 0 lands on the leader (listed first), so the leader serves HTTP, gRPC and metrics. ``kubessh`` (next to
-    this script) is mpirun's remote shell: ``kubectl exec`` into the worker pod, no sshd needed.
+def leader_plan(source: DeploySource, settings: DeploySettings, num_nodes: int, startup_s: int) -> LeaderPlan:
+    """The multi-node leader's plan: the group, the ranks, its deadlines, ssh, and the frontend beside rank 0.
 
     Arguments:
-        source: the artifact; settings: the deployment; num_nodes: pods in the group.
+        source: the artifact; settings: the deployment; num_nodes: pods in the group; startup_s: the budget.
     """
-    ranks = shlex.join(mpirun_ranks(source, settings))
-    return f"""#!/bin/sh
-# Start {source.world_size} tritonserver ranks across the {num_nodes} pods of this LeaderWorkerSet group.
+    text_model = next(m for m in ("tensorrt_llm_bls", "ensemble", "tensorrt_llm")
+                      if f"repo/{m}/config.pbtxt" in {f.path for f in source.files})
+    frontend = FrontendPlan(out=source.mount_path, served_name=source.model, text_model=text_model,
+                            port=settings.openai_port)
+    return LeaderPlan(num_workers=num_nodes - 1, slots=settings.gpus_per_node,
+                      ranks=tuple(mpirun_ranks(source, settings)),
+                      ready_url=f"http://127.0.0.1:{PORTS['http']}/v2/health/ready",
+                      worker_wait_s=settings.worker_wait_s, startup_s=startup_s,
+                      exit_timeout_s=settings.exit_timeout_s, ssh_port=SSH_PORT, ssh_key=f"{SSH_DIR}/{SSH_KEY}",
+                      forward_env=tuple(settings.nccl_env), frontend=frontend)
+
+
+LEADER_COMMAND = ["trtllm-kit", "deploy", "leader", f"{SCRIPTS_DIR}/{PLAN_FILE}"]
+WORKER_SCRIPT = f"""#!/bin/sh
+# A worker of a LeaderWorkerSet group: sshd on port {SSH_PORT} as this user, for the leader's mpirun only (the
+# group's public key, no passwords); it runs until the pod stops.
 set -eu
-deadline=$(( $(date +%s) + ${{WORKER_WAIT_S:-600}} ))
-while :; do
-  workers=$(kubectl get pods -n "$POD_NAMESPACE" \\
-    -l "leaderworkerset.sigs.k8s.io/group-key=$GROUP_KEY,role=worker" --field-selector status.phase=Running \\
-    -o jsonpath='{{range .items[*]}}{{.metadata.name}}{{"\\n"}}{{end}}')
-  found=$(printf '%s\\n' "$workers" | grep -c . || true)
-  [ "$found" -ge {num_nodes - 1} ] && break
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "only $found of {num_nodes - 1} workers of group $GROUP_KEY run; check their events" >&2
-    exit 1
-  fi
-  sleep 5
-done
-hosts="$POD_NAME:{settings.gpus_per_node}"
-for worker in $workers; do hosts="$hosts,$worker:{settings.gpus_per_node}"; done
-exec mpirun --host "$hosts" --mca plm_rsh_agent {SCRIPTS_DIR}/kubessh {ranks}
+dir=$(mktemp -d /tmp/trtllm-kit-sshd.XXXXXX)
+ssh-keygen -q -t ed25519 -N '' -f "$dir/host_key"
+cat > "$dir/sshd_config" <<EOF
+Port {SSH_PORT}
+HostKey $dir/host_key
+PidFile $dir/sshd.pid
+AuthorizedKeysFile {SSH_DIR}/{SSH_KEY}.pub
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+AllowTcpForwarding no
+X11Forwarding no
+EOF
+exec /usr/sbin/sshd -D -e -f "$dir/sshd_config"
 """
-
-
-KUBESSH = f"""#!/bin/sh
-# mpirun's remote shell inside a LeaderWorkerSet group: run the command in pod $1's server container.
-pod="$1"; shift
-exec kubectl exec -i -n "$POD_NAMESPACE" "$pod" -c {CONTAINER} -- /bin/sh -c "$*"
-"""
-WORKER_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 1; done"]
+WORKER_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/worker.sh"]
 
 
 @dataclass(frozen=True)

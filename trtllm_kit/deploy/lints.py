@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
 
 Obj = dict[str, Any]
@@ -19,10 +20,36 @@ def _pod_templates(doc: Obj) -> list[Obj]:
     return [group.get("leaderTemplate") or {}, group.get("workerTemplate") or {}]
 
 
-def _exit_timeout(container: Obj) -> int | None:
+def _flag(container: Obj, pattern: str) -> int | None:
     text = " ".join(str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])])
-    found = re.search(r"--exit-timeout(?:-secs)?[= ](\d+)", text)
+    found = re.search(pattern + r"[= ](\d+)", text)
     return int(found.group(1)) if found else None
+
+
+def _exit_timeout(container: Obj) -> int | None:
+    return _flag(container, r"--exit-timeout(?:-secs)?")
+
+
+def _startup(file: str, doc: Obj, template: Obj) -> list[Finding]:
+    """A startupProbe shorter than the pod's startup budget, or than the server's own ``--ready-timeout``."""
+    budget = ((template.get("metadata") or {}).get("annotations") or {}).get(BUDGET_ANNOTATION)
+    found = []
+    for container in (template.get("spec") or {}).get("containers") or []:
+        probe = container.get("startupProbe")
+        if probe is None:
+            continue
+        allowed = probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * \
+            probe.get("failureThreshold", 3)
+        wanted = [(int(budget), f"the startup budget ({BUDGET_ANNOTATION})")] if budget else []
+        ready = _flag(container, "--ready-timeout")
+        wanted += [(ready, "the server's --ready-timeout")] if ready is not None else []
+        for seconds, what in wanted:
+            if allowed < seconds:
+                found.append(Finding(file, doc["kind"], doc["metadata"]["name"], "startupProbe",
+                                     f"allows {allowed} s, less than {what} of {seconds} s: the kubelet would kill "
+                                     f"a server that is still loading; raise failureThreshold to "
+                                     f"{-(-seconds // probe.get('periodSeconds', 10))}"))
+    return found
 
 
 def _grace(file: str, doc: Obj, template: Obj) -> list[Finding]:
@@ -52,7 +79,7 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
     for (kind, _), (file, doc) in workloads.items():
         templates = _pod_templates(doc)
         for template in templates:
-            found += _grace(file, doc, template)
+            found += _grace(file, doc, template) + _startup(file, doc, template)
         serving_labels.append(((templates[0].get("metadata") or {}).get("labels")) or {})
         if kind == "LeaderWorkerSet" and (doc.get("spec") or {}).get("startupPolicy", "LeaderCreated") != \
                 "LeaderCreated":

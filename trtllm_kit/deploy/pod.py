@@ -1,48 +1,23 @@
 """The pod of one replica (or of a group's leader or worker): containers, probes, resources, volumes, security.
 
-Budgets come from the artifact: the startup probe allows twice the time the largest process needs to read its
-weights at ``load_gbps`` plus a minute; the grace period covers the preStop drain and Triton's exit timeout.
+The probes take their budgets from ``startup.budgets``: the startupProbe allows exactly the startup budget the
+server is given; the grace period covers the preStop drain and Triton's exit timeout.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.deploy.launch import CONTAINER, PORTS, SCRIPTS_DIR
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.deploy.startup import PROBE_PERIOD_S, Budgets
 
 Obj = dict[str, Any]
-PROBE_PERIOD_S = 10
-BASE_LOAD_S = 60  # server start, Python stubs, tokenizers: what a tiny model needs
 SUMS_DIR = "/etc/trtllm-kit"
 PVC_DIR = "/pvc"
 GIB = 1024**3
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """The time budgets of a pod, in seconds."""
-
-    startup_s: int
-    grace_s: int
-
-    @property
-    def startup_failures(self) -> int:
-        return math.ceil(self.startup_s / PROBE_PERIOD_S)
-
-
-def budgets(source: DeploySource, settings: DeploySettings) -> Budgets:
-    """Startup and termination budgets of ``source`` under ``settings``.
-
-    Arguments:
-        source: the artifact (its load bytes); settings: load bandwidth, drain and exit timeout.
-    """
-    load_s = source.load_bytes / (settings.load_gbps * 1e9)
-    return Budgets(startup_s=int(math.ceil((2 * load_s + BASE_LOAD_S) / PROBE_PERIOD_S) * PROBE_PERIOD_S),
-                   grace_s=settings.grace_period_s)
 
 
 def probes(budget: Budgets) -> Obj:
@@ -162,26 +137,26 @@ def server_container(settings: DeploySettings, source: DeploySource, command: li
 
 def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containers: list[Obj], budget: Budgets,
              selector: dict[str, str], num_gpus: int, num_ranks: int, *, scripts: bool = False,
-             service_account: str | None = None) -> Obj:
+             spread: bool = True) -> Obj:
     """A pod spec around ``containers``: the fetch init container, volumes, security, spreading, GPU toleration.
 
     Arguments:
         name: the deployment's name; source: the artifact; settings: the deployment; containers: the main ones;
         budget: the grace period; selector: labels to spread by; num_gpus: GPUs of the pod; num_ranks: processes;
-        scripts: mount the launch scripts; service_account: the account the pod runs as (RBAC for the leader).
+        scripts: mount the launch scripts; spread: spread replicas over nodes and zones (one-node replicas; a
+        group is kept in one domain instead).
     """
     pod_security, _ = security()
     spec: Obj = {
         "terminationGracePeriodSeconds": budget.grace_s, "securityContext": pod_security,
-        "automountServiceAccountToken": service_account is not None,
+        "automountServiceAccountToken": False,
         "initContainers": [fetch_container(source, settings)], "containers": containers,
         "volumes": volumes(name, source, settings, num_ranks, scripts=scripts),
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
-                                       "labelSelector": {"matchLabels": selector}}
-                                      for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")],
     }
-    if service_account is not None:
-        spec["serviceAccountName"] = service_account
+    if spread:
+        spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+                                              "labelSelector": {"matchLabels": selector}}
+                                             for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
     if num_gpus:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return spec

@@ -31,8 +31,7 @@ class DeploySource:
 
     ``mount_path`` is where the server must find the artifact: the repository's ``config.pbtxt`` names the
     engine or checkpoint directory by the absolute path it was built at, so the pod mounts it there.
-    ``load_bytes`` is what the largest loading process reads before the server is ready (a rank's weights for
-    engines, the whole checkpoint for the CPU runtime, which runs every rank in one process).
+    ``load_bytes`` is what a replica reads before it is ready: every rank's engine weights, or the checkpoint.
     """
 
     model: str
@@ -79,7 +78,7 @@ def read_source(out: Path) -> DeploySource:
     plan = (engine.plan if engine else None) or {}
     rank_bytes = [int(r.get("weight_bytes", 0)) for r in plan.get("ranks") or ()]
     if rank_bytes and artifact.target == "engine":
-        load_bytes = max(rank_bytes)
+        load_bytes = sum(rank_bytes)
     else:
         prefix = f"{PurePosixPath(repo.gpt_model_path).name or 'checkpoint'}/"
         load_bytes = sum(f.num_bytes for f in files if f.path.startswith(prefix))
