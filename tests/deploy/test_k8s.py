@@ -141,6 +141,8 @@ def test_each_autoscaler(artifact, tmp_path, capsys, autoscaler):
         scaled = found[f"ScaledObject/{name}"]["spec"]
         assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (2, 6)
         assert scaled["triggers"][0]["metadata"]["threshold"] == "4"
+        assert scaled["triggers"][0]["metadata"]["ignoreNullValues"] == "false"  # a missing series is no 0
+        assert scaled["fallback"] == {"failureThreshold": 3, "behavior": "currentReplicasIfHigher", "replicas": 2}
     else:
         assert found[f"Deployment/{name}"]["spec"]["replicas"] == 2
         assert not any(k.startswith(("ScaledObject", "HorizontalPodAutoscaler")) for k in found)
@@ -205,6 +207,9 @@ BROKEN = [
     ("deployment.yaml", lambda d: d["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=30),
      "does not cover the preStop drain"),
     ("service.yaml", lambda d: d["spec"]["selector"].update(role="worker"), "selects no serving pod"),
+    ("scaledobject.yaml", lambda d: d["spec"]["triggers"][0]["metadata"].update(ignoreNullValues="true"),
+     "would read as 0 and scale down"),
+    ("scaledobject.yaml", lambda d: d["spec"].pop("fallback"), "without a fallback a failing query"),
 ]
 
 
@@ -238,3 +243,17 @@ def test_crd_schemas_alone_accept_unknown_fields():
            "spec": {"leaderWorkerTemplate": {"sise": 2, "workerTemplate": {"spec": {"containers": []}}}}}
     assert not list(jsonschema.Draft202012Validator(schema).iter_errors(lws))
     assert "'sise' was unexpected" in str(check_object(lws, "lws.yaml")[0])
+
+
+def test_monitors_carry_the_labels_prometheus_selects(artifact, tmp_path, capsys):
+    deploy(artifact(tp=2), tmp_path / "default", capsys, "--pvc", "models")
+    found = objects(tmp_path / "default")
+    for kind in ("PodMonitor", "PrometheusRule"):
+        assert found[f"{kind}/llama-3-1-70b-instruct"]["metadata"]["labels"]["release"] == "prometheus"
+    deploy(artifact(tp=2), tmp_path / "given", capsys, "--pvc", "models", "--monitor-labels", "release=kps",
+           "--monitor-labels", "team=llm", "--fallback-replicas", "3", "--max-replicas", "5")
+    found = objects(tmp_path / "given")
+    for kind in ("PodMonitor", "PrometheusRule"):
+        labels = found[f"{kind}/llama-3-1-70b-instruct"]["metadata"]["labels"]
+        assert (labels["release"], labels["team"], labels["app"]) == ("kps", "llm", "llama-3-1-70b-instruct")
+    assert found["ScaledObject/llama-3-1-70b-instruct"]["spec"]["fallback"]["replicas"] == 3

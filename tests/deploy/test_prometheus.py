@@ -84,7 +84,7 @@ def test_promtool_checks_the_prometheus_rule(tmp_path):
     from trtllm_kit.deploy.objects import Names
 
     rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump({"groups": prometheus_rule(Names("tiny", "llm"))["spec"]["groups"]}))
+    rules.write_text(yaml.safe_dump({"groups": prometheus_rule(Names("tiny", "llm"), {})["spec"]["groups"]}))
     done = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "SUCCESS: 4 rules found" in done.stdout, done.stdout + done.stderr
     rules.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [{"record": "a", "expr": "sum(("}]}]}))

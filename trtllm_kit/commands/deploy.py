@@ -54,6 +54,10 @@ def deploy() -> None:
               "multi-node pod, forwarded to every rank (NCCL_IB_HCA=mlx5); repeatable.")
 @click.option("--ssh-secret", help="A Secret with id_ed25519 and id_ed25519.pub for the group's ssh (default: a "
               "fresh pair in OUT/ssh, applied by kustomize).")
+@click.option("--monitor-labels", "monitor_labels", multiple=True, metavar="K=V", help="A label for the PodMonitor "
+              "and PrometheusRule that the Prometheus operator selects (default release=prometheus); repeatable.")
+@click.option("--fallback-replicas", type=int, help="Replicas KEDA keeps at least while its query fails (default "
+              "--min-replicas; more running ones stay).")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--json", "as_json", is_flag=True, help="List what was written as JSON.")
 @click.pass_context

@@ -66,6 +66,22 @@ def _grace(file: str, doc: Obj, template: Obj) -> list[Finding]:
     return found
 
 
+def _fails_safe(file: str, name: str, spec: Obj) -> list[Finding]:
+    """A ScaledObject that reads a missing series as 0 (KEDA's default) or has no fallback scales down blindly."""
+    found = []
+    for index, trigger in enumerate(spec.get("triggers") or []):
+        if trigger.get("type") == "prometheus" and \
+                str((trigger.get("metadata") or {}).get("ignoreNullValues", "true")).lower() != "false":
+            found.append(Finding(file, "ScaledObject", name, f"spec/triggers/{index}/metadata/ignoreNullValues",
+                                 "an empty query result would read as 0 and scale down to the minimum; set "
+                                 'ignoreNullValues: "false" so that it counts as a failure'))
+    if "fallback" not in spec:
+        found.append(Finding(file, "ScaledObject", name, "spec/fallback", "without a fallback a failing query "
+                             "leaves the replicas to chance; add fallback {failureThreshold, replicas, behavior: "
+                             "currentReplicasIfHigher}"))
+    return found
+
+
 def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
     """Problems the schemas cannot see: grace periods, Service and PodMonitor selectors, autoscaler targets.
 
@@ -96,6 +112,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
         if wanted is not None and not any(wanted.items() <= labels.items() for labels in serving_labels):
             found.append(Finding(file, kind, name, "selector", f"{wanted} selects no serving pod of this directory "
                                  "(on several nodes only the leaders serve)"))
+        if kind == "ScaledObject":
+            found += _fails_safe(file, name, spec)
         if kind in ("ScaledObject", "HorizontalPodAutoscaler"):
             ref = spec.get("scaleTargetRef") or {}
             if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads:

@@ -51,17 +51,32 @@ def recording_rules(names: Names) -> list[Obj]:
     ]
 
 
-def prometheus_rule(names: Names) -> Obj:
-    """The PrometheusRule holding the recording rules (``promtool check rules`` reads its ``spec``)."""
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": names.meta(),
+def _meta(names: Names, labels: dict[str, str]) -> Obj:
+    """Metadata carrying ``labels`` too, which the Prometheus operator's rule and monitor selectors match."""
+    meta = names.meta()
+    meta["labels"].update(labels)
+    return meta
+
+
+def prometheus_rule(names: Names, labels: dict[str, str]) -> Obj:
+    """The PrometheusRule holding the recording rules (``promtool check rules`` reads its ``spec``).
+
+    Arguments:
+        names: the deployment; labels: what the operator's ``ruleSelector`` matches (``monitor_labels``).
+    """
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": _meta(names, labels),
             "spec": {"groups": [{"name": f"trtllm-kit-{names.name}", "interval": RULE_INTERVAL,
                                  "rules": recording_rules(names)}]}}
 
 
-def pod_monitor(names: Names) -> Obj:
-    """Scrape Triton's metrics port and the OpenAI frontend's ``/metrics`` of the serving pods only."""
+def pod_monitor(names: Names, labels: dict[str, str]) -> Obj:
+    """Scrape Triton's metrics port and the OpenAI frontend's ``/metrics`` of the serving pods only.
+
+    Arguments:
+        names: the deployment; labels: what the operator's ``podMonitorSelector`` matches (``monitor_labels``).
+    """
     endpoints = [{"port": port, "path": "/metrics", "interval": SCRAPE_INTERVAL} for port in ("metrics", "openai")]
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": names.meta(),
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": _meta(names, labels),
             "spec": {"selector": {"matchLabels": names.serving}, "podMetricsEndpoints": endpoints,
                      "podTargetLabels": ["app"], "namespaceSelector": {"matchNames": [names.namespace]}}}
 

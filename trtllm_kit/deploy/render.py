@@ -71,8 +71,8 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
         files["launch-configmap.yaml"] = [multinode.launch_config(names, source, settings, nodes)]
     files["service.yaml"] = [objects.service(names, settings)]
     files["poddisruptionbudget.yaml"] = [objects.disruption_budget(names)]
-    files["podmonitor.yaml"] = [monitoring.pod_monitor(names)]
-    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names)]
+    files["podmonitor.yaml"] = [monitoring.pod_monitor(names, settings.monitor_labels)]
+    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels)]
     extras: dict[str, Any] = {"dashboard.json": dashboard(names, settings)}
     if settings.autoscaler == "keda":
         files["scaledobject.yaml"] = [autoscale.scaled_object(names, settings, nodes > 1)]

@@ -13,6 +13,8 @@ from trtllm_kit.errors import KitUsageError
 AUTOSCALERS = ("keda", "hpa", "none")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -29,6 +31,11 @@ class DeploySettings:
     ``queue_target`` is the waiting requests per replica the autoscaler aims at. ``load_gbps`` is the aggregate
     read rate (GB/s) of the volume the artifact is read from, shared by every rank reading it at once;
     ``worker_wait_s`` is how long a multi-node leader waits for its workers, inside its startup budget.
+
+    ``monitor_labels`` go on the PodMonitor and the PrometheusRule so that the Prometheus operator's selectors
+    pick them up (kube-prometheus-stack selects ``release: <its Helm release>``, ``prometheus`` in NVIDIA's
+    tutorials). ``fallback_replicas`` is what KEDA keeps (at least, the running ones if more) while its query
+    fails; default ``min_replicas``.
 
     Across nodes: ``topology_key`` is the node label whose domain holds a whole group (LeaderWorkerSet's
     exclusive topology: one group per domain; empty to place groups freely); ``rdma_resources`` are extended
@@ -60,6 +67,8 @@ class DeploySettings:
     rdma_resources: dict[str, int] = field(default_factory=dict)
     nccl_env: dict[str, str] = field(default_factory=dict)
     ssh_secret: str | None = None
+    monitor_labels: dict[str, str] = field(default_factory=lambda: {"release": "prometheus"})
+    fallback_replicas: int | None = None
 
     def __post_init__(self) -> None:
         if self.autoscaler not in AUTOSCALERS:
@@ -88,6 +97,14 @@ class DeploySettings:
             if not RESOURCE_NAME.match(name) or not isinstance(amount, int) or amount < 1:
                 raise KitUsageError(f"--rdma-resource {name}={amount} is not an extended resource and a count; "
                                     "write NAME=N, e.g. rdma/ib=1 or vpc.amazonaws.com/efa=32.")
+        if self.fallback_replicas is not None and not \
+                self.min_replicas <= self.fallback_replicas <= self.max_replicas:
+            raise KitUsageError(f"--fallback-replicas {self.fallback_replicas} must lie between --min-replicas "
+                                f"{self.min_replicas} and --max-replicas {self.max_replicas}.")
+        for key, value in self.monitor_labels.items():
+            if not LABEL_KEY.match(key) or not isinstance(value, str) or not LABEL_VALUE.match(value):
+                raise KitUsageError(f"--monitor-labels {key}={value!r} is not a Kubernetes label; write k=v, e.g. "
+                                    "release=prometheus.")
         for name, value in self.nccl_env.items():
             if not ENV_NAME.match(name) or not isinstance(value, str):
                 raise KitUsageError(f"--nccl-env {name}={value!r} is not an environment variable; write K=V with K "
@@ -128,7 +145,8 @@ def deploy_settings(table: dict[str, Any], flags: dict[str, Any]) -> DeploySetti
     if unknown:
         raise KitUsageError(f"[deploy] has unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
     given = {k: v for k, v in flags.items() if v is not None and v != ()}
-    for key, flag, kind in (("rdma_resources", "--rdma-resource", int), ("nccl_env", "--nccl-env", str)):
+    for key, flag, kind in (("rdma_resources", "--rdma-resource", int), ("nccl_env", "--nccl-env", str),
+                            ("monitor_labels", "--monitor-labels", str)):
         if isinstance(given.get(key), tuple):
             given[key] = _pairs(flag, given[key], kind)
     values = {**table, **given}
