@@ -30,7 +30,10 @@ def deploy() -> None:
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="The directory to write (kustomize).")
 @click.option("--config", "config", type=click.Path(path_type=Path), help="A trtllm-kit.toml with a [deploy] table.")
-@click.option("--image", help="Server image holding the kit (default: trtllm-kit:VERSION).")
+@click.option("--image", help="The serving image built from docker/Dockerfile, in your registry, tagged "
+              "NAME:KITVERSION-trtllmX.Y.Z (required).")
+@click.option("--image-trtllm-version", help="The image's TensorRT-LLM version when its tag does not say it.")
+@click.option("--gpu-product", help="Pin the pods to this nvidia.com/gpu.product (engines: must be their build GPU).")
 @click.option("--name", help="Object name (default: from the model).")
 @click.option("--namespace", help="Namespace (default: default).")
 @click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); more ranks span nodes.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trtllm_kit.deploy.placement import check_compute_capability
 from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
 
@@ -95,7 +96,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
     for (kind, _), (file, doc) in workloads.items():
         templates = _pod_templates(doc)
         for template in templates:
-            found += _grace(file, doc, template) + _startup(file, doc, template)
+            found += _grace(file, doc, template) + _startup(file, doc, template) + \
+                check_compute_capability(file, doc, template)
         serving_labels.append(((templates[0].get("metadata") or {}).get("labels")) or {})
         if kind == "LeaderWorkerSet" and (doc.get("spec") or {}).get("startupPolicy", "LeaderCreated") != \
                 "LeaderCreated":

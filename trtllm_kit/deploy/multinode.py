@@ -26,10 +26,10 @@ from trtllm_kit.deploy.launch import (
     leader_plan,
 )
 from trtllm_kit.deploy.objects import Names, replicas
-from trtllm_kit.deploy.pod import pod_spec, resources, server_container
+from trtllm_kit.deploy.pod import pod_spec, resources, server_container, template_annotations
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
-from trtllm_kit.deploy.startup import BUDGET_ANNOTATION, budgets
+from trtllm_kit.deploy.startup import budgets
 from trtllm_kit.errors import KitError, KitUsageError
 
 Obj = dict[str, Any]
@@ -104,9 +104,10 @@ def leader_worker_set(names: Names, source: DeploySource, settings: DeploySettin
                      "leaderWorkerTemplate": {
                          "size": nodes, "restartPolicy": "RecreateGroupOnPodRestart",
                          "leaderTemplate": {"metadata": {"labels": {**names.labels, **names.serving},
-                                                         "annotations": {BUDGET_ANNOTATION: str(budget.startup_s)}},
+                                                         "annotations": template_annotations(source, budget)},
                                             "spec": leader_spec},
-                         "workerTemplate": {"metadata": {"labels": {**names.labels, **worker_labels}},
+                         "workerTemplate": {"metadata": {"labels": {**names.labels, **worker_labels},
+                                                         "annotations": template_annotations(source, budget)},
                                             "spec": worker_spec}}}}
 
 

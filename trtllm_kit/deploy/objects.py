@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.deploy.launch import LAUNCHES, PORTS
-from trtllm_kit.deploy.pod import pod_spec, resources, server_container
+from trtllm_kit.deploy.pod import pod_spec, resources, server_container, template_annotations
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
-from trtllm_kit.deploy.startup import BUDGET_ANNOTATION, budgets
+from trtllm_kit.deploy.startup import budgets
 
 Obj = dict[str, Any]
 
@@ -73,7 +73,7 @@ def deployment(names: Names, source: DeploySource, settings: DeploySettings) -> 
             "spec": {**replicas(settings), "selector": {"matchLabels": names.serving},
                      "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                      "template": {"metadata": {"labels": labels,
-                                               "annotations": {BUDGET_ANNOTATION: str(budget.startup_s)}},
+                                               "annotations": template_annotations(source, budget)},
                                   "spec": spec}}}
 
 

@@ -10,9 +10,10 @@ import math
 from typing import Any
 
 from trtllm_kit.deploy.launch import CONTAINER, PORTS, SCRIPTS_DIR
+from trtllm_kit.deploy.placement import MIN_CC_ANNOTATION, min_compute_capability, node_affinity
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
-from trtllm_kit.deploy.startup import PROBE_PERIOD_S, Budgets
+from trtllm_kit.deploy.startup import BUDGET_ANNOTATION, PROBE_PERIOD_S, Budgets
 
 Obj = dict[str, Any]
 SUMS_DIR = "/etc/trtllm-kit"
@@ -159,4 +160,17 @@ def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containe
                                              for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
     if num_gpus:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        affinity = node_affinity(source, settings)
+        if affinity is not None:
+            spec["affinity"] = affinity
     return spec
+
+
+def template_annotations(source: DeploySource, budget: Budgets) -> dict[str, str]:
+    """What a serving pod template says about itself for ``deploy check``: its startup budget, and the compute
+    capability its checkpoint needs (FP8)."""
+    found = {BUDGET_ANNOTATION: str(budget.startup_s)}
+    needed = min_compute_capability(source)
+    if needed is not None:
+        found[MIN_CC_ANNOTATION] = f"{needed[0]}.{needed[1]}"
+    return found

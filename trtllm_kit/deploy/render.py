@@ -13,6 +13,7 @@ import yaml
 from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import autoscale, monitoring, multinode, objects
 from trtllm_kit.deploy.dashboard import dashboard
+from trtllm_kit.deploy.image import check_image
 from trtllm_kit.deploy.launch import LAUNCHES
 from trtllm_kit.deploy.lints import lint
 from trtllm_kit.deploy.objects import Names
@@ -59,6 +60,8 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
         source: the artifact; settings: the deployment.
     """
     names = names_for(source, settings)
+    assert settings.image is not None, "DeploySettings requires an image"
+    check_image(settings.image, settings.image_trtllm_version, source.tensorrt_llm)
     nodes = multinode.num_nodes(source, settings)
     if nodes > 1 and not LAUNCHES[source.target].multi_node:
         raise KitUsageError(f"a {source.target} artifact runs in one pod, but tp x pp = {source.world_size} ranks "

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit import __version__
+from trtllm_kit.deploy.image import TAG_CONVENTION
 from trtllm_kit.errors import KitUsageError
 
 AUTOSCALERS = ("keda", "hpa", "none")
@@ -23,8 +24,10 @@ RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-
 class DeploySettings:
     """One deployment's choices; defaults are safe for a first apply.
 
-    ``image`` must hold the kit (``pip install trtllm-kit``) on top of NVIDIA's Triton TensorRT-LLM image; the
-    default names the image the README's two-line Dockerfile builds.
+    ``image`` is the serving image built from ``docker/Dockerfile`` (NVIDIA's Triton TensorRT-LLM container with
+    the kit installed), pushed to a registry the cluster pulls from; its TensorRT-LLM version is read from its tag
+    (``deploy/image.py``) or given as ``image_trtllm_version``. ``gpu_product`` pins the pods to one GPU product
+    (GPU Feature Discovery's ``nvidia.com/gpu.product``); engines are pinned to their build GPU anyway.
 
     ``artifact_url`` (a tar of the build output, fetched by an init container) and ``pvc`` (a claim that holds
     the build output at its root) are the two ways the artifact reaches the pod; exactly one is needed.
@@ -45,7 +48,9 @@ class DeploySettings:
     beside the objects and applied by kustomize).
     """
 
-    image: str = f"trtllm-kit:{__version__}"
+    image: str | None = None
+    image_trtllm_version: str | None = None
+    gpu_product: str | None = None
     name: str | None = None
     namespace: str = "default"
     gpus_per_node: int = 8
@@ -71,6 +76,10 @@ class DeploySettings:
     fallback_replicas: int | None = None
 
     def __post_init__(self) -> None:
+        if not self.image:
+            raise KitUsageError(f"--image is needed: the serving image built from docker/Dockerfile and pushed to "
+                                f"your registry, tagged {TAG_CONVENTION} (e.g. "
+                                f"registry.example/trtllm-kit:{__version__}-trtllm1.2.1).")
         if self.autoscaler not in AUTOSCALERS:
             raise KitUsageError(f"--autoscaler {self.autoscaler!r} is not known; use one of {', '.join(AUTOSCALERS)}.")
         if (self.artifact_url is None) == (self.pvc is None):

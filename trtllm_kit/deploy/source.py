@@ -32,6 +32,9 @@ class DeploySource:
     ``mount_path`` is where the server must find the artifact: the repository's ``config.pbtxt`` names the
     engine or checkpoint directory by the absolute path it was built at, so the pod mounts it there.
     ``load_bytes`` is what a replica reads before it is ready: every rank's engine weights, or the checkpoint.
+    ``gpu``, ``compute_capability`` and ``tensorrt_llm`` are the engine build's (engines run only on the GPU and
+    runtime they were built with; None for checkpoints); ``quant_algos`` are the checkpoint's quantization
+    algorithms (weights and KV cache).
     """
 
     model: str
@@ -42,6 +45,10 @@ class DeploySource:
     load_bytes: int
     mount_path: str
     files: tuple[ArtifactFile, ...]
+    gpu: str | None = None
+    compute_capability: str | None = None
+    tensorrt_llm: str | None = None
+    quant_algos: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -76,6 +83,7 @@ def read_source(out: Path) -> DeploySource:
                             f"(trtllm-kit build ... --out {out}).")
     files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in sorted(artifact.files.items()))
     plan = (engine.plan if engine else None) or {}
+    built = engine.built if engine else None
     rank_bytes = [int(r.get("weight_bytes", 0)) for r in plan.get("ranks") or ()]
     if rank_bytes and artifact.target == "engine":
         load_bytes = sum(rank_bytes)
@@ -86,7 +94,9 @@ def read_source(out: Path) -> DeploySource:
         model=artifact.model_source, target=artifact.target, tp_size=artifact.layout.tp_size,
         pp_size=artifact.layout.pp_size,
         max_batch_size=int(repo.limits.get("max_batch_size") or plan.get("max_batch_size") or 1),
-        load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files)
+        load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files,
+        gpu=built.gpu if built else None, compute_capability=built.compute_capability if built else None,
+        tensorrt_llm=built.tensorrt_llm if built else None, quant_algos=_quant_algos(artifact))
 
 
 def _size(path: Path) -> int:
@@ -100,3 +110,10 @@ def _mount_path(model_dir: str) -> str:
     """The artifact root the repository expects: the parent of an absolute ``gpt_model_path``."""
     path = PurePosixPath(model_dir)
     return str(path.parent) if path.is_absolute() and str(path.parent) != "/" else DEFAULT_MOUNT
+
+
+def _quant_algos(artifact: Artifact) -> tuple[str, ...]:
+    """The checkpoint's quantization algorithms (``FP8``, ...), weights and KV cache, upper-case."""
+    checkpoint = artifact.records.checkpoint
+    block = (checkpoint.quantization if checkpoint else None) or {}
+    return tuple(str(block[key]).upper() for key in ("quant_algo", "kv_cache_quant_algo") if block.get(key))
