@@ -43,6 +43,12 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
     files["repo/tensorrt_llm/config.pbtxt"] = "f" * 64
     if target != "llmapi":
         files["repo/tensorrt_llm_bls/config.pbtxt"] = "e" * 64
+    if target == "llmapi":
+        (out / "trtllm-serve").mkdir()
+        (out / "trtllm-serve" / "extra_llm_api_options.yaml").write_text(
+            f"backend: pytorch\ntensor_parallel_size: {tp}\npipeline_parallel_size: {pp}\n"
+            "enable_iter_perf_stats: true\n")
+        files["trtllm-serve/extra_llm_api_options.yaml"] = "d" * 64
     plan = {"max_batch_size": 64, "ranks": [{"rank": r, "weight_bytes": rank_bytes} for r in range(tp * pp)]}
     built = EngineBuild(dir="engines", world_size=tp * pp, tp_size=tp, pp_size=pp, tensorrt_llm="1.2.1",
                         tensorrt="10.14.1.48", cuda="13.0", driver="580.65.06", gpu="NVIDIA H100 80GB HBM3",

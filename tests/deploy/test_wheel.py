@@ -87,6 +87,8 @@ LAYOUTS = [
     ({"tp": 8}, ("--pvc", "models", "--gpus-per-node", "4"), "leaderworkerset.yaml"),
     ({"tp": 2, "pp": 2}, ("--artifact-url", "https://files.example/a.tar", "--autoscaler", "hpa"), "deployment.yaml"),
     ({"target": "cpu", "tp": 2}, ("--pvc", "models", "--autoscaler", "none"), "deployment.yaml"),
+    ({"target": "llmapi", "tp": 2, "quant_algo": "FP8"}, ("--pvc", "models"), "deployment.yaml"),
+    ({"target": "llmapi", "tp": 8}, ("--pvc", "models", "--gpus-per-node", "4"), "leaderworkerset.yaml"),
 ]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from trtllm_kit.deploy.monitoring import ADAPTER_METRIC, waiting_query
 from trtllm_kit.deploy.objects import Names
+from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
 
 Obj = dict[str, Any]
@@ -40,10 +41,14 @@ def _target(settings: DeploySettings) -> str:
     return f"{settings.queue_target:g}"
 
 
-def scaled_object(names: Names, settings: DeploySettings, multi_node: bool) -> Obj:
-    """KEDA: the queue query against Prometheus, ``AverageValue`` per replica, the behaviour above."""
+def scaled_object(names: Names, settings: DeploySettings, multi_node: bool, serving: Serving) -> Obj:
+    """KEDA: the queue query against Prometheus, ``AverageValue`` per replica, the behaviour above.
+
+    Arguments:
+        names: the deployment; settings: targets and bounds; multi_node: a LeaderWorkerSet; serving: its queue.
+    """
     trigger = {"type": "prometheus", "metricType": "AverageValue", "name": "requests-waiting",
-               "metadata": {"serverAddress": settings.prometheus_url, "query": waiting_query(names),
+               "metadata": {"serverAddress": settings.prometheus_url, "query": waiting_query(names, serving),
                             "threshold": _target(settings), "ignoreNullValues": "false"}}
     fallback = {"failureThreshold": FALLBACK_FAILURES, "behavior": "currentReplicasIfHigher",
                 "replicas": settings.fallback_replicas or settings.min_replicas}

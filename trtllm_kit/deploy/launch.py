@@ -2,20 +2,26 @@
 
 Each target is one ``TargetLaunch`` entry. ``engine`` and ``cpu`` serve the Triton repository with
 ``trtllm-kit serve`` (tritonserver per rank under ``mpirun`` when tp x pp > 1, the OpenAI frontend beside it);
-``llmapi`` runs tensor parallelism inside one process on one node. Across nodes the leader runs
+``llmapi`` runs tensor parallelism inside one process on one node, and across nodes upstream's
+``trtllm-llmapi-launch trtllm-serve`` on every rank. Across nodes the leader runs
 ``trtllm-kit deploy leader`` with the plan written here (``deploy/leader.py``): it waits for the workers' sshd,
-starts every rank with ``mpirun`` over ssh, and serves the OpenAI API beside rank 0; workers run ``sshd`` only.
+starts every rank with ``mpirun`` over ssh, and (Triton) serves the OpenAI API beside rank 0; workers run
+``sshd`` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+import yaml
 
 from trtllm_kit.deploy.leader import FrontendPlan, LeaderPlan
+from trtllm_kit.deploy.serving import TRITON, serving_of
 from trtllm_kit.deploy.settings import DeploySettings
-from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.deploy.source import OPTIONS_FLAG, DeploySource
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, launch_argv
 from trtllm_kit.serve.locate import TritonInstall
 
@@ -23,6 +29,7 @@ PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 SCRIPTS_DIR = "/opt/trtllm-kit"  # the launch ConfigMap's mount
 PLAN_FILE = "plan.json"
+OPTIONS_FILE = "llm_api_options.yaml"  # an llmapi group's --extra_llm_api_options
 SSH_DIR = "/etc/trtllm-kit/ssh"  # the group's key pair (a Secret)
 SSH_KEY = "id_ed25519"
 SSH_PORT = 2222
@@ -55,19 +62,56 @@ def mpirun_ranks(source: DeploySource, settings: DeploySettings) -> list[str]:
     return argv[1:]
 
 
+def llmapi_ranks(source: DeploySource, settings: DeploySettings) -> list[str]:
+    """Upstream's multi-node launch of the PyTorch backend after ``mpirun``: every rank runs
+    ``trtllm-llmapi-launch trtllm-serve CHECKPOINT`` (TensorRT-LLM ``examples/llm-api/llm_mgmn_trtllm_serve.sh``);
+    rank 0 serves the OpenAI API, the others join its LLM. The recorded command, re-rooted at the mount, on every
+    interface and the OpenAI port, with the options the launch ConfigMap holds.
+
+    Arguments:
+        source: the artifact (its recorded trtllm-serve command); settings: the OpenAI port.
+    """
+    if not source.serve_command or source.serve_command[0] != "trtllm-serve":
+        raise KitUsageError("the llmapi artifact records no trtllm-serve command, which a multi-node group runs; "
+                            "rebuild it with trtllm-kit build --target llmapi.")
+    argv = list(source.serve_command)
+    argv[1] = f"{source.mount_path}/{PurePosixPath(argv[1]).name}"
+    values = {"--host": "0.0.0.0", "--port": str(settings.openai_port), OPTIONS_FLAG: f"{SCRIPTS_DIR}/{OPTIONS_FILE}",
+              "--tp_size": str(source.tp_size), "--pp_size": str(source.pp_size)}
+    for flag, value in values.items():
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    return ["-n", str(source.world_size), "trtllm-llmapi-launch", *argv]
+
+
+def llmapi_options(source: DeploySource) -> str:
+    """The recorded ``--extra_llm_api_options`` with ``return_perf_metrics`` on (``/prometheus/metrics``)."""
+    options = yaml.safe_load(source.serve_options or "") or {}
+    return yaml.safe_dump({**options, "return_perf_metrics": True}, sort_keys=False)
+
+
 def leader_plan(source: DeploySource, settings: DeploySettings, num_nodes: int, startup_s: int) -> LeaderPlan:
-    """The multi-node leader's plan: the group, the ranks, its deadlines, ssh, and the frontend beside rank 0.
+    """The multi-node leader's plan: the group, the ranks, its deadlines, ssh, and the frontend beside rank 0
+    (none when rank 0 is ``trtllm-serve``, itself the OpenAI server).
 
     Arguments:
         source: the artifact; settings: the deployment; num_nodes: pods in the group; startup_s: the budget.
     """
-    text_model = next(m for m in ("tensorrt_llm_bls", "ensemble", "tensorrt_llm")
-                      if f"repo/{m}/config.pbtxt" in {f.path for f in source.files})
-    frontend = FrontendPlan(out=source.mount_path, served_name=source.model, text_model=text_model,
-                            port=settings.openai_port)
+    launch = LAUNCHES[source.target]
+    assert launch.group_ranks is not None, f"target {source.target} has no GPUs, so it never spans nodes"
+    serving = serving_of(source.target, num_nodes)
+    port = settings.openai_port if serving.health_port == "openai" else PORTS[serving.health_port]
+    frontend = None
+    if serving is TRITON:
+        text_model = next(m for m in ("tensorrt_llm_bls", "ensemble", "tensorrt_llm")
+                          if f"repo/{m}/config.pbtxt" in {f.path for f in source.files})
+        frontend = FrontendPlan(out=source.mount_path, served_name=source.model, text_model=text_model,
+                                port=settings.openai_port)
     return LeaderPlan(num_workers=num_nodes - 1, slots=settings.gpus_per_node,
-                      ranks=tuple(mpirun_ranks(source, settings)),
-                      ready_url=f"http://127.0.0.1:{PORTS['http']}/v2/health/ready",
+                      ranks=tuple(launch.group_ranks(source, settings)),
+                      ready_url=f"http://127.0.0.1:{port}{serving.ready_path}",
                       worker_wait_s=settings.worker_wait_s, startup_s=startup_s,
                       exit_timeout_s=settings.exit_timeout_s, ssh_port=SSH_PORT, ssh_key=f"{SSH_DIR}/{SSH_KEY}",
                       forward_env=tuple(settings.nccl_env), frontend=frontend)
@@ -100,14 +144,15 @@ WORKER_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/worker.sh"]
 
 @dataclass(frozen=True)
 class TargetLaunch:
-    """How one target runs in a pod: its single-node command and whether it can span nodes."""
+    """How one target runs: its single-node command, and ``mpirun``'s rank part across nodes (None: one node)."""
 
     command: Callable[[DeploySource, DeploySettings, int], list[str]]
-    multi_node: bool
+    group_ranks: Callable[[DeploySource, DeploySettings], list[str]] | None
 
 
+# Per target, keyed by target name like the rest of deploy/ (a Target method may take this table over).
 LAUNCHES = {
-    "engine": TargetLaunch(serve_command, multi_node=True),
-    "cpu": TargetLaunch(serve_command, multi_node=False),
-    "llmapi": TargetLaunch(serve_command, multi_node=False),  # one process; tensor parallelism inside it
+    "engine": TargetLaunch(serve_command, group_ranks=mpirun_ranks),
+    "cpu": TargetLaunch(serve_command, group_ranks=None),
+    "llmapi": TargetLaunch(serve_command, group_ranks=llmapi_ranks),
 }

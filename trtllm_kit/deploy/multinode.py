@@ -18,15 +18,18 @@ from typing import Any
 
 from trtllm_kit.deploy.launch import (
     LEADER_COMMAND,
+    OPTIONS_FILE,
     PLAN_FILE,
     SSH_DIR,
     SSH_PORT,
     WORKER_COMMAND,
     WORKER_SCRIPT,
     leader_plan,
+    llmapi_options,
 )
 from trtllm_kit.deploy.objects import Names, replicas
 from trtllm_kit.deploy.pod import pod_spec, resources, server_container, template_annotations
+from trtllm_kit.deploy.serving import TRTLLM_SERVE, serving_of
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import budgets
@@ -59,8 +62,10 @@ def ssh_secret_name(names: Names, settings: DeploySettings) -> str:
 def launch_config(names: Names, source: DeploySource, settings: DeploySettings, nodes: int) -> Obj:
     """The ConfigMap with the leader's plan (JSON) and the workers' sshd script."""
     plan = leader_plan(source, settings, nodes, budgets(source, settings, nodes).startup_s)
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta("-launch"),
-            "data": {PLAN_FILE: json.dumps(plan.to_dict(), indent=2) + "\n", "worker.sh": WORKER_SCRIPT}}
+    data = {PLAN_FILE: json.dumps(plan.to_dict(), indent=2) + "\n", "worker.sh": WORKER_SCRIPT}
+    if serving_of(source.target, nodes) is TRTLLM_SERVE:
+        data[OPTIONS_FILE] = llmapi_options(source)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta("-launch"), "data": data}
 
 
 def _group_pod(container: Obj, spec: Obj, names: Names, settings: DeploySettings) -> None:
@@ -82,7 +87,7 @@ def leader_worker_set(names: Names, source: DeploySource, settings: DeploySettin
     budget = budgets(source, settings, nodes)
     gpus = settings.gpus_per_node
     leader = server_container(settings, source, LEADER_COMMAND, budget, resources(source, gpus, gpus, settings),
-                              scripts=True)
+                              serving=serving_of(source.target, nodes), scripts=True)
     worker = server_container(settings, source, WORKER_COMMAND, budget, resources(source, gpus, gpus, settings),
                               serves=False, scripts=True)
     worker.update(ports=[{"name": "ssh", "containerPort": SSH_PORT}],

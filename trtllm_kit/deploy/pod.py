@@ -11,6 +11,7 @@ from typing import Any
 
 from trtllm_kit.deploy.launch import CONTAINER, PORTS, SCRIPTS_DIR
 from trtllm_kit.deploy.placement import MIN_CC_ANNOTATION, min_compute_capability, node_affinity
+from trtllm_kit.deploy.serving import TRITON, Serving
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import BUDGET_ANNOTATION, PROBE_PERIOD_S, Budgets
@@ -21,13 +22,17 @@ PVC_DIR = "/pvc"
 GIB = 1024**3
 
 
-def probes(budget: Budgets) -> Obj:
-    """Startup and readiness on ``/v2/health/ready`` (ready = every model loaded), liveness on ``/v2/health/live``."""
-    ready = {"httpGet": {"path": "/v2/health/ready", "port": "http"}}
+def probes(budget: Budgets, serving: Serving) -> Obj:
+    """Startup and readiness on the ready path (Triton: every model loaded), liveness on the live path.
+
+    Arguments:
+        budget: the startup budget; serving: what serves (its health paths and port).
+    """
+    ready = {"httpGet": {"path": serving.ready_path, "port": serving.health_port}}
     return {"startupProbe": {**ready, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": budget.startup_failures},
             "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 3},
-            "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
-                              "failureThreshold": 3}}
+            "livenessProbe": {"httpGet": {"path": serving.live_path, "port": serving.health_port},
+                              "periodSeconds": 10, "failureThreshold": 3}}
 
 
 def resources(source: DeploySource, num_gpus: int, num_ranks: int, settings: DeploySettings) -> Obj:
@@ -112,16 +117,17 @@ def volumes(name: str, source: DeploySource, settings: DeploySettings, num_ranks
 
 
 def server_container(settings: DeploySettings, source: DeploySource, command: list[str], budget: Budgets,
-                     resource: Obj, *, serves: bool = True, scripts: bool = False) -> Obj:
+                     resource: Obj, *, serving: Serving = TRITON, serves: bool = True, scripts: bool = False) -> Obj:
     """The server container: command, ports, probes (when it serves), drain, resources, mounts.
 
     Arguments:
         settings: image and drain; source: the mount path; command: its argv; budget: probe budgets;
-        resource: requests and limits; serves: rank 0 lives here (ports and probes); scripts: mount launch scripts.
+        resource: requests and limits; serving: what serves (ports, health); serves: rank 0 lives here (ports and
+        probes); scripts: mount launch scripts.
     """
     _, container_security = security()
-    ports = [{"name": kind, "containerPort": port} for kind, port in PORTS.items()]
-    ports.append({"name": "openai", "containerPort": settings.openai_port})
+    numbers = {**PORTS, "openai": settings.openai_port}
+    ports = [{"name": kind, "containerPort": numbers[kind]} for kind in serving.ports]
     env: list[Obj] = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}}
            for n, f in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))]
     mounts: list[Obj] = [{"name": "artifact", "mountPath": source.mount_path},
@@ -131,7 +137,7 @@ def server_container(settings: DeploySettings, source: DeploySource, command: li
     container: Obj = {"name": CONTAINER, "image": settings.image, "command": command, "env": env,
                       "resources": resource, "volumeMounts": mounts, "securityContext": container_security}
     if serves:
-        container.update({"ports": ports, **probes(budget),
+        container.update({"ports": ports, **probes(budget, serving),
                           "lifecycle": {"preStop": {"sleep": {"seconds": settings.drain_s}}}})
     return container
 

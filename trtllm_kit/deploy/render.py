@@ -14,14 +14,14 @@ from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import autoscale, monitoring, multinode, objects
 from trtllm_kit.deploy.dashboard import dashboard
 from trtllm_kit.deploy.image import check_image
-from trtllm_kit.deploy.launch import LAUNCHES
 from trtllm_kit.deploy.lints import lint
 from trtllm_kit.deploy.objects import Names
+from trtllm_kit.deploy.serving import serving_of
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import budgets
 from trtllm_kit.deploy.validate import KUBERNETES_VERSION, Finding, check_object, load_dir
-from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.errors import KitError
 
 Obj = dict[str, Any]
 RECORD = "trtllm-kit-deploy.json"
@@ -63,9 +63,6 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
     assert settings.image is not None, "DeploySettings requires an image"
     check_image(settings.image, settings.image_trtllm_version, source.tensorrt_llm)
     nodes = multinode.num_nodes(source, settings)
-    if nodes > 1 and not LAUNCHES[source.target].multi_node:
-        raise KitUsageError(f"a {source.target} artifact runs in one pod, but tp x pp = {source.world_size} ranks "
-                            f"exceed {settings.gpus_per_node} GPUs per node; use nodes with more GPUs.")
     files: dict[str, list[Obj]] = {"sha256-configmap.yaml": [objects.sha256_list(names, source)]}
     if nodes == 1:
         files["deployment.yaml"] = [objects.deployment(names, source, settings)]
@@ -74,11 +71,12 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
         files["launch-configmap.yaml"] = [multinode.launch_config(names, source, settings, nodes)]
     files["service.yaml"] = [objects.service(names, settings)]
     files["poddisruptionbudget.yaml"] = [objects.disruption_budget(names)]
-    files["podmonitor.yaml"] = [monitoring.pod_monitor(names, settings.monitor_labels)]
-    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels)]
+    serving = serving_of(source.target, nodes)
+    files["podmonitor.yaml"] = [monitoring.pod_monitor(names, settings.monitor_labels, serving)]
+    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels, serving)]
     extras: dict[str, Any] = {"dashboard.json": dashboard(names, settings)}
     if settings.autoscaler == "keda":
-        files["scaledobject.yaml"] = [autoscale.scaled_object(names, settings, nodes > 1)]
+        files["scaledobject.yaml"] = [autoscale.scaled_object(names, settings, nodes > 1, serving)]
     elif settings.autoscaler == "hpa":
         files["hpa.yaml"] = [autoscale.horizontal_pod_autoscaler(names, settings, nodes > 1)]
         extras["prometheus-adapter-values.yaml"] = monitoring.adapter_rules()

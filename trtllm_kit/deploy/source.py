@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact import Artifact, EngineRecord
 from trtllm_kit.errors import KitUsageError
 
 TARGETS = ("engine", "cpu", "llmapi")
 DEFAULT_MOUNT = "/artifact"
+OPTIONS_FLAG = "--extra_llm_api_options"
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,8 @@ class DeploySource:
     ``load_bytes`` is what a replica reads before it is ready: every rank's engine weights, or the checkpoint.
     ``gpu``, ``compute_capability`` and ``tensorrt_llm`` are the engine build's (engines run only on the GPU and
     runtime they were built with; None for checkpoints); ``quant_algos`` are the checkpoint's quantization
-    algorithms (weights and KV cache).
+    algorithms (weights and KV cache). ``serve_command`` is the ``trtllm-serve`` command an llmapi build records
+    and ``serve_options`` the text of its ``--extra_llm_api_options`` file (None for other targets).
     """
 
     model: str
@@ -49,6 +51,8 @@ class DeploySource:
     compute_capability: str | None = None
     tensorrt_llm: str | None = None
     quant_algos: tuple[str, ...] = ()
+    serve_command: tuple[str, ...] = ()
+    serve_options: str | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -96,7 +100,8 @@ def read_source(out: Path) -> DeploySource:
         max_batch_size=int(repo.limits.get("max_batch_size") or plan.get("max_batch_size") or 1),
         load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files,
         gpu=built.gpu if built else None, compute_capability=built.compute_capability if built else None,
-        tensorrt_llm=built.tensorrt_llm if built else None, quant_algos=_quant_algos(artifact))
+        tensorrt_llm=built.tensorrt_llm if built else None, quant_algos=_quant_algos(artifact),
+        serve_command=tuple(engine.command or ()) if engine else (), serve_options=_serve_options(out, engine))
 
 
 def _size(path: Path) -> int:
@@ -117,3 +122,13 @@ def _quant_algos(artifact: Artifact) -> tuple[str, ...]:
     checkpoint = artifact.records.checkpoint
     block = (checkpoint.quantization if checkpoint else None) or {}
     return tuple(str(block[key]).upper() for key in ("quant_algo", "kv_cache_quant_algo") if block.get(key))
+
+
+def _serve_options(out: Path, engine: EngineRecord | None) -> str | None:
+    """The text of the recorded ``trtllm-serve`` command's ``--extra_llm_api_options`` file, read from ``out``."""
+    command = list(engine.command or ()) if engine else []
+    if OPTIONS_FLAG not in command[:-1]:
+        return None
+    recorded = PurePosixPath(command[command.index(OPTIONS_FLAG) + 1])
+    path = out / recorded.parent.name / recorded.name
+    return path.read_text() if path.is_file() else None
