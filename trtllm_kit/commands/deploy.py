@@ -61,6 +61,8 @@ def deploy() -> None:
               "and PrometheusRule that the Prometheus operator selects (default release=prometheus); repeatable.")
 @click.option("--fallback-replicas", type=int, help="Replicas KEDA keeps at least while its query fails (default "
               "--min-replicas; more running ones stay).")
+@click.option("--api-keys-secret", help="A Secret whose keys.json (trtllm-kit keys add ... --keys keys.json) the "
+              "OpenAI API requires keys from; the usage log streams to a sidecar's stdout as JSON lines.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--json", "as_json", is_flag=True, help="List what was written as JSON.")
 @click.pass_context

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from trtllm_kit.deploy import gateway
 from trtllm_kit.deploy.leader import FrontendPlan, LeaderPlan
 from trtllm_kit.deploy.serving import TRITON, serving_of
 from trtllm_kit.deploy.settings import DeploySettings
@@ -45,7 +46,8 @@ def serve_command(source: DeploySource, settings: DeploySettings, ready_timeout_
     return ["trtllm-kit", "serve", source.mount_path, "--host", "0.0.0.0",
             *(arg for kind, port in PORTS.items() for arg in (f"--{kind}-port", str(port))),
             "--openai-port", str(settings.openai_port), "--tritonserver", TRITONSERVER,
-            "--ready-timeout", str(ready_timeout_s), "--exit-timeout", str(settings.exit_timeout_s)]
+            "--ready-timeout", str(ready_timeout_s), "--exit-timeout", str(settings.exit_timeout_s),
+            *gateway.serve_args(settings)]
 
 
 def mpirun_ranks(source: DeploySource, settings: DeploySettings) -> list[str]:
@@ -107,8 +109,14 @@ def leader_plan(source: DeploySource, settings: DeploySettings, num_nodes: int, 
     if serving is TRITON:
         text_model = next(m for m in ("tensorrt_llm_bls", "ensemble", "tensorrt_llm")
                           if f"repo/{m}/config.pbtxt" in {f.path for f in source.files})
+        keys = gateway.serve_args(settings)
         frontend = FrontendPlan(out=source.mount_path, served_name=source.model, text_model=text_model,
-                                port=settings.openai_port)
+                                port=settings.openai_port, api_keys=keys[1] if keys else None,
+                                usage_log=keys[3] if keys else None)
+    elif settings.api_keys_secret is not None:
+        raise KitUsageError("--api-keys-secret needs the kit's OpenAI gateway, but an llmapi artifact across nodes "
+                            "is served by trtllm-serve; put an API gateway in front of the Service instead, or "
+                            "use nodes that hold every rank.")
     return LeaderPlan(num_workers=num_nodes - 1, slots=settings.gpus_per_node,
                       ranks=tuple(launch.group_ranks(source, settings)),
                       ready_url=f"http://127.0.0.1:{port}{serving.ready_path}",

@@ -44,6 +44,7 @@ class FrontendPlan:
     served_name: str
     text_model: str
     port: int
+    host: str = "0.0.0.0"  # every interface of the pod
     grpc_url: str = "127.0.0.1:8001"
     api_keys: str | None = None
     usage_log: str | None = None

@@ -33,9 +33,9 @@ def frontend(plan: FrontendPlan) -> OpenAIFrontend:
 
 
 async def start(plan: FrontendPlan) -> web.AppRunner:
-    """Start the frontend of ``plan`` on every interface; ``await runner.cleanup()`` stops it.
+    """Start the frontend of ``plan`` on its host and port; ``await runner.cleanup()`` stops it.
 
     Arguments:
         plan: the frontend plan.
     """
-    return await start_frontend(frontend(plan), "0.0.0.0", plan.port)
+    return await start_frontend(frontend(plan), plan.host, plan.port)

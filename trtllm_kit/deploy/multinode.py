@@ -96,7 +96,7 @@ def leader_worker_set(names: Names, source: DeploySource, settings: DeploySettin
     leader_spec = pod_spec(names.name, source, settings, [leader], budget, names.serving, gpus, gpus, scripts=True,
                            spread=False)
     worker_spec = pod_spec(names.name, source, settings, [worker], budget, worker_labels, gpus, gpus, scripts=True,
-                           spread=False)
+                           spread=False, serves=False)
     for container, spec in ((leader, leader_spec), (worker, worker_spec)):
         _group_pod(container, spec, names, settings)
     metadata = names.meta()

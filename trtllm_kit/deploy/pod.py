@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trtllm_kit.deploy import gateway
 from trtllm_kit.deploy.launch import CONTAINER, PORTS, SCRIPTS_DIR
 from trtllm_kit.deploy.placement import MIN_CC_ANNOTATION, min_compute_capability, node_affinity
 from trtllm_kit.deploy.serving import TRITON, Serving
@@ -137,6 +138,7 @@ def server_container(settings: DeploySettings, source: DeploySource, command: li
     container: Obj = {"name": CONTAINER, "image": settings.image, "command": command, "env": env,
                       "resources": resource, "volumeMounts": mounts, "securityContext": container_security}
     if serves:
+        mounts += gateway.mounts(settings)
         container.update({"ports": ports, **probes(budget, serving),
                           "lifecycle": {"preStop": {"sleep": {"seconds": settings.drain_s}}}})
     return container
@@ -144,21 +146,25 @@ def server_container(settings: DeploySettings, source: DeploySource, command: li
 
 def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containers: list[Obj], budget: Budgets,
              selector: dict[str, str], num_gpus: int, num_ranks: int, *, scripts: bool = False,
-             spread: bool = True) -> Obj:
+             spread: bool = True, serves: bool = True) -> Obj:
     """A pod spec around ``containers``: the fetch init container, volumes, security, spreading, GPU toleration.
 
     Arguments:
         name: the deployment's name; source: the artifact; settings: the deployment; containers: the main ones;
         budget: the grace period; selector: labels to spread by; num_gpus: GPUs of the pod; num_ranks: processes;
         scripts: mount the launch scripts; spread: spread replicas over nodes and zones (one-node replicas; a
-        group is kept in one domain instead).
+        group is kept in one domain instead); serves: the OpenAI frontend runs here (the gateway's Secret and
+        usage-log sidecar).
     """
-    pod_security, _ = security()
+    pod_security, container_security = security()
     spec: Obj = {
         "terminationGracePeriodSeconds": budget.grace_s, "securityContext": pod_security,
         "automountServiceAccountToken": False,
-        "initContainers": [fetch_container(source, settings)], "containers": containers,
-        "volumes": volumes(name, source, settings, num_ranks, scripts=scripts),
+        "initContainers": [fetch_container(source, settings),
+                           *(gateway.usage_sidecar(settings, container_security) if serves else [])],
+        "containers": containers,
+        "volumes": volumes(name, source, settings, num_ranks, scripts=scripts) +
+        (gateway.volumes(settings) if serves else []),
     }
     if spread:
         spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",

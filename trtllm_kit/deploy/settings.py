@@ -40,6 +40,9 @@ class DeploySettings:
     tutorials). ``fallback_replicas`` is what KEDA keeps (at least, the running ones if more) while its query
     fails; default ``min_replicas``.
 
+    ``api_keys_secret`` names a Secret whose ``keys.json`` (a ``trtllm-kit keys`` file) the OpenAI gateway
+    requires keys from (``deploy/gateway.py``).
+
     Across nodes: ``topology_key`` is the node label whose domain holds a whole group (LeaderWorkerSet's
     exclusive topology: one group per domain; empty to place groups freely); ``rdma_resources`` are extended
     resources every pod of a group requests (``rdma/ib: 1``, ``vpc.amazonaws.com/efa: 32``); ``nccl_env`` are
@@ -74,6 +77,7 @@ class DeploySettings:
     ssh_secret: str | None = None
     monitor_labels: dict[str, str] = field(default_factory=lambda: {"release": "prometheus"})
     fallback_replicas: int | None = None
+    api_keys_secret: str | None = None
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -86,7 +90,7 @@ class DeploySettings:
             raise KitUsageError("the artifact reaches the pod either by --artifact-url URL (a .tar of the build "
                                 "output) or by --pvc NAME (a claim holding it); give exactly one.")
         for flag, value in (("--name", self.name), ("--namespace", self.namespace), ("--pvc", self.pvc),
-                            ("--ssh-secret", self.ssh_secret)):
+                            ("--ssh-secret", self.ssh_secret), ("--api-keys-secret", self.api_keys_secret)):
             if value is not None and (len(value) > 63 or not DNS_LABEL.match(value)):
                 raise KitUsageError(f"{flag} {value!r} is not a Kubernetes name; use lower-case letters, digits "
                                     "and '-' (at most 63).")
