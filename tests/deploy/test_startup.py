@@ -196,3 +196,34 @@ def test_the_worker_script_is_valid_sh(tmp_path):
 
     (tmp_path / "worker.sh").write_text(WORKER_SCRIPT)
     assert subprocess.run(["sh", "-n", str(tmp_path / "worker.sh")], timeout=30).returncode == 0
+
+
+def test_check_refuses_a_leader_plan_its_probe_does_not_cover(artifact, tmp_path, capsys):
+    deploy(artifact(tp=8), tmp_path / "k8s", capsys, "--pvc", "models", "--gpus-per-node", "4")
+    assert run(["deploy", "check", str(tmp_path / "k8s")]) == 0
+    capsys.readouterr()
+    path = tmp_path / "k8s" / "launch-configmap.yaml"
+    doc = yaml.safe_load(path.read_text())
+    plan = json.loads(doc["data"]["plan.json"])
+    probe_s = plan["startup_s"]
+    plan.update(startup_s=probe_s + 600, worker_wait_s=probe_s + 600)
+    doc["data"]["plan.json"] = json.dumps(plan)
+    path.write_text(yaml.safe_dump(doc))
+    assert run(["deploy", "check", str(tmp_path / "k8s")]) == 1
+    err = capsys.readouterr().err
+    assert f"the leader may take startup_s {probe_s + 600} s, but its startupProbe allows {probe_s} s" in err
+    assert "leaves nothing of startup_s" in err
+
+
+def test_deploy_leader_outside_a_group_says_so(tmp_path, capsys, monkeypatch):
+    from trtllm_kit.deploy.leader import LeaderPlan
+
+    plan = LeaderPlan(num_workers=1, slots=4, ranks=("-n", "1", "true"), ready_url="http://127.0.0.1:1/",
+                      worker_wait_s=10, startup_s=600, exit_timeout_s=1, ssh_port=2222, ssh_key="k")
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_dict()))
+    monkeypatch.delenv("LWS_LEADER_ADDRESS", raising=False)
+    assert run(["deploy", "leader", str(tmp_path / "plan.json")]) == 2
+    assert "LWS_LEADER_ADDRESS is not set" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert run(["deploy", "leader", str(tmp_path / "bad.json")]) == 2
+    assert "cannot be read" in capsys.readouterr().err

@@ -30,6 +30,7 @@ PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 SCRIPTS_DIR = "/opt/trtllm-kit"  # the launch ConfigMap's mount
 PLAN_FILE = "plan.json"
+LAUNCH_SUFFIX = "-launch"  # the launch ConfigMap is <name>-launch
 OPTIONS_FILE = "llm_api_options.yaml"  # an llmapi group's --extra_llm_api_options
 SSH_DIR = "/etc/trtllm-kit/ssh"  # the group's key pair (a Secret)
 SSH_KEY = "id_ed25519"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+from trtllm_kit.deploy.launch import LAUNCH_SUFFIX, PLAN_FILE
 from trtllm_kit.deploy.placement import check_compute_capability
 from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
@@ -31,6 +33,34 @@ def _exit_timeout(container: Obj) -> int | None:
     return _flag(container, r"--exit-timeout(?:-secs)?")
 
 
+def _allowed(probe: Obj) -> int:
+    """Seconds a startupProbe allows before the kubelet restarts the container."""
+    return probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+
+
+def _leader_plan(file: str, name: str, data: Obj, workloads: dict[tuple[Any, Any], tuple[str, Obj]]) -> list[Finding]:
+    """A multi-node leader's plan whose deadlines the leader's startupProbe does not cover."""
+    try:
+        plan = json.loads(data[PLAN_FILE])
+        startup_s, wait_s = int(plan["startup_s"]), int(plan["worker_wait_s"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return [Finding(file, "ConfigMap", name, f"data/{PLAN_FILE}", f"is not a leader plan ({exc}); regenerate it "
+                        "with trtllm-kit deploy k8s")]
+    found = []
+    if wait_s >= startup_s:
+        found.append(Finding(file, "ConfigMap", name, f"data/{PLAN_FILE}", f"worker_wait_s {wait_s} leaves nothing of "
+                             f"startup_s {startup_s} for loading; keep the wait inside the budget"))
+    _, lws = workloads.get(("LeaderWorkerSet", name.removesuffix(LAUNCH_SUFFIX)), ("", {}))
+    for template in _pod_templates(lws)[:1] if lws else []:
+        for container in (template.get("spec") or {}).get("containers") or []:
+            probe = container.get("startupProbe")
+            if probe is not None and _allowed(probe) < startup_s:
+                found.append(Finding(file, "ConfigMap", name, f"data/{PLAN_FILE}", f"the leader may take startup_s "
+                                     f"{startup_s} s, but its startupProbe allows {_allowed(probe)} s; raise "
+                                     "the probe's failureThreshold or lower startup_s"))
+    return found
+
+
 def _startup(file: str, doc: Obj, template: Obj) -> list[Finding]:
     """A startupProbe shorter than the pod's startup budget, or than the server's own ``--ready-timeout``."""
     budget = ((template.get("metadata") or {}).get("annotations") or {}).get(BUDGET_ANNOTATION)
@@ -39,8 +69,7 @@ def _startup(file: str, doc: Obj, template: Obj) -> list[Finding]:
         probe = container.get("startupProbe")
         if probe is None:
             continue
-        allowed = probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * \
-            probe.get("failureThreshold", 3)
+        allowed = _allowed(probe)
         wanted = [(int(budget), f"the startup budget ({BUDGET_ANNOTATION})")] if budget else []
         ready = _flag(container, "--ready-timeout")
         wanted += [(ready, "the server's --ready-timeout")] if ready is not None else []
@@ -116,6 +145,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
                                  "(on several nodes only the leaders serve)"))
         if kind == "ScaledObject":
             found += _fails_safe(file, name, spec)
+        if kind == "ConfigMap" and PLAN_FILE in (doc.get("data") or {}):
+            found += _leader_plan(file, name, doc["data"], workloads)
         if kind in ("ScaledObject", "HorizontalPodAutoscaler"):
             ref = spec.get("scaleTargetRef") or {}
             if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads:

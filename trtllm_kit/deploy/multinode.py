@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.deploy.launch import (
+    LAUNCH_SUFFIX,
     LEADER_COMMAND,
     OPTIONS_FILE,
     PLAN_FILE,
@@ -65,7 +66,7 @@ def launch_config(names: Names, source: DeploySource, settings: DeploySettings, 
     data = {PLAN_FILE: json.dumps(plan.to_dict(), indent=2) + "\n", "worker.sh": WORKER_SCRIPT}
     if serving_of(source.target, nodes) is TRTLLM_SERVE:
         data[OPTIONS_FILE] = llmapi_options(source)
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta("-launch"), "data": data}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta(LAUNCH_SUFFIX), "data": data}
 
 
 def _group_pod(container: Obj, spec: Obj, names: Names, settings: DeploySettings) -> None:

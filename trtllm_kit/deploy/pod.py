@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from trtllm_kit.deploy import gateway
-from trtllm_kit.deploy.launch import CONTAINER, PORTS, SCRIPTS_DIR
+from trtllm_kit.deploy.launch import CONTAINER, LAUNCH_SUFFIX, PORTS, SCRIPTS_DIR
 from trtllm_kit.deploy.placement import MIN_CC_ANNOTATION, min_compute_capability, node_affinity
 from trtllm_kit.deploy.serving import TRITON, Serving
 from trtllm_kit.deploy.settings import DeploySettings
@@ -113,7 +113,7 @@ def volumes(name: str, source: DeploySource, settings: DeploySettings, num_ranks
     if settings.pvc is not None:
         found.append({"name": "pvc", "persistentVolumeClaim": {"claimName": settings.pvc, "readOnly": True}})
     if scripts:
-        found.append({"name": "launch", "configMap": {"name": f"{name}-launch", "defaultMode": 0o555}})
+        found.append({"name": "launch", "configMap": {"name": f"{name}{LAUNCH_SUFFIX}", "defaultMode": 0o555}})
     return found
 
 
