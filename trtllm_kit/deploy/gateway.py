@@ -19,13 +19,14 @@ KEYS_DIR = "/etc/trtllm-kit/api-keys"
 KEYS_FILE = "keys.json"  # the key in the Secret
 USAGE_DIR = "/var/log/trtllm-kit"
 USAGE_LOG = f"{USAGE_DIR}/usage.jsonl"
+KEYS_PATH = f"{KEYS_DIR}/{KEYS_FILE}"
 
 
 def serve_args(settings: DeploySettings) -> list[str]:
     """``trtllm-kit serve`` flags for the gateway (none without a key Secret)."""
     if settings.api_keys_secret is None:
         return []
-    return ["--api-keys", f"{KEYS_DIR}/{KEYS_FILE}", "--usage-log", USAGE_LOG]
+    return ["--api-keys", KEYS_PATH, "--usage-log", USAGE_LOG]
 
 
 def volumes(settings: DeploySettings) -> list[Obj]:

@@ -25,6 +25,7 @@ from trtllm_kit.deploy.source import OPTIONS_FLAG, DeploySource
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, launch_argv
 from trtllm_kit.serve.locate import TritonInstall
+from trtllm_kit.targets import get_target
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
@@ -108,12 +109,12 @@ def leader_plan(source: DeploySource, settings: DeploySettings, num_nodes: int, 
     port = settings.openai_port if serving.health_port == "openai" else PORTS[serving.health_port]
     frontend = None
     if serving is TRITON:
-        text_model = next(m for m in ("tensorrt_llm_bls", "ensemble", "tensorrt_llm")
-                          if f"repo/{m}/config.pbtxt" in {f.path for f in source.files})
-        keys = gateway.serve_args(settings)
+        present = {f.path for f in source.files}
+        text_model = next(m for m in get_target(source.target).text_models if f"repo/{m}/config.pbtxt" in present)
+        keyed = settings.api_keys_secret is not None
         frontend = FrontendPlan(out=source.mount_path, served_name=source.model, text_model=text_model,
-                                port=settings.openai_port, api_keys=keys[1] if keys else None,
-                                usage_log=keys[3] if keys else None)
+                                port=settings.openai_port, api_keys=gateway.KEYS_PATH if keyed else None,
+                                usage_log=gateway.USAGE_LOG if keyed else None)
     elif settings.api_keys_secret is not None:
         raise KitUsageError("--api-keys-secret needs the kit's OpenAI gateway, but an llmapi artifact across nodes "
                             "is served by trtllm-serve; put an API gateway in front of the Service instead, or "
