@@ -22,13 +22,17 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.tables import BuildOptions
 
+LLMAPI_COMMAND = ["trtllm-serve", "/models/llama70b/checkpoint", "--host", "127.0.0.1", "--port", "8000", "--backend",
+                  "pytorch", "--extra_llm_api_options", "/models/llama70b/trtllm-serve/extra_llm_api_options.yaml"]
+
 
 def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 1,
-                   rank_bytes: int = 17 * 10**9) -> Path:
+                   rank_bytes: int = 17 * 10**9, quant_algo: str | None = None) -> Path:
     """A build output's manifest (and its small files) for ``target`` at tp x pp, written by the kit's ``Artifact``.
 
     Arguments:
-        out: the directory; target: engine or cpu; tp, pp: the layout; rank_bytes: weight bytes per rank.
+        out: the directory; target: engine, cpu or llmapi; tp, pp: the layout; rank_bytes: weight bytes per rank;
+        quant_algo: the checkpoint's quantization (weights and KV cache), e.g. FP8.
     """
     (out / "repo" / "tensorrt_llm").mkdir(parents=True)
     config = out / "repo" / "tensorrt_llm" / "config.pbtxt"
@@ -37,6 +41,14 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
     files = {f"{model_dir}/rank{r}.{'engine' if target == 'engine' else 'safetensors'}": f"{r:064x}"
              for r in range(tp * pp)}
     files["repo/tensorrt_llm/config.pbtxt"] = "f" * 64
+    if target != "llmapi":
+        files["repo/tensorrt_llm_bls/config.pbtxt"] = "e" * 64
+    if target == "llmapi":
+        (out / "trtllm-serve").mkdir()
+        (out / "trtllm-serve" / "extra_llm_api_options.yaml").write_text(
+            f"backend: pytorch\ntensor_parallel_size: {tp}\npipeline_parallel_size: {pp}\n"
+            "enable_iter_perf_stats: true\n")
+        files["trtllm-serve/extra_llm_api_options.yaml"] = "d" * 64
     plan = {"max_batch_size": 64, "ranks": [{"rank": r, "weight_bytes": rank_bytes} for r in range(tp * pp)]}
     built = EngineBuild(dir="engines", world_size=tp * pp, tp_size=tp, pp_size=pp, tensorrt_llm="1.2.1",
                         tensorrt="10.14.1.48", cuda="13.0", driver="580.65.06", gpu="NVIDIA H100 80GB HBM3",
@@ -44,8 +56,11 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
     source = "meta-llama/Llama-3.1-70B-Instruct"
     records = StageRecords(
         model=ModelRecord(source, "/models/hf/llama70b", "llama", "LlamaForCausalLM", 70_553_706_496),
-        checkpoint=CheckpointRecord("checkpoint", "bfloat16", tp * pp, tp, pp),
-        engine=EngineRecord(target, "built on a GPU host", plan=plan if target == "engine" else None, built=built),
+        checkpoint=CheckpointRecord("checkpoint", "bfloat16", tp * pp, tp, pp,
+                                    {"quant_algo": quant_algo, "kv_cache_quant_algo": quant_algo} if quant_algo
+                                    else None),
+        engine=EngineRecord(target, "built on a GPU host", plan=plan if target == "engine" else None, built=built,
+                            command=LLMAPI_COMMAND if target == "llmapi" else None),
         repo=RepoRecord("repo", "", target, ["tensorrt_llm"], False, f"/models/llama70b/{model_dir}",
                         {"max_batch_size": 64}, {}),
         stages=["checkpoint", "engine", "repo"])
@@ -60,22 +75,3 @@ def artifact(tmp_path: Path) -> Callable[..., Path]:
     """``write_artifact`` into a fresh directory."""
     counter = iter(range(100))
     return lambda **kwargs: write_artifact(tmp_path / f"artifact{next(counter)}", **kwargs)
-
-
-def schemas_available() -> bool:
-    """Whether the saved CRD schemas (``shared/data/k8s-schemas`` beside the checkout, or
-    ``TRTLLM_KIT_K8S_SCHEMAS``) are here: they are upstream data, not part of the repository."""
-    from trtllm_kit.deploy.validate import schema_dir
-
-    return (schema_dir() / "keda.sh_scaledobjects.yaml").is_file()
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Without the saved CRD schemas, the tests that write or check Kubernetes objects are skipped, saying why."""
-    if schemas_available():
-        return
-    skip = pytest.mark.skip(reason="the saved CRD schemas are not beside the checkout (shared/data/k8s-schemas); "
-                                   "set TRTLLM_KIT_K8S_SCHEMAS")
-    for item in items:
-        if item.path.name in ("test_k8s.py", "test_prometheus.py"):
-            item.add_marker(skip)

@@ -16,10 +16,12 @@ from trtllm_kit.deploy.source import read_source
 from trtllm_kit.deploy.validate import check_object
 
 URL = "https://files.example/llama70b.tar"
+IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"
 
 
 def deploy(artifact: Path, out: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    code = run(["deploy", "k8s", str(artifact), "--out", str(out), "--json", *args])
+    image = () if "--image" in args else ("--image", IMAGE)
+    code = run(["deploy", "k8s", str(artifact), "--out", str(out), "--json", *image, *args])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return json.loads(captured.out)
@@ -48,9 +50,11 @@ def test_one_node_deployment(artifact, tmp_path, capsys):
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
     startup = server["startupProbe"]
     assert startup["httpGet"]["path"] == "/v2/health/ready"
-    # 17 GB per rank at 0.5 GB/s = 34 s, doubled + 60 s = 128 s → 130 s in 10 s periods
-    assert (startup["periodSeconds"], startup["failureThreshold"]) == (10, 13)
-    assert server["command"][server["command"].index("--ready-timeout") + 1] == "130"
+    # 4 ranks x 17 GB from one claim at 0.5 GB/s = 136 s, + 180 s for the engine runtime: under the 10-minute floor
+    assert (startup["periodSeconds"], startup["failureThreshold"]) == (10, 60)
+    assert server["command"][server["command"].index("--ready-timeout") + 1] == "600"
+    template = found["Deployment/llama-3-1-70b-instruct"]["spec"]["template"]
+    assert template["metadata"]["annotations"]["trtllm-kit.io/startup-budget-s"] == "600"
     assert pod["terminationGracePeriodSeconds"] == 10 + 30 + 10  # drain + exit timeout + spare
     assert server["command"][server["command"].index("--exit-timeout") + 1] == "30"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -59,7 +63,7 @@ def test_one_node_deployment(artifact, tmp_path, capsys):
     fetch = pod["initContainers"][0]
     assert "sha256sum --check" in fetch["args"][0]
     sums = found["ConfigMap/llama-3-1-70b-instruct-sha256"]["data"]["SHA256SUMS"]
-    assert sums.splitlines()[0] == f"{0:064x}  engines/rank0.engine" and len(sums.splitlines()) == 5
+    assert sums.splitlines()[0] == f"{0:064x}  engines/rank0.engine" and len(sums.splitlines()) == 6
     assert found["ScaledObject/llama-3-1-70b-instruct"]["spec"]["scaleTargetRef"]["kind"] == "Deployment"
     assert "replicas" not in found["Deployment/llama-3-1-70b-instruct"]["spec"]  # the autoscaler owns it
     assert found["PodDisruptionBudget/llama-3-1-70b-instruct"]["apiVersion"] == "policy/v1"
@@ -68,30 +72,37 @@ def test_one_node_deployment(artifact, tmp_path, capsys):
 def test_tp8_on_two_nodes_of_four_gpus(artifact, tmp_path, capsys):
     art = artifact(tp=8)
     written = deploy(art, tmp_path / "k8s", capsys, "--artifact-url", URL, "--gpus-per-node", "4",
-                     "--name", "llama70b", "--namespace", "llm")
+                     "--name", "llama70b", "--namespace", "llm", "--rdma-resource", "rdma/ib=1",
+                     "--nccl-env", "NCCL_IB_HCA=mlx5", "--topology-key", "example.com/nvlink-domain")
     assert written["num_nodes"] == 2 and "leaderworkerset.yaml" in written["resources"]
-    assert check_dir(tmp_path / "k8s") == (11, [])
+    assert check_dir(tmp_path / "k8s") == (8, [])
     found = objects(tmp_path / "k8s")
-    lws = found["LeaderWorkerSet/llama70b"]["spec"]
-    group = lws["leaderWorkerTemplate"]
-    assert group["size"] == 2 and lws["startupPolicy"] == "LeaderCreated"
+    lws = found["LeaderWorkerSet/llama70b"]
+    assert lws["metadata"]["annotations"] == {"leaderworkerset.sigs.k8s.io/exclusive-topology":
+                                              "example.com/nvlink-domain"}
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2 and lws["spec"]["startupPolicy"] == "LeaderCreated"
     leader, worker = group["leaderTemplate"], group["workerTemplate"]
     assert leader["metadata"]["labels"]["role"] == "leader" and worker["metadata"]["labels"]["role"] == "worker"
-    assert leader["spec"]["serviceAccountName"] == "llama70b-leader"
     for template in (leader, worker):
-        assert template["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
-    assert "ports" not in worker["spec"]["containers"][0]  # only the leader serves
-    mpirun = run_leader_script(found["ConfigMap/llama70b-launch"]["data"]["leader.sh"], tmp_path)
-    assert mpirun[:4] == ["--host", "llama70b-0:4,llama70b-0-1:4", "--mca", "plm_rsh_agent"]
-    ranks = " ".join(mpirun[5:]).split(" : ")
-    assert len(ranks) == 8 and "--http-port=8000" in ranks[0] and "--allow-http=false" in ranks[7]
-    restricted = next(a for a in ranks[0].split() if a.startswith("--http-restricted-api="))
-    apis, _, token = restricted.partition("=")[2].partition(":trtllm-kit-token=")
-    assert "model-repository" in apis.split(",") and len(token) == 48 and int(token, 16) >= 0  # drawn at start
+        spec = template["spec"]
+        container = spec["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        assert container["resources"]["limits"]["rdma/ib"] == "1" == container["resources"]["requests"]["rdma/ib"]
+        assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in container["env"]
+        assert "topologySpreadConstraints" not in spec and spec["automountServiceAccountToken"] is False
+        assert {"name": "ssh", "secret": {"secretName": "llama70b-ssh", "defaultMode": 0o440}} in spec["volumes"]
+    assert leader["spec"]["containers"][0]["command"] == ["trtllm-kit", "deploy", "leader",
+                                                          "/opt/trtllm-kit/plan.json"]
+    assert worker["spec"]["containers"][0]["command"] == ["/bin/sh", "/opt/trtllm-kit/worker.sh"]
+    assert worker["spec"]["containers"][0]["ports"] == [{"name": "ssh", "containerPort": 2222}]
+    assert not any(k.startswith(("Role", "ServiceAccount")) for k in found)  # nothing talks to the API
+    kustomization = yaml.safe_load((tmp_path / "k8s" / "kustomization.yaml").read_text())
+    assert kustomization["secretGenerator"][0]["name"] == "llama70b-ssh"
+    key = tmp_path / "k8s" / "ssh" / "id_ed25519"
+    assert key.stat().st_mode & 0o777 == 0o600 and "OPENSSH PRIVATE KEY" in key.read_text()
+    assert (tmp_path / "k8s" / "ssh" / "id_ed25519.pub").read_text().startswith("ssh-ed25519 ")
     assert {p["targetPort"] for p in found["Service/llama70b"]["spec"]["ports"]} == {"openai", "metrics"}
-    assert all("--exit-timeout-secs=30" in rank for rank in ranks)
-    role = found["Role/llama70b-leader"]
-    assert {"resources": ["pods/exec"], "verbs": ["create", "get"], "apiGroups": [""]} in role["rules"]
     for kind in ("Service", "PodMonitor"):
         spec = found[f"{kind}/llama70b"]["spec"]
         assert (spec.get("selector", {}).get("matchLabels") or spec["selector"]) == {"app": "llama70b",
@@ -103,27 +114,15 @@ def test_tp8_on_two_nodes_of_four_gpus(artifact, tmp_path, capsys):
         'sum(nv_trt_llm_request_metrics{namespace="llm",app="llama70b",request_type="waiting"})')
 
 
-def run_leader_script(script: str, tmp_path: Path) -> list[str]:
-    """Run the leader's script with stand-ins for kubectl (the group's worker is Running) and mpirun (prints its
-    argv); both act across pods, which this machine has none of."""
-    import os
-    import subprocess
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "kubectl").write_text('#!/bin/sh\necho "$*" >> "$KUBECTL_LOG"\necho llama70b-0-1\n')
-    (bin_dir / "mpirun").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
-    for tool in ("kubectl", "mpirun"):
-        (bin_dir / tool).chmod(0o755)
-    (tmp_path / "leader.sh").write_text(script)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "POD_NAME": "llama70b-0", "POD_NAMESPACE": "llm",
-           "GROUP_KEY": "abc123", "KUBECTL_LOG": str(tmp_path / "kubectl.log")}
-    done = subprocess.run(["/bin/sh", str(tmp_path / "leader.sh")], env=env, capture_output=True, text=True,
-                          timeout=30)
-    assert done.returncode == 0, done.stderr
-    asked = (tmp_path / "kubectl.log").read_text()
-    assert "get pods -n llm -l leaderworkerset.sigs.k8s.io/group-key=abc123,role=worker" in asked
-    return done.stdout.splitlines()
+def test_a_given_ssh_secret_is_used_and_no_key_is_written(artifact, tmp_path, capsys):
+    deploy(artifact(tp=8), tmp_path / "k8s", capsys, "--pvc", "models", "--gpus-per-node", "4",
+           "--ssh-secret", "group-keys", "--topology-key", "")
+    lws = objects(tmp_path / "k8s")["LeaderWorkerSet/llama-3-1-70b-instruct"]
+    assert "annotations" not in lws["metadata"]
+    assert not (tmp_path / "k8s" / "ssh").exists()
+    assert "secretGenerator" not in yaml.safe_load((tmp_path / "k8s" / "kustomization.yaml").read_text())
+    volumes = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["volumes"]
+    assert {"name": "ssh", "secret": {"secretName": "group-keys", "defaultMode": 0o440}} in volumes
 
 
 @pytest.mark.parametrize("autoscaler", ["keda", "hpa", "none"])
@@ -145,6 +144,8 @@ def test_each_autoscaler(artifact, tmp_path, capsys, autoscaler):
         scaled = found[f"ScaledObject/{name}"]["spec"]
         assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (2, 6)
         assert scaled["triggers"][0]["metadata"]["threshold"] == "4"
+        assert scaled["triggers"][0]["metadata"]["ignoreNullValues"] == "false"  # a missing series is no 0
+        assert scaled["fallback"] == {"failureThreshold": 3, "behavior": "currentReplicasIfHigher", "replicas": 2}
     else:
         assert found[f"Deployment/{name}"]["spec"]["replicas"] == 2
         assert not any(k.startswith(("ScaledObject", "HorizontalPodAutoscaler")) for k in found)
@@ -165,9 +166,11 @@ def test_toml_table_and_flags(artifact, tmp_path, capsys):
     (("--pvc", "models", "--gpus-per-node", "3"), "do not fill nodes of 3 GPUs evenly"),
     (("--pvc", "Models"), "is not a Kubernetes name"),
     (("--pvc", "models", "--min-replicas", "5", "--max-replicas", "2"), "need 1 <= min <= max"),
+    (("--pvc", "models", "--rdma-resource", "rdma/ib"), "is not K=V"),
+    (("--pvc", "models", "--nccl-env", "nccl_ib_hca=x"), "is not an environment variable"),
 ])
 def test_refusals(artifact, tmp_path, capsys, args, message):
-    code = run(["deploy", "k8s", str(artifact(tp=8)), "--out", str(tmp_path / "k8s"), *args])
+    code = run(["deploy", "k8s", str(artifact(tp=8)), "--out", str(tmp_path / "k8s"), "--image", IMAGE, *args])
     assert code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "k8s").exists()
 
@@ -207,6 +210,9 @@ BROKEN = [
     ("deployment.yaml", lambda d: d["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=30),
      "does not cover the preStop drain"),
     ("service.yaml", lambda d: d["spec"]["selector"].update(role="worker"), "selects no serving pod"),
+    ("scaledobject.yaml", lambda d: d["spec"]["triggers"][0]["metadata"].update(ignoreNullValues="true"),
+     "would read as 0 and scale down"),
+    ("scaledobject.yaml", lambda d: d["spec"].pop("fallback"), "without a fallback a failing query"),
 ]
 
 
@@ -240,3 +246,17 @@ def test_crd_schemas_alone_accept_unknown_fields():
            "spec": {"leaderWorkerTemplate": {"sise": 2, "workerTemplate": {"spec": {"containers": []}}}}}
     assert not list(jsonschema.Draft202012Validator(schema).iter_errors(lws))
     assert "'sise' was unexpected" in str(check_object(lws, "lws.yaml")[0])
+
+
+def test_monitors_carry_the_labels_prometheus_selects(artifact, tmp_path, capsys):
+    deploy(artifact(tp=2), tmp_path / "default", capsys, "--pvc", "models")
+    found = objects(tmp_path / "default")
+    for kind in ("PodMonitor", "PrometheusRule"):
+        assert found[f"{kind}/llama-3-1-70b-instruct"]["metadata"]["labels"]["release"] == "prometheus"
+    deploy(artifact(tp=2), tmp_path / "given", capsys, "--pvc", "models", "--monitor-labels", "release=kps",
+           "--monitor-labels", "team=llm", "--fallback-replicas", "3", "--max-replicas", "5")
+    found = objects(tmp_path / "given")
+    for kind in ("PodMonitor", "PrometheusRule"):
+        labels = found[f"{kind}/llama-3-1-70b-instruct"]["metadata"]["labels"]
+        assert (labels["release"], labels["team"], labels["app"]) == ("kps", "llm", "llama-3-1-70b-instruct")
+    assert found["ScaledObject/llama-3-1-70b-instruct"]["spec"]["fallback"]["replicas"] == 3

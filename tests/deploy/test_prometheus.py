@@ -57,7 +57,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
     run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out,
                               "build": {"verify": False, "max_batch_size": 2}, "repo": one_each}))
     assert run(["deploy", "k8s", str(out), "--out", str(root / "k8s"), "--pvc", "models", "--name", "tiny",
-                "--namespace", "llm", "--queue-target", "1"]) == 0
+                "--namespace", "llm", "--queue-target", "1", "--image", "registry.example/trtllm-kit:0.1.0"]) == 0
     endpoints: Endpoints = free_endpoints()
     serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120))
     prometheus = LocalPrometheus(free_port(), [(endpoints.url("metrics"), LABELS)],
@@ -84,7 +84,7 @@ def test_promtool_checks_the_prometheus_rule(tmp_path):
     from trtllm_kit.deploy.objects import Names
 
     rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump({"groups": prometheus_rule(Names("tiny", "llm"))["spec"]["groups"]}))
+    rules.write_text(yaml.safe_dump({"groups": prometheus_rule(Names("tiny", "llm"), {})["spec"]["groups"]}))
     done = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "SUCCESS: 4 rules found" in done.stdout, done.stdout + done.stderr
     rules.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [{"record": "a", "expr": "sum(("}]}]}))

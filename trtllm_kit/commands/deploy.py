@@ -30,7 +30,10 @@ def deploy() -> None:
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="The directory to write (kustomize).")
 @click.option("--config", "config", type=click.Path(path_type=Path), help="A trtllm-kit.toml with a [deploy] table.")
-@click.option("--image", help="Server image holding the kit (default: trtllm-kit:VERSION).")
+@click.option("--image", help="The serving image built from docker/Dockerfile, in your registry, tagged "
+              "NAME:KITVERSION-trtllmX.Y.Z (required).")
+@click.option("--image-trtllm-version", help="The image's TensorRT-LLM version when its tag does not say it.")
+@click.option("--gpu-product", help="Pin the pods to this nvidia.com/gpu.product (engines: must be their build GPU).")
 @click.option("--name", help="Object name (default: from the model).")
 @click.option("--namespace", help="Namespace (default: default).")
 @click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); more ranks span nodes.")
@@ -42,6 +45,24 @@ def deploy() -> None:
 @click.option("--openai-port", type=int, help="The OpenAI frontend's port (default 9000).")
 @click.option("--queue-target", type=float, help="Waiting requests per replica to scale at (default 4).")
 @click.option("--prometheus-url", help="Prometheus for KEDA (default: prometheus-operated.monitoring.svc:9090).")
+@click.option("--load-gbps", type=float, help="Aggregate read rate (GB/s) of the volume the weights are read from, "
+              "shared by every rank reading it at once (default 0.5); sets the startup budget.")
+@click.option("--worker-wait", "worker_wait_s", type=int, help="Seconds a multi-node leader waits for its workers, "
+              "inside its startup budget (default 600).")
+@click.option("--topology-key", help="Node label whose domain holds a whole multi-node group (default "
+              "topology.kubernetes.io/zone; '' to place groups freely).")
+@click.option("--rdma-resource", "rdma_resources", multiple=True, metavar="NAME=N", help="An extended resource every "
+              "pod of a multi-node group requests (rdma/ib=1, vpc.amazonaws.com/efa=32); repeatable.")
+@click.option("--nccl-env", "nccl_env", multiple=True, metavar="K=V", help="An environment variable for every "
+              "multi-node pod, forwarded to every rank (NCCL_IB_HCA=mlx5); repeatable.")
+@click.option("--ssh-secret", help="A Secret with id_ed25519 and id_ed25519.pub for the group's ssh (default: a "
+              "fresh pair in OUT/ssh, applied by kustomize).")
+@click.option("--monitor-labels", "monitor_labels", multiple=True, metavar="K=V", help="A label for the PodMonitor "
+              "and PrometheusRule that the Prometheus operator selects (default release=prometheus); repeatable.")
+@click.option("--fallback-replicas", type=int, help="Replicas KEDA keeps at least while its query fails (default "
+              "--min-replicas; more running ones stay).")
+@click.option("--api-keys-secret", help="A Secret whose keys.json (trtllm-kit keys add ... --keys keys.json) the "
+              "OpenAI API requires keys from; the usage log streams to a sidecar's stdout as JSON lines.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--json", "as_json", is_flag=True, help="List what was written as JSON.")
 @click.pass_context
@@ -92,6 +113,25 @@ def check(directory: Path, version: str, as_json: bool) -> None:
                    f"{len(findings)} problem(s)")
     if findings:
         raise KitError(f"{directory} has {len(findings)} problem(s), the first: {findings[0]}")
+
+
+@deploy.command(name="leader")
+@click.argument("plan", type=click.Path(path_type=Path))
+def leader(plan: Path) -> None:
+    """Run a multi-node group's leader (the command deploy k8s gives the leader pod): wait for the workers, start
+    every rank with mpirun over ssh, serve beside rank 0, stop the ranks on SIGTERM.
+
+    \b
+    Example (inside the pod):
+      trtllm-kit deploy leader /opt/trtllm-kit/plan.json
+    """
+    import os
+
+    from trtllm_kit.deploy.leader import LeaderPlan, run_leader
+
+    code = run_leader(LeaderPlan.read(plan), dict(os.environ))
+    if code:
+        raise KitError(f"the ranks exited with an error (code {code}); the group restarts.")
 
 
 @deploy.command(name="simulate")

@@ -3,6 +3,12 @@
 Both scale the Deployment or the LeaderWorkerSet (its ``/scale`` counts groups and selects leaders) with the same
 behaviour: up at most 2 replicas a minute after a minute of steady demand, down one replica per 5 minutes after
 10 minutes without the load that justified it, so a bursty queue does not flap.
+
+Both fail safe when the signal is missing. KEDA is told not to read an empty result as 0
+(``ignoreNullValues: "false"``, its default is true), so a query that returns nothing is an error, and after
+``FALLBACK_FAILURES`` failed polls its ``fallback`` keeps the running replicas (at least ``fallback_replicas``)
+instead of scaling down to the minimum. The HPA acts the same way by itself: a Pods metric the adapter cannot
+serve fails the HPA's ``ScalingActive`` condition and it keeps the current replica count.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from typing import Any
 
 from trtllm_kit.deploy.monitoring import ADAPTER_METRIC, waiting_query
 from trtllm_kit.deploy.objects import Names
+from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
 
 Obj = dict[str, Any]
@@ -21,6 +28,7 @@ BEHAVIOR: Obj = {
                   "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
 }
 POLLING_S = 15
+FALLBACK_FAILURES = 3  # polls (45 s) before KEDA holds the replicas
 
 
 def target_ref(names: Names, multi_node: bool) -> Obj:
@@ -33,15 +41,21 @@ def _target(settings: DeploySettings) -> str:
     return f"{settings.queue_target:g}"
 
 
-def scaled_object(names: Names, settings: DeploySettings, multi_node: bool) -> Obj:
-    """KEDA: the queue query against Prometheus, ``AverageValue`` per replica, the behaviour above."""
+def scaled_object(names: Names, settings: DeploySettings, multi_node: bool, serving: Serving) -> Obj:
+    """KEDA: the queue query against Prometheus, ``AverageValue`` per replica, the behaviour above.
+
+    Arguments:
+        names: the deployment; settings: targets and bounds; multi_node: a LeaderWorkerSet; serving: its queue.
+    """
     trigger = {"type": "prometheus", "metricType": "AverageValue", "name": "requests-waiting",
-               "metadata": {"serverAddress": settings.prometheus_url, "query": waiting_query(names),
-                            "threshold": _target(settings), "ignoreNullValues": "true"}}
+               "metadata": {"serverAddress": settings.prometheus_url, "query": waiting_query(names, serving),
+                            "threshold": _target(settings), "ignoreNullValues": "false"}}
+    fallback = {"failureThreshold": FALLBACK_FAILURES, "behavior": "currentReplicasIfHigher",
+                "replicas": settings.fallback_replicas or settings.min_replicas}
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": names.meta(),
             "spec": {"scaleTargetRef": target_ref(names, multi_node), "pollingInterval": POLLING_S,
                      "cooldownPeriod": 300, "minReplicaCount": settings.min_replicas,
-                     "maxReplicaCount": settings.max_replicas,
+                     "maxReplicaCount": settings.max_replicas, "fallback": fallback,
                      "advanced": {"horizontalPodAutoscalerConfig": {"behavior": BEHAVIOR}},
                      "triggers": [trigger]}}
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+from trtllm_kit.deploy.launch import LAUNCH_SUFFIX, PLAN_FILE
+from trtllm_kit.deploy.placement import check_compute_capability
+from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
 
 Obj = dict[str, Any]
@@ -19,10 +23,63 @@ def _pod_templates(doc: Obj) -> list[Obj]:
     return [group.get("leaderTemplate") or {}, group.get("workerTemplate") or {}]
 
 
-def _exit_timeout(container: Obj) -> int | None:
+def _flag(container: Obj, pattern: str) -> int | None:
     text = " ".join(str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])])
-    found = re.search(r"--exit-timeout(?:-secs)?[= ](\d+)", text)
+    found = re.search(pattern + r"[= ](\d+)", text)
     return int(found.group(1)) if found else None
+
+
+def _exit_timeout(container: Obj) -> int | None:
+    return _flag(container, r"--exit-timeout(?:-secs)?")
+
+
+def _allowed(probe: Obj) -> int:
+    """Seconds a startupProbe allows before the kubelet restarts the container."""
+    return probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+
+
+def _leader_plan(file: str, name: str, data: Obj, workloads: dict[tuple[Any, Any], tuple[str, Obj]]) -> list[Finding]:
+    """A multi-node leader's plan whose deadlines the leader's startupProbe does not cover."""
+    try:
+        plan = json.loads(data[PLAN_FILE])
+        startup_s, wait_s = int(plan["startup_s"]), int(plan["worker_wait_s"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return [Finding(file, "ConfigMap", name, f"data/{PLAN_FILE}", f"is not a leader plan ({exc}); regenerate it "
+                        "with trtllm-kit deploy k8s")]
+    found = []
+    if wait_s >= startup_s:
+        found.append(Finding(file, "ConfigMap", name, f"data/{PLAN_FILE}", f"worker_wait_s {wait_s} leaves nothing of "
+                             f"startup_s {startup_s} for loading; keep the wait inside the budget"))
+    _, lws = workloads.get(("LeaderWorkerSet", name.removesuffix(LAUNCH_SUFFIX)), ("", {}))
+    for template in _pod_templates(lws)[:1] if lws else []:
+        for container in (template.get("spec") or {}).get("containers") or []:
+            probe = container.get("startupProbe")
+            if probe is not None and _allowed(probe) < startup_s:
+                found.append(Finding(file, "ConfigMap", name, f"data/{PLAN_FILE}", f"the leader may take startup_s "
+                                     f"{startup_s} s, but its startupProbe allows {_allowed(probe)} s; raise "
+                                     "the probe's failureThreshold or lower startup_s"))
+    return found
+
+
+def _startup(file: str, doc: Obj, template: Obj) -> list[Finding]:
+    """A startupProbe shorter than the pod's startup budget, or than the server's own ``--ready-timeout``."""
+    budget = ((template.get("metadata") or {}).get("annotations") or {}).get(BUDGET_ANNOTATION)
+    found = []
+    for container in (template.get("spec") or {}).get("containers") or []:
+        probe = container.get("startupProbe")
+        if probe is None:
+            continue
+        allowed = _allowed(probe)
+        wanted = [(int(budget), f"the startup budget ({BUDGET_ANNOTATION})")] if budget else []
+        ready = _flag(container, "--ready-timeout")
+        wanted += [(ready, "the server's --ready-timeout")] if ready is not None else []
+        for seconds, what in wanted:
+            if allowed < seconds:
+                found.append(Finding(file, doc["kind"], doc["metadata"]["name"], "startupProbe",
+                                     f"allows {allowed} s, less than {what} of {seconds} s: the kubelet would kill "
+                                     f"a server that is still loading; raise failureThreshold to "
+                                     f"{-(-seconds // probe.get('periodSeconds', 10))}"))
+    return found
 
 
 def _grace(file: str, doc: Obj, template: Obj) -> list[Finding]:
@@ -39,6 +96,22 @@ def _grace(file: str, doc: Obj, template: Obj) -> list[Finding]:
     return found
 
 
+def _fails_safe(file: str, name: str, spec: Obj) -> list[Finding]:
+    """A ScaledObject that reads a missing series as 0 (KEDA's default) or has no fallback scales down blindly."""
+    found = []
+    for index, trigger in enumerate(spec.get("triggers") or []):
+        if trigger.get("type") == "prometheus" and \
+                str((trigger.get("metadata") or {}).get("ignoreNullValues", "true")).lower() != "false":
+            found.append(Finding(file, "ScaledObject", name, f"spec/triggers/{index}/metadata/ignoreNullValues",
+                                 "an empty query result would read as 0 and scale down to the minimum; set "
+                                 'ignoreNullValues: "false" so that it counts as a failure'))
+    if "fallback" not in spec:
+        found.append(Finding(file, "ScaledObject", name, "spec/fallback", "without a fallback a failing query "
+                             "leaves the replicas to chance; add fallback {failureThreshold, replicas, behavior: "
+                             "currentReplicasIfHigher}"))
+    return found
+
+
 def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
     """Problems the schemas cannot see: grace periods, Service and PodMonitor selectors, autoscaler targets.
 
@@ -52,7 +125,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
     for (kind, _), (file, doc) in workloads.items():
         templates = _pod_templates(doc)
         for template in templates:
-            found += _grace(file, doc, template)
+            found += _grace(file, doc, template) + _startup(file, doc, template) + \
+                check_compute_capability(file, doc, template)
         serving_labels.append(((templates[0].get("metadata") or {}).get("labels")) or {})
         if kind == "LeaderWorkerSet" and (doc.get("spec") or {}).get("startupPolicy", "LeaderCreated") != \
                 "LeaderCreated":
@@ -69,6 +143,10 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
         if wanted is not None and not any(wanted.items() <= labels.items() for labels in serving_labels):
             found.append(Finding(file, kind, name, "selector", f"{wanted} selects no serving pod of this directory "
                                  "(on several nodes only the leaders serve)"))
+        if kind == "ScaledObject":
+            found += _fails_safe(file, name, spec)
+        if kind == "ConfigMap" and PLAN_FILE in (doc.get("data") or {}):
+            found += _leader_plan(file, name, doc["data"], workloads)
         if kind in ("ScaledObject", "HorizontalPodAutoscaler"):
             ref = spec.get("scaleTargetRef") or {}
             if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads:

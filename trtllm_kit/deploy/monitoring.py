@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from trtllm_kit.deploy.objects import Names
+from trtllm_kit.deploy.serving import TRITON, Serving
 
 Obj = dict[str, Any]
-WAITING = "nv_trt_llm_request_metrics"
+WAITING = TRITON.waiting
 RULE_INTERVAL = "15s"
 SCRAPE_INTERVAL = "5s"
 RECORDED_PER_POD = "trtllm_kit:requests_waiting:per_pod"
@@ -26,9 +27,14 @@ def selector(names: Names, **extra: str) -> str:
     return ",".join(f'{key}="{value}"' for key, value in pairs.items())
 
 
-def waiting_query(names: Names) -> str:
+def waiting_series(names: Names, serving: Serving = TRITON) -> str:
+    """The queue gauge of a deployment's serving pods, with its matchers."""
+    return f"{serving.waiting}{{{selector(names, **serving.waiting_labels)}}}"
+
+
+def waiting_query(names: Names, serving: Serving = TRITON) -> str:
     """The autoscaler's query: requests waiting in every replica's scheduler, summed."""
-    return f'sum({WAITING}{{{selector(names, request_type="waiting")}}})'
+    return f"sum({waiting_series(names, serving)})"
 
 
 def load_query(names: Names) -> str:
@@ -36,13 +42,17 @@ def load_query(names: Names) -> str:
     return f'sum({WAITING}{{{selector(names)},request_type=~"active|waiting"}})'
 
 
-def recording_rules(names: Names) -> list[Obj]:
-    """``record``/``expr`` pairs: the queue per deployment and per pod, KV-cache use, NVIDIA's queue:compute ratio."""
+def recording_rules(names: Names, serving: Serving = TRITON) -> list[Obj]:
+    """``record``/``expr`` pairs: the queue per deployment and per pod, and (Triton) KV-cache use and NVIDIA's
+    queue:compute ratio."""
     sel = selector(names)
-    waiting = f'{WAITING}{{{selector(names, request_type="waiting")}}}'
+    waiting = waiting_series(names, serving)
+    queue = [{"record": "trtllm_kit:requests_waiting:sum", "expr": f"sum by (namespace, app) ({waiting})"},
+             {"record": RECORDED_PER_POD, "expr": f"sum by (namespace, pod) ({waiting})"}]
+    if serving is not TRITON:
+        return queue
     return [
-        {"record": "trtllm_kit:requests_waiting:sum", "expr": f"sum by (namespace, app) ({waiting})"},
-        {"record": RECORDED_PER_POD, "expr": f"sum by (namespace, pod) ({waiting})"},
+        *queue,
         {"record": "trtllm_kit:kv_cache_used:fraction", "expr": "avg by (namespace, app) "
          f'(nv_trt_llm_kv_cache_block_metrics{{{selector(names, kv_cache_block_type="fraction")}}})'},
         {"record": "trtllm_kit:queue_compute:ratio", "expr": f"sum by (namespace, pod) "
@@ -51,17 +61,35 @@ def recording_rules(names: Names) -> list[Obj]:
     ]
 
 
-def prometheus_rule(names: Names) -> Obj:
-    """The PrometheusRule holding the recording rules (``promtool check rules`` reads its ``spec``)."""
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": names.meta(),
+def _meta(names: Names, labels: dict[str, str]) -> Obj:
+    """Metadata carrying ``labels`` too, which the Prometheus operator's rule and monitor selectors match."""
+    meta = names.meta()
+    meta["labels"].update(labels)
+    return meta
+
+
+def prometheus_rule(names: Names, labels: dict[str, str], serving: Serving = TRITON) -> Obj:
+    """The PrometheusRule holding the recording rules (``promtool check rules`` reads its ``spec``).
+
+    Arguments:
+        names: the deployment; labels: what the operator's ``ruleSelector`` matches (``monitor_labels``);
+        serving: what serves (its queue series).
+    """
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": _meta(names, labels),
             "spec": {"groups": [{"name": f"trtllm-kit-{names.name}", "interval": RULE_INTERVAL,
-                                 "rules": recording_rules(names)}]}}
+                                 "rules": recording_rules(names, serving)}]}}
 
 
-def pod_monitor(names: Names) -> Obj:
-    """Scrape Triton's metrics port and the OpenAI frontend's ``/metrics`` of the serving pods only."""
-    endpoints = [{"port": port, "path": "/metrics", "interval": SCRAPE_INTERVAL} for port in ("metrics", "openai")]
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": names.meta(),
+def pod_monitor(names: Names, labels: dict[str, str], serving: Serving = TRITON) -> Obj:
+    """Scrape the serving pods only: Triton's metrics port and the OpenAI frontend's ``/metrics``, or
+    ``trtllm-serve``'s ``/prometheus/metrics``.
+
+    Arguments:
+        names: the deployment; labels: what the operator's ``podMonitorSelector`` matches (``monitor_labels``);
+        serving: what serves (its metrics endpoints).
+    """
+    endpoints = [{"port": port, "path": path, "interval": SCRAPE_INTERVAL} for port, path in serving.metrics]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": _meta(names, labels),
             "spec": {"selector": {"matchLabels": names.serving}, "podMetricsEndpoints": endpoints,
                      "podTargetLabels": ["app"], "namespaceSelector": {"matchNames": [names.namespace]}}}
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.deploy.launch import LAUNCHES, PORTS
-from trtllm_kit.deploy.pod import budgets, pod_spec, resources, server_container
+from trtllm_kit.deploy.pod import pod_spec, resources, server_container, template_annotations
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.deploy.startup import budgets
 
 Obj = dict[str, Any]
 
@@ -72,7 +73,9 @@ def deployment(names: Names, source: DeploySource, settings: DeploySettings) -> 
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": names.meta(),
             "spec": {**replicas(settings), "selector": {"matchLabels": names.serving},
                      "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-                     "template": {"metadata": {"labels": labels}, "spec": spec}}}
+                     "template": {"metadata": {"labels": labels,
+                                               "annotations": template_annotations(source, budget)},
+                                  "spec": spec}}}
 
 
 def replicas(settings: DeploySettings) -> Obj:

@@ -1,57 +1,39 @@
 """The pod of one replica (or of a group's leader or worker): containers, probes, resources, volumes, security.
 
-Budgets come from the artifact: the startup probe allows twice the time the largest process needs to read its
-weights at ``load_gbps`` plus a minute; the grace period covers the preStop drain and Triton's exit timeout.
+The probes take their budgets from ``startup.budgets``: the startupProbe allows exactly the startup budget the
+server is given; the grace period covers the preStop drain and Triton's exit timeout.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-from trtllm_kit.deploy.launch import CONTAINER, PORTS, SCRIPTS_DIR
+from trtllm_kit.deploy import gateway
+from trtllm_kit.deploy.launch import CONTAINER, LAUNCH_SUFFIX, PORTS, SCRIPTS_DIR
+from trtllm_kit.deploy.placement import MIN_CC_ANNOTATION, min_compute_capability, node_affinity
+from trtllm_kit.deploy.serving import TRITON, Serving
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.deploy.startup import BUDGET_ANNOTATION, PROBE_PERIOD_S, Budgets
 
 Obj = dict[str, Any]
-PROBE_PERIOD_S = 10
-BASE_LOAD_S = 60  # server start, Python stubs, tokenizers: what a tiny model needs
 SUMS_DIR = "/etc/trtllm-kit"
 PVC_DIR = "/pvc"
 GIB = 1024**3
 
 
-@dataclass(frozen=True)
-class Budgets:
-    """The time budgets of a pod, in seconds."""
-
-    startup_s: int
-    grace_s: int
-
-    @property
-    def startup_failures(self) -> int:
-        return math.ceil(self.startup_s / PROBE_PERIOD_S)
-
-
-def budgets(source: DeploySource, settings: DeploySettings) -> Budgets:
-    """Startup and termination budgets of ``source`` under ``settings``.
+def probes(budget: Budgets, serving: Serving) -> Obj:
+    """Startup and readiness on the ready path (Triton: every model loaded), liveness on the live path.
 
     Arguments:
-        source: the artifact (its load bytes); settings: load bandwidth, drain and exit timeout.
+        budget: the startup budget; serving: what serves (its health paths and port).
     """
-    load_s = source.load_bytes / (settings.load_gbps * 1e9)
-    return Budgets(startup_s=int(math.ceil((2 * load_s + BASE_LOAD_S) / PROBE_PERIOD_S) * PROBE_PERIOD_S),
-                   grace_s=settings.grace_period_s)
-
-
-def probes(budget: Budgets) -> Obj:
-    """Startup and readiness on ``/v2/health/ready`` (ready = every model loaded), liveness on ``/v2/health/live``."""
-    ready = {"httpGet": {"path": "/v2/health/ready", "port": "http"}}
+    ready = {"httpGet": {"path": serving.ready_path, "port": serving.health_port}}
     return {"startupProbe": {**ready, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": budget.startup_failures},
             "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 3},
-            "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
-                              "failureThreshold": 3}}
+            "livenessProbe": {"httpGet": {"path": serving.live_path, "port": serving.health_port},
+                              "periodSeconds": 10, "failureThreshold": 3}}
 
 
 def resources(source: DeploySource, num_gpus: int, num_ranks: int, settings: DeploySettings) -> Obj:
@@ -131,21 +113,22 @@ def volumes(name: str, source: DeploySource, settings: DeploySettings, num_ranks
     if settings.pvc is not None:
         found.append({"name": "pvc", "persistentVolumeClaim": {"claimName": settings.pvc, "readOnly": True}})
     if scripts:
-        found.append({"name": "launch", "configMap": {"name": f"{name}-launch", "defaultMode": 0o555}})
+        found.append({"name": "launch", "configMap": {"name": f"{name}{LAUNCH_SUFFIX}", "defaultMode": 0o555}})
     return found
 
 
 def server_container(settings: DeploySettings, source: DeploySource, command: list[str], budget: Budgets,
-                     resource: Obj, *, serves: bool = True, scripts: bool = False) -> Obj:
+                     resource: Obj, *, serving: Serving = TRITON, serves: bool = True, scripts: bool = False) -> Obj:
     """The server container: command, ports, probes (when it serves), drain, resources, mounts.
 
     Arguments:
         settings: image and drain; source: the mount path; command: its argv; budget: probe budgets;
-        resource: requests and limits; serves: rank 0 lives here (ports and probes); scripts: mount launch scripts.
+        resource: requests and limits; serving: what serves (ports, health); serves: rank 0 lives here (ports and
+        probes); scripts: mount launch scripts.
     """
     _, container_security = security()
-    ports = [{"name": kind, "containerPort": port} for kind, port in PORTS.items()]
-    ports.append({"name": "openai", "containerPort": settings.openai_port})
+    numbers = {**PORTS, "openai": settings.openai_port}
+    ports = [{"name": kind, "containerPort": numbers[kind]} for kind in serving.ports]
     env: list[Obj] = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}}
            for n, f in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))]
     mounts: list[Obj] = [{"name": "artifact", "mountPath": source.mount_path},
@@ -155,33 +138,51 @@ def server_container(settings: DeploySettings, source: DeploySource, command: li
     container: Obj = {"name": CONTAINER, "image": settings.image, "command": command, "env": env,
                       "resources": resource, "volumeMounts": mounts, "securityContext": container_security}
     if serves:
-        container.update({"ports": ports, **probes(budget),
+        mounts += gateway.mounts(settings)
+        container.update({"ports": ports, **probes(budget, serving),
                           "lifecycle": {"preStop": {"sleep": {"seconds": settings.drain_s}}}})
     return container
 
 
 def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containers: list[Obj], budget: Budgets,
              selector: dict[str, str], num_gpus: int, num_ranks: int, *, scripts: bool = False,
-             service_account: str | None = None) -> Obj:
+             spread: bool = True, serves: bool = True) -> Obj:
     """A pod spec around ``containers``: the fetch init container, volumes, security, spreading, GPU toleration.
 
     Arguments:
         name: the deployment's name; source: the artifact; settings: the deployment; containers: the main ones;
         budget: the grace period; selector: labels to spread by; num_gpus: GPUs of the pod; num_ranks: processes;
-        scripts: mount the launch scripts; service_account: the account the pod runs as (RBAC for the leader).
+        scripts: mount the launch scripts; spread: spread replicas over nodes and zones (one-node replicas; a
+        group is kept in one domain instead); serves: the OpenAI frontend runs here (the gateway's Secret and
+        usage-log sidecar).
     """
-    pod_security, _ = security()
+    pod_security, container_security = security()
     spec: Obj = {
         "terminationGracePeriodSeconds": budget.grace_s, "securityContext": pod_security,
-        "automountServiceAccountToken": service_account is not None,
-        "initContainers": [fetch_container(source, settings)], "containers": containers,
-        "volumes": volumes(name, source, settings, num_ranks, scripts=scripts),
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
-                                       "labelSelector": {"matchLabels": selector}}
-                                      for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")],
+        "automountServiceAccountToken": False,
+        "initContainers": [fetch_container(source, settings),
+                           *(gateway.usage_sidecar(settings, container_security) if serves else [])],
+        "containers": containers,
+        "volumes": volumes(name, source, settings, num_ranks, scripts=scripts) +
+        (gateway.volumes(settings) if serves else []),
     }
-    if service_account is not None:
-        spec["serviceAccountName"] = service_account
+    if spread:
+        spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+                                              "labelSelector": {"matchLabels": selector}}
+                                             for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
     if num_gpus:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        affinity = node_affinity(source, settings)
+        if affinity is not None:
+            spec["affinity"] = affinity
     return spec
+
+
+def template_annotations(source: DeploySource, budget: Budgets) -> dict[str, str]:
+    """What a serving pod template says about itself for ``deploy check``: its startup budget, and the compute
+    capability its checkpoint needs (FP8)."""
+    found = {BUDGET_ANNOTATION: str(budget.startup_s)}
+    needed = min_compute_capability(source)
+    if needed is not None:
+        found[MIN_CC_ANNOTATION] = f"{needed[0]}.{needed[1]}"
+    return found

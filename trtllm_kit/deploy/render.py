@@ -13,14 +13,15 @@ import yaml
 from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import autoscale, monitoring, multinode, objects
 from trtllm_kit.deploy.dashboard import dashboard
-from trtllm_kit.deploy.launch import LAUNCHES
+from trtllm_kit.deploy.image import check_image
 from trtllm_kit.deploy.lints import lint
 from trtllm_kit.deploy.objects import Names
-from trtllm_kit.deploy.pod import budgets
+from trtllm_kit.deploy.serving import serving_of
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.deploy.startup import budgets
 from trtllm_kit.deploy.validate import KUBERNETES_VERSION, Finding, check_object, load_dir
-from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.errors import KitError
 
 Obj = dict[str, Any]
 RECORD = "trtllm-kit-deploy.json"
@@ -47,31 +48,35 @@ def default_name(model: str) -> str:
     return (name or "model")[:40].rstrip("-")
 
 
+def names_for(source: DeploySource, settings: DeploySettings) -> Names:
+    """The deployment's name (``--name``, else from the model) and namespace."""
+    return Names(settings.name or default_name(source.model), settings.namespace)
+
+
 def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[str, list[Obj]], dict[str, Any], int]:
     """(resource file → objects, extra file → content, nodes per replica) of a deployment.
 
     Arguments:
         source: the artifact; settings: the deployment.
     """
-    names = Names(settings.name or default_name(source.model), settings.namespace)
+    names = names_for(source, settings)
+    assert settings.image is not None, "DeploySettings requires an image"
+    check_image(settings.image, settings.image_trtllm_version, source.tensorrt_llm)
     nodes = multinode.num_nodes(source, settings)
-    if nodes > 1 and not LAUNCHES[source.target].multi_node:
-        raise KitUsageError(f"a {source.target} artifact runs in one pod, but tp x pp = {source.world_size} ranks "
-                            f"exceed {settings.gpus_per_node} GPUs per node; use nodes with more GPUs.")
     files: dict[str, list[Obj]] = {"sha256-configmap.yaml": [objects.sha256_list(names, source)]}
     if nodes == 1:
         files["deployment.yaml"] = [objects.deployment(names, source, settings)]
     else:
         files["leaderworkerset.yaml"] = [multinode.leader_worker_set(names, source, settings, nodes)]
         files["launch-configmap.yaml"] = [multinode.launch_config(names, source, settings, nodes)]
-        files["rbac.yaml"] = multinode.rbac(names)
     files["service.yaml"] = [objects.service(names, settings)]
     files["poddisruptionbudget.yaml"] = [objects.disruption_budget(names)]
-    files["podmonitor.yaml"] = [monitoring.pod_monitor(names)]
-    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names)]
+    serving = serving_of(source.target, nodes)
+    files["podmonitor.yaml"] = [monitoring.pod_monitor(names, settings.monitor_labels, serving)]
+    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels, serving)]
     extras: dict[str, Any] = {"dashboard.json": dashboard(names, settings)}
     if settings.autoscaler == "keda":
-        files["scaledobject.yaml"] = [autoscale.scaled_object(names, settings, nodes > 1)]
+        files["scaledobject.yaml"] = [autoscale.scaled_object(names, settings, nodes > 1, serving)]
     elif settings.autoscaler == "hpa":
         files["hpa.yaml"] = [autoscale.horizontal_pod_autoscaler(names, settings, nodes > 1)]
         extras["prometheus-adapter-values.yaml"] = monitoring.adapter_rules()
@@ -99,23 +104,30 @@ def render(source: DeploySource, settings: DeploySettings, out: Path, *, force: 
     found = check(docs)
     if found:  # an internal invariant: the kit must never write an object its schemas refuse
         raise KitError(f"the generated objects fail validation: {found[0]}")
-    budget = budgets(source, settings)
-    record = {"name": settings.name or default_name(source.model), "namespace": settings.namespace,
+    budget = budgets(source, settings, nodes)
+    names = names_for(source, settings)
+    record = {"name": names.name, "namespace": names.namespace,
               "kubernetes": KUBERNETES_VERSION, "target": source.target, "world_size": source.world_size,
               "tp_size": source.tp_size, "pp_size": source.pp_size, "startup_budget_s": budget.startup_s,
+              "startup": {"read_s": budget.read_s, "fixed_s": budget.fixed_s, "wait_s": budget.wait_s},
               "grace_period_s": budget.grace_s, "settings": settings.to_dict()}
     with staged_dir(out, force=force) as staging:
         for name, group in files.items():
             (staging / name).write_text(yaml.safe_dump_all(group, sort_keys=False))
-        kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                         "resources": list(files)}
+        kustomization: Obj = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                              "resources": list(files)}
+        generated: tuple[str, ...] = ()
+        if nodes > 1 and settings.ssh_secret is None:
+            multinode.write_key_pair(staging)
+            kustomization["secretGenerator"] = [multinode.secret_generator(names)]
+            generated = multinode.SSH_FILES
         (staging / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
         for name, content in extras.items():
             text = json.dumps(content, indent=2) + "\n" if name.endswith(".json") else \
                 yaml.safe_dump(content, sort_keys=False)
             (staging / name).write_text(text)
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    return Rendered(out.absolute(), ("kustomization.yaml", *files), (*extras, RECORD), nodes, record)
+    return Rendered(out.absolute(), ("kustomization.yaml", *files), (*extras, RECORD, *generated), nodes, record)
 
 
 def check_dir(directory: Path, version: str = KUBERNETES_VERSION) -> tuple[int, list[Finding]]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact import Artifact, EngineRecord
 from trtllm_kit.errors import KitUsageError
 
 TARGETS = ("engine", "cpu", "llmapi")
 DEFAULT_MOUNT = "/artifact"
+OPTIONS_FLAG = "--extra_llm_api_options"
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,11 @@ class DeploySource:
 
     ``mount_path`` is where the server must find the artifact: the repository's ``config.pbtxt`` names the
     engine or checkpoint directory by the absolute path it was built at, so the pod mounts it there.
-    ``load_bytes`` is what the largest loading process reads before the server is ready (a rank's weights for
-    engines, the whole checkpoint for the CPU runtime, which runs every rank in one process).
+    ``load_bytes`` is what a replica reads before it is ready: every rank's engine weights, or the checkpoint.
+    ``gpu``, ``compute_capability`` and ``tensorrt_llm`` are the engine build's (engines run only on the GPU and
+    runtime they were built with; None for checkpoints); ``quant_algos`` are the checkpoint's quantization
+    algorithms (weights and KV cache). ``serve_command`` is the ``trtllm-serve`` command an llmapi build records
+    and ``serve_options`` the text of its ``--extra_llm_api_options`` file (None for other targets).
     """
 
     model: str
@@ -43,6 +47,12 @@ class DeploySource:
     load_bytes: int
     mount_path: str
     files: tuple[ArtifactFile, ...]
+    gpu: str | None = None
+    compute_capability: str | None = None
+    tensorrt_llm: str | None = None
+    quant_algos: tuple[str, ...] = ()
+    serve_command: tuple[str, ...] = ()
+    serve_options: str | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -77,9 +87,10 @@ def read_source(out: Path) -> DeploySource:
                             f"(trtllm-kit build ... --out {out}).")
     files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in sorted(artifact.files.items()))
     plan = (engine.plan if engine else None) or {}
+    built = engine.built if engine else None
     rank_bytes = [int(r.get("weight_bytes", 0)) for r in plan.get("ranks") or ()]
     if rank_bytes and artifact.target == "engine":
-        load_bytes = max(rank_bytes)
+        load_bytes = sum(rank_bytes)
     else:
         prefix = f"{PurePosixPath(repo.gpt_model_path).name or 'checkpoint'}/"
         load_bytes = sum(f.num_bytes for f in files if f.path.startswith(prefix))
@@ -87,7 +98,10 @@ def read_source(out: Path) -> DeploySource:
         model=artifact.model_source, target=artifact.target, tp_size=artifact.layout.tp_size,
         pp_size=artifact.layout.pp_size,
         max_batch_size=int(repo.limits.get("max_batch_size") or plan.get("max_batch_size") or 1),
-        load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files)
+        load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files,
+        gpu=built.gpu if built else None, compute_capability=built.compute_capability if built else None,
+        tensorrt_llm=built.tensorrt_llm if built else None, quant_algos=_quant_algos(artifact),
+        serve_command=tuple(engine.command or ()) if engine else (), serve_options=_serve_options(out, engine))
 
 
 def _size(path: Path) -> int:
@@ -101,3 +115,20 @@ def _mount_path(model_dir: str) -> str:
     """The artifact root the repository expects: the parent of an absolute ``gpt_model_path``."""
     path = PurePosixPath(model_dir)
     return str(path.parent) if path.is_absolute() and str(path.parent) != "/" else DEFAULT_MOUNT
+
+
+def _quant_algos(artifact: Artifact) -> tuple[str, ...]:
+    """The checkpoint's quantization algorithms (``FP8``, ...), weights and KV cache, upper-case."""
+    checkpoint = artifact.records.checkpoint
+    block = (checkpoint.quantization if checkpoint else None) or {}
+    return tuple(str(block[key]).upper() for key in ("quant_algo", "kv_cache_quant_algo") if block.get(key))
+
+
+def _serve_options(out: Path, engine: EngineRecord | None) -> str | None:
+    """The text of the recorded ``trtllm-serve`` command's ``--extra_llm_api_options`` file, read from ``out``."""
+    command = list(engine.command or ()) if engine else []
+    if OPTIONS_FLAG not in command[:-1]:
+        return None
+    recorded = PurePosixPath(command[command.index(OPTIONS_FLAG) + 1])
+    path = out / recorded.parent.name / recorded.name
+    return path.read_text() if path.is_file() else None

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ CRD_FILES = ("keda.sh_scaledobjects.yaml", "leaderworkerset.x-k8s.io_leaderworke
              "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml",
              "monitoring.coreos.com_prometheusrules.yaml")
 CUSTOM_GROUPS = ("keda.sh", "leaderworkerset.x-k8s.io", "monitoring.coreos.com")
+SCHEMAS_ENV = "TRTLLM_KIT_K8S_SCHEMAS"
 
 
 @dataclass(frozen=True)
@@ -36,13 +39,12 @@ class Finding:
 
 
 def schema_dir() -> Path:
-    """The saved CRD schemas: ``TRTLLM_KIT_K8S_SCHEMAS``, else ``shared/data/k8s-schemas`` beside the checkout."""
-    import os
-
-    given = os.environ.get("TRTLLM_KIT_K8S_SCHEMAS")
+    """The saved CRD schemas: the package's ``deploy/schemas`` (see its README for their upstream source), or the
+    directory ``TRTLLM_KIT_K8S_SCHEMAS`` names (same file names) to validate against other CRD versions."""
+    given = os.environ.get(SCHEMAS_ENV)
     if given:
         return Path(given)
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "k8s-schemas"
+    return Path(str(resources.files("trtllm_kit.deploy") / "schemas"))
 
 
 def _closed(schema: Any) -> Any:
@@ -69,8 +71,10 @@ def crd_schemas(directory: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
     for name in CRD_FILES:
         path = directory / name
         if not path.is_file():
-            raise KitUsageError(f"the CRD schema {path} is missing; set TRTLLM_KIT_K8S_SCHEMAS to the directory "
-                                "holding the saved CRDs (shared/data/k8s-schemas).")
+            where = f"{SCHEMAS_ENV} names {directory}" if os.environ.get(SCHEMAS_ENV) else \
+                "the installed package lacks it"
+            raise KitUsageError(f"the CRD schema {path} is missing ({where}); unset {SCHEMAS_ENV} or point it at a "
+                                f"directory holding {', '.join(CRD_FILES)}, or reinstall trtllm-kit.")
         crd = yaml.safe_load(path.read_text())
         for version in crd["spec"]["versions"]:
             schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
