@@ -93,6 +93,7 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
                         tritonserver=settings.tritonserver, model=settings.model,
                         ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
                         exit_timeout_s=settings.exit_timeout_s, verify=settings.verify,
+                        engine_watchdog_s=settings.engine_watchdog_s, ensemble=settings.ensemble,
                         server=str(settings.server), more=more, names=names, aliases=aliases)
 
 
@@ -150,7 +151,9 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
               "(default: the last one started with --detach).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the result.")
 @click.option("--json", "as_json", is_flag=True, help="Print what happened as JSON.")
-def reload(name: str, new_out: Path, served_out: Path | None, timeout: float, as_json: bool) -> None:
+@click.option("--force", is_flag=True, help="Serve NEW_OUT even when its model family, tokenizer or target differs "
+              "from the served version's.")
+def reload(name: str, new_out: Path, served_out: Path | None, timeout: float, as_json: bool, force: bool) -> None:
     """Swap the served model NAME for the build NEW_OUT without dropping a request: the new version loads beside
     the old one, new requests go to it, the old one finishes its requests and is unloaded.
 
@@ -161,7 +164,8 @@ def reload(name: str, new_out: Path, served_out: Path | None, timeout: float, as
     from trtllm_kit.serve.reload import request_reload
     from trtllm_kit.serve.service import last_detached
 
-    result = request_reload(served_out if served_out is not None else last_detached(), name, new_out, timeout)
+    result = request_reload(served_out if served_out is not None else last_detached(), name, new_out, timeout,
+                            force=force)
     if as_json:
         emit_json(result)
         return

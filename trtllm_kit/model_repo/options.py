@@ -3,6 +3,7 @@ from the declarations), validated, and their resolution against the engine's lim
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
 
 MIN_INSTANCES = 5  # the backend docs advise about 5 pre/post/BLS instances, or the batch size; never 1 by default
 MAX_DEFAULT_INSTANCES = 16
+# ... and never more than the build machine's cores: each instance is a Python process that starts, and ends, one
+# at a time with the server (8 instances of 3 models on 2 cores took 7-9 s to start and Triton's whole exit
+# timeout to stop); the decoupled BLS runs each request in its own thread, so its instances do not bound the load.
 QUEUE_BATCHES = 4  # the default queue holds this many full batches beyond the running one
 
 
@@ -101,7 +105,7 @@ class RepoOptions:
         if kv_tokens < limits.max_seq_len:
             raise KitUsageError(f"max_tokens_in_paged_kv_cache {kv_tokens} is below max_seq_len "
                                 f"{limits.max_seq_len}: one full-length sequence would not fit; raise it.")
-        instances = max(MIN_INSTANCES, min(limits.max_batch_size, MAX_DEFAULT_INSTANCES))
+        instances = min(max(MIN_INSTANCES, min(limits.max_batch_size, MAX_DEFAULT_INSTANCES)), os.cpu_count() or 1)
         queue = QUEUE_BATCHES * limits.max_batch_size if self.max_queue_size is None else self.max_queue_size
         return replace(
             self, kv_cache_free_gpu_mem_fraction=float(fraction), max_tokens_in_paged_kv_cache=kv_tokens,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from trtllm_kit.errors import KitError
@@ -25,9 +27,18 @@ ERROR_LINE = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] (.+)$", re.MULTILINE)
 # Error lines every start on a machine without a GPU logs; they are never the cause of a failure.
 CPU_NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
 STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize Python stub")
+# How an abort at start-up shows: SIGABRT, or boost's lock error on the Python backend's shared memory (seen under
+# heavy load). A second start usually succeeds.
+ABORT_MARKERS = ("boost::interprocess::lock_exception", "terminate called after throwing")
 PR_SET_PDEATHSIG = 1
+# tritonserver logs this on SIGTERM once no inference is in flight; it then unloads every model one stub at a time
+# (a Python stub takes 1-2 s to end, and Triton waits out its exit timeout for the slowest): nothing is left to
+# finish then, so the server gets UNLOAD_GRACE_S more before its group is killed.
+DRAINED_LINE = b"All models are stopped, unloading models"
+UNLOAD_GRACE_S = 1.0
 STUB_NAME = "triton_python_backend_stub"
 SECRET_ENV = ("TRTLLM_KIT_API_KEY",)  # never passed to a server or its stubs
+LOG = logging.getLogger(__name__)
 
 
 def _private() -> None:
@@ -43,12 +54,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+class StartupAbort(KitError):
+    """tritonserver aborted while starting (not a configuration error: starting it again may succeed)."""
+
+
 class TritonProcess:
     """One launch of the server: owns the process group, its log file and its shared-memory regions."""
 
     def __init__(self, install: TritonInstall, config: LaunchConfig, log_path: Path, *,
-                 argv: list[str] | None = None, mpirun: str = "mpirun") -> None:
+                 argv: list[str] | None = None, mpirun: str = "mpirun", env: dict[str, str] | None = None) -> None:
         self.install = install
+        self.env = env or {}  # added to the server's environment
         self.config = config
         self.log_path = log_path
         self.argv = argv if argv is not None else launch_argv(install, config, mpirun=mpirun)
@@ -66,7 +82,7 @@ class TritonProcess:
         """
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = kit_environment(self.install.environment())
+        env = {**kit_environment(self.install.environment()), **self.env}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -95,6 +111,10 @@ class TritonProcess:
             reason = None
             if code is not None:
                 reason = f"tritonserver exited with code {code} while starting"
+                if code in (-signal.SIGABRT, 128 + signal.SIGABRT) or \
+                        any(marker in self.log_tail() for marker in ABORT_MARKERS):
+                    self.stop()
+                    raise StartupAbort(f"{reason} (it aborted; log {self.log_path})")
             elif any(marker in self.log_tail() for marker in STUB_FAILURES):
                 reason = "a Python-backend stub failed to start"
             elif time.perf_counter() - started > timeout_s:
@@ -106,6 +126,26 @@ class TritonProcess:
                 reason += f": {cause}" if cause else ""
                 raise KitError(f"{reason} (log {self.log_path}); last lines:\n{tail}")
             time.sleep(poll_s)
+
+    def wait_ready_or_restart(self, timeout_s: float, on_restart: Callable[[int], None]) -> float:
+        """``wait_ready``; when the server aborted while starting, say so (one warning line), start it once more
+        and wait again. Returns the seconds the last start took to be ready.
+
+        Arguments:
+            timeout_s: seconds each start may take.
+            on_restart: called with the new server's pid (the reaper watches its group).
+        """
+        try:
+            return self.wait_ready(timeout_s)
+        except StartupAbort as exc:
+            LOG.warning("%s; starting it once more", exc)
+        self.start()
+        assert self.pid is not None
+        on_restart(self.pid)
+        try:
+            return self.wait_ready(timeout_s)
+        except StartupAbort as exc:
+            raise KitError(f"{exc}; it aborted twice, so it was not started again.") from None
 
     def first_error(self) -> str | None:
         """The message of the first error line of the log (``E1122 03:45:00.123 42 file.cc:10] message``)."""
@@ -151,10 +191,12 @@ class TritonProcess:
     def stop(self, grace_s: float | None = None, *, stubs: dict[int, str] | None = None) -> int | None:
         """SIGTERM the server (mpirun forwards it to every rank), wait, then kill whatever of the group is left.
 
-        Removes the shared-memory regions of this launch's prefix. Returns the server's exit code.
+        The grace period is for requests in flight: once the server logs that none is left, it has
+        ``UNLOAD_GRACE_S`` to unload its models before the group is killed. Removes the shared-memory regions of
+        this launch's prefix. Returns the server's exit code.
 
         Arguments:
-            grace_s: seconds to wait for a graceful exit (the server's exit timeout plus 5 s when omitted).
+            grace_s: seconds in-flight requests get to finish (the server's exit timeout plus 5 s when omitted).
             stubs: the stubs the server had when it was ready; when one of them is gone, the server cannot unload
                 its model and would wait out its exit timeout, so it is killed at once.
         """
@@ -166,15 +208,39 @@ class TritonProcess:
         pgid = self.proc.pid
         if self.proc.poll() is None:
             graceful = grace_s > 0
+            log_size = self._log_size()
             _signal_group(pgid, signal.SIGTERM if graceful else signal.SIGKILL, leader_only=graceful, pid=self.proc.pid)
+            if graceful:
+                self._wait_drained(log_size, grace_s)
             try:
-                self.proc.wait(timeout=grace_s if graceful else 5.0)
+                self.proc.wait(timeout=UNLOAD_GRACE_S if graceful else 5.0)
             except subprocess.TimeoutExpired:
                 _signal_group(pgid, signal.SIGKILL)
                 self.proc.wait()
-        _reap_group(pgid, wait_s=3.0)
+        _reap_group(pgid, wait_s=0.5)
         self.remove_shm()
         return self.proc.returncode
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _wait_drained(self, log_from: int, timeout_s: float) -> None:
+        """After SIGTERM: wait until the server exits or logs that its in-flight requests are done (``timeout_s``
+        at most). What follows is the unload of idle models, which a killed group needs no more."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with self.log_path.open("rb") as f:
+                    f.seek(log_from)
+                    if DRAINED_LINE in f.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
 
     def protect_shm(self) -> None:
         """Make this launch's ``/dev/shm`` regions readable by their owner only (the Python backend creates them
