@@ -35,6 +35,7 @@ from trtllm_kit.serve.members import parse_names, plan_members, route, working_r
 from trtllm_kit.serve.merge import TRTLLM_MODEL
 from trtllm_kit.serve.process import TritonProcess
 from trtllm_kit.serve.reaper import Reaper
+from trtllm_kit.serve.reload import REQUESTS_DIR
 from trtllm_kit.serve.routes import Alias, Route, check_aliases
 from trtllm_kit.serve.running import Server, Watch, drop_idle_ensemble, route_state
 from trtllm_kit.serve.state import claim_run_dir, run_dir, serving_pid, write_pid
@@ -140,8 +141,9 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
                           extra_args=_explicit(names) if world_size == 1 else (),
                           restricted_token=secrets.token_urlsafe(24) if options.api_key else None)
     argv = targets[0].target.argv(install, config)
+    for stale in (REQUESTS_DIR, "heartbeat"):  # a serve killed mid-reload leaves requests no one waits for
+        shutil.rmtree(state_dir / stale, ignore_errors=True)
     heartbeat_dir = state_dir / "heartbeat"
-    shutil.rmtree(heartbeat_dir, ignore_errors=True)
     heartbeat_dir.mkdir(mode=0o700)
     process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv,
                             env={HEARTBEAT_ENV: str(heartbeat_dir)})
