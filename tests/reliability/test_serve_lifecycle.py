@@ -88,17 +88,11 @@ def test_reload_refuses_another_model_and_a_corrupt_manifest_and_survives_a_kill
     again = tmp_path / "again"
     shutil.copytree(tiny_artifact, again)
     state = serve(artifact_copy)
-
-    done = kit("reload", MODEL, str(qwen), "--out", str(artifact_copy))
-    assert done.returncode == 2, done.stderr
-    line = error_line(done)
-    assert line.startswith(f"{qwen} is not a new version of {MODEL}: its model family is qwen2, the served one's "
-                           "llama; its tokenizer files differ from the served one's; pass --force"), line
-    done = kit("reload", MODEL, str(corrupt), "--out", str(artifact_copy))
-    assert done.returncode == 2, done.stderr
-    line = error_line(done)
-    assert line.startswith(f"{corrupt / 'manifest.json'} cannot be read"), line
-    assert read_state(artifact_copy)["routes"][0]["version"] == 1  # nothing changed
+    try:
+        _refused(artifact_copy, qwen, corrupt)
+    except BaseException:
+        kit("stop", str(artifact_copy), timeout=60)
+        raise
 
     reload = subprocess.Popen([*KIT, "reload", MODEL, str(again), "--out", str(artifact_copy)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -120,6 +114,19 @@ def test_reload_refuses_another_model_and_a_corrupt_manifest_and_survives_a_kill
     done = kit("stop", str(artifact_copy), timeout=60)
     assert done.returncode == 0, done.stderr
     wait_gone(state, timeout_s=10)
+
+
+def _refused(served: Path, qwen: Path, corrupt: Path) -> None:
+    done = kit("reload", MODEL, str(qwen), "--out", str(served))
+    assert done.returncode == 2, done.stderr
+    line = error_line(done)
+    assert line.startswith(f"{qwen} is not a new version of {MODEL}: its model family is qwen2, the served one's "
+                           "llama; pass --force"), line  # the builtin models share one tokenizer
+    done = kit("reload", MODEL, str(corrupt), "--out", str(served))
+    assert done.returncode == 2, done.stderr
+    line = error_line(done)
+    assert line.startswith(f"{corrupt / 'manifest.json'} cannot be read"), line
+    assert read_state(served)["routes"][0]["version"] == 1  # nothing changed
 
 
 def _processes_naming(directory: Path) -> list[psutil.Process]:
