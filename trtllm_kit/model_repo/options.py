@@ -81,12 +81,14 @@ class RepoOptions:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
-    def resolve(self, limits: EngineLimits, plan_fraction: float | None = None) -> RepoOptions:
-        """Fill every ``None`` from the engine and the plan, and check the explicit values against them.
+    def resolve(self, limits: EngineLimits, plan_fraction: float | None = None, *,
+                num_cpus: int | None = None) -> RepoOptions:
+        """Fill every ``None`` from the engine, the plan and the machine, and check the explicit values against them.
 
         Arguments:
             limits: what the engine (or the CPU runtime) was built for;
-            plan_fraction: the KV-cache memory fraction the build plan sized ``max_batch_size`` with, if any.
+            plan_fraction: the KV-cache memory fraction the build plan sized ``max_batch_size`` with, if any;
+            num_cpus: the cores that bound the default instance counts (this machine's when omitted).
         """
         fraction = self.kv_cache_free_gpu_mem_fraction
         if fraction is not None and plan_fraction is not None and float(fraction) != float(plan_fraction):
@@ -105,7 +107,8 @@ class RepoOptions:
         if kv_tokens < limits.max_seq_len:
             raise KitUsageError(f"max_tokens_in_paged_kv_cache {kv_tokens} is below max_seq_len "
                                 f"{limits.max_seq_len}: one full-length sequence would not fit; raise it.")
-        instances = min(max(MIN_INSTANCES, min(limits.max_batch_size, MAX_DEFAULT_INSTANCES)), os.cpu_count() or 1)
+        num_cpus = num_cpus or os.cpu_count() or 1
+        instances = min(max(MIN_INSTANCES, min(limits.max_batch_size, MAX_DEFAULT_INSTANCES)), num_cpus)
         queue = QUEUE_BATCHES * limits.max_batch_size if self.max_queue_size is None else self.max_queue_size
         return replace(
             self, kv_cache_free_gpu_mem_fraction=float(fraction), max_tokens_in_paged_kv_cache=kv_tokens,
