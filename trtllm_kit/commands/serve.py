@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +62,11 @@ def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, 
 
     if detach:
         ready(serve_detached(options))
-    else:
+        return
+    try:
         serve_out(options, ready)
+    finally:  # everything is stopped: spare the exit a full collection of every module's objects (seconds)
+        gc.freeze()
 
 
 def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None, *,
