@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -56,9 +57,12 @@ def test_a_stopped_engine_is_treated_as_dead(artifact_copy: Path) -> None:
     assert "Traceback" not in log
 
 
-def test_a_client_that_leaves_a_whole_request_stops_the_engine_and_a_killed_server_is_named(
+def test_no_ensemble_by_default_a_whole_request_left_stops_the_engine_and_a_killed_server_is_named(
         artifact_copy: Path) -> None:
     state = serve(artifact_copy)
+    assert "ensemble" not in state["routes"][0]["models"]  # it cannot cancel: loaded only with --ensemble
+    assert not _answers(f"http://{state['http']}/v2/models/ensemble/ready")
+    assert _answers(f"http://{state['http']}/v2/models/tensorrt_llm_bls/ready")
     start = counters(state)["steps"]
     sock = open_stream(state, LONG, num_events=0)  # not streamed: nothing comes back until the end
     time.sleep(1.0)  # the client gives up after a second
@@ -127,6 +131,14 @@ def _refused(served: Path, qwen: Path, corrupt: Path) -> None:
     line = error_line(done)
     assert line.startswith(f"{corrupt / 'manifest.json'} cannot be read"), line
     assert read_state(served)["routes"][0]["version"] == 1  # nothing changed
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def _processes_naming(directory: Path) -> list[psutil.Process]:
