@@ -114,7 +114,7 @@ class Reloader:
         need = memory_need(f"{name} v{member.version}", target)
         check_fit([*(others if need.on_gpu else []), need], what=f"{new_out} next to the served models")
         copied = copy_models(target.repo, launch.repo, member.prefix)
-        new = drop_idle_ensemble(route(member, copied, text_model), copied, server.options.ensemble)
+        new = drop_idle_ensemble(route(member, copied, text_model), copied, launch.repo, server.options.ensemble)
         loaded: list[str] = []
         async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=self._headers()) as http:
             try:

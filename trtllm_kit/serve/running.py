@@ -13,7 +13,7 @@ from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S
 from trtllm_kit.serve.heartbeat import silent_for
 from trtllm_kit.serve.launcher import LaunchConfig
 from trtllm_kit.serve.members import Member
-from trtllm_kit.serve.merge import Copied
+from trtllm_kit.serve.merge import Copied, remove_models
 from trtllm_kit.serve.process import TritonProcess
 from trtllm_kit.serve.routes import Route
 from trtllm_kit.serve.state import run_dir
@@ -33,18 +33,19 @@ def route_state(route: Route) -> dict[str, Any]:
             "models": list(route.models), "out": str(route.out.absolute()) if route.out else None}
 
 
-def drop_idle_ensemble(route: Route, copied: Copied, keep: bool) -> Route:
-    """Leave the ensemble out of the models ``route`` loads, unless it is the route's text model or ``keep``
-    (``--ensemble``): Triton passes no cancellation into an ensemble, so a client that leaves one still has its
-    request run to ``max_tokens``.
+def drop_idle_ensemble(route: Route, copied: Copied, repo: Path, keep: bool) -> Route:
+    """Leave the ensemble out of the models ``route`` loads (and its copy out of the working repository), unless it
+    is the route's text model or ``keep`` (``--ensemble``): Triton passes no cancellation into an ensemble, so a
+    client that leaves one still has its request run to ``max_tokens``.
 
     Arguments:
-        route: a route as ``members.route`` made it; copied: its models in the working repository; keep: load the
-        ensemble anyway.
+        route: a route as ``members.route`` made it; copied: its models in the working repository ``repo``;
+        keep: load the ensemble anyway.
     """
     ensemble = copied.names.get("ensemble")
     if ensemble is not None and not keep and route.triton_model != ensemble:
         route.models = tuple(m for m in route.models if m != ensemble)
+        remove_models(repo, [ensemble])
     return route
 
 

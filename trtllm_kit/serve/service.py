@@ -130,7 +130,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     if options.api_key:
         endpoints = Endpoints(LOOPBACK[":" in endpoints.host], *endpoints.ports().values())
     repo, copies = working_repository(members, state_dir)
-    routes = [drop_idle_ensemble(route(m, c, text), c, options.ensemble)
+    routes = [drop_idle_ensemble(route(m, c, text), c, repo, options.ensemble)
               for m, c, text in zip(members, copies, text_models, strict=True)]
     names = list(dict.fromkeys(name for r in routes for name in r.models))
     config = LaunchConfig(repo=repo, endpoints=endpoints, world_size=world_size,
