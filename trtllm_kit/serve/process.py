@@ -29,7 +29,7 @@ CPU_NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version i
 STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize Python stub")
 # How an abort at start-up shows: SIGABRT, or boost's lock error on the Python backend's shared memory (seen under
 # heavy load). A second start usually succeeds.
-ABORT_MARKERS = ("boost::interprocess::lock_exception", "terminate called after throwing")
+ABORT_MARKERS = (b"boost::interprocess::lock_exception", b"terminate called after throwing")
 PR_SET_PDEATHSIG = 1
 # tritonserver logs this on SIGTERM once no inference is in flight; it then unloads every model one stub at a time
 # (a Python stub takes 1-2 s to end, and Triton waits out its exit timeout for the slowest): nothing is left to
@@ -69,6 +69,7 @@ class TritonProcess:
         self.log_path = log_path
         self.argv = argv if argv is not None else launch_argv(install, config, mpirun=mpirun)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_from = 0  # where this start's lines begin in the log (a restart appends to it)
 
     @property
     def pid(self) -> int | None:
@@ -83,6 +84,7 @@ class TritonProcess:
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**kit_environment(self.install.environment()), **self.env}
+        self.log_from = self._log_size()
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -112,7 +114,7 @@ class TritonProcess:
             if code is not None:
                 reason = f"tritonserver exited with code {code} while starting"
                 if code in (-signal.SIGABRT, 128 + signal.SIGABRT) or \
-                        any(marker in self.log_tail() for marker in ABORT_MARKERS):
+                        any(marker in self._log_since(self.log_from) for marker in ABORT_MARKERS):
                     self.stop()
                     raise StartupAbort(f"{reason} (it aborted; log {self.log_path})")
             elif any(marker in self.log_tail() for marker in STUB_FAILURES):
@@ -227,19 +229,22 @@ class TritonProcess:
         except OSError:
             return 0
 
+    def _log_since(self, offset: int) -> bytes:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError:
+            return b""
+
     def _wait_drained(self, log_from: int, timeout_s: float) -> None:
         """After SIGTERM: wait until the server exits or logs that its in-flight requests are done (``timeout_s``
         at most). What follows is the unload of idle models, which a killed group needs no more."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with self.log_path.open("rb") as f:
-                    f.seek(log_from)
-                    if DRAINED_LINE in f.read():
-                        return
-            except OSError:
-                pass
+            if DRAINED_LINE in self._log_since(log_from):
+                return
             time.sleep(0.05)
 
     def protect_shm(self) -> None:
