@@ -57,6 +57,17 @@ def test_a_stopped_engine_is_treated_as_dead(artifact_copy: Path) -> None:
     assert "Traceback" not in log
 
 
+
+def test_a_stopped_idle_stub_is_treated_as_dead(artifact_copy: Path) -> None:
+    state = serve(artifact_copy, "--engine-watchdog", str(WATCHDOG_S))
+    stub = stubs(state)["postprocessing"]
+    os.kill(stub, signal.SIGSTOP)  # it holds nothing, so it writes no heartbeat: its process state tells
+    assert serve_exits(state["pid"], timeout_s=60)
+    wait_gone(state, timeout_s=10)
+    log = (run_dir(artifact_copy) / "serve.log").read_text()
+    assert f"Error: the Python-backend stub of model postprocessing (pid {stub}) has been stopped for " in log, \
+        log[-2000:]
+
 def test_no_ensemble_by_default_a_whole_request_left_stops_the_engine_and_a_killed_server_is_named(
         artifact_copy: Path) -> None:
     state = serve(artifact_copy)

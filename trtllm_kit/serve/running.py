@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,12 +77,14 @@ class Server:
 class Watch:
     """What a serving process checks every ``WATCH_S``: tritonserver and the stubs it had when it was ready (a
     reload adds the new version's stubs and drops the old one's before unloading it), and that no stub's engine
-    holds requests without a step for ``watchdog_s`` (``serve/heartbeat.py``)."""
+    holds requests without a step for ``watchdog_s`` (``serve/heartbeat.py``), and that no stub stays stopped
+    (SIGSTOP) that long, idle or not (Triton answers a stopped stub's requests "not healthy" for ever)."""
 
     process: TritonProcess
     heartbeat_dir: Path | None = None
     watchdog_s: float = DEFAULT_ENGINE_WATCHDOG_S
     stubs: dict[int, str] = field(default_factory=dict)
+    stopped_since: dict[int, float] = field(default_factory=dict)  # stub pid → when it was first seen stopped
 
     def failure(self) -> str | None:
         """Why the server cannot serve any more (a process died or an engine hung), or None; new shm regions are
@@ -106,12 +109,27 @@ class Watch:
         return proc.poll() is not None
 
     def _hung(self) -> str | None:
-        if self.heartbeat_dir is None:
-            return None
+        """An engine that holds requests without a step, or a stub stopped, for ``watchdog_s``."""
+        now = time.monotonic()
         for pid, name in self.stubs.items():
-            beat = silent_for(self.heartbeat_dir, pid)
+            beat = silent_for(self.heartbeat_dir, pid) if self.heartbeat_dir is not None else None
             if beat is not None and beat[0] > 0 and beat[1] > self.watchdog_s:
                 return (f"the engine of model {name} (stub pid {pid}) made no step for {beat[1]:.0f} s while it "
                         f"held {beat[0]} request(s) (watchdog {self.watchdog_s:g} s, --engine-watchdog); it is "
                         "treated as dead")
+            if not _is_stopped(pid):
+                self.stopped_since.pop(pid, None)
+            elif now - self.stopped_since.setdefault(pid, now) > self.watchdog_s:
+                return (f"the Python-backend stub of model {name} (pid {pid}) has been stopped for "
+                        f"{now - self.stopped_since[pid]:.0f} s (watchdog {self.watchdog_s:g} s, --engine-watchdog); "
+                        "it is treated as dead")
         return None
+
+
+def _is_stopped(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
