@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -38,6 +39,10 @@ from trtllm_kit.serve.state import read_state, run_dir  # noqa: E402
 KIT = [sys.executable, "-m", "trtllm_kit"]
 
 
+LOG_TIME = re.compile(r"^[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) ", re.MULTILINE)
+LOADED = re.compile(r"^[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*successfully loaded '([^']+)'", re.MULTILINE)
+
+
 @dataclass
 class Figures:
     runs: int
@@ -46,7 +51,22 @@ class Figures:
     kit_stop_s: float
     bare_ready_s: float
     bare_stop_s: float
+    model_loaded_s: dict[str, float]  # tritonserver's first log line to "successfully loaded" (kit runs)
     samples: dict[str, list[float]]
+
+
+def model_loaded_s(log: Path) -> dict[str, float]:
+    """Seconds from tritonserver's first log line to each model's "successfully loaded" line."""
+    text = log.read_text(errors="replace")
+    first = LOG_TIME.search(text)
+    if first is None:
+        return {}
+    start = _seconds(first.groups())
+    return {m.group(4): round(_seconds(m.groups()[:3]) - start, 3) for m in LOADED.finditer(text)}
+
+
+def _seconds(hms: tuple[str, ...]) -> float:
+    return int(hms[0]) * 3600 + int(hms[1]) * 60 + float(hms[2])
 
 
 def kit_run(out: Path) -> tuple[float, float, float]:
@@ -96,15 +116,20 @@ def _answers(url: str) -> bool:
 def measure(out: Path, runs: int) -> Figures:
     samples: dict[str, list[float]] = {k: [] for k in ("kit_ready", "kit_server_ready", "kit_stop", "bare_ready",
                                                        "bare_stop")}
+    loads: dict[str, list[float]] = {}
     for trial in range(runs + 1):
         kit = kit_run(out)
         repo = run_dir(out) / "repo"  # the working repository the serve made (left in place after stop)
+        loaded = model_loaded_s(run_dir(out) / "tritonserver.log")
         bare = bare_run(repo, _loaded(repo))
         if trial:  # the first of each is the warm-up
             for key, value in zip(samples, (*kit, *bare), strict=True):
                 samples[key].append(round(value, 3))
+            for model, seconds in loaded.items():
+                loads.setdefault(model, []).append(seconds)
     medians = {f"{key}_s": round(statistics.median(values), 3) for key, values in samples.items()}
-    return Figures(runs=runs, samples=samples, **medians)
+    return Figures(runs=runs, samples=samples, model_loaded_s={m: statistics.median(v) for m, v in loads.items()},
+                   **medians)
 
 
 def _loaded(repo: Path) -> list[str]:
@@ -132,6 +157,8 @@ def main() -> None:
           f"trtllm-kit serve --detach ready {figures.kit_ready_s:.2f} s (tritonserver start to ready inside it "
           f"{figures.kit_server_ready_s:.2f} s), trtllm-kit stop {figures.kit_stop_s:.2f} s; bare tritonserver "
           f"ready {figures.bare_ready_s:.2f} s, stop {figures.bare_stop_s:.2f} s")
+    print("models loaded, seconds after tritonserver's first log line: " +
+          ", ".join(f"{model} {seconds:.2f} s" for model, seconds in sorted(figures.model_loaded_s.items())))
     print("reproduce: python benchmarks/serve_start.py " + " ".join(sys.argv[1:]))
 
 
