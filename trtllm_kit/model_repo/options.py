@@ -128,4 +128,5 @@ class RepoOptions:
 REPO_FIELDS = tuple(d.name for d in declared(RepoOptions, "repo"))
 INSTANCES = SharedFlag("--instances", "repo", ("preprocessing_instances", "postprocessing_instances",
                                                "bls_instances"), int,
-                       "Instances of preprocessing, postprocessing and BLS (default: max_batch_size clipped to 5..16).")
+                       "Instances of preprocessing, postprocessing and BLS (default: max_batch_size clipped to 5..16, "
+                       "and at most the build machine's cores).")
