@@ -148,7 +148,7 @@ def main() -> None:
         if out is None:
             out = Path(tmp) / "tiny"
             subprocess.run([*KIT, "build", "builtin:tiny-llama", "--no-verify", "--out", str(out)], check=True,
-                           stdout=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         figures = measure(out, args.runs)
     if args.json:
         print(json.dumps(asdict(figures)))

@@ -112,7 +112,7 @@ def stop(out: Path | None, timeout: float) -> None:
     Example:
       trtllm-kit stop out/
     """
-    from trtllm_kit.serve.service import last_detached, stop_serving
+    from trtllm_kit.serve.detach import last_detached, stop_serving  # not service: a quarter second of imports
 
     out = out if out is not None else last_detached()
     result = stop_serving(out, timeout)

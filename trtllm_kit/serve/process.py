@@ -32,10 +32,10 @@ STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize P
 ABORT_MARKERS = (b"boost::interprocess::lock_exception", b"terminate called after throwing")
 PR_SET_PDEATHSIG = 1
 # tritonserver logs this on SIGTERM once no inference is in flight; it then unloads every model one stub at a time
-# (a Python stub takes 1-2 s to end, and Triton waits out its exit timeout for the slowest): nothing is left to
-# finish then, so the server gets UNLOAD_GRACE_S more before its group is killed.
+# (a Python stub takes 1-2 s to end, and Triton polls them once a second, up to its exit timeout): nothing is left
+# to finish then, so the server gets UNLOAD_GRACE_S more to exit by itself before its group is killed.
 DRAINED_LINE = b"All models are stopped, unloading models"
-UNLOAD_GRACE_S = 1.0
+UNLOAD_GRACE_S = 0.25
 STUB_NAME = "triton_python_backend_stub"
 SECRET_ENV = ("TRTLLM_KIT_API_KEY",)  # never passed to a server or its stubs
 LOG = logging.getLogger(__name__)
