@@ -113,7 +113,7 @@ def test_reload_refuses_another_model_and_a_corrupt_manifest_and_survives_a_kill
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     repo = run_dir(artifact_copy) / "repo"
     deadline = time.monotonic() + 120
-    while not any("__v2__" in p.name for p in repo.iterdir()):  # the new version is being copied and loaded
+    while not any("__v2__" in a for p in _processes_naming(repo) for a in p.info["cmdline"]):  # v2's stubs start
         assert time.monotonic() < deadline and reload.poll() is None, reload.stderr.read() if reload.stderr else ""
         time.sleep(0.01)
     os.kill(state["pid"], signal.SIGKILL)

@@ -86,10 +86,12 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     """Launch the server, wait until it is ready, run the OpenAI frontend, and block until SIGINT/SIGTERM.
 
     Every rank, stub and shared-memory region is gone when this returns or raises, and within seconds when this
-    process is killed (a reaper process watches it). When tritonserver or one of its stubs dies while serving,
-    in-flight requests fail at once and this raises ``KitError`` naming it (``serve`` exits 1 for a supervisor
-    to restart it). With an API key, Triton's own ports listen on loopback and demand a per-launch token for
-    every API but health, so the OpenAI port is the only way in; the key reaches no child process.
+    process is killed (a reaper process watches it). When tritonserver or one of its stubs dies while serving, or
+    an engine holds requests without a step (or a stub stays stopped) for ``engine_watchdog_s``, in-flight
+    requests fail at once and this raises ``KitError`` naming it (``serve`` exits 1 for a supervisor to restart
+    it). A tritonserver that aborts while starting is started once more. With an API key, Triton's own ports
+    listen on loopback and demand a per-launch token for every API but health, so the OpenAI port is the only way
+    in; the key reaches no child process.
 
     Arguments:
         options: what to serve and where.
