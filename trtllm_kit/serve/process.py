@@ -31,9 +31,9 @@ STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize P
 # heavy load). A second start usually succeeds.
 ABORT_MARKERS = (b"boost::interprocess::lock_exception", b"terminate called after throwing")
 PR_SET_PDEATHSIG = 1
-# tritonserver logs this on SIGTERM once no inference is in flight; it then unloads every model one stub at a time
-# (a Python stub takes 1-2 s to end, and Triton polls them once a second, up to its exit timeout): nothing is left
-# to finish then, so the server gets UNLOAD_GRACE_S more to exit by itself before its group is killed.
+# tritonserver logs this on SIGTERM once no inference is in flight; it then unloads every model (a Python stub takes
+# 1-2 s to end, and Triton polls them once a second, up to its exit timeout). A decoupled model's requests are still
+# answered then, so the group is killed early only when the engines say they hold nothing, UNLOAD_GRACE_S apart.
 DRAINED_LINE = b"All models are stopped, unloading models"
 UNLOAD_GRACE_S = 0.25
 STUB_NAME = "triton_python_backend_stub"
@@ -190,17 +190,20 @@ class TritonProcess:
                 continue
         return found
 
-    def stop(self, grace_s: float | None = None, *, stubs: dict[int, str] | None = None) -> int | None:
+    def stop(self, grace_s: float | None = None, *, stubs: dict[int, str] | None = None,
+             is_idle: Callable[[], bool] | None = None) -> int | None:
         """SIGTERM the server (mpirun forwards it to every rank), wait, then kill whatever of the group is left.
 
-        The grace period is for requests in flight: once the server logs that none is left, it has
-        ``UNLOAD_GRACE_S`` to unload its models before the group is killed. Removes the shared-memory regions of
-        this launch's prefix. Returns the server's exit code.
+        The grace period is for requests in flight. When ``is_idle`` can tell that nothing is left (the server
+        logged that no inference is in flight, and ``is_idle`` says so before and after ``UNLOAD_GRACE_S``), the
+        group is killed then rather than waiting while the server unloads its idle models one stub at a time.
+        Removes the shared-memory regions of this launch's prefix. Returns the server's exit code.
 
         Arguments:
             grace_s: seconds in-flight requests get to finish (the server's exit timeout plus 5 s when omitted).
             stubs: the stubs the server had when it was ready; when one of them is gone, the server cannot unload
                 its model and would wait out its exit timeout, so it is killed at once.
+            is_idle: whether no engine holds a request (False when it cannot be known).
         """
         if self.proc is None:
             return None
@@ -211,11 +214,15 @@ class TritonProcess:
         if self.proc.poll() is None:
             graceful = grace_s > 0
             log_size = self._log_size()
+            deadline = time.monotonic() + (grace_s if graceful else 5.0)
             _signal_group(pgid, signal.SIGTERM if graceful else signal.SIGKILL, leader_only=graceful, pid=self.proc.pid)
-            if graceful:
-                self._wait_drained(log_size, grace_s)
+            if graceful and is_idle is not None and self._wait_drained(log_size, grace_s) and is_idle():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=UNLOAD_GRACE_S)
+                if is_idle():
+                    deadline = time.monotonic()
             try:
-                self.proc.wait(timeout=UNLOAD_GRACE_S if graceful else 5.0)
+                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal_group(pgid, signal.SIGKILL)
                 self.proc.wait()
@@ -237,15 +244,16 @@ class TritonProcess:
         except OSError:
             return b""
 
-    def _wait_drained(self, log_from: int, timeout_s: float) -> None:
-        """After SIGTERM: wait until the server exits or logs that its in-flight requests are done (``timeout_s``
-        at most). What follows is the unload of idle models, which a killed group needs no more."""
+    def _wait_drained(self, log_from: int, timeout_s: float) -> bool:
+        """After SIGTERM: wait until the server logs that no inference is in flight (True), or exits or
+        ``timeout_s`` passes (False)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < deadline:
             if DRAINED_LINE in self._log_since(log_from):
-                return
+                return True
             time.sleep(0.05)
+        return False
 
     def protect_shm(self) -> None:
         """Make this launch's ``/dev/shm`` regions readable by their owner only (the Python backend creates them

@@ -100,6 +100,13 @@ class Watch:
             return f"the Python-backend stub of model {name} (pid {pid}) died while serving"
         return self._hung()
 
+    def engines_idle(self) -> bool:
+        """Whether every engine that beats holds no request (False when none beats: then it cannot be known)."""
+        if self.heartbeat_dir is None:
+            return False
+        beats = [beat for pid in self.stubs if (beat := silent_for(self.heartbeat_dir, pid)) is not None]
+        return bool(beats) and all(num_held == 0 for num_held, _ in beats)
+
     def _server_exited(self, wait_s: float) -> bool:
         proc = self.process.proc
         if proc is None:

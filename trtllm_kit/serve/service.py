@@ -176,7 +176,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         asyncio.run(_run(server, started, on_ready))
     finally:
         with _signals_ignored():
-            process.stop(stubs=watch.stubs)
+            process.stop(stubs=watch.stubs, is_idle=watch.engines_idle)
             reaper.close()
             for out in outs:
                 for name in ("state.json", "serve.pid"):

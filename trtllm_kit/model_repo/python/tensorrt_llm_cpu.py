@@ -115,6 +115,7 @@ class TritonPythonModel:
         self.active: dict[int, _Pending] = {}
         self.stopping = threading.Event()
         self.heartbeat = Heartbeat()  # serve's watchdog: a loop that stops turning while it holds requests is hung
+        self.heartbeat.beat(0)
         self.thread = threading.Thread(target=self._loop, name="trtllm-kit-engine", daemon=True)
         self.thread.start()
 
