@@ -8,3 +8,4 @@ DEFAULT_HTTP_PORT = 8000  # tritonserver's own defaults
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
 DEFAULT_READY_TIMEOUT_S = 300.0
+DEFAULT_ENGINE_WATCHDOG_S = 15.0  # an engine holding requests without a step for this long is treated as dead

@@ -41,9 +41,13 @@ CPU_EXTRA = {"max_batch_size": "8", "max_num_tokens": "2048", "max_seq_len": "10
              "max_queue_size": "32", "decoupled": "true"}
 
 
+NUM_CPUS = 64  # a build machine with cores to spare: the golden files' instance counts follow the batch size
+
+
 def configs(target: str):
     limits = LIMITS[target]
-    return repository_configs(limits, RepoOptions().resolve(limits, 0.9), limits.model_dir, Path("tokenizer"))
+    return repository_configs(limits, RepoOptions().resolve(limits, 0.9, num_cpus=NUM_CPUS), limits.model_dir,
+                              Path("tokenizer"))
 
 
 @pytest.mark.parametrize("target", ["engine", "cpu"])
@@ -97,7 +101,10 @@ def test_instance_counts_follow_the_spec_advice() -> None:
     for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert engine[name].instance_group[0].count == 16  # max_batch_size 64 clipped to 16
         assert cpu[name].instance_group[0].count == 8  # max_batch_size 8 (at least 5)
-    explicit = RepoOptions(preprocessing_instances=2, bls_instances=3).resolve(CPU_LIMITS)
+    on_two_cores = RepoOptions().resolve(ENGINE_LIMITS, num_cpus=2)  # never more instances than cores
+    assert (on_two_cores.preprocessing_instances, on_two_cores.postprocessing_instances,
+            on_two_cores.bls_instances) == (2, 2, 2)
+    explicit = RepoOptions(preprocessing_instances=2, bls_instances=3).resolve(CPU_LIMITS, num_cpus=NUM_CPUS)
     made = repository_configs(CPU_LIMITS, explicit, CPU_LIMITS.model_dir, Path("tokenizer"))
     assert [made[n].instance_group[0].count for n in ("preprocessing", "postprocessing", "tensorrt_llm_bls")] == [
         2, 8, 3]

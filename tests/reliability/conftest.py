@@ -32,9 +32,10 @@ def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def served(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A serve of a private copy of the tiny artifact, for one test module; its state (endpoints, pids)."""
+    """A serve of a private copy of the tiny artifact, for one test module, with its ensemble loaded; its state
+    (endpoints, pids)."""
     out = tmp_path_factory.mktemp("served") / "out"
     shutil.copytree(tiny_artifact, out)
-    state = serve(out)
+    state = serve(out, "--ensemble")
     yield state
     kit("stop", str(out), timeout=60)

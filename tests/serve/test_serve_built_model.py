@@ -39,7 +39,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ep, openai_port = free_endpoints(), free_port()
     done = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
                            str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",
-                           str(openai_port), "--detach"], capture_output=True, text=True, timeout=180)
+                           str(openai_port), "--detach", "--ensemble"], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     state = read_state(out)
     yield {**state, "out": out}

@@ -3,6 +3,7 @@ from the declarations), validated, and their resolution against the engine's lim
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
 
 MIN_INSTANCES = 5  # the backend docs advise about 5 pre/post/BLS instances, or the batch size; never 1 by default
 MAX_DEFAULT_INSTANCES = 16
+# ... and never more than the build machine's cores: each instance is a Python process that starts, and ends, one
+# at a time with the server (8 instances of 3 models on 2 cores took 7-9 s to start and Triton's whole exit
+# timeout to stop); the decoupled BLS runs each request in its own thread, so its instances do not bound the load.
 QUEUE_BATCHES = 4  # the default queue holds this many full batches beyond the running one
 
 
@@ -77,12 +81,14 @@ class RepoOptions:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
-    def resolve(self, limits: EngineLimits, plan_fraction: float | None = None) -> RepoOptions:
-        """Fill every ``None`` from the engine and the plan, and check the explicit values against them.
+    def resolve(self, limits: EngineLimits, plan_fraction: float | None = None, *,
+                num_cpus: int | None = None) -> RepoOptions:
+        """Fill every ``None`` from the engine, the plan and the machine, and check the explicit values against them.
 
         Arguments:
             limits: what the engine (or the CPU runtime) was built for;
-            plan_fraction: the KV-cache memory fraction the build plan sized ``max_batch_size`` with, if any.
+            plan_fraction: the KV-cache memory fraction the build plan sized ``max_batch_size`` with, if any;
+            num_cpus: the cores that bound the default instance counts (this machine's when omitted).
         """
         fraction = self.kv_cache_free_gpu_mem_fraction
         if fraction is not None and plan_fraction is not None and float(fraction) != float(plan_fraction):
@@ -101,7 +107,8 @@ class RepoOptions:
         if kv_tokens < limits.max_seq_len:
             raise KitUsageError(f"max_tokens_in_paged_kv_cache {kv_tokens} is below max_seq_len "
                                 f"{limits.max_seq_len}: one full-length sequence would not fit; raise it.")
-        instances = max(MIN_INSTANCES, min(limits.max_batch_size, MAX_DEFAULT_INSTANCES))
+        num_cpus = num_cpus or os.cpu_count() or 1
+        instances = min(max(MIN_INSTANCES, min(limits.max_batch_size, MAX_DEFAULT_INSTANCES)), num_cpus)
         queue = QUEUE_BATCHES * limits.max_batch_size if self.max_queue_size is None else self.max_queue_size
         return replace(
             self, kv_cache_free_gpu_mem_fraction=float(fraction), max_tokens_in_paged_kv_cache=kv_tokens,
@@ -121,4 +128,5 @@ class RepoOptions:
 REPO_FIELDS = tuple(d.name for d in declared(RepoOptions, "repo"))
 INSTANCES = SharedFlag("--instances", "repo", ("preprocessing_instances", "postprocessing_instances",
                                                "bls_instances"), int,
-                       "Instances of preprocessing, postprocessing and BLS (default: max_batch_size clipped to 5..16).")
+                       "Instances of preprocessing, postprocessing and BLS (default: max_batch_size clipped to 5..16, "
+                       "and at most the build machine's cores).")

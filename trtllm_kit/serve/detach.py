@@ -37,6 +37,8 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
             "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
             "--log-verbose", str(options.log_verbose)]
     argv += ["--verify"] if options.verify else []
+    argv += ["--ensemble"] if options.ensemble else []
+    argv += ["--exit-timeout", str(options.exit_timeout_s), "--engine-watchdog", str(options.engine_watchdog_s)]
     argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
     argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
     argv += ["--model", options.model] if options.model else []

@@ -19,14 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from trtllm_kit.artifact.manifest import ManifestError
 from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.compat import servable
+from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.fit import check_fit, memory_need
 from trtllm_kit.serve.launcher import http_headers
 from trtllm_kit.serve.members import route, versioned
 from trtllm_kit.serve.merge import copy_models, remove_models
 from trtllm_kit.serve.reload import answer, take_requests
+from trtllm_kit.serve.running import drop_idle_ensemble
 from trtllm_kit.serve.state import claim_run_dir, serving_pid, write_pid
 
 if TYPE_CHECKING:
@@ -67,19 +69,21 @@ class Reloader:
         async with self.lock:
             for request in take_requests(self.run_dir):
                 try:
-                    result = await self.reload(request["name"], Path(request["new_out"]))
-                except KitUsageError as exc:
+                    result = await self.reload(request["name"], Path(request["new_out"]),
+                                               force=bool(request.get("force")))
+                except (KitUsageError, ManifestError) as exc:  # refused before anything changed
                     result = {"error": str(exc), "refused": True}
                 except Exception as exc:  # the serve keeps serving the old version; the caller gets the reason
                     LOG.exception("reload of %s failed", request.get("name"))
                     result = {"error": f"the reload failed: {exc}", "refused": False}
                 answer(self.run_dir, request["id"], result)
 
-    async def reload(self, name: str, new_out: Path) -> dict[str, Any]:
+    async def reload(self, name: str, new_out: Path, *, force: bool = False) -> dict[str, Any]:
         """Serve ``new_out`` as the next version of ``name``; return what happened (times in seconds).
 
         Arguments:
-            name: a served model name; new_out: the new build output.
+            name: a served model name; new_out: the new build output; force: serve it even when its model family,
+            tokenizer or target differs from the served version's.
         """
         server, started = self.server, time.perf_counter()
         frontend, launch = server.frontend, server.launch
@@ -98,6 +102,10 @@ class Reloader:
         if holder is not None and holder != os.getpid():
             raise KitUsageError(f"{new_out} is served by another trtllm-kit serve (pid {holder}); stop it first.")
         target = servable(new_out)
+        differences = [] if force else unlike(server.members[index].target, target)
+        if differences:
+            raise KitUsageError(f"{new_out} is not a new version of {name}: {'; '.join(differences)}; pass --force "
+                                "to serve it under this name anyway.")
         check_artifact(target.artifact, hashes=server.options.verify)
         wanted = server.options.model
         text_model = wanted if wanted in target.models else target.models[0]
@@ -106,15 +114,15 @@ class Reloader:
         need = memory_need(f"{name} v{member.version}", target)
         check_fit([*(others if need.on_gpu else []), need], what=f"{new_out} next to the served models")
         copied = copy_models(target.repo, launch.repo, member.prefix)
+        new = drop_idle_ensemble(route(member, copied, text_model), copied, launch.repo, server.options.ensemble)
         loaded: list[str] = []
         headers = http_headers(launch.restricted_token)  # the repository API demands the per-launch token
         async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=headers) as http:
             try:
-                for model in _load_order(copied.ordered()):
+                for model in _load_order(list(new.models)):
                     if model not in await _ready(http):  # an ensemble's load brings its steps (reloading a ready
                         await _post(http, f"/v2/repository/models/{model}/load")  # one would replace it)
                     loaded.append(model)
-                new = route(member, copied, text_model)
                 await asyncio.get_running_loop().run_in_executor(None, new.load_tokenizer)
                 new.open(launch.endpoints.url("grpc"), frontend.config.triton_headers)
             except BaseException:
@@ -159,6 +167,28 @@ async def _post(http: aiohttp.ClientSession, path: str, body: dict[str, Any] | N
         if response.status != 200:
             raise KitError(f"Triton refused {path} ({response.status}): {text.strip()}")
         return await response.json(content_type=None) if text.strip() else None
+
+
+def unlike(old: Servable, new: Servable) -> list[str]:
+    """How ``new`` differs from ``old`` in what its clients see: model family, tokenizer files or target.
+
+    Arguments:
+        old: the served version; new: the candidate.
+    """
+    found = []
+    if old.artifact.target != new.artifact.target:
+        found.append(f"its target is {new.artifact.target}, the served one's {old.artifact.target}")
+    families = [a.records.model.family if a.records.model else None for a in (old.artifact, new.artifact)]
+    if families[0] != families[1]:
+        found.append(f"its model family is {families[1]}, the served one's {families[0]}")
+    if _tokenizer_files(old) != _tokenizer_files(new):
+        found.append("its tokenizer files differ from the served one's")
+    return found
+
+
+def _tokenizer_files(target: Servable) -> dict[str, str]:
+    """The tokenizer's files and their sha256, as the manifest records them."""
+    return {path: digest for path, digest in target.artifact.files.items() if path.startswith("tokenizer/")}
 
 
 def _load_order(models: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import re
 import signal
@@ -27,9 +28,18 @@ ERROR_LINE = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] (.+)$", re.MULTILINE)
 # Error lines every start on a machine without a GPU logs; they are never the cause of a failure.
 CPU_NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
 STUB_FAILURES = ("error while loading shared libraries", "Failed to initialize Python stub")
+# How an abort at start-up shows: SIGABRT, or boost's lock error on the Python backend's shared memory (seen under
+# heavy load). A second start usually succeeds.
+ABORT_MARKERS = (b"boost::interprocess::lock_exception", b"terminate called after throwing")
 PR_SET_PDEATHSIG = 1
+# tritonserver logs this on SIGTERM once no inference is in flight; it then unloads every model (a Python stub takes
+# 1-2 s to end, and Triton polls them once a second, up to its exit timeout). A decoupled model's requests are still
+# answered then, so the group is killed early only when the engines say they hold nothing, UNLOAD_GRACE_S apart.
+DRAINED_LINE = b"All models are stopped, unloading models"
+UNLOAD_GRACE_S = 0.25
 STUB_NAME = "triton_python_backend_stub"
 SECRET_ENV = ("TRTLLM_KIT_API_KEY",)  # never passed to a server or its stubs
+LOG = logging.getLogger(__name__)
 
 
 def _private() -> None:
@@ -53,16 +63,22 @@ def _traced(prepare: Callable[[], None]) -> Callable[[], None]:
     return both
 
 
+class StartupAbort(KitError):
+    """tritonserver aborted while starting (not a configuration error: starting it again may succeed)."""
+
+
 class TritonProcess:
     """One launch of the server: owns the process group, its log file and its shared-memory regions."""
 
     def __init__(self, install: TritonInstall, config: LaunchConfig, log_path: Path, *,
-                 argv: list[str] | None = None, mpirun: str = "mpirun") -> None:
+                 argv: list[str] | None = None, mpirun: str = "mpirun", env: dict[str, str] | None = None) -> None:
         self.install = install
+        self.env = env or {}  # added to the server's environment
         self.config = config
         self.log_path = log_path
         self.argv = argv if argv is not None else launch_argv(install, config, mpirun=mpirun)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_from = 0  # where this start's lines begin in the log (a restart appends to it)
 
     @property
     def pid(self) -> int | None:
@@ -76,7 +92,8 @@ class TritonProcess:
         """
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = kit_environment(self.install.environment())
+        env = {**kit_environment(self.install.environment()), **self.env}
+        self.log_from = self._log_size()
         prepare = _die_with_parent if die_with_parent else _private
         token = self.config.restricted_token
         if token and self.config.world_size == 1:  # under mpirun the ranks' argv pass through mpirun's own
@@ -121,6 +138,10 @@ class TritonProcess:
             reason = None
             if code is not None:
                 reason = f"tritonserver exited with code {code} while starting"
+                if code in (-signal.SIGABRT, 128 + signal.SIGABRT) or \
+                        any(marker in self._log_since(self.log_from) for marker in ABORT_MARKERS):
+                    self.stop()
+                    raise StartupAbort(f"{reason} (it aborted; log {self.log_path})")
             elif any(marker in self.log_tail() for marker in STUB_FAILURES):
                 reason = "a Python-backend stub failed to start"
             elif time.perf_counter() - started > timeout_s:
@@ -132,6 +153,26 @@ class TritonProcess:
                 reason += f": {cause}" if cause else ""
                 raise KitError(f"{reason} (log {self.log_path}); last lines:\n{tail}")
             time.sleep(poll_s)
+
+    def wait_ready_or_restart(self, timeout_s: float, on_restart: Callable[[int], None]) -> float:
+        """``wait_ready``; when the server aborted while starting, say so (one warning line), start it once more
+        and wait again. Returns the seconds the last start took to be ready.
+
+        Arguments:
+            timeout_s: seconds each start may take.
+            on_restart: called with the new server's pid (the reaper watches its group).
+        """
+        try:
+            return self.wait_ready(timeout_s)
+        except StartupAbort as exc:
+            LOG.warning("%s; starting it once more", exc)
+        self.start()
+        assert self.pid is not None
+        on_restart(self.pid)
+        try:
+            return self.wait_ready(timeout_s)
+        except StartupAbort as exc:
+            raise KitError(f"{exc}; it aborted twice, so it was not started again.") from None
 
     def first_error(self) -> str | None:
         """The message of the first error line of the log (``E1122 03:45:00.123 42 file.cc:10] message``)."""
@@ -174,15 +215,20 @@ class TritonProcess:
                 continue
         return found
 
-    def stop(self, grace_s: float | None = None, *, stubs: dict[int, str] | None = None) -> int | None:
+    def stop(self, grace_s: float | None = None, *, stubs: dict[int, str] | None = None,
+             is_idle: Callable[[], bool] | None = None) -> int | None:
         """SIGTERM the server (mpirun forwards it to every rank), wait, then kill whatever of the group is left.
 
+        The grace period is for requests in flight. When ``is_idle`` can tell that nothing is left (the server
+        logged that no inference is in flight, and ``is_idle`` says so before and after ``UNLOAD_GRACE_S``), the
+        group is killed then rather than waiting while the server unloads its idle models one stub at a time.
         Removes the shared-memory regions of this launch's prefix. Returns the server's exit code.
 
         Arguments:
-            grace_s: seconds to wait for a graceful exit (the server's exit timeout plus 5 s when omitted).
+            grace_s: seconds in-flight requests get to finish (the server's exit timeout plus 5 s when omitted).
             stubs: the stubs the server had when it was ready; when one of them is gone, the server cannot unload
                 its model and would wait out its exit timeout, so it is killed at once.
+            is_idle: whether no engine holds a request (False when it cannot be known).
         """
         if self.proc is None:
             return None
@@ -192,15 +238,47 @@ class TritonProcess:
         pgid = self.proc.pid
         if self.proc.poll() is None:
             graceful = grace_s > 0
+            log_size = self._log_size()
+            deadline = time.monotonic() + (grace_s if graceful else 5.0)
             _signal_group(pgid, signal.SIGTERM if graceful else signal.SIGKILL, leader_only=graceful, pid=self.proc.pid)
+            if graceful and is_idle is not None and self._wait_drained(log_size, grace_s) and is_idle():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=UNLOAD_GRACE_S)
+                if is_idle():
+                    deadline = time.monotonic()
             try:
-                self.proc.wait(timeout=grace_s if graceful else 5.0)
+                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal_group(pgid, signal.SIGKILL)
                 self.proc.wait()
-        _reap_group(pgid, wait_s=3.0)
+        _reap_group(pgid, wait_s=0.5)
         self.remove_shm()
         return self.proc.returncode
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _log_since(self, offset: int) -> bytes:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError:
+            return b""
+
+    def _wait_drained(self, log_from: int, timeout_s: float) -> bool:
+        """After SIGTERM: wait until the server logs that no inference is in flight (True), or exits or
+        ``timeout_s`` passes (False)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if DRAINED_LINE in self._log_since(log_from):
+                return True
+            time.sleep(0.05)
+        return False
 
     def protect_shm(self) -> None:
         """Make this launch's ``/dev/shm`` regions readable by their owner only (the Python backend creates them

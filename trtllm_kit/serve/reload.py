@@ -22,14 +22,16 @@ from trtllm_kit.serve.state import read_state, serving_pid
 REQUESTS_DIR = "reloads"
 
 
-def request_reload(served_out: Path, name: str, new_out: Path, timeout_s: float = 600.0) -> dict[str, Any]:
+def request_reload(served_out: Path, name: str, new_out: Path, timeout_s: float = 600.0, *,
+                   force: bool = False) -> dict[str, Any]:
     """Ask the serve of ``served_out`` to serve ``new_out`` as the next version of ``name``; return what happened.
 
     Raises ``KitUsageError`` when the serve refused (nothing changed), ``KitError`` when the reload failed.
 
     Arguments:
         served_out: any OUT the running serve serves; name: the served model to replace; new_out: the new
-        build output; timeout_s: seconds to wait for the result.
+        build output; timeout_s: seconds to wait for the result; force: serve ``new_out`` even when its model
+        family, tokenizer or target differs from the served version's.
     """
     pid = serving_pid(served_out)
     state = read_state(served_out) or {}
@@ -40,7 +42,8 @@ def request_reload(served_out: Path, name: str, new_out: Path, timeout_s: float 
     requests.mkdir(parents=True, exist_ok=True)
     ident = uuid.uuid4().hex
     staged = requests / f".{ident}.json"
-    staged.write_text(json.dumps({"id": ident, "name": name, "new_out": str(new_out.absolute())}))
+    staged.write_text(json.dumps({"id": ident, "name": name, "new_out": str(new_out.absolute()),
+                                  "force": force}))
     staged.rename(requests / f"{ident}.json")
     os.kill(pid, signal.SIGUSR1)
     result_path = requests / f"{ident}.result.json"

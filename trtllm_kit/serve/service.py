@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -22,19 +23,21 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.build.integrity import check_artifact
-from trtllm_kit.defaults import DEFAULT_READY_TIMEOUT_S
+from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S, DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
 from trtllm_kit.serve.fit import check_fit, memory_need
+from trtllm_kit.serve.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.members import parse_names, plan_members, route, working_repository
 from trtllm_kit.serve.merge import TRTLLM_MODEL
 from trtllm_kit.serve.process import TritonProcess
 from trtllm_kit.serve.reaper import Reaper
+from trtllm_kit.serve.reload import REQUESTS_DIR
 from trtllm_kit.serve.routes import Alias, Route, check_aliases
-from trtllm_kit.serve.running import Server, Watch, route_state
+from trtllm_kit.serve.running import Server, Watch, drop_idle_ensemble, route_state
 from trtllm_kit.serve.state import TOKEN_FILE, claim_run_dir, run_dir, serving_pid, write_pid, write_token
 
 if TYPE_CHECKING:
@@ -60,6 +63,8 @@ class ServeOptions:
     model: str | None = None  # ensemble, or tensorrt_llm_bls; the first the repository has when None
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     exit_timeout_s: int = 5
+    engine_watchdog_s: float = DEFAULT_ENGINE_WATCHDOG_S  # an engine holding requests without a step is dead
+    ensemble: bool = False  # load the ensemble model even when no route sends text to it
     log_verbose: int = 0
     verify: bool = False  # check every file's sha256 against the manifest (sizes and times are always checked)
     server: str = "triton"  # or trtllm-serve: the llmapi artifact's recorded command (serve/trtllm_serve.py)
@@ -81,12 +86,14 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     """Launch the server, wait until it is ready, run the OpenAI frontend, and block until SIGINT/SIGTERM.
 
     Every rank, stub and shared-memory region is gone when this returns or raises, and within seconds when this
-    process is killed (a reaper process watches it). When tritonserver or one of its stubs dies while serving,
-    in-flight requests fail at once and this raises ``KitError`` naming it (``serve`` exits 1 for a supervisor
-    to restart it). Triton's repository, shared-memory, trace and logging APIs demand a per-launch token that
-    only this process and the owner's ``run_dir/triton.token`` (mode 0600) hold. With an API key or a key file,
-    every Triton API but health demands it, so the OpenAI port is the only way in (with ``--api-key`` Triton's
-    ports also listen on loopback only); the key reaches no child process.
+    process is killed (a reaper process watches it). When tritonserver or one of its stubs dies while serving, or
+    an engine holds requests without a step (or a stub stays stopped) for ``engine_watchdog_s``, in-flight
+    requests fail at once and this raises ``KitError`` naming it (``serve`` exits 1 for a supervisor to restart
+    it). A tritonserver that aborts while starting is started once more. Triton's repository, shared-memory, trace
+    and logging APIs demand a per-launch token that only this process and the owner's ``run_dir/triton.token``
+    (mode 0600) hold. With an API key or a key file, every Triton API but health demands it, so the OpenAI port is
+    the only way in (with ``--api-key`` Triton's ports also listen on loopback only); the key reaches no child
+    process.
 
     Arguments:
         options: what to serve and where.
@@ -127,7 +134,9 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     if options.api_key:
         endpoints = Endpoints(LOOPBACK[":" in endpoints.host], *endpoints.ports().values())
     repo, copies = working_repository(members, state_dir)
-    names = [name for copied in copies for name in copied.ordered()]
+    routes = [drop_idle_ensemble(route(m, c, text), c, repo, options.ensemble)
+              for m, c, text in zip(members, copies, text_models, strict=True)]
+    names = list(dict.fromkeys(name for r in routes for name in r.models))
     config = LaunchConfig(repo=repo, endpoints=endpoints, world_size=world_size,
                           shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.log_verbose,
                           exit_timeout_s=options.exit_timeout_s,
@@ -137,7 +146,12 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
                           restricted_token=secrets.token_urlsafe(24),
                           restrict_inference=bool(options.api_key or options.api_keys))
     argv = targets[0].target.argv(install, config)
-    process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv)
+    for stale in (REQUESTS_DIR, "heartbeat"):  # a serve killed mid-reload leaves requests no one waits for
+        shutil.rmtree(state_dir / stale, ignore_errors=True)
+    heartbeat_dir = state_dir / "heartbeat"
+    heartbeat_dir.mkdir(mode=0o700)
+    process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv,
+                            env={HEARTBEAT_ENV: str(heartbeat_dir)})
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
     assert config.restricted_token is not None
     write_token(state_dir, config.restricted_token)
@@ -145,15 +159,14 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         claim_run_dir(out)
         write_pid(out)
     reaper = Reaper(config.shm_prefix)
-    watch = Watch(process)
-    routes = [route(m, c, text) for m, c, text in zip(members, copies, text_models, strict=True)]
+    watch = Watch(process, heartbeat_dir, options.engine_watchdog_s)
     try:
         started = time.perf_counter()
         process.start()
         assert process.pid is not None
         reaper.watch(process.pid)  # the server's own session: its group holds every stub
         frontend = _frontend(options, routes, aliases, config)  # tokenizers load while the server starts
-        process.wait_ready(options.ready_timeout_s)
+        process.wait_ready_or_restart(options.ready_timeout_s, on_restart=reaper.watch)
         process.protect_shm()
         watch.stubs = process.stubs()
         state = {"pid": os.getpid(), "server_pid": process.pid, "model": routes[0].triton_model,
@@ -168,7 +181,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         asyncio.run(_run(server, started, on_ready))
     finally:
         with _signals_ignored():
-            process.stop(stubs=watch.stubs)
+            process.stop(stubs=watch.stubs, is_idle=watch.engines_idle)
             reaper.close()
             for out in outs:
                 for name in ("state.json", "serve.pid", TOKEN_FILE):
@@ -249,7 +262,7 @@ async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any
         while not stop.is_set():
             failure = watch.failure()
             if failure is not None:
-                process.stop(stubs=watch.stubs)  # in-flight requests fail now, not at their clients' timeouts
+                process.stop(grace_s=0)  # in-flight requests fail now, not at their clients' timeouts
                 raise KitError(f"{failure}; serve stopped so that it can be restarted (log {process.log_path}); "
                                f"last lines:\n{process.log_tail()}")
             with contextlib.suppress(asyncio.TimeoutError):

@@ -101,10 +101,15 @@ class Tokenizer:
     """
 
     def __init__(self, directory: Path) -> None:
-        from transformers import AutoTokenizer
-
         self.directory = directory
-        self.hf: Any = AutoTokenizer.from_pretrained(str(directory))  # a fast or slow HF tokenizer
+        if (directory / "tokenizer.json").is_file():  # as the preprocessing model reads it; and AutoTokenizer
+            from transformers import PreTrainedTokenizerFast  # imports torch, seconds to load and to exit
+
+            self.hf: Any = PreTrainedTokenizerFast.from_pretrained(str(directory))
+        else:
+            from transformers import AutoTokenizer
+
+            self.hf = AutoTokenizer.from_pretrained(str(directory))  # a slow HF tokenizer
 
     @property
     def vocab_size(self) -> int:

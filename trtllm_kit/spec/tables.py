@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.defaults import (
+    DEFAULT_ENGINE_WATCHDOG_S,
     DEFAULT_GRPC_PORT,
     DEFAULT_HOST,
     DEFAULT_HTTP_PORT,
@@ -170,6 +171,12 @@ class ServeSettings:
     exit_timeout_s: int = field(default=5, metadata=option(
         "Seconds in-flight requests get to finish on stop (tritonserver --exit-timeout-secs).", "--exit-timeout",
         minimum=1))
+    engine_watchdog_s: float = field(default=DEFAULT_ENGINE_WATCHDOG_S, metadata=option(
+        "Seconds an engine may hold requests without a step before serve treats it as dead (stops, exits 1).",
+        "--engine-watchdog"))
+    ensemble: bool = field(default=False, metadata=option(
+        "Also load the ensemble model when no served route uses it (it cannot cancel a request whose client "
+        "left).", "--ensemble"))
 
     def __post_init__(self) -> None:
         check_declared(self, "serve")
@@ -177,6 +184,9 @@ class ServeSettings:
             port = getattr(self, name)
             if port is not None and port > 65535:
                 raise KitUsageError(f"{name} must be a port in 1..65535, got {port}.")
+        if self.engine_watchdog_s <= 0:
+            raise KitUsageError(f"engine_watchdog_s must be a positive number of seconds, got "
+                                f"{self.engine_watchdog_s}.")
         if self.ready_timeout_s <= 0:
             raise KitUsageError(f"ready_timeout_s must be a positive number of seconds, got {self.ready_timeout_s}.")
 

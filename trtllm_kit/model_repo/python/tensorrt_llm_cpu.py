@@ -31,6 +31,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
+from trtllm_kit.serve.heartbeat import Heartbeat
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Inputs whose non-default values the CPU runtime cannot honour: refusing beats answering differently.
@@ -113,6 +114,8 @@ class TritonPythonModel:
         self.inbox: queue.Queue[_Pending | None] = queue.Queue()  # None wakes the loop to stop
         self.active: dict[int, _Pending] = {}
         self.stopping = threading.Event()
+        self.heartbeat = Heartbeat()  # serve's watchdog: a loop that stops turning while it holds requests is hung
+        self.heartbeat.beat(0)
         self.thread = threading.Thread(target=self._loop, name="trtllm-kit-engine", daemon=True)
         self.thread.start()
 
@@ -158,6 +161,7 @@ class TritonPythonModel:
                 for seq in sampled:
                     self._progress(self.active[seq.seq_id])
             self._publish()
+            self.heartbeat.beat(len(self.active) + self.inbox.qsize())
         for item in list(self.active.values()):
             self._finish(item, pb_utils.TritonError("the server is shutting down", pb_utils.TritonError.UNAVAILABLE))
 
