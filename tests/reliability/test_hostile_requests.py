@@ -158,7 +158,7 @@ def test_deep_json_and_an_oversized_body_are_refused(target: dict[str, Any]) -> 
         400, "the request body nests JSON deeper than 32 levels; flatten it.")
     status, _, body = post(url, json.dumps({"model": MODEL, "prompt": "a" * (5 * 2**20)}).encode())
     assert (status, json.loads(body)["error"]["message"]) == (
-        413, "the request body is larger than 4194304 bytes, the limit; send a shorter prompt.")
+        413, "the request body is larger than this server's limit of 4194304 bytes; send a shorter prompt.")
 
 
 def direct(state: dict[str, Any], values: list[tuple[str, str, np.ndarray]]) -> str:

@@ -114,10 +114,10 @@ def test_an_uploaded_model_is_refused_over_grpc(guarded: dict[str, Any]) -> None
 
 def test_inference_without_the_token_follows_the_key_mode(guarded: dict[str, Any]) -> None:
     body = json.dumps({"text_input": "hi", "max_tokens": 2}).encode()
-    status, _, answer = post(f"http://{guarded['http']}/v2/models/ensemble/generate", body)
+    status, _, answer = post(f"http://{guarded['http']}/v2/models/tensorrt_llm_bls/generate", body)
 
     async def grpc_generate() -> str:
-        client = TextClient(guarded["grpc"], "ensemble")  # no token
+        client = TextClient(guarded["grpc"], "tensorrt_llm_bls")  # no token
         try:
             return "".join([chunk.text async for chunk in client.stream(GenerationRequest("hi", 2))])
         except GenerationError as exc:
