@@ -12,7 +12,7 @@ import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.build.archive import pack_archive, verify_artifact
+from trtllm_kit.artifact.archive import pack_archive, verify_artifact
 from trtllm_kit.build.compat import Machine, compatibility
 from trtllm_kit.build.gpus import GPU, MIB
 from trtllm_kit.cli import run

@@ -199,7 +199,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     artifact = artifact.moved(spec.out.absolute())
     summary = {"manifest": str(artifact.manifest_path), **ctx.records.to_dict(), "reused": reused}
     if spec.build.archive:
-        from trtllm_kit.build.archive import pack_archive
+        from trtllm_kit.artifact.archive import pack_archive
 
         summary["archive"] = str(pack_archive(artifact.path, spec.build.archive).absolute())
     return BuildResult(artifact, summary)

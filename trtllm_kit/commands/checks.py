@@ -36,7 +36,7 @@ def artifact_verify(path: Path, hashes_only: bool, as_json: bool) -> None:
       trtllm-kit build builtin:tiny-llama --until checkpoint --out out/ --archive out.tar.gz
       trtllm-kit artifact verify out.tar.gz
     """
-    from trtllm_kit.build.archive import verdict, verify_artifact
+    from trtllm_kit.artifact.archive import verdict, verify_artifact
     from trtllm_kit.build.compat import detect_machine
 
     report = verify_artifact(path, detect_machine())
