@@ -130,7 +130,7 @@ def build_graph(root: Path = ROOT) -> Graph:
 
 
 def subpackage(module: str) -> str:
-    """The first level below the kit: ``trtllm_kit.build.plan`` -> ``build``, ``trtllm_kit.layout`` -> ``layout``."""
+    """The first level below the kit: ``trtllm_kit.plan`` -> ``build``, ``trtllm_kit.layout`` -> ``layout``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -11,11 +11,11 @@ import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.artifact import Artifact, ManifestError, upgrade_manifest
-from trtllm_kit.build.artifact import sha256_file
-from trtllm_kit.build.compat import Machine
-from trtllm_kit.build.gpus import GPU, MIB
+from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU, MIB
 from trtllm_kit.model_repo.validate import validate_repository
 from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from trtllm_kit.build.convert import convert_checkpoint
 from trtllm_kit.build.verify import (
     DEFAULT_PROMPT_LENGTHS,
     LOW_PRECISION_REL_TOL,
@@ -16,6 +15,7 @@ from trtllm_kit.build.verify import (
     default_prompts,
     verify_checkpoint,
 )
+from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 

@@ -17,8 +17,8 @@ from trtllm_kit.artifact import (
     RepoRecord,
     StageRecords,
 )
-from trtllm_kit.build.plan import Precision
 from trtllm_kit.layout import Mapping
+from trtllm_kit.plan import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.tables import BuildOptions
 

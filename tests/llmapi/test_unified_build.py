@@ -12,8 +12,8 @@ import yaml
 from safetensors import safe_open
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.build.inspect import inspect_model
 from trtllm_kit.build.verify import verify_checkpoint
+from trtllm_kit.checkpoint.inspect import inspect_model
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trtllm_kit.build.convert import convert_checkpoint
 from trtllm_kit.build.verify import quality_bounds, verify_checkpoint
+from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import CalibrationStats

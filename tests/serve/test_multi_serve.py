@@ -189,7 +189,7 @@ def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None
     from dataclasses import asdict, replace
 
     from trtllm_kit.artifact import EngineRecord
-    from trtllm_kit.build.plan import RankPlan
+    from trtllm_kit.plan import RankPlan
     from trtllm_kit.serve.compat import Servable
     from trtllm_kit.targets import get_target
 

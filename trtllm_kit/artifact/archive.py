@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from trtllm_kit.artifact import MANIFEST, Artifact
-from trtllm_kit.build.artifact import sha256_file
-from trtllm_kit.build.compat import Machine
-from trtllm_kit.build.integrity import TamperedError, walk_files
+from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.files import sha256_file
+from trtllm_kit.artifact.integrity import TamperedError, walk_files
 from trtllm_kit.errors import KitError, KitUsageError
 
 COMPRESSED = (".tar.gz", ".tgz")

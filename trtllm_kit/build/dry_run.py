@@ -13,11 +13,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.build.cache import Previous, input_digests
-from trtllm_kit.build.compat import detect_machine
 from trtllm_kit.build.engine import EngineSetup, precision_of, prepare_engine
-from trtllm_kit.build.fusion_graph import fusion_table, layer_graph, write_graph
-from trtllm_kit.build.inspect import inspect_model, resolve_model_path
+from trtllm_kit.checkpoint.fusion_graph import fusion_table, layer_graph, write_graph
+from trtllm_kit.checkpoint.inspect import inspect_model, resolve_model_path
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp, layers_for_rank
 from trtllm_kit.models.hf_config import read_hf_config

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact, CacheRecord, CheckpointRecord, ModelRecord, StageRecords
-from trtllm_kit.build.artifact import file_hashes, tool_versions
+from trtllm_kit.artifact.compat import detect_machine
+from trtllm_kit.artifact.files import file_hashes, tool_versions
+from trtllm_kit.artifact.integrity import file_stats
+from trtllm_kit.artifact.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.build.cache import Previous, fingerprint, input_digests, stage_key
-from trtllm_kit.build.compat import detect_machine
-from trtllm_kit.build.convert import convert, quant_transform, work_items
 from trtllm_kit.build.engine import EngineSetup, engine_stage, precision_of, prepare_engine
-from trtllm_kit.build.inspect import ModelSpec, inspect_model
-from trtllm_kit.build.integrity import file_stats
-from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
+from trtllm_kit.checkpoint.convert import convert, quant_transform, work_items
+from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
 from trtllm_kit.errors import VerifyError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.model_repo.repository import repo_key_parts, repo_stage
@@ -219,7 +219,7 @@ def expected_bytes(spec: BuildSpec, model: ModelSpec) -> int:
     Arguments:
         spec: the build spec; model: the inspected model.
     """
-    from trtllm_kit.build.trtllm_config import resolve_dtype
+    from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 
     dtype = resolve_dtype(spec.build.dtype, model.hf)
     element = 1 if spec.quant_config().quant in ("fp8", "int8-sq") else {"float32": 4}.get(dtype, 2)

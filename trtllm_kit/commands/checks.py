@@ -37,7 +37,7 @@ def artifact_verify(path: Path, hashes_only: bool, as_json: bool) -> None:
       trtllm-kit artifact verify out.tar.gz
     """
     from trtllm_kit.artifact.archive import verdict, verify_artifact
-    from trtllm_kit.build.compat import detect_machine
+    from trtllm_kit.artifact.compat import detect_machine
 
     report = verify_artifact(path, detect_machine())
     if as_json:
@@ -115,9 +115,9 @@ def verify(checkpoint: Path, hf_source: str | None, compute_dtype: str, as_json:
       trtllm-kit verify out/
       trtllm-kit verify out/checkpoint --against builtin:tiny-llama
     """
-    from trtllm_kit.build.artifact import checkpoint_dir
-    from trtllm_kit.build.inspect import resolve_model_path
+    from trtllm_kit.artifact.files import checkpoint_dir
     from trtllm_kit.build.verify import recorded_source, verify_checkpoint
+    from trtllm_kit.checkpoint.inspect import resolve_model_path
     from trtllm_kit.errors import VerifyError
     from trtllm_kit.llmapi.load import unified_loader
 

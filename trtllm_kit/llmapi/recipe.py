@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from trtllm_kit.build.gpus import GPU
-from trtllm_kit.build.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
+from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
 
 if TYPE_CHECKING:
     from trtllm_kit.spec import BuildSpec

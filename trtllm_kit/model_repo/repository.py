@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import RepoRecord
-from trtllm_kit.build.artifact import sha256_file
+from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.errors import KitError
 from trtllm_kit.model_repo.configs import SCHEMA, TRTLLM_MODEL, parse_config, repository_configs, to_text
 from trtllm_kit.model_repo.limits import EngineLimits

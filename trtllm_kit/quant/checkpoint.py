@@ -22,7 +22,7 @@ from trtllm_kit.quant.int8 import INT8_MAX, quantize_rows_int8, smoothed_row_ama
 from trtllm_kit.quant.kv import fp8_kv_scale, int8_kv_scale, kv_scale_tensor
 
 if TYPE_CHECKING:
-    from trtllm_kit.build.convert import WorkItem
+    from trtllm_kit.checkpoint.convert import WorkItem
     from trtllm_kit.models.base import Rule
 
 LAYER_PREFIX = "transformer.layers.{}."

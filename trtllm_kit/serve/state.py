@@ -81,7 +81,7 @@ def write_pid(out: Path) -> None:
     Arguments:
         out: the served build output.
     """
-    from trtllm_kit.build.staging import owner_tag
+    from trtllm_kit.artifact.staging import owner_tag
 
     (run_dir(out) / "serve.pid").write_text(owner_tag() + "\n")
 
@@ -92,7 +92,7 @@ def serving_pid(out: Path) -> int | None:
     Arguments:
         out: a build output.
     """
-    from trtllm_kit.build.staging import owner_alive
+    from trtllm_kit.artifact.staging import owner_alive
 
     try:
         tag = (run_dir(out) / "serve.pid").read_text().strip()

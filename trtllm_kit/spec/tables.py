@@ -29,7 +29,7 @@ LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "t
 
 
 def _build_flags(pairs: tuple[str, ...]) -> dict[str, str]:
-    from trtllm_kit.build.recipe import parse_overrides
+    from trtllm_kit.engine.recipe import parse_overrides
 
     return parse_overrides(pairs)
 

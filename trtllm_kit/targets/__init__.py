@@ -12,7 +12,7 @@ from trtllm_kit.targets.engine import EngineTarget
 from trtllm_kit.targets.llmapi import LlmapiTarget
 
 if TYPE_CHECKING:
-    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.artifact.compat import Machine
 
 TARGETS: dict[str, Target] = {target.name: target for target in (EngineTarget(), CpuTarget(), LlmapiTarget())}
 AUTO_ORDER = ("engine", "cpu")  # auto takes the first target this machine can build

@@ -11,7 +11,7 @@ from trtllm_kit.errors import KitUsageError
 
 if TYPE_CHECKING:
     from trtllm_kit.artifact import Artifact, EngineRecord, RepoRecord
-    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.artifact.compat import Machine
     from trtllm_kit.build.engine import EngineSetup
     from trtllm_kit.build.pipeline import BuildContext
     from trtllm_kit.model_repo.limits import EngineLimits

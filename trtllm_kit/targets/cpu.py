@@ -18,7 +18,7 @@ from trtllm_kit.model_repo.limits import (
 from trtllm_kit.targets.base import Target
 
 if TYPE_CHECKING:
-    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.artifact.compat import Machine
     from trtllm_kit.build.engine import EngineSetup
     from trtllm_kit.build.pipeline import BuildContext
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import EngineBuild, EngineRecord
-from trtllm_kit.build.compat import engine_problem
+from trtllm_kit.artifact.compat import engine_problem
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
@@ -16,7 +16,7 @@ from trtllm_kit.targets.base import Target
 
 if TYPE_CHECKING:
     from trtllm_kit.artifact import Artifact
-    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.artifact.compat import Machine
     from trtllm_kit.build.engine import EngineSetup
     from trtllm_kit.build.pipeline import BuildContext
 
@@ -41,7 +41,7 @@ class EngineTarget(Target):
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """``trtllm-build`` over the staged checkpoint into ``engines/`` (logs in ``logs/``)."""
-        from trtllm_kit.build.compile import effective_settings, run_trtllm_build
+        from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
 
         if setup.command is None or setup.plan is None or setup.build_gpu is None:
             raise KitError("target engine has no build plan: this machine's GPU could not be read; pass --gpu NAME "
@@ -84,7 +84,7 @@ class EngineTarget(Target):
             vocab_size=pretrained.get("vocab_size"))
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
-        from trtllm_kit.build.compat import compatibility, detect_machine
+        from trtllm_kit.artifact.compat import compatibility, detect_machine
 
         return compatibility(artifact, machine or detect_machine())
 

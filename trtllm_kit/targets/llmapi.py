@@ -22,7 +22,7 @@ from trtllm_kit.targets.base import Target
 
 if TYPE_CHECKING:
     from trtllm_kit.artifact import RepoRecord
-    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.artifact.compat import Machine
     from trtllm_kit.build.engine import EngineSetup
     from trtllm_kit.build.pipeline import BuildContext
     from trtllm_kit.spec import BuildSpec

@@ -25,9 +25,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from trtllm_kit.build.gpus import GIB, GPU
 from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GIB, GPU
 from trtllm_kit.layout import (
     SQ_PREFIX,
     Mapping,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from trtllm_kit.build.gpus import GPU, visible_gpus
+from trtllm_kit.gpus import GPU, visible_gpus
 
 if TYPE_CHECKING:
     from trtllm_kit.artifact import Artifact

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import torch
 from safetensors import safe_open
 
-from trtllm_kit.build.inspect import ModelSpec, TensorInfo, inspect_model
-from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter
-from trtllm_kit.build.shard import qkv_parts, shard
-from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
+from trtllm_kit.checkpoint.inspect import ModelSpec, TensorInfo, inspect_model
+from trtllm_kit.checkpoint.safetensors_io import FileSlice, SafetensorsWriter
+from trtllm_kit.checkpoint.shard import qkv_parts, shard
+from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stage_rules

@@ -20,9 +20,9 @@ from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtllm_kit.build.gpus import GPU
-from trtllm_kit.build.plan import BuildPlan
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU
+from trtllm_kit.plan import BuildPlan
 
 TOGGLE = ("enable", "disable")
 PLUGIN_DTYPES = ("auto", "float16", "bfloat16", "float32", "int32", "disable")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from trtllm_kit.build.safetensors_io import DTYPES_BY_CODE, read_layout
+from trtllm_kit.checkpoint.safetensors_io import DTYPES_BY_CODE, read_layout
 from trtllm_kit.errors import ModelError
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.build.recipe import BuildCommand
+from trtllm_kit.engine.recipe import BuildCommand
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
 
