@@ -18,9 +18,9 @@ from trtllm_kit.artifact import Artifact, CacheRecord, CheckpointRecord, ModelRe
 from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.artifact.files import file_hashes, tool_versions
 from trtllm_kit.artifact.integrity import file_stats
-from trtllm_kit.artifact.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.build.cache import Previous, fingerprint, input_digests, stage_key
 from trtllm_kit.build.engine import EngineSetup, engine_stage, precision_of, prepare_engine
+from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.checkpoint.convert import convert, quant_transform, work_items
 from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
 from trtllm_kit.errors import VerifyError

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from trtllm_kit.artifact.staging import staged_dir
+from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import autoscale, monitoring, multinode, objects
 from trtllm_kit.deploy.dashboard import dashboard
 from trtllm_kit.deploy.launch import LAUNCHES

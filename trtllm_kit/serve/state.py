@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trtllm_kit.owner import owner_alive, owner_tag
+
 
 def run_dir(out: Path) -> Path:
     """The directory where a serve of ``out`` keeps its pid file, state and logs.
@@ -81,8 +83,6 @@ def write_pid(out: Path) -> None:
     Arguments:
         out: the served build output.
     """
-    from trtllm_kit.artifact.staging import owner_tag
-
     (run_dir(out) / "serve.pid").write_text(owner_tag() + "\n")
 
 
@@ -92,8 +92,6 @@ def serving_pid(out: Path) -> int | None:
     Arguments:
         out: a build output.
     """
-    from trtllm_kit.artifact.staging import owner_alive
-
     try:
         tag = (run_dir(out) / "serve.pid").read_text().strip()
         pid = int(tag.partition("-")[0])

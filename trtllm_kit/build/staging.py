@@ -24,6 +24,8 @@ from pathlib import Path
 from trtllm_kit.artifact.manifest import MANIFEST
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
+from trtllm_kit.owner import owner_alive, owner_tag
+from trtllm_kit.serve.state import serving_pid
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -59,8 +61,6 @@ def refuse_if_served(out_dir: Path) -> None:
     Arguments:
         out_dir: the requested output directory.
     """
-    from trtllm_kit.serve.state import serving_pid
-
     pid = serving_pid(out_dir)
     if pid is not None:
         raise KitUsageError(f"--out {out_dir} is being served by pid {pid}; stop it first (trtllm-kit stop "
@@ -81,34 +81,6 @@ def _existing_parent(path: Path) -> Path:
     while not path.exists():
         path = path.parent
     return path
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def owner_tag(pid: int | None = None) -> str:
-    """``PID-START`` of this process (or ``pid``): what staging names record about their owner."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}-{_start_ticks(pid) or 0}"
-
-
-def owner_alive(tag: str) -> bool:
-    """Whether the process that ``owner_tag`` described as ``tag`` still runs.
-
-    Arguments:
-        tag: ``PID-START``.
-    """
-    pid, _, start = tag.partition("-")
-    try:
-        return _start_ticks(int(pid)) == int(start)
-    except ValueError:
-        return False
 
 
 def reclaim_stale(out_dir: Path) -> list[tuple[Path, int]]:
