@@ -30,11 +30,11 @@ from trtllm_kit.enums import (
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import repository_configs
 from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.model_repo.options import RepoOptions
 from trtllm_kit.option import Declared, plain
 from trtllm_kit.quant.algos import KV_ALGOS, VALID_COMBINATIONS
 from trtllm_kit.runtime.engine import EngineConfig
 from trtllm_kit.spec import TABLES, BuildSpec, all_declared, build_spec, load_table, load_toml, nest_flat_spec
+from trtllm_kit.spec.repo_options import RepoOptions
 
 SPEC_DOC = Path(__file__).parents[1] / "docs" / "triton-repo.md"
 FLAGGED = [d for d in all_declared() if d.option.flag]

@@ -13,9 +13,10 @@ from repo_material import write_engine_dir
 
 from trtllm_kit.cli import run
 from trtllm_kit.model_repo.configs import parse_config, to_text
-from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.model_repo.repository import write_repository
 from trtllm_kit.model_repo.validate import Expectation, validate_repository
+from trtllm_kit.spec.repo_options import RepoOptions
 from trtllm_kit.targets import get_target
 
 
@@ -277,14 +278,14 @@ def test_options_resolution_refuses_what_the_engine_cannot_do(tmp_path: Path) ->
     from trtllm_kit.errors import KitUsageError
 
     limits = get_target("engine").limits(write_engine_dir(tmp_path / "e", use_paged_context_fmha=False), {})
-    assert RepoOptions().resolve(limits).enable_kv_cache_reuse is False
+    assert resolve_options(RepoOptions(), limits).enable_kv_cache_reuse is False
     with pytest.raises(KitUsageError, match=r"^enable_kv_cache_reuse needs an engine built with use_paged_"):
-        RepoOptions(enable_kv_cache_reuse=True).resolve(limits)
+        resolve_options(RepoOptions(enable_kv_cache_reuse=True), limits)
     with pytest.raises(KitUsageError, match=r"^kv_cache_free_gpu_mem_fraction 0.5 differs from the build plan's "
                        r"kv_cache_fraction 0.9, which sized max_batch_size; set them equal.$"):
-        RepoOptions(kv_cache_free_gpu_mem_fraction=0.5).resolve(limits, 0.9)
+        resolve_options(RepoOptions(kv_cache_free_gpu_mem_fraction=0.5), limits, 0.9)
     with pytest.raises(KitUsageError, match=r"^max_tokens_in_paged_kv_cache 100 is below max_seq_len 1024"):
-        RepoOptions(max_tokens_in_paged_kv_cache=100).resolve(replace(limits, use_paged_context_fmha=True))
+        resolve_options(RepoOptions(max_tokens_in_paged_kv_cache=100), replace(limits, use_paged_context_fmha=True))
     with pytest.raises(KitUsageError, match=r"^batch_scheduler_policy 'fifo' is not one of guaranteed_no_evict, "
                        r"max_utilization.$"):
         RepoOptions(batch_scheduler_policy="fifo")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.engine.fit import check_plan
-from trtllm_kit.engine.recipe import BuildCommand, build_command, check_overrides
+from trtllm_kit.engine.recipe import BuildCommand, build_command
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, resolve_gpu
 from trtllm_kit.layout import Mapping
@@ -24,6 +24,7 @@ from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Limits, Precision, make_plan
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.build_flags import check_overrides
 from trtllm_kit.targets import Target, choose_target, get_target
 from trtllm_kit.targets.engine import ENGINE_DIR
 

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from trtllm_kit.layout import Mapping
-from trtllm_kit.llmapi.instances import describe, parse_gpu_device_ids
 from trtllm_kit.llmapi.recipe import cuda_graph_batch_sizes, make_recipe
 from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, SERVE_DIR, serve_argv
 from trtllm_kit.plan import Precision, rank_weight_bytes
+from trtllm_kit.spec.gpu_groups import describe, parse_gpu_device_ids
 
 if TYPE_CHECKING:
     from trtllm_kit.gpus import GPU

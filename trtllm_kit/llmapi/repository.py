@@ -15,10 +15,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.artifact import RepoRecord
 from trtllm_kit.errors import KitError
-from trtllm_kit.llmapi.instances import GpuGroups, describe, format_groups, parse_gpu_device_ids
 from trtllm_kit.llmapi.serve_config import dump_yaml, model_yaml, recipe_for
 from trtllm_kit.model_repo.configs import model_input, model_output, parse_config, to_text
 from trtllm_kit.model_repo.tensors import Tensor
+from trtllm_kit.spec.gpu_groups import GpuGroups, describe, format_groups, parse_gpu_device_ids
 
 if TYPE_CHECKING:
     from trtllm_kit.build.pipeline import BuildContext

@@ -77,7 +77,7 @@ def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> li
 
 def _instance_problems(model_dir: Path, config: Any, values: dict[str, Any]) -> list[str]:
     """Several instances need ``gpu_device_ids`` with one group of tp x pp GPUs per instance."""
-    from trtllm_kit.llmapi.instances import check_gpu_groups, parse_gpu_device_ids
+    from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 
     count = sum(group.count or 1 for group in config.instance_group) or 1
     ids = config.parameters["gpu_device_ids"].string_value if "gpu_device_ids" in config.parameters else ""

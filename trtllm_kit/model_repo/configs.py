@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.model_repo import tensors as T
 from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.spec.repo_options import RepoOptions
 
 SCHEMA = "tensorrtllm_backend inflight_batcher_llm, TensorRT-LLM 1.2.x"
 MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")

@@ -13,8 +13,9 @@ from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.errors import KitError
 from trtllm_kit.model_repo.configs import SCHEMA, TRTLLM_MODEL, parse_config, repository_configs, to_text
 from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.model_repo.options import REPO_FIELDS, RepoOptions
+from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.model_repo.validate import TOKENIZER_FILES, Expectation, validate_repository
+from trtllm_kit.spec.repo_options import REPO_FIELDS, RepoOptions
 from trtllm_kit.targets import get_target
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         model_path: ``gpt_model_path`` as the server will see it (the engine or checkpoint directory);
         tokenizer_files: the HF tokenizer files to copy; plan_fraction: the plan's KV-cache fraction.
     """
-    resolved = options.resolve(limits, plan_fraction)
+    resolved = resolve_options(options, limits, plan_fraction)
     configs = repository_configs(limits, resolved, model_path, Path(TOKENIZER_DIR))
     has_text = has_tokenizer(tokenizer_files)
     if not has_text:  # token ids in and out only: the models that tokenize, and the entry points, need a tokenizer

@@ -53,8 +53,8 @@ class LlmapiTarget(Target):
     def check_spec(self, spec: BuildSpec) -> None:
         """Refuse the quantizations the PyTorch backend cannot load (int8-sq, int8-wo, an INT8 KV cache) and GPU
         groups (``--gpu-device-ids``) that do not hold tp x pp distinct GPUs each."""
-        from trtllm_kit.llmapi.instances import check_gpu_groups, parse_gpu_device_ids
         from trtllm_kit.llmapi.quant_format import check_llmapi_quant
+        from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 
         check_llmapi_quant(spec.quant_config())
         if spec.repo.gpu_device_ids is not None:
