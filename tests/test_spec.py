@@ -30,6 +30,7 @@ from trtllm_kit.enums import (
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import repository_configs
 from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.option import Declared, plain
 from trtllm_kit.quant.algos import KV_ALGOS, VALID_COMBINATIONS
 from trtllm_kit.runtime.engine import EngineConfig
@@ -299,7 +300,7 @@ def test_scheduler_policies_agree_with_the_backend_spec_the_runtime_and_the_repo
         EngineConfig(batch_scheduler_policy="fifo")
     limits = EngineLimits("cpu", Path("ckpt"), 8, 2048, 1024, 1, 32, True, 1, 1)
     for policy in SchedulerPolicy:
-        made = repository_configs(limits, RepoOptions(batch_scheduler_policy=policy).resolve(limits), Path("c"),
+        made = repository_configs(limits, resolve_options(RepoOptions(batch_scheduler_policy=policy), limits), Path("c"),
                                   Path("tokenizer"))
         written = made["tensorrt_llm"].parameters["batch_scheduler_policy"].string_value
         assert (written, type(written)) == (policy.value, str)
