@@ -298,10 +298,10 @@ def test_scheduler_policies_agree_with_the_backend_spec_the_runtime_and_the_repo
         assert EngineConfig.from_parameters({"batch_scheduler_policy": policy}).batch_scheduler_policy == policy
     with pytest.raises(KitUsageError, match="use one of guaranteed_no_evict, max_utilization, static"):
         EngineConfig(batch_scheduler_policy="fifo")
-    limits = EngineLimits("cpu", Path("ckpt"), 8, 2048, 1024, 1, 32, True, 1, 1)
+    limits = EngineLimits("cpu", Path("ckpt"), 8, 2048, 1024, 1, 32, True, 1, 1, slot_model="tensorrt_llm_cpu.py")
     for policy in SchedulerPolicy:
-        made = repository_configs(limits, resolve_options(RepoOptions(batch_scheduler_policy=policy), limits), Path("c"),
-                                  Path("tokenizer"))
+        options = resolve_options(RepoOptions(batch_scheduler_policy=policy), limits)
+        made = repository_configs(limits, options, Path("c"), Path("tokenizer"))
         written = made["tensorrt_llm"].parameters["batch_scheduler_policy"].string_value
         assert (written, type(written)) == (policy.value, str)
     with pytest.raises(KitUsageError, match=r"^batch_scheduler_policy 'static' is not one of guaranteed_no_evict, "

@@ -13,7 +13,7 @@ ENGINE_LIMITS = EngineLimits(target="engine", model_dir=Path("/models/engines"),
                              use_paged_context_fmha=True, tp_size=1, pp_size=1)
 CPU_LIMITS = EngineLimits(target="cpu", model_dir=Path("/models/checkpoint"), max_batch_size=8, max_num_tokens=2048,
                           max_seq_len=1024, max_beam_width=1, tokens_per_block=32, use_paged_context_fmha=True,
-                          tp_size=1, pp_size=1)
+                          tp_size=1, pp_size=1, rank_file_pattern="rank*.safetensors", slot_model="tensorrt_llm_cpu.py")
 
 
 def write_engine_dir(path: Path, *, max_batch_size: int = 16, tp_size: int = 1, pp_size: int = 1,

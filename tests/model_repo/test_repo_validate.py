@@ -17,7 +17,7 @@ from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.model_repo.repository import write_repository
 from trtllm_kit.model_repo.validate import Expectation, validate_repository
 from trtllm_kit.spec.repo_options import RepoOptions
-from trtllm_kit.targets import get_target
+from trtllm_kit.targets import get_target, limits_from_dir
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,8 @@ def set_param(repo: Path, model: str, key: str, value: str) -> None:
 
 
 def messages(repo: Path, **kwargs) -> list[tuple[str, str, str, str]]:
-    return [(f.severity, f.model, f.rule, f.message) for f in validate_repository(repo, **kwargs).findings]
+    report = validate_repository(repo, read_limits=limits_from_dir, **kwargs)
+    return [(f.severity, f.model, f.rule, f.message) for f in report.findings]
 
 
 @pytest.mark.parametrize("repo", ["cpu", "engine"], indirect=True)
@@ -265,13 +266,13 @@ def test_the_artifact_next_to_the_repository_is_read(tmp_path: Path) -> None:
     assert run(["build", "builtin:tiny-llama", "--tp", "2", "--no-verify", "--gpu", "L4", "--kv-cache-fraction",
                 "0.8", "--max-seq-len", "128", "--out", str(out)]) == 0
     assert Expectation.of_artifact(out) == Expectation(world_size=2, kv_cache_fraction=0.8)
-    assert validate_repository(out / "repo").errors == []
+    assert validate_repository(out / "repo", read_limits=limits_from_dir).errors == []
     set_param(out / "repo", "tensorrt_llm", "kv_cache_free_gpu_mem_fraction", "0.5")
-    assert [f.message for f in validate_repository(out / "repo").errors] == [
+    assert [f.message for f in validate_repository(out / "repo", read_limits=limits_from_dir).errors] == [
         "kv_cache_free_gpu_mem_fraction 0.5 differs from the build plan's kv_cache_fraction 0.8, which sized "
         "max_batch_size; set them equal."]
     (out / "manifest.json").write_text("{")  # an unreadable manifest: nothing is expected, nothing crashes
-    assert validate_repository(out / "repo").errors == []
+    assert validate_repository(out / "repo", read_limits=limits_from_dir).errors == []
 
 
 def test_options_resolution_refuses_what_the_engine_cannot_do(tmp_path: Path) -> None:

@@ -15,14 +15,16 @@ from rich.table import Table
 
 from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.build.cache import Previous, input_digests
-from trtllm_kit.build.engine import EngineSetup, precision_of, prepare_engine
+from trtllm_kit.build.engine import prepare_engine
 from trtllm_kit.checkpoint.fusion_graph import fusion_table, layer_graph, write_graph
 from trtllm_kit.checkpoint.inspect import inspect_model, resolve_model_path
+from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp, layers_for_rank
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.spec import STAGES, BuildSpec
+from trtllm_kit.targets.base import EngineSetup
 
 MIB = 2**20
 GIB = 2**30

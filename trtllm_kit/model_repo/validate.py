@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import MODEL_NAMES, TRTLLM_MODEL, parse_config
-from trtllm_kit.model_repo.limits import EngineLimits, limits_from_dir
+from trtllm_kit.model_repo.limits import EngineLimits, LimitsReader
 from trtllm_kit.model_repo.wiring import check_ensemble
 
 REQUIRED_MODELS = ("preprocessing", TRTLLM_MODEL, "postprocessing")
@@ -155,7 +155,7 @@ def _check_engine(trt: mc.ModelConfig, limits: EngineLimits, report: ValidationR
 
 
 def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path | None,
-                  expect: Expectation) -> EngineLimits | None:
+                  expect: Expectation, read_limits: LimitsReader) -> EngineLimits | None:
     params = _params(trt)
     strategy = params.get("gpt_model_type")
     if strategy not in BATCHING_STRATEGIES:
@@ -182,7 +182,7 @@ def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path
                    "has no config.json; point it at the engine (or, for the cpu target, checkpoint) directory.")
         return None
     try:
-        limits = limits_from_dir(path, params)
+        limits = read_limits(path, params)
     except (KitError, KeyError, ValueError) as exc:
         report.add("error", TRTLLM_MODEL, "gpt_model_path", f"{path}/config.json cannot be read as an engine or "
                    f"checkpoint config ({exc}); rebuild it.")
@@ -258,14 +258,15 @@ def _check_python_models(repo: Path, configs: dict[str, mc.ModelConfig], report:
                        "text work; use about 5 or the engine's max_batch_size.")
 
 
-def validate_repository(repo: Path, *, model_dir: Path | None = None,
+def validate_repository(repo: Path, *, read_limits: LimitsReader, model_dir: Path | None = None,
                         expect: Expectation | None = None) -> ValidationReport:
     """Check a Triton model repository; never raises for what it finds, only for a missing ``repo``.
 
     Arguments:
-        repo: the repository directory; model_dir: check against this engine/checkpoint directory instead
-        of ``gpt_model_path`` (for a repository still being built); expect: what the artifact records
-        (read from ``repo/../manifest.json`` when omitted).
+        repo: the repository directory; read_limits: reads the limits of the model directory
+        ``gpt_model_path`` names (``trtllm_kit.targets.limits_from_dir``); model_dir: check against this
+        engine/checkpoint directory instead of ``gpt_model_path`` (for a repository still being built);
+        expect: what the artifact records (read from ``repo/../manifest.json`` when omitted).
     """
     if not repo.is_dir():
         raise KitUsageError(f"{repo} is not a directory; pass a model repository (a build's repo/ directory).")
@@ -275,7 +276,7 @@ def validate_repository(repo: Path, *, model_dir: Path | None = None,
     configs = _parse_files(repo, report)
     limits = None
     if TRTLLM_MODEL in configs:
-        limits = _check_trtllm(configs[TRTLLM_MODEL], report, model_dir, expect)
+        limits = _check_trtllm(configs[TRTLLM_MODEL], report, model_dir, expect, read_limits)
     _check_decoupled(configs, report)
     check_ensemble(repo, configs, report)
     _check_python_models(repo, configs, report, limits)

@@ -27,7 +27,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
 from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free
+from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, Endpoints, LaunchConfig, check_ports_free, launch_argv
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.members import parse_names, plan_members, route, working_repository
 from trtllm_kit.serve.merge import TRTLLM_MODEL
@@ -133,7 +133,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
                                                             if TRTLLM_MODEL in c.names)) or (TRTLLM_MODEL,),
                           extra_args=_explicit(names) if world_size == 1 else (),
                           restricted_token=secrets.token_urlsafe(24) if options.api_key else None)
-    argv = targets[0].target.argv(install, config)
+    argv = launch_argv(install, config)
     process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv)
     (state_dir / "tritonserver.log").unlink(missing_ok=True)
     for out in outs:

@@ -4,20 +4,61 @@ differently per target (machine check, compile step, limits, repository models, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trtllm_kit.artifact import Artifact, EngineRecord, RepoRecord, StageRecords
+from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.engine.recipe import BuildCommand
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU
+from trtllm_kit.layout import Mapping
+from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.plan import BuildPlan
+from trtllm_kit.progress import Reporter
+from trtllm_kit.spec import BuildSpec
 
-if TYPE_CHECKING:
-    from trtllm_kit.artifact import Artifact, EngineRecord, RepoRecord
-    from trtllm_kit.artifact.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
-    from trtllm_kit.model_repo.limits import EngineLimits
-    from trtllm_kit.serve.launcher import LaunchConfig
-    from trtllm_kit.serve.locate import TritonInstall
-    from trtllm_kit.spec import BuildSpec
+if TYPE_CHECKING:  # the inspection imports torch; the registry stays torch-free for a fast CLI start
+    from trtllm_kit.checkpoint.inspect import ModelSpec
+
+KEY_EXCLUDED_FLAGS = ("input_timing_cache", "output_timing_cache", "workers", "log_level")
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """The engine stage, settled before any heavy work."""
+
+    target: Target
+    reason: str                  # why this target, in words
+    plan: BuildPlan | None       # None when no GPU is known (cpu target without --gpu/--gpu-memory)
+    build_gpu: GPU | None        # the GPU the recipe is for
+    command: BuildCommand | None
+    machine: Machine
+
+    def key_parts(self) -> dict[str, Any]:
+        """What decides the engines (the cache key of the stage)."""
+        parts: dict[str, Any] = {"target": self.target.name}
+        if self.command is not None:  # target cpu records the command it would run: it is part of the output
+            parts["flags"] = {k: v for k, v in self.command.flags if k not in KEY_EXCLUDED_FLAGS}
+        if self.target.compiles and self.build_gpu is not None:
+            parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
+                         tensorrt=self.machine.tensorrt)
+        return parts
+
+
+@dataclass
+class BuildContext:
+    """What the stages share: the spec, the inspected model, the staging directory and the results so far."""
+
+    spec: BuildSpec
+    model: ModelSpec
+    mapping: Mapping
+    reporter: Reporter
+    out: Path
+    records: StageRecords = field(default_factory=StageRecords)
+    timings: dict[str, float] = field(default_factory=dict)
+    engine: EngineSetup | None = None
 
 
 class Target(ABC):
@@ -47,7 +88,7 @@ class Target(ABC):
 
     def write_checkpoint(self, ctx: BuildContext) -> None:
         """The checkpoint stage: ``checkpoint/`` and ``tokenizer/`` (default: the TensorRT-LLM checkpoint)."""
-        from trtllm_kit.build.pipeline import trtllm_checkpoint_stage
+        from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage  # imports torch: lazy for the CLI
 
         trtllm_checkpoint_stage(ctx)
 
@@ -91,14 +132,3 @@ class Target(ABC):
     def launch_world_size(self, artifact: Artifact) -> int:
         """How many server processes (MPI ranks) the launch starts."""
         return 1
-
-    def argv(self, install: TritonInstall, config: LaunchConfig, *, mpirun: str = "mpirun",
-             is_root: bool | None = None) -> list[str]:
-        """The server's command line: one ``tritonserver``, or one per rank under ``mpirun``.
-
-        Arguments:
-            install: the located server; config: the launch; mpirun, is_root: as ``launch_argv`` takes them.
-        """
-        from trtllm_kit.serve.launcher import launch_argv
-
-        return launch_argv(install, config, mpirun=mpirun, is_root=is_root)

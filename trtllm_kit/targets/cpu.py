@@ -15,12 +15,10 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_SEQ_LEN,
     EngineLimits,
 )
-from trtllm_kit.targets.base import Target
+from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 
 if TYPE_CHECKING:
     from trtllm_kit.artifact.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
 
 
 class CpuTarget(Target):
@@ -54,7 +52,8 @@ class CpuTarget(Target):
         mapping = config.get("mapping") or {}
         positions = int(config.get("max_position_embeddings") or CPU_MAX_SEQ_LEN)
         return EngineLimits(
-            target=self.name, model_dir=model_dir,
+            target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
+            slot_model=self.slot_model,
             max_batch_size=overrides.get("max_batch_size") or CPU_MAX_BATCH_SIZE,
             max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
             max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,

@@ -12,13 +12,11 @@ from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.targets.base import Target
+from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 
 if TYPE_CHECKING:
     from trtllm_kit.artifact import Artifact
     from trtllm_kit.artifact.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
 
 ENGINE_DIR = "engines"
 
@@ -75,7 +73,8 @@ class EngineTarget(Target):
                            "TensorRT-LLM 0.12–1.2.")
         plugin, mapping = build.get("plugin_config") or {}, pretrained.get("mapping") or {}
         return EngineLimits(
-            target=self.name, model_dir=model_dir, max_batch_size=int(build["max_batch_size"]),
+            target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
+            slot_model=self.slot_model, max_batch_size=int(build["max_batch_size"]),
             max_num_tokens=int(build.get("max_num_tokens") or 8192), max_seq_len=int(build["max_seq_len"]),
             max_beam_width=int(build.get("max_beam_width", 1)),
             tokens_per_block=int(plugin.get("tokens_per_block", DEFAULT_TOKENS_PER_BLOCK)),

@@ -18,13 +18,13 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_SEQ_LEN,
     EngineLimits,
 )
-from trtllm_kit.targets.base import Target
+from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
+from trtllm_kit.targets.checkpoint_stage import calibration_stats, copy_tokenizer, run_verify, should_verify
+from trtllm_kit.targets.llmapi_repo import llmapi_repo_stage, write_serve_config
 
 if TYPE_CHECKING:
     from trtllm_kit.artifact import RepoRecord
     from trtllm_kit.artifact.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
     from trtllm_kit.spec import BuildSpec
 
 CHECKPOINT_DIR = "checkpoint"
@@ -62,7 +62,6 @@ class LlmapiTarget(Target):
 
     def write_checkpoint(self, ctx: BuildContext) -> None:
         """The unified HF checkpoint (calibrated for FP8), the tokenizer, and a CPU verify for small models."""
-        from trtllm_kit.build.pipeline import calibration_stats, copy_tokenizer, run_verify, should_verify
         from trtllm_kit.llmapi.quant_format import hf_quant_config
         from trtllm_kit.llmapi.unified import write_unified
 
@@ -86,8 +85,6 @@ class LlmapiTarget(Target):
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """Nothing to compile: write the ``trtllm-serve`` configuration and record its command line."""
-        from trtllm_kit.llmapi.serve_config import write_serve_config
-
         command = write_serve_config(ctx, setup)
         return EngineRecord(target=self.name, reason=setup.reason, command=command,
                             plan=setup.plan.to_dict() if setup.plan else None)
@@ -101,7 +98,8 @@ class LlmapiTarget(Target):
                            "checkpoint first (trtllm-kit build --target llmapi).")
         positions = int(config.get("max_position_embeddings") or CPU_MAX_SEQ_LEN)
         return EngineLimits(
-            target=self.name, model_dir=model_dir,
+            target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
+            slot_model=self.slot_model,
             max_batch_size=overrides.get("max_batch_size") or CPU_MAX_BATCH_SIZE,
             max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
             max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,
@@ -110,6 +108,4 @@ class LlmapiTarget(Target):
             vocab_size=config.get("vocab_size"))
 
     def write_repo(self, ctx: BuildContext) -> RepoRecord | None:
-        from trtllm_kit.llmapi.repository import llmapi_repo_stage
-
-        return llmapi_repo_stage(ctx)
+        return llmapi_repo_stage(ctx, self)
