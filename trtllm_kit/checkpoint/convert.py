@@ -25,7 +25,7 @@ from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stage_rules
-from trtllm_kit.models.base import Rule, Slice, Source, Split, source_name
+from trtllm_kit.models.base import Slice, Split, WorkItem, source_name
 
 if TYPE_CHECKING:
     from trtllm_kit.quant.algos import QuantConfig
@@ -35,30 +35,6 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 STORED_DTYPES = {**TORCH_DTYPES, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # layout names → torch
 OnTensor = Callable[[str, int], None]
 Layout = list[tuple[str, torch.dtype, tuple[int, ...]]]
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One TensorRT-LLM tensor name on one pipeline stage, with its HF sources."""
-
-    rule: Rule
-    layer: int | None        # global HF layer
-    local_layer: int | None  # layer number inside the stage's rank files
-    pp_rank: int
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        """The HF tensor names read (a fused tensor once per slice)."""
-        return self.rule.source_names(self.layer)
-
-    @property
-    def reads(self) -> tuple[Source, ...]:
-        """The sources with the layer slot filled in: names, or row slices of fused tensors."""
-        return self.rule.layer_sources(self.layer)
-
-    @property
-    def target(self) -> str:
-        return self.rule.target_name(self.local_layer)
 
 
 class TensorTransform(Protocol):

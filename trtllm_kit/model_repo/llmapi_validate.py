@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp
 from trtllm_kit.model_repo.configs import parse_config
-
-if TYPE_CHECKING:
-    from trtllm_kit.model_repo.validate import ValidationReport
+from trtllm_kit.model_repo.report import ValidationReport
 
 MODEL = "tensorrt_llm"
 REQUIRED_INPUTS = ("text_input", "streaming", "sampling_param_max_tokens", "sampling_param_temperature",
@@ -119,8 +117,6 @@ def llmapi_report(repo: Path) -> ValidationReport:
     Arguments:
         repo: the llmapi repository.
     """
-    from trtllm_kit.model_repo.validate import ValidationReport
-
     report = ValidationReport(repo)
     for problem in validate_llmapi_repository(repo):
         report.add("error", MODEL, "llmapi", problem)

@@ -7,9 +7,8 @@ sentence each: what is wrong, what was found, what to do. Any ``error`` finding 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -17,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import MODEL_NAMES, TRTLLM_MODEL, parse_config
 from trtllm_kit.model_repo.limits import EngineLimits, LimitsReader
+from trtllm_kit.model_repo.report import ValidationReport
 from trtllm_kit.model_repo.wiring import check_ensemble
 
 REQUIRED_MODELS = ("preprocessing", TRTLLM_MODEL, "postprocessing")
@@ -24,32 +24,6 @@ ENTRY_MODELS = ("ensemble", "tensorrt_llm_bls")
 BATCHING_STRATEGIES = ("V1", "inflight_batching", "inflight_fused_batching")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}?")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: ``error`` fails validation, ``warning`` does not."""
-
-    severity: str
-    model: str
-    rule: str
-    message: str
-
-
-@dataclass
-class ValidationReport:
-    repo: Path
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
-
-    def add(self, severity: str, model: str, rule: str, message: str) -> None:
-        self.findings.append(Finding(severity, model, rule, message))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"repo": str(self.repo), "ok": not self.errors, "findings": [asdict(f) for f in self.findings]}
 
 
 def _params(config: mc.ModelConfig) -> dict[str, str]:

@@ -15,8 +15,8 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile import loadgen
 from trtllm_kit.profile.clients import OpenAIStreamClient, StreamClient, TritonStreamClient, openai_model_name
 from trtllm_kit.profile.metrics import drift, stats, summarize
-from trtllm_kit.profile.nsys import nvtx_range
 from trtllm_kit.profile.nvml import NvmlSampler, summarize_telemetry
+from trtllm_kit.profile.nvtx import nvtx_range
 from trtllm_kit.profile.records import write_records
 from trtllm_kit.profile.triton_metrics import MetricsScraper, window_summary
 from trtllm_kit.profile.workload import Prompt, WorkloadSpec, read_jsonl, synthetic_prompts

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trtllm_kit.layout import KV_SCALE_NAME, LINEARS, NORM_INPUTS, ROW_LINEARS
-from trtllm_kit.models.base import Place, Split
+from trtllm_kit.models.base import Place, Split, WorkItem
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import BlockBuffer
 from trtllm_kit.quant.calibrate import CalibrationStats
@@ -22,7 +22,6 @@ from trtllm_kit.quant.int8 import INT8_MAX, quantize_rows_int8, smoothed_row_ama
 from trtllm_kit.quant.kv import fp8_kv_scale, int8_kv_scale, kv_scale_tensor
 
 if TYPE_CHECKING:
-    from trtllm_kit.checkpoint.convert import WorkItem
     from trtllm_kit.models.base import Rule
 
 LAYER_PREFIX = "transformer.layers.{}."
