@@ -1,0 +1,79 @@
+"""The kit's import graph, parsed from every module (function-level and ``TYPE_CHECKING`` imports included): no
+cycle between its subpackages. ``lint-imports`` checks the layer order; this checks what it cannot see."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["import_graph"] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+graph_tool = _load_script()
+
+
+def test_no_cycle_between_subpackages() -> None:
+    graph = graph_tool.build_graph(ROOT)
+    assert graph_tool.mutual_pairs(graph) == []
+    assert graph_tool.subpackage_cycles(graph) == []
+
+
+def test_every_import_statement_is_an_edge(tmp_path: Path) -> None:
+    """A module-level, a function-level, a ``TYPE_CHECKING``, a relative and a ``from package import module``
+    import each make one edge, marked as such; imports of other packages make none."""
+    package = tmp_path / "trtllm_kit"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "leaf.py").write_text("")
+    (package / "errors.py").write_text("")
+    (package / "layout.py").write_text("")
+    (package / "top.py").write_text(textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        import json
+        from trtllm_kit.errors import KitError
+        from .sub import leaf
+        if TYPE_CHECKING:
+            from trtllm_kit import layout
+        def late():
+            import trtllm_kit.sub
+            return 1
+        x: dict[str, Any] = {}
+        """))
+    graph = graph_tool.build_graph(tmp_path)
+    edges = {(e.target, e.lazy, e.type_only) for e in graph.edges if e.source == "trtllm_kit.top"}
+    assert edges == {("trtllm_kit.errors", False, False), ("trtllm_kit.sub.leaf", False, False),
+                     ("trtllm_kit.layout", False, True), ("trtllm_kit.sub", True, False)}
+    assert graph.any_dicts == 1
+    assert graph.lines["trtllm_kit.top"] == len((package / "top.py").read_text().splitlines())
+
+
+def test_a_cycle_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "trtllm_kit"
+    for name in ("a", "b"):
+        (package / name).mkdir(parents=True)
+        (package / name / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "a" / "x.py").write_text("from trtllm_kit.b import y\n")
+    (package / "b" / "y.py").write_text("def f():\n    from trtllm_kit.a import x\n")
+    graph = graph_tool.build_graph(tmp_path)
+    assert graph_tool.subpackage_cycles(graph) == [["a", "b"]]
+    assert graph_tool.module_cycles(graph) == [["trtllm_kit.a.x", "trtllm_kit.b.y"]]
+
+
+def test_the_graph_covers_every_module() -> None:
+    graph = graph_tool.build_graph(ROOT)
+    on_disk = {graph_tool.module_name(p, ROOT) for p in (ROOT / "trtllm_kit").rglob("*.py")}
+    assert set(graph.lines) == on_disk
