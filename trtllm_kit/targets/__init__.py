@@ -4,8 +4,9 @@ resolved, with the reason in words). Adding a target is a module with a ``Target
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import EngineLimits
@@ -13,9 +14,6 @@ from trtllm_kit.targets.base import Target
 from trtllm_kit.targets.cpu import CpuTarget
 from trtllm_kit.targets.engine import EngineTarget
 from trtllm_kit.targets.llmapi import LlmapiTarget
-
-if TYPE_CHECKING:
-    from trtllm_kit.artifact.compat import Machine
 
 TARGETS: dict[str, Target] = {target.name: target for target in (EngineTarget(), CpuTarget(), LlmapiTarget())}
 AUTO_ORDER = ("engine", "cpu")  # auto takes the first target this machine can build

@@ -86,11 +86,9 @@ class Target(ABC):
                                 f"{self.name} target's repository runs one tensorrt_llm instance, so drop the option "
                                 "or build with --target llmapi.")
 
+    @abstractmethod
     def write_checkpoint(self, ctx: BuildContext) -> None:
-        """The checkpoint stage: ``checkpoint/`` and ``tokenizer/`` (default: the TensorRT-LLM checkpoint)."""
-        from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage  # imports torch: lazy for the CLI
-
-        trtllm_checkpoint_stage(ctx)
+        """The checkpoint stage: ``checkpoint/`` and ``tokenizer/``."""
 
     def write_repo(self, ctx: BuildContext) -> RepoRecord | None:
         """The repo stage for a target with its own repository layout; None: the standard five models."""

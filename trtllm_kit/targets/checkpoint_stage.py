@@ -6,16 +6,19 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import CheckpointRecord
-from trtllm_kit.checkpoint.convert import convert, quant_transform
-from trtllm_kit.checkpoint.inspect import ModelSpec
 from trtllm_kit.errors import VerifyError
 from trtllm_kit.progress import Reporter
-from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.targets.base import BuildContext
+
+# Conversion, calibration and verification import torch; the registry imports this module, and serve and the CLI
+# import the registry, so those modules are imported where a stage runs.
+if TYPE_CHECKING:
+    from trtllm_kit.checkpoint.inspect import ModelSpec
+    from trtllm_kit.quant.calibrate import CalibrationStats
 
 VERIFY_MAX_PARAMETERS = 500_000_000
 
@@ -32,7 +35,7 @@ def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
     quant = ctx.spec.quant_config()
     if not quant.needs_calibration:
         return None
-    from trtllm_kit.quant.calibrate import calibrate
+    from trtllm_kit.quant.calibrate import calibrate  # torch
 
     t0 = time.perf_counter()
     stats = calibrate(ctx.model.path, quant, ctx.reporter)
@@ -44,6 +47,8 @@ def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
 
 def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     """HF weights → the TensorRT-LLM ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
+    from trtllm_kit.checkpoint.convert import convert, quant_transform  # torch
+
     ckpt_dir = ctx.out / "checkpoint"
     ckpt_dir.mkdir()
     quant, stats = ctx.spec.quant_config(), calibration_stats(ctx)
@@ -79,7 +84,7 @@ def run_verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter, load: Any =
         ckpt_dir: the checkpoint; model: the HF model; reporter: notes; load: the checkpoint's loader (see
         ``verify_checkpoint``; default: the TensorRT-LLM checkpoint's).
     """
-    from trtllm_kit.checkpoint.verify import verify_checkpoint
+    from trtllm_kit.checkpoint.verify import verify_checkpoint  # torch, transformers
 
     reporter.note("verify: running the checkpoint on the CPU against transformers")
     report = verify_checkpoint(ckpt_dir, model.path, load=load)

@@ -4,9 +4,10 @@ the C++ backend's tensors, in-flight batching and a paged KV cache. For developm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.artifact import EngineRecord
+from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import (
@@ -16,9 +17,7 @@ from trtllm_kit.model_repo.limits import (
     EngineLimits,
 )
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
-
-if TYPE_CHECKING:
-    from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 
 
 class CpuTarget(Target):
@@ -35,6 +34,10 @@ class CpuTarget(Target):
 
     def chosen_because(self, machine: Machine) -> str:
         return "no engine compile; the CPU runtime reads checkpoint/"
+
+    def write_checkpoint(self, ctx: BuildContext) -> None:
+        """The TensorRT-LLM checkpoint (``checkpoint/``) and ``tokenizer/``."""
+        trtllm_checkpoint_stage(ctx)
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """Nothing to compile: record the reason and the command the engine target would run."""

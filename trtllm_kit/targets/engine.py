@@ -4,19 +4,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtllm_kit.artifact import EngineBuild, EngineRecord
-from trtllm_kit.artifact.compat import engine_problem
+from trtllm_kit.artifact import Artifact, EngineBuild, EngineRecord
+from trtllm_kit.artifact.compat import Machine, compatibility, detect_machine, engine_problem
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
-
-if TYPE_CHECKING:
-    from trtllm_kit.artifact import Artifact
-    from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 
 ENGINE_DIR = "engines"
 
@@ -37,10 +35,12 @@ class EngineTarget(Target):
         return (f"tensorrt_llm {machine.tensorrt_llm} and {len(machine.gpus)} GPU(s) ({machine.gpus[0].name}) "
                 "found")
 
+    def write_checkpoint(self, ctx: BuildContext) -> None:
+        """The TensorRT-LLM checkpoint (``checkpoint/``) and ``tokenizer/``."""
+        trtllm_checkpoint_stage(ctx)
+
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """``trtllm-build`` over the staged checkpoint into ``engines/`` (logs in ``logs/``)."""
-        from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
-
         if setup.command is None or setup.plan is None or setup.build_gpu is None:
             raise KitError("target engine has no build plan: this machine's GPU could not be read; pass --gpu NAME "
                            "or --gpu-memory GiB.")
@@ -83,8 +83,6 @@ class EngineTarget(Target):
             vocab_size=pretrained.get("vocab_size"))
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
-        from trtllm_kit.artifact.compat import compatibility, detect_machine
-
         return compatibility(artifact, machine or detect_machine())
 
     def launch_world_size(self, artifact: Artifact) -> int:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtllm_kit.artifact import CheckpointRecord, EngineRecord
+from trtllm_kit.artifact import CheckpointRecord, EngineRecord, RepoRecord
+from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import (
@@ -18,14 +19,10 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_SEQ_LEN,
     EngineLimits,
 )
+from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 from trtllm_kit.targets.checkpoint_stage import calibration_stats, copy_tokenizer, run_verify, should_verify
-from trtllm_kit.targets.llmapi_repo import llmapi_repo_stage, write_serve_config
-
-if TYPE_CHECKING:
-    from trtllm_kit.artifact import RepoRecord
-    from trtllm_kit.artifact.compat import Machine
-    from trtllm_kit.spec import BuildSpec
 
 CHECKPOINT_DIR = "checkpoint"
 SERVE_DIR = "trtllm-serve"
@@ -53,17 +50,15 @@ class LlmapiTarget(Target):
     def check_spec(self, spec: BuildSpec) -> None:
         """Refuse the quantizations the PyTorch backend cannot load (int8-sq, int8-wo, an INT8 KV cache) and GPU
         groups (``--gpu-device-ids``) that do not hold tp x pp distinct GPUs each."""
-        from trtllm_kit.llmapi.quant_format import check_llmapi_quant
-        from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
-
+        from trtllm_kit.llmapi.quant_format import check_llmapi_quant  # torch
         check_llmapi_quant(spec.quant_config())
         if spec.repo.gpu_device_ids is not None:
             check_gpu_groups(parse_gpu_device_ids(spec.repo.gpu_device_ids), spec.build.tp, spec.build.pp)
 
     def write_checkpoint(self, ctx: BuildContext) -> None:
         """The unified HF checkpoint (calibrated for FP8), the tokenizer, and a CPU verify for small models."""
-        from trtllm_kit.llmapi.quant_format import hf_quant_config
-        from trtllm_kit.llmapi.unified import write_unified
+        from trtllm_kit.llmapi.quant_format import hf_quant_config  # torch
+        from trtllm_kit.llmapi.unified import write_unified  # torch
 
         quant = ctx.spec.quant_config()
         stats = calibration_stats(ctx)
@@ -76,7 +71,7 @@ class LlmapiTarget(Target):
             dir=CHECKPOINT_DIR, dtype=result.dtype, **ctx.mapping.to_dict(),
             quantization=hf_quant_config(quant)["quantization"] if quant.is_quantized else None)
         if should_verify(ctx.spec, ctx.model):
-            from trtllm_kit.llmapi.load import load_unified
+            from trtllm_kit.llmapi.load import load_unified  # torch
 
             t0 = time.perf_counter()
             ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter,
@@ -85,6 +80,8 @@ class LlmapiTarget(Target):
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """Nothing to compile: write the ``trtllm-serve`` configuration and record its command line."""
+        from trtllm_kit.targets.llmapi_repo import write_serve_config  # tritonclient's protobufs
+
         command = write_serve_config(ctx, setup)
         return EngineRecord(target=self.name, reason=setup.reason, command=command,
                             plan=setup.plan.to_dict() if setup.plan else None)
@@ -108,4 +105,6 @@ class LlmapiTarget(Target):
             vocab_size=config.get("vocab_size"))
 
     def write_repo(self, ctx: BuildContext) -> RepoRecord | None:
+        from trtllm_kit.targets.llmapi_repo import llmapi_repo_stage  # tritonclient's protobufs
+
         return llmapi_repo_stage(ctx, self)
