@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact, CacheRecord, ModelRecord
+from trtllm_kit.artifact.archive import pack_archive
 from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.artifact.files import file_hashes, tool_versions
 from trtllm_kit.artifact.integrity import file_stats
@@ -23,10 +24,11 @@ from trtllm_kit.build.repo_stage import repo_key_parts, repo_stage
 from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.checkpoint.convert import work_items
 from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
-from trtllm_kit.checkpoint.trtllm_config import precision_of
+from trtllm_kit.checkpoint.trtllm_config import precision_of, resolve_dtype
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model
+from trtllm_kit.quant.calib_size import calibration_device, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
 from trtllm_kit.targets.base import BuildContext, EngineSetup
 from trtllm_kit.targets.checkpoint_stage import should_verify
@@ -71,7 +73,6 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
     values = spec.to_dict()
     fields = {**{k: v for k, v in values["build"].items() if k not in NOT_CHECKPOINT_FIELDS}, **values["quant"]}
     if spec.quant_config().needs_calibration:  # the size the device gives when the spec leaves it out
-        from trtllm_kit.quant.calib_size import calibration_device, choose_size
 
         size = choose_size(spec.quant_config(), calibration_device())
         fields.update(calib_samples=size.samples, calib_seq_len=size.seq_len)
@@ -142,8 +143,6 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     artifact = artifact.moved(spec.out.absolute())
     summary = {"manifest": str(artifact.manifest_path), **ctx.records.to_dict(), "reused": reused}
     if spec.build.archive:
-        from trtllm_kit.artifact.archive import pack_archive
-
         summary["archive"] = str(pack_archive(artifact.path, spec.build.archive).absolute())
     return BuildResult(artifact, summary)
 
@@ -162,8 +161,6 @@ def expected_bytes(spec: BuildSpec, model: ModelSpec) -> int:
     Arguments:
         spec: the build spec; model: the inspected model.
     """
-    from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
-
     dtype = resolve_dtype(spec.build.dtype, model.hf)
     element = 1 if spec.quant_config().quant in ("fp8", "int8-sq") else {"float32": 4}.get(dtype, 2)
     tokenizer = sum(p.stat().st_size for p in model.tokenizer_files)

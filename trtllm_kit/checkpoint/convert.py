@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from safetensors import safe_open
@@ -26,10 +26,9 @@ from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stage_rules
 from trtllm_kit.models.base import Slice, Split, WorkItem, source_name
-
-if TYPE_CHECKING:
-    from trtllm_kit.quant.algos import QuantConfig
-    from trtllm_kit.quant.calibrate import CalibrationStats
+from trtllm_kit.quant.algos import QuantConfig, check_model
+from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
+from trtllm_kit.quant.checkpoint import QuantTransform
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 STORED_DTYPES = {**TORCH_DTYPES, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # layout names → torch
@@ -314,10 +313,6 @@ def quant_transform(model: ModelSpec, mapping: Mapping, dtype: str, quant: Quant
         model: the inspected model; mapping: the layout; dtype: the requested dtype; quant: the quantization;
         stats: calibration statistics, or None to calibrate now when the quantization needs them.
     """
-    from trtllm_kit.quant.algos import check_model
-    from trtllm_kit.quant.calibrate import calibrate
-    from trtllm_kit.quant.checkpoint import QuantTransform
-
     if quant is None or not quant.is_quantized:
         return None
     rules = model.family.rules(model.hf)

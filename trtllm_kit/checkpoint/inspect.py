@@ -13,6 +13,7 @@ import torch
 from trtllm_kit.checkpoint.safetensors_io import DTYPES_BY_CODE, read_layout
 from trtllm_kit.errors import ModelError
 from trtllm_kit.models.base import Family
+from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
 
@@ -75,8 +76,6 @@ def resolve_model_path(source: str) -> Path:
         source: what the user typed. Nothing is ever downloaded.
     """
     if source.startswith("builtin:"):
-        from trtllm_kit.models.builtin import builtin_dir
-
         return builtin_dir(source.removeprefix("builtin:"))
     path = Path(source).expanduser()
     if path.is_dir():

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from trtllm_kit.artifact import Artifact
 from trtllm_kit.checkpoint.convert import work_items
 from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
@@ -136,8 +137,6 @@ def unified_loader(ckpt_dir: Path) -> Callable[[torch.dtype], CheckpointModel] |
         return None
     mapping = Mapping(1, 1)
     if (Path(ckpt_dir).parent / "manifest.json").is_file():
-        from trtllm_kit.artifact import Artifact
-
         layout = Artifact.read(Path(ckpt_dir).parent).layout
         mapping = Mapping(layout.tp_size, layout.pp_size)
     return lambda dtype: load_unified(ckpt_dir, mapping, dtype)

@@ -16,16 +16,14 @@ aside before the KV pool takes ``free_gpu_memory_fraction`` of what is left.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
-
-if TYPE_CHECKING:
-    from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec import BuildSpec
 
 GRAPH_OVERHEAD = 8 * 1024 * 1024  # static inputs/outputs and workspace of one captured decode graph (estimate)
 POLICIES = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}

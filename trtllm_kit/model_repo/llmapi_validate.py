@@ -14,8 +14,10 @@ import yaml
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp
+from trtllm_kit.llmapi.llm_args import check_llm_args
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.model_repo.report import ValidationReport
+from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 
 MODEL = "tensorrt_llm"
 REQUIRED_INPUTS = ("text_input", "streaming", "sampling_param_max_tokens", "sampling_param_temperature",
@@ -36,8 +38,6 @@ def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> li
         repo: the repository; checkpoint: the unified checkpoint to check against (default: ``model.yaml``'s
         ``model``).
     """
-    from trtllm_kit.llmapi.llm_args import check_llm_args
-
     model_dir = repo / MODEL
     try:
         config = parse_config((model_dir / "config.pbtxt").read_text())
@@ -75,8 +75,6 @@ def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> li
 
 def _instance_problems(model_dir: Path, config: Any, values: dict[str, Any]) -> list[str]:
     """Several instances need ``gpu_device_ids`` with one group of tp x pp GPUs per instance."""
-    from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
-
     count = sum(group.count or 1 for group in config.instance_group) or 1
     ids = config.parameters["gpu_device_ids"].string_value if "gpu_device_ids" in config.parameters else ""
     if not ids:

@@ -13,6 +13,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtllm_kit.artifact import MANIFEST, Artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import MODEL_NAMES, TRTLLM_MODEL, parse_config
 from trtllm_kit.model_repo.limits import EngineLimits, LimitsReader
@@ -82,8 +83,6 @@ class Expectation:
         Arguments:
             out: the directory that holds the repository.
         """
-        from trtllm_kit.artifact import MANIFEST, Artifact
-
         if not (out / MANIFEST).is_file():
             return cls()
         try:

@@ -8,21 +8,18 @@ the family's weight table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from trtllm_kit.layout import KV_SCALE_NAME, LINEARS, NORM_INPUTS, ROW_LINEARS
-from trtllm_kit.models.base import Place, Split, WorkItem
+from trtllm_kit.models.base import Place, Rule, Split, WorkItem
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import BlockBuffer
 from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.quant.fp8 import fp8_quantize, fp8_scale
 from trtllm_kit.quant.int8 import INT8_MAX, quantize_rows_int8, smoothed_row_amax, smoothing_scales
 from trtllm_kit.quant.kv import fp8_kv_scale, int8_kv_scale, kv_scale_tensor
-
-if TYPE_CHECKING:
-    from trtllm_kit.models.base import Rule
 
 LAYER_PREFIX = "transformer.layers.{}."
 F32 = torch.float32
