@@ -11,6 +11,9 @@ from trtllm_kit.commands.build_flags import declared_fields, spec_options
 from trtllm_kit.commands.common import emit_json
 from trtllm_kit.errors import KitError
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 
 @click.group()
 def artifact() -> None:

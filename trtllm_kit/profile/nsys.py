@@ -16,6 +16,7 @@ from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile.bench import run_bench_async
+from trtllm_kit.serve.process import kit_environment
 
 STATS_REPORTS = ("cuda_gpu_kern_sum", "cuda_api_sum", "nvtx_sum", "cuda_gpu_mem_time_sum")
 KERNEL_CATEGORIES = (("all_reduce", r"nccl|allreduce|all_reduce"), ("attention", r"mmha|fmha|attention|xqa|flash"),
@@ -190,7 +191,6 @@ def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: t
     """
     import asyncio
 
-    from trtllm_kit.serve.process import kit_environment
 
     nsys = find_nsys()
     if not server_argv:
