@@ -29,6 +29,7 @@ from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BL
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GIB, GPU
 from trtllm_kit.layout import (
+    LINEAR_WEIGHTS,
     SQ_PREFIX,
     Mapping,
     QuantLayout,
@@ -51,8 +52,6 @@ ELEMENT_TYPES = {"FP8": "fp8", "INT8": "int8", "W8A16": "int8", "W8A8": "int8"} 
 def _algo_family(quant_algo: str | None) -> str:
     """``W8A8`` for every SmoothQuant flavour (``W8A8_SQ_*``), else the algorithm's own name ("" for none)."""
     return "W8A8" if (quant_algo or "").startswith("W8A8_SQ") else quant_algo or ""
-LINEARS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
-           "mlp.proj.weight")
 
 
 @dataclass(frozen=True)
@@ -171,7 +170,7 @@ def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision:
     for pp_rank in range(mapping.pp_size):  # every rank of a stage holds the same shapes
         tensors = rank_tensors(hf, family, mapping, mapping.rank(0, pp_rank), quant, precision.dtype)
         stages.append(sum(math.prod(spec.shape) + spec.shape[0] * item
-                          if algo == "W8A16" and name.endswith(LINEARS) else spec.nbytes
+                          if algo == "W8A16" and name.endswith(LINEAR_WEIGHTS) else spec.nbytes
                           for name, spec in tensors.items()))
     return [stages[mapping.pp_rank(rank)] for rank in mapping.ranks()]
 

@@ -9,8 +9,9 @@ import pytest
 from repo_material import CPU_LIMITS, ENGINE_LIMITS
 
 from trtllm_kit.model_repo import tensors as T
-from trtllm_kit.model_repo.configs import BACKEND_DEFAULT_KEYS, MODEL_NAMES, parse_config, repository_configs, to_text
+from trtllm_kit.model_repo.configs import BACKEND_DEFAULT_KEYS, parse_config, repository_configs, to_text
 from trtllm_kit.model_repo.options import resolve_options
+from trtllm_kit.names import MODEL_NAMES
 from trtllm_kit.spec.repo_options import RepoOptions
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -20,12 +20,12 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.plan import Limits, Precision, make_plan
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
-from trtllm_kit.targets.engine import ENGINE_DIR
 
 
 def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machine, *,

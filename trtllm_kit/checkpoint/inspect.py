@@ -16,10 +16,8 @@ from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
+from trtllm_kit.names import TOKENIZER_FILES
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
-                   "chat_template.jinja", "chat_template.json")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -14,9 +14,10 @@ from rich.table import Table
 from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.recipe import cuda_graph_batch_sizes, make_recipe
-from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, SERVE_DIR, serve_argv
+from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, serve_argv
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.names import SERVE_DIR
 from trtllm_kit.plan import Precision, rank_weight_bytes
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.gpu_groups import describe, parse_gpu_device_ids

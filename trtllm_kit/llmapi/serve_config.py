@@ -13,7 +13,6 @@ import yaml
 from trtllm_kit.llmapi.llm_args import check_llm_args
 from trtllm_kit.llmapi.recipe import LlmapiRecipe
 
-SERVE_DIR = "trtllm-serve"
 OPTIONS_FILE = "extra_llm_api_options.yaml"
 COMMAND_FILE = "command.sh"
 CANCELLATION_CHECK_PERIOD_MS = 100

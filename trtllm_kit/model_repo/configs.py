@@ -14,11 +14,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.model_repo import tensors as T
 from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.names import TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
 
 SCHEMA = "tensorrtllm_backend inflight_batcher_llm, TensorRT-LLM 1.2.x"
-MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
-TRTLLM_MODEL = "tensorrt_llm"
 
 # Backend parameters left unset on purpose: they belong to features the kit does not build.
 BACKEND_DEFAULT_KEYS = {

@@ -17,9 +17,9 @@ from trtllm_kit.layout import check_tp
 from trtllm_kit.llmapi.llm_args import check_llm_args
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.model_repo.report import ValidationReport
+from trtllm_kit.names import TRTLLM_MODEL
 from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 
-MODEL = "tensorrt_llm"
 REQUIRED_INPUTS = ("text_input", "streaming", "sampling_param_max_tokens", "sampling_param_temperature",
                    "sampling_param_top_k", "sampling_param_top_p", "sampling_param_stop", "return_finish_reason",
                    "stop")
@@ -28,7 +28,7 @@ REQUIRED_OUTPUTS = ("text_output", "finish_reason")
 
 def is_llmapi_repository(repo: Path) -> bool:
     """Whether ``repo`` holds the llmapi model (a ``model.yaml`` beside a Python ``tensorrt_llm``)."""
-    return (repo / MODEL / "1" / "model.yaml").is_file()
+    return (repo / TRTLLM_MODEL / "1" / "model.yaml").is_file()
 
 
 def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> list[str]:
@@ -38,7 +38,7 @@ def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> li
         repo: the repository; checkpoint: the unified checkpoint to check against (default: ``model.yaml``'s
         ``model``).
     """
-    model_dir = repo / MODEL
+    model_dir = repo / TRTLLM_MODEL
     try:
         config = parse_config((model_dir / "config.pbtxt").read_text())
         values = yaml.safe_load((model_dir / "1" / "model.yaml").read_text())
@@ -117,5 +117,5 @@ def llmapi_report(repo: Path) -> ValidationReport:
     """
     report = ValidationReport(repo)
     for problem in validate_llmapi_repository(repo):
-        report.add("error", MODEL, "llmapi", problem)
+        report.add("error", TRTLLM_MODEL, "llmapi", problem)
     return report

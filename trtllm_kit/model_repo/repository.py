@@ -8,13 +8,12 @@ from importlib import resources
 from pathlib import Path
 
 from trtllm_kit.artifact import RepoRecord
-from trtllm_kit.model_repo.configs import SCHEMA, TRTLLM_MODEL, parse_config, repository_configs, to_text
+from trtllm_kit.model_repo.configs import SCHEMA, parse_config, repository_configs, to_text
 from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.model_repo.options import resolve_options
-from trtllm_kit.model_repo.validate import TOKENIZER_FILES
+from trtllm_kit.names import TOKENIZER_CORE_FILES, TOKENIZER_DIR, TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
 
-TOKENIZER_DIR = "tokenizer"  # inside each model directory that tokenizes; relative paths resolve there
 # model → (source file in trtllm_kit/model_repo/python, helper files shipped next to it)
 PYTHON_MODELS = {
     "preprocessing": ("preprocessing.py", ("text_codec.py",)),
@@ -77,4 +76,4 @@ def has_tokenizer(files: list[Path]) -> bool:
     Arguments:
         files: the model's tokenizer-related files.
     """
-    return any(path.name in TOKENIZER_FILES for path in files)
+    return any(path.name in TOKENIZER_CORE_FILES for path in files)

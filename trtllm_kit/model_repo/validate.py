@@ -15,15 +15,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.artifact import MANIFEST, Artifact
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.model_repo.configs import MODEL_NAMES, TRTLLM_MODEL, parse_config
+from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.model_repo.limits import EngineLimits, LimitsReader
 from trtllm_kit.model_repo.report import ValidationReport
 from trtllm_kit.model_repo.wiring import check_ensemble
+from trtllm_kit.names import MODEL_NAMES, TOKENIZER_CORE_FILES, TRTLLM_MODEL
 
 REQUIRED_MODELS = ("preprocessing", TRTLLM_MODEL, "postprocessing")
 ENTRY_MODELS = ("ensemble", "tensorrt_llm_bls")
 BATCHING_STRATEGIES = ("V1", "inflight_batching", "inflight_fused_batching")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}?")
 
 
@@ -211,9 +211,9 @@ def _check_python_models(repo: Path, configs: dict[str, mc.ModelConfig], report:
         path = Path(value) if value else None
         if path is not None and not path.is_absolute():
             path = repo / name / path
-        if path is None or not any((path / f).is_file() for f in TOKENIZER_FILES):
+        if path is None or not any((path / f).is_file() for f in TOKENIZER_CORE_FILES):
             report.add("error", name, "tokenizer", f"tokenizer_dir {value or '(unset)'!r} holds no tokenizer "
-                       f"({', '.join(TOKENIZER_FILES)}); copy the model's tokenizer there or regenerate.")
+                       f"({', '.join(TOKENIZER_CORE_FILES)}); copy the model's tokenizer there or regenerate.")
             continue
         size, problem = _load_tokenizer(path)
         if problem:

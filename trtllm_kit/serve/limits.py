@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TRTLLM_MODEL = "tensorrt_llm"
+from trtllm_kit.names import TRTLLM_MODEL
 
 
 def max_seq_len(repo: Path) -> int | None:

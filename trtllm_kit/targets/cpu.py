@@ -16,6 +16,7 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_SEQ_LEN,
     EngineLimits,
 )
+from trtllm_kit.names import CHECKPOINT_DIR
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 
@@ -23,7 +24,7 @@ from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 class CpuTarget(Target):
     name = "cpu"
     summary = "the kit's CPU runtime in the tensorrt_llm slot, over the TensorRT-LLM checkpoint (no GPU)"
-    model_dir = "checkpoint"
+    model_dir = CHECKPOINT_DIR
     rank_file_pattern = "rank*.safetensors"
     backend = "python"
     compiles = False

@@ -13,10 +13,9 @@ from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
-
-ENGINE_DIR = "engines"
 
 
 class EngineTarget(Target):

@@ -19,13 +19,11 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_SEQ_LEN,
     EngineLimits,
 )
+from trtllm_kit.names import CHECKPOINT_DIR
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 from trtllm_kit.targets.checkpoint_stage import calibration_stats, copy_tokenizer, run_verify, should_verify
-
-CHECKPOINT_DIR = "checkpoint"
-SERVE_DIR = "trtllm-serve"
 
 
 class LlmapiTarget(Target):

@@ -18,15 +18,15 @@ from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
 from trtllm_kit.llmapi.llm_args import check_llm_args
 from trtllm_kit.llmapi.recipe import LlmapiRecipe, make_recipe
-from trtllm_kit.llmapi.serve_config import COMMAND_FILE, OPTIONS_FILE, SERVE_DIR, dump_yaml, model_yaml, serve_argv
+from trtllm_kit.llmapi.serve_config import COMMAND_FILE, OPTIONS_FILE, dump_yaml, model_yaml, serve_argv
 from trtllm_kit.model_repo.configs import model_input, model_output, parse_config, to_text
 from trtllm_kit.model_repo.llmapi_validate import validate_llmapi_repository
 from trtllm_kit.model_repo.repository import python_source
 from trtllm_kit.model_repo.tensors import Tensor
+from trtllm_kit.names import SERVE_DIR, TRTLLM_MODEL
 from trtllm_kit.spec.gpu_groups import GpuGroups, describe, format_groups, parse_gpu_device_ids
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 
-MODEL = "tensorrt_llm"
 SCHEMA = "tensorrt_llm llmapi (Python backend over the LLM API), TensorRT-LLM >= 1.0"
 SOURCE = "tensorrt_llm_llmapi.py"
 GPU_DEVICE_IDS = "gpu_device_ids"  # config.pbtxt parameter: one ;-separated group of GPU ids per instance
@@ -58,7 +58,7 @@ def llmapi_config(decoupled: bool, gpu_groups: GpuGroups = ()) -> mc.ModelConfig
         decoupled: the transaction policy (as ``model.yaml``'s ``triton_config.decoupled``);
         gpu_groups: the GPUs of each instance (one ``LLM`` each; empty: one instance on the visible GPUs).
     """
-    config = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=0)
+    config = mc.ModelConfig(name=TRTLLM_MODEL, backend="python", max_batch_size=0)
     config.model_transaction_policy.decoupled = decoupled
     config.input.extend(model_input(t) for t in INPUTS)
     config.output.extend(model_output(t) for t in OUTPUTS)
@@ -80,9 +80,9 @@ def write_llmapi_repository(repo_dir: Path, model_values: dict, decoupled: bool,
     text = to_text(config)
     if parse_config(text) != config:  # internal invariant of the generator
         raise AssertionError("tensorrt_llm/config.pbtxt does not round-trip through text_format")
-    version = repo_dir / MODEL / "1"
+    version = repo_dir / TRTLLM_MODEL / "1"
     version.mkdir(parents=True)
-    (repo_dir / MODEL / "config.pbtxt").write_text(text)
+    (repo_dir / TRTLLM_MODEL / "config.pbtxt").write_text(text)
     shutil.copy2(python_source(SOURCE), version / "model.py")
     (version / "model.yaml").write_text(dump_yaml(model_values))
 
@@ -110,7 +110,7 @@ def llmapi_repo_stage(ctx: BuildContext, target: Target) -> RepoRecord:
         "tp_size": ctx.spec.build.tp, "pp_size": ctx.spec.build.pp})
     ctx.reporter.note(f"repo: llmapi target, one tensorrt_llm Python model, decoupled {ctx.spec.repo.decoupled}"
                       + (f"; {describe(groups)}" if groups else ""))
-    return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[MODEL], text=True,
+    return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[TRTLLM_MODEL], text=True,
                       gpt_model_path=str(model_path), limits=limits.to_dict(),
                       options={"decoupled": ctx.spec.repo.decoupled, "llm_args": args, "instances": max(1, len(groups)),
                                "gpu_device_ids": format_groups(groups) if groups else None})
