@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import Mapping
 
 TARGETS = ("engine", "cpu", "llmapi")
 DEFAULT_MOUNT = "/artifact"
@@ -52,7 +53,7 @@ class DeploySource:
 
     @property
     def world_size(self) -> int:
-        return self.tp_size * self.pp_size
+        return Mapping(self.tp_size, self.pp_size).world_size
 
     @property
     def num_gpus(self) -> int:

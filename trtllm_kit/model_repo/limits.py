@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtllm_kit.layout import Mapping
+
 CPU_MAX_BATCH_SIZE = 8
 CPU_MAX_NUM_TOKENS = 2048
 CPU_MAX_SEQ_LEN = 1024
@@ -33,8 +35,12 @@ class EngineLimits:
     slot_model: str | None = field(default=None, compare=False)  # the kit's Python model in the slot (None: C++)
 
     @property
+    def mapping(self) -> Mapping:
+        return Mapping(self.tp_size, self.pp_size)
+
+    @property
     def world_size(self) -> int:
-        return self.tp_size * self.pp_size
+        return self.mapping.world_size
 
     @property
     def num_rank_files(self) -> int:

@@ -3,9 +3,10 @@ plus output tokens), so the frontend refuses a request that cannot fit with a 40
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from trtllm_kit.engine.config_file import read_engine_config
+from trtllm_kit.errors import KitError
 from trtllm_kit.names import TRTLLM_MODEL
 
 
@@ -30,8 +31,8 @@ def max_seq_len(repo: Path) -> int | None:
     engine_dir = Path(parameters.get("gpt_model_path", ""))
     engine_dir = engine_dir if engine_dir.is_absolute() else repo / TRTLLM_MODEL / engine_dir
     try:
-        build = json.loads((engine_dir / "config.json").read_text()).get("build_config", {})
-    except (OSError, ValueError, AttributeError):
+        build = read_engine_config(engine_dir, f"{engine_dir}/config.json does not exist").build
+    except (KitError, OSError, ValueError):
         return None
     value = build.get("max_seq_len")
     return value if isinstance(value, int) and value > 0 else None

@@ -10,6 +10,7 @@ from trtllm_kit.artifact import EngineRecord
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
+from trtllm_kit.layout import Mapping
 from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
@@ -53,7 +54,7 @@ class CpuTarget(Target):
         """The given sizes, else defaults sized for a CPU, over the checkpoint's ``config.json``."""
         config = read_json(model_dir / "config.json", f"{model_dir}/config.json does not exist; build the "
                            "checkpoint first (trtllm-kit build).")
-        mapping = config.get("mapping") or {}
+        mapping = Mapping.from_dict(config.get("mapping") or {}, f"{model_dir}/config.json")
         positions = int(config.get("max_position_embeddings") or CPU_MAX_SEQ_LEN)
         return EngineLimits(
             target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
@@ -62,5 +63,5 @@ class CpuTarget(Target):
             max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
             max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,
             tokens_per_block=overrides.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK, use_paged_context_fmha=True,
-            tp_size=int(mapping.get("tp_size", 1)), pp_size=int(mapping.get("pp_size", 1)),
+            tp_size=mapping.tp_size, pp_size=mapping.pp_size,
             vocab_size=config.get("vocab_size"))

@@ -10,8 +10,8 @@ from trtllm_kit.artifact import Artifact, EngineBuild, EngineRecord
 from trtllm_kit.artifact.compat import Machine, compatibility, detect_machine, engine_problem
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
+from trtllm_kit.engine.config_file import read_engine_config
 from trtllm_kit.errors import KitError
-from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
@@ -63,14 +63,9 @@ class EngineTarget(Target):
     def limits(self, model_dir: Path, overrides: dict[str, int | None]) -> EngineLimits:
         """Read a TensorRT-LLM 1.x engine ``config.json`` (``pretrained_config`` + ``build_config``); the engine
         fixes its sizes, so ``overrides`` do not apply."""
-        path = model_dir / "config.json"
-        config = read_json(path, f"{path} does not exist; build the engine first (trtllm-kit build).")
-        build, pretrained = config.get("build_config"), config.get("pretrained_config")
-        if not isinstance(build, dict) or not isinstance(pretrained, dict):
-            found = "builder_config (a pre-0.8 engine)" if "builder_config" in config else f"keys {sorted(config)}"
-            raise KitError(f"{path} lacks build_config/pretrained_config (found {found}); rebuild the engine with "
-                           "TensorRT-LLM 0.12–1.2.")
-        plugin, mapping = build.get("plugin_config") or {}, pretrained.get("mapping") or {}
+        config = read_engine_config(model_dir, f"{model_dir}/config.json does not exist; build the engine first "
+                                    "(trtllm-kit build).")
+        build, plugin, mapping = config.build, config.plugin, config.mapping
         return EngineLimits(
             target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
             slot_model=self.slot_model, max_batch_size=int(build["max_batch_size"]),
@@ -78,8 +73,7 @@ class EngineTarget(Target):
             max_beam_width=int(build.get("max_beam_width", 1)),
             tokens_per_block=int(plugin.get("tokens_per_block", DEFAULT_TOKENS_PER_BLOCK)),
             use_paged_context_fmha=_enabled(plugin.get("use_paged_context_fmha", False)),
-            tp_size=int(mapping.get("tp_size", 1)), pp_size=int(mapping.get("pp_size", 1)),
-            vocab_size=pretrained.get("vocab_size"))
+            tp_size=mapping.tp_size, pp_size=mapping.pp_size, vocab_size=config.pretrained.get("vocab_size"))
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
         return compatibility(artifact, machine or detect_machine())
