@@ -22,7 +22,7 @@ from trtllm_kit.checkpoint.inspect import inspect_model, resolve_model_path
 from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp, layers_for_rank
-from trtllm_kit.llmapi.plan_report import llmapi_plan, print_llmapi_plan
+from trtllm_kit.llmapi.plan_report import print_llmapi_plan
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.quant.calib_size import calibration_device, choose_size
@@ -61,12 +61,12 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         size = choose_size(spec.quant_config(), calibration_device())
         report["calibration"] = {"samples": size.samples, "seq_len": size.seq_len, "device": size.device,
                                  "reason": size.reason}
-    if engine.target.name == "llmapi":  # no engine: the PyTorch backend's recipe, memory and serve command
-
-        report["llmapi"] = llmapi_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
+    own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
+    if own is not None:  # no engine: the target's recipe, memory and serve command (llmapi)
+        report[engine.target.name] = own
         report.update(plan=None, commands=[], command_lines=[])
         if graph is not None:
-            raise KitError("--graph draws the engine's fused layer; target llmapi builds no engine.")
+            raise KitError(f"--graph draws the engine's fused layer; target {engine.target.name} builds no engine.")
     elif engine.command is not None:
         layer = layer_graph(hf, precision_of(spec, hf), spec.build.tp, dict(engine.command.flags))
         report["fusion"] = fusion_table(layer)

@@ -1,16 +1,13 @@
-"""The container command per target: the kit's launcher on one node, ``mpirun`` across a group's pods on several.
+"""The container command: the kit's launcher on one node, ``mpirun`` across a group's pods on several.
 
-Each target is one ``TargetLaunch`` entry. ``engine`` and ``cpu`` serve the Triton repository with
-``trtllm-kit serve`` (tritonserver per rank under ``mpirun`` when tp x pp > 1, the OpenAI frontend beside it);
-``llmapi`` runs tensor parallelism inside one process, so it never spans nodes. Only ``engine`` spans nodes:
-the leader waits for its group's pods, then starts every rank with ``mpirun`` over ``kubectl exec``.
+Every target serves its Triton repository with ``trtllm-kit serve`` (tritonserver per rank under ``mpirun`` when
+the target runs a process per rank, the OpenAI frontend beside it). Only such a target (``process_per_rank``)
+spans nodes: the leader waits for its group's pods, then starts every rank with ``mpirun`` over ``kubectl exec``.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_kit.deploy.settings import DeploySettings
@@ -88,18 +85,3 @@ pod="$1"; shift
 exec kubectl exec -i -n "$POD_NAMESPACE" "$pod" -c {CONTAINER} -- /bin/sh -c "$*"
 """
 WORKER_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 1; done"]
-
-
-@dataclass(frozen=True)
-class TargetLaunch:
-    """How one target runs in a pod: its single-node command and whether it can span nodes."""
-
-    command: Callable[[DeploySource, DeploySettings, int], list[str]]
-    multi_node: bool
-
-
-LAUNCHES = {
-    "engine": TargetLaunch(serve_command, multi_node=True),
-    "cpu": TargetLaunch(serve_command, multi_node=False),
-    "llmapi": TargetLaunch(serve_command, multi_node=False),  # one process; tensor parallelism inside it
-}

@@ -13,7 +13,6 @@ import yaml
 from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import autoscale, monitoring, multinode, objects
 from trtllm_kit.deploy.dashboard import dashboard
-from trtllm_kit.deploy.launch import LAUNCHES
 from trtllm_kit.deploy.lints import lint
 from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.pod import budgets
@@ -21,6 +20,7 @@ from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.validate import KUBERNETES_VERSION, Finding, check_object, load_dir
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.targets import get_target
 
 Obj = dict[str, Any]
 RECORD = "trtllm-kit-deploy.json"
@@ -55,7 +55,7 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
     """
     names = Names(settings.name or default_name(source.model), settings.namespace)
     nodes = multinode.num_nodes(source, settings)
-    if nodes > 1 and not LAUNCHES[source.target].multi_node:
+    if nodes > 1 and not get_target(source.target).process_per_rank:
         raise KitUsageError(f"a {source.target} artifact runs in one pod, but tp x pp = {source.world_size} ranks "
                             f"exceed {settings.gpus_per_node} GPUs per node; use nodes with more GPUs.")
     files: dict[str, list[Obj]] = {"sha256-configmap.yaml": [objects.sha256_list(names, source)]}

@@ -12,8 +12,8 @@ from pathlib import Path, PurePosixPath
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
+from trtllm_kit.targets import TARGETS, get_target
 
-TARGETS = ("engine", "cpu", "llmapi")
 DEFAULT_MOUNT = "/artifact"
 
 
@@ -58,7 +58,7 @@ class DeploySource:
     @property
     def num_gpus(self) -> int:
         """GPUs one replica needs: one per rank, none for the CPU runtime."""
-        return 0 if self.target == "cpu" else self.world_size
+        return self.world_size if get_target(self.target).uses_gpus else 0
 
     @property
     def total_bytes(self) -> int:
@@ -79,7 +79,7 @@ def read_source(out: Path) -> DeploySource:
     files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in sorted(artifact.files.items()))
     plan = (engine.plan if engine else None) or {}
     rank_bytes = [int(r.get("weight_bytes", 0)) for r in plan.get("ranks") or ()]
-    if rank_bytes and artifact.target == "engine":
+    if rank_bytes and get_target(artifact.target).process_per_rank:
         load_bytes = max(rank_bytes)
     else:
         prefix = f"{PurePosixPath(repo.gpt_model_path).name or 'checkpoint'}/"

@@ -45,7 +45,7 @@ def memory_need(name: str, target: Servable) -> Need:
     """
     params = _trtllm_parameters(target.repo)
     plan = target.artifact.records.engine.plan if target.artifact.records.engine else None
-    if target.target.name != "cpu" and plan and plan.get("ranks"):
+    if target.target.uses_gpus and plan and plan.get("ranks"):
         groups = [g for g in params.get("gpu_device_ids", "").split(";") if g.strip()]
         devices = [int(d) for d in groups[0].split(",")] if groups else list(range(len(plan["ranks"])))
         per_device: dict[int, int] = {}

@@ -15,7 +15,9 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.plan import BuildPlan
+from trtllm_kit.models.base import Family
+from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.plan import BuildPlan, Precision
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
 
@@ -74,6 +76,10 @@ class Target(ABC):
     # the public models a client sends text to, in order of preference (the engine-target repository's)
     text_models: ClassVar[tuple[str, ...]] = ("tensorrt_llm_bls", "ensemble")
     owns_checkpoint: ClassVar[bool] = False  # writes its own checkpoint/ (so --until checkpoint still asks it)
+    uses_gpus: ClassVar[bool] = True  # a replica takes one GPU per rank (else it runs on CPUs)
+    # one server process per rank (mpirun), each loading its rank's weights, so a replica can span nodes;
+    # else one process loads the whole checkpoint
+    process_per_rank: ClassVar[bool] = False
 
     def check_spec(self, spec: BuildSpec) -> None:
         """Refuse, before any heavy work, a spec this target cannot build (default: every spec is fine).
@@ -129,4 +135,14 @@ class Target(ABC):
 
     def launch_world_size(self, artifact: Artifact) -> int:
         """How many server processes (MPI ranks) the launch starts."""
-        return 1
+        return artifact.layout.world_size if self.process_per_rank else 1
+
+    def own_plan(self, spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision,
+                 gpu: GPU | None) -> dict[str, Any] | None:
+        """The plan of a target that builds no engine (its recipe, memory and serve command), keyed by its name
+        in ``plan``'s report; None: the engine plan applies (default).
+
+        Arguments:
+            spec: the build spec; hf, family: the model; precision: the checkpoint's; gpu: the planned GPU.
+        """
+        return None

@@ -27,6 +27,7 @@ class CpuTarget(Target):
     summary = "the kit's CPU runtime in the tensorrt_llm slot, over the TensorRT-LLM checkpoint (no GPU)"
     model_dir = CHECKPOINT_DIR
     rank_file_pattern = "rank*.safetensors"
+    uses_gpus = False
     backend = "python"
     compiles = False
     slot_model = "tensorrt_llm_cpu.py"

@@ -23,6 +23,7 @@ class EngineTarget(Target):
     summary = "TensorRT-LLM 1.2.x engines (trtllm-build) in Triton's C++ tensorrtllm backend, mpirun per rank"
     model_dir = ENGINE_DIR
     rank_file_pattern = "rank*.engine"
+    process_per_rank = True
     backend = "tensorrtllm"
     compiles = True
     slot_model = None
@@ -77,9 +78,6 @@ class EngineTarget(Target):
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
         return compatibility(artifact, machine or detect_machine())
-
-    def launch_world_size(self, artifact: Artifact) -> int:
-        return artifact.layout.world_size
 
 
 def _enabled(value: Any) -> bool:

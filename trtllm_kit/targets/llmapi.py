@@ -12,14 +12,19 @@ from typing import Any
 from trtllm_kit.artifact import CheckpointRecord, EngineRecord, RepoRecord
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.gpus import GPU
 from trtllm_kit.jsonfile import read_json
+from trtllm_kit.llmapi.plan_report import llmapi_plan
 from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,
     EngineLimits,
 )
+from trtllm_kit.models.base import Family
+from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import CHECKPOINT_DIR
+from trtllm_kit.plan import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
@@ -83,6 +88,11 @@ class LlmapiTarget(Target):
         command = write_serve_config(ctx, setup)
         return EngineRecord(target=self.name, reason=setup.reason, command=command,
                             plan=setup.plan.to_dict() if setup.plan else None)
+
+    def own_plan(self, spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision,
+                 gpu: GPU | None) -> dict[str, Any] | None:
+        """No engine: the PyTorch backend's recipe, memory per rank and serve command."""
+        return llmapi_plan(spec, hf, family, precision, gpu)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return isinstance(config.get("architectures"), list) and "model_type" in config
