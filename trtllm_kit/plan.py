@@ -22,7 +22,7 @@ A rank fits when ``max_batch_size`` sequences of ``max_seq_len`` tokens fit in i
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BLOCK
@@ -147,9 +147,29 @@ class BuildPlan:
         body["gpu"] = self.gpu.to_dict()
         body["precision"] = {**asdict(self.precision), "kv_dtype": self.precision.kv_dtype}
         body["derived"] = list(self.derived)
+        body["ranks"] = [asdict(rank) for rank in self.ranks]
         body["fits"] = self.fits
         body["max_sequences"] = self.max_sequences
         return body
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> BuildPlan:
+        """The plan ``to_dict`` wrote (a manifest's ``engine.plan``); the derived figures are recomputed.
+
+        Arguments:
+            values: the plan as written.
+        """
+        precision = values["precision"]
+        names = {f.name for f in fields(RankPlan)}
+        return cls(
+            gpu=GPU.from_dict(values["gpu"]),
+            precision=Precision(precision["dtype"], precision.get("quant_algo"), precision.get("kv_cache_quant_algo")),
+            tp_size=int(values["tp_size"]), pp_size=int(values["pp_size"]),
+            max_batch_size=int(values["max_batch_size"]), max_input_len=int(values["max_input_len"]),
+            max_seq_len=int(values["max_seq_len"]), max_num_tokens=int(values["max_num_tokens"]),
+            tokens_per_block=int(values["tokens_per_block"]), kv_cache_fraction=float(values["kv_cache_fraction"]),
+            derived=tuple(values.get("derived", ())),
+            ranks=tuple(RankPlan(**{k: v for k, v in r.items() if k in names}) for r in values["ranks"]))
 
 
 def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision) -> list[int]:

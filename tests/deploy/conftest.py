@@ -17,8 +17,9 @@ from trtllm_kit.artifact import (
     RepoRecord,
     StageRecords,
 )
+from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
-from trtllm_kit.plan import Precision
+from trtllm_kit.plan import BuildPlan, Precision, RankPlan
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.tables import BuildOptions
 
@@ -37,7 +38,10 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
     files = {f"{model_dir}/rank{r}.{'engine' if target == 'engine' else 'safetensors'}": f"{r:064x}"
              for r in range(tp * pp)}
     files["repo/tensorrt_llm/config.pbtxt"] = "f" * 64
-    plan = {"max_batch_size": 64, "ranks": [{"rank": r, "weight_bytes": rank_bytes} for r in range(tp * pp)]}
+    ranks = tuple(RankPlan(r, r % tp, r // tp, 1, rank_bytes, 0, 0, 0, 0, 0, 0, 0, 0, 0, True) for r in range(tp * pp))
+    plan = BuildPlan(gpu=gpu_from_table("H100-80GB"), precision=Precision("bfloat16"), tp_size=tp, pp_size=pp,
+                     max_batch_size=64, max_input_len=4096, max_seq_len=8192, max_num_tokens=8192,
+                     tokens_per_block=32, kv_cache_fraction=0.9, derived=(), ranks=ranks)
     built = EngineBuild(dir="engines", world_size=tp * pp, tp_size=tp, pp_size=pp, tensorrt_llm="1.2.1",
                         tensorrt="10.14.1.48", cuda="13.0", driver="580.65.06", gpu="NVIDIA H100 80GB HBM3",
                         compute_capability="9.0") if target == "engine" else None

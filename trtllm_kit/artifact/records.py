@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from trtllm_kit.plan import BuildPlan
+
 
 def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """The entries of ``values`` that are fields of the dataclass ``cls``."""
@@ -78,19 +80,17 @@ class EngineRecord:
     target: str
     reason: str
     command: list[str] | None = None
-    plan: dict[str, Any] | None = None
+    plan: BuildPlan | None = None
     built: EngineBuild | None = None
 
     @property
     def kv_cache_fraction(self) -> float | None:
         """The KV-cache memory fraction the plan sized ``max_batch_size`` with (None without a plan)."""
-        if self.plan and "kv_cache_fraction" in self.plan:
-            return float(self.plan["kv_cache_fraction"])
-        return None
+        return self.plan.kv_cache_fraction if self.plan is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         values: dict[str, Any] = {"target": self.target, "reason": self.reason, "command": self.command,
-                                  "plan": self.plan}
+                                  "plan": self.plan.to_dict() if self.plan is not None else None}
         if self.built is not None:
             values.update(asdict(self.built))
         return values
@@ -99,8 +99,8 @@ class EngineRecord:
     def from_dict(cls, values: dict[str, Any]) -> EngineRecord:
         built = EngineBuild(**_known(EngineBuild, values)) if values.get("dir") else None
         reason = values.get("reason") or values.get("skipped") or ""  # schema 1 said "skipped" when not compiled
-        return cls(target=values["target"], reason=reason, command=values.get("command"), plan=values.get("plan"),
-                   built=built)
+        plan = BuildPlan.from_dict(values["plan"]) if values.get("plan") else None
+        return cls(target=values["target"], reason=reason, command=values.get("command"), plan=plan, built=built)
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,8 @@ def read_source(out: Path) -> DeploySource:
         raise KitUsageError(f"{out} has no model repository in its manifest; build it with the repo stage "
                             f"(trtllm-kit build ... --out {out}).")
     files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in sorted(artifact.files.items()))
-    plan = (engine.plan if engine else None) or {}
-    rank_bytes = [int(r.get("weight_bytes", 0)) for r in plan.get("ranks") or ()]
+    plan = engine.plan if engine else None
+    rank_bytes = [r.weight_bytes for r in plan.ranks] if plan else []
     if rank_bytes and get_target(artifact.target).process_per_rank:
         load_bytes = max(rank_bytes)
     else:
@@ -87,7 +87,7 @@ def read_source(out: Path) -> DeploySource:
     return DeploySource(
         model=artifact.model_source, target=artifact.target, tp_size=artifact.layout.tp_size,
         pp_size=artifact.layout.pp_size,
-        max_batch_size=int(repo.limits.get("max_batch_size") or plan.get("max_batch_size") or 1),
+        max_batch_size=int(repo.limits.get("max_batch_size") or (plan.max_batch_size if plan else 1)),
         load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files)
 
 

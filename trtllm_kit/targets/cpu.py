@@ -46,7 +46,7 @@ class CpuTarget(Target):
         """Nothing to compile: record the reason and the command the engine target would run."""
         return EngineRecord(target=self.name, reason=setup.reason,
                             command=setup.command.argv if setup.command else None,
-                            plan=setup.plan.to_dict() if setup.plan else None)
+                            plan=setup.plan)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return "architecture" in config and "build_config" not in config

@@ -56,7 +56,7 @@ class EngineTarget(Target):
             gpu=setup.build_gpu.name, compute_capability=setup.build_gpu.sm,
             effective=effective_settings(result.engine_config), compile_seconds=round(result.seconds, 3))
         return EngineRecord(target=self.name, reason=setup.reason, command=setup.command.argv,
-                            plan=setup.plan.to_dict(), built=built)
+                            plan=setup.plan, built=built)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return "build_config" in config or "builder_config" in config

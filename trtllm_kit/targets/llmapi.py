@@ -87,7 +87,7 @@ class LlmapiTarget(Target):
 
         command = write_serve_config(ctx, setup)
         return EngineRecord(target=self.name, reason=setup.reason, command=command,
-                            plan=setup.plan.to_dict() if setup.plan else None)
+                            plan=setup.plan)
 
     def own_plan(self, spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision,
                  gpu: GPU | None) -> dict[str, Any] | None:
