@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trtllm_kit.artifact import EngineLimits
 from trtllm_kit.cli import cli
 from trtllm_kit.commands.build_flags import typed_values
 from trtllm_kit.commands.serve import serve_options
@@ -29,7 +30,6 @@ from trtllm_kit.enums import (
 )
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import repository_configs
-from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.option import Declared, plain
 from trtllm_kit.quant.algos import KV_ALGOS, VALID_COMBINATIONS

@@ -12,6 +12,7 @@ from trtllm_kit.artifact import (
     Artifact,
     CheckpointRecord,
     EngineBuild,
+    EngineLimits,
     EngineRecord,
     ModelRecord,
     RepoRecord,
@@ -51,7 +52,7 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
         checkpoint=CheckpointRecord("checkpoint", "bfloat16", tp * pp, tp, pp),
         engine=EngineRecord(target, "built on a GPU host", plan=plan if target == "engine" else None, built=built),
         repo=RepoRecord("repo", "", target, ["tensorrt_llm"], False, f"/models/llama70b/{model_dir}",
-                        {"max_batch_size": 64}, {}),
+                        EngineLimits(target, Path(model_dir), 64, 8192, 4096, 1, 32, True, tp, pp), {}),
         stages=["checkpoint", "engine", "repo"])
     Artifact(path=out, spec=BuildSpec(model=source, out=out, build=BuildOptions(tp=tp, pp=pp, target=target)),
              target=target,

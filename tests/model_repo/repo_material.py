@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.artifact import EngineLimits
 
 # The two targets with fixed paths, so that generated configs can be compared with golden files.
 ENGINE_LIMITS = EngineLimits(target="engine", model_dir=Path("/models/engines"), max_batch_size=64,

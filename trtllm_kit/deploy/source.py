@@ -87,7 +87,7 @@ def read_source(out: Path) -> DeploySource:
     return DeploySource(
         model=artifact.model_source, target=artifact.target, tp_size=artifact.layout.tp_size,
         pp_size=artifact.layout.pp_size,
-        max_batch_size=int(repo.limits.get("max_batch_size") or (plan.max_batch_size if plan else 1)),
+        max_batch_size=repo.limits.max_batch_size,
         load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtllm_kit.artifact import EngineLimits
 from trtllm_kit.model_repo import tensors as T
-from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.names import TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
 

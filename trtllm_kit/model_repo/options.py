@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from trtllm_kit.artifact import EngineLimits
 from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.spec.repo_options import QUEUE_BATCHES, RepoOptions
 
 MIN_INSTANCES = 5  # the backend docs advise about 5 pre/post/BLS instances, or the batch size; never 1 by default

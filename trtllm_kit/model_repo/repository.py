@@ -7,9 +7,8 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from trtllm_kit.artifact import RepoRecord
+from trtllm_kit.artifact import EngineLimits, RepoRecord
 from trtllm_kit.model_repo.configs import SCHEMA, parse_config, repository_configs, to_text
-from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.names import TOKENIZER_CORE_FILES, TOKENIZER_DIR, TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
@@ -67,7 +66,7 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         for path in tokenizer_files:
             shutil.copy2(path, repo_dir / name / TOKENIZER_DIR / path.name)
     return RepoRecord(dir=repo_dir.name, schema=SCHEMA, target=limits.target, models=list(configs), text=has_text,
-                      gpt_model_path=str(model_path), limits=limits.to_dict(), options=resolved.to_dict())
+                      gpt_model_path=str(model_path), limits=limits, options=resolved.to_dict())
 
 
 def has_tokenizer(files: list[Path]) -> bool:

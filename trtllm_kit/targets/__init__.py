@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtllm_kit.artifact import EngineLimits
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.targets.base import Target
 from trtllm_kit.targets.cpu import CpuTarget
 from trtllm_kit.targets.engine import EngineTarget

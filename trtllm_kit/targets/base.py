@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trtllm_kit.artifact import Artifact, EngineRecord, RepoRecord, StageRecords
+from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord, RepoRecord, StageRecords
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.engine.recipe import BuildCommand
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
-from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Precision

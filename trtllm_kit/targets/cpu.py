@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.artifact import EngineRecord
+from trtllm_kit.artifact import EngineLimits, EngineRecord
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
@@ -15,7 +15,6 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,
-    EngineLimits,
 )
 from trtllm_kit.names import CHECKPOINT_DIR
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target

@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.artifact import Artifact, EngineBuild, EngineRecord
+from trtllm_kit.artifact import Artifact, EngineBuild, EngineLimits, EngineRecord
 from trtllm_kit.artifact.compat import Machine, compatibility, detect_machine, engine_problem
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
 from trtllm_kit.engine.config_file import read_engine_config
 from trtllm_kit.errors import KitError
-from trtllm_kit.model_repo.limits import EngineLimits
 from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.artifact import CheckpointRecord, EngineRecord, RepoRecord
+from trtllm_kit.artifact import CheckpointRecord, EngineLimits, EngineRecord, RepoRecord
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.gpus import GPU
@@ -19,7 +19,6 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,
-    EngineLimits,
 )
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig

@@ -111,7 +111,7 @@ def llmapi_repo_stage(ctx: BuildContext, target: Target) -> RepoRecord:
     ctx.reporter.note(f"repo: llmapi target, one tensorrt_llm Python model, decoupled {ctx.spec.repo.decoupled}"
                       + (f"; {describe(groups)}" if groups else ""))
     return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[TRTLLM_MODEL], text=True,
-                      gpt_model_path=str(model_path), limits=limits.to_dict(),
+                      gpt_model_path=str(model_path), limits=limits,
                       options={"decoupled": ctx.spec.repo.decoupled, "llm_args": args, "instances": max(1, len(groups)),
                                "gpu_device_ids": format_groups(groups) if groups else None})
 
