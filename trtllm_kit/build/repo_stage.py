@@ -63,4 +63,4 @@ def repo_stage(ctx: BuildContext) -> None:
         ctx.reporter.note(f"repo: {ctx.model.source} has no tokenizer, so only tensorrt_llm (token ids in and out) "
                           "was written; add tokenizer files to the model for text in and out")
     ctx.reporter.note(f"repo: {target.name} target, max_batch_size {limits.max_batch_size}, decoupled "
-                      f"{record.options['decoupled']}, {len(report.findings)} validation note(s)")
+                      f"{ctx.spec.repo.decoupled}, {len(report.findings)} validation note(s)")

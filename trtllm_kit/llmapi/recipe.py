@@ -6,7 +6,7 @@ here (docs/llmapi.md §5). The recipe: decode CUDA graphs with padding for every
 RoPE; the only one with an FP8 KV cache, which it runs with paged context FMHA), KV block reuse, chunked
 prefill when a sequence can outgrow one iteration's token budget, and iteration statistics for the gauges.
 
-Memory per rank (on top of the engine target's model, ``build.plan``, whose weights per rank are exactly the
+Memory per rank (on top of the engine target's model, ``plan.py``, whose weights per rank are exactly the
 PyTorch backend's load-time shards: column/row splits of each linear, KV heads duplicated when fewer than
 tp, vocab rows of lm_head split): the CUDA-graph pool, one set of decode activations at the largest captured
 batch plus ``GRAPH_OVERHEAD`` per captured graph (upstream: "each CUDA graph can use up to 200 MB"), is set

@@ -1,5 +1,5 @@
 """The ``[build]``, ``[quant]`` and ``[serve]`` tables of a spec, each field declared once (``[repo]`` is
-``model_repo.options.RepoOptions``)."""
+``spec.repo_options.RepoOptions``)."""
 
 from __future__ import annotations
 
