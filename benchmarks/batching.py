@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtllm_kit.build.convert import convert_checkpoint  # noqa: E402
+from trtllm_kit.checkpoint.convert import convert_checkpoint  # noqa: E402
 from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
 from trtllm_kit.runtime.engine import Engine, EngineConfig  # noqa: E402
 from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402

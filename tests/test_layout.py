@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_kit.build.convert import convert_checkpoint
-from trtllm_kit.build.safetensors_io import DTYPES_BY_CODE, read_header
+from trtllm_kit.checkpoint.convert import convert_checkpoint
+from trtllm_kit.checkpoint.safetensors_io import DTYPES_BY_CODE, read_header
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.layout import (
     Mapping,

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trtllm_kit.artifact import EngineLimits
 from trtllm_kit.cli import cli
 from trtllm_kit.commands.build_flags import typed_values
 from trtllm_kit.commands.serve import serve_options
@@ -29,12 +30,12 @@ from trtllm_kit.enums import (
 )
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import repository_configs
-from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.option import Declared, plain
 from trtllm_kit.quant.algos import KV_ALGOS, VALID_COMBINATIONS
 from trtllm_kit.runtime.engine import EngineConfig
 from trtllm_kit.spec import TABLES, BuildSpec, all_declared, build_spec, load_table, load_toml, nest_flat_spec
+from trtllm_kit.spec.repo_options import RepoOptions
 
 SPEC_DOC = Path(__file__).parents[1] / "docs" / "triton-repo.md"
 FLAGGED = [d for d in all_declared() if d.option.flag]
@@ -297,10 +298,10 @@ def test_scheduler_policies_agree_with_the_backend_spec_the_runtime_and_the_repo
         assert EngineConfig.from_parameters({"batch_scheduler_policy": policy}).batch_scheduler_policy == policy
     with pytest.raises(KitUsageError, match="use one of guaranteed_no_evict, max_utilization, static"):
         EngineConfig(batch_scheduler_policy="fifo")
-    limits = EngineLimits("cpu", Path("ckpt"), 8, 2048, 1024, 1, 32, True, 1, 1)
+    limits = EngineLimits("cpu", Path("ckpt"), 8, 2048, 1024, 1, 32, True, 1, 1, slot_model="tensorrt_llm_cpu.py")
     for policy in SchedulerPolicy:
-        made = repository_configs(limits, RepoOptions(batch_scheduler_policy=policy).resolve(limits), Path("c"),
-                                  Path("tokenizer"))
+        options = resolve_options(RepoOptions(batch_scheduler_policy=policy), limits)
+        made = repository_configs(limits, options, Path("c"), Path("tokenizer"))
         written = made["tensorrt_llm"].parameters["batch_scheduler_policy"].string_value
         assert (written, type(written)) == (policy.value, str)
     with pytest.raises(KitUsageError, match=r"^batch_scheduler_policy 'static' is not one of guaranteed_no_evict, "

@@ -13,6 +13,9 @@ from trtllm_kit import __version__
 from trtllm_kit.errors import KitError
 from trtllm_kit.interrupts import INTERRUPTS
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 
 class KitClickError(click.ClickException):
     """A ``KitError`` shown as ``Error: <sentence>`` with its exit code."""

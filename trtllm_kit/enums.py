@@ -104,3 +104,10 @@ class SchedulerPolicy(Choice):
 
 STATIC_BATCHING = "static"
 RUNTIME_SCHEDULER_POLICIES = (*SchedulerPolicy.values(), STATIC_BATCHING)
+
+
+class GroupLaunch(Choice):
+    """How a target starts one replica's ranks across the pods of a group (``deploy``)."""
+
+    TRITON_RANKS = "triton-ranks"  # one tritonserver per rank under mpirun; rank 0 serves
+    LLMAPI_LAUNCH = "llmapi-launch"  # trtllm-llmapi-launch trtllm-serve on every rank; rank 0 serves OpenAI

@@ -21,7 +21,9 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "float8_e4m3fn
 FP8 = "float8_e4m3fn"
 F32 = "float32"
 LAYER_PREFIX = "transformer.layers."
+LAYER_RULE_PREFIX = LAYER_PREFIX + "{}."  # a family table's rule names keep a {} slot for the layer
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
+LINEAR_WEIGHTS = tuple(f"{module}.weight" for module in LINEARS)
 NORM_INPUTS = {"input_layernorm": ("attention.qkv",), "post_layernorm": ("mlp.fc", "mlp.gate")}
 ROW_LINEARS = {"attention.dense": "attention.quantization_scaling_factor",
                "mlp.proj": "mlp.quantization_scaling_factor"}

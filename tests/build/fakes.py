@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_kit.build.compat import Machine
-from trtllm_kit.build.gpus import GPU, MIB
+from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.gpus import GPU, MIB
 
 FAKE_TRTLLM_BUILD = textwrap.dedent('''\
     #!{python}

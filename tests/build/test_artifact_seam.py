@@ -11,15 +11,16 @@ import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.artifact import Artifact, ManifestError, upgrade_manifest
-from trtllm_kit.build.artifact import sha256_file
-from trtllm_kit.build.compat import Machine
-from trtllm_kit.build.gpus import GPU, MIB
+from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU, MIB
 from trtllm_kit.model_repo.validate import validate_repository
 from trtllm_kit.serve.compat import servable
-from trtllm_kit.serve.launcher import Endpoints, LaunchConfig
+from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, launch_argv
 from trtllm_kit.serve.locate import TritonInstall
+from trtllm_kit.targets import limits_from_dir
 
 DATA = Path(__file__).parents[1] / "data" / "manifests"
 OPT = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), "/opt/tritonserver",
@@ -71,7 +72,7 @@ def test_build_to_launch_argv_at_tp2_pp2(engine_out: Path, four_gpu_host: Machin
     # what is written is what is read: the typed artifact reproduces the file exactly
     assert artifact.to_dict() == json.loads((engine_out / "manifest.json").read_text())
 
-    assert validate_repository(engine_out / "repo").errors == []
+    assert validate_repository(engine_out / "repo", read_limits=limits_from_dir).errors == []
 
     served = servable(engine_out, four_gpu_host)
     assert (served.target.name, served.world_size, served.models) == ("engine", 4, ("tensorrt_llm_bls", "ensemble"))
@@ -80,7 +81,7 @@ def test_build_to_launch_argv_at_tp2_pp2(engine_out: Path, four_gpu_host: Machin
     expected = ["mpirun", "-n", "1", *rank_argv(repo, 0)]
     for rank in (1, 2, 3):
         expected += [":", "-n", "1", *rank_argv(repo, rank)]
-    assert served.target.argv(OPT, config, is_root=False) == expected
+    assert launch_argv(OPT, config, is_root=False) == expected
 
 
 A100 = GPU("NVIDIA A100-SXM4-80GB", 81920 * MIB, (8, 0), "nvml")
@@ -108,7 +109,7 @@ def test_a_cpu_artifact_is_one_process(tmp_path: Path) -> None:
     served = servable(out)
     assert (served.target.name, served.world_size, served.artifact.layout.world_size) == ("cpu", 1, 4)
     config = LaunchConfig(repo=served.repo, world_size=served.world_size)
-    assert served.target.argv(OPT, config)[0] == "/opt/tritonserver/bin/tritonserver"  # no mpirun
+    assert launch_argv(OPT, config)[0] == "/opt/tritonserver/bin/tritonserver"  # no mpirun
 
 
 def test_plan_for_the_engine_target_on_a_machine_without_tensorrt_llm(tmp_path: Path,

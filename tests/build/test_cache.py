@@ -6,17 +6,19 @@ import json
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.build.archive import pack_archive, verify_artifact
-from trtllm_kit.build.compat import Machine, compatibility
-from trtllm_kit.build.gpus import GPU, MIB
+from trtllm_kit.artifact.archive import pack_archive, verify_artifact
+from trtllm_kit.artifact.compat import Machine, compatibility
 from trtllm_kit.cli import run
+from trtllm_kit.gpus import GPU, MIB
 from trtllm_kit.models.builtin import builtin_dir, cache_root
+from trtllm_kit.targets import get_target
 
 ENGINE_BUILD = ["build", "builtin:tiny-llama", "--tp", "2", "--until", "engine", "--no-verify", "--max-seq-len", "128",
                 "--max-batch-size", "4"]
@@ -164,7 +166,7 @@ def test_archive_round_trip(engine_artifact: Path, tmp_path: Path) -> None:
         assert (unpacked / name).read_bytes() == (engine_artifact / name).read_bytes()
     machine = h100_machine()
     for source in (engine_artifact, archive, unpacked):
-        report = verify_artifact(source, machine)
+        report = verify_artifact(source, problems_on(machine))
         assert (report.hashes_ok, report.problems, report.has_engines) == (True, [], True)
         assert report.num_files == len(on_disk) - 1
     again = pack_archive(engine_artifact, tmp_path / "again.tar.gz")
@@ -173,7 +175,7 @@ def test_archive_round_trip(engine_artifact: Path, tmp_path: Path) -> None:
 
 def test_flipped_byte_is_caught_in_a_directory(engine_artifact: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("trtllm_kit.build.compat.detect_machine", h100_machine)
+    monkeypatch.setattr("trtllm_kit.artifact.compat.detect_machine", h100_machine)
     assert run(["artifact", "verify", str(engine_artifact)]) == 0
     assert capsys.readouterr().out.endswith("hashes ok; engines compatible with this machine\n")
     rank = engine_artifact / "checkpoint" / "rank1.safetensors"
@@ -194,7 +196,7 @@ def test_flipped_byte_is_caught_in_an_archive(engine_artifact: Path, tmp_path: P
     data = bytearray(archive.read_bytes())
     data[member.offset_data + 3] ^= 0x01
     archive.write_bytes(bytes(data))
-    report = verify_artifact(archive, h100_machine())
+    report = verify_artifact(archive, problems_on(h100_machine()))
     assert (report.mismatched, report.missing, report.unexpected) == (["engines/rank1.engine"], [], [])
 
 
@@ -220,7 +222,7 @@ def test_incompatible_machines_are_reported(engine_artifact: Path, monkeypatch: 
     ]
     for machine, problems in cases:
         assert compatibility(built, machine) == problems
-    monkeypatch.setattr("trtllm_kit.build.compat.detect_machine", lambda: cases[3][0])
+    monkeypatch.setattr("trtllm_kit.artifact.compat.detect_machine", lambda: cases[3][0])
     assert run(["artifact", "verify", str(engine_artifact)]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"Error: {engine_artifact} is intact but its engines cannot run here: the engines were built with tensorrt_llm "
@@ -274,3 +276,8 @@ def test_the_ci_example_config_plans(tmp_path: Path, capsys: pytest.CaptureFixtu
     for command in ("trtllm-kit plan --config trtllm-kit.toml", "--until checkpoint --target cpu --archive",
                     "--until engine --target engine", "trtllm-kit artifact verify engines.tar"):
         assert command in workflow
+
+
+def problems_on(machine: Machine) -> Callable[[Artifact], list[str]]:
+    """What keeps an artifact from being served on ``machine``, as its target says."""
+    return lambda artifact: get_target(artifact.target).serve_problems(artifact, machine)

@@ -33,9 +33,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from trtllm_kit.build import safetensors_io
-from trtllm_kit.build.convert import convert_checkpoint
-from trtllm_kit.build.safetensors_io import SafetensorsWriter
+from trtllm_kit.checkpoint import safetensors_io
+from trtllm_kit.checkpoint.convert import convert_checkpoint
+from trtllm_kit.checkpoint.safetensors_io import SafetensorsWriter
 from trtllm_kit.errors import CheckpointError, KitUsageError
 
 DIMS = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
@@ -375,8 +375,8 @@ def test_a_file_system_without_kernel_copies_falls_back(hf_dirs: dict[str, Path]
 def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: dict[str, Path]) -> None:
     from contextlib import ExitStack
 
-    from trtllm_kit.build.convert import SourceRead, TensorReader
-    from trtllm_kit.build.inspect import inspect_model
+    from trtllm_kit.checkpoint.convert import SourceRead, TensorReader
+    from trtllm_kit.checkpoint.inspect import inspect_model
 
     model = inspect_model(str(hf_dirs["llama"]))
     name = "model.layers.0.mlp.down_proj.weight"

@@ -9,14 +9,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trtllm_kit.build.fusion_graph import FUSED, PLUGIN, fusion_table, layer_graph, to_onnx, write_graph
-from trtllm_kit.build.gpus import gpu_from_table
-from trtllm_kit.build.plan import Limits, Precision, make_plan
-from trtllm_kit.build.recipe import build_command
+from trtllm_kit.checkpoint.fusion_graph import FUSED, PLUGIN, fusion_table, layer_graph, to_onnx, write_graph
 from trtllm_kit.cli import run
+from trtllm_kit.engine.recipe import build_command
+from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
+from trtllm_kit.plan import Limits, Precision, make_plan
 
 LLAMA3_8B = Path(__file__).parents[1] / "data" / "hf-configs" / "meta-llama--Meta-Llama-3-8B"
 LIMITS = Limits(max_batch_size=16, max_seq_len=4096, max_num_tokens=4096)
@@ -151,7 +151,7 @@ def test_plan_graph_cli_writes_the_graph_and_the_table(tmp_path: Path, capsys: p
 
 def test_graph_needs_a_gpu_to_plan_for(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from trtllm_kit.build.compat import Machine
+    from trtllm_kit.artifact.compat import Machine
 
     monkeypatch.setattr("trtllm_kit.build.dry_run.detect_machine", lambda: Machine(None, None, None, None, ()))
     code = run(["plan", str(LLAMA3_8B), "--graph", str(tmp_path / "g.onnx"), "--out", str(tmp_path / "out")])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from trtllm_kit.build.convert import convert_checkpoint
-from trtllm_kit.build.verify import (
+from trtllm_kit.checkpoint.convert import convert_checkpoint
+from trtllm_kit.checkpoint.verify import (
     DEFAULT_PROMPT_LENGTHS,
     LOW_PRECISION_REL_TOL,
     VerifyReport,

@@ -12,13 +12,15 @@ from trtllm_kit.artifact import (
     Artifact,
     CheckpointRecord,
     EngineBuild,
+    EngineLimits,
     EngineRecord,
     ModelRecord,
     RepoRecord,
     StageRecords,
 )
-from trtllm_kit.build.plan import Precision
+from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
+from trtllm_kit.plan import BuildPlan, Precision, RankPlan
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.tables import BuildOptions
 
@@ -49,7 +51,10 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
             f"backend: pytorch\ntensor_parallel_size: {tp}\npipeline_parallel_size: {pp}\n"
             "enable_iter_perf_stats: true\n")
         files["trtllm-serve/extra_llm_api_options.yaml"] = "d" * 64
-    plan = {"max_batch_size": 64, "ranks": [{"rank": r, "weight_bytes": rank_bytes} for r in range(tp * pp)]}
+    ranks = tuple(RankPlan(r, r % tp, r // tp, 1, rank_bytes, 0, 0, 0, 0, 0, 0, 0, 0, 0, True) for r in range(tp * pp))
+    plan = BuildPlan(gpu=gpu_from_table("H100-80GB"), precision=Precision("bfloat16"), tp_size=tp, pp_size=pp,
+                     max_batch_size=64, max_input_len=4096, max_seq_len=8192, max_num_tokens=8192,
+                     tokens_per_block=32, kv_cache_fraction=0.9, derived=(), ranks=ranks)
     built = EngineBuild(dir="engines", world_size=tp * pp, tp_size=tp, pp_size=pp, tensorrt_llm="1.2.1",
                         tensorrt="10.14.1.48", cuda="13.0", driver="580.65.06", gpu="NVIDIA H100 80GB HBM3",
                         compute_capability="9.0") if target == "engine" else None
@@ -62,7 +67,7 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
         engine=EngineRecord(target, "built on a GPU host", plan=plan if target == "engine" else None, built=built,
                             command=LLMAPI_COMMAND if target == "llmapi" else None),
         repo=RepoRecord("repo", "", target, ["tensorrt_llm"], False, f"/models/llama70b/{model_dir}",
-                        {"max_batch_size": 64}, {}),
+                        EngineLimits(target, Path(model_dir), 64, 8192, 4096, 1, 32, True, tp, pp), {}),
         stages=["checkpoint", "engine", "repo"])
     Artifact(path=out, spec=BuildSpec(model=source, out=out, build=BuildOptions(tp=tp, pp=pp, target=target)),
              target=target,

@@ -15,7 +15,7 @@ import aiohttp
 from tests.deploy.test_k8s import IMAGE, deploy, objects
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.gateway import USAGE_LOG
-from trtllm_kit.deploy.leader import FrontendPlan
+from trtllm_kit.deploy.leader_plan import FrontendPlan
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.gateway.usage import UsageLog, UsageRecord
 from trtllm_kit.serve.launcher import free_port

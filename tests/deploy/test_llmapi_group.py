@@ -10,7 +10,8 @@ import yaml
 
 from tests.deploy.test_k8s import deploy, objects
 from tests.deploy.test_startup import STAND_IN_RANKS, FakeClock
-from trtllm_kit.deploy.leader import Leader, LeaderPlan
+from trtllm_kit.deploy.leader import Leader
+from trtllm_kit.deploy.leader_plan import LeaderPlan
 from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.serve.launcher import free_port
 

@@ -16,12 +16,14 @@ import yaml
 
 from tests.deploy.test_k8s import IMAGE, deploy, objects
 from trtllm_kit.cli import run
-from trtllm_kit.deploy.leader import Leader, LeaderPlan
+from trtllm_kit.deploy.leader import Leader
+from trtllm_kit.deploy.leader_plan import LeaderPlan
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
-from trtllm_kit.deploy.startup import FLOOR_S, STARTUP_TERMS, budgets
+from trtllm_kit.deploy.startup import FLOOR_S, budgets
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.launcher import free_port
+from trtllm_kit.targets import get_target
 
 GB = 10**9
 PEERS_S = (615, 7200)  # the peers' startup allowances (docs/deploy-kubernetes.md): 615 s (production-stack) to 2 h
@@ -57,7 +59,7 @@ def test_the_budget_formula_against_the_peers(what, src, gpus, delivery, expecte
     nodes = num_nodes(src, settings)
     budget = budgets(src, settings, nodes)
     assert budget.startup_s == expected
-    assert budget.startup_s >= budget.wait_s + budget.read_s + STARTUP_TERMS[src.target].total_s
+    assert budget.startup_s >= budget.wait_s + budget.read_s + get_target(src.target).startup_terms.total_s
     assert FLOOR_S <= budget.startup_s <= PEERS_S[1]
     assert budget.startup_failures * 10 == budget.startup_s
 
@@ -222,7 +224,7 @@ def test_check_refuses_a_leader_plan_its_probe_does_not_cover(artifact, tmp_path
 
 
 def test_deploy_leader_outside_a_group_says_so(tmp_path, capsys, monkeypatch):
-    from trtllm_kit.deploy.leader import LeaderPlan
+    from trtllm_kit.deploy.leader_plan import LeaderPlan
 
     plan = LeaderPlan(num_workers=1, slots=4, ranks=("-n", "1", "true"), ready_url="http://127.0.0.1:1/",
                       worker_wait_s=10, startup_s=600, exit_timeout_s=1, ssh_port=2222, ssh_key="k")

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from trtllm_kit.build.inspect import resolve_model_path
+from trtllm_kit.checkpoint.inspect import resolve_model_path
 from trtllm_kit.cli import run
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import token_windows

@@ -17,9 +17,9 @@ import pytest
 
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.llmapi.instances import check_gpu_groups, parse_gpu_device_ids
-from trtllm_kit.llmapi.validate import validate_llmapi_repository
 from trtllm_kit.model_repo.configs import parse_config
+from trtllm_kit.model_repo.llmapi_validate import validate_llmapi_repository
+from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 from tritonserver import grpc_inputs, running_server

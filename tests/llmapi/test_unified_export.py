@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trtllm_kit.build.inspect import inspect_model
+from trtllm_kit.checkpoint.inspect import inspect_model
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.llmapi.quant_format import quantize_weight, weight_scale
 from trtllm_kit.llmapi.unified import write_unified

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_kit.build.convert import convert_checkpoint
+from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trtllm_kit.model_repo.limits import EngineLimits
+from trtllm_kit.artifact import EngineLimits
 
 # The two targets with fixed paths, so that generated configs can be compared with golden files.
 ENGINE_LIMITS = EngineLimits(target="engine", model_dir=Path("/models/engines"), max_batch_size=64,
@@ -13,7 +13,7 @@ ENGINE_LIMITS = EngineLimits(target="engine", model_dir=Path("/models/engines"),
                              use_paged_context_fmha=True, tp_size=1, pp_size=1)
 CPU_LIMITS = EngineLimits(target="cpu", model_dir=Path("/models/checkpoint"), max_batch_size=8, max_num_tokens=2048,
                           max_seq_len=1024, max_beam_width=1, tokens_per_block=32, use_paged_context_fmha=True,
-                          tp_size=1, pp_size=1)
+                          tp_size=1, pp_size=1, rank_file_pattern="rank*.safetensors", slot_model="tensorrt_llm_cpu.py")
 
 
 def write_engine_dir(path: Path, *, max_batch_size: int = 16, tp_size: int = 1, pp_size: int = 1,

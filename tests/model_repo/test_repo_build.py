@@ -11,9 +11,10 @@ import pytest
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.model_repo.configs import MODEL_NAMES, parse_config
-from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.model_repo.configs import parse_config
+from trtllm_kit.names import MODEL_NAMES
 from trtllm_kit.spec import BuildOptions, BuildSpec, build_spec, load_toml
+from trtllm_kit.spec.repo_options import RepoOptions
 
 
 def config(out: Path, model: str):

@@ -9,8 +9,10 @@ import pytest
 from repo_material import CPU_LIMITS, ENGINE_LIMITS
 
 from trtllm_kit.model_repo import tensors as T
-from trtllm_kit.model_repo.configs import BACKEND_DEFAULT_KEYS, MODEL_NAMES, parse_config, repository_configs, to_text
-from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.model_repo.configs import BACKEND_DEFAULT_KEYS, parse_config, repository_configs, to_text
+from trtllm_kit.model_repo.options import resolve_options
+from trtllm_kit.names import MODEL_NAMES
+from trtllm_kit.spec.repo_options import RepoOptions
 
 GOLDEN = Path(__file__).parent / "golden"
 LIMITS = {"engine": ENGINE_LIMITS, "cpu": CPU_LIMITS}
@@ -46,7 +48,7 @@ NUM_CPUS = 64  # a build machine with cores to spare: the golden files' instance
 
 def configs(target: str):
     limits = LIMITS[target]
-    return repository_configs(limits, RepoOptions().resolve(limits, 0.9, num_cpus=NUM_CPUS), limits.model_dir,
+    return repository_configs(limits, resolve_options(RepoOptions(), limits, 0.9, num_cpus=NUM_CPUS), limits.model_dir,
                               Path("tokenizer"))
 
 
@@ -101,20 +103,21 @@ def test_instance_counts_follow_the_spec_advice() -> None:
     for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert engine[name].instance_group[0].count == 16  # max_batch_size 64 clipped to 16
         assert cpu[name].instance_group[0].count == 8  # max_batch_size 8 (at least 5)
-    on_two_cores = RepoOptions().resolve(ENGINE_LIMITS, num_cpus=2)  # never more instances than cores
+    on_two_cores = resolve_options(RepoOptions(), ENGINE_LIMITS, num_cpus=2)  # never more instances than cores
     assert (on_two_cores.preprocessing_instances, on_two_cores.postprocessing_instances,
             on_two_cores.bls_instances) == (2, 2, 2)
-    explicit = RepoOptions(preprocessing_instances=2, bls_instances=3).resolve(CPU_LIMITS, num_cpus=NUM_CPUS)
+    explicit = resolve_options(RepoOptions(preprocessing_instances=2, bls_instances=3), CPU_LIMITS,
+                               num_cpus=NUM_CPUS)
     made = repository_configs(CPU_LIMITS, explicit, CPU_LIMITS.model_dir, Path("tokenizer"))
     assert [made[n].instance_group[0].count for n in ("preprocessing", "postprocessing", "tensorrt_llm_bls")] == [
         2, 8, 3]
 
 
 def test_non_streaming_options_reach_tensorrt_llm_and_bls() -> None:
-    options = RepoOptions(decoupled=False, enable_kv_cache_reuse=False, enable_chunked_context=False,
+    options = resolve_options(RepoOptions(decoupled=False, enable_kv_cache_reuse=False, enable_chunked_context=False,
                           batch_scheduler_policy="max_utilization", max_queue_size=7,
                           max_queue_delay_microseconds=250, exclude_input_in_output=False,
-                          max_tokens_in_paged_kv_cache=4096).resolve(ENGINE_LIMITS, 0.85)
+                          max_tokens_in_paged_kv_cache=4096), ENGINE_LIMITS, 0.85)
     made = repository_configs(ENGINE_LIMITS, options, Path("/e"), Path("tokenizer"))
     trt, bls = made["tensorrt_llm"], made["tensorrt_llm_bls"]
     params = {k: v.string_value for k, v in trt.parameters.items()}

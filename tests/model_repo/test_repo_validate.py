@@ -13,10 +13,11 @@ from repo_material import write_engine_dir
 
 from trtllm_kit.cli import run
 from trtllm_kit.model_repo.configs import parse_config, to_text
-from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.model_repo.repository import write_repository
 from trtllm_kit.model_repo.validate import Expectation, validate_repository
-from trtllm_kit.targets import get_target
+from trtllm_kit.spec.repo_options import RepoOptions
+from trtllm_kit.targets import get_target, limits_from_dir
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,8 @@ def set_param(repo: Path, model: str, key: str, value: str) -> None:
 
 
 def messages(repo: Path, **kwargs) -> list[tuple[str, str, str, str]]:
-    return [(f.severity, f.model, f.rule, f.message) for f in validate_repository(repo, **kwargs).findings]
+    report = validate_repository(repo, read_limits=limits_from_dir, **kwargs)
+    return [(f.severity, f.model, f.rule, f.message) for f in report.findings]
 
 
 @pytest.mark.parametrize("repo", ["cpu", "engine"], indirect=True)
@@ -264,27 +266,27 @@ def test_the_artifact_next_to_the_repository_is_read(tmp_path: Path) -> None:
     assert run(["build", "builtin:tiny-llama", "--tp", "2", "--no-verify", "--gpu", "L4", "--kv-cache-fraction",
                 "0.8", "--max-seq-len", "128", "--out", str(out)]) == 0
     assert Expectation.of_artifact(out) == Expectation(world_size=2, kv_cache_fraction=0.8)
-    assert validate_repository(out / "repo").errors == []
+    assert validate_repository(out / "repo", read_limits=limits_from_dir).errors == []
     set_param(out / "repo", "tensorrt_llm", "kv_cache_free_gpu_mem_fraction", "0.5")
-    assert [f.message for f in validate_repository(out / "repo").errors] == [
+    assert [f.message for f in validate_repository(out / "repo", read_limits=limits_from_dir).errors] == [
         "kv_cache_free_gpu_mem_fraction 0.5 differs from the build plan's kv_cache_fraction 0.8, which sized "
         "max_batch_size; set them equal."]
     (out / "manifest.json").write_text("{")  # an unreadable manifest: nothing is expected, nothing crashes
-    assert validate_repository(out / "repo").errors == []
+    assert validate_repository(out / "repo", read_limits=limits_from_dir).errors == []
 
 
 def test_options_resolution_refuses_what_the_engine_cannot_do(tmp_path: Path) -> None:
     from trtllm_kit.errors import KitUsageError
 
     limits = get_target("engine").limits(write_engine_dir(tmp_path / "e", use_paged_context_fmha=False), {})
-    assert RepoOptions().resolve(limits).enable_kv_cache_reuse is False
+    assert resolve_options(RepoOptions(), limits).enable_kv_cache_reuse is False
     with pytest.raises(KitUsageError, match=r"^enable_kv_cache_reuse needs an engine built with use_paged_"):
-        RepoOptions(enable_kv_cache_reuse=True).resolve(limits)
+        resolve_options(RepoOptions(enable_kv_cache_reuse=True), limits)
     with pytest.raises(KitUsageError, match=r"^kv_cache_free_gpu_mem_fraction 0.5 differs from the build plan's "
                        r"kv_cache_fraction 0.9, which sized max_batch_size; set them equal.$"):
-        RepoOptions(kv_cache_free_gpu_mem_fraction=0.5).resolve(limits, 0.9)
+        resolve_options(RepoOptions(kv_cache_free_gpu_mem_fraction=0.5), limits, 0.9)
     with pytest.raises(KitUsageError, match=r"^max_tokens_in_paged_kv_cache 100 is below max_seq_len 1024"):
-        RepoOptions(max_tokens_in_paged_kv_cache=100).resolve(replace(limits, use_paged_context_fmha=True))
+        resolve_options(RepoOptions(max_tokens_in_paged_kv_cache=100), replace(limits, use_paged_context_fmha=True))
     with pytest.raises(KitUsageError, match=r"^batch_scheduler_policy 'fifo' is not one of guaranteed_no_evict, "
                        r"max_utilization.$"):
         RepoOptions(batch_scheduler_policy="fifo")

@@ -1,6 +1,6 @@
 """Quantized checkpoints on the CPU runtime against the unquantized HF model: perplexity on the shipped corpus.
 
-Bounds (``trtllm_kit.build.verify``): |perplexity change| W8A16 1 %, FP8 2 %, SmoothQuant 5 %, KV cache alone
+Bounds (``trtllm_kit.checkpoint.verify``): |perplexity change| W8A16 1 %, FP8 2 %, SmoothQuant 5 %, KV cache alone
 1 %; mean KL(unquantized ‖ quantized) W8A16 0.02, FP8 0.2, SmoothQuant 0.1, KV alone 0.05. Measured on these
 cases (calibration 16 × 128 tokens, 2048 corpus tokens): perplexity -0.6 % … +1.2 %; KL W8A16 ≤ 0.0093 (with
 INT8 KV), FP8 0.093 – 0.108, SmoothQuant 0.010 – 0.025, INT8 KV alone 0.006. The random-weight models'
@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trtllm_kit.build.convert import convert_checkpoint
-from trtllm_kit.build.verify import quality_bounds, verify_checkpoint
+from trtllm_kit.checkpoint.convert import convert_checkpoint
+from trtllm_kit.checkpoint.verify import quality_bounds, verify_checkpoint
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import CalibrationStats

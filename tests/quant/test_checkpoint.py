@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trtllm_kit.build.convert import convert_checkpoint
-from trtllm_kit.build.safetensors_io import read_header
+from trtllm_kit.checkpoint.convert import convert_checkpoint
+from trtllm_kit.checkpoint.safetensors_io import read_header
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.quant.int8 import smoothing_scales

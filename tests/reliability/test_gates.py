@@ -9,7 +9,7 @@ from pathlib import Path
 from reliability_helpers import MODEL, error_line, kit
 from safetensors.torch import load_file, save_file
 
-from trtllm_kit.build.verify import perplexity_is_meaningful
+from trtllm_kit.checkpoint.verify import perplexity_is_meaningful
 
 CALIB = ["--calib-samples", "8", "--calib-seq-len", "64"]
 

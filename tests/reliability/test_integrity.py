@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import MODEL, error_line, kit
 
-from trtllm_kit.build.archive import pack_archive
+from trtllm_kit.artifact.archive import pack_archive
 
 TAIL = ("; archives made by --archive hold only regular files with relative names: the archive was crafted or "
         "corrupted, do not extract it.")

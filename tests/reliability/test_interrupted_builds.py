@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import KIT, MODEL, error_line, kit, leftovers
 
-from trtllm_kit.build.staging import owner_tag
+from trtllm_kit.owner import owner_tag
 
 NUM_SIGINT_TRIES = 20
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from trtllm_kit.build.convert import convert_checkpoint
-from trtllm_kit.build.verify import LOW_PRECISION_REL_TOL, load_hf_reference
+from trtllm_kit.checkpoint.convert import convert_checkpoint
+from trtllm_kit.checkpoint.verify import LOW_PRECISION_REL_TOL, load_hf_reference
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.model import CheckpointModel, Rope, attend, causal_mask

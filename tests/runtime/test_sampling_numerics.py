@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_kit.build.convert import convert_checkpoint
+from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.engine import Engine, EngineConfig

@@ -18,9 +18,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.artifact import Artifact, EngineBuild, EngineRecord, ModelRecord, StageRecords
-from trtllm_kit.build.artifact import file_hashes
-from trtllm_kit.build.plan import Precision
+from trtllm_kit.artifact.files import file_hashes
 from trtllm_kit.layout import Mapping
+from trtllm_kit.plan import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.tables import BuildOptions
 
@@ -115,7 +115,7 @@ def make_fake_out(out: Path, *, config_text: str | None = None, engine: EngineBu
     (out / "tokenizer").mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy2(builtin_dir("tiny-llama") / name, out / "tokenizer" / name)
-    from trtllm_kit.build.integrity import file_stats
+    from trtllm_kit.artifact.integrity import file_stats
 
     target = "engine" if engine else "cpu"
     records = StageRecords(model=ModelRecord("builtin:tiny-llama", str(builtin_dir("tiny-llama")), "llama",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_kit.serve.heartbeat import HEARTBEAT_ENV, Heartbeat, silent_for
+from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV, Heartbeat, silent_for
 
 
 def test_a_beat_records_the_requests_held_and_a_change_is_written_at_once(tmp_path: Path,

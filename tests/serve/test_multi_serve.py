@@ -186,17 +186,20 @@ def test_command_line_with_several_outs_names_and_aliases(outs, tmp_path, capsys
 
 
 def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None:
-    from dataclasses import asdict, replace
+    from dataclasses import replace
 
     from trtllm_kit.artifact import EngineRecord
-    from trtllm_kit.build.plan import RankPlan
+    from trtllm_kit.gpus import GPU
+    from trtllm_kit.plan import BuildPlan, Precision, RankPlan
     from trtllm_kit.serve.compat import Servable
     from trtllm_kit.targets import get_target
 
     gib = 1024**3
-    ranks = [asdict(RankPlan(rank, rank, 0, 3, 10 * gib, 1024, 32768, 2 * gib, gib, 67 * gib, 30 * gib, 100, 3200, 4,
-                             True)) for rank in range(2)]
-    plan = {"ranks": ranks, "gpu": {"name": "H100-80GB", "memory_bytes": 80 * gib}, "kv_cache_fraction": 0.45}
+    ranks = tuple(RankPlan(rank, rank, 0, 3, 10 * gib, 1024, 32768, 2 * gib, gib, 67 * gib, 30 * gib, 100, 3200, 4,
+                           True) for rank in range(2))
+    plan = BuildPlan(gpu=GPU("H100-80GB", 80 * gib, (9, 0), "table"), precision=Precision("bfloat16"), tp_size=2,
+                     pp_size=1, max_batch_size=4, max_input_len=1024, max_seq_len=2048, max_num_tokens=2048,
+                     tokens_per_block=32, kv_cache_fraction=0.45, derived=(), ranks=ranks)
     out = tmp_path / "engine-out"
     shutil.copytree(outs[0] / "repo", out / "repo")
     trtllm = config(out / "repo", "tensorrt_llm")

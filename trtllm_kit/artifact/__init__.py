@@ -12,6 +12,7 @@ from trtllm_kit.artifact.records import (
     CacheRecord,
     CheckpointRecord,
     EngineBuild,
+    EngineLimits,
     EngineRecord,
     ModelRecord,
     RepoRecord,
@@ -19,6 +20,7 @@ from trtllm_kit.artifact.records import (
 )
 
 __all__ = [
-    "MANIFEST", "SCHEMA_VERSION", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild", "EngineRecord",
-    "ManifestError", "ModelRecord", "RepoRecord", "StageRecords", "read_manifest_json", "upgrade_manifest",
+    "MANIFEST", "SCHEMA_VERSION", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild", "EngineLimits",
+    "EngineRecord", "ManifestError", "ModelRecord", "RepoRecord", "StageRecords", "read_manifest_json",
+    "upgrade_manifest",
 ]

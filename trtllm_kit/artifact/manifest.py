@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact.records import CacheRecord, StageRecords
-from trtllm_kit.build.plan import Precision
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.layout import Mapping
+from trtllm_kit.plan import Precision
 from trtllm_kit.spec import BuildSpec, nest_flat_spec
 
 SCHEMA_VERSION = 2

@@ -7,7 +7,11 @@ A record is what a stage hands to the next and what a later build reuses from th
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+from trtllm_kit.layout import Mapping
+from trtllm_kit.plan import BuildPlan
 
 
 def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
@@ -78,19 +82,17 @@ class EngineRecord:
     target: str
     reason: str
     command: list[str] | None = None
-    plan: dict[str, Any] | None = None
+    plan: BuildPlan | None = None
     built: EngineBuild | None = None
 
     @property
     def kv_cache_fraction(self) -> float | None:
         """The KV-cache memory fraction the plan sized ``max_batch_size`` with (None without a plan)."""
-        if self.plan and "kv_cache_fraction" in self.plan:
-            return float(self.plan["kv_cache_fraction"])
-        return None
+        return self.plan.kv_cache_fraction if self.plan is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         values: dict[str, Any] = {"target": self.target, "reason": self.reason, "command": self.command,
-                                  "plan": self.plan}
+                                  "plan": self.plan.to_dict() if self.plan is not None else None}
         if self.built is not None:
             values.update(asdict(self.built))
         return values
@@ -99,8 +101,55 @@ class EngineRecord:
     def from_dict(cls, values: dict[str, Any]) -> EngineRecord:
         built = EngineBuild(**_known(EngineBuild, values)) if values.get("dir") else None
         reason = values.get("reason") or values.get("skipped") or ""  # schema 1 said "skipped" when not compiled
-        return cls(target=values["target"], reason=reason, command=values.get("command"), plan=values.get("plan"),
-                   built=built)
+        plan = BuildPlan.from_dict(values["plan"]) if values.get("plan") else None
+        return cls(target=values["target"], reason=reason, command=values.get("command"), plan=plan, built=built)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Shapes and features fixed when the engine was built (or chosen for the CPU runtime)."""
+
+    target: str  # a registered target name (trtllm_kit.targets)
+    model_dir: Path  # the engine directory, or the checkpoint directory for "cpu"
+    max_batch_size: int
+    max_num_tokens: int
+    max_seq_len: int
+    max_beam_width: int
+    tokens_per_block: int
+    use_paged_context_fmha: bool
+    tp_size: int
+    pp_size: int
+    vocab_size: int | None = None
+    # what the target serves the model directory with, not limits: left out of ``to_dict``
+    rank_file_pattern: str = field(default="rank*.engine", compare=False)  # one file per rank in model_dir
+    slot_model: str | None = field(default=None, compare=False)  # the kit's Python model in the slot (None: C++)
+
+    @property
+    def mapping(self) -> Mapping:
+        return Mapping(self.tp_size, self.pp_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.mapping.world_size
+
+    @property
+    def num_rank_files(self) -> int:
+        return sum(1 for _ in self.model_dir.glob(self.rank_file_pattern))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineLimits:
+        """The limits ``to_dict`` wrote (``model_dir`` as its directory name).
+
+        Arguments:
+            values: a repository record's ``limits``.
+        """
+        return cls(**{**_known(cls, values), "model_dir": Path(values["model_dir"])})
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        del values["rank_file_pattern"], values["slot_model"]
+        values["model_dir"] = self.model_dir.name  # "engines" or "checkpoint": built in a staging dir, then moved
+        return values
 
 
 @dataclass(frozen=True)
@@ -113,12 +162,15 @@ class RepoRecord:
     models: list[str]
     text: bool
     gpt_model_path: str
-    limits: dict[str, Any]
+    limits: EngineLimits
     options: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "limits": self.limits.to_dict()}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RepoRecord:
-        return cls(**_known(cls, values))
+        return cls(**{**_known(cls, values), "limits": EngineLimits.from_dict(values["limits"])})
 
 
 @dataclass(frozen=True)
@@ -158,7 +210,7 @@ class StageRecords:
         if self.engine is not None:
             values["engine"] = self.engine.to_dict()
         if self.repo is not None:
-            values["repo"] = asdict(self.repo)
+            values["repo"] = self.repo.to_dict()
         values["stages"] = list(self.stages)
         return values
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import MANIFEST, Artifact, StageRecords
-from trtllm_kit.build.artifact import sha256_file
+from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.errors import KitError
 
 STAGE_DIRS = {"checkpoint": ("checkpoint", "tokenizer", "calibration"), "engine": ("engines", "logs"),

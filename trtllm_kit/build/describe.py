@@ -7,9 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trtllm_kit.build.convert import check_sources, work_items
-from trtllm_kit.build.inspect import inspect_model
-from trtllm_kit.build.trtllm_config import resolve_dtype
+from trtllm_kit.checkpoint.convert import check_sources, work_items
+from trtllm_kit.checkpoint.inspect import inspect_model
+from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.layout import (
     Mapping,
     QuantLayout,

@@ -13,16 +13,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.build.cache import Previous, input_digests
-from trtllm_kit.build.compat import detect_machine
-from trtllm_kit.build.engine import EngineSetup, precision_of, prepare_engine
-from trtllm_kit.build.fusion_graph import fusion_table, layer_graph, write_graph
-from trtllm_kit.build.inspect import inspect_model, resolve_model_path
+from trtllm_kit.build.engine import prepare_engine
+from trtllm_kit.build.pipeline import stage_keys
+from trtllm_kit.checkpoint.fusion_graph import fusion_table, layer_graph, write_graph
+from trtllm_kit.checkpoint.inspect import inspect_model, resolve_model_path
+from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp, layers_for_rank
+from trtllm_kit.llmapi.plan_report import print_llmapi_plan
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
+from trtllm_kit.quant.calib_size import calibration_device, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
+from trtllm_kit.targets.base import EngineSetup
 
 MIB = 2**20
 GIB = 2**30
@@ -53,18 +58,15 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "command_lines": [engine.command.line] if engine.command else [],
     }
     if spec.quant_config().needs_calibration:
-        from trtllm_kit.quant.calib_size import calibration_device, choose_size
-
         size = choose_size(spec.quant_config(), calibration_device())
         report["calibration"] = {"samples": size.samples, "seq_len": size.seq_len, "device": size.device,
                                  "reason": size.reason}
-    if engine.target.name == "llmapi":  # no engine: the PyTorch backend's recipe, memory and serve command
-        from trtllm_kit.llmapi.plan_report import llmapi_plan
-
-        report["llmapi"] = llmapi_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
+    own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
+    if own is not None:  # no engine: the target's recipe, memory and serve command (llmapi)
+        report[engine.target.name] = own
         report.update(plan=None, commands=[], command_lines=[])
         if graph is not None:
-            raise KitError("--graph draws the engine's fused layer; target llmapi builds no engine.")
+            raise KitError(f"--graph draws the engine's fused layer; target {engine.target.name} builds no engine.")
     elif engine.command is not None:
         layer = layer_graph(hf, precision_of(spec, hf), spec.build.tp, dict(engine.command.flags))
         report["fusion"] = fusion_table(layer)
@@ -77,8 +79,6 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
 
 
 def _stage_status(spec: BuildSpec, stages: tuple[str, ...], engine: EngineSetup) -> list[dict[str, Any]]:
-    from trtllm_kit.build.pipeline import stage_keys
-
     try:
         model = inspect_model(spec.model, allow_pickle=spec.build.allow_pickle)
     except KitError as exc:
@@ -110,8 +110,6 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
                   f"{report['reason']}", highlight=False, markup=False)
     plan = report["plan"]
     if report.get("llmapi"):
-        from trtllm_kit.llmapi.plan_report import print_llmapi_plan
-
         print_llmapi_plan(report, console)
     elif plan is None:
         console.print("Memory plan: no GPU known (none visible); pass --gpu NAME or --gpu-memory GiB.", markup=False)

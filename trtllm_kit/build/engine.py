@@ -8,62 +8,24 @@ target's compile step. Target ``cpu`` compiles nothing and records the command t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from trtllm_kit.build.compat import Machine
-from trtllm_kit.build.fit import check_plan
-from trtllm_kit.build.gpus import GPU, resolve_gpu
-from trtllm_kit.build.plan import BuildPlan, Limits, Precision, make_plan
-from trtllm_kit.build.recipe import BuildCommand, build_command, check_overrides
-from trtllm_kit.build.trtllm_config import resolve_dtype
+from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.checkpoint.trtllm_config import precision_of
+from trtllm_kit.engine.fit import check_plan
+from trtllm_kit.engine.recipe import build_command
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU, resolve_gpu
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.names import ENGINE_DIR
+from trtllm_kit.plan import Limits, Precision, make_plan
 from trtllm_kit.spec import BuildSpec
-from trtllm_kit.targets import Target, choose_target, get_target
-from trtllm_kit.targets.engine import ENGINE_DIR
-
-if TYPE_CHECKING:
-    from trtllm_kit.build.pipeline import BuildContext
-
-KEY_EXCLUDED_FLAGS = ("input_timing_cache", "output_timing_cache", "workers", "log_level")
-
-
-@dataclass(frozen=True)
-class EngineSetup:
-    """The engine stage, settled before any heavy work."""
-
-    target: Target
-    reason: str                  # why this target, in words
-    plan: BuildPlan | None       # None when no GPU is known (cpu target without --gpu/--gpu-memory)
-    build_gpu: GPU | None        # the GPU the recipe is for
-    command: BuildCommand | None
-    machine: Machine
-
-    def key_parts(self) -> dict[str, Any]:
-        """What decides the engines (the cache key of the stage)."""
-        parts: dict[str, Any] = {"target": self.target.name}
-        if self.command is not None:  # target cpu records the command it would run: it is part of the output
-            parts["flags"] = {k: v for k, v in self.command.flags if k not in KEY_EXCLUDED_FLAGS}
-        if self.target.name == "engine" and self.build_gpu is not None:
-            parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
-                         tensorrt=self.machine.tensorrt)
-        return parts
-
-
-def precision_of(spec: BuildSpec, hf: HFConfig) -> Precision:
-    """The checkpoint dtype and quantization a spec asks for: the one place the engine stage reads them.
-
-    Arguments:
-        spec: the build spec.
-        hf: the model config (``auto`` dtype).
-    """
-    quant = spec.quant_config()
-    return Precision(resolve_dtype(spec.build.dtype, hf), quant.quant_algo, quant.kv_cache_quant_algo)
+from trtllm_kit.spec.build_flags import check_overrides
+from trtllm_kit.targets import choose_target, get_target
+from trtllm_kit.targets.base import BuildContext, EngineSetup
 
 
 def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machine, *,
@@ -93,7 +55,7 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
         plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)
-    build_gpu = machine.gpus[0] if target.name == "engine" and machine.gpus else gpu
+    build_gpu = machine.gpus[0] if target.compiles and machine.gpus else gpu
     if compile_requested and build_gpu is not None:
         check_fp8(precision_of(spec, hf), build_gpu)
     command = None

@@ -7,48 +7,34 @@ an ``Artifact`` whose ``manifest.json`` every later command reads.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtllm_kit.artifact import Artifact, CacheRecord, CheckpointRecord, ModelRecord, StageRecords
-from trtllm_kit.build.artifact import file_hashes, tool_versions
+from trtllm_kit.artifact import Artifact, CacheRecord, ModelRecord
+from trtllm_kit.artifact.archive import pack_archive
+from trtllm_kit.artifact.compat import detect_machine
+from trtllm_kit.artifact.files import file_hashes, tool_versions
+from trtllm_kit.artifact.integrity import file_stats
 from trtllm_kit.build.cache import Previous, fingerprint, input_digests, stage_key
-from trtllm_kit.build.compat import detect_machine
-from trtllm_kit.build.convert import convert, quant_transform, work_items
-from trtllm_kit.build.engine import EngineSetup, engine_stage, precision_of, prepare_engine
-from trtllm_kit.build.inspect import ModelSpec, inspect_model
-from trtllm_kit.build.integrity import file_stats
+from trtllm_kit.build.engine import engine_stage, prepare_engine
+from trtllm_kit.build.repo_stage import repo_key_parts, repo_stage
 from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
-from trtllm_kit.errors import VerifyError
+from trtllm_kit.checkpoint.convert import work_items
+from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
+from trtllm_kit.checkpoint.trtllm_config import precision_of, resolve_dtype
 from trtllm_kit.layout import Mapping, check_tp
-from trtllm_kit.model_repo.repository import repo_key_parts, repo_stage
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model
+from trtllm_kit.quant.calib_size import calibration_device, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
+from trtllm_kit.targets.base import BuildContext, EngineSetup
+from trtllm_kit.targets.checkpoint_stage import should_verify
 
 if TYPE_CHECKING:
-    from trtllm_kit.quant.calibrate import CalibrationStats
-
-VERIFY_MAX_PARAMETERS = 500_000_000
-
-
-@dataclass
-class BuildContext:
-    """What the stages share: the spec, the inspected model, the staging directory and the results so far."""
-
-    spec: BuildSpec
-    model: ModelSpec
-    mapping: Mapping
-    reporter: Reporter
-    out: Path
-    records: StageRecords = field(default_factory=StageRecords)
-    timings: dict[str, float] = field(default_factory=dict)
-    engine: EngineSetup | None = None
-
+    pass
 
 @dataclass(frozen=True)
 class BuildResult:
@@ -66,51 +52,10 @@ class BuildResult:
         return self.artifact.manifest_path
 
 
-def should_verify(spec: BuildSpec, model: ModelSpec) -> bool:
-    if spec.build.verify is not None:
-        return spec.build.verify
-    return model.hf.num_parameters <= VERIFY_MAX_PARAMETERS
-
-
 def checkpoint_stage(ctx: BuildContext) -> None:
     """HF weights → the target's ``checkpoint/`` (+ ``tokenizer/``)."""
     assert ctx.engine is not None, "run_build prepares the engine stage"
     ctx.engine.target.write_checkpoint(ctx)
-
-
-def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
-    """Calibrate when the quantization needs it; the statistics are saved with the artifact
-    (``calibration/stats.safetensors`` + ``.json``)."""
-    quant = ctx.spec.quant_config()
-    if not quant.needs_calibration:
-        return None
-    from trtllm_kit.quant.calibrate import calibrate
-
-    t0 = time.perf_counter()
-    stats = calibrate(ctx.model.path, quant, ctx.reporter)
-    stats.save(ctx.out / "calibration")
-    ctx.timings["calibrate"] = time.perf_counter() - t0
-    ctx.records.calibration = {"dir": "calibration", **stats.params}
-    return stats
-
-
-def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
-    """HF weights → the TensorRT-LLM ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
-    ckpt_dir = ctx.out / "checkpoint"
-    ckpt_dir.mkdir()
-    quant, stats = ctx.spec.quant_config(), calibration_stats(ctx)
-    transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.build.dtype, quant, stats)
-    with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
-        result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.build.dtype, lambda _name, n: advance(n),
-                         transform)
-    copy_tokenizer(ctx.model, ctx.out / "tokenizer")
-    ctx.records.checkpoint = CheckpointRecord(
-        dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
-        quantization=quant.quantization_block() if quant.is_quantized else None)
-    if should_verify(ctx.spec, ctx.model):
-        t0 = time.perf_counter()
-        ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter)
-        ctx.timings["verify"] = time.perf_counter() - t0
 
 
 STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": checkpoint_stage, "engine": engine_stage,
@@ -128,7 +73,6 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
     values = spec.to_dict()
     fields = {**{k: v for k, v in values["build"].items() if k not in NOT_CHECKPOINT_FIELDS}, **values["quant"]}
     if spec.quant_config().needs_calibration:  # the size the device gives when the spec leaves it out
-        from trtllm_kit.quant.calib_size import calibration_device, choose_size
 
         size = choose_size(spec.quant_config(), calibration_device())
         fields.update(calib_samples=size.samples, calib_seq_len=size.seq_len)
@@ -199,8 +143,6 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     artifact = artifact.moved(spec.out.absolute())
     summary = {"manifest": str(artifact.manifest_path), **ctx.records.to_dict(), "reused": reused}
     if spec.build.archive:
-        from trtllm_kit.build.archive import pack_archive
-
         summary["archive"] = str(pack_archive(artifact.path, spec.build.archive).absolute())
     return BuildResult(artifact, summary)
 
@@ -219,44 +161,7 @@ def expected_bytes(spec: BuildSpec, model: ModelSpec) -> int:
     Arguments:
         spec: the build spec; model: the inspected model.
     """
-    from trtllm_kit.build.trtllm_config import resolve_dtype
-
     dtype = resolve_dtype(spec.build.dtype, model.hf)
     element = 1 if spec.quant_config().quant in ("fp8", "int8-sq") else {"float32": 4}.get(dtype, 2)
     tokenizer = sum(p.stat().st_size for p in model.tokenizer_files)
     return model.hf.num_parameters * element + 3 * tokenizer + 1_000_000
-
-
-def copy_tokenizer(model: ModelSpec, dest: Path) -> None:
-    """The model's tokenizer files into the new directory ``dest``.
-
-    Arguments:
-        model: the inspected model; dest: the directory to create.
-    """
-    dest.mkdir()
-    for path in model.tokenizer_files:
-        shutil.copy2(path, dest / path.name)
-
-
-def run_verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter, load: Any = None) -> dict[str, Any]:
-    """Verify ``ckpt_dir`` against the HF model; a failure raises ``VerifyError``, a pass returns the report.
-
-    Arguments:
-        ckpt_dir: the checkpoint; model: the HF model; reporter: notes; load: the checkpoint's loader (see
-        ``verify_checkpoint``; default: the TensorRT-LLM checkpoint's).
-    """
-    from trtllm_kit.build.verify import verify_checkpoint
-
-    reporter.note("verify: running the checkpoint on the CPU against transformers")
-    report = verify_checkpoint(ckpt_dir, model.path, load=load)
-    if not report.passed and report.quantization:
-        raise VerifyError(f"verify failed: {report.quality_failure()}")
-    if not report.passed:
-        raise VerifyError(f"verify failed: max abs logit error {report.max_abs_err:.3g} exceeds the tolerance "
-                          f"{report.tolerance:.3g} (top-1 agreement {report.top1_agreement:.1%}); the checkpoint "
-                          "does not compute what the HF model does.")
-    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, max rel error {report.max_rel_err:.2e}, "
-                  f"top-1 agreement {report.top1_agreement:.1%}")
-    if report.quantization:
-        reporter.note(f"verify: {report.quality_summary()}")
-    return report.to_dict()

@@ -12,7 +12,6 @@ needs and the space that is free; the build refuses to start when that space is 
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shutil
@@ -22,14 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trtllm_kit.artifact.manifest import MANIFEST
-from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.diskspace import FULL_ERRNOS, DiskFullError, human_size
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
-
-FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-class DiskFullError(KitError):
-    """The file system of ``--out`` has no room for the build."""
+from trtllm_kit.owner import owner_alive, owner_tag
+from trtllm_kit.serve.state import serving_pid
 
 
 def check_out_dir(out_dir: Path, *, force: bool) -> None:
@@ -59,8 +55,6 @@ def refuse_if_served(out_dir: Path) -> None:
     Arguments:
         out_dir: the requested output directory.
     """
-    from trtllm_kit.serve.state import serving_pid
-
     pid = serving_pid(out_dir)
     if pid is not None:
         raise KitUsageError(f"--out {out_dir} is being served by pid {pid}; stop it first (trtllm-kit stop "
@@ -81,34 +75,6 @@ def _existing_parent(path: Path) -> Path:
     while not path.exists():
         path = path.parent
     return path
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def owner_tag(pid: int | None = None) -> str:
-    """``PID-START`` of this process (or ``pid``): what staging names record about their owner."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}-{_start_ticks(pid) or 0}"
-
-
-def owner_alive(tag: str) -> bool:
-    """Whether the process that ``owner_tag`` described as ``tag`` still runs.
-
-    Arguments:
-        tag: ``PID-START``.
-    """
-    pid, _, start = tag.partition("-")
-    try:
-        return _start_ticks(int(pid)) == int(start)
-    except ValueError:
-        return False
 
 
 def reclaim_stale(out_dir: Path) -> list[tuple[Path, int]]:
@@ -149,19 +115,6 @@ def check_free_space(out_dir: Path, needed_bytes: int) -> None:
         raise DiskFullError(f"--out {out_dir} needs about {human_size(needed_bytes)} but the file system of "
                             f"{parent} has {human_size(free)} free; free {human_size(needed_bytes - free)} or choose "
                             "another --out.")
-
-
-def human_size(num_bytes: float) -> str:
-    """``num_bytes`` in decimal units with one decimal (``512 B``, ``1.5 MB``).
-
-    Arguments:
-        num_bytes: a size.
-    """
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(num_bytes) < 1000 or unit == "GB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1000
-    raise AssertionError("unreachable")
 
 
 def _disk_full(exc: OSError, staging: Path, out_dir: Path, needed_bytes: int) -> DiskFullError:

@@ -10,6 +10,9 @@ import click
 from trtllm_kit.commands.build_flags import SHARED_FLAGS, declared_fields, spec_options, typed_values
 from trtllm_kit.commands.common import emit_json, reporter_for
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 SPEC_TABLES = ("build", "quant", "repo")
 
 

@@ -12,9 +12,9 @@ import click
 from click.core import ParameterSource
 
 from trtllm_kit.enums import Choice
-from trtllm_kit.model_repo.options import INSTANCES
 from trtllm_kit.option import Declared, SharedFlag, plain
 from trtllm_kit.spec import all_declared
+from trtllm_kit.spec.repo_options import INSTANCES
 
 SHARED_FLAGS = (INSTANCES,)
 

@@ -11,6 +11,9 @@ from trtllm_kit.commands.build_flags import declared_fields, spec_options
 from trtllm_kit.commands.common import emit_json
 from trtllm_kit.errors import KitError
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 
 @click.group()
 def artifact() -> None:
@@ -36,10 +39,12 @@ def artifact_verify(path: Path, hashes_only: bool, as_json: bool) -> None:
       trtllm-kit build builtin:tiny-llama --until checkpoint --out out/ --archive out.tar.gz
       trtllm-kit artifact verify out.tar.gz
     """
-    from trtllm_kit.build.archive import verdict, verify_artifact
-    from trtllm_kit.build.compat import detect_machine
+    from trtllm_kit.artifact.archive import verdict, verify_artifact
+    from trtllm_kit.artifact.compat import detect_machine
+    from trtllm_kit.targets import get_target
 
-    report = verify_artifact(path, detect_machine())
+    machine = detect_machine()
+    report = verify_artifact(path, lambda artifact: get_target(artifact.target).serve_problems(artifact, machine))
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -83,13 +88,14 @@ def validate(repo: Path, as_json: bool) -> None:
     Example:
       trtllm-kit validate out/repo
     """
+    from trtllm_kit.model_repo.llmapi_validate import is_llmapi_repository, llmapi_report
     from trtllm_kit.model_repo.validate import print_report, validate_repository
+    from trtllm_kit.targets import limits_from_dir
 
     if (repo / "repo").is_dir() and not (repo / "config.pbtxt").exists():
         repo = repo / "repo"
-    from trtllm_kit.llmapi.validate import is_llmapi_repository, llmapi_report
-
-    report = llmapi_report(repo) if is_llmapi_repository(repo) else validate_repository(repo)
+    report = (llmapi_report(repo) if is_llmapi_repository(repo)
+              else validate_repository(repo, read_limits=limits_from_dir))
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -115,9 +121,9 @@ def verify(checkpoint: Path, hf_source: str | None, compute_dtype: str, as_json:
       trtllm-kit verify out/
       trtllm-kit verify out/checkpoint --against builtin:tiny-llama
     """
-    from trtllm_kit.build.artifact import checkpoint_dir
-    from trtllm_kit.build.inspect import resolve_model_path
-    from trtllm_kit.build.verify import recorded_source, verify_checkpoint
+    from trtllm_kit.artifact.files import checkpoint_dir
+    from trtllm_kit.checkpoint.inspect import resolve_model_path
+    from trtllm_kit.checkpoint.verify import recorded_source, verify_checkpoint
     from trtllm_kit.errors import VerifyError
     from trtllm_kit.llmapi.load import unified_loader
 

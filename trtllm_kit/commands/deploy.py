@@ -13,6 +13,9 @@ import click
 from trtllm_kit.commands.common import emit_json, given
 from trtllm_kit.errors import KitError, KitUsageError
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 
 @click.group()
 def deploy() -> None:
@@ -127,7 +130,8 @@ def leader(plan: Path) -> None:
     """
     import os
 
-    from trtllm_kit.deploy.leader import LeaderPlan, run_leader
+    from trtllm_kit.deploy.leader import run_leader
+    from trtllm_kit.deploy.leader_plan import LeaderPlan
 
     code = run_leader(LeaderPlan.read(plan), dict(os.environ))
     if code:

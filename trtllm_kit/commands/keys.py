@@ -8,6 +8,9 @@ import click
 
 from trtllm_kit.commands.common import emit_json
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 KEYS_OPTION = click.option("--keys", "keys_path", type=click.Path(path_type=Path, dir_okay=False), required=True,
                            help="The key file (created when missing; serve it with --api-keys FILE).")
 

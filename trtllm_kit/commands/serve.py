@@ -12,6 +12,9 @@ from trtllm_kit.commands.build_flags import config_option, declared_fields, spec
 from trtllm_kit.commands.common import emit_json
 from trtllm_kit.errors import KitUsageError
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 if TYPE_CHECKING:
     from trtllm_kit.serve.service import ServeOptions
 

@@ -1,4 +1,4 @@
-"""The container command per target: the kit's launcher on one node, ``mpirun`` across a group's pods on several.
+"""The container command: the kit's launcher on one node, ``mpirun`` across a group's pods on several.
 
 Each target is one ``TargetLaunch`` entry. ``engine`` and ``cpu`` serve the Triton repository with
 ``trtllm-kit serve`` (tritonserver per rank under ``mpirun`` when tp x pp > 1, the OpenAI frontend beside it);
@@ -12,16 +12,16 @@ starts every rank with ``mpirun`` over ssh, and (Triton) serves the OpenAI API b
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import yaml
 
 from trtllm_kit.deploy import gateway
-from trtllm_kit.deploy.leader import TOKEN_SLOT, FrontendPlan, LeaderPlan
+from trtllm_kit.deploy.leader_plan import TOKEN_SLOT, FrontendPlan, LeaderPlan
 from trtllm_kit.deploy.serving import TRITON, serving_of
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import OPTIONS_FLAG, DeploySource
+from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, launch_argv
 from trtllm_kit.serve.locate import TritonInstall
@@ -106,8 +106,8 @@ def leader_plan(source: DeploySource, settings: DeploySettings, num_nodes: int, 
     Arguments:
         source: the artifact; settings: the deployment; num_nodes: pods in the group; startup_s: the budget.
     """
-    launch = LAUNCHES[source.target]
-    assert launch.group_ranks is not None, f"target {source.target} has no GPUs, so it never spans nodes"
+    group_launch = get_target(source.target).group_launch
+    assert group_launch is not None, f"target {source.target} runs in one pod, so it never spans nodes"
     serving = serving_of(source.target, num_nodes)
     port = settings.openai_port if serving.health_port == "openai" else PORTS[serving.health_port]
     frontend = None
@@ -123,7 +123,7 @@ def leader_plan(source: DeploySource, settings: DeploySettings, num_nodes: int, 
                             "is served by trtllm-serve; put an API gateway in front of the Service instead, or "
                             "use nodes that hold every rank.")
     return LeaderPlan(num_workers=num_nodes - 1, slots=settings.gpus_per_node,
-                      ranks=tuple(launch.group_ranks(source, settings)),
+                      ranks=tuple(GROUP_RANKS[group_launch](source, settings)),
                       ready_url=f"http://127.0.0.1:{port}{serving.ready_path}",
                       worker_wait_s=settings.worker_wait_s, startup_s=startup_s,
                       exit_timeout_s=settings.exit_timeout_s, ssh_port=SSH_PORT, ssh_key=f"{SSH_DIR}/{SSH_KEY}",
@@ -155,17 +155,8 @@ exec /usr/sbin/sshd -D -e -f "$dir/sshd_config"
 WORKER_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/worker.sh"]
 
 
-@dataclass(frozen=True)
-class TargetLaunch:
-    """How one target runs: its single-node command, and ``mpirun``'s rank part across nodes (None: one node)."""
-
-    command: Callable[[DeploySource, DeploySettings, int], list[str]]
-    group_ranks: Callable[[DeploySource, DeploySettings], list[str]] | None
-
-
-# Per target, keyed by target name like the rest of deploy/ (a Target method may take this table over).
-LAUNCHES = {
-    "engine": TargetLaunch(serve_command, group_ranks=mpirun_ranks),
-    "cpu": TargetLaunch(serve_command, group_ranks=None),
-    "llmapi": TargetLaunch(serve_command, group_ranks=llmapi_ranks),
+# mpirun's rank part of each way a target starts its ranks across a group's pods
+GROUP_RANKS: dict[GroupLaunch, Callable[[DeploySource, DeploySettings], list[str]]] = {
+    GroupLaunch.TRITON_RANKS: mpirun_ranks,
+    GroupLaunch.LLMAPI_LAUNCH: llmapi_ranks,
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from trtllm_kit.deploy.leader import FrontendPlan
+from trtllm_kit.deploy.leader_plan import FrontendPlan
 from trtllm_kit.serve.launcher import grpc_headers
 from trtllm_kit.serve.limits import max_seq_len
 from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend, start_frontend

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trtllm_kit.deploy.launch import LAUNCHES, PORTS
+from trtllm_kit.deploy.launch import PORTS, serve_command
 from trtllm_kit.deploy.pod import pod_spec, resources, server_container, template_annotations
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import budgets
+from trtllm_kit.targets import get_target
 
 Obj = dict[str, Any]
 
@@ -64,8 +65,8 @@ def deployment(names: Names, source: DeploySource, settings: DeploySettings) -> 
         names: name and labels; source: the artifact; settings: the deployment.
     """
     budget = budgets(source, settings)
-    num_ranks = source.world_size if source.target == "engine" else 1
-    command = LAUNCHES[source.target].command(source, settings, budget.startup_s)
+    num_ranks = source.world_size if get_target(source.target).process_per_rank else 1
+    command = serve_command(source, settings, budget.startup_s)
     container = server_container(settings, source, command, budget,
                                  resources(source, source.num_gpus, num_ranks, settings))
     labels = {**names.labels, **names.serving}

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtllm_kit.build.gpus import GPU_TABLE
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.validate import Finding
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU_TABLE
 
 Obj = dict[str, Any]
 PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trtllm_kit.enums import GroupLaunch
+from trtllm_kit.targets import get_target
+
 
 @dataclass(frozen=True)
 class Serving:
@@ -38,4 +41,4 @@ def serving_of(target: str, num_nodes: int) -> Serving:
     Arguments:
         target: the artifact's target; num_nodes: pods per replica.
     """
-    return TRTLLM_SERVE if target == "llmapi" and num_nodes > 1 else TRITON
+    return TRTLLM_SERVE if get_target(target).group_launch is GroupLaunch.LLMAPI_LAUNCH and num_nodes > 1 else TRITON

@@ -10,6 +10,7 @@ from typing import Any
 from trtllm_kit import __version__
 from trtllm_kit.deploy.image import TAG_CONVENTION
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.spec import load_table
 
 AUTOSCALERS = ("keda", "hpa", "none")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -140,8 +141,6 @@ def deploy_table(config: Path) -> dict[str, Any]:
     Arguments:
         config: the TOML file.
     """
-    from trtllm_kit.spec import load_table
-
     table = load_table(config, "deploy")
     return {key.replace("-", "_"): value for key, value in table.items()}
 

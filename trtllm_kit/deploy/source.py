@@ -11,8 +11,9 @@ from pathlib import Path, PurePosixPath
 
 from trtllm_kit.artifact import Artifact, EngineRecord
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import Mapping
+from trtllm_kit.targets import TARGETS, get_target
 
-TARGETS = ("engine", "cpu", "llmapi")
 DEFAULT_MOUNT = "/artifact"
 OPTIONS_FLAG = "--extra_llm_api_options"
 
@@ -62,12 +63,12 @@ class DeploySource:
 
     @property
     def world_size(self) -> int:
-        return self.tp_size * self.pp_size
+        return Mapping(self.tp_size, self.pp_size).world_size
 
     @property
     def num_gpus(self) -> int:
         """GPUs one replica needs: one per rank, none for the CPU runtime."""
-        return 0 if self.target == "cpu" else self.world_size
+        return self.world_size if get_target(self.target).uses_gpus else 0
 
     @property
     def total_bytes(self) -> int:
@@ -86,10 +87,10 @@ def read_source(out: Path) -> DeploySource:
         raise KitUsageError(f"{out} has no model repository in its manifest; build it with the repo stage "
                             f"(trtllm-kit build ... --out {out}).")
     files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in sorted(artifact.files.items()))
-    plan = (engine.plan if engine else None) or {}
+    plan = engine.plan if engine else None
     built = engine.built if engine else None
-    rank_bytes = [int(r.get("weight_bytes", 0)) for r in plan.get("ranks") or ()]
-    if rank_bytes and artifact.target == "engine":
+    rank_bytes = [r.weight_bytes for r in plan.ranks] if plan else []
+    if rank_bytes and get_target(artifact.target).process_per_rank:
         load_bytes = sum(rank_bytes)
     else:
         prefix = f"{PurePosixPath(repo.gpt_model_path).name or 'checkpoint'}/"
@@ -97,7 +98,7 @@ def read_source(out: Path) -> DeploySource:
     return DeploySource(
         model=artifact.model_source, target=artifact.target, tp_size=artifact.layout.tp_size,
         pp_size=artifact.layout.pp_size,
-        max_batch_size=int(repo.limits.get("max_batch_size") or plan.get("max_batch_size") or 1),
+        max_batch_size=repo.limits.max_batch_size,
         load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files,
         gpu=built.gpu if built else None, compute_capability=built.compute_capability if built else None,
         tensorrt_llm=built.tensorrt_llm if built else None, quant_algos=_quant_algos(artifact),

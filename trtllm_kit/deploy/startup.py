@@ -8,7 +8,7 @@ The startup budget is one number given to the startupProbe and to the server's o
 
 ``load_gbps`` is the volume's aggregate read rate, shared by every rank that reads it at once: all ranks of a group
 on a claim (one network file system), the ranks of one pod with ``artifact_url`` (each pod unpacks its own copy
-into an ``emptyDir``). The fixed terms per target are in ``STARTUP_TERMS``; docs/deploy-kubernetes.md gives the
+into an ``emptyDir``). The fixed terms are each target's ``startup_terms``; docs/deploy-kubernetes.md gives the
 source of each number. The leader's wait for its workers is inside its own budget: whatever part of
 ``worker_wait_s`` the workers leave unused is still there, and at least ``work_s`` remains once they answer.
 """
@@ -20,31 +20,11 @@ from dataclasses import dataclass
 
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.targets import get_target
 
 PROBE_PERIOD_S = 10
 BUDGET_ANNOTATION = "trtllm-kit.io/startup-budget-s"  # on pod templates, for deploy check
 FLOOR_S = 600  # ten minutes: no LLM server is safely ready sooner on a cold node (image layers, CUDA, NCCL)
-
-
-@dataclass(frozen=True)
-class StartupTerms:
-    """Seconds a target spends becoming ready beyond reading its weights."""
-
-    runtime_init_s: int  # process and MPI start, CUDA contexts, NCCL communicators, runtime deserialisation
-    kv_alloc_s: int  # sizing and allocating the paged KV-cache pool
-    cuda_graphs_s: int  # capturing CUDA graphs (and the warm-up that goes with it)
-
-    @property
-    def total_s(self) -> int:
-        return self.runtime_init_s + self.kv_alloc_s + self.cuda_graphs_s
-
-
-# Per target, keyed by target name like the rest of deploy/ (a Target method may take this table over).
-STARTUP_TERMS = {
-    "engine": StartupTerms(runtime_init_s=120, kv_alloc_s=60, cuda_graphs_s=0),
-    "llmapi": StartupTerms(runtime_init_s=180, kv_alloc_s=60, cuda_graphs_s=300),
-    "cpu": StartupTerms(runtime_init_s=60, kv_alloc_s=0, cuda_graphs_s=0),
-}
 
 
 @dataclass(frozen=True)
@@ -90,5 +70,5 @@ def budgets(source: DeploySource, settings: DeploySettings, num_nodes: int = 1) 
         and exit timeout; num_nodes: pods per group (a leader waits for the others).
     """
     read_s = math.ceil(volume_bytes(source, settings, num_nodes) / (settings.load_gbps * 1e9))
-    return Budgets(read_s=read_s, fixed_s=STARTUP_TERMS[source.target].total_s,
+    return Budgets(read_s=read_s, fixed_s=get_target(source.target).startup_terms.total_s,
                    wait_s=settings.worker_wait_s if num_nodes > 1 else 0, grace_s=settings.grace_period_s)

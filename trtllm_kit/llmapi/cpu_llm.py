@@ -19,6 +19,7 @@ from typing import Any
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
+from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
@@ -129,8 +130,6 @@ class LLM:
                  max_batch_size: int | None = None, max_num_tokens: int | None = None, max_seq_len: int | None = None,
                  kv_cache_config: dict[str, Any] | None = None, enable_chunked_prefill: bool = False,
                  scheduler_config: dict[str, Any] | None = None, **_gpu_only: Any) -> None:
-        from trtllm_kit.llmapi.load import load_unified
-
         kv = dict(kv_cache_config or {})
         policy = str((scheduler_config or {}).get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")).lower()
         batch, seq_len = int(max_batch_size or 8), int(max_seq_len or 1024)

@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from trtllm_kit.build.convert import work_items
-from trtllm_kit.build.inspect import ModelSpec, inspect_model
-from trtllm_kit.build.shard import qkv_parts, shard
-from trtllm_kit.build.trtllm_config import checkpoint_config, default_quantization, resolve_dtype
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.checkpoint.convert import work_items
+from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
+from trtllm_kit.checkpoint.shard import qkv_parts, shard
+from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, default_quantization, resolve_dtype
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.quant_format import QUANT_CONFIG_FILE
@@ -136,8 +137,6 @@ def unified_loader(ckpt_dir: Path) -> Callable[[torch.dtype], CheckpointModel] |
         return None
     mapping = Mapping(1, 1)
     if (Path(ckpt_dir).parent / "manifest.json").is_file():
-        from trtllm_kit.artifact import Artifact
-
         layout = Artifact.read(Path(ckpt_dir).parent).layout
         mapping = Mapping(layout.tp_size, layout.pp_size)
     return lambda dtype: load_unified(ckpt_dir, mapping, dtype)

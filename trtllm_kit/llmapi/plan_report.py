@@ -6,22 +6,21 @@ compiles nothing. Works on any machine: without a GPU the weights per rank are s
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from trtllm_kit.build.plan import Precision, rank_weight_bytes
+from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
-from trtllm_kit.llmapi.instances import describe, parse_gpu_device_ids
 from trtllm_kit.llmapi.recipe import cuda_graph_batch_sizes, make_recipe
-from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, SERVE_DIR, serve_argv
-
-if TYPE_CHECKING:
-    from trtllm_kit.build.gpus import GPU
-    from trtllm_kit.models.base import Family
-    from trtllm_kit.models.hf_config import HFConfig
-    from trtllm_kit.spec import BuildSpec
+from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, serve_argv
+from trtllm_kit.models.base import Family
+from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.names import SERVE_DIR
+from trtllm_kit.plan import Precision, rank_weight_bytes
+from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.gpu_groups import describe, parse_gpu_device_ids
 
 GIB = 2**30
 MIB = 2**20

@@ -6,7 +6,7 @@ here (docs/llmapi.md §5). The recipe: decode CUDA graphs with padding for every
 RoPE; the only one with an FP8 KV cache, which it runs with paged context FMHA), KV block reuse, chunked
 prefill when a sequence can outgrow one iteration's token budget, and iteration statistics for the gauges.
 
-Memory per rank (on top of the engine target's model, ``build.plan``, whose weights per rank are exactly the
+Memory per rank (on top of the engine target's model, ``plan.py``, whose weights per rank are exactly the
 PyTorch backend's load-time shards: column/row splits of each linear, KV heads duplicated when fewer than
 tp, vocab rows of lm_head split): the CUDA-graph pool, one set of decode activations at the largest captured
 batch plus ``GRAPH_OVERHEAD`` per captured graph (upstream: "each CUDA graph can use up to 200 MB"), is set
@@ -16,16 +16,14 @@ aside before the KV pool takes ``free_gpu_memory_fraction`` of what is left.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtllm_kit.build.gpus import GPU
-from trtllm_kit.build.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
+from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
-
-if TYPE_CHECKING:
-    from trtllm_kit.spec import BuildSpec
+from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
+from trtllm_kit.spec import BuildSpec
 
 GRAPH_OVERHEAD = 8 * 1024 * 1024  # static inputs/outputs and workspace of one captured decode graph (estimate)
 POLICIES = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}

@@ -5,35 +5,17 @@ model's ``model.yaml`` (the same keys plus ``model`` and ``triton_config``). Eve
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from trtllm_kit.llmapi.llm_args import check_llm_args
-from trtllm_kit.llmapi.recipe import LlmapiRecipe, make_recipe
+from trtllm_kit.llmapi.recipe import LlmapiRecipe
 
-if TYPE_CHECKING:
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
-
-SERVE_DIR = "trtllm-serve"
 OPTIONS_FILE = "extra_llm_api_options.yaml"
 COMMAND_FILE = "command.sh"
 CANCELLATION_CHECK_PERIOD_MS = 100
-
-
-def recipe_for(ctx: BuildContext, setup: EngineSetup) -> LlmapiRecipe:
-    """The recipe of this build (the plan's GPU, or none).
-
-    Arguments:
-        ctx: the build; setup: the settled engine stage.
-    """
-    from trtllm_kit.build.engine import precision_of
-
-    gpu = setup.build_gpu
-    return make_recipe(ctx.spec, ctx.model.hf, ctx.model.family, precision_of(ctx.spec, ctx.model.hf), gpu)
 
 
 def dump_yaml(values: dict[str, Any]) -> str:
@@ -53,26 +35,6 @@ def serve_argv(model_path: Path, options: Path, host: str = "127.0.0.1", port: i
     """
     return ["trtllm-serve", str(model_path), "--host", host, "--port", str(port), "--backend", "pytorch",
             "--extra_llm_api_options", str(options)]
-
-
-def write_serve_config(ctx: BuildContext, setup: EngineSetup) -> list[str]:
-    """Write ``trtllm-serve/extra_llm_api_options.yaml`` and ``command.sh``; returns the command's argv.
-
-    Arguments:
-        ctx: the build (its staging directory is ``ctx.out``); setup: the settled engine stage.
-    """
-    recipe = recipe_for(ctx, setup)
-    for note in recipe.notes:
-        ctx.reporter.note(f"llmapi: {note}")
-    check_llm_args(recipe.args)
-    serve_dir = ctx.out / SERVE_DIR
-    serve_dir.mkdir()
-    (serve_dir / OPTIONS_FILE).write_text(dump_yaml(recipe.args))
-    final = ctx.spec.out.absolute()
-    argv = serve_argv(final / "checkpoint", final / SERVE_DIR / OPTIONS_FILE)
-    (serve_dir / COMMAND_FILE).write_text("#!/bin/sh\nexec " + shlex.join(argv) + ' "$@"\n')
-    (serve_dir / COMMAND_FILE).chmod(0o755)
-    return argv
 
 
 def model_yaml(recipe: LlmapiRecipe, model_path: Path, decoupled: bool) -> dict[str, Any]:

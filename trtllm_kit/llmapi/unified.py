@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from trtllm_kit.build.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
-from trtllm_kit.build.inspect import ModelSpec
-from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
-from trtllm_kit.build.trtllm_config import resolve_dtype
+from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
+from trtllm_kit.checkpoint.inspect import ModelSpec
+from trtllm_kit.checkpoint.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
+from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.llmapi.quant_format import (
     KV_SCALES,

@@ -12,13 +12,12 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtllm_kit.artifact import EngineLimits
 from trtllm_kit.model_repo import tensors as T
-from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.model_repo.options import RepoOptions
+from trtllm_kit.names import TRTLLM_MODEL
+from trtllm_kit.spec.repo_options import RepoOptions
 
 SCHEMA = "tensorrtllm_backend inflight_batcher_llm, TensorRT-LLM 1.2.x"
-MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
-TRTLLM_MODEL = "tensorrt_llm"
 
 # Backend parameters left unset on purpose: they belong to features the kit does not build.
 BACKEND_DEFAULT_KEYS = {
@@ -102,8 +101,8 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
         limits: the engine's (or CPU runtime's) limits; options: resolved options;
         model_path: ``gpt_model_path``, the engine directory or (cpu) the checkpoint directory.
     """
-    is_cpu = limits.target == "cpu"
-    config = mc.ModelConfig(name=TRTLLM_MODEL, backend="python" if is_cpu else "tensorrtllm",
+    is_python = limits.slot_model is not None  # the kit's CPU runtime as a Python model
+    config = mc.ModelConfig(name=TRTLLM_MODEL, backend="python" if is_python else "tensorrtllm",
                             max_batch_size=limits.max_batch_size)
     config.model_transaction_policy.decoupled = options.decoupled
     _queue(config, options, limits.max_batch_size, options.max_queue_size or 0)  # the engine's queue is the bound
@@ -136,7 +135,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
         "multi_block_mode": "true",
         "cuda_graph_mode": "false",
     }
-    if is_cpu:  # what the engine would carry, as parameters the CPU runtime reads
+    if is_python:  # what the engine would carry, as parameters the CPU runtime reads
         parameters.update({"max_batch_size": str(limits.max_batch_size), "max_num_tokens": str(limits.max_num_tokens),
                            "max_seq_len": str(limits.max_seq_len), "tokens_per_block": str(limits.tokens_per_block),
                            "max_queue_size": str(options.max_queue_size or 0), "decoupled": _flag(options.decoupled)})

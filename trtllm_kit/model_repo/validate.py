@@ -7,49 +7,24 @@ sentence each: what is wrong, what was found, what to do. Any ``error`` finding 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtllm_kit.artifact import MANIFEST, Artifact, EngineLimits
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.model_repo.configs import MODEL_NAMES, TRTLLM_MODEL, parse_config
-from trtllm_kit.model_repo.limits import EngineLimits, limits_from_dir
+from trtllm_kit.model_repo.configs import parse_config
+from trtllm_kit.model_repo.limits import LimitsReader
+from trtllm_kit.model_repo.report import ValidationReport
 from trtllm_kit.model_repo.wiring import check_ensemble
+from trtllm_kit.names import MODEL_NAMES, TOKENIZER_CORE_FILES, TRTLLM_MODEL
 
 REQUIRED_MODELS = ("preprocessing", TRTLLM_MODEL, "postprocessing")
 ENTRY_MODELS = ("ensemble", "tensorrt_llm_bls")
 BATCHING_STRATEGIES = ("V1", "inflight_batching", "inflight_fused_batching")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}?")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: ``error`` fails validation, ``warning`` does not."""
-
-    severity: str
-    model: str
-    rule: str
-    message: str
-
-
-@dataclass
-class ValidationReport:
-    repo: Path
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
-
-    def add(self, severity: str, model: str, rule: str, message: str) -> None:
-        self.findings.append(Finding(severity, model, rule, message))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"repo": str(self.repo), "ok": not self.errors, "findings": [asdict(f) for f in self.findings]}
 
 
 def _params(config: mc.ModelConfig) -> dict[str, str]:
@@ -108,8 +83,6 @@ class Expectation:
         Arguments:
             out: the directory that holds the repository.
         """
-        from trtllm_kit.artifact import MANIFEST, Artifact
-
         if not (out / MANIFEST).is_file():
             return cls()
         try:
@@ -155,7 +128,7 @@ def _check_engine(trt: mc.ModelConfig, limits: EngineLimits, report: ValidationR
 
 
 def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path | None,
-                  expect: Expectation) -> EngineLimits | None:
+                  expect: Expectation, read_limits: LimitsReader) -> EngineLimits | None:
     params = _params(trt)
     strategy = params.get("gpt_model_type")
     if strategy not in BATCHING_STRATEGIES:
@@ -182,7 +155,7 @@ def _check_trtllm(trt: mc.ModelConfig, report: ValidationReport, model_dir: Path
                    "has no config.json; point it at the engine (or, for the cpu target, checkpoint) directory.")
         return None
     try:
-        limits = limits_from_dir(path, params)
+        limits = read_limits(path, params)
     except (KitError, KeyError, ValueError) as exc:
         report.add("error", TRTLLM_MODEL, "gpt_model_path", f"{path}/config.json cannot be read as an engine or "
                    f"checkpoint config ({exc}); rebuild it.")
@@ -238,9 +211,9 @@ def _check_python_models(repo: Path, configs: dict[str, mc.ModelConfig], report:
         path = Path(value) if value else None
         if path is not None and not path.is_absolute():
             path = repo / name / path
-        if path is None or not any((path / f).is_file() for f in TOKENIZER_FILES):
+        if path is None or not any((path / f).is_file() for f in TOKENIZER_CORE_FILES):
             report.add("error", name, "tokenizer", f"tokenizer_dir {value or '(unset)'!r} holds no tokenizer "
-                       f"({', '.join(TOKENIZER_FILES)}); copy the model's tokenizer there or regenerate.")
+                       f"({', '.join(TOKENIZER_CORE_FILES)}); copy the model's tokenizer there or regenerate.")
             continue
         size, problem = _load_tokenizer(path)
         if problem:
@@ -258,14 +231,15 @@ def _check_python_models(repo: Path, configs: dict[str, mc.ModelConfig], report:
                        "text work; use about 5 or the engine's max_batch_size.")
 
 
-def validate_repository(repo: Path, *, model_dir: Path | None = None,
+def validate_repository(repo: Path, *, read_limits: LimitsReader, model_dir: Path | None = None,
                         expect: Expectation | None = None) -> ValidationReport:
     """Check a Triton model repository; never raises for what it finds, only for a missing ``repo``.
 
     Arguments:
-        repo: the repository directory; model_dir: check against this engine/checkpoint directory instead
-        of ``gpt_model_path`` (for a repository still being built); expect: what the artifact records
-        (read from ``repo/../manifest.json`` when omitted).
+        repo: the repository directory; read_limits: reads the limits of the model directory
+        ``gpt_model_path`` names (``trtllm_kit.targets.limits_from_dir``); model_dir: check against this
+        engine/checkpoint directory instead of ``gpt_model_path`` (for a repository still being built);
+        expect: what the artifact records (read from ``repo/../manifest.json`` when omitted).
     """
     if not repo.is_dir():
         raise KitUsageError(f"{repo} is not a directory; pass a model repository (a build's repo/ directory).")
@@ -275,7 +249,7 @@ def validate_repository(repo: Path, *, model_dir: Path | None = None,
     configs = _parse_files(repo, report)
     limits = None
     if TRTLLM_MODEL in configs:
-        limits = _check_trtllm(configs[TRTLLM_MODEL], report, model_dir, expect)
+        limits = _check_trtllm(configs[TRTLLM_MODEL], report, model_dir, expect, read_limits)
     _check_decoupled(configs, report)
     check_ensemble(repo, configs, report)
     _check_python_models(repo, configs, report, limits)

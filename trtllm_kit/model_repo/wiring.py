@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-if TYPE_CHECKING:
-    from trtllm_kit.model_repo.validate import ValidationReport
+from trtllm_kit.model_repo.report import ValidationReport
 
 
 def check_ensemble(repo: Path, configs: dict[str, mc.ModelConfig], report: ValidationReport) -> None:

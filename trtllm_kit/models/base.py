@@ -141,3 +141,27 @@ class Family:
             rms_norm_eps=float(config.get("norm_epsilon", 1e-5)),
             max_position_embeddings=int(config.get("max_position_embeddings") or 2048),
             dtype=str(config.get("dtype", "float32")), **self.checkpoint_flags(config))
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One TensorRT-LLM tensor name on one pipeline stage, with its HF sources."""
+
+    rule: Rule
+    layer: int | None        # global HF layer
+    local_layer: int | None  # layer number inside the stage's rank files
+    pp_rank: int
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The HF tensor names read (a fused tensor once per slice)."""
+        return self.rule.source_names(self.layer)
+
+    @property
+    def reads(self) -> tuple[Source, ...]:
+        """The sources with the layer slot filled in: names, or row slices of fused tensors."""
+        return self.rule.layer_sources(self.layer)
+
+    @property
+    def target(self) -> str:
+        return self.rule.target_name(self.local_layer)

@@ -15,9 +15,10 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile import loadgen
 from trtllm_kit.profile.clients import OpenAIStreamClient, StreamClient, TritonStreamClient, openai_model_name
 from trtllm_kit.profile.metrics import drift, stats, summarize
-from trtllm_kit.profile.nsys import nvtx_range
 from trtllm_kit.profile.nvml import NvmlSampler, summarize_telemetry
+from trtllm_kit.profile.nvtx import nvtx_range
 from trtllm_kit.profile.records import write_records
+from trtllm_kit.profile.report import environment, write_report
 from trtllm_kit.profile.triton_metrics import MetricsScraper, window_summary
 from trtllm_kit.profile.workload import Prompt, WorkloadSpec, read_jsonl, synthetic_prompts
 
@@ -270,8 +271,6 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
         on_done: called with each finished measured record (progress display).
         sampler: an NVML sampler (default: a real one; it reports why when NVML is unavailable).
     """
-    from trtllm_kit.profile.report import environment, write_report
-
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "requests.jsonl").unlink(missing_ok=True)
     if spec.openai_url:

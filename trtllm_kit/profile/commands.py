@@ -13,6 +13,9 @@ import click
 
 from trtllm_kit.errors import KitError, KitUsageError
 
+# Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
+# only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
 
 def _numbers(text: str | None, flag: str) -> tuple[float, ...]:
     if not text:

@@ -11,15 +11,14 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.profile.bench import run_bench_async
+from trtllm_kit.serve.process import kit_environment
 
 STATS_REPORTS = ("cuda_gpu_kern_sum", "cuda_api_sum", "nvtx_sum", "cuda_gpu_mem_time_sum")
-NVTX_DOMAIN = "trtllm-kit"
 KERNEL_CATEGORIES = (("all_reduce", r"nccl|allreduce|all_reduce"), ("attention", r"mmha|fmha|attention|xqa|flash"),
                      ("gemm", r"gemm|cutlass|cublas|sm\d+_xmma|ampere_|hopper_|matmul"),
                      ("sampling", r"topk|top_k|sampl|softmax|argmax"), ("memcpy", r"memcpy|memset|copy"))
@@ -135,22 +134,6 @@ def kernel_categories(kernels: list[dict[str, Any]]) -> dict[str, float]:
     return totals
 
 
-@contextmanager
-def nvtx_range(message: str) -> Iterator[None]:
-    """An NVTX range in the ``trtllm-kit`` domain when the ``nvtx`` package is installed, else nothing.
-
-    Arguments:
-        message: e.g. ``warmup`` or ``measure/concurrency/4``.
-    """
-    try:
-        import nvtx
-    except ImportError:
-        yield
-        return
-    with nvtx.annotate(message, domain=NVTX_DOMAIN):
-        yield
-
-
 def capture_in_measurement(runs: list[dict[str, Any]], iterations: tuple[int, int]) -> bool | None:
     """Whether engine iterations START-STOP fell inside one measured phase, from the scraped iteration counter
     (None when the server exposes no ``iteration_counter``).
@@ -208,8 +191,6 @@ def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: t
     """
     import asyncio
 
-    from trtllm_kit.profile.bench import run_bench_async
-    from trtllm_kit.serve.process import kit_environment
 
     nsys = find_nsys()
     if not server_argv:

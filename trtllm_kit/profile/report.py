@@ -16,6 +16,8 @@ from typing import Any
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitError
+from trtllm_kit.profile.nvml import TELEMETRY_COLUMNS
+from trtllm_kit.profile.plots import draw_all
 
 SCHEMA_VERSION = "1.0"
 PACKAGES = ("tritonclient", "grpcio", "aiohttp", "numpy", "nvidia-ml-py", "prometheus-client", "matplotlib",
@@ -134,8 +136,6 @@ def write_report(results: dict[str, Any], out: Path, sampler: Any = None, scrape
         scraper: the metrics scraper (server_metrics.csv).
         plots: also draw PNG plots.
     """
-    from trtllm_kit.profile.nvml import TELEMETRY_COLUMNS
-
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / FILES["csv"], csv_rows(results),
                ["run_id", "scenario", "level", "repeat", "metric", "stat", "value", "unit"])
@@ -144,8 +144,6 @@ def write_report(results: dict[str, Any], out: Path, sampler: Any = None, scrape
                ["t_mono_ns", "metric", "labels", "value"])
     pngs = []
     if plots:
-        from trtllm_kit.profile.plots import draw_all
-
         pngs = draw_all(results, out, sampler.samples if sampler else [], scraper.snapshots if scraper else [])
     results = {"schema_version": SCHEMA_VERSION, **results,
                "files": {**FILES, "plots": pngs}}

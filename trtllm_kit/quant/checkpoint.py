@@ -8,12 +8,12 @@ the family's weight table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from trtllm_kit.layout import KV_SCALE_NAME, LINEARS, NORM_INPUTS, ROW_LINEARS
-from trtllm_kit.models.base import Place, Split
+from trtllm_kit.layout import KV_SCALE_NAME, LAYER_RULE_PREFIX, LINEARS, NORM_INPUTS, ROW_LINEARS
+from trtllm_kit.models.base import Place, Rule, Split, WorkItem
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import BlockBuffer
 from trtllm_kit.quant.calibrate import CalibrationStats
@@ -21,11 +21,6 @@ from trtllm_kit.quant.fp8 import fp8_quantize, fp8_scale
 from trtllm_kit.quant.int8 import INT8_MAX, quantize_rows_int8, smoothed_row_amax, smoothing_scales
 from trtllm_kit.quant.kv import fp8_kv_scale, int8_kv_scale, kv_scale_tensor
 
-if TYPE_CHECKING:
-    from trtllm_kit.build.convert import WorkItem
-    from trtllm_kit.models.base import Rule
-
-LAYER_PREFIX = "transformer.layers.{}."
 F32 = torch.float32
 Outputs = list[list[tuple[str, list[torch.Tensor]]]]
 
@@ -44,7 +39,7 @@ class QuantTransform:
         self.dtype = dtype
         self.stats = stats or CalibrationStats()
         self.buffer = BlockBuffer()
-        self.modules = {r.name.removeprefix(LAYER_PREFIX).removesuffix(".weight"): r
+        self.modules = {r.name.removeprefix(LAYER_RULE_PREFIX).removesuffix(".weight"): r
                         for r in rules if r.place is Place.LAYER and r.name.endswith(".weight")}
 
     @property
@@ -72,7 +67,7 @@ class QuantTransform:
         """(module, parameter) of a layer tensor: ``attention.qkv``, ``weight``; ("", name) for others."""
         if item.rule.place is not Place.LAYER:
             return "", item.rule.name
-        module, _, param = item.rule.name.removeprefix(LAYER_PREFIX).rpartition(".")
+        module, _, param = item.rule.name.removeprefix(LAYER_RULE_PREFIX).rpartition(".")
         return module, param
 
     def apply(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> Outputs:

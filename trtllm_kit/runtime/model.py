@@ -164,7 +164,7 @@ class CheckpointModel:
             path = ckpt_dir / f"rank{rank}.safetensors"
             if not path.is_file():
                 raise CheckpointError(f"{path} is missing: the config's mapping needs "
-                                      f"{dims.tp_size * dims.pp_size} rank files; convert the checkpoint again.")
+                                      f"{dims.mapping.world_size} rank files; convert the checkpoint again.")
             try:
                 tensors = load_file(path)
             except (SafetensorError, OSError) as exc:
@@ -183,7 +183,7 @@ class CheckpointModel:
         Arguments:
             pp_rank: the pipeline stage; tp_rank: the tensor-parallel rank.
         """
-        return self.ranks[tp_rank + self.dims.tp_size * pp_rank]
+        return self.ranks[self.dims.mapping.rank(tp_rank, pp_rank)]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [B, T, H].
@@ -340,7 +340,7 @@ def _check_replicas(ranks: list[Weights], config: dict[str, Any], dims: Dims, ck
     if not config.get("use_parallel_embedding"):
         replicated += ("vocab_embedding.weight",)
     for rank, tensors in enumerate(ranks):
-        first = ranks[rank - rank % dims.tp_size]
+        first = ranks[dims.mapping.rank(0, dims.mapping.pp_rank(rank))]
         for name in (n for n in tensors if n.endswith(replicated) and tensors is not first):
             if not torch.isclose(tensors[name], first[name], rtol=0, atol=0, equal_nan=True).all():
                 raise CheckpointError(f"{ckpt_dir}: the replicated tensor {name!r} differs between "

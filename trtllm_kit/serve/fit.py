@@ -45,15 +45,14 @@ def memory_need(name: str, target: Servable) -> Need:
     """
     params = _trtllm_parameters(target.repo)
     plan = target.artifact.records.engine.plan if target.artifact.records.engine else None
-    if target.target.name != "cpu" and plan and plan.get("ranks"):
+    if target.target.uses_gpus and plan and plan.ranks:
         groups = [g for g in params.get("gpu_device_ids", "").split(";") if g.strip()]
-        devices = [int(d) for d in groups[0].split(",")] if groups else list(range(len(plan["ranks"])))
+        devices = [int(d) for d in groups[0].split(",")] if groups else list(range(len(plan.ranks)))
         per_device: dict[int, int] = {}
-        for rank, device in zip(plan["ranks"], devices, strict=False):
-            per_device[device] = per_device.get(device, 0) + sum(
-                int(rank[k]) for k in ("weight_bytes", "activation_bytes", "buffer_bytes", "kv_pool_bytes"))
-        memory = int(plan.get("gpu", {}).get("memory_bytes", 0))
-        return Need(name, per_device, float(plan.get("kv_cache_fraction", 0.0)), dict.fromkeys(per_device, memory))
+        for rank, device in zip(plan.ranks, devices, strict=False):
+            per_device[device] = per_device.get(device, 0) + (rank.weight_bytes + rank.activation_bytes
+                                                              + rank.buffer_bytes + rank.kv_pool_bytes)
+        return Need(name, per_device, plan.kv_cache_fraction, dict.fromkeys(per_device, plan.gpu.memory_bytes))
     checkpoint = Path(params.get("gpt_model_path") or target.out / "checkpoint")
     weights = sum(_num_elements(path) for path in sorted(checkpoint.glob("*.safetensors"))) * CPU_BYTES
     kv = 0

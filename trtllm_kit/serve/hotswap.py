@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.artifact.manifest import ManifestError
-from trtllm_kit.build.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.fit import check_fit, memory_need

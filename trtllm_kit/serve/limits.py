@@ -4,11 +4,11 @@ The llmapi target states it in ``tensorrt_llm/1/model.yaml`` (the ``LLM()`` argu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-TRTLLM_MODEL = "tensorrt_llm"
-LLM_ARGS = "1/model.yaml"  # the llmapi model's LLM() arguments, inside its model directory
+from trtllm_kit.engine.config_file import read_engine_config
+from trtllm_kit.errors import KitError
+from trtllm_kit.names import LLM_ARGS_FILE, TRTLLM_MODEL
 
 
 def max_seq_len(repo: Path) -> int | None:
@@ -30,12 +30,12 @@ def max_seq_len(repo: Path) -> int | None:
     if parameters.get("max_seq_len", "").isdigit():
         return int(parameters["max_seq_len"])
     if "gpt_model_path" not in parameters:
-        return _llm_args_max_seq_len(repo / TRTLLM_MODEL / LLM_ARGS)
+        return _llm_args_max_seq_len(repo / TRTLLM_MODEL / LLM_ARGS_FILE)
     engine_dir = Path(parameters.get("gpt_model_path", ""))
     engine_dir = engine_dir if engine_dir.is_absolute() else repo / TRTLLM_MODEL / engine_dir
     try:
-        build = json.loads((engine_dir / "config.json").read_text()).get("build_config", {})
-    except (OSError, ValueError, AttributeError):
+        build = read_engine_config(engine_dir, f"{engine_dir}/config.json does not exist").build
+    except (KitError, OSError, ValueError):
         return None
     value = build.get("max_seq_len")
     return value if isinstance(value, int) and value > 0 else None

@@ -1,5 +1,5 @@
 """Requests to the llmapi target's ``tensorrt_llm`` model (upstream's ``llmapi`` tensors plus the kit's token-id
-extras, ``llmapi/repository.py``): the one place the kit's clients (``generate``, the OpenAI frontend, ``bench``)
+extras, ``targets/llmapi_repo.py``): the one place the kit's clients (``generate``, the OpenAI frontend, ``bench``)
 spell that interface. A model speaks it when its inputs include ``sampling_param_max_tokens``; it takes text
 (``text_input``) and token ids (``input_ids``) alike, unbatched (``max_batch_size: 0``), and answers with
 ``text_output``, ``output_ids`` and the cumulative ``num_input_tokens``/``num_output_tokens``."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.names import TRTLLM_MODEL
 
-TRTLLM_MODEL = "tensorrt_llm"
 SHARABLE = ("preprocessing", "postprocessing")
 BLS_PARAMETERS = {"tensorrt_llm_model_name": TRTLLM_MODEL, "preprocessing_model_name": "preprocessing",
                   "postprocessing_model_name": "postprocessing"}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S
-from trtllm_kit.serve.heartbeat import silent_for
+from trtllm_kit.runtime.heartbeat import silent_for
 from trtllm_kit.serve.launcher import LaunchConfig
 from trtllm_kit.serve.members import Member
 from trtllm_kit.serve.merge import Copied, remove_models
@@ -77,7 +77,7 @@ class Server:
 class Watch:
     """What a serving process checks every ``WATCH_S``: tritonserver and the stubs it had when it was ready (a
     reload adds the new version's stubs and drops the old one's before unloading it), and that no stub's engine
-    holds requests without a step for ``watchdog_s`` (``serve/heartbeat.py``), and that no stub stays stopped
+    holds requests without a step for ``watchdog_s`` (``runtime/heartbeat.py``), and that no stub stays stopped
     (SIGSTOP) that long, idle or not (Triton answers a stopped stub's requests "not healthy" for ever)."""
 
     process: TritonProcess

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.build.integrity import check_artifact
+from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S, DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
 from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.heartbeat import HEARTBEAT_ENV
-from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers
+from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers, launch_argv
 from trtllm_kit.serve.locate import locate_tritonserver
 from trtllm_kit.serve.members import parse_names, plan_members, route, working_repository
 from trtllm_kit.serve.merge import TRTLLM_MODEL
@@ -145,7 +145,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
                           extra_args=_explicit(names) if world_size == 1 else (),
                           restricted_token=secrets.token_urlsafe(24),
                           restrict_inference=bool(options.api_key or options.api_keys))
-    argv = targets[0].target.argv(install, config)
+    argv = launch_argv(install, config)
     for stale in (REQUESTS_DIR, "heartbeat"):  # a serve killed mid-reload leaves requests no one waits for
         shutil.rmtree(state_dir / stale, ignore_errors=True)
     heartbeat_dir = state_dir / "heartbeat"

@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trtllm_kit.owner import owner_alive, owner_tag
+
 TOKEN_FILE = "triton.token"
 
 
@@ -84,8 +86,6 @@ def write_pid(out: Path) -> None:
     Arguments:
         out: the served build output.
     """
-    from trtllm_kit.build.staging import owner_tag
-
     (run_dir(out) / "serve.pid").write_text(owner_tag() + "\n")
 
 
@@ -95,8 +95,6 @@ def serving_pid(out: Path) -> int | None:
     Arguments:
         out: a build output.
     """
-    from trtllm_kit.build.staging import owner_alive
-
     try:
         tag = (run_dir(out) / "serve.pid").read_text().strip()
         pid = int(tag.partition("-")[0])

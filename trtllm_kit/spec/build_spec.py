@@ -10,9 +10,9 @@ from typing import Any
 
 from trtllm_kit.enums import Stage
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.model_repo.options import RepoOptions
 from trtllm_kit.option import Declared, check_declared, declared, option, table_dict
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.spec.repo_options import RepoOptions
 from trtllm_kit.spec.tables import BuildOptions, QuantOptions, ServeSettings
 
 STAGES = Stage.values()

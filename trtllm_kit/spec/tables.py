@@ -1,5 +1,5 @@
 """The ``[build]``, ``[quant]`` and ``[serve]`` tables of a spec, each field declared once (``[repo]`` is
-``model_repo.options.RepoOptions``)."""
+``spec.repo_options.RepoOptions``)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,9 @@ from trtllm_kit.quant.algos import (
     DEFAULT_SMOOTHQUANT_ALPHA,
     QuantConfig,
 )
+from trtllm_kit.spec.build_flags import parse_overrides
 
 LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block")
-
-
-def _build_flags(pairs: tuple[str, ...]) -> dict[str, str]:
-    from trtllm_kit.build.recipe import parse_overrides
-
-    return parse_overrides(pairs)
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,7 @@ class BuildOptions:
         "Paged KV block size (a power of two).", "--tokens-per-block", minimum=1))
     build_flags: dict[str, str] = field(default_factory=dict, metadata=option(
         "Override a trtllm-build recipe flag (repeatable), e.g. gemm_plugin=disable; in TOML the "
-        "[build.build_flags] table.", "--build-flag", multiple=True, metavar="NAME=VALUE", parse=_build_flags))
+        "[build.build_flags] table.", "--build-flag", multiple=True, metavar="NAME=VALUE", parse=parse_overrides))
 
     def __post_init__(self) -> None:
         check_declared(self, "build")

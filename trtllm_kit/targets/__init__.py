@@ -3,16 +3,17 @@ resolved, with the reason in words). Adding a target is a module with a ``Target
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+from trtllm_kit.artifact import EngineLimits
+from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.jsonfile import read_json
 from trtllm_kit.targets.base import Target
 from trtllm_kit.targets.cpu import CpuTarget
 from trtllm_kit.targets.engine import EngineTarget
 from trtllm_kit.targets.llmapi import LlmapiTarget
-
-if TYPE_CHECKING:
-    from trtllm_kit.build.compat import Machine
 
 TARGETS: dict[str, Target] = {target.name: target for target in (EngineTarget(), CpuTarget(), LlmapiTarget())}
 AUTO_ORDER = ("engine", "cpu")  # auto takes the first target this machine can build
@@ -66,8 +67,26 @@ def target_for_model_dir(config: dict[str, Any]) -> Target | None:
     return next((t for t in TARGETS.values() if t.reads_model_dir(config)), None)
 
 
+def limits_from_dir(model_dir: Path, parameters: dict[str, str] | None = None) -> EngineLimits:
+    """Limits of whatever ``gpt_model_path`` names, read by the target whose model directory it is (an engine
+    directory, or a checkpoint for the CPU runtime, whose sizes then come from the config's ``parameters``).
+
+    Arguments:
+        model_dir: an engine or checkpoint directory; parameters: the ``tensorrt_llm`` string parameters.
+    """
+    path = model_dir / "config.json"
+    config = read_json(path, f"{path} does not exist; build the engine or checkpoint first (trtllm-kit build).")
+    target = target_for_model_dir(config)
+    if target is None:
+        raise KitError(f"{path} is neither an engine nor a TensorRT-LLM checkpoint config (keys {sorted(config)[:6]}); "
+                       "point gpt_model_path at a build's engines/ or checkpoint/.")
+    params = parameters or {}
+    names = ("max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block")
+    return target.limits(model_dir, {k: int(params[k]) if params.get(k, "").isdigit() else None for k in names})
+
+
 def _lower(sentence: str) -> str:
     return sentence[:1].lower() + sentence[1:]
 
 
-__all__ = ["AUTO_ORDER", "TARGETS", "Target", "choose_target", "get_target", "target_for_model_dir"]
+__all__ = ["AUTO_ORDER", "TARGETS", "Target", "choose_target", "get_target", "limits_from_dir", "target_for_model_dir"]

@@ -4,20 +4,77 @@ differently per target (machine check, compile step, limits, repository models, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord, RepoRecord, StageRecords
+from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.engine.recipe import BuildCommand
+from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU
+from trtllm_kit.layout import Mapping
+from trtllm_kit.models.base import Family
+from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.plan import BuildPlan, Precision
+from trtllm_kit.progress import Reporter
+from trtllm_kit.spec import BuildSpec
 
-if TYPE_CHECKING:
-    from trtllm_kit.artifact import Artifact, EngineRecord, RepoRecord
-    from trtllm_kit.build.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
-    from trtllm_kit.model_repo.limits import EngineLimits
-    from trtllm_kit.serve.launcher import LaunchConfig
-    from trtllm_kit.serve.locate import TritonInstall
-    from trtllm_kit.spec import BuildSpec
+if TYPE_CHECKING:  # the inspection imports torch; the registry stays torch-free for a fast CLI start
+    from trtllm_kit.checkpoint.inspect import ModelSpec
+
+KEY_EXCLUDED_FLAGS = ("input_timing_cache", "output_timing_cache", "workers", "log_level")
+
+
+@dataclass(frozen=True)
+class StartupTerms:
+    """Seconds a target's server spends becoming ready beyond reading its weights (docs/deploy-kubernetes.md gives
+    the source of each figure)."""
+
+    runtime_init_s: int  # process and MPI start, CUDA contexts, NCCL communicators, runtime deserialisation
+    kv_alloc_s: int  # sizing and allocating the paged KV-cache pool
+    cuda_graphs_s: int  # capturing CUDA graphs (and the warm-up that goes with it)
+
+    @property
+    def total_s(self) -> int:
+        return self.runtime_init_s + self.kv_alloc_s + self.cuda_graphs_s
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """The engine stage, settled before any heavy work."""
+
+    target: Target
+    reason: str                  # why this target, in words
+    plan: BuildPlan | None       # None when no GPU is known (cpu target without --gpu/--gpu-memory)
+    build_gpu: GPU | None        # the GPU the recipe is for
+    command: BuildCommand | None
+    machine: Machine
+
+    def key_parts(self) -> dict[str, Any]:
+        """What decides the engines (the cache key of the stage)."""
+        parts: dict[str, Any] = {"target": self.target.name}
+        if self.command is not None:  # target cpu records the command it would run: it is part of the output
+            parts["flags"] = {k: v for k, v in self.command.flags if k not in KEY_EXCLUDED_FLAGS}
+        if self.target.compiles and self.build_gpu is not None:
+            parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
+                         tensorrt=self.machine.tensorrt)
+        return parts
+
+
+@dataclass
+class BuildContext:
+    """What the stages share: the spec, the inspected model, the staging directory and the results so far."""
+
+    spec: BuildSpec
+    model: ModelSpec
+    mapping: Mapping
+    reporter: Reporter
+    out: Path
+    records: StageRecords = field(default_factory=StageRecords)
+    timings: dict[str, float] = field(default_factory=dict)
+    engine: EngineSetup | None = None
 
 
 class Target(ABC):
@@ -33,6 +90,12 @@ class Target(ABC):
     # the public models a client sends text to, in order of preference (the engine-target repository's)
     text_models: ClassVar[tuple[str, ...]] = ("tensorrt_llm_bls", "ensemble")
     owns_checkpoint: ClassVar[bool] = False  # writes its own checkpoint/ (so --until checkpoint still asks it)
+    uses_gpus: ClassVar[bool] = True  # a replica takes one GPU per rank (else it runs on CPUs)
+    # one server process per rank (mpirun), each loading its rank's weights, so a replica can span nodes;
+    # else one process loads the whole checkpoint
+    process_per_rank: ClassVar[bool] = False
+    group_launch: ClassVar[GroupLaunch | None] = None  # how ranks start across a group's pods (None: one pod)
+    startup_terms: ClassVar[StartupTerms]
 
     def check_spec(self, spec: BuildSpec) -> None:
         """Refuse, before any heavy work, a spec this target cannot build (default: every spec is fine).
@@ -45,11 +108,9 @@ class Target(ABC):
                                 f"{self.name} target's repository runs one tensorrt_llm instance, so drop the option "
                                 "or build with --target llmapi.")
 
+    @abstractmethod
     def write_checkpoint(self, ctx: BuildContext) -> None:
-        """The checkpoint stage: ``checkpoint/`` and ``tokenizer/`` (default: the TensorRT-LLM checkpoint)."""
-        from trtllm_kit.build.pipeline import trtllm_checkpoint_stage
-
-        trtllm_checkpoint_stage(ctx)
+        """The checkpoint stage: ``checkpoint/`` and ``tokenizer/``."""
 
     def write_repo(self, ctx: BuildContext) -> RepoRecord | None:
         """The repo stage for a target with its own repository layout; None: the standard five models."""
@@ -90,15 +151,14 @@ class Target(ABC):
 
     def launch_world_size(self, artifact: Artifact) -> int:
         """How many server processes (MPI ranks) the launch starts."""
-        return 1
+        return artifact.layout.world_size if self.process_per_rank else 1
 
-    def argv(self, install: TritonInstall, config: LaunchConfig, *, mpirun: str = "mpirun",
-             is_root: bool | None = None) -> list[str]:
-        """The server's command line: one ``tritonserver``, or one per rank under ``mpirun``.
+    def own_plan(self, spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision,
+                 gpu: GPU | None) -> dict[str, Any] | None:
+        """The plan of a target that builds no engine (its recipe, memory and serve command), keyed by its name
+        in ``plan``'s report; None: the engine plan applies (default).
 
         Arguments:
-            install: the located server; config: the launch; mpirun, is_root: as ``launch_argv`` takes them.
+            spec: the build spec; hf, family: the model; precision: the checkpoint's; gpu: the planned GPU.
         """
-        from trtllm_kit.serve.launcher import launch_argv
-
-        return launch_argv(install, config, mpirun=mpirun, is_root=is_root)
+        return None

@@ -4,33 +4,33 @@ the C++ backend's tensors, in-flight batching and a paged KV cache. For developm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtllm_kit.artifact import EngineRecord
+from trtllm_kit.artifact import EngineLimits, EngineRecord
+from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
+from trtllm_kit.layout import Mapping
 from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,
-    EngineLimits,
 )
-from trtllm_kit.targets.base import Target
-
-if TYPE_CHECKING:
-    from trtllm_kit.build.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
+from trtllm_kit.names import CHECKPOINT_DIR
+from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
+from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 
 
 class CpuTarget(Target):
     name = "cpu"
     summary = "the kit's CPU runtime in the tensorrt_llm slot, over the TensorRT-LLM checkpoint (no GPU)"
-    model_dir = "checkpoint"
+    model_dir = CHECKPOINT_DIR
     rank_file_pattern = "rank*.safetensors"
+    uses_gpus = False
     backend = "python"
     compiles = False
     slot_model = "tensorrt_llm_cpu.py"
+    startup_terms = StartupTerms(runtime_init_s=60, kv_alloc_s=0, cuda_graphs_s=0)
 
     def machine_problem(self, machine: Machine) -> str | None:
         return None
@@ -38,11 +38,15 @@ class CpuTarget(Target):
     def chosen_because(self, machine: Machine) -> str:
         return "no engine compile; the CPU runtime reads checkpoint/"
 
+    def write_checkpoint(self, ctx: BuildContext) -> None:
+        """The TensorRT-LLM checkpoint (``checkpoint/``) and ``tokenizer/``."""
+        trtllm_checkpoint_stage(ctx)
+
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """Nothing to compile: record the reason and the command the engine target would run."""
         return EngineRecord(target=self.name, reason=setup.reason,
                             command=setup.command.argv if setup.command else None,
-                            plan=setup.plan.to_dict() if setup.plan else None)
+                            plan=setup.plan)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return "architecture" in config and "build_config" not in config
@@ -51,13 +55,14 @@ class CpuTarget(Target):
         """The given sizes, else defaults sized for a CPU, over the checkpoint's ``config.json``."""
         config = read_json(model_dir / "config.json", f"{model_dir}/config.json does not exist; build the "
                            "checkpoint first (trtllm-kit build).")
-        mapping = config.get("mapping") or {}
+        mapping = Mapping.from_dict(config.get("mapping") or {}, f"{model_dir}/config.json")
         positions = int(config.get("max_position_embeddings") or CPU_MAX_SEQ_LEN)
         return EngineLimits(
-            target=self.name, model_dir=model_dir,
+            target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
+            slot_model=self.slot_model,
             max_batch_size=overrides.get("max_batch_size") or CPU_MAX_BATCH_SIZE,
             max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
             max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,
             tokens_per_block=overrides.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK, use_paged_context_fmha=True,
-            tp_size=int(mapping.get("tp_size", 1)), pp_size=int(mapping.get("pp_size", 1)),
+            tp_size=mapping.tp_size, pp_size=mapping.pp_size,
             vocab_size=config.get("vocab_size"))

@@ -4,23 +4,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtllm_kit.artifact import EngineBuild, EngineRecord
-from trtllm_kit.build.compat import engine_problem
+from trtllm_kit.artifact import Artifact, EngineBuild, EngineLimits, EngineRecord
+from trtllm_kit.artifact.compat import Machine, compatibility, detect_machine, engine_problem
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
+from trtllm_kit.engine.config_file import read_engine_config
+from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitError
-from trtllm_kit.jsonfile import read_json
-from trtllm_kit.model_repo.limits import EngineLimits
-from trtllm_kit.targets.base import Target
-
-if TYPE_CHECKING:
-    from trtllm_kit.artifact import Artifact
-    from trtllm_kit.build.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
-
-ENGINE_DIR = "engines"
+from trtllm_kit.names import ENGINE_DIR
+from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
+from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 
 
 class EngineTarget(Target):
@@ -28,9 +23,12 @@ class EngineTarget(Target):
     summary = "TensorRT-LLM 1.2.x engines (trtllm-build) in Triton's C++ tensorrtllm backend, mpirun per rank"
     model_dir = ENGINE_DIR
     rank_file_pattern = "rank*.engine"
+    process_per_rank = True
     backend = "tensorrtllm"
     compiles = True
     slot_model = None
+    group_launch = GroupLaunch.TRITON_RANKS
+    startup_terms = StartupTerms(runtime_init_s=120, kv_alloc_s=60, cuda_graphs_s=0)
 
     def machine_problem(self, machine: Machine) -> str | None:
         return engine_problem(machine)
@@ -39,10 +37,12 @@ class EngineTarget(Target):
         return (f"tensorrt_llm {machine.tensorrt_llm} and {len(machine.gpus)} GPU(s) ({machine.gpus[0].name}) "
                 "found")
 
+    def write_checkpoint(self, ctx: BuildContext) -> None:
+        """The TensorRT-LLM checkpoint (``checkpoint/``) and ``tokenizer/``."""
+        trtllm_checkpoint_stage(ctx)
+
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """``trtllm-build`` over the staged checkpoint into ``engines/`` (logs in ``logs/``)."""
-        from trtllm_kit.build.compile import effective_settings, run_trtllm_build
-
         if setup.command is None or setup.plan is None or setup.build_gpu is None:
             raise KitError("target engine has no build plan: this machine's GPU could not be read; pass --gpu NAME "
                            "or --gpu-memory GiB.")
@@ -58,7 +58,7 @@ class EngineTarget(Target):
             gpu=setup.build_gpu.name, compute_capability=setup.build_gpu.sm,
             effective=effective_settings(result.engine_config), compile_seconds=round(result.seconds, 3))
         return EngineRecord(target=self.name, reason=setup.reason, command=setup.command.argv,
-                            plan=setup.plan.to_dict(), built=built)
+                            plan=setup.plan, built=built)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return "build_config" in config or "builder_config" in config
@@ -66,30 +66,20 @@ class EngineTarget(Target):
     def limits(self, model_dir: Path, overrides: dict[str, int | None]) -> EngineLimits:
         """Read a TensorRT-LLM 1.x engine ``config.json`` (``pretrained_config`` + ``build_config``); the engine
         fixes its sizes, so ``overrides`` do not apply."""
-        path = model_dir / "config.json"
-        config = read_json(path, f"{path} does not exist; build the engine first (trtllm-kit build).")
-        build, pretrained = config.get("build_config"), config.get("pretrained_config")
-        if not isinstance(build, dict) or not isinstance(pretrained, dict):
-            found = "builder_config (a pre-0.8 engine)" if "builder_config" in config else f"keys {sorted(config)}"
-            raise KitError(f"{path} lacks build_config/pretrained_config (found {found}); rebuild the engine with "
-                           "TensorRT-LLM 0.12–1.2.")
-        plugin, mapping = build.get("plugin_config") or {}, pretrained.get("mapping") or {}
+        config = read_engine_config(model_dir, f"{model_dir}/config.json does not exist; build the engine first "
+                                    "(trtllm-kit build).")
+        build, plugin, mapping = config.build, config.plugin, config.mapping
         return EngineLimits(
-            target=self.name, model_dir=model_dir, max_batch_size=int(build["max_batch_size"]),
+            target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
+            slot_model=self.slot_model, max_batch_size=int(build["max_batch_size"]),
             max_num_tokens=int(build.get("max_num_tokens") or 8192), max_seq_len=int(build["max_seq_len"]),
             max_beam_width=int(build.get("max_beam_width", 1)),
             tokens_per_block=int(plugin.get("tokens_per_block", DEFAULT_TOKENS_PER_BLOCK)),
             use_paged_context_fmha=_enabled(plugin.get("use_paged_context_fmha", False)),
-            tp_size=int(mapping.get("tp_size", 1)), pp_size=int(mapping.get("pp_size", 1)),
-            vocab_size=pretrained.get("vocab_size"))
+            tp_size=mapping.tp_size, pp_size=mapping.pp_size, vocab_size=config.pretrained.get("vocab_size"))
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
-        from trtllm_kit.build.compat import compatibility, detect_machine
-
         return compatibility(artifact, machine or detect_machine())
-
-    def launch_world_size(self, artifact: Artifact) -> int:
-        return artifact.layout.world_size
 
 
 def _enabled(value: Any) -> bool:

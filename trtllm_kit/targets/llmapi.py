@@ -7,28 +7,28 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtllm_kit.artifact import CheckpointRecord, EngineRecord
+from trtllm_kit.artifact import CheckpointRecord, EngineLimits, EngineRecord, RepoRecord
+from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.enums import GroupLaunch
+from trtllm_kit.gpus import GPU
 from trtllm_kit.jsonfile import read_json
+from trtllm_kit.llmapi.plan_report import llmapi_plan
 from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,
-    EngineLimits,
 )
-from trtllm_kit.targets.base import Target
-
-if TYPE_CHECKING:
-    from trtllm_kit.artifact import RepoRecord
-    from trtllm_kit.build.compat import Machine
-    from trtllm_kit.build.engine import EngineSetup
-    from trtllm_kit.build.pipeline import BuildContext
-    from trtllm_kit.spec import BuildSpec
-
-CHECKPOINT_DIR = "checkpoint"
-SERVE_DIR = "trtllm-serve"
+from trtllm_kit.models.base import Family
+from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.names import CHECKPOINT_DIR
+from trtllm_kit.plan import Precision
+from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
+from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
+from trtllm_kit.targets.checkpoint_stage import calibration_stats, copy_tokenizer, run_verify, should_verify
 
 
 class LlmapiTarget(Target):
@@ -39,6 +39,8 @@ class LlmapiTarget(Target):
     backend = "python"
     compiles = False
     slot_model = "tensorrt_llm_llmapi.py"
+    group_launch = GroupLaunch.LLMAPI_LAUNCH
+    startup_terms = StartupTerms(runtime_init_s=180, kv_alloc_s=60, cuda_graphs_s=300)
     text_models = ("tensorrt_llm",)
     owns_checkpoint = True
 
@@ -53,18 +55,15 @@ class LlmapiTarget(Target):
     def check_spec(self, spec: BuildSpec) -> None:
         """Refuse the quantizations the PyTorch backend cannot load (int8-sq, int8-wo, an INT8 KV cache) and GPU
         groups (``--gpu-device-ids``) that do not hold tp x pp distinct GPUs each."""
-        from trtllm_kit.llmapi.instances import check_gpu_groups, parse_gpu_device_ids
-        from trtllm_kit.llmapi.quant_format import check_llmapi_quant
-
+        from trtllm_kit.llmapi.quant_format import check_llmapi_quant  # torch
         check_llmapi_quant(spec.quant_config())
         if spec.repo.gpu_device_ids is not None:
             check_gpu_groups(parse_gpu_device_ids(spec.repo.gpu_device_ids), spec.build.tp, spec.build.pp)
 
     def write_checkpoint(self, ctx: BuildContext) -> None:
         """The unified HF checkpoint (calibrated for FP8), the tokenizer, and a CPU verify for small models."""
-        from trtllm_kit.build.pipeline import calibration_stats, copy_tokenizer, run_verify, should_verify
-        from trtllm_kit.llmapi.quant_format import hf_quant_config
-        from trtllm_kit.llmapi.unified import write_unified
+        from trtllm_kit.llmapi.quant_format import hf_quant_config  # torch
+        from trtllm_kit.llmapi.unified import write_unified  # torch
 
         quant = ctx.spec.quant_config()
         stats = calibration_stats(ctx)
@@ -77,7 +76,7 @@ class LlmapiTarget(Target):
             dir=CHECKPOINT_DIR, dtype=result.dtype, **ctx.mapping.to_dict(),
             quantization=hf_quant_config(quant)["quantization"] if quant.is_quantized else None)
         if should_verify(ctx.spec, ctx.model):
-            from trtllm_kit.llmapi.load import load_unified
+            from trtllm_kit.llmapi.load import load_unified  # torch
 
             t0 = time.perf_counter()
             ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter,
@@ -86,11 +85,16 @@ class LlmapiTarget(Target):
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """Nothing to compile: write the ``trtllm-serve`` configuration and record its command line."""
-        from trtllm_kit.llmapi.serve_config import write_serve_config
+        from trtllm_kit.targets.llmapi_repo import write_serve_config  # tritonclient's protobufs
 
         command = write_serve_config(ctx, setup)
         return EngineRecord(target=self.name, reason=setup.reason, command=command,
-                            plan=setup.plan.to_dict() if setup.plan else None)
+                            plan=setup.plan)
+
+    def own_plan(self, spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision,
+                 gpu: GPU | None) -> dict[str, Any] | None:
+        """No engine: the PyTorch backend's recipe, memory per rank and serve command."""
+        return llmapi_plan(spec, hf, family, precision, gpu)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return isinstance(config.get("architectures"), list) and "model_type" in config
@@ -101,7 +105,8 @@ class LlmapiTarget(Target):
                            "checkpoint first (trtllm-kit build --target llmapi).")
         positions = int(config.get("max_position_embeddings") or CPU_MAX_SEQ_LEN)
         return EngineLimits(
-            target=self.name, model_dir=model_dir,
+            target=self.name, model_dir=model_dir, rank_file_pattern=self.rank_file_pattern,
+            slot_model=self.slot_model,
             max_batch_size=overrides.get("max_batch_size") or CPU_MAX_BATCH_SIZE,
             max_num_tokens=overrides.get("max_num_tokens") or CPU_MAX_NUM_TOKENS,
             max_seq_len=overrides.get("max_seq_len") or min(positions, CPU_MAX_SEQ_LEN), max_beam_width=1,
@@ -110,6 +115,6 @@ class LlmapiTarget(Target):
             vocab_size=config.get("vocab_size"))
 
     def write_repo(self, ctx: BuildContext) -> RepoRecord | None:
-        from trtllm_kit.llmapi.repository import llmapi_repo_stage
+        from trtllm_kit.targets.llmapi_repo import llmapi_repo_stage  # tritonclient's protobufs
 
-        return llmapi_repo_stage(ctx)
+        return llmapi_repo_stage(ctx, self)

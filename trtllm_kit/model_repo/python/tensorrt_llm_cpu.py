@@ -29,9 +29,9 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.heartbeat import Heartbeat
 from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
-from trtllm_kit.serve.heartbeat import Heartbeat
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Inputs whose non-default values the CPU runtime cannot honour: refusing beats answering differently.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from trtllm_kit.build.plan import BuildPlan, RankPlan, gib, with_changes
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.plan import BuildPlan, RankPlan, gib, with_changes
 
 MAX_SUGGESTIONS = 3
 

@@ -7,6 +7,7 @@ before TensorRT-LLM is imported, so every instance's ``LLM`` sees only its own G
 from __future__ import annotations
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import Mapping
 
 GpuGroups = tuple[tuple[int, ...], ...]
 
@@ -37,7 +38,7 @@ def check_gpu_groups(groups: GpuGroups, tp: int, pp: int) -> None:
     Arguments:
         groups: from ``parse_gpu_device_ids``; tp, pp: the build's parallel sizes.
     """
-    world = tp * pp
+    world = Mapping(tp, pp).world_size
     for index, group in enumerate(groups):
         if len(group) != world:
             raise KitUsageError(f"gpu_device_ids gives instance {index} {len(group)} GPU(s) ({_ids(group)}), but "

@@ -22,13 +22,14 @@ A rank fits when ``max_batch_size`` sequences of ``max_seq_len`` tokens fit in i
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from trtllm_kit.build.gpus import GIB, GPU
 from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GIB, GPU
 from trtllm_kit.layout import (
+    LINEAR_WEIGHTS,
     SQ_PREFIX,
     Mapping,
     QuantLayout,
@@ -51,8 +52,6 @@ ELEMENT_TYPES = {"FP8": "fp8", "INT8": "int8", "W8A16": "int8", "W8A8": "int8"} 
 def _algo_family(quant_algo: str | None) -> str:
     """``W8A8`` for every SmoothQuant flavour (``W8A8_SQ_*``), else the algorithm's own name ("" for none)."""
     return "W8A8" if (quant_algo or "").startswith("W8A8_SQ") else quant_algo or ""
-LINEARS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
-           "mlp.proj.weight")
 
 
 @dataclass(frozen=True)
@@ -148,9 +147,29 @@ class BuildPlan:
         body["gpu"] = self.gpu.to_dict()
         body["precision"] = {**asdict(self.precision), "kv_dtype": self.precision.kv_dtype}
         body["derived"] = list(self.derived)
+        body["ranks"] = [asdict(rank) for rank in self.ranks]
         body["fits"] = self.fits
         body["max_sequences"] = self.max_sequences
         return body
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> BuildPlan:
+        """The plan ``to_dict`` wrote (a manifest's ``engine.plan``); the derived figures are recomputed.
+
+        Arguments:
+            values: the plan as written.
+        """
+        precision = values["precision"]
+        names = {f.name for f in fields(RankPlan)}
+        return cls(
+            gpu=GPU.from_dict(values["gpu"]),
+            precision=Precision(precision["dtype"], precision.get("quant_algo"), precision.get("kv_cache_quant_algo")),
+            tp_size=int(values["tp_size"]), pp_size=int(values["pp_size"]),
+            max_batch_size=int(values["max_batch_size"]), max_input_len=int(values["max_input_len"]),
+            max_seq_len=int(values["max_seq_len"]), max_num_tokens=int(values["max_num_tokens"]),
+            tokens_per_block=int(values["tokens_per_block"]), kv_cache_fraction=float(values["kv_cache_fraction"]),
+            derived=tuple(values.get("derived", ())),
+            ranks=tuple(RankPlan(**{k: v for k, v in r.items() if k in names}) for r in values["ranks"]))
 
 
 def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision) -> list[int]:
@@ -171,7 +190,7 @@ def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision:
     for pp_rank in range(mapping.pp_size):  # every rank of a stage holds the same shapes
         tensors = rank_tensors(hf, family, mapping, mapping.rank(0, pp_rank), quant, precision.dtype)
         stages.append(sum(math.prod(spec.shape) + spec.shape[0] * item
-                          if algo == "W8A16" and name.endswith(LINEARS) else spec.nbytes
+                          if algo == "W8A16" and name.endswith(LINEAR_WEIGHTS) else spec.nbytes
                           for name, spec in tensors.items()))
     return [stages[mapping.pp_rank(rank)] for rank in mapping.ranks()]
 

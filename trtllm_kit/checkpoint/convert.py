@@ -13,52 +13,27 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from safetensors import safe_open
 
-from trtllm_kit.build.inspect import ModelSpec, TensorInfo, inspect_model
-from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter
-from trtllm_kit.build.shard import qkv_parts, shard
-from trtllm_kit.build.trtllm_config import checkpoint_config, resolve_dtype
+from trtllm_kit.checkpoint.inspect import ModelSpec, TensorInfo, inspect_model
+from trtllm_kit.checkpoint.safetensors_io import FileSlice, SafetensorsWriter
+from trtllm_kit.checkpoint.shard import qkv_parts, shard
+from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stage_rules
-from trtllm_kit.models.base import Rule, Slice, Source, Split, source_name
-
-if TYPE_CHECKING:
-    from trtllm_kit.quant.algos import QuantConfig
-    from trtllm_kit.quant.calibrate import CalibrationStats
+from trtllm_kit.models.base import Slice, Split, WorkItem, source_name
+from trtllm_kit.quant.algos import QuantConfig, check_model
+from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
+from trtllm_kit.quant.checkpoint import QuantTransform
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 STORED_DTYPES = {**TORCH_DTYPES, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # layout names → torch
 OnTensor = Callable[[str, int], None]
 Layout = list[tuple[str, torch.dtype, tuple[int, ...]]]
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One TensorRT-LLM tensor name on one pipeline stage, with its HF sources."""
-
-    rule: Rule
-    layer: int | None        # global HF layer
-    local_layer: int | None  # layer number inside the stage's rank files
-    pp_rank: int
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        """The HF tensor names read (a fused tensor once per slice)."""
-        return self.rule.source_names(self.layer)
-
-    @property
-    def reads(self) -> tuple[Source, ...]:
-        """The sources with the layer slot filled in: names, or row slices of fused tensors."""
-        return self.rule.layer_sources(self.layer)
-
-    @property
-    def target(self) -> str:
-        return self.rule.target_name(self.local_layer)
 
 
 class TensorTransform(Protocol):
@@ -338,10 +313,6 @@ def quant_transform(model: ModelSpec, mapping: Mapping, dtype: str, quant: Quant
         model: the inspected model; mapping: the layout; dtype: the requested dtype; quant: the quantization;
         stats: calibration statistics, or None to calibrate now when the quantization needs them.
     """
-    from trtllm_kit.quant.algos import check_model
-    from trtllm_kit.quant.calibrate import calibrate
-    from trtllm_kit.quant.checkpoint import QuantTransform
-
     if quant is None or not quant.is_quantized:
         return None
     rules = model.family.rules(model.hf)

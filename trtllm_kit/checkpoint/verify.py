@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 
+from trtllm_kit.artifact import MANIFEST, Artifact
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.hf_model import load_causal_lm
+from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.runtime.model import CheckpointModel
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -105,8 +107,6 @@ def recorded_source(path: Path) -> str:
     Arguments:
         path: a build's output directory or its ``checkpoint/``.
     """
-    from trtllm_kit.artifact import MANIFEST, Artifact
-
     out = path if (path / MANIFEST).is_file() else path.parent
     if not (out / MANIFEST).is_file():
         raise KitUsageError(f"{path} has no {MANIFEST} beside it, so its source model is unknown; pass --against "
@@ -260,7 +260,6 @@ def corpus_windows(hf_dir: Path, window: int = PERPLEXITY_WINDOW,
     """
     from transformers import AutoTokenizer
 
-    from trtllm_kit.models.tokenizer import corpus_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
     stream: list[int] = []

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import torch
 
-from trtllm_kit.build.safetensors_io import DTYPES_BY_CODE, read_layout
+from trtllm_kit.checkpoint.safetensors_io import DTYPES_BY_CODE, read_layout
 from trtllm_kit.errors import ModelError
 from trtllm_kit.models.base import Family
+from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
+from trtllm_kit.names import TOKENIZER_FILES
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
-                   "chat_template.jinja", "chat_template.json")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -75,8 +74,6 @@ def resolve_model_path(source: str) -> Path:
         source: what the user typed. Nothing is ever downloaded.
     """
     if source.startswith("builtin:"):
-        from trtllm_kit.models.builtin import builtin_dir
-
         return builtin_dir(source.removeprefix("builtin:"))
     path = Path(source).expanduser()
     if path.is_dir():

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp
+from trtllm_kit.llmapi.llm_args import check_llm_args
 from trtllm_kit.model_repo.configs import parse_config
+from trtllm_kit.model_repo.report import ValidationReport
+from trtllm_kit.names import LLM_ARGS_FILE, TRTLLM_MODEL
+from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 
-if TYPE_CHECKING:
-    from trtllm_kit.model_repo.validate import ValidationReport
-
-MODEL = "tensorrt_llm"
 REQUIRED_INPUTS = ("text_input", "streaming", "sampling_param_max_tokens", "sampling_param_temperature",
                    "sampling_param_top_k", "sampling_param_top_p", "sampling_param_stop", "return_finish_reason",
                    "stop")
@@ -28,7 +28,7 @@ REQUIRED_OUTPUTS = ("text_output", "finish_reason")
 
 def is_llmapi_repository(repo: Path) -> bool:
     """Whether ``repo`` holds the llmapi model (a ``model.yaml`` beside a Python ``tensorrt_llm``)."""
-    return (repo / MODEL / "1" / "model.yaml").is_file()
+    return (repo / TRTLLM_MODEL / LLM_ARGS_FILE).is_file()
 
 
 def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> list[str]:
@@ -38,12 +38,10 @@ def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> li
         repo: the repository; checkpoint: the unified checkpoint to check against (default: ``model.yaml``'s
         ``model``).
     """
-    from trtllm_kit.llmapi.llm_args import check_llm_args
-
-    model_dir = repo / MODEL
+    model_dir = repo / TRTLLM_MODEL
     try:
         config = parse_config((model_dir / "config.pbtxt").read_text())
-        values = yaml.safe_load((model_dir / "1" / "model.yaml").read_text())
+        values = yaml.safe_load((model_dir / LLM_ARGS_FILE).read_text())
     except (OSError, yaml.YAMLError, ValueError) as exc:
         return [f"{model_dir}: config.pbtxt or 1/model.yaml cannot be read ({exc})"]
     problems = []
@@ -77,8 +75,6 @@ def validate_llmapi_repository(repo: Path, checkpoint: Path | None = None) -> li
 
 def _instance_problems(model_dir: Path, config: Any, values: dict[str, Any]) -> list[str]:
     """Several instances need ``gpu_device_ids`` with one group of tp x pp GPUs per instance."""
-    from trtllm_kit.llmapi.instances import check_gpu_groups, parse_gpu_device_ids
-
     count = sum(group.count or 1 for group in config.instance_group) or 1
     ids = config.parameters["gpu_device_ids"].string_value if "gpu_device_ids" in config.parameters else ""
     if not ids:
@@ -119,9 +115,7 @@ def llmapi_report(repo: Path) -> ValidationReport:
     Arguments:
         repo: the llmapi repository.
     """
-    from trtllm_kit.model_repo.validate import ValidationReport
-
     report = ValidationReport(repo)
     for problem in validate_llmapi_repository(repo):
-        report.add("error", MODEL, "llmapi", problem)
+        report.add("error", TRTLLM_MODEL, "llmapi", problem)
     return report

@@ -8,6 +8,8 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.plan import Precision
+from trtllm_kit.spec import BuildSpec
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -66,3 +68,14 @@ def checkpoint_config(hf: HFConfig, family: Family, mapping: Mapping, dtype: str
     config["mapping"] = mapping.to_dict()
     config["quantization"] = quantization or default_quantization()
     return config
+
+
+def precision_of(spec: BuildSpec, hf: HFConfig) -> Precision:
+    """The checkpoint dtype and quantization a spec asks for: the one place the engine stage reads them.
+
+    Arguments:
+        spec: the build spec.
+        hf: the model config (``auto`` dtype).
+    """
+    quant = spec.quant_config()
+    return Precision(resolve_dtype(spec.build.dtype, hf), quant.quant_algo, quant.kv_cache_quant_algo)

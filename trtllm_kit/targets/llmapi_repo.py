@@ -7,23 +7,26 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.artifact import RepoRecord
+from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
-from trtllm_kit.llmapi.instances import GpuGroups, describe, format_groups, parse_gpu_device_ids
-from trtllm_kit.llmapi.serve_config import dump_yaml, model_yaml, recipe_for
+from trtllm_kit.llmapi.llm_args import check_llm_args
+from trtllm_kit.llmapi.recipe import LlmapiRecipe, make_recipe
+from trtllm_kit.llmapi.serve_config import COMMAND_FILE, OPTIONS_FILE, dump_yaml, model_yaml, serve_argv
 from trtllm_kit.model_repo.configs import model_input, model_output, parse_config, to_text
+from trtllm_kit.model_repo.llmapi_validate import validate_llmapi_repository
+from trtllm_kit.model_repo.repository import python_source
 from trtllm_kit.model_repo.tensors import Tensor
+from trtllm_kit.names import SERVE_DIR, TRTLLM_MODEL
+from trtllm_kit.spec.gpu_groups import GpuGroups, describe, format_groups, parse_gpu_device_ids
+from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
 
-if TYPE_CHECKING:
-    from trtllm_kit.build.pipeline import BuildContext
-
-MODEL = "tensorrt_llm"
 SCHEMA = "tensorrt_llm llmapi (Python backend over the LLM API), TensorRT-LLM >= 1.0"
 SOURCE = "tensorrt_llm_llmapi.py"
 GPU_DEVICE_IDS = "gpu_device_ids"  # config.pbtxt parameter: one ;-separated group of GPU ids per instance
@@ -55,7 +58,7 @@ def llmapi_config(decoupled: bool, gpu_groups: GpuGroups = ()) -> mc.ModelConfig
         decoupled: the transaction policy (as ``model.yaml``'s ``triton_config.decoupled``);
         gpu_groups: the GPUs of each instance (one ``LLM`` each; empty: one instance on the visible GPUs).
     """
-    config = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=0)
+    config = mc.ModelConfig(name=TRTLLM_MODEL, backend="python", max_batch_size=0)
     config.model_transaction_policy.decoupled = decoupled
     config.input.extend(model_input(t) for t in INPUTS)
     config.output.extend(model_output(t) for t in OUTPUTS)
@@ -73,30 +76,24 @@ def write_llmapi_repository(repo_dir: Path, model_values: dict, decoupled: bool,
         repo_dir: where; model_values: ``model.yaml``; decoupled: mirrored into ``config.pbtxt``;
         gpu_groups: the GPUs of each instance (empty: one instance).
     """
-    from trtllm_kit.model_repo.repository import python_source
-
     config = llmapi_config(decoupled, gpu_groups)
     text = to_text(config)
     if parse_config(text) != config:  # internal invariant of the generator
         raise AssertionError("tensorrt_llm/config.pbtxt does not round-trip through text_format")
-    version = repo_dir / MODEL / "1"
+    version = repo_dir / TRTLLM_MODEL / "1"
     version.mkdir(parents=True)
-    (repo_dir / MODEL / "config.pbtxt").write_text(text)
+    (repo_dir / TRTLLM_MODEL / "config.pbtxt").write_text(text)
     shutil.copy2(python_source(SOURCE), version / "model.py")
     (version / "model.yaml").write_text(dump_yaml(model_values))
 
 
-def llmapi_repo_stage(ctx: BuildContext) -> RepoRecord:
+def llmapi_repo_stage(ctx: BuildContext, target: Target) -> RepoRecord:
     """``repo/`` for the llmapi target, validated before the build output is moved into place.
 
     Arguments:
-        ctx: the build.
+        ctx: the build; target: the llmapi target.
     """
-    from trtllm_kit.llmapi.validate import validate_llmapi_repository
-    from trtllm_kit.targets import get_target
-
     assert ctx.engine is not None
-    target = get_target("llmapi")
     recipe = recipe_for(ctx, ctx.engine)
     model_path = ctx.spec.out.absolute() / target.model_dir
     values = model_yaml(recipe, model_path, ctx.spec.repo.decoupled)
@@ -113,7 +110,37 @@ def llmapi_repo_stage(ctx: BuildContext) -> RepoRecord:
         "tp_size": ctx.spec.build.tp, "pp_size": ctx.spec.build.pp})
     ctx.reporter.note(f"repo: llmapi target, one tensorrt_llm Python model, decoupled {ctx.spec.repo.decoupled}"
                       + (f"; {describe(groups)}" if groups else ""))
-    return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[MODEL], text=True,
-                      gpt_model_path=str(model_path), limits=limits.to_dict(),
+    return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[TRTLLM_MODEL], text=True,
+                      gpt_model_path=str(model_path), limits=limits,
                       options={"decoupled": ctx.spec.repo.decoupled, "llm_args": args, "instances": max(1, len(groups)),
                                "gpu_device_ids": format_groups(groups) if groups else None})
+
+
+def recipe_for(ctx: BuildContext, setup: EngineSetup) -> LlmapiRecipe:
+    """The recipe of this build (the plan's GPU, or none).
+
+    Arguments:
+        ctx: the build; setup: the settled engine stage.
+    """
+    gpu = setup.build_gpu
+    return make_recipe(ctx.spec, ctx.model.hf, ctx.model.family, precision_of(ctx.spec, ctx.model.hf), gpu)
+
+
+def write_serve_config(ctx: BuildContext, setup: EngineSetup) -> list[str]:
+    """Write ``trtllm-serve/extra_llm_api_options.yaml`` and ``command.sh``; returns the command's argv.
+
+    Arguments:
+        ctx: the build (its staging directory is ``ctx.out``); setup: the settled engine stage.
+    """
+    recipe = recipe_for(ctx, setup)
+    for note in recipe.notes:
+        ctx.reporter.note(f"llmapi: {note}")
+    check_llm_args(recipe.args)
+    serve_dir = ctx.out / SERVE_DIR
+    serve_dir.mkdir()
+    (serve_dir / OPTIONS_FILE).write_text(dump_yaml(recipe.args))
+    final = ctx.spec.out.absolute()
+    argv = serve_argv(final / "checkpoint", final / SERVE_DIR / OPTIONS_FILE)
+    (serve_dir / COMMAND_FILE).write_text("#!/bin/sh\nexec " + shlex.join(argv) + ' "$@"\n')
+    (serve_dir / COMMAND_FILE).chmod(0o755)
+    return argv

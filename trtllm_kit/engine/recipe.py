@@ -20,45 +20,12 @@ from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtllm_kit.build.gpus import GPU
-from trtllm_kit.build.plan import BuildPlan
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU
+from trtllm_kit.plan import BuildPlan
+from trtllm_kit.spec.build_flags import check_flag, check_overrides
 
-TOGGLE = ("enable", "disable")
-PLUGIN_DTYPES = ("auto", "float16", "bfloat16", "float32", "int32", "disable")
-INT = "<int>"
-PATH = "<path>"
-# trtllm-build 1.2.x: flag → accepted values (INT / PATH for free values), from the tables of
-# docs/trtllm-checkpoint.md §7.2
-FLAGS_1_2: dict[str, tuple[str, ...]] = {
-    "checkpoint_dir": (PATH,), "model_config": (PATH,), "build_config": (PATH,), "output_dir": (PATH,),
-    "max_batch_size": (INT,), "max_input_len": (INT,), "max_seq_len": (INT,), "max_num_tokens": (INT,),
-    "opt_num_tokens": (INT,), "max_beam_width": (INT,), "max_encoder_input_len": (INT,),
-    "max_prompt_embedding_table_size": (INT,), "max_multimodal_len": (INT,),
-    "kv_cache_type": ("continuous", "paged", "disabled"), "logits_dtype": ("float16", "float32"),
-    "profiling_verbosity": ("layer_names_only", "detailed", "none"),
-    "input_timing_cache": (PATH,), "output_timing_cache": (PATH,), "max_draft_len": (INT,),
-    "lora_dir": (PATH,), "lora_ckpt_source": ("hf", "nemo"), "max_lora_rank": (INT,), "workers": (INT,),
-    "log_level": ("internal_error", "error", "warning", "info", "verbose", "debug"),
-    "gpt_attention_plugin": PLUGIN_DTYPES, "gemm_plugin": (*PLUGIN_DTYPES, "fp8", "nvfp4"),
-    "nccl_plugin": PLUGIN_DTYPES, "moe_plugin": PLUGIN_DTYPES, "mamba_conv1d_plugin": PLUGIN_DTYPES,
-    "lora_plugin": PLUGIN_DTYPES, "gemm_swiglu_plugin": ("fp8", "disable"),
-    "low_latency_gemm_plugin": ("fp8", "disable"),
-    "context_fmha": TOGGLE, "use_paged_context_fmha": TOGGLE, "use_fp8_context_fmha": TOGGLE,
-    "remove_input_padding": TOGGLE, "tokens_per_block": (INT,), "use_fused_mlp": TOGGLE, "reduce_fusion": TOGGLE,
-    "user_buffer": TOGGLE, "norm_quant_fusion": TOGGLE, "multiple_profiles": TOGGLE, "streamingllm": TOGGLE,
-    "pp_reduce_scatter": TOGGLE,
-}
-# store-true switches of 1.2.x (present or absent, no value)
-SWITCHES_1_2 = ("gather_context_logits", "gather_generation_logits", "gather_all_token_logits", "strip_plan",
-                "weight_sparsity", "weight_streaming", "fast_build", "dry_run", "monitor_memory",
-                "enable_debug_output")
 FUSED_MLP_QUANT = (None, "FP8", "MIXED_PRECISION")
-OWN_FLAGS = {"checkpoint_dir": "the build", "output_dir": "the build", "max_batch_size": "--max-batch-size",
-             "max_input_len": "--max-input-len", "max_seq_len": "--max-seq-len", "max_num_tokens": "--max-num-tokens",
-             "tokens_per_block": "--tokens-per-block", "workers": "the number of GPUs"}
-
-
 @dataclass(frozen=True)
 class BuildCommand:
     """One ``trtllm-build`` invocation: the flags in order, and the argv."""
@@ -110,23 +77,6 @@ def recipe(plan: BuildPlan, gpu: GPU) -> dict[str, str]:
 
 def _toggle(on: bool) -> str:
     return "enable" if on else "disable"
-
-
-def check_flag(name: str, value: str) -> None:
-    """Refuse a flag trtllm-build 1.2.x does not have, or a value it does not take.
-
-    Arguments:
-        name: the flag without dashes; value: its value.
-    """
-    allowed = FLAGS_1_2.get(name)
-    if allowed is None:
-        raise KitUsageError(f"--build-flag {name} is not a trtllm-build 1.2 flag that takes a value; known: "
-                            f"{', '.join(sorted(FLAGS_1_2))}.")
-    if allowed == (INT,):
-        if not value.isdigit():
-            raise KitUsageError(f"--build-flag {name}={value} needs a non-negative integer.")
-    elif allowed != (PATH,) and value not in allowed:
-        raise KitUsageError(f"--build-flag {name}={value} is not one of {', '.join(allowed)}.")
 
 
 def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: Path, *, workers: int,
@@ -189,33 +139,3 @@ def check_combinations(flags: MappingABC[str, str]) -> None:
     for broken, why in rules:
         if broken:
             raise KitUsageError(f"these trtllm-build flags would fail the build: {why}.")
-
-
-def check_overrides(overrides: MappingABC[str, object]) -> None:
-    """Refuse overrides of flags the kit owns (paths, plan limits, workers) and unknown flags or values.
-
-    Arguments:
-        overrides: ``{flag: value}`` from ``--build-flag`` or ``[build.build_flags]``.
-    """
-    for name, value in overrides.items():
-        if name in OWN_FLAGS:
-            raise KitUsageError(f"--build-flag {name} is set from {OWN_FLAGS[name]} and the memory plan; "
-                                "it cannot be overridden.")
-        check_flag(name, str(value))
-
-
-def parse_overrides(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """``["gemm_plugin=disable", ...]`` → ``{"gemm_plugin": "disable"}``, each checked against the flag table.
-
-    Arguments:
-        pairs: ``NAME=VALUE`` strings (a leading ``--`` on NAME is accepted).
-    """
-    result: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        name = name.strip().removeprefix("--")
-        if not sep or not name or not value:
-            raise KitUsageError(f"--build-flag {pair!r} is not NAME=VALUE (e.g. gemm_plugin=disable).")
-        result[name] = value.strip()
-    check_overrides(result)
-    return result

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from trtllm_kit.artifact import MANIFEST, Artifact
-from trtllm_kit.build.artifact import sha256_file
+from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.errors import KitError
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.build.recipe import BuildCommand
+from trtllm_kit.engine.config_file import read_engine_config
+from trtllm_kit.engine.recipe import BuildCommand
 from trtllm_kit.errors import KitError
-from trtllm_kit.jsonfile import read_json
 
 STDERR_TAIL_LINES = 12
 ENGINE_FILE = re.compile(r"^rank(\d+)\.engine$")
@@ -79,13 +79,9 @@ def validate_engine_dir(engine_dir: Path, world_size: int) -> dict[str, Any]:
         engine_dir: the directory trtllm-build wrote.
         world_size: tp × pp of the checkpoint.
     """
-    config = read_json(engine_dir / "config.json", f"trtllm-build exited with 0 but {engine_dir.name}/config.json "
-                       "is missing; the engine directory is incomplete.")
-    mapping = (config.get("pretrained_config") or {}).get("mapping") or {}
-    if "build_config" not in config or not mapping:
-        raise KitError(f"{engine_dir.name}/config.json lacks pretrained_config.mapping or build_config; it is not "
-                       "a TensorRT-LLM engine config of the 0.12+ format.")
-    built = int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
+    config = read_engine_config(engine_dir, f"trtllm-build exited with 0 but {engine_dir.name}/config.json is "
+                                "missing; the engine directory is incomplete.")
+    built = config.mapping.world_size
     if built != world_size:
         raise KitError(f"{engine_dir.name}/config.json describes {built} rank(s), the checkpoint has {world_size}.")
     found = sorted(int(m.group(1)) for p in engine_dir.iterdir() if (m := ENGINE_FILE.match(p.name)))
@@ -98,7 +94,7 @@ def validate_engine_dir(engine_dir: Path, world_size: int) -> dict[str, Any]:
     for rank in range(world_size):
         if (engine_dir / f"rank{rank}.engine").stat().st_size == 0:
             raise KitError(f"{engine_dir.name}/rank{rank}.engine is empty; the build is incomplete.")
-    return config
+    return config.values
 
 
 def effective_settings(config: dict[str, Any]) -> dict[str, Any]:

@@ -12,12 +12,10 @@ import re
 import shutil
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trtllm_kit.build.gpus import GPU, visible_gpus
-
-if TYPE_CHECKING:
-    from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.gpus import GPU, visible_gpus
 
 TRTLLM_MIN = (0, 17)
 TRTLLM_BELOW = (1, 3)

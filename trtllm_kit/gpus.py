@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from trtllm_kit.errors import KitUsageError
 
@@ -37,6 +38,18 @@ class GPU:
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "compute_capability": self.sm,
                 "source": self.source}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GPU:
+        """The GPU ``to_dict`` wrote.
+
+        Arguments:
+            values: ``name``, ``memory_bytes``, ``compute_capability`` (``"9.0"`` or None) and ``source``.
+        """
+        sm = values.get("compute_capability")
+        major, _, minor = str(sm).partition(".") if sm else ("", "", "")
+        return cls(str(values["name"]), int(values["memory_bytes"]), (int(major), int(minor)) if sm else None,
+                   str(values.get("source", "table")))
 
 
 # memory = the ``memory.total`` nvidia-smi reports for the board (MiB), not the marketing figure

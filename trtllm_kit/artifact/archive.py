@@ -16,15 +16,15 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from trtllm_kit.artifact import MANIFEST, Artifact
-from trtllm_kit.build.artifact import sha256_file
-from trtllm_kit.build.compat import Machine
-from trtllm_kit.build.integrity import TamperedError, walk_files
-from trtllm_kit.build.staging import FULL_ERRNOS, DiskFullError, human_size
+from trtllm_kit.artifact.files import sha256_file
+from trtllm_kit.artifact.integrity import TamperedError, walk_files
+from trtllm_kit.diskspace import FULL_ERRNOS, DiskFullError, human_size
 from trtllm_kit.errors import KitError, KitUsageError
 
 COMPRESSED = (".tar.gz", ".tgz")
@@ -105,13 +105,14 @@ class VerifyReport:
                 "has_engines": self.has_engines, "compatible": not self.problems, "problems": self.problems}
 
 
-def verify_artifact(path: Path, machine: Machine) -> VerifyReport:
-    """Check every file of an artifact directory or archive against its manifest, and its engines against
-    ``machine``.
+def verify_artifact(path: Path, serve_problems: Callable[[Artifact], list[str]]) -> VerifyReport:
+    """Check every file of an artifact directory or archive against its manifest, and whether it can be served
+    here.
 
     Arguments:
         path: an artifact directory or an archive made by ``--archive``.
-        machine: ``detect_machine()``.
+        serve_problems: what keeps an artifact from being served on this machine (its target's
+        ``serve_problems``).
     """
     if path.is_dir():
         artifact = Artifact.read(path)
@@ -121,15 +122,13 @@ def verify_artifact(path: Path, machine: Machine) -> VerifyReport:
         artifact = Artifact.from_dict(values, path, f"{path}:{MANIFEST}")
     else:
         raise KitUsageError(f"{path} does not exist; pass an artifact directory or an archive made by --archive.")
-    from trtllm_kit.targets import get_target
-
     expected = artifact.files
     report = VerifyReport(str(path), num_files=len(expected))
     report.mismatched = sorted(n for n in expected if n in actual and actual[n] != expected[n])
     report.missing = sorted(set(expected) - set(actual))
     report.unexpected = sorted(set(actual) - set(expected))
     report.has_engines = artifact.has_engines
-    report.problems = get_target(artifact.target).serve_problems(artifact, machine)
+    report.problems = serve_problems(artifact)
     return report
 
 

@@ -1,0 +1,26 @@
+"""Names the build output and its Triton repository use, said once: the repository's models, the output's
+directories and the tokenizer's files."""
+
+from __future__ import annotations
+
+# the models of a Triton repository
+TRTLLM_MODEL = "tensorrt_llm"  # the in-flight batching slot: engines, the CPU runtime or an llmapi LLM
+PREPROCESSING_MODEL = "preprocessing"
+POSTPROCESSING_MODEL = "postprocessing"
+ENSEMBLE_MODEL = "ensemble"
+BLS_MODEL = "tensorrt_llm_bls"
+MODEL_NAMES = (PREPROCESSING_MODEL, TRTLLM_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL, BLS_MODEL)
+LLM_ARGS_FILE = "1/model.yaml"  # the llmapi model's LLM() arguments, inside its model directory
+
+# the directories of a build output
+CHECKPOINT_DIR = "checkpoint"
+ENGINE_DIR = "engines"
+TOKENIZER_DIR = "tokenizer"  # also inside each repository model that tokenizes
+SERVE_DIR = "trtllm-serve"  # the llmapi target's trtllm-serve configuration
+
+# what a build copies of a model's tokenizer (with the settings and chat templates around it)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json")
+# any one of these makes a directory hold a tokenizer (``generation_config.json`` alone does not)
+TOKENIZER_CORE_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

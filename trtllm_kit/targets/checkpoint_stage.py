@@ -1,0 +1,101 @@
+"""The TensorRT-LLM checkpoint stage the engine and cpu targets share: calibrate when the quantization needs it,
+convert, copy the tokenizer, and verify small models on the CPU against transformers."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtllm_kit.artifact import CheckpointRecord
+from trtllm_kit.errors import VerifyError
+from trtllm_kit.progress import Reporter
+from trtllm_kit.spec import BuildSpec
+from trtllm_kit.targets.base import BuildContext
+
+# Conversion, calibration and verification import torch; the registry imports this module, and serve and the CLI
+# import the registry, so those modules are imported where a stage runs.
+if TYPE_CHECKING:
+    from trtllm_kit.checkpoint.inspect import ModelSpec
+    from trtllm_kit.quant.calibrate import CalibrationStats
+
+VERIFY_MAX_PARAMETERS = 500_000_000
+
+
+def should_verify(spec: BuildSpec, model: ModelSpec) -> bool:
+    if spec.build.verify is not None:
+        return spec.build.verify
+    return model.hf.num_parameters <= VERIFY_MAX_PARAMETERS
+
+
+def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
+    """Calibrate when the quantization needs it; the statistics are saved with the artifact
+    (``calibration/stats.safetensors`` + ``.json``)."""
+    quant = ctx.spec.quant_config()
+    if not quant.needs_calibration:
+        return None
+    from trtllm_kit.quant.calibrate import calibrate  # torch
+
+    t0 = time.perf_counter()
+    stats = calibrate(ctx.model.path, quant, ctx.reporter)
+    stats.save(ctx.out / "calibration")
+    ctx.timings["calibrate"] = time.perf_counter() - t0
+    ctx.records.calibration = {"dir": "calibration", **stats.params}
+    return stats
+
+
+def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
+    """HF weights → the TensorRT-LLM ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
+    from trtllm_kit.checkpoint.convert import convert, quant_transform  # torch
+
+    ckpt_dir = ctx.out / "checkpoint"
+    ckpt_dir.mkdir()
+    quant, stats = ctx.spec.quant_config(), calibration_stats(ctx)
+    transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.build.dtype, quant, stats)
+    with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
+        result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.build.dtype, lambda _name, n: advance(n),
+                         transform)
+    copy_tokenizer(ctx.model, ctx.out / "tokenizer")
+    ctx.records.checkpoint = CheckpointRecord(
+        dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
+        quantization=quant.quantization_block() if quant.is_quantized else None)
+    if should_verify(ctx.spec, ctx.model):
+        t0 = time.perf_counter()
+        ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter)
+        ctx.timings["verify"] = time.perf_counter() - t0
+
+
+def copy_tokenizer(model: ModelSpec, dest: Path) -> None:
+    """The model's tokenizer files into the new directory ``dest``.
+
+    Arguments:
+        model: the inspected model; dest: the directory to create.
+    """
+    dest.mkdir()
+    for path in model.tokenizer_files:
+        shutil.copy2(path, dest / path.name)
+
+
+def run_verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter, load: Any = None) -> dict[str, Any]:
+    """Verify ``ckpt_dir`` against the HF model; a failure raises ``VerifyError``, a pass returns the report.
+
+    Arguments:
+        ckpt_dir: the checkpoint; model: the HF model; reporter: notes; load: the checkpoint's loader (see
+        ``verify_checkpoint``; default: the TensorRT-LLM checkpoint's).
+    """
+    from trtllm_kit.checkpoint.verify import verify_checkpoint  # torch, transformers
+
+    reporter.note("verify: running the checkpoint on the CPU against transformers")
+    report = verify_checkpoint(ckpt_dir, model.path, load=load)
+    if not report.passed and report.quantization:
+        raise VerifyError(f"verify failed: {report.quality_failure()}")
+    if not report.passed:
+        raise VerifyError(f"verify failed: max abs logit error {report.max_abs_err:.3g} exceeds the tolerance "
+                          f"{report.tolerance:.3g} (top-1 agreement {report.top1_agreement:.1%}); the checkpoint "
+                          "does not compute what the HF model does.")
+    reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, max rel error {report.max_rel_err:.2e}, "
+                  f"top-1 agreement {report.top1_agreement:.1%}")
+    if report.quantization:
+        reporter.note(f"verify: {report.quality_summary()}")
+    return report.to_dict()
