@@ -49,6 +49,8 @@ class EngineSetup:
         parts: dict[str, Any] = {"target": self.target.name}
         if self.command is not None:  # target cpu records the command it would run: it is part of the output
             parts["flags"] = {k: v for k, v in self.command.flags if k not in KEY_EXCLUDED_FLAGS}
+            if self.command.switches:
+                parts["switches"] = list(self.command.switches)
         if self.target.name == "engine" and self.build_gpu is not None:
             parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
                          tensorrt=self.machine.tensorrt)
@@ -89,7 +91,7 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
     if gpu is not None:
         b = spec.build
         limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
-                        b.kv_cache_fraction)
+                        b.kv_cache_fraction, b.context_logits)
         plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)
