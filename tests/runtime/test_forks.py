@@ -128,3 +128,25 @@ def test_forks_without_room_wait_and_compute_their_prompt_themselves(model):
     first = engine.add_request(PROMPT, SamplingParams(max_tokens=5, temperature=0.0, n=2))
     run(engine, first)
     assert first.group[0].output_ids == first.group[1].output_ids
+
+
+@pytest.mark.parametrize(("policy", "pool_tokens", "tokens_per_block"), [
+    ("max_utilization", 96, 4), ("guaranteed_no_evict", 160, 8), ("max_utilization", 64, 8)])
+def test_groups_under_pressure_finish_without_leaks_and_equal_single_requests(model, policy, pool_tokens,
+                                                                            tokens_per_block):
+    """A small pool: forks queue or are preempted and recomputed; greedy forks still equal a lone request."""
+    engine = Engine(model, EngineConfig(max_batch_size=4, tokens_per_block=tokens_per_block,
+                                        max_tokens_in_paged_kv_cache=pool_tokens, batch_scheduler_policy=policy))
+    prompts = [PROMPT[:n] for n in (18, 9, 13)]
+    firsts = [engine.add_request(p, SamplingParams(max_tokens=12, temperature=0.0, n=n))
+              for p, n in zip(prompts, (3, 2, 1), strict=True)]
+    for _ in range(500):
+        if not engine.has_work():
+            break
+        engine.step()
+    manager = engine.scheduler.block_manager
+    assert not engine.has_work()
+    assert all(block.ref_count == 0 for block in manager.blocks) and manager.num_free_blocks == manager.num_blocks
+    alone = engine_for(model).generate(prompts, [SamplingParams(max_tokens=12, temperature=0.0)] * 3)
+    for first, expected in zip(firsts, alone, strict=True):
+        assert [seq.output_ids for seq in first.group] == [expected] * len(first.group)
