@@ -83,3 +83,10 @@ def test_out_of_range_values_are_refused_naming_the_field(field, value):
 def test_best_of_below_n_is_refused():
     with pytest.raises(KitUsageError, match=r"^best_of must be an integer >= n \(3\), got 2\.$"):
         SamplingParams(n=3, best_of=2)
+
+
+@pytest.mark.parametrize(("ignore_eos", "reason", "kept"), [(False, "end_id", []), (True, None, [2])])
+def test_ignore_eos_keeps_generating_past_end_id(ignore_eos, reason, kept):
+    seq = Sequence(0, [1], SamplingParams(max_tokens=3, end_id=2, ignore_eos=ignore_eos))
+    seq.append_token(2)
+    assert (seq.finish_reason, seq.output_ids) == (reason, kept)
