@@ -1,5 +1,5 @@
-"""The penalties and min-p equal a naive per-token reference on fixed logits; out-of-range values are refused
-with a sentence naming the field."""
+"""The penalties, min-p and ignore_eos equal a naive per-token reference on fixed logits; out-of-range values
+are refused with a sentence naming the field."""
 
 from __future__ import annotations
 

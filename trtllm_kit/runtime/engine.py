@@ -24,7 +24,7 @@ from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.enums import RUNTIME_SCHEDULER_POLICIES as POLICIES
 from trtllm_kit.enums import SchedulerPolicy
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.logprobs import token_logprobs
+from trtllm_kit.runtime.logprobs import record_generated, record_prompt
 from trtllm_kit.runtime.model import CheckpointModel, attend
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
@@ -216,7 +216,7 @@ class Engine:
         before = [s.num_output_tokens for s in sampled]
         token_of = dict(zip((s.seq_id for s in sampled), sample(logits, sampled), strict=True))
         finished = self.scheduler.postprocess(seqs + forks, [token_of.get(s.seq_id) for s in seqs + forks])
-        self._record_logprobs(logits, sampled, [s.num_output_tokens > n for s, n in zip(sampled, before, strict=True)])
+        record_generated(logits, sampled, [s.num_output_tokens > n for s, n in zip(sampled, before, strict=True)])
         for seq in sampled:  # a sequence whose numbers could not be sampled ends alone; its neighbours go on
             if token_of[seq.seq_id] is None and not seq.is_finished:
                 seq.error = sampling_error(seq)
@@ -293,7 +293,7 @@ class Engine:
             return torch.empty(0, model.dims.vocab_size)
         logits = model.logits(hidden[:, wanted])[0]
         for seq, start, row, num_prompt in spans:
-            _record_prompt(seq, start, logits[row:row + num_prompt])
+            record_prompt(seq, start, logits[row:row + num_prompt])
         return logits[:len(sampled)]
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -302,20 +302,6 @@ class Engine:
         for source, destination in copies:
             for cache in (self.k_cache, self.v_cache):
                 cache[:, :, destination * tpb:(destination + 1) * tpb] = cache[:, :, source * tpb:(source + 1) * tpb]
-
-    @staticmethod
-    def _record_logprobs(logits: torch.Tensor, sampled: list[Sequence], kept: list[bool]) -> None:
-        """Add each kept token's raw logprob to its sequence (and its alternatives and logits on request)."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        for row, (seq, is_kept) in enumerate(zip(sampled, kept, strict=True)):
-            if not is_kept:
-                continue
-            token_id = seq.token_ids[-1]
-            seq.cum_logprob += float(logprobs[row, token_id])
-            if seq.params.logprobs is not None:
-                seq.output_logprobs += token_logprobs(logits[row:row + 1], [token_id], seq.params.logprobs)
-            if seq.params.return_generation_logits:
-                seq.generation_logits.append(logits[row].clone())
 
     def stats(self) -> EngineStats:
         """The current counters and gauges."""
@@ -332,14 +318,3 @@ class Engine:
             iteration_counter=self.num_steps, total_scheduled_requests=self.total_scheduled,
             peak_scheduled=self.peak_scheduled, timestamp=time.time())
 
-
-def _record_prompt(seq: Sequence, start: int, logits: torch.Tensor) -> None:
-    """Keep the logits of prompt positions ``start``... and the logprobs of the tokens they score, once each (a
-    preempted sequence computes its prompt again)."""
-    end = start + logits.shape[0]
-    if seq.params.return_context_logits:
-        seq.context_logits += [logits[p - start].clone() for p in range(max(start, len(seq.context_logits)), end)]
-    if seq.params.prompt_logprobs is not None:
-        positions = range(max(start, len(seq.prompt_logprobs) - 1), min(end, seq.num_prompt_tokens - 1))
-        seq.prompt_logprobs += token_logprobs(logits[[p - start for p in positions]],
-                                              [seq.token_ids[p + 1] for p in positions], seq.params.prompt_logprobs)

@@ -9,8 +9,12 @@ Logits of position ``i`` score token ``i + 1``, so the first prompt token has no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from trtllm_kit.runtime.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -50,3 +54,39 @@ def sampled_logprob(logits: torch.Tensor, token_id: int) -> float:
         logits: [vocab] raw logits; token_id: the token.
     """
     return float(torch.log_softmax(logits.float(), dim=-1)[token_id])
+
+
+def record_generated(logits: torch.Tensor, sampled: list[Sequence], kept: list[bool]) -> None:
+    """Add each kept token's raw logprob to its sequence's ``cum_logprob`` (and its alternatives and logits to
+    ``output_logprobs`` / ``generation_logits`` on request).
+
+    Arguments:
+        logits: [len(sampled), vocab] the raw logits each token was chosen from; sampled: the sequences;
+        kept: whether each one's token was appended (an ``end_id`` is not).
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    for row, (seq, is_kept) in enumerate(zip(sampled, kept, strict=True)):
+        if not is_kept:
+            continue
+        token_id = seq.token_ids[-1]
+        seq.cum_logprob += float(logprobs[row, token_id])
+        if seq.params.logprobs is not None:
+            seq.output_logprobs += token_logprobs(logits[row:row + 1], [token_id], seq.params.logprobs)
+        if seq.params.return_generation_logits:
+            seq.generation_logits.append(logits[row].clone())
+
+
+def record_prompt(seq: Sequence, start: int, logits: torch.Tensor) -> None:
+    """Keep the logits of prompt positions ``start``... (``context_logits``) and the logprobs of the tokens they
+    score (``prompt_logprobs``), once each: a preempted sequence computes its prompt again.
+
+    Arguments:
+        seq: a sequence that asked for them; start: the first position; logits: [positions, vocab] raw logits.
+    """
+    end = start + logits.shape[0]
+    if seq.params.return_context_logits:
+        seq.context_logits += [logits[p - start].clone() for p in range(max(start, len(seq.context_logits)), end)]
+    if seq.params.prompt_logprobs is not None:
+        positions = range(max(start, len(seq.prompt_logprobs) - 1), min(end, seq.num_prompt_tokens - 1))
+        seq.prompt_logprobs += token_logprobs(logits[[p - start for p in positions]],
+                                              [seq.token_ids[p + 1] for p in positions], seq.params.prompt_logprobs)

@@ -38,7 +38,7 @@ import triton_python_backend_utils as pb_utils
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
-from trtllm_kit.runtime.logprobs import TokenLogprob
+from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
 from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
 
@@ -76,16 +76,6 @@ def _string(request, name: str) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _top(entries: list[TokenLogprob | None], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """[len(entries), k] alternatives' logprobs and ids; an entry without data (the first prompt token) gives
-    logprobs 0 and ids -1."""
-    values, ids = np.zeros((len(entries), k), np.float32), np.full((len(entries), k), -1, np.int32)
-    for row, entry in enumerate(entries):
-        if entry is not None and entry.top_ids:
-            values[row], ids[row] = entry.top_logprobs[:k], entry.top_ids[:k]
-    return values, ids
-
-
 def _words(request, name: str) -> list[list[int]]:
     """``stop_words_list`` [1, 2, N]: row 0 the concatenated ids, row 1 the end offsets (padded with -1)."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -104,8 +94,8 @@ class _Pending:
         self.seq: Sequence | None = None
         self.streaming = self.exclude_input = self.perf = False
         self.counts = (False, False)  # return_num_input_tokens, return_num_output_tokens
-        self.log_probs = self.prompt_log_probs = self.with_index = False
-        self.num_top = 0
+        self.logprobs = LogprobRequest()
+        self.with_index = False
         self.num_sent: dict[int, int] = {}  # sequence index → output tokens sent
         self.response = None
         self.done = threading.Event()
@@ -209,9 +199,9 @@ class TritonPythonModel:
                                         f"runtime (only {default}); leave it out.")
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
             length = int(_input(request, "input_lengths", len(ids)))
-            item.log_probs = bool(_input(request, "return_log_probs", False))
-            item.prompt_log_probs = bool(_input(request, "return_prompt_log_probs", False))
-            item.num_top = int(_input(request, "num_top_log_probs", 0))
+            item.logprobs = wanted = LogprobRequest(bool(_input(request, "return_log_probs", False)),
+                                                    bool(_input(request, "return_prompt_log_probs", False)),
+                                                    int(_input(request, "num_top_log_probs", 0)))
             num_sequences = int(_input(request, "num_return_sequences", 1))
             item.with_index = _input(request, "num_return_sequences") is not None
             if num_sequences > 1 and not self.decoupled:
@@ -227,8 +217,8 @@ class TritonPythonModel:
                 repetition_penalty=float(_input(request, "repetition_penalty", 1.0)),
                 presence_penalty=float(_input(request, "presence_penalty", 0.0)),
                 frequency_penalty=float(_input(request, "frequency_penalty", 0.0)), n=num_sequences,
-                logprobs=item.num_top if item.log_probs else None,
-                prompt_logprobs=item.num_top if item.prompt_log_probs else None,
+                logprobs=wanted.num_top if wanted.log_probs else None,
+                prompt_logprobs=wanted.num_top if wanted.prompt_log_probs else None,
                 return_context_logits=bool(_input(request, "return_context_logits", False)),
                 return_generation_logits=bool(_input(request, "return_generation_logits", False)),
                 guide=self._guide(request))
@@ -284,7 +274,8 @@ class TritonPythonModel:
                                        (seq.num_prompt_tokens, seq.num_output_tokens), strict=True):
             if wanted:
                 tensors.append(pb_utils.Tensor(name, np.array([[value]], np.int32)))
-        tensors += self._logprob_tensors(item, seq, first, first == 0)
+        tensors += [pb_utils.Tensor(name, array)
+                    for name, array in logprob_arrays(seq, item.logprobs, first, first == 0).items()]
         if item.perf:
             tpb = self.engine.config.tokens_per_block
             reused, total = seq.num_cached_tokens // tpb, -(-len(seq) // tpb)
@@ -295,32 +286,6 @@ class TritonPythonModel:
             tensors += [pb_utils.Tensor(n, np.array([[v]], np.int32)) for n, v in (
                 ("kv_cache_reused_blocks", reused), ("kv_cache_alloc_new_blocks", total - reused),
                 ("kv_cache_alloc_total_blocks", total))]
-        return tensors
-
-    def _logprob_tensors(self, item: _Pending, seq: Sequence, first: int, with_prompt: bool) -> list:
-        """Logprob and logits outputs of the generated tokens from ``first`` on (and of the prompt)."""
-        tensors, params = [], seq.params
-        if item.log_probs:
-            entries = seq.output_logprobs[first:]
-            tensors += [pb_utils.Tensor("output_log_probs", np.array([[[e.logprob for e in entries]]], np.float32)),
-                        pb_utils.Tensor("cum_log_probs", np.array([[seq.cum_logprob]], np.float32))]
-            if item.num_top:
-                values, ids = _top(list(entries), item.num_top)
-                tensors += [pb_utils.Tensor("top_log_probs", values[None, None]),
-                            pb_utils.Tensor("top_log_prob_ids", ids[None, None])]
-        if params.return_generation_logits:
-            logits = seq.generation_logits[first:]
-            stacked = torch.stack(logits).numpy() if logits else np.zeros((0, self.engine.model.dims.vocab_size))
-            tensors.append(pb_utils.Tensor("generation_logits", stacked.astype(np.float32)[None, None]))
-        if with_prompt and item.prompt_log_probs:
-            logprobs = [0.0 if e is None else e.logprob for e in seq.prompt_logprobs]
-            tensors.append(pb_utils.Tensor("prompt_log_probs", np.array([logprobs], np.float32)))
-            if item.num_top:
-                values, ids = _top(seq.prompt_logprobs, item.num_top)
-                tensors += [pb_utils.Tensor("prompt_top_log_probs", values[None]),
-                            pb_utils.Tensor("prompt_top_log_prob_ids", ids[None])]
-        if with_prompt and params.return_context_logits:
-            tensors.append(pb_utils.Tensor("context_logits", torch.stack(seq.context_logits).numpy()[None]))
         return tensors
 
     def _progress(self, item: _Pending, seq: Sequence) -> None:
