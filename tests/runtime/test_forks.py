@@ -150,3 +150,11 @@ def test_groups_under_pressure_finish_without_leaks_and_equal_single_requests(mo
     alone = engine_for(model).generate(prompts, [SamplingParams(max_tokens=12, temperature=0.0)] * 3)
     for first, expected in zip(firsts, alone, strict=True):
         assert [seq.output_ids for seq in first.group] == [expected] * len(first.group)
+
+
+def test_a_group_larger_than_the_pool_still_runs(model):
+    """The pool holds two full reservations; the other two forks of four queue and run after them."""
+    engine = Engine(model, EngineConfig(tokens_per_block=TPB, max_tokens_in_paged_kv_cache=64))
+    first = engine.add_request(PROMPT, SamplingParams(max_tokens=12, temperature=0.0, n=4))  # 30 tokens each
+    run(engine, first)
+    assert len({tuple(seq.output_ids) for seq in first.group}) == 1

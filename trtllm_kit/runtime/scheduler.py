@@ -92,9 +92,15 @@ class Scheduler:
         return len(seq) if self.config.batch_scheduler_policy == "max_utilization" else seq.max_num_tokens
 
     def _fork_blocks(self, seq: Sequence) -> int:
-        """Blocks the waiting forks of ``seq`` will take when its prompt is computed."""
+        """Blocks the waiting forks of ``seq`` will take when its prompt is computed: of as many forks as the whole
+        pool could hold beside it (the others will queue on their own)."""
         num_forks = sum(other.fork_of is seq for other in seq.group)
-        return num_forks * self.block_manager.fork_blocks(seq, self._reserve(seq)) if num_forks else 0
+        if not num_forks:
+            return 0
+        manager, reserve = self.block_manager, self._reserve(seq)
+        per_fork = max(manager.fork_blocks(seq, reserve), 1)
+        room = max(manager.num_blocks - manager.blocks_needed(reserve), 0)
+        return min(num_forks, room // per_fork) * per_fork
 
     def _admissible(self, seq: Sequence) -> bool:
         """Whether ``seq`` could start now: a batch slot, and blocks for its prompt (``max_utilization``) or its
