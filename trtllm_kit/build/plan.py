@@ -113,13 +113,13 @@ class RankPlan:
     block_bytes: int
     activation_bytes: int
     buffer_bytes: int
-    context_logits_bytes: int
     free_bytes: int
     kv_pool_bytes: int
     num_blocks: int
     kv_tokens: int
     max_sequences: int
     fits: bool
+    context_logits_bytes: int = 0  # --gather_context_logits: float32 logits of max_num_tokens tokens
 
 
 @dataclass(frozen=True)
@@ -229,8 +229,8 @@ def rank_plans(hf: HFConfig, family: Family, mapping: Mapping, precision: Precis
         blocks = pool // block
         sequences = blocks // blocks_per_sequence
         plans.append(RankPlan(rank, mapping.tp_rank(rank), pp_rank, layers, weights[rank], per_token, block,
-                              activations, buffers, context, free, pool, blocks, blocks * tokens_per_block, sequences,
-                              free > 0 and sequences >= max(1, max_batch_size)))
+                              activations, buffers, free, pool, blocks, blocks * tokens_per_block, sequences,
+                              free > 0 and sequences >= max(1, max_batch_size), context))
     return tuple(plans)
 
 
