@@ -11,7 +11,9 @@ Per rank ``r`` on a GPU of ``M`` bytes (formulas of ``docs/trtllm-checkpoint.md`
   ``device_memory_size`` replaces it after a build);
 * runtime buffers: float32 logits of ``max_batch_size × pad(V, tp)`` (why the upstream batch size of 2048
   runs out of memory);
-* memory left = ``M`` − weights − activations − buffers; KV pool = ``kv_cache_fraction`` × memory left;
+* context logits (``[build] context_logits``, ``--gather_context_logits``): float32 logits of every token a step
+  computes, ``max_num_tokens × pad(V, tp) × 4`` (derived from the flag's meaning; no upstream figure);
+* memory left = ``M`` − weights − activations − buffers − context logits; KV pool = ``kv_cache_fraction`` × memory left;
   blocks = ⌊pool / block⌋; sequences at ``max_seq_len`` = ⌊blocks / ⌈max_seq_len / tokens_per_block⌉⌋.
 
 A rank fits when ``max_batch_size`` sequences of ``max_seq_len`` tokens fit in its pool. Unless given,
@@ -94,6 +96,7 @@ class Limits:
     max_num_tokens: int | None = None
     tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK
     kv_cache_fraction: float = DEFAULT_KV_CACHE_FRACTION
+    context_logits: bool = False  # --gather_context_logits
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class RankPlan:
     kv_tokens: int
     max_sequences: int
     fits: bool
+    context_logits_bytes: int = 0  # --gather_context_logits: float32 logits of max_num_tokens tokens
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ class BuildPlan:
     kv_cache_fraction: float
     derived: tuple[str, ...]
     ranks: tuple[RankPlan, ...]
+    context_logits: bool = False
 
     @property
     def fits(self) -> bool:
@@ -210,18 +215,26 @@ def buffer_bytes(max_batch_size: int, vocab_size: int, tp_size: int) -> int:
     return max_batch_size * pad_vocab_size(vocab_size, tp_size) * 4
 
 
+def context_logits_bytes(max_num_tokens: int, vocab_size: int, tp_size: int) -> int:
+    """Float32 logits of every token of a step, kept for ``--gather_context_logits``: ``max_num_tokens × pad(V, tp)
+    × 4``."""
+    return max_num_tokens * pad_vocab_size(vocab_size, tp_size) * 4
+
+
 def rank_plans(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision, gpu: GPU, max_batch_size: int,
                max_seq_len: int, max_num_tokens: int, tokens_per_block: int,
-               kv_cache_fraction: float) -> tuple[RankPlan, ...]:
+               kv_cache_fraction: float, context_logits: bool = False) -> tuple[RankPlan, ...]:
     """The figures of every rank for fixed limits.
 
     Arguments:
         hf: model config; family: weight table; mapping: TP/PP; precision: dtype and quant; gpu: the GPU;
-        max_batch_size, max_seq_len, max_num_tokens, tokens_per_block, kv_cache_fraction: the limits.
+        max_batch_size, max_seq_len, max_num_tokens, tokens_per_block, kv_cache_fraction: the limits;
+        context_logits: whether the engine gathers context logits.
     """
     weights = rank_weight_bytes(hf, family, mapping, precision)
     activations = activation_bytes(max_num_tokens, hf.hidden_size, hf.intermediate_size, mapping.tp_size)
     buffers = buffer_bytes(max_batch_size, hf.vocab_size, mapping.tp_size)
+    context = context_logits_bytes(max_num_tokens, hf.vocab_size, mapping.tp_size) if context_logits else 0
     kv_heads = kv_heads_per_rank(hf.num_key_value_heads, mapping.tp_size)
     blocks_per_sequence = math.ceil(max_seq_len / tokens_per_block)
     plans = []
@@ -230,13 +243,13 @@ def rank_plans(hf: HFConfig, family: Family, mapping: Mapping, precision: Precis
         layers = len(layers_for_rank(hf.num_hidden_layers, mapping.pp_size, pp_rank))
         per_token = kv_bytes_per_token(layers, kv_heads, hf.head_dim, precision.kv_bytes)
         block = tokens_per_block * per_token
-        free = gpu.memory_bytes - weights[rank] - activations - buffers
+        free = gpu.memory_bytes - weights[rank] - activations - buffers - context
         pool = max(0, int(kv_cache_fraction * free))
         blocks = pool // block
         sequences = blocks // blocks_per_sequence
         plans.append(RankPlan(rank, mapping.tp_rank(rank), pp_rank, layers, weights[rank], per_token, block,
                               activations, buffers, free, pool, blocks, blocks * tokens_per_block, sequences,
-                              free > 0 and sequences >= max(1, max_batch_size)))
+                              free > 0 and sequences >= max(1, max_batch_size), context))
     return tuple(plans)
 
 
@@ -257,7 +270,7 @@ def make_plan(hf: HFConfig, family: Family, mapping: Mapping, precision: Precisi
     while True:
         tokens = limits.max_num_tokens or max(limits.tokens_per_block, min(MAX_NUM_TOKENS, batch * max_seq_len))
         ranks = rank_plans(hf, family, mapping, precision, gpu, batch, max_seq_len, tokens,
-                           limits.tokens_per_block, limits.kv_cache_fraction)
+                           limits.tokens_per_block, limits.kv_cache_fraction, limits.context_logits)
         sequences = min(r.max_sequences for r in ranks)
         if limits.max_batch_size or sequences >= batch or sequences < 1:
             break
@@ -267,7 +280,7 @@ def make_plan(hf: HFConfig, family: Family, mapping: Mapping, precision: Precisi
         raise KitUsageError(f"max_input_len {max_input_len} exceeds max_seq_len {max_seq_len}; a prompt must leave "
                             "room for output: lower --max-input-len or raise --max-seq-len.")
     return BuildPlan(gpu, precision, mapping.tp_size, mapping.pp_size, batch, max_input_len, max_seq_len, tokens,
-                     limits.tokens_per_block, limits.kv_cache_fraction, tuple(derived), ranks)
+                     limits.tokens_per_block, limits.kv_cache_fraction, tuple(derived), ranks, limits.context_logits)
 
 
 def _check_limits(limits: Limits) -> None:
@@ -298,7 +311,7 @@ def with_changes(plan: BuildPlan, hf: HFConfig, family: Family, **changes: Any) 
     given = {name: getattr(plan, name) for name in ("max_batch_size", "max_input_len", "max_seq_len",
                                                     "max_num_tokens") if name not in plan.derived}
     limits = Limits(**{**given, **changes}, tokens_per_block=plan.tokens_per_block,
-                    kv_cache_fraction=plan.kv_cache_fraction)
+                    kv_cache_fraction=plan.kv_cache_fraction, context_logits=plan.context_logits)
     try:
         return make_plan(hf, family, mapping, precision, plan.gpu, limits)
     except KitUsageError:

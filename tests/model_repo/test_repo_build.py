@@ -42,6 +42,10 @@ def test_build_ends_with_a_cached_repository_stage(tmp_path: Path) -> None:
     assert config(out, "tensorrt_llm_bls").instance_group[0].count == 2
     assert (out / "repo" / "tensorrt_llm" / "1" / "model.py").read_bytes() == (
         Path(__file__).parents[2] / "trtllm_kit" / "model_repo" / "python" / "tensorrt_llm_cpu.py").read_bytes()
+    info = out.absolute() / "repo" / "tensorrt_llm" / "xgrammar_tokenizer_info.json"  # guided decoding
+    assert trt.parameters["guided_decoding_backend"].string_value == "xgrammar"
+    assert trt.parameters["xgrammar_tokenizer_info_path"].string_value == str(info)
+    assert set(json.loads(info.read_text())) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"}
 
     again = run_build(qwen2_spec(out, 2))
     assert again.summary["reused"] == ["checkpoint", "engine", "repo"]

@@ -90,6 +90,12 @@ class EngineRecord:
         """The KV-cache memory fraction the plan sized ``max_batch_size`` with (None without a plan)."""
         return self.plan.kv_cache_fraction if self.plan is not None else None
 
+    @property
+    def context_logits(self) -> bool:
+        """Whether the engine was built with ``--gather_context_logits`` (``[build] context_logits``): requests may
+        ask it for the prompt's logits."""
+        return "--gather_context_logits" in (self.command or [])
+
     def to_dict(self) -> dict[str, Any]:
         values: dict[str, Any] = {"target": self.target, "reason": self.reason, "command": self.command,
                                   "plan": self.plan.to_dict() if self.plan is not None else None}

@@ -132,6 +132,11 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
                           f"{r['free_bytes'] / GIB:.2f}", f"{r['kv_pool_bytes'] / GIB:.2f}", str(r["num_blocks"]),
                           str(r["max_sequences"]), "fits" if r["fits"] else "DOES NOT FIT")
         console.print(table)
+        if plan.get("context_logits"):
+            context = max(r["context_logits_bytes"] for r in plan["ranks"])
+            console.print(f"Context logits (--gather_context_logits, [build] context_logits): "
+                          f"{context / GIB:.2f} GiB per rank (max_num_tokens {plan['max_num_tokens']} x vocab x 4 "
+                          "bytes), taken from the KV pool", highlight=False, markup=False)
     if report.get("calibration"):
         c = report["calibration"]
         console.print(f"Calibration: {c['samples']} windows x {c['seq_len']} tokens on {c['device']}: {c['reason']}",

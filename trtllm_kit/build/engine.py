@@ -51,7 +51,7 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
     if gpu is not None:
         b = spec.build
         limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
-                        b.kv_cache_fraction)
+                        b.kv_cache_fraction, b.context_logits)
         plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)

@@ -51,7 +51,8 @@ def repo_stage(ctx: BuildContext) -> None:
     fraction = engine.kv_cache_fraction
     record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,
                               model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,
-                              plan_fraction=fraction if fraction is not None else build.kv_cache_fraction)
+                              plan_fraction=fraction if fraction is not None else build.kv_cache_fraction,
+                              final_dir=ctx.spec.out.absolute() / "repo")
     expect = Expectation(world_size=ctx.mapping.world_size, kv_cache_fraction=fraction)
     report = validate_repository(ctx.out / "repo", read_limits=limits_from_dir, model_dir=limits.model_dir,
                                  expect=expect)

@@ -31,10 +31,12 @@ class BuildCommand:
     """One ``trtllm-build`` invocation: the flags in order, and the argv."""
 
     flags: tuple[tuple[str, str], ...]
+    switches: tuple[str, ...] = ()  # store-true flags (``SWITCHES_1_2``), after the valued ones
 
     @property
     def argv(self) -> list[str]:
-        return ["trtllm-build", *(part for name, value in self.flags for part in (f"--{name}", value))]
+        return ["trtllm-build", *(part for name, value in self.flags for part in (f"--{name}", value)),
+                *(f"--{name}" for name in self.switches)]
 
     @property
     def line(self) -> str:
@@ -116,7 +118,7 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
     for name, value in flags.items():
         check_flag(name, value)
     check_combinations(flags)
-    return BuildCommand(tuple(flags.items()))
+    return BuildCommand(tuple(flags.items()), ("gather_context_logits",) if plan.context_logits else ())
 
 
 def check_combinations(flags: MappingABC[str, str]) -> None:

@@ -1,7 +1,9 @@
 """An ``LLM``-compatible class over the kit's CPU runtime, so the Triton ``llmapi`` model file runs unchanged on
 a machine without a GPU: ``LLM(model=..., **TorchLlmArgs)``, ``generate_async(prompt or token ids,
 SamplingParams, streaming, priority)`` returning an async-iterable result with ``abort()`` and ``aresult()``,
-``get_stats()`` (iteration statistics under the C++ executor's JSON keys) and ``shutdown()``.
+``get_stats()`` (iteration statistics under the C++ executor's JSON keys) and ``shutdown()``. ``SamplingParams``
+carries ``n``/``best_of``, logprobs, the penalties and ``guided_decoding`` (``cpu_types.py``); guided decoding
+needs ``guided_decoding_backend: xgrammar``, as it does on the GPU.
 
 The engine steps in its own thread; each request's outputs reach its asyncio loop through
 ``call_soon_threadsafe``. The checkpoint is loaded as the PyTorch backend loads it (``load_unified``) at the
@@ -10,111 +12,24 @@ model's ``tensor_parallel_size``/``pipeline_parallel_size``.
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
+from trtllm_kit.llmapi.cpu_result import ERROR, RequestError, RequestOutput, Update
+from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, SamplingParams, logprob_dict
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
-ERROR = "error: "  # a finish reason that carries why the request could not run
-
-
-class RequestError(RuntimeError):
-    """A request the runtime refused (e.g. a prompt longer than max_seq_len, a token id outside the vocabulary)."""
-
-
-FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "cancelled": "cancelled"}
-
-
-@dataclass
-class SamplingParams:
-    """The ``tensorrt_llm.SamplingParams`` fields the llmapi model sets (``None``: the library default)."""
-
-    max_tokens: int = 32
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: list[str] | str | None = None
-    min_tokens: int | None = None
-    end_id: int | None = None
-    ignore_eos: bool = False
-    best_of: int | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    exclude_input_from_output: bool = True
-    return_perf_metrics: bool = False
-
-
-@dataclass
-class CompletionOutput:
-    """One generated sequence, as ``tensorrt_llm``'s ``CompletionOutput`` reports it."""
-
-    index: int = 0
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    cumulative_logprob: float | None = None
-    text_diff: str = ""
-    token_ids_diff: list[int] = field(default_factory=list)
-
-
-class RequestOutput:
-    """The result of ``generate_async``: iterate it (``async for``) when streaming, await ``aresult()`` otherwise."""
-
-    def __init__(self, llm: LLM, prompt_token_ids: list[int], streaming: bool) -> None:
-        self.request_id = 0
-        self.prompt_token_ids = prompt_token_ids
-        self.outputs = [CompletionOutput()]
-        self.finished = False
-        self._llm, self._streaming = llm, streaming
-        self._loop = asyncio.get_running_loop()
-        self._updates: asyncio.Queue[tuple[list[int], str | None]] = asyncio.Queue()
-        self.seq: Sequence | None = None
-
-    def _push(self, token_ids: list[int], reason: str | None) -> None:  # engine thread → request loop
-        self._loop.call_soon_threadsafe(self._updates.put_nowait, (token_ids, reason))
-
-    def _apply(self, token_ids: list[int], reason: str | None) -> None:
-        if reason is not None and reason.startswith(ERROR):  # raised where the caller awaits, as the LLM API does
-            self.finished = True
-            raise RequestError(reason.removeprefix(ERROR))
-        out = self.outputs[0]
-        before_text, before_ids = out.text, len(out.token_ids)
-        out.token_ids = token_ids
-        out.text = self._llm.tokenizer.decode(token_ids, skip_special_tokens=True) if self._llm.tokenizer else ""
-        out.text_diff, out.token_ids_diff = out.text[len(before_text):], token_ids[before_ids:]
-        if reason is not None:
-            self.finished = True
-            out.finish_reason = FINISH_REASONS.get(reason, reason)
-
-    def __aiter__(self) -> RequestOutput:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        self._apply(*await self._updates.get())
-        return self
-
-    async def aresult(self) -> RequestOutput:
-        """Wait until the request finishes; returns the final output."""
-        while not self.finished:
-            self._apply(*await self._updates.get())
-        return self
-
-    def abort(self) -> None:
-        """Cancel the request; its KV blocks are freed at the engine's next step."""
-        self._llm._cancel(self)
+__all__ = ["LLM", "GuidedDecodingParams", "RequestError", "RequestOutput", "SamplingParams"]
 
 
 class LLM:
@@ -123,13 +38,15 @@ class LLM:
     Arguments:
         model: the unified checkpoint directory; tensor_parallel_size, pipeline_parallel_size: the layout the
         runtime emulates; max_batch_size, max_num_tokens, max_seq_len, kv_cache_config, enable_chunked_prefill,
-        scheduler_config: as ``TorchLlmArgs``; every other ``TorchLlmArgs`` field is accepted and has no effect.
+        scheduler_config, guided_decoding_backend (None or ``xgrammar``): as ``TorchLlmArgs``; every other
+        ``TorchLlmArgs`` field is accepted and has no effect.
     """
 
     def __init__(self, model: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                  max_batch_size: int | None = None, max_num_tokens: int | None = None, max_seq_len: int | None = None,
                  kv_cache_config: dict[str, Any] | None = None, enable_chunked_prefill: bool = False,
-                 scheduler_config: dict[str, Any] | None = None, **_gpu_only: Any) -> None:
+                 scheduler_config: dict[str, Any] | None = None, guided_decoding_backend: str | None = None,
+                 **_gpu_only: Any) -> None:
         kv = dict(kv_cache_config or {})
         policy = str((scheduler_config or {}).get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")).lower()
         batch, seq_len = int(max_batch_size or 8), int(max_seq_len or 1024)
@@ -146,6 +63,11 @@ class LLM:
                              self.config)
         self.tokenizer = _tokenizer(path)
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
+        if guided_decoding_backend not in (None, "xgrammar"):
+            raise ValueError(f"guided_decoding_backend {guided_decoding_backend!r} is not available on the CPU "
+                             "runtime; use xgrammar")
+        self.guided_decoding_backend = guided_decoding_backend
+        self._grammar: GrammarCompiler | None = None  # made on the first guided request
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._active: dict[int, tuple[RequestOutput, int]] = {}  # seq_id → (output, tokens sent)
         self._stats: list[dict[str, Any]] = []
@@ -164,8 +86,9 @@ class LLM:
         """
         params = sampling_params or SamplingParams()
         ids = list(inputs) if isinstance(inputs, list) else self._encode(str(inputs), add_special_tokens=True)
-        output = RequestOutput(self, ids, streaming)
-        self._inbox.put(("add", (output, self._runtime_params(params, float(priority)))))
+        runtime_params = self._runtime_params(params, float(priority))  # refuses bad values before anything runs
+        output = RequestOutput(self, ids, streaming, params)
+        self._inbox.put(("add", (output, runtime_params)))
         return output
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
@@ -196,7 +119,28 @@ class LLM:
             end_id=None if p.ignore_eos else (p.end_id if p.end_id is not None else self.eos_token_id),
             temperature=1.0 if p.temperature is None else float(p.temperature), top_k=int(p.top_k or 0),
             top_p=1.0 if sampled else float(p.top_p or 0.0), seed=int(p.seed or 0),
-            stop_words=[self._encode(s, add_special_tokens=False) for s in stops if s], priority=priority)
+            stop_words=[self._encode(s, add_special_tokens=False) for s in stops if s], priority=priority,
+            min_p=float(p.min_p or 0.0),
+            repetition_penalty=1.0 if p.repetition_penalty is None else float(p.repetition_penalty),
+            presence_penalty=float(p.presence_penalty or 0.0), frequency_penalty=float(p.frequency_penalty or 0.0),
+            ignore_eos=bool(p.ignore_eos), n=int(p.n), best_of=None if p.best_of is None else int(p.best_of),
+            logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, return_context_logits=p.return_context_logits,
+            return_generation_logits=p.return_generation_logits, guide=self._guide(p.guided_decoding))
+
+    def _guide(self, params: GuidedDecodingParams | None) -> Any:
+        """The compiled guide of a request (None without one); needs ``guided_decoding_backend: xgrammar``."""
+        guide = params.guide() if params is not None else None
+        if guide is None:
+            return None
+        if self.guided_decoding_backend != "xgrammar":
+            raise ValueError("guided decoding needs guided_decoding_backend: xgrammar in the LLM arguments "
+                             "(model.yaml)")
+        if self.tokenizer is None:
+            raise ValueError("guided decoding needs the checkpoint's tokenizer files")
+        if self._grammar is None:
+            self._grammar = GrammarCompiler(self.tokenizer, self.engine.model.dims.vocab_size,
+                                            [self.eos_token_id] if self.eos_token_id is not None else [])
+        return self._grammar.compile(Guide(*guide))
 
     def _cancel(self, output: RequestOutput) -> None:
         self._inbox.put(("cancel", output))
@@ -214,20 +158,16 @@ class LLM:
                 try:
                     sampled, finished = self.engine.step()
                 except Exception as exc:  # a failing step must not wedge the loop: its requests end with the error
-                    for output, _ in list(self._active.values()):
-                        if output.seq is not None:
-                            self.engine.cancel(output.seq)
-                            del self._active[output.seq.seq_id]
-                            output._push([], f"{ERROR}the CPU runtime failed: {exc!r}")
+                    for output in {id(o): o for o, _ in self._active.values()}.values():
+                        self._cancel_group(output)
+                        output._push(Update(0, [], f"{ERROR}the CPU runtime failed: {exc!r}", 0.0))
                     continue
                 for seq in {s.seq_id: s for s in [*sampled, *finished]}.values():
                     self._progress(seq)
                 self._stats.append(self._snapshot())
                 del self._stats[:-100]
-        for output, _ in list(self._active.values()):
-            if output.seq is not None:
-                self.engine.cancel(output.seq)
-                self._progress(output.seq)
+        for output in {id(o): o for o, _ in self._active.values()}.values():
+            self._cancel_group(output, report=True)
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
@@ -235,12 +175,22 @@ class LLM:
             try:
                 output.seq = self.engine.add_request(output.prompt_token_ids, params)
             except Exception as exc:  # a request that can never run finishes at once with the reason
-                output._push([], f"{ERROR}{exc}")
+                output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
                 return
-            self._active[output.seq.seq_id] = (output, 0)
+            for seq in output.seq.group:
+                self._active[seq.seq_id] = (output, 0)
         elif kind == "cancel" and payload.seq is not None and payload.seq.seq_id in self._active:
-            self.engine.cancel(payload.seq)
-            self._progress(payload.seq)
+            self._cancel_group(payload, report=True)
+
+    def _cancel_group(self, output: RequestOutput, report: bool = False) -> None:
+        """Cancel every sequence of a request; with ``report``, its final states reach the caller."""
+        if output.seq is None:
+            return
+        for seq in output.seq.group:
+            self.engine.cancel(seq)
+            if report:
+                self._progress(seq)
+            self._active.pop(seq.seq_id, None)
 
     def _progress(self, seq: Sequence) -> None:
         output, sent = self._active.get(seq.seq_id, (None, 0))
@@ -250,10 +200,20 @@ class LLM:
         if seq.is_finished:
             del self._active[seq.seq_id]
             reason = f"{ERROR}{seq.error}" if seq.finish_reason == "error" else seq.finish_reason or "length"
-            output._push(ids, reason)
         elif len(ids) > sent and output._streaming:
             self._active[seq.seq_id] = (output, len(ids))
-            output._push(ids, None)
+            reason = None
+        else:
+            return
+        params = seq.params
+        output._push(Update(
+            seq.index, ids, reason, seq.cum_logprob,
+            [d for d in map(logprob_dict, seq.output_logprobs[sent:]) if d is not None],
+            [logprob_dict(e) for e in seq.prompt_logprobs] if params.prompt_logprobs is not None and sent == 0
+            else None,
+            torch.stack(seq.generation_logits) if params.return_generation_logits and seq.generation_logits else None,
+            torch.stack(seq.context_logits) if params.return_context_logits and sent == 0 and seq.context_logits
+            else None))
 
     def _snapshot(self) -> dict[str, Any]:
         s = self.engine.stats()

@@ -93,6 +93,7 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
         "kv_cache_config": kv, "enable_chunked_prefill": chunked, "scheduler_config": scheduler,
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch},
         "disable_overlap_scheduler": False, "attn_backend": "TRTLLM", "enable_iter_perf_stats": True,
+        "guided_decoding_backend": "xgrammar",  # structured output (response_format, guided_json, ...)
     }
     notes = [
         f"decode CUDA graphs with padding for batches {_sizes(cuda_graph_batch_sizes(batch))} (max_batch_size "

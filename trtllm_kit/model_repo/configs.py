@@ -107,7 +107,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
     config.model_transaction_policy.decoupled = options.decoupled
     _queue(config, options, limits.max_batch_size, options.max_queue_size or 0)  # the engine's queue is the bound
     config.input.extend(model_input(t, ragged=True, scalar_reshape=True) for t in T.TRTLLM_INPUTS)
-    config.output.extend(model_output(t) for t in T.TRTLLM_OUTPUTS)
+    config.output.extend(model_output(t) for t in (*T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS))
     _instances(config, 1)
     fraction = options.kv_cache_free_gpu_mem_fraction
     assert fraction is not None, "RepoOptions.resolve fills the KV fraction"
@@ -141,6 +141,17 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
                            "max_queue_size": str(options.max_queue_size or 0), "decoupled": _flag(options.decoupled)})
     _set_parameters(config, parameters)
     return config
+
+
+def set_guided_decoding(config: mc.ModelConfig, tokenizer_info_path: str) -> None:
+    """Turn on guided decoding with xgrammar in the ``tensorrt_llm`` model's parameters.
+
+    Arguments:
+        config: the ``tensorrt_llm`` config; tokenizer_info_path: ``xgrammar_tokenizer_info_path`` (absolute for
+        the C++ backend; the CPU runtime also resolves it against its model directory).
+    """
+    _set_parameters(config, {"guided_decoding_backend": "xgrammar",
+                             "xgrammar_tokenizer_info_path": tokenizer_info_path})
 
 
 def preprocessing_config(limits: EngineLimits, options: RepoOptions, tokenizer_dir: Path) -> mc.ModelConfig:

@@ -8,8 +8,10 @@ from importlib import resources
 from pathlib import Path
 
 from trtllm_kit.artifact import EngineLimits, RepoRecord
-from trtllm_kit.model_repo.configs import SCHEMA, parse_config, repository_configs, to_text
+from trtllm_kit.model_repo.configs import SCHEMA, parse_config, repository_configs, set_guided_decoding, to_text
 from trtllm_kit.model_repo.options import resolve_options
+from trtllm_kit.model_repo.xgrammar_info import FILE_NAME as TOKENIZER_INFO
+from trtllm_kit.model_repo.xgrammar_info import write_xgrammar_tokenizer_info
 from trtllm_kit.names import TOKENIZER_CORE_FILES, TOKENIZER_DIR, TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
 
@@ -31,20 +33,29 @@ def python_source(name: str) -> Path:
 
 
 def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions, *, model_path: Path,
-                     tokenizer_files: list[Path], plan_fraction: float | None = None) -> RepoRecord:
-    """Write the repository into the empty or missing ``repo_dir``; returns its record for the manifest.
+                     tokenizer_files: list[Path], plan_fraction: float | None = None,
+                     final_dir: Path | None = None) -> RepoRecord:
+    """Write the repository into the empty or missing ``repo_dir``; returns its record for the manifest. With a
+    fast tokenizer (``tokenizer.json``), ``tensorrt_llm/xgrammar_tokenizer_info.json`` is written and guided
+    decoding with xgrammar is turned on.
 
     Arguments:
         repo_dir: where to write; limits: what the engine (or the CPU runtime) runs;
         options: the user's repository settings (``None`` fields are derived);
         model_path: ``gpt_model_path`` as the server will see it (the engine or checkpoint directory);
-        tokenizer_files: the HF tokenizer files to copy; plan_fraction: the plan's KV-cache fraction.
+        tokenizer_files: the HF tokenizer files to copy; plan_fraction: the plan's KV-cache fraction;
+        final_dir: where the repository will be served from (absolute paths in parameters point there;
+        None: ``repo_dir``).
     """
     resolved = resolve_options(options, limits, plan_fraction)
     configs = repository_configs(limits, resolved, model_path, Path(TOKENIZER_DIR))
     has_text = has_tokenizer(tokenizer_files)
     if not has_text:  # token ids in and out only: the models that tokenize, and the entry points, need a tokenizer
         configs = {TRTLLM_MODEL: configs[TRTLLM_MODEL]}
+    fast_tokenizer = next((path for path in tokenizer_files if path.name == "tokenizer.json"), None)
+    if fast_tokenizer is not None:
+        set_guided_decoding(configs[TRTLLM_MODEL], str((final_dir or repo_dir).absolute() / TRTLLM_MODEL
+                                                       / TOKENIZER_INFO))
     repo_dir.mkdir(parents=True, exist_ok=True)
     for name, config in configs.items():
         text = to_text(config)
@@ -53,6 +64,8 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         model_dir = repo_dir / name
         (model_dir / "1").mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(text)
+    if fast_tokenizer is not None:
+        write_xgrammar_tokenizer_info(fast_tokenizer.parent, repo_dir / TRTLLM_MODEL / TOKENIZER_INFO)
     sources = dict(PYTHON_MODELS) if has_text else {}
     slot_model = limits.slot_model
     if slot_model is not None:  # the kit's Python model serves the tensorrt_llm slot

@@ -2,8 +2,10 @@
 
 Each row is ``(name, data type, dims, required)``; dims exclude the Triton batch dimension. The
 ``tensorrt_llm`` tables are the upstream names and types on both targets, so clients and the ensemble never
-know which target they talk to. Multimodal, encoder-decoder, LoRA, speculative-decoding and guided-decoding
-tensors are left out: the kit builds decoder-only text models.
+know which target they talk to. Multimodal, encoder-decoder, LoRA and speculative-decoding tensors are left out:
+the kit builds decoder-only text models. ``tensorrt_llm`` also declares the kit's own optional tensors for what
+upstream has no tensor for (``runtime_min_p``, top logprob alternatives, prompt logprobs); the C++ backend ignores
+them, the CPU runtime serves them (docs/openai-eval-engine.md).
 """
 
 from __future__ import annotations
@@ -67,9 +69,16 @@ TRTLLM_INPUTS = (
     _t("prompt_embedding_table", "FP16", (-1, -1)),
     _t("prompt_table_extra_ids", "UINT64", (-1,)),
     _t("prompt_vocab_size", "INT32"),
-    # The kit's addition (no upstream tensorrt_llm input carries it): the request priority in [0, 1], higher
-    # first, as TensorRT-LLM's executor Request takes it. The CPU runtime schedules by it; the C++ backend ignores it.
+    _t("guided_decoding_guide_type", "STRING"),
+    _t("guided_decoding_guide", "STRING"),
+    # The kit's additions (no upstream tensorrt_llm input carries them; the C++ backend ignores them):
+    # the request priority in [0, 1], higher first, as TensorRT-LLM's executor Request takes it;
     _t("priority", "FP32"),
+    # vLLM's min_p (0 = off); the top alternatives per token (0 to 20) in ``top_log_probs`` /
+    # ``prompt_top_log_probs``; and the prompt tokens' logprobs (``prompt_log_probs``).
+    _t("runtime_min_p", "FP32"),
+    _t("num_top_log_probs", "INT32"),
+    _t("return_prompt_log_probs", "BOOL"),
 )
 
 TRTLLM_OUTPUTS = (
@@ -90,6 +99,16 @@ TRTLLM_OUTPUTS = (
     _t("last_token_time_ns", "INT64"),
     _t("num_input_tokens", "INT32"),
     _t("num_output_tokens", "INT32"),
+)
+# The kit's logprob outputs (CPU runtime only; ensemble and BLS do not pass them through): per generated token its
+# top alternatives [sequences, tokens, k], per prompt token its logprob [prompt tokens] (the first: 0, it has none)
+# and alternatives [prompt tokens, k].
+LOGPROB_OUTPUTS = (
+    _t("top_log_probs", "FP32", (-1, -1, -1)),
+    _t("top_log_prob_ids", "INT32", (-1, -1, -1)),
+    _t("prompt_log_probs", "FP32", (-1,)),
+    _t("prompt_top_log_probs", "FP32", (-1, -1)),
+    _t("prompt_top_log_prob_ids", "INT32", (-1, -1)),
 )
 
 PREPROCESSING_INPUTS = (

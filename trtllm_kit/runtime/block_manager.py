@@ -4,6 +4,10 @@ A block holds the K/V of ``tokens_per_block`` consecutive tokens. With KV reuse 
 block is registered under a hash of its tokens chained with its prefix's hash; a later sequence with the same
 prefix takes the block instead of recomputing it (after comparing the tokens, so a hash collision is a miss).
 Freed blocks keep their contents and hash until they are handed out again, oldest first.
+A sequence that needs every prompt position's logits (prompt logprobs, context logits) takes no cached block.
+Several sequences sampled for one request share the prompt's blocks: ``fork`` gives a new sequence the full
+blocks of its group's first sequence (one more reference each) and a copy of its last, partial block, which each
+sequence then writes on its own (copy-on-write, done at once since the next token writes it).
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ class BlockManager:
         so that its logits are computed."""
         hits: list[int] = []
         prefix_hash = None
-        for index in range((len(seq) - 1) // self.tokens_per_block if self.enable_reuse else 0):
+        reusable = self.enable_reuse and not seq.params.needs_prompt_logits
+        for index in range((len(seq) - 1) // self.tokens_per_block if reusable else 0):
             token_ids = seq.block_token_ids(index, self.tokens_per_block)
             block_hash = hash((prefix_hash, tuple(token_ids)))
             block_id = self.hash_to_block_id.get(block_hash)
@@ -70,15 +75,16 @@ class BlockManager:
             prefix_hash = block_hash
         return hits
 
-    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+    def can_allocate(self, seq: Sequence, num_tokens: int, extra_blocks: int = 0) -> bool:
         """Whether a sequence without blocks can get blocks for its first ``num_tokens`` tokens.
 
         Arguments:
-            seq: a waiting sequence; num_tokens: tokens to cover (its next chunk, or its maximum length).
+            seq: a waiting sequence; num_tokens: tokens to cover (its next chunk, or its maximum length);
+            extra_blocks: blocks that must stay free besides (for the forks of its group).
         """
         hits = self.prefix_hits(seq)
         hits_in_free = sum(block_id in self.free_block_ids for block_id in hits)
-        new_blocks = max(self.blocks_needed(num_tokens) - len(hits), 0)
+        new_blocks = max(self.blocks_needed(num_tokens) - len(hits), 0) + extra_blocks
         return new_blocks <= self.num_free_blocks - hits_in_free
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
@@ -125,6 +131,42 @@ class BlockManager:
                 del self.hash_to_block_id[block.hash]
             block.hash, block.prefix_hash, block.token_ids, block.ref_count = None, None, [], 1
             seq.block_table.append(block_id)
+
+    def fork_blocks(self, seq: Sequence, num_tokens: int) -> int:
+        """Fresh blocks a fork of ``seq`` (at its current length) takes to cover ``num_tokens`` tokens.
+
+        Arguments:
+            seq: the sequence forked from; num_tokens: the fork's reservation.
+        """
+        covered = max(num_tokens, len(seq))
+        return self.blocks_needed(covered) - len(seq) // self.tokens_per_block
+
+    def can_fork(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether ``fork(seq, ..., num_tokens)`` finds its blocks.
+
+        Arguments:
+            seq: the sequence forked from; num_tokens: the fork's reservation.
+        """
+        return self.fork_blocks(seq, num_tokens) <= self.num_free_blocks
+
+    def fork(self, parent: Sequence, child: Sequence, num_tokens: int) -> tuple[int, int] | None:
+        """Give ``child`` (same tokens, no blocks) ``parent``'s full blocks and fresh ones up to ``num_tokens``;
+        returns (parent's partial block, child's block) whose K/V the caller copies, or None when there is none.
+
+        Arguments:
+            parent: a sequence whose tokens are all computed; child: its fork; num_tokens: the child's reservation.
+        """
+        assert not child.block_table and self.can_fork(parent, num_tokens)
+        num_shared = len(parent) // self.tokens_per_block
+        for block_id in parent.block_table[:num_shared]:
+            self.blocks[block_id].ref_count += 1
+            child.block_table.append(block_id)
+        self.num_reused_blocks += num_shared
+        self.append(child, max(num_tokens, len(parent)))
+        child.num_cached_tokens = num_shared * self.tokens_per_block
+        if len(parent) % self.tokens_per_block == 0:
+            return None
+        return parent.block_table[num_shared], child.block_table[num_shared]
 
     def seal(self, seq: Sequence) -> None:
         """Register the sequence's full, computed blocks for reuse (called after each step).

@@ -3,6 +3,11 @@
 A step packs every scheduled sequence's new tokens (generation tokens and context chunks alike) into one row
 for the linear layers of ``CheckpointModel`` (all TP ranks, all PP stages, its ``linear``), writes their K/V
 into the pool's slots, and attends per sequence over the K/V gathered through its block table.
+Logits are computed for each sampled sequence's last position and, for a sequence that asked for prompt logprobs
+or context logits, for every prompt position. A request of several sequences computes its prompt once; its
+forks start on the first sequence's blocks (``Scheduler.fork``) and sample their first token from its logits.
+Each sampled token's raw logprob is summed into ``cum_logprob`` (and kept with its alternatives on request,
+``runtime/logprobs.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.enums import RUNTIME_SCHEDULER_POLICIES as POLICIES
 from trtllm_kit.enums import SchedulerPolicy
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.logprobs import record_generated, record_prompt
 from trtllm_kit.runtime.model import CheckpointModel, attend
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
@@ -159,7 +165,8 @@ class Engine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> Sequence:
-        """Queue a request; raises ``KitUsageError`` for one that can never run and ``QueueFullError``.
+        """Queue a request; raises ``KitUsageError`` for one that can never run and ``QueueFullError``. Returns
+        its first sequence; ``seq.group`` holds all ``params.num_sequences`` of them.
 
         Arguments:
             prompt_ids: input token ids; params: sampling settings; arrival_time: ``time.perf_counter()`` value.
@@ -167,12 +174,15 @@ class Engine:
         vocab = self.model.dims.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
-        seq = Sequence(next(self._seq_ids), prompt_ids, params, arrival_time)
-        self.scheduler.add(seq)
-        return seq
+        group = [Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, index)
+                 for index in range(params.num_sequences)]
+        for seq in group:
+            seq.group, seq.fork_of = group, (group[0] if seq.index else None)
+        self.scheduler.add(group[0])
+        return group[0]
 
     def cancel(self, seq: Sequence) -> None:
-        """Stop a sequence now and free its blocks.
+        """Stop a sequence now and free its blocks (and its group's forks still waiting for its prompt).
 
         Arguments:
             seq: a sequence of this engine; finished ones are left as they are.
@@ -195,8 +205,18 @@ class Engine:
             return [], []
         sampled = [s for s in seqs if s.num_computed_tokens + s.num_scheduled_tokens == len(s) and not s.is_finished]
         logits = self._forward(seqs, sampled)  # always: context chunks fill the cache even when nothing is sampled
+        rows, forks = list(range(len(sampled))), []
+        for row, seq in enumerate(sampled):
+            if any(other.fork_of is seq for other in seq.group):
+                started, copies = self.scheduler.fork(seq)
+                self._copy_blocks(copies)
+                forks += started
+                rows += [row] * len(started)
+        sampled, logits = sampled + forks, logits[rows]
+        before = [s.num_output_tokens for s in sampled]
         token_of = dict(zip((s.seq_id for s in sampled), sample(logits, sampled), strict=True))
-        finished = self.scheduler.postprocess(seqs, [token_of.get(s.seq_id) for s in seqs])
+        finished = self.scheduler.postprocess(seqs + forks, [token_of.get(s.seq_id) for s in seqs + forks])
+        record_generated(logits, sampled, [s.num_output_tokens > n for s, n in zip(sampled, before, strict=True)])
         for seq in sampled:  # a sequence whose numbers could not be sampled ends alone; its neighbours go on
             if token_of[seq.seq_id] is None and not seq.is_finished:
                 seq.error = sampling_error(seq)
@@ -261,10 +281,27 @@ class Engine:
                 contexts.append(context[None])
             hidden = hidden + model.attention_output(layer, contexts)
             hidden = hidden + model.mlp(layer, model.norm(layer, "post_layernorm", hidden))
-        if not sampled:
-            return torch.empty(0, model.dims.vocab_size)
         last = {s.seq_id: o + c - 1 for s, o, c in zip(seqs, offsets, counts, strict=True)}
-        return model.logits(hidden[:, [last[s.seq_id] for s in sampled]])[0]
+        wanted = [last[s.seq_id] for s in sampled]
+        spans = []  # (sequence, first prompt position, its row in the logits, rows)
+        for seq, start, offset, count in zip(seqs, starts, offsets, counts, strict=True):
+            num_prompt = min(start + count, seq.num_prompt_tokens) - start
+            if seq.params.needs_prompt_logits and num_prompt > 0:
+                spans.append((seq, start, len(wanted), num_prompt))
+                wanted += range(offset, offset + num_prompt)
+        if not wanted:
+            return torch.empty(0, model.dims.vocab_size)
+        logits = model.logits(hidden[:, wanted])[0]
+        for seq, start, row, num_prompt in spans:
+            record_prompt(seq, start, logits[row:row + num_prompt])
+        return logits[:len(sampled)]
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy the K/V of each (source, destination) block pair: a fork's own copy of a shared partial block."""
+        tpb = self.config.tokens_per_block
+        for source, destination in copies:
+            for cache in (self.k_cache, self.v_cache):
+                cache[:, :, destination * tpb:(destination + 1) * tpb] = cache[:, :, source * tpb:(source + 1) * tpb]
 
     def stats(self) -> EngineStats:
         """The current counters and gauges."""
@@ -280,3 +317,4 @@ class Engine:
             blocks_missed=manager.num_missed_blocks, preemptions=scheduler.num_preemptions,
             iteration_counter=self.num_steps, total_scheduled_requests=self.total_scheduled,
             peak_scheduled=self.peak_scheduled, timestamp=time.time())
+

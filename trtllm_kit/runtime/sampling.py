@@ -1,4 +1,6 @@
-"""Choosing each sequence's next token from its logits: greedy, or temperature / top-k / top-p with its own seed.
+"""Choosing each sequence's next token from its logits: greedy, or temperature / top-k / top-p / min-p with its own
+seed. Before that, in this order: ``end_id`` is masked until ``min_tokens`` tokens exist, the grammar's bitmask sets
+forbidden tokens to -inf, and the penalties apply (``runtime/penalties.py``), as in vLLM's sampler.
 
 A row whose numbers cannot be sampled (NaN or infinite probabilities, or none left above zero) fails its own
 sequence, never the step: ``sample`` gives None for it and ``sampling_error`` says why.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from trtllm_kit.runtime.penalties import apply_min_p, apply_penalties
 from trtllm_kit.runtime.sequence import Sequence
 
 NUMERICS_ERROR = ("the sampling probabilities of this request are not finite (NaN or inf) or all zero "
@@ -35,9 +38,13 @@ def sampling_error(seq: Sequence) -> str:
 
 def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
     params = seq.params
-    if params.end_id is not None and seq.num_output_tokens < params.min_tokens and params.end_id < row.numel():
+    if params.end_id is not None and seq.num_output_tokens < params.min_tokens and 0 <= params.end_id < row.numel():
         row = row.clone()
         row[params.end_id] = float("-inf")
+    if seq.matcher is not None:
+        row = seq.matcher.mask(row)
+    row = apply_penalties(row, seq.token_ids[:seq.num_prompt_tokens], seq.output_ids, params.repetition_penalty,
+                          params.presence_penalty, params.frequency_penalty)
     if params.is_greedy:
         return None if torch.isnan(row).any() else int(row.argmax())
     row = row / params.temperature
@@ -49,6 +56,7 @@ def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
         probs = torch.softmax(sorted_logits, dim=-1)
         drop = probs.cumsum(-1) - probs >= params.top_p  # keep the smallest prefix reaching top_p
         row = row.scatter(0, order[drop], float("-inf"))
+    row = apply_min_p(row, params.min_p)
     probs = torch.softmax(row, dim=-1)
     if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
         return None

@@ -15,6 +15,9 @@ cannot start (no batch slot or no blocks) preempts the lowest-priority running s
 This is the only eviction ``guaranteed_no_evict`` makes, and it never happens while every priority is equal.
 Each step spends at most ``max_num_tokens`` tokens: one per generating sequence, the rest on context
 (prompt) tokens; with chunked context a long prompt is computed over several steps.
+A request sampling several sequences (``SamplingParams.num_sequences``) is admitted as its first sequence, with
+room for its forks' blocks; once that sequence's prompt is computed, ``fork`` starts the others on its blocks.
+A fork that finds no batch slot or no blocks then waits in the queue and computes its prompt itself.
 """
 
 from __future__ import annotations
@@ -84,11 +87,26 @@ class Scheduler:
                       or (first and other.params.priority == priority)), len(self.waiting))
         self.waiting.insert(index, seq)
 
+    def _reserve(self, seq: Sequence) -> int:
+        """Tokens ``seq`` holds blocks for from its admission: its length (``max_utilization``) or its maximum."""
+        return len(seq) if self.config.batch_scheduler_policy == "max_utilization" else seq.max_num_tokens
+
+    def _fork_blocks(self, seq: Sequence) -> int:
+        """Blocks the waiting forks of ``seq`` will take when its prompt is computed: of as many forks as the whole
+        pool could hold beside it (the others will queue on their own)."""
+        num_forks = sum(other.fork_of is seq for other in seq.group)
+        if not num_forks:
+            return 0
+        manager, reserve = self.block_manager, self._reserve(seq)
+        per_fork = max(manager.fork_blocks(seq, reserve), 1)
+        room = max(manager.num_blocks - manager.blocks_needed(reserve), 0)
+        return min(num_forks, room // per_fork) * per_fork
+
     def _admissible(self, seq: Sequence) -> bool:
         """Whether ``seq`` could start now: a batch slot, and blocks for its prompt (``max_utilization``) or its
-        whole reservation."""
-        reserve = len(seq) if self.config.batch_scheduler_policy == "max_utilization" else seq.max_num_tokens
-        return len(self.running) < self.config.max_batch_size and self.block_manager.can_allocate(seq, reserve)
+        whole reservation, and for its forks."""
+        return len(self.running) < self.config.max_batch_size and self.block_manager.can_allocate(
+            seq, self._reserve(seq), self._fork_blocks(seq))
 
     def _preempt_for_priority(self) -> None:
         """Preempt lower-priority running sequences while the first waiting one outranks them and cannot start."""
@@ -146,7 +164,7 @@ class Scheduler:
             num_tokens = self._chunk(seq, len(seq) - len(reuse) * manager.tokens_per_block, budget)
             first = len(reuse) * manager.tokens_per_block + num_tokens
             reserve = first if policy == "max_utilization" else max(seq.max_num_tokens, first)
-            if num_tokens == 0 or not manager.can_allocate(seq, reserve):
+            if num_tokens == 0 or not manager.can_allocate(seq, reserve, self._fork_blocks(seq)):
                 break
             self.waiting.popleft()
             manager.allocate(seq, reserve)
@@ -155,6 +173,29 @@ class Scheduler:
             scheduled.append(seq)
             budget -= num_tokens
         return scheduled
+
+    def fork(self, seq: Sequence) -> tuple[list[Sequence], list[tuple[int, int]]]:
+        """Start the forks of ``seq``, whose prompt was just computed, on its blocks; returns them and the
+        (source, destination) blocks whose K/V must be copied. A fork without a batch slot or blocks is queued.
+
+        Arguments:
+            seq: the first sequence of a group, all of its tokens computed this step.
+        """
+        started, copies = [], []
+        for fork in [other for other in seq.group if other.fork_of is seq]:
+            fork.fork_of = None
+            reserve = self._reserve(fork)
+            if len(self.running) >= self.config.max_batch_size or not self.block_manager.can_fork(seq, reserve):
+                self._enqueue(fork)
+                continue
+            copy = self.block_manager.fork(seq, fork, reserve)
+            if copy is not None:
+                copies.append(copy)
+            fork.num_computed_tokens, fork.status = len(fork), SequenceStatus.RUNNING
+            fork.prompt_logprobs, fork.context_logits = seq.prompt_logprobs, seq.context_logits
+            self.running.append(fork)
+            started.append(fork)
+        return started, copies
 
     @staticmethod
     def _victim(seq: Sequence, later: list[Sequence]) -> Sequence:
@@ -205,6 +246,12 @@ class Scheduler:
                 self.padding.append(seq)
             else:
                 self.block_manager.free(seq)
-        elif seq.status is SequenceStatus.WAITING:
+        elif seq in self.waiting:
             self.waiting.remove(seq)
-        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        seq.status, seq.finish_reason, seq.fork_of = SequenceStatus.FINISHED, reason, None
+        for fork in [other for other in seq.group if other.fork_of is seq]:  # its prompt will not be computed
+            if reason == "cancelled":
+                self.finish(fork, reason)
+            else:
+                fork.fork_of = None
+                self._enqueue(fork)

@@ -5,11 +5,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import TYPE_CHECKING
 
 import torch
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.sampling_rules import MAX_SEED, is_greedy_temperature
+from trtllm_kit.runtime.logprobs import TokenLogprob
+from trtllm_kit.runtime.sampling_rules import MAX_SEED, extras_problem, is_greedy_temperature
+
+if TYPE_CHECKING:
+    from trtllm_kit.runtime.grammar import CompiledGuide
 
 DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's default request priority
 
@@ -22,7 +27,16 @@ class SequenceStatus(Enum):
 
 @dataclass
 class SamplingParams:
-    """Per-request generation settings with TensorRT-LLM's meanings (``top_k`` 0 and ``top_p`` 0 = greedy)."""
+    """Per-request generation settings with TensorRT-LLM's meanings (``top_k`` 0 and ``top_p`` 0 = greedy).
+
+    The extras carry vLLM's names and defaults (``runtime/sampling_rules.py``): ``min_p``, the penalties
+    (``runtime/penalties.py``), ``ignore_eos`` (``end_id`` does not end the sequence). ``n`` sequences are returned
+    of ``best_of`` sampled (None: ``n``), sharing the prompt's KV blocks; with ``best_of > n`` the ``n`` with the
+    highest cumulative logprob. ``logprobs`` (None: off) keeps each generated token's logprob and that many top
+    alternatives, ``prompt_logprobs`` the same for the prompt tokens (``runtime/logprobs.py``);
+    ``return_context_logits`` / ``return_generation_logits`` keep the raw logits. ``guide``: a compiled grammar
+    the output must match (``runtime/grammar.py``).
+    """
 
     max_tokens: int = 16
     min_tokens: int = 0
@@ -33,8 +47,26 @@ class SamplingParams:
     seed: int = 0
     stop_words: list[list[int]] = field(default_factory=list)
     priority: float = DEFAULT_PRIORITY  # TensorRT-LLM's request priority: in [0, 1], higher runs first
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False
+    n: int = 1
+    best_of: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    guide: CompiledGuide | None = None
 
     def __post_init__(self) -> None:
+        wrong = extras_problem(top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                               min_tokens=self.min_tokens, n=self.n, best_of=self.best_of, logprobs=self.logprobs,
+                               prompt_logprobs=self.prompt_logprobs)
+        if wrong is not None:
+            raise KitUsageError(wrong[1])
         if self.max_tokens < 1:
             raise KitUsageError(f"request_output_len must be at least 1, got {self.max_tokens}.")
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -54,15 +86,29 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return is_greedy_temperature(self.temperature) or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
 
+    @property
+    def num_sequences(self) -> int:
+        """Sequences sampled for the request: ``best_of``, else ``n``."""
+        return self.best_of or self.n
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Whether every prompt position's logits are needed (so no prompt block may be taken from the cache)."""
+        return self.prompt_logprobs is not None or self.return_context_logits
+
 
 class Sequence:
-    """A prompt and the tokens generated after it. ``num_computed_tokens`` of them have K/V in the cache."""
+    """A prompt and the tokens generated after it. ``num_computed_tokens`` of them have K/V in the cache.
+
+    A request sampling several sequences is a ``group`` (index order; ``index`` is the position in it). Its first
+    sequence computes the prompt; the others wait unqueued (``fork_of`` set) until then and are forked from it.
+    """
 
     def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams,
-                 arrival_time: float | None = None) -> None:
+                 arrival_time: float | None = None, index: int = 0) -> None:
         """Arguments:
         seq_id: unique id; prompt_ids: the input token ids; params: sampling settings;
-        arrival_time: ``time.perf_counter()`` at arrival (now if None).
+        arrival_time: ``time.perf_counter()`` at arrival (now if None); index: the position in its group.
         """
         if not prompt_ids:
             raise KitUsageError(f"request {seq_id} has no input_ids; send at least one token.")
@@ -80,7 +126,17 @@ class Sequence:
         self.error: str | None = None  # why the engine could not run it (finish reason ``error``)
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
-        self.generator = torch.Generator().manual_seed(params.seed)
+        # Each sequence of a group draws its own numbers, reproducibly from the request's seed.
+        self.generator = torch.Generator().manual_seed((params.seed + index) % 2**64)
+        self.index = index
+        self.group: list[Sequence] = [self]
+        self.fork_of: Sequence | None = None  # the group's first sequence while this one waits to be forked
+        self.cum_logprob = 0.0  # raw logprob summed over the generated tokens
+        self.output_logprobs: list[TokenLogprob] = []  # per generated token, when ``params.logprobs`` is set
+        self.prompt_logprobs: list[TokenLogprob | None] = [None]  # per prompt token; the first has none
+        self.context_logits: list[torch.Tensor] = []  # [vocab] per prompt position
+        self.generation_logits: list[torch.Tensor] = []  # [vocab] per generated token
+        self.matcher = params.guide.matcher() if params.guide is not None else None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -122,7 +178,10 @@ class Sequence:
         """
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
-        if token_id == self.params.end_id:
+        if self.matcher is not None and self.matcher.accept(token_id) and self.matcher.is_terminated:
+            self.finish_reason = "end_id"  # the grammar is complete and took its stop token, which is not kept
+            return
+        if token_id == self.params.end_id and not self.params.ignore_eos:
             self.finish_reason = "end_id"
             return
         self.token_ids.append(token_id)
@@ -131,3 +190,16 @@ class Sequence:
             self.finish_reason = "stop_words"
         elif len(output) >= self.params.max_tokens:
             self.finish_reason = "length"
+
+
+def returned_sequences(first: Sequence) -> list[Sequence]:
+    """What a request returns: its ``n`` sequences in index order, or with ``best_of > n`` the ``n`` with the highest
+    cumulative logprob, best first (as TensorRT-LLM's LLM API re-indexes them).
+
+    Arguments:
+        first: any sequence of the request (its group is read).
+    """
+    params = first.params
+    if params.num_sequences == params.n:
+        return list(first.group)
+    return sorted(first.group, key=lambda seq: -seq.cum_logprob)[:params.n]

@@ -72,6 +72,10 @@ class BuildOptions:
         "Default: min(8192, max_batch_size x max_seq_len).", "--max-num-tokens", minimum=1))
     tokens_per_block: int = field(default=DEFAULT_TOKENS_PER_BLOCK, metadata=option(
         "Paged KV block size (a power of two).", "--tokens-per-block", minimum=1))
+    context_logits: bool = field(default=False, metadata=option(
+        "Build the engine with trtllm-build --gather_context_logits, so requests can return the prompt's logits "
+        "(prompt logprobs: OpenAI echo with logprobs, lm-eval loglikelihood). Costs a float32 buffer of "
+        "max_num_tokens x vocab per rank, shown by plan.", "--context-logits"))
     build_flags: dict[str, str] = field(default_factory=dict, metadata=option(
         "Override a trtllm-build recipe flag (repeatable), e.g. gemm_plugin=disable; in TOML the "
         "[build.build_flags] table.", "--build-flag", multiple=True, metavar="NAME=VALUE", parse=parse_overrides))

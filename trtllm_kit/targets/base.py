@@ -57,6 +57,8 @@ class EngineSetup:
         parts: dict[str, Any] = {"target": self.target.name}
         if self.command is not None:  # target cpu records the command it would run: it is part of the output
             parts["flags"] = {k: v for k, v in self.command.flags if k not in KEY_EXCLUDED_FLAGS}
+            if self.command.switches:
+                parts["switches"] = list(self.command.switches)
         if self.target.compiles and self.build_gpu is not None:
             parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
                          tensorrt=self.machine.tensorrt)

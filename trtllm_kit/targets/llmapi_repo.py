@@ -43,11 +43,20 @@ INPUTS = (
     Tensor("return_finish_reason", B, (1,)), Tensor("return_stop_reason", B, (1,)),
     Tensor("return_cumulative_logprob", B, (1,)), Tensor("stop", B, (1,)),
     Tensor("priority", "FP32", (1,)),  # the kit's request priority in [0, 1], higher first (README "Priority")
+    # evaluation extras (docs/openai-eval-engine.md): SamplingParams fields and the backend's guide tensors
+    Tensor("sampling_param_n", "INT32", (1,)), Tensor("sampling_param_min_p", "FP32", (1,)),
+    Tensor("sampling_param_repetition_penalty", "FP32", (1,)), Tensor("sampling_param_logprobs", "INT32", (1,)),
+    Tensor("sampling_param_prompt_logprobs", "INT32", (1,)), Tensor("guided_decoding_guide_type", S, (1,)),
+    Tensor("guided_decoding_guide", S, (1,)),
 )
 OUTPUTS = (
     Tensor("text_output", S, (-1,)), Tensor("finish_reason", S, (-1,)), Tensor("stop_reason", S, (-1,)),
     Tensor("cumulative_logprob", "FP32", (-1,)), Tensor("output_ids", "INT32", (-1,)),
     Tensor("num_input_tokens", "INT32", (1,)), Tensor("num_output_tokens", "INT32", (1,)),
+    Tensor("sequence_index", "INT32", (1,)), Tensor("output_log_probs", "FP32", (-1,)),
+    Tensor("top_log_probs", "FP32", (-1, -1)), Tensor("top_log_prob_ids", "INT32", (-1, -1)),
+    Tensor("prompt_log_probs", "FP32", (-1,)), Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
+    Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
 )
 
 

@@ -10,8 +10,16 @@ with ``stop = true`` and the same request id (how the TensorRT-LLM backend stops
 model's ``parameters``: ``gpt_model_path`` (the TensorRT-LLM checkpoint), ``max_batch_size``,
 ``max_num_tokens``, ``max_seq_len``, ``tokens_per_block``, ``max_tokens_in_paged_kv_cache``,
 ``batch_scheduler_policy``, ``enable_kv_cache_reuse``, ``enable_chunked_context``,
-``exclude_input_in_output``, ``cpu_threads`` (torch threads); ``max_queue_size`` also from
+``exclude_input_in_output``, ``cpu_threads`` (torch threads), ``xgrammar_tokenizer_info_path`` (guided decoding;
+relative paths resolve in the model directory); ``max_queue_size`` also from
 ``dynamic_batching.default_queue_policy``.
+
+Beyond the basic tensors (docs/openai-eval-engine.md): the penalties, ``min_tokens``, ``runtime_min_p``;
+``num_return_sequences`` (decoupled mode: one response stream per sequence, each response carrying its
+``sequence_index``); ``return_log_probs`` → ``output_log_probs`` and ``cum_log_probs`` (raw logprobs), with
+``num_top_log_probs`` → ``top_log_probs`` / ``top_log_prob_ids``; ``return_prompt_log_probs`` →
+``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` (in each sequence's first response);
+``return_context_logits`` / ``return_generation_logits``; ``guided_decoding_guide_type`` / ``guided_decoding_guide``.
 """
 
 from __future__ import annotations
@@ -29,15 +37,15 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.heartbeat import Heartbeat
+from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
 from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Inputs whose non-default values the CPU runtime cannot honour: refusing beats answering differently.
-UNSUPPORTED = {"beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-               "frequency_penalty": 0.0, "len_penalty": 1.0, "return_log_probs": False,
-               "return_context_logits": False, "return_generation_logits": False}
+UNSUPPORTED = {"beam_width": 1, "len_penalty": 1.0}
 METRICS = {  # family → (label name, EngineStats field per label value)
     "nv_trt_llm_request_metrics": ("request_type", {"active": "active", "max": "max", "scheduled": "scheduled",
                                                     "context": "context", "waiting": "waiting"}),
@@ -60,6 +68,15 @@ def _input(request, name: str, default=None):
     return default if tensor is None else tensor.as_numpy().reshape(-1)[0].item()
 
 
+def _string(request, name: str) -> str | None:
+    """The first element of an optional STRING input, decoded, or None."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _words(request, name: str) -> list[list[int]]:
     """``stop_words_list`` [1, 2, N]: row 0 the concatenated ids, row 1 the end offsets (padded with -1)."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -78,7 +95,9 @@ class _Pending:
         self.seq: Sequence | None = None
         self.streaming = self.exclude_input = self.perf = False
         self.counts = (False, False)  # return_num_input_tokens, return_num_output_tokens
-        self.num_sent = 0
+        self.logprobs = LogprobRequest()
+        self.with_index = False
+        self.num_sent: dict[int, int] = {}  # sequence index → output tokens sent
         self.response = None
         self.done = threading.Event()
 
@@ -102,6 +121,9 @@ class TritonPythonModel:
         ckpt = Path(args["model_repository"]) / parameters["gpt_model_path"]  # absolute paths stay absolute
         torch.set_num_threads(int(parameters.get("cpu_threads") or torch.get_num_threads()))
         self.engine = Engine.from_checkpoint(ckpt, EngineConfig.from_parameters(parameters))
+        info = parameters.get("xgrammar_tokenizer_info_path", "")
+        self.tokenizer_info = Path(args["model_repository"]) / info if info and "${" not in info else None
+        self.grammar: GrammarCompiler | None = None  # compiled on the first guided request
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
         self.exclude_input = parameters.get("exclude_input_in_output", "false").lower() == "true"
         labels = {"model": args["model_name"], "version": args["model_version"]}
@@ -146,23 +168,24 @@ class TritonPythonModel:
                     self._admit(self.inbox.get_nowait())
             except queue.Empty:
                 pass
-            for item in [p for p in self.active.values() if p.request.is_cancelled()]:
-                self.engine.cancel(item.admitted)
+            for item in {id(p): p for p in self.active.values() if p.request.is_cancelled()}.values():
+                self._cancel(item)
                 self._finish(item, pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED))
             if self.engine.has_work():
                 try:
                     sampled, _ = self.engine.step()
                 except Exception as exc:  # a failing step must not leave clients waiting forever
                     pb_utils.Logger.log_error(f"CPU runtime step failed: {exc!r}")
-                    for item in list(self.active.values()):
-                        self.engine.cancel(item.admitted)
+                    for item in {id(p): p for p in self.active.values()}.values():
+                        self._cancel(item)
                         self._finish(item, pb_utils.TritonError(f"the CPU runtime failed: {exc!r}"))
                     continue
                 for seq in sampled:
-                    self._progress(self.active[seq.seq_id])
+                    if seq.seq_id in self.active:
+                        self._progress(self.active[seq.seq_id], seq)
             self._publish()
             self.heartbeat.beat(len(self.active) + self.inbox.qsize())
-        for item in list(self.active.values()):
+        for item in {id(p): p for p in self.active.values()}.values():
             self._finish(item, pb_utils.TritonError("the server is shutting down", pb_utils.TritonError.UNAVAILABLE))
 
     def _admit(self, item: _Pending | None) -> None:
@@ -180,12 +203,29 @@ class TritonPythonModel:
                                         f"runtime (only {default}); leave it out.")
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
             length = int(_input(request, "input_lengths", len(ids)))
+            item.logprobs = wanted = LogprobRequest(bool(_input(request, "return_log_probs", False)),
+                                                    bool(_input(request, "return_prompt_log_probs", False)),
+                                                    int(_input(request, "num_top_log_probs", 0)))
+            num_sequences = int(_input(request, "num_return_sequences", 1))
+            item.with_index = _input(request, "num_return_sequences") is not None
+            if num_sequences > 1 and not self.decoupled:
+                raise KitUsageError("num_return_sequences > 1 needs the model's decoupled transaction policy (one "
+                                    "response per sequence); send 1 or regenerate the repository with decoupled mode.")
             params = SamplingParams(
                 max_tokens=int(_input(request, "request_output_len")), min_tokens=int(_input(request, "min_tokens", 0)),
                 end_id=_input(request, "end_id"), temperature=float(_input(request, "temperature", 1.0)),
                 top_k=int(_input(request, "runtime_top_k", 0)), top_p=float(_input(request, "runtime_top_p", 0.0)),
                 seed=int(_input(request, "seed", 0)), stop_words=_words(request, "stop_words_list"),
-                priority=float(_input(request, "priority", DEFAULT_PRIORITY)))
+                priority=float(_input(request, "priority", DEFAULT_PRIORITY)),
+                min_p=float(_input(request, "runtime_min_p", 0.0)),
+                repetition_penalty=float(_input(request, "repetition_penalty", 1.0)),
+                presence_penalty=float(_input(request, "presence_penalty", 0.0)),
+                frequency_penalty=float(_input(request, "frequency_penalty", 0.0)), n=num_sequences,
+                logprobs=wanted.num_top if wanted.log_probs else None,
+                prompt_logprobs=wanted.num_top if wanted.prompt_log_probs else None,
+                return_context_logits=bool(_input(request, "return_context_logits", False)),
+                return_generation_logits=bool(_input(request, "return_generation_logits", False)),
+                guide=self._guide(request))
             item.streaming = bool(_input(request, "streaming", False))
             if item.streaming and not self.decoupled:
                 raise KitUsageError("streaming needs the model's decoupled transaction policy; send streaming "
@@ -200,24 +240,46 @@ class TritonPythonModel:
             self._finish(item, pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE if full
                                                     else pb_utils.TritonError.INVALID_ARG))
             return
-        self.active[item.seq.seq_id] = item
+        for seq in item.seq.group:
+            self.active[seq.seq_id] = item
+
+    def _guide(self, request):
+        """The compiled guide of a request with ``guided_decoding_guide_type``, else None."""
+        guide_type = _string(request, "guided_decoding_guide_type")
+        if guide_type is None:
+            return None
+        if self.tokenizer_info is None:
+            raise KitUsageError("guided decoding needs the xgrammar_tokenizer_info_path parameter; rebuild the "
+                                "repository from a model with a tokenizer.json.")
+        if self.grammar is None:
+            self.grammar = GrammarCompiler.from_tokenizer_info(self.tokenizer_info, self.engine.model.dims.vocab_size)
+        return self.grammar.compile(Guide(guide_type, _string(request, "guided_decoding_guide") or ""))
+
+    def _cancel(self, item: _Pending) -> None:
+        for seq in item.admitted.group:
+            self.engine.cancel(seq)
 
     def _stop(self, item: _Pending) -> None:
         """Cancel the running requests with ``item``'s request id; answer ``item`` with an empty final response."""
         request_id = item.request.request_id()
-        for other in [p for p in self.active.values() if request_id and p.request.request_id() == request_id]:
-            self.engine.cancel(other.admitted)
+        for other in {id(p): p for p in self.active.values()
+                      if request_id and p.request.request_id() == request_id}.values():
+            self._cancel(other)
             self._finish(other, pb_utils.TritonError("the request was stopped", pb_utils.TritonError.CANCELLED))
         self._finish(item, None, pb_utils.InferenceResponse(output_tensors=[]))
 
-    def _outputs(self, item: _Pending, token_ids: list[int]) -> list:
-        seq = item.admitted
+    def _outputs(self, item: _Pending, seq: Sequence, token_ids: list[int], first: int) -> list:
+        """The response tensors of ``token_ids``, whose generated tokens begin at output position ``first``."""
         tensors = [pb_utils.Tensor("output_ids", np.array([[token_ids]], np.int32)),
                    pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], np.int32))]
+        if item.with_index:
+            tensors.append(pb_utils.Tensor("sequence_index", np.array([[seq.index]], np.int32)))
         for wanted, name, value in zip(item.counts, ("num_input_tokens", "num_output_tokens"),
                                        (seq.num_prompt_tokens, seq.num_output_tokens), strict=True):
             if wanted:
                 tensors.append(pb_utils.Tensor(name, np.array([[value]], np.int32)))
+        tensors += [pb_utils.Tensor(name, array)
+                    for name, array in logprob_arrays(seq, item.logprobs, first, first == 0).items()]
         if item.perf:
             tpb = self.engine.config.tokens_per_block
             reused, total = seq.num_cached_tokens // tpb, -(-len(seq) // tpb)
@@ -230,29 +292,42 @@ class TritonPythonModel:
                 ("kv_cache_alloc_total_blocks", total))]
         return tensors
 
-    def _progress(self, item: _Pending) -> None:
-        """Stream the new tokens, or answer a finished non-streaming request in full."""
-        seq = item.admitted
+    def _progress(self, item: _Pending, seq: Sequence) -> None:
+        """Stream the new tokens of ``seq``, or answer it in full when it finished; the request's last sequence to
+        finish sends the final flag."""
         if seq.finish_reason == "error":  # this request alone could not run; the client is told why
+            self._cancel(item)
             self._finish(item, pb_utils.TritonError(seq.error or "the request failed",
                                                     pb_utils.TritonError.INVALID_ARG))
             return
+        if seq.is_finished:
+            del self.active[seq.seq_id]
+        is_last = seq.is_finished and not any(self.active.get(other.seq_id) is item for other in seq.group)
+        sent = item.num_sent.get(seq.index, 0)
         if item.streaming:
-            new = seq.output_ids[item.num_sent:]
-            item.num_sent += len(new)
-            if seq.is_finished:
-                del self.active[seq.seq_id]
-                item.sender.send(pb_utils.InferenceResponse(self._outputs(item, new)) if new else None, flags=FINAL)
-            elif new:
-                item.sender.send(pb_utils.InferenceResponse(self._outputs(item, new)))
+            new = seq.output_ids[sent:]
+            item.num_sent[seq.index] = sent + len(new)
+            if new or (sent == 0 and seq.is_finished):  # the first response carries the prompt's outputs
+                response = pb_utils.InferenceResponse(self._outputs(item, seq, new, sent))
+            else:
+                response = None
+            if is_last:
+                item.sender.send(response, flags=FINAL)
+            elif response is not None:
+                item.sender.send(response)
         elif seq.is_finished:
             tokens = seq.output_ids if item.exclude_input else seq.token_ids
-            self._finish(item, None, pb_utils.InferenceResponse(self._outputs(item, tokens)))
+            response = pb_utils.InferenceResponse(self._outputs(item, seq, tokens, 0))
+            if is_last:
+                self._finish(item, None, response)
+            else:
+                item.sender.send(response)
 
     def _finish(self, item: _Pending, error, response=None) -> None:
         """Send the final response (an error, or ``response``) and forget the request."""
         if item.seq is not None:
-            self.active.pop(item.seq.seq_id, None)
+            for seq in item.seq.group:
+                self.active.pop(seq.seq_id, None)
         response = response or pb_utils.InferenceResponse(output_tensors=[], error=error)
         if item.sender is not None:
             item.sender.send(response, flags=FINAL)

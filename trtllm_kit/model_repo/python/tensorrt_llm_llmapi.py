@@ -14,6 +14,14 @@ is imported. A request's ``priority`` (FP32 in [0, 1], higher first) goes to ``g
 where the installed LLM API has that parameter.
 The class is ``tensorrt_llm.LLM`` where TensorRT-LLM and a GPU are present, else the kit's CPU runtime behind
 the same interface (``trtllm_kit.llmapi.cpu_llm.LLM``); nothing else differs.
+
+Evaluation extras (docs/openai-eval-engine.md): ``sampling_param_n`` / ``sampling_param_best_of`` (with
+``sampling_param_n`` each completion is its own response carrying ``sequence_index``; decoupled mode for n > 1),
+``sampling_param_min_p`` / ``sampling_param_repetition_penalty``, ``sampling_param_logprobs`` N →
+``output_log_probs`` and ``top_log_probs`` / ``top_log_prob_ids`` [tokens, N], ``sampling_param_prompt_logprobs`` N
+→ ``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` (first response of a completion;
+the first prompt token's row is 0 / -1), and ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (json,
+json_schema, regex, ebnf_grammar, choice: a JSON array of strings) → ``GuidedDecodingParams``.
 """
 
 from __future__ import annotations
@@ -41,8 +49,13 @@ SAMPLING = {  # input → (SamplingParams field, numpy → python)
     "sampling_param_exclude_input_from_output": ("exclude_input_from_output", bool),
     "sampling_param_return_perf_metrics": ("return_perf_metrics", bool),
     "sampling_param_min_tokens": ("min_tokens", int), "sampling_param_end_id": ("end_id", int),
-    "sampling_param_ignore_eos": ("ignore_eos", bool),
+    "sampling_param_ignore_eos": ("ignore_eos", bool), "sampling_param_n": ("n", int),
+    "sampling_param_min_p": ("min_p", float), "sampling_param_repetition_penalty": ("repetition_penalty", float),
+    "sampling_param_logprobs": ("logprobs", int), "sampling_param_prompt_logprobs": ("prompt_logprobs", int),
 }
+# guided_decoding_guide_type → GuidedDecodingParams field (choice becomes an EBNF grammar)
+GUIDES = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar",
+          "choice": "grammar"}
 # Below this temperature logits divided by it overflow: it is greedy (top_k 1), as in vLLM. The kit states the same
 # value in trtllm_kit/runtime/sampling_rules.py; this file runs where the kit may not be installed.
 MIN_TEMPERATURE = 1e-5
@@ -60,19 +73,71 @@ GAUGES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {  # family → (lab
 
 
 def llm_class():
-    """``tensorrt_llm``'s ``LLM`` and ``SamplingParams`` with a GPU, else the kit's CPU ones."""
+    """``tensorrt_llm``'s ``LLM``, ``SamplingParams`` and ``GuidedDecodingParams`` with a GPU, else the kit's CPU
+    ones."""
     try:
         import torch
 
         if torch.cuda.is_available():
             from tensorrt_llm import LLM, SamplingParams
+            from tensorrt_llm.sampling_params import GuidedDecodingParams
 
-            return LLM, SamplingParams
+            return LLM, SamplingParams, GuidedDecodingParams
     except ImportError:
         pass
-    from trtllm_kit.llmapi.cpu_llm import LLM, SamplingParams
+    from trtllm_kit.llmapi.cpu_llm import LLM, GuidedDecodingParams, SamplingParams
 
-    return LLM, SamplingParams
+    return LLM, SamplingParams, GuidedDecodingParams
+
+
+def guided_decoding(guide_type: str | None, guide: str, params_class):
+    """``GuidedDecodingParams`` from the backend's guide tensors (None without a type); a choice list becomes an
+    EBNF grammar of its strings.
+
+    Arguments:
+        guide_type: ``guided_decoding_guide_type``; guide: ``guided_decoding_guide``; params_class: the class.
+    """
+    if guide_type is None:
+        return None
+    if guide_type not in GUIDES:
+        raise ValueError(f"guided_decoding_guide_type is {guide_type!r}; use one of {', '.join(GUIDES)}")
+    if guide_type == "json":
+        return params_class(json_object=True)
+    if guide_type == "choice":
+        choices = json.loads(guide) if guide.startswith("[") else None
+        if not choices or not all(isinstance(c, str) for c in choices):
+            raise ValueError(f"a choice guide must be a JSON array of strings, got {guide[:80]!r}")
+        guide = "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+    return params_class(**{GUIDES[guide_type]: guide})
+
+
+def _top(entries: list, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[len(entries), k] logprobs and ids of each position's k best tokens (by rank) from the LLM API's
+    ``{token_id: Logprob}`` dicts; a position without a dict (the first prompt token) gives 0 and -1."""
+    values, ids = np.zeros((len(entries), k), np.float32), np.full((len(entries), k), -1, np.int32)
+    for row, entry in enumerate(entries):
+        ranked = sorted((entry or {}).items(), key=lambda item: item[1].rank or 0)
+        for col, (token_id, logprob) in enumerate([item for item in ranked if (item[1].rank or 0) <= k][:k]):
+            values[row, col], ids[row, col] = logprob.logprob, token_id
+    return values, ids
+
+
+def logprob_tensors(prefix: str, entries: list, token_ids: list[int], k: int) -> list:
+    """``{prefix}log_probs`` (each position's token's logprob) and, for k > 0, ``{prefix}top_log_probs`` /
+    ``{prefix}top_log_prob_ids``.
+
+    Arguments:
+        prefix: "output_" or "prompt_"; entries: ``{token_id: Logprob}`` per position (None: none); token_ids:
+        the tokens scored; k: alternatives per position.
+    """
+    scored = [0.0 if entry is None or token not in entry else float(entry[token].logprob)
+              for entry, token in zip(entries, token_ids, strict=False)]
+    tensors = [pb_utils.Tensor(f"{prefix}log_probs", np.array(scored, np.float32))]
+    if k > 0:
+        values, ids = _top(entries, k)
+        top = "top_" if prefix == "output_" else f"{prefix}top_"
+        tensors += [pb_utils.Tensor(f"{top}log_probs", values), pb_utils.Tensor(f"{top}log_prob_ids", ids)]
+    return tensors
 
 
 def _scalar(request, name: str, default=None):
@@ -133,7 +198,7 @@ class TritonPythonModel:
         index, count, gpus = instance_gpus(args)
         if gpus is not None:  # before torch or TensorRT-LLM is imported: this process then sees only its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["TRTLLM_VISIBLE_DEVICES"] = gpus
-        LLM, self.SamplingParams = llm_class()
+        LLM, self.SamplingParams, self.GuidedDecodingParams = llm_class()
         pb_utils.Logger.log_info(f"tensorrt_llm instance {index} of {count}: {LLM.__module__}.LLM on "
                                  f"{'GPU ' + gpus if gpus is not None else 'the visible devices'}")
         self.loop = asyncio.new_event_loop()
@@ -187,17 +252,23 @@ class TritonPythonModel:
             self.inflight.setdefault(request_id, []).append(result)
             watcher = asyncio.ensure_future(self._watch(request, result)) if sender is not None else None
             try:
+                reported: set[int] = set()  # completions whose finish was sent
                 if streaming:
                     async for output in result:
                         final = output.finished
-                        self._send(sender, self._response(request, output, diff=True), final=final)
+                        responses = self._responses(request, output, diff=True, reported=reported)
+                        for i, response in enumerate(responses):
+                            self._send(sender, response, final=final and i == len(responses) - 1)
                         if final:
-                            return None
+                            return None if responses else self._send(sender, None, final=True)
                     return self._send(sender, None, final=True)
                 output = await result.aresult()
                 if output.outputs[0].finish_reason == "cancelled":
                     raise asyncio.CancelledError
-                return self._send(sender, self._response(request, output, diff=False), final=True)
+                responses = self._responses(request, output, diff=False, reported=reported)
+                for response in responses[:-1]:
+                    self._send(sender, response, final=False)
+                return self._send(sender, responses[-1], final=True)
             finally:
                 if watcher is not None:
                     watcher.cancel()
@@ -255,22 +326,44 @@ class TritonPythonModel:
         stops = _strings(request, "sampling_param_stop")
         if stops:
             kwargs["stop"] = stops
+        guide_type = (_strings(request, "guided_decoding_guide_type") or [None])[0]
+        guide = guided_decoding(guide_type, (_strings(request, "guided_decoding_guide") or [""])[0],
+                                self.GuidedDecodingParams)
+        if guide is not None:
+            kwargs["guided_decoding"] = guide
         streaming = bool(_scalar(request, "streaming", False))
         if streaming and not self.decoupled:
             raise ValueError("Streaming is only supported in decoupled mode.")
+        if kwargs.get("n", 1) > 1 and not self.decoupled:
+            raise ValueError("sampling_param_n > 1 needs decoupled mode (one response per completion)")
+        if streaming and kwargs.get("best_of", kwargs.get("n", 1)) > kwargs.get("n", 1):
+            raise ValueError("best_of greater than n cannot be streamed; send streaming false")
         return prompt, self.SamplingParams(**kwargs), streaming
 
     def _text(self, values):
         return [pb_utils.Tensor("text_output", np.array(values, dtype=np.object_))]
 
-    def _response(self, request, output, diff: bool):
-        completions = output.outputs
+    def _responses(self, request, output, diff: bool, reported: set[int]) -> list:
+        """The responses for ``output``: one with every completion's text (upstream's form), or with
+        ``sampling_param_n`` one per completion that changed, each carrying its ``sequence_index``."""
+        if _scalar(request, "sampling_param_n") is None:
+            return [self._response(request, output, output.outputs, diff, reported)]
+        changed = [c for c in output.outputs if not diff or (c.token_ids_diff or c.text_diff)
+                   or (c.finish_reason is not None and c.index not in reported)]
+        return [self._response(request, output, [c], diff, reported, index=True) for c in changed]
+
+    def _response(self, request, output, completions, diff: bool, reported: set[int], index: bool = False):
+        first = completions[0]
+        is_first = not diff or len(first.token_ids_diff) == len(first.token_ids)  # its first response
         texts = [c.text_diff if diff else c.text for c in completions]
-        token_ids = [list(c.token_ids_diff if diff else c.token_ids) for c in completions]
         tensors = self._text(texts)
-        tensors.append(pb_utils.Tensor("output_ids", np.array(token_ids[0], dtype=np.int32)))
+        tokens = list(first.token_ids_diff if diff else first.token_ids)
+        tensors.append(pb_utils.Tensor("output_ids", np.array(tokens, dtype=np.int32)))
         tensors.append(pb_utils.Tensor("num_input_tokens", np.array([len(output.prompt_token_ids)], np.int32)))
-        tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(completions[0].token_ids)], np.int32)))
+        tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(first.token_ids)], np.int32)))
+        if index:
+            tensors.append(pb_utils.Tensor("sequence_index", np.array([first.index], np.int32)))
+        reported.update(c.index for c in completions if c.finish_reason is not None)
         for flag, name in (("return_finish_reason", "finish_reason"), ("return_stop_reason", "stop_reason")):
             if bool(_scalar(request, flag, False)):
                 values = [str(getattr(c, name)) for c in completions]
@@ -278,6 +371,15 @@ class TritonPythonModel:
         if bool(_scalar(request, "return_cumulative_logprob", False)):
             logprobs = [float(c.cumulative_logprob or 0.0) for c in completions]
             tensors.append(pb_utils.Tensor("cumulative_logprob", np.array(logprobs, dtype=np.float32)))
+        num_top = _scalar(request, "sampling_param_logprobs")
+        if num_top is not None:
+            entries = list(first.logprobs_diff if diff else first.logprobs)
+            tensors += logprob_tensors("output_", entries, tokens, int(num_top))
+        num_prompt_top = _scalar(request, "sampling_param_prompt_logprobs")
+        if num_prompt_top is not None and is_first:
+            prompt, entries = list(output.prompt_token_ids), list(first.prompt_logprobs or [])
+            entries = [None] * (len(prompt) - len(entries)) + entries  # aligned on the last prompt token
+            tensors += logprob_tensors("prompt_", entries, prompt, int(num_prompt_top))
         return pb_utils.InferenceResponse(tensors)
 
     def _send(self, sender, response, final: bool):
