@@ -84,6 +84,13 @@ class Quant(Choice):
     FP8 = "fp8"
 
 
+class CalibDtype(Choice):
+    """The dtype calibration computes in: bfloat16 (as ModelOpt) or float32."""
+
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+
+
 class KVCache(Choice):
     """KV-cache precision; ``auto`` keeps the model dtype."""
 

@@ -53,11 +53,14 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "command_lines": [engine.command.line] if engine.command else [],
     }
     if spec.quant_config().needs_calibration:
-        from trtllm_kit.quant.calib_size import calibration_device, choose_size
+        from trtllm_kit.quant.calib_size import calibration_device, calibration_memory, choose_size
 
         size = choose_size(spec.quant_config(), calibration_device())
+        memory = calibration_memory(hf, size, spec.quant_config().calib_dtype)
         report["calibration"] = {"samples": size.samples, "seq_len": size.seq_len, "device": size.device,
-                                 "reason": size.reason}
+                                 "reason": size.reason, "dtype": spec.quant_config().calib_dtype,
+                                 "peak_bytes": memory.total_bytes, "layer_bytes": memory.layer_bytes,
+                                 "activation_bytes": memory.activation_bytes, "kv_bytes": memory.kv_bytes}
     if engine.target.name == "llmapi":  # no engine: the PyTorch backend's recipe, memory and serve command
         from trtllm_kit.llmapi.plan_report import llmapi_plan
 
@@ -137,6 +140,10 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
     if report.get("calibration"):
         c = report["calibration"]
         console.print(f"Calibration: {c['samples']} windows x {c['seq_len']} tokens on {c['device']}: {c['reason']}",
+                      highlight=False, markup=False)
+        console.print(f"Calibration peak memory on {c['device']}: {c['peak_bytes'] / GIB:.2f} GiB, one decoder layer "
+                      f"at a time in {c['dtype']} (layer weights {c['layer_bytes'] / GIB:.2f} + activations "
+                      f"{c['activation_bytes'] / GIB:.2f} + one layer's KV {c['kv_bytes'] / GIB:.2f} GiB)",
                       highlight=False, markup=False)
     stages = Table("stage", "status", "why")
     for row in report["stages"]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.enums import KVCache, Quant
+from trtllm_kit.enums import CalibDtype, KVCache, Quant
 from trtllm_kit.errors import KitUsageError
 
 QUANT_CHOICES = Quant.values()
@@ -68,6 +68,7 @@ class QuantConfig:
     calib_samples: int | None = None  # None: sized by the device (quant/calib_size.py)
     calib_seq_len: int | None = None
     calib_seed: int = DEFAULT_CALIB_SEED
+    calib_dtype: str = CalibDtype.BFLOAT16.value
 
     def __post_init__(self) -> None:
         check_combination(self.quant, self.kv_cache)
@@ -83,6 +84,7 @@ class QuantConfig:
                 raise KitUsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}.")
         if isinstance(self.calib_seed, bool) or not isinstance(self.calib_seed, int):
             raise KitUsageError(f"--calib-seed must be an integer, got {self.calib_seed!r}.")
+        object.__setattr__(self, "calib_dtype", str(CalibDtype.parse("--calib-dtype", self.calib_dtype)))
         if self.calib_data is not None:
             object.__setattr__(self, "calib_data", Path(self.calib_data))
 
@@ -119,7 +121,7 @@ class QuantConfig:
         """What decides the calibration statistics (for the manifest and the stats' sidecar)."""
         return {"calib_data": str(self.calib_data) if self.calib_data else "builtin:corpus",
                 "calib_samples": self.calib_samples, "calib_seq_len": self.calib_seq_len,
-                "calib_seed": self.calib_seed}
+                "calib_seed": self.calib_seed, "calib_dtype": self.calib_dtype}
 
 
 def check_model(config: QuantConfig, num_kv_heads: int, tp_size: int) -> None:
