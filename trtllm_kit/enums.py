@@ -76,12 +76,13 @@ class Target(Choice):
 
 
 class Quant(Choice):
-    """Weight/activation quantization: none, INT8 weight-only (W8A16), INT8 SmoothQuant, FP8."""
+    """Weight/activation quantization: none, INT8 weight-only (W8A16), INT8 SmoothQuant, FP8, NVFP4 (llmapi)."""
 
     NONE = "none"
     INT8_WO = "int8-wo"
     INT8_SQ = "int8-sq"
     FP8 = "fp8"
+    NVFP4 = "nvfp4"
 
 
 class CalibDtype(Choice):

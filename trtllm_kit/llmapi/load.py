@@ -3,7 +3,8 @@
 The backend shards at load time (column/row splits of each HF tensor, KV heads duplicated when fewer than
 tp), fuses q/k/v and gate/up, and for FP8 gives a fused linear the largest of its parts' ``weight_scale`` and
 ``input_scale``, rescaling each part's e4m3 weights to it (``FP8QDQLinearMethod``); an FP8 KV cache runs with
-unit scales, whatever ``k_scale``/``v_scale`` say. The result here is the same per-rank tensors in the CPU
+unit scales, whatever ``k_scale``/``v_scale`` say. NVFP4 weights are dequantized (``e2m1 · weight_scale ·
+weight_scale_2``, float32) and run as plain linears. The result here is the same per-rank tensors in the CPU
 runtime's layout (``CheckpointModel``), so its TP partial sums and PP stages run as the GPUs would.
 """
 
@@ -23,9 +24,10 @@ from trtllm_kit.build.shard import qkv_parts, shard
 from trtllm_kit.build.trtllm_config import checkpoint_config, default_quantization, resolve_dtype
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
-from trtllm_kit.llmapi.quant_format import QUANT_CONFIG_FILE
+from trtllm_kit.llmapi.quant_format import LAYER_LINEAR, QUANT_CONFIG_FILE
 from trtllm_kit.models.base import Split
 from trtllm_kit.quant.fp8 import fp8_quantize
+from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
 from trtllm_kit.runtime.layers import LINEAR_WEIGHTS, prepare_weights
 from trtllm_kit.runtime.model import CheckpointModel
 
@@ -45,9 +47,9 @@ def read_quantization(ckpt_dir: Path) -> tuple[str | None, str | None]:
         return None, None
     quantization = json.loads(path.read_text()).get("quantization") or {}
     algo, kv_algo = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
-    if algo not in (None, "FP8") or kv_algo not in (None, "FP8"):
+    if algo not in (None, "FP8", "NVFP4") or kv_algo not in (None, "FP8"):
         raise CheckpointError(f"{path} has quant_algo {algo} / kv_cache_quant_algo {kv_algo}; the CPU runtime "
-                              "runs unquantized and FP8 unified checkpoints.")
+                              "runs unquantized, FP8 and NVFP4 unified checkpoints.")
     return algo, kv_algo
 
 
@@ -76,7 +78,11 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             info = model.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"{ckpt_dir} lacks the tensor {name!r}; export the checkpoint again.")
-            return handles[info.path].get_tensor(name)
+            tensor = handles[info.path].get_tensor(name)
+            if algo == "NVFP4" and tensor.dtype == torch.uint8 and LAYER_LINEAR.match(name):
+                module = name.removesuffix(".weight")
+                return nvfp4_dequantize(tensor, read(f"{module}.weight_scale"), read(f"{module}.weight_scale_2"))
+            return tensor
 
         for item in work_items(model, mapping):
             parts = [read(name) for name in item.sources]
@@ -85,8 +91,8 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             scales: dict[str, torch.Tensor] = {}
             if is_fp8:
                 parts, scales = _fp8_group(model, item.sources, module, read)
-            else:
-                parts = [p.to(getattr(torch, dtype)) for p in parts]
+            elif algo != "NVFP4" or not item.rule.name.endswith(LINEAR_WEIGHTS):
+                parts = [p.to(getattr(torch, dtype)) for p in parts]  # (dequantized NVFP4 stays float32)
             for tp_rank in range(mapping.tp_size):
                 if item.rule.split is Split.QKV:
                     local = qkv_parts(parts, hf.num_key_value_heads, mapping.tp_size, tp_rank)

@@ -40,6 +40,9 @@ class Target(ABC):
         Arguments:
             spec: the build spec.
         """
+        from trtllm_kit.quant.algos import check_target
+
+        check_target(spec.quant_config(), self.name)
         if spec.repo.gpu_device_ids is not None:
             raise KitUsageError(f"--gpu-device-ids applies to --target llmapi only (one LLM per GPU group); the "
                                 f"{self.name} target's repository runs one tensorrt_llm instance, so drop the option "

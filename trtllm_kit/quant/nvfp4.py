@@ -1,0 +1,86 @@
+"""NVFP4 weights (ModelOpt's unified format, ``quant_algo: NVFP4``, ``group_size: 16``).
+
+A weight ``W [out, in]`` becomes e2m1 values packed two per byte (``[out, in/2]`` uint8, the even column in the low
+nibble), one e4m3 ``weight_scale`` per block of 16 columns (``[out, in/16]``) and a float32 scalar
+``weight_scale_2``: ``W ≈ e2m1 · weight_scale · weight_scale_2``.
+
+* ``weight_scale_2 = amax|W| / (6 · 448)`` (fused q/k/v and gate/up share the largest amax);
+* ``weight_scale = clamp(block_amax / (6 · weight_scale_2), 2⁻⁹, 448)`` cast to e4m3 (an all-zero block: 1);
+* e2m1 = round-to-nearest-even of ``W / (weight_scale · weight_scale_2)`` on the grid 0, ½, 1, 1½, 2, 3, 4, 6
+  (saturating at 6), the sign in bit 3 (a negative value that rounds to 0 keeps it);
+* ``input_scale = amax|X| / (6 · 448)``, float32.
+
+Every step is computed in the order and precision ModelOpt's export uses, so the bytes are the same.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+GROUP_SIZE = 16
+MIN_BLOCK_SCALE = 2.0 ** -9
+E2M1_BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # midpoints between grid values
+E2M1_TIES_UP = torch.tensor([0.75, 1.75, 3.5])  # midpoints that round up to the even code
+E2M1_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float32)
+
+
+def global_scale(amax: torch.Tensor | float) -> torch.Tensor:
+    """``weight_scale_2`` or ``input_scale``: ``amax / (6 · 448)`` in float32, a scalar.
+
+    Arguments:
+        amax: the (group's) largest absolute value.
+    """
+    return (torch.as_tensor(amax, dtype=torch.float32) / (E2M1_MAX * E4M3_MAX)).reshape(())
+
+
+def block_scales(weight: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
+    """The e4m3 ``weight_scale`` of each block of 16 columns ([out, in/16]).
+
+    Arguments:
+        weight: [out, in] in the checkpoint dtype (in a multiple of 16); scale_2: its ``weight_scale_2``.
+    """
+    blocks = weight.reshape(weight.shape[0], -1, GROUP_SIZE)
+    block_amax = torch.maximum(blocks.amax(-1).float(), blocks.amin(-1).float().neg_())
+    scale = block_amax / (E2M1_MAX * scale_2)
+    scale[scale == 0] = 1.0
+    return scale.clamp_(MIN_BLOCK_SCALE, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def e2m1_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """The 4-bit e2m1 code of each value (uint8, 0..15), ties to even, saturating at ±6.
+
+    Arguments:
+        scaled: float32 values already divided by their scales.
+    """
+    magnitude = scaled.abs()
+    codes = torch.bucketize(magnitude, E2M1_BOUNDS, out_int32=True).to(torch.uint8)
+    codes += torch.isin(magnitude, E2M1_TIES_UP).to(torch.uint8)
+    return codes | ((scaled < 0).to(torch.uint8) << 3)
+
+
+def nvfp4_quantize(weight: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed [out, in/2] uint8, weight_scale [out, in/16] e4m3)`` of a weight.
+
+    Arguments:
+        weight: [out, in] in the checkpoint dtype; scale_2: its float32 scalar ``weight_scale_2``.
+    """
+    if weight.shape[-1] % GROUP_SIZE:
+        raise ValueError(f"NVFP4 needs input features in multiples of {GROUP_SIZE}, got {weight.shape[-1]}")
+    scales = block_scales(weight, scale_2)
+    blocks = weight.reshape(weight.shape[0], -1, GROUP_SIZE)
+    scaled = (blocks / (scales.float() * scale_2).unsqueeze(-1)).reshape(weight.shape)
+    codes = e2m1_codes(scaled)
+    return (codes[:, 1::2] << 4) | codes[:, 0::2], scales
+
+
+def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
+    """The float32 weight an NVFP4 triple stands for: ``e2m1 · weight_scale · weight_scale_2``.
+
+    Arguments:
+        packed: [out, in/2] uint8; scales: [out, in/16] e4m3; scale_2: the float32 scalar.
+    """
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+    values = E2M1_VALUES[codes.long()].reshape(packed.shape[0], -1, GROUP_SIZE)
+    return (values * (scales.float() * scale_2.float()).unsqueeze(-1)).reshape(packed.shape[0], -1)
