@@ -24,10 +24,11 @@ from trtllm_kit.build.shard import qkv_parts, shard
 from trtllm_kit.build.trtllm_config import checkpoint_config, default_quantization, resolve_dtype
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
-from trtllm_kit.llmapi.quant_format import LAYER_LINEAR, QUANT_CONFIG_FILE
+from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
 from trtllm_kit.models.base import Split
 from trtllm_kit.quant.fp8 import fp8_quantize
 from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
+from trtllm_kit.quant.prequantized import detect_prequantized
 from trtllm_kit.runtime.layers import LINEAR_WEIGHTS, prepare_weights
 from trtllm_kit.runtime.model import CheckpointModel
 
@@ -37,20 +38,19 @@ FUSED_PARTS = {"mlp.fc": ("gate_proj", "up_proj"), "mlp.gate": ("gate_proj", "up
 
 
 def read_quantization(ckpt_dir: Path) -> tuple[str | None, str | None]:
-    """(``quant_algo``, ``kv_cache_quant_algo``) of a unified checkpoint, from ``hf_quant_config.json``.
+    """(``quant_algo``, ``kv_cache_quant_algo``) of a unified checkpoint, from ``hf_quant_config.json`` or
+    ``config.json``'s ``quantization_config`` (ModelOpt's or compressed-tensors', ``quant/prequantized.py``).
 
     Arguments:
         ckpt_dir: the checkpoint directory.
     """
-    path = ckpt_dir / QUANT_CONFIG_FILE
-    if not path.is_file():
+    fmt = detect_prequantized(ckpt_dir)
+    if fmt is None:
         return None, None
-    quantization = json.loads(path.read_text()).get("quantization") or {}
-    algo, kv_algo = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
-    if algo not in (None, "FP8", "NVFP4") or kv_algo not in (None, "FP8"):
-        raise CheckpointError(f"{path} has quant_algo {algo} / kv_cache_quant_algo {kv_algo}; the CPU runtime "
-                              "runs unquantized, FP8 and NVFP4 unified checkpoints.")
-    return algo, kv_algo
+    if fmt.quant_algo not in ("FP8", "NVFP4") or fmt.strategy != "tensor":
+        raise CheckpointError(f"{ckpt_dir} is {fmt.label} ({fmt.declared_in}); the CPU runtime runs unquantized, "
+                              "per-tensor FP8 and NVFP4 unified checkpoints.")
+    return fmt.quant_algo, fmt.kv_cache_quant_algo
 
 
 def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,

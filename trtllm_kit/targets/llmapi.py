@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import CheckpointRecord, EngineRecord
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.model_repo.limits import (
     CPU_MAX_BATCH_SIZE,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from trtllm_kit.build.compat import Machine
     from trtllm_kit.build.engine import EngineSetup
     from trtllm_kit.build.pipeline import BuildContext
+    from trtllm_kit.quant.prequantized import PreQuantized
     from trtllm_kit.spec import BuildSpec
 
 CHECKPOINT_DIR = "checkpoint"
@@ -65,10 +67,15 @@ class LlmapiTarget(Target):
         from trtllm_kit.build.pipeline import calibration_stats, copy_tokenizer, run_verify, should_verify
         from trtllm_kit.llmapi.quant_format import hf_quant_config
         from trtllm_kit.llmapi.unified import write_unified
+        from trtllm_kit.quant.prequantized import detect_prequantized
 
         quant = ctx.spec.quant_config()
-        stats = calibration_stats(ctx)
         ckpt_dir = ctx.out / CHECKPOINT_DIR
+        fmt = detect_prequantized(ctx.model.path)
+        if fmt is not None:
+            self._copy_prequantized(ctx, fmt)
+            return
+        stats = calibration_stats(ctx)
         ckpt_dir.mkdir()
         with ctx.reporter.task("export", ctx.model.weight_bytes) as advance:
             result = write_unified(ctx.model, ckpt_dir, ctx.spec.build.dtype, quant, stats, lambda _n, b: advance(b))
@@ -83,6 +90,27 @@ class LlmapiTarget(Target):
             ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter,
                                             load=lambda dtype: load_unified(ckpt_dir, ctx.mapping, dtype))
             ctx.timings["verify"] = time.perf_counter() - t0
+
+    def _copy_prequantized(self, ctx: BuildContext, fmt: PreQuantized) -> None:
+        """A pre-quantized input is the checkpoint as it is: checked, copied, not verified against transformers
+        (which cannot load every such format; the bytes are the input's)."""
+        from trtllm_kit.build.pipeline import copy_tokenizer
+        from trtllm_kit.llmapi.passthrough import copy_prequantized
+
+        if ctx.spec.quant_config().is_quantized:
+            raise KitUsageError(f"{ctx.model.source} is already quantized ({fmt.label}, {fmt.declared_in}); the "
+                                "llmapi target serves it as it is: drop --quant and --kv-cache.")
+        ckpt_dir = ctx.out / CHECKPOINT_DIR
+        ckpt_dir.mkdir()
+        ctx.reporter.note(f"export: {fmt.label} input ({fmt.declared_in}): copied as it is")
+        with ctx.reporter.task("export", ctx.model.weight_bytes) as advance:
+            result = copy_prequantized(ctx.model, ckpt_dir, fmt)
+            advance(result.bytes_read)
+        copy_tokenizer(ctx.model, ctx.out / "tokenizer")
+        ctx.records.checkpoint = CheckpointRecord(
+            dir=CHECKPOINT_DIR, dtype=result.dtype, **ctx.mapping.to_dict(),
+            quantization={"quant_algo": fmt.quant_algo, "kv_cache_quant_algo": fmt.kv_cache_quant_algo,
+                          "input": fmt.label})
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """Nothing to compile: write the ``trtllm-serve`` configuration and record its command line."""
