@@ -12,9 +12,11 @@ producers' turns alternating, each in a fresh process:
             (max calibration) over the same token windows, ``export_hf_checkpoint``.
 
 Both calibrate on ``--calib-samples`` windows of ``--calib-seq-len`` tokens (the kit's ``token_windows``, so the
-same tokens). Each run reports wall time and peak resident memory (``ru_maxrss`` of the process, which also counts
-the mapped pages of the weight files it touched); the medians are printed. The machine's other load moves the wall
-times; turns alternate so that both producers see the same load on average.
+same tokens). Each run reports wall time, peak anonymous memory (``RssAnon`` sampled every 5 ms: what the process
+allocates) and peak resident memory (``ru_maxrss``, which also counts the mapped pages of the weight files it read,
+page cache the kernel can drop); the medians are printed. The machine's other load moves the wall times; turns
+alternate so that both producers see the same load on average. ``--workdir`` keeps the synthetic model for the
+next run.
 
 The kernels are timed alone over a seeded 4096 x 4096 bf16 weight, at 1 and 2 threads (row ranges on a thread
 pool), beside a plain copy of the same tensor: GB/s of input per core (the FP8 cast and the NVFP4 block quantizer),
@@ -41,10 +43,21 @@ FORMATS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 
 RUNNER = """
 import json, resource, subprocess, sys, time
+def anon_kb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("RssAnon"))
+    except (OSError, StopIteration):
+        return 0
 started = time.perf_counter()
-done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
-print(json.dumps({"rc": done.returncode, "seconds": time.perf_counter() - started, "stderr": done.stderr[-2000:],
-                  "peak_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+peak_anon = 0
+while child.poll() is None:
+    peak_anon = max(peak_anon, anon_kb(child.pid))
+    time.sleep(0.005)
+stderr = child.stderr.read()
+print(json.dumps({"rc": child.returncode, "seconds": time.perf_counter() - started, "stderr": stderr[-2000:],
+                  "peak_anon_kb": peak_anon, "peak_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
 """
 
 MODELOPT = """
@@ -81,7 +94,8 @@ class PathFigures:
     producer: str
     runs: int
     seconds: float
-    peak_gb: float
+    peak_anon_gb: float  # anonymous memory (RssAnon sampled every 5 ms): what the process itself allocates
+    peak_rss_gb: float   # ru_maxrss: also the mapped pages of the weight files it read (page cache)
 
 
 @dataclass
@@ -101,7 +115,8 @@ def synthetic_model(workdir: Path, preset: str) -> Path:
     from trtllm_kit.models.builtin import builtin_dir
 
     model = workdir / "model"
-    write_checkpoint(model, preset)
+    if not (model / "config.json").is_file():  # an earlier run's, in --workdir
+        write_checkpoint(model, preset)
     source = builtin_dir("tiny-llama")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (source / name).is_file():
@@ -109,13 +124,13 @@ def synthetic_model(workdir: Path, preset: str) -> Path:
     return model
 
 
-def one_run(argv: list[str]) -> tuple[float, float]:
-    """(seconds, peak GB) of ``argv`` in a fresh process."""
+def one_run(argv: list[str]) -> tuple[float, float, float]:
+    """(seconds, peak anonymous GB, peak resident GB) of ``argv`` in a fresh process."""
     done = subprocess.run([sys.executable, "-c", RUNNER, *argv], capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(done.stdout.splitlines()[-1])
     if result["rc"] != 0:
         raise SystemExit(f"{' '.join(argv[:6])} failed ({result['rc']}): {result['stderr']}")
-    return result["seconds"], result["peak_kb"] / 1e6
+    return result["seconds"], result["peak_anon_kb"] / 1e6, result["peak_rss_kb"] / 1e6
 
 
 def compare(model: Path, workdir: Path, fmt: str, runs: int, samples: int, seq_len: int) -> list[PathFigures]:
@@ -124,7 +139,7 @@ def compare(model: Path, workdir: Path, fmt: str, runs: int, samples: int, seq_l
            "--until", "checkpoint", "--no-verify", "--calib-samples", str(samples), "--calib-seq-len",
            str(seq_len), "--force", "--out"]
     modelopt = [sys.executable, "-c", MODELOPT, str(model)]
-    figures: dict[str, list[tuple[float, float]]] = {"kit": [], "modelopt": []}
+    figures: dict[str, list[tuple[float, float, float]]] = {"kit": [], "modelopt": []}
     for turn in range(runs):
         order = ("kit", "modelopt") if turn % 2 == 0 else ("modelopt", "kit")
         for producer in order:
@@ -133,8 +148,8 @@ def compare(model: Path, workdir: Path, fmt: str, runs: int, samples: int, seq_l
                 [*modelopt, str(out), FORMATS[fmt], str(samples), str(seq_len)]
             figures[producer].append(one_run(argv))
             shutil.rmtree(out, ignore_errors=True)
-    return [PathFigures(fmt, producer, runs, statistics.median(s for s, _ in values),
-                        statistics.median(p for _, p in values)) for producer, values in figures.items()]
+    return [PathFigures(fmt, producer, runs, *(statistics.median(run[i] for run in values) for i in range(3)))
+            for producer, values in figures.items()]
 
 
 def kernel_rates(repeat: int = 5) -> list[KernelFigures]:
@@ -200,12 +215,14 @@ def main() -> None:
         return
     for fmt in args.formats.split(","):
         kit, ref = (next(f for f in paths if f.format == fmt and f.producer == p) for p in ("kit", "modelopt"))
-        print(f"{fmt}: kit {kit.seconds:.1f} s {kit.peak_gb:.2f} GB; modelopt {ref.seconds:.1f} s "
-              f"{ref.peak_gb:.2f} GB; wall {kit.seconds / ref.seconds:.2f}x, memory {kit.peak_gb / ref.peak_gb:.2f}x "
+        print(f"{fmt}: kit {kit.seconds:.1f} s, {kit.peak_anon_gb:.2f} GB anon / {kit.peak_rss_gb:.2f} GB RSS; "
+              f"modelopt {ref.seconds:.1f} s, {ref.peak_anon_gb:.2f} GB anon / {ref.peak_rss_gb:.2f} GB RSS; wall "
+              f"{kit.seconds / ref.seconds:.2f}x, anon memory {kit.peak_anon_gb / ref.peak_anon_gb:.2f}x "
               f"(medians of {kit.runs})")
     for k in kernels:
         print(f"kernel {k.kernel} at {k.threads} thread(s): {k.gb_per_s_per_core:.2f} GB/s per core")
-    shutil.rmtree(workdir / "model", ignore_errors=True)
+    if args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

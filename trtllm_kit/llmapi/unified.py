@@ -27,7 +27,7 @@ from trtllm_kit.build.convert import TORCH_DTYPES, SourceRead, TensorReader, _to
 from trtllm_kit.build.inspect import ModelSpec
 from trtllm_kit.build.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
 from trtllm_kit.build.trtllm_config import resolve_dtype
-from trtllm_kit.errors import CheckpointError
+from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.llmapi.quant_format import (
     KV_SCALES,
     LAYER_LINEAR,
@@ -109,6 +109,9 @@ def plan_entries(model: ModelSpec, dtype: torch.dtype, quant: QuantConfig) -> li
                         Entry(f"{module}.input_scale", F32, (), name, "input_scale")]
         else:
             module, (rows, cols) = linear.group(1), info.shape
+            if cols % NVFP4_GROUP_SIZE:
+                raise KitUsageError(f"--quant nvfp4 quantizes blocks of {NVFP4_GROUP_SIZE} input features, but {name} "
+                                    f"has {cols}; choose --quant fp8 for this model.")
             entries += [Entry(name, torch.uint8, (rows, cols // 2), name, "nvfp4"),
                         Entry(f"{module}.weight_scale", torch.float8_e4m3fn, (rows, cols // NVFP4_GROUP_SIZE), name,
                               "block_scale"),
