@@ -1,12 +1,12 @@
 """How much text calibration runs over when the user does not say: sized by the device that runs it.
 
 On a GPU the default is upstream's (``docs/trtllm-checkpoint.md`` §6: 512 samples × 512 tokens, as TensorRT-LLM's
-and ModelOpt's quantization scripts have it). On a CPU that is 262,144 tokens through a float32 forward pass:
-``benchmarks/calibration.py`` measures about ``CPU_SECONDS_PER_TOKEN_7B`` per token for a 7B-class model on the
-2-core reference machine (extrapolated from one- and four-layer models of Llama-2-7B's shape: t(L) = a + b·L at
+and ModelOpt's quantization scripts have it). On a CPU that is 262,144 tokens through a forward pass:
+``benchmarks/calibration.py`` measured about ``CPU_SECONDS_PER_TOKEN_7B`` per token for a 7B-class model in float32
+on the 2-core reference machine (extrapolated from one- and four-layer models of Llama-2-7B's shape: t(L) = a + b·L at
 L = 32), i.e. about 84 hours; the CPU default keeps it to about 20 minutes (and a built-in model's to seconds,
 where the GPU default took 3-12 minutes). ``--calib-samples`` / ``--calib-seq-len`` given explicitly always win,
-on either device.
+on either device. ``calibration_memory`` is the peak a layer-streamed calibration holds (``layer_stream.py``).
 """
 
 from __future__ import annotations
