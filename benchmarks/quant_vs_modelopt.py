@@ -36,7 +36,6 @@ import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
@@ -160,7 +159,7 @@ def kernel_rates(repeat: int = 5) -> list[KernelFigures]:
     import torch
 
     from trtllm_kit.llmapi.quant_format import quantize_weight, weight_scale
-    from trtllm_kit.quant.nvfp4 import global_scale
+    from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize_rows
 
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn((4096, 4096), generator=generator) * 0.02).to(torch.bfloat16)
@@ -170,11 +169,10 @@ def kernel_rates(repeat: int = 5) -> list[KernelFigures]:
     for threads in (1, 2):
         pool = ThreadPoolExecutor(threads)
         target = torch.empty_like(weight)
-        halves = weight.chunk(threads)  # NVFP4 rows split over the threads, as the FP8 cast splits its blocks
         kernels = {
             "copy": partial(target.copy_, weight),
             "fp8-cast": partial(quantize_weight, weight, weight_scale(amax), pool, threads),
-            "nvfp4-block": partial(_nvfp4_parts, pool, halves, global_scale(amax)),
+            "nvfp4-block": partial(nvfp4_quantize_rows, weight, global_scale(amax), pool, threads),
         }
         for kernel, run in kernels.items():
             torch.set_num_threads(threads if kernel == "copy" else 1)  # the quantizers' threads are the pool's
@@ -187,12 +185,6 @@ def kernel_rates(repeat: int = 5) -> list[KernelFigures]:
             figures.append(KernelFigures(kernel, threads, nbytes / best / 1e9 / threads))
         pool.shutdown()
     return figures
-
-
-def _nvfp4_parts(pool: Any, parts: tuple[Any, ...], scale_2: Any) -> list[Any]:
-    from trtllm_kit.quant.nvfp4 import nvfp4_quantize
-
-    return list(pool.map(lambda part: nvfp4_quantize(part, scale_2), parts))
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ from trtllm_kit.llmapi.quant_format import (
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import default_workers
 from trtllm_kit.quant.calibrate import CalibrationStats
-from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize
+from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize_rows
 
 INDEX_FILE = "model.safetensors.index.json"
 F32 = torch.float32
@@ -212,7 +212,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                             weight = original.to(target)
                             if not bool(weight.isfinite().all()):
                                 check_finite(entry.source, original, original, resolved)
-                            packed, block_scales[entry.source] = nvfp4_quantize(weight, scale_2)
+                            packed, block_scales[entry.source] = nvfp4_quantize_rows(weight, scale_2, pool, workers)
                             write(entry.name, packed)
                             quantized.append(entry.source.removesuffix(".weight"))
                         elif entry.kind == "fp8":

@@ -15,12 +15,15 @@ Every step is computed in the order and precision ModelOpt's export uses, so the
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
+
 import torch
 
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 GROUP_SIZE = 16
 MIN_BLOCK_SCALE = 2.0 ** -9
+MIN_ROWS_PER_WORKER = 64  # fewer rows per thread cost more in hand-off than they save
 BLOCK_ELEMENTS = 1 << 18  # rows per pass of the quantizer: its float32 buffers stay in cache
 E2M1_BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # midpoints between grid values
 E2M1_TIES_UP = torch.tensor([0.75, 1.75, 3.5])  # midpoints that round up to the even code
@@ -99,6 +102,23 @@ def nvfp4_quantize(weight: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.T
         _codes_into(scaled[:n], magnitude[:n], flag[:n], codes[:n])
         torch.bitwise_or(codes[:n, 1::2] << 4, codes[:n, 0::2], out=packed[start:stop])
     return packed, scales
+
+
+def nvfp4_quantize_rows(weight: torch.Tensor, scale_2: torch.Tensor, pool: Executor | None,
+                        workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nvfp4_quantize`` with the rows split into ``workers`` ranges run on ``pool`` (torch releases the GIL);
+    rows are independent, so the bytes are the same.
+
+    Arguments:
+        weight: [out, in]; scale_2: its ``weight_scale_2``; pool: threads (None: the calling thread);
+        workers: how many ranges.
+    """
+    count = min(workers, weight.shape[0] // MIN_ROWS_PER_WORKER) if pool is not None else 1
+    if count <= 1:
+        return nvfp4_quantize(weight, scale_2)
+    assert pool is not None, "count > 1 needs a pool"
+    parts = list(pool.map(lambda rows: nvfp4_quantize(rows, scale_2), weight.chunk(count)))
+    return torch.cat([packed for packed, _ in parts]), torch.cat([scales for _, scales in parts])
 
 
 def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
