@@ -106,8 +106,8 @@ def pick(figures: list[Figures], statistic: str) -> Figures:
 
 def run_kit(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
     from trtllm_kit.checkpoint.convert import convert, quant_transform
-    from trtllm_kit.checkpoint.inspect import inspect_model
     from trtllm_kit.layout import Mapping
+    from trtllm_kit.models.inspect import inspect_model
     from trtllm_kit.quant.algos import QuantConfig
     from trtllm_kit.quant.calibrate import CalibrationStats
 
@@ -218,8 +218,8 @@ def run_copy(src: Path, dst: Path, tp: int) -> None:
 def run_llmapi(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
     """``--target llmapi``'s export as ``LlmapiTarget.write_checkpoint`` calls it (``tp`` only goes into
     model.yaml there, so it does not change the export)."""
-    from trtllm_kit.checkpoint.inspect import inspect_model
     from trtllm_kit.llmapi.unified import write_unified
+    from trtllm_kit.models.inspect import inspect_model
     from trtllm_kit.quant.algos import QuantConfig
     from trtllm_kit.quant.calibrate import CalibrationStats
 
@@ -240,7 +240,7 @@ CALIBRATED = ("kit-fp8", "kit-int8-sq", "llmapi-fp8")
 # Modules each variant needs, imported before the clock starts: the figures compare work, not import time.
 IMPORTS = {"floor": ("safetensors",), "naive": ("safetensors.torch", "transformers.models.llama.modeling_llama"),
            "kit": ("trtllm_kit.checkpoint.convert", "trtllm_kit.quant.calibrate"), "copy": ("shutil",),
-           "llmapi": ("trtllm_kit.llmapi.unified", "trtllm_kit.checkpoint.inspect", "trtllm_kit.quant.calibrate")}
+           "llmapi": ("trtllm_kit.llmapi.unified", "trtllm_kit.models.inspect", "trtllm_kit.quant.calibrate")}
 
 
 # (slower, faster, target) pairs printed as time ratios when both ran.
@@ -298,7 +298,7 @@ def main() -> None:
         return
     from synthetic_checkpoint import write_checkpoint
 
-    from trtllm_kit.checkpoint.inspect import inspect_model
+    from trtllm_kit.models.inspect import inspect_model
 
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)

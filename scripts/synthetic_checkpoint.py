@@ -19,6 +19,8 @@ PRESETS = {
     # TinyLlama/TinyLlama-1.1B-Chat-v1.0 dimensions (shared/data/hf-configs)
     "tinyllama-1.1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
                        "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000},
+    "calib-400mb": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 16,
+                    "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 8000},
     "small": {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 8000},
 }

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint
-from trtllm_kit.checkpoint.safetensors_io import DTYPES_BY_CODE, read_header
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.layout import (
     Mapping,
@@ -33,6 +32,7 @@ from trtllm_kit.models.registry import family_for
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import calibrate
 from trtllm_kit.runtime.model import CheckpointModel
+from trtllm_kit.safetensors_io import DTYPES_BY_CODE, read_header
 
 MODELS = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-phi3"]
 LAYOUTS = [(1, 1), (2, 1), (2, 2), (4, 1)]  # tp=4 > 2 KV heads: duplicated

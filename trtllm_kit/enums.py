@@ -76,12 +76,20 @@ class Target(Choice):
 
 
 class Quant(Choice):
-    """Weight/activation quantization: none, INT8 weight-only (W8A16), INT8 SmoothQuant, FP8."""
+    """Weight/activation quantization: none, INT8 weight-only (W8A16), INT8 SmoothQuant, FP8, NVFP4 (llmapi)."""
 
     NONE = "none"
     INT8_WO = "int8-wo"
     INT8_SQ = "int8-sq"
     FP8 = "fp8"
+    NVFP4 = "nvfp4"
+
+
+class CalibDtype(Choice):
+    """The dtype calibration computes in: bfloat16 (as ModelOpt) or float32."""
+
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
 
 
 class KVCache(Choice):

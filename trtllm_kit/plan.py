@@ -179,14 +179,13 @@ class BuildPlan:
 
 def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision) -> list[int]:
     """Bytes each rank holds once the build has quantized its weights: the checkpoint's tensors
-    (``rank_tensors``), except that W8A16 linears count 1 byte per element plus ``out_local`` scales in the model
-    dtype, as ``trtllm-build`` stores them.
+    (``rank_tensors``), except that W8A16 and NVFP4 linears count as ``_linear_bytes`` says.
 
     Arguments:
         hf: the model config; family: its weight table; mapping: the TP/PP layout; precision: dtype and quant.
     """
     algo = precision.quant_algo
-    if algo is not None and algo not in ("W8A16", "FP8") and not (algo.startswith(SQ_PREFIX)
+    if algo is not None and algo not in ("W8A16", "FP8", "NVFP4") and not (algo.startswith(SQ_PREFIX)
                                                                    and algo.endswith("_PLUGIN")):
         raise KitUsageError(f"the planner has no weight formula for quant_algo {algo}; plan without it.")
     quant = QuantLayout(algo, precision.kv_cache_quant_algo)
@@ -194,10 +193,16 @@ def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision:
     stages = []
     for pp_rank in range(mapping.pp_size):  # every rank of a stage holds the same shapes
         tensors = rank_tensors(hf, family, mapping, mapping.rank(0, pp_rank), quant, precision.dtype)
-        stages.append(sum(math.prod(spec.shape) + spec.shape[0] * item
-                          if algo == "W8A16" and name.endswith(LINEAR_WEIGHTS) else spec.nbytes
-                          for name, spec in tensors.items()))
+        stages.append(sum(_linear_bytes(algo, spec.shape, item) if algo in ("W8A16", "NVFP4")
+                          and name.endswith(LINEAR_WEIGHTS) else spec.nbytes for name, spec in tensors.items()))
     return [stages[mapping.pp_rank(rank)] for rank in mapping.ranks()]
+
+
+def _linear_bytes(algo: str, shape: tuple[int, ...], item: int) -> int:
+    """W8A16: int8 weights and ``out`` scales in the model dtype; NVFP4: e2m1 two per byte, an e4m3 scale per 16
+    elements and two float32 scalars (``quant/nvfp4.py``)."""
+    numel = math.prod(shape)
+    return numel + shape[0] * item if algo == "W8A16" else numel // 2 + numel // 16 + 8
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_bytes: int) -> int:

@@ -35,8 +35,8 @@ from transformers import (
 
 from trtllm_kit.checkpoint import safetensors_io
 from trtllm_kit.checkpoint.convert import convert_checkpoint
-from trtllm_kit.checkpoint.safetensors_io import SafetensorsWriter
 from trtllm_kit.errors import CheckpointError, KitUsageError
+from trtllm_kit.safetensors_io import SafetensorsWriter
 
 DIMS = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
         "num_hidden_layers": 3, "vocab_size": 67, "max_position_embeddings": 128, "rms_norm_eps": 1e-5}
@@ -376,7 +376,7 @@ def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: di
     from contextlib import ExitStack
 
     from trtllm_kit.checkpoint.convert import SourceRead, TensorReader
-    from trtllm_kit.checkpoint.inspect import inspect_model
+    from trtllm_kit.models.inspect import inspect_model
 
     model = inspect_model(str(hf_dirs["llama"]))
     name = "model.layers.0.mlp.down_proj.weight"

@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 import torch
 
-from trtllm_kit.checkpoint.inspect import inspect_model
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, GuidedDecodingParams, SamplingParams
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.llmapi.unified import write_unified
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 

@@ -12,7 +12,6 @@ import yaml
 from safetensors import safe_open
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.checkpoint.inspect import inspect_model
 from trtllm_kit.checkpoint.verify import verify_checkpoint
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
@@ -20,6 +19,7 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.llm_args import check_llm_args, render_table
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.model_repo.llmapi_validate import validate_llmapi_repository
+from trtllm_kit.models.inspect import inspect_model
 
 DOCS = Path(__file__).parents[2] / "docs"
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trtllm_kit.checkpoint.inspect import inspect_model
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.llmapi.quant_format import quantize_weight, weight_scale
 from trtllm_kit.llmapi.unified import write_unified
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import CalibrationStats
 

@@ -11,7 +11,7 @@ from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 
-CALIB = {"calib_samples": 16, "calib_seq_len": 128}
+CALIB = {"calib_samples": 16, "calib_seq_len": 128, "calib_dtype": "float32"}
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,7 @@ def test_calibration_notes_its_size_and_an_eta_and_records_them() -> None:
     stats = calibrate(builtin_dir("tiny-llama"), QuantConfig(quant="fp8", calib_samples=3, calib_seq_len=16),
                       recorder, device="cpu")
     assert recorder.notes[0] == "calibrate: 3 windows x 16 tokens on cpu: as given"
-    assert re.fullmatch(r"calibrate: 16/48 tokens in \d+\.\d s \(\d+ tokens/s\); about \d+ s left", recorder.notes[1])
+    assert re.fullmatch(r"calibrate: 48/144 tokens in \d+\.\d s \(\d+ tokens/s\); about \d+ s left", recorder.notes[1])
     assert (stats.params["calib_samples"], stats.params["calib_seq_len"], stats.params["size_reason"]) == \
         (3, 16, "as given")
 

@@ -77,7 +77,7 @@ def test_token_windows_use_the_model_tokenizer(tiny: dict[str, Path]) -> None:
 def test_hooks_record_per_channel_amax(tiny: dict[str, Path], stats: dict[str, CalibrationStats]) -> None:
     """The statistics equal what a plain forward pass over the same windows shows."""
     path = tiny["tiny-qwen2"]
-    config = QuantConfig(quant="fp8", calib_samples=16, calib_seq_len=128)
+    config = QuantConfig(quant="fp8", calib_samples=16, calib_seq_len=128, calib_dtype="float32")
     st = stats["tiny-qwen2"]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor(token_windows(path, config))

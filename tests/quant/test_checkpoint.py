@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint
-from trtllm_kit.checkpoint.safetensors_io import read_header
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.quant.int8 import smoothing_scales
+from trtllm_kit.safetensors_io import read_header
 
 torch.set_num_threads(1)
 BF16, F32, I8, F8 = "BF16", "F32", "I8", "F8_E4M3"

@@ -8,7 +8,6 @@ from rich.console import Console
 from rich.table import Table
 
 from trtllm_kit.checkpoint.convert import check_sources, work_items
-from trtllm_kit.checkpoint.inspect import inspect_model
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.layout import (
     Mapping,
@@ -19,7 +18,9 @@ from trtllm_kit.layout import (
     pad_vocab_size,
     rank_tensors,
 )
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
+from trtllm_kit.quant.prequantized import detect_prequantized
 
 
 def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_pickle: bool = False,
@@ -40,7 +41,9 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, tp)
     resolved = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
-    check_sources(model, items)
+    prequantized = detect_prequantized(model.path)
+    if prequantized is None:  # a pre-quantized model's tensors are the format's, not the table's
+        check_sources(model, items)
     quant = quant or QuantConfig()
     check_model(quant, hf.num_key_value_heads, tp)
     layout = QuantLayout(quant.quant_algo, quant.kv_cache_quant_algo)
@@ -65,6 +68,9 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
         "weight_bytes": model.weight_bytes,
         "weight_files": [p.name for p in model.weight_files],
         "tokenizer_files": [p.name for p in model.tokenizer_files],
+        "input_quantization": None if prequantized is None else {
+            "format": prequantized.label, "quant_algo": prequantized.quant_algo,
+            "kv_cache_quant_algo": prequantized.kv_cache_quant_algo, "declared_in": prequantized.declared_in},
         "config": {"hidden_size": hf.hidden_size, "intermediate_size": hf.intermediate_size,
                    "num_hidden_layers": hf.num_hidden_layers, "num_attention_heads": hf.num_attention_heads,
                    "num_key_value_heads": hf.num_key_value_heads, "head_dim": hf.head_dim,
@@ -94,6 +100,10 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
                   + (f" scaling {c['rope_scaling'].get('rope_type')}" if c["rope_scaling"] else ""),
                   highlight=False)
     console.print(f"  tokenizer: {', '.join(d['tokenizer_files']) or 'none found'}", highlight=False)
+    if d["input_quantization"]:
+        q = d["input_quantization"]
+        console.print(f"  pre-quantized: {q['format']} ({q['declared_in']}); --target llmapi serves it as it is",
+                      highlight=False)
     console.print(f"Build: {b['dtype']}, tp={b['tp_size']} pp={b['pp_size']}, {b['kv_heads_per_rank']} KV "
                   f"head(s) per rank{' (duplicated)' if b['kv_heads_duplicated'] else ''}, lm_head vocab padded "
                   f"to {b['padded_vocab_size']}", highlight=False)

@@ -18,14 +18,14 @@ from trtllm_kit.build.cache import Previous, input_digests
 from trtllm_kit.build.engine import prepare_engine
 from trtllm_kit.build.pipeline import stage_keys
 from trtllm_kit.checkpoint.fusion_graph import fusion_table, layer_graph, write_graph
-from trtllm_kit.checkpoint.inspect import inspect_model, resolve_model_path
 from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp, layers_for_rank
 from trtllm_kit.llmapi.plan_report import print_llmapi_plan
 from trtllm_kit.models.hf_config import read_hf_config
+from trtllm_kit.models.inspect import inspect_model, resolve_model_path
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.quant.calib_size import calibration_device, choose_size
+from trtllm_kit.quant.calib_size import calibration_device, calibration_memory, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
 from trtllm_kit.targets.base import EngineSetup
 
@@ -59,8 +59,11 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
     }
     if spec.quant_config().needs_calibration:
         size = choose_size(spec.quant_config(), calibration_device())
+        memory = calibration_memory(hf, size, spec.quant_config().calib_dtype)
         report["calibration"] = {"samples": size.samples, "seq_len": size.seq_len, "device": size.device,
-                                 "reason": size.reason}
+                                 "reason": size.reason, "dtype": spec.quant_config().calib_dtype,
+                                 "peak_bytes": memory.total_bytes, "layer_bytes": memory.layer_bytes,
+                                 "activation_bytes": memory.activation_bytes, "kv_bytes": memory.kv_bytes}
     own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
     if own is not None:  # no engine: the target's recipe, memory and serve command (llmapi)
         report[engine.target.name] = own
@@ -140,6 +143,10 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
     if report.get("calibration"):
         c = report["calibration"]
         console.print(f"Calibration: {c['samples']} windows x {c['seq_len']} tokens on {c['device']}: {c['reason']}",
+                      highlight=False, markup=False)
+        console.print(f"Calibration peak memory on {c['device']}: {c['peak_bytes'] / GIB:.2f} GiB, one decoder layer "
+                      f"at a time in {c['dtype']} (layer weights {c['layer_bytes'] / GIB:.2f} + activations "
+                      f"{c['activation_bytes'] / GIB:.2f} + one layer's KV {c['kv_bytes'] / GIB:.2f} GiB)",
                       highlight=False, markup=False)
     stages = Table("stage", "status", "why")
     for row in report["stages"]:

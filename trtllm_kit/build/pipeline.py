@@ -23,9 +23,9 @@ from trtllm_kit.build.engine import engine_stage, prepare_engine
 from trtllm_kit.build.repo_stage import repo_key_parts, repo_stage
 from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.checkpoint.convert import work_items
-from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
 from trtllm_kit.checkpoint.trtllm_config import precision_of, resolve_dtype
 from trtllm_kit.layout import Mapping, check_tp
+from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model
 from trtllm_kit.quant.calib_size import calibration_device, choose_size

@@ -18,17 +18,17 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from safetensors import safe_open
 
-from trtllm_kit.checkpoint.inspect import ModelSpec, TensorInfo, inspect_model
-from trtllm_kit.checkpoint.safetensors_io import FileSlice, SafetensorsWriter
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stage_rules
 from trtllm_kit.models.base import Slice, Split, WorkItem, source_name
+from trtllm_kit.models.inspect import ModelSpec, TensorInfo, inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.quant.checkpoint import QuantTransform
+from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 STORED_DTYPES = {**TORCH_DTYPES, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # layout names → torch

@@ -43,9 +43,12 @@ DEFAULT_PROMPT_LENGTHS = (1, 5, 16, 37)
 # of a model that scores worse than uniform/e (cross-entropy within 1 nat of log V, as random-weight models
 # and a model evaluated on text it was never trained on do) says nothing about the quantization, so it is
 # reported but not gated. KL and top-1 agreement are meaningful for every model.
-PERPLEXITY_BOUNDS = {"W8A16": 0.01, "FP8": 0.02, "SQ": 0.05, None: 0.01}
-KL_BOUNDS = {"W8A16": 0.02, "FP8": 0.2, "SQ": 0.1, None: 0.05}
-TOP1_BOUNDS = {"W8A16": 0.6, "FP8": 0.25, "SQ": 0.5, None: 0.6}
+# NVFP4 (4-bit weights, dequantized on the CPU): KL 0.28-0.32 and top-1 0.14-0.155 on tiny-llama/mistral/qwen2;
+# bounds at twice the worst KL and half the worst agreement; the perplexity change (not gated on these models,
+# measured -1.8 % to +1.5 %) held to 5 %.
+PERPLEXITY_BOUNDS = {"W8A16": 0.01, "FP8": 0.02, "SQ": 0.05, "NVFP4": 0.05, None: 0.01}
+KL_BOUNDS = {"W8A16": 0.02, "FP8": 0.2, "SQ": 0.1, "NVFP4": 0.65, None: 0.05}
+TOP1_BOUNDS = {"W8A16": 0.6, "FP8": 0.25, "SQ": 0.5, "NVFP4": 0.07, None: 0.6}
 PERPLEXITY_MARGIN_NATS = 1.0
 PERPLEXITY_WINDOW = 256
 PERPLEXITY_MAX_TOKENS = 2048

@@ -122,10 +122,10 @@ def verify(checkpoint: Path, hf_source: str | None, compute_dtype: str, as_json:
       trtllm-kit verify out/checkpoint --against builtin:tiny-llama
     """
     from trtllm_kit.artifact.files import checkpoint_dir
-    from trtllm_kit.checkpoint.inspect import resolve_model_path
     from trtllm_kit.checkpoint.verify import recorded_source, verify_checkpoint
     from trtllm_kit.errors import VerifyError
     from trtllm_kit.llmapi.load import unified_loader
+    from trtllm_kit.models.inspect import resolve_model_path
 
     hf_source = hf_source or recorded_source(checkpoint)
     ckpt = checkpoint_dir(checkpoint)

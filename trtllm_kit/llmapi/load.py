@@ -3,7 +3,8 @@
 The backend shards at load time (column/row splits of each HF tensor, KV heads duplicated when fewer than
 tp), fuses q/k/v and gate/up, and for FP8 gives a fused linear the largest of its parts' ``weight_scale`` and
 ``input_scale``, rescaling each part's e4m3 weights to it (``FP8QDQLinearMethod``); an FP8 KV cache runs with
-unit scales, whatever ``k_scale``/``v_scale`` say. The result here is the same per-rank tensors in the CPU
+unit scales, whatever ``k_scale``/``v_scale`` say. NVFP4 weights are dequantized (``e2m1 · weight_scale ·
+weight_scale_2``, float32) and run as plain linears. The result here is the same per-rank tensors in the CPU
 runtime's layout (``CheckpointModel``), so its TP partial sums and PP stages run as the GPUs would.
 """
 
@@ -19,14 +20,16 @@ from safetensors import safe_open
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.checkpoint.convert import work_items
-from trtllm_kit.checkpoint.inspect import ModelSpec, inspect_model
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, default_quantization, resolve_dtype
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
-from trtllm_kit.llmapi.quant_format import QUANT_CONFIG_FILE
+from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
 from trtllm_kit.models.base import Split
+from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.quant.fp8 import fp8_quantize
+from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
+from trtllm_kit.quant.prequantized import detect_prequantized
 from trtllm_kit.runtime.layers import LINEAR_WEIGHTS, prepare_weights
 from trtllm_kit.runtime.model import CheckpointModel
 
@@ -36,20 +39,19 @@ FUSED_PARTS = {"mlp.fc": ("gate_proj", "up_proj"), "mlp.gate": ("gate_proj", "up
 
 
 def read_quantization(ckpt_dir: Path) -> tuple[str | None, str | None]:
-    """(``quant_algo``, ``kv_cache_quant_algo``) of a unified checkpoint, from ``hf_quant_config.json``.
+    """(``quant_algo``, ``kv_cache_quant_algo``) of a unified checkpoint, from ``hf_quant_config.json`` or
+    ``config.json``'s ``quantization_config`` (ModelOpt's or compressed-tensors', ``quant/prequantized.py``).
 
     Arguments:
         ckpt_dir: the checkpoint directory.
     """
-    path = ckpt_dir / QUANT_CONFIG_FILE
-    if not path.is_file():
+    fmt = detect_prequantized(ckpt_dir)
+    if fmt is None:
         return None, None
-    quantization = json.loads(path.read_text()).get("quantization") or {}
-    algo, kv_algo = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
-    if algo not in (None, "FP8") or kv_algo not in (None, "FP8"):
-        raise CheckpointError(f"{path} has quant_algo {algo} / kv_cache_quant_algo {kv_algo}; the CPU runtime "
-                              "runs unquantized and FP8 unified checkpoints.")
-    return algo, kv_algo
+    if fmt.quant_algo not in ("FP8", "NVFP4") or fmt.strategy != "tensor":
+        raise CheckpointError(f"{ckpt_dir} is {fmt.label} ({fmt.declared_in}); the CPU runtime runs unquantized, "
+                              "per-tensor FP8 and NVFP4 unified checkpoints.")
+    return fmt.quant_algo, fmt.kv_cache_quant_algo
 
 
 def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
@@ -77,7 +79,11 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             info = model.tensors.get(name)
             if info is None:
                 raise CheckpointError(f"{ckpt_dir} lacks the tensor {name!r}; export the checkpoint again.")
-            return handles[info.path].get_tensor(name)
+            tensor = handles[info.path].get_tensor(name)
+            if algo == "NVFP4" and tensor.dtype == torch.uint8 and LAYER_LINEAR.match(name):
+                module = name.removesuffix(".weight")
+                return nvfp4_dequantize(tensor, read(f"{module}.weight_scale"), read(f"{module}.weight_scale_2"))
+            return tensor
 
         for item in work_items(model, mapping):
             parts = [read(name) for name in item.sources]
@@ -86,8 +92,8 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             scales: dict[str, torch.Tensor] = {}
             if is_fp8:
                 parts, scales = _fp8_group(model, item.sources, module, read)
-            else:
-                parts = [p.to(getattr(torch, dtype)) for p in parts]
+            elif algo != "NVFP4" or not item.rule.name.endswith(LINEAR_WEIGHTS):
+                parts = [p.to(getattr(torch, dtype)) for p in parts]  # (dequantized NVFP4 stays float32)
             for tp_rank in range(mapping.tp_size):
                 if item.rule.split is Split.QKV:
                     local = qkv_parts(parts, hf.num_key_value_heads, mapping.tp_size, tp_rank)

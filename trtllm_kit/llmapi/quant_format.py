@@ -1,5 +1,5 @@
 """Quantization of the unified checkpoint: which ``--quant``/``--kv-cache`` the PyTorch backend can load, the
-per-linear FP8 scales (ModelOpt's unified format), and the two places the format is declared:
+per-linear FP8 scales and NVFP4's fused groups (ModelOpt's unified format), and the two places the format is declared:
 ``hf_quant_config.json`` (nested shape, read first by TensorRT-LLM) and ``quantization_config`` in
 ``config.json`` (ModelOpt's flat inline shape). docs/llmapi-confirmed.md cites the upstream sources.
 """
@@ -23,8 +23,14 @@ BLOCK_ELEMENTS = 1 << 18  # 512 KiB of bf16 per block: the division, the sum and
 
 PRODUCER = "trtllm-kit"
 QUANT_CONFIG_FILE = "hf_quant_config.json"
-# the HF linears the FP8 format quantizes (per decoder layer); lm_head and every embedding stay unquantized
-LAYER_LINEAR = re.compile(r"^(model\.layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj))\.weight$")
+# the HF linears the formats quantize (per decoder layer; Phi-3's fused qkv_proj and gate_up_proj are one linear
+# each); lm_head and every embedding stay unquantized
+LAYER_LINEAR = re.compile(r"^(model\.layers\.\d+\.(?:self_attn\.(?:[qkvo]|qkv)_proj"
+                          r"|mlp\.(?:gate|up|down|gate_up)_proj))\.weight$")
+# linears that read one input, which the backend fuses into one GEMM: NVFP4 gives them one weight_scale_2 and one
+# input_scale (the largest amax of the group), as ModelOpt's export does; FP8 keeps a scale per linear
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+NVFP4_GROUP_SIZE = 16
 EXCLUDED_MODULES = ("lm_head", "model.embed_tokens")  # sorted, as ModelOpt lists them
 KV_SCALES = {"k_proj": "k_scale", "v_proj": "v_scale"}
 REFUSED = {
@@ -49,6 +55,17 @@ def check_llmapi_quant(config: QuantConfig) -> None:
         raise KitUsageError(REFUSED[config.quant])
     if config.kv_cache == "int8":
         raise KitUsageError(KV_REFUSED)
+
+
+def fused_group(module: str) -> list[str]:
+    """The HF linears fused with ``module`` (itself included), e.g. q/k/v of its layer.
+
+    Arguments:
+        module: an HF linear name (``model.layers.0.self_attn.k_proj``).
+    """
+    parent, _, leaf = module.rpartition(".")
+    group = next((g for g in FUSED_GROUPS if leaf in g), (leaf,))
+    return [f"{parent}.{name}" for name in group]
 
 
 def weight_scale(amax: torch.Tensor | float) -> torch.Tensor:
@@ -127,9 +144,11 @@ def hf_quant_config(config: QuantConfig) -> dict[str, Any]:
     Arguments:
         config: the build's quantization (already checked by ``check_llmapi_quant``).
     """
-    return {"producer": {"name": PRODUCER, "version": __version__},
-            "quantization": {"quant_algo": config.quant_algo, "kv_cache_quant_algo": config.kv_cache_quant_algo,
-                             "exclude_modules": list(EXCLUDED_MODULES) if config.quant_algo else None}}
+    quantization: dict[str, Any] = {"quant_algo": config.quant_algo, "kv_cache_quant_algo": config.kv_cache_quant_algo}
+    if config.quant_algo == "NVFP4":
+        quantization["group_size"] = NVFP4_GROUP_SIZE
+    quantization["exclude_modules"] = list(EXCLUDED_MODULES) if config.quant_algo else None
+    return {"producer": {"name": PRODUCER, "version": __version__}, "quantization": quantization}
 
 
 def inline_quantization_config(config: QuantConfig) -> dict[str, Any]:
@@ -139,9 +158,11 @@ def inline_quantization_config(config: QuantConfig) -> dict[str, Any]:
         config: the build's quantization.
     """
     fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+    scheme = fp8 if config.quant_algo == "FP8" else {"dynamic": False, "num_bits": 4, "type": "float",
+                                                      "group_size": NVFP4_GROUP_SIZE}
     inline: dict[str, Any] = {}
     if config.quant_algo:
-        inline["config_groups"] = {"group_0": {"input_activations": dict(fp8), "weights": dict(fp8),
+        inline["config_groups"] = {"group_0": {"input_activations": dict(scheme), "weights": dict(scheme),
                                                "targets": ["Linear"]}}
         inline["ignore"] = list(EXCLUDED_MODULES)
     inline["quant_algo"] = config.quant_algo

@@ -23,6 +23,7 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
+from trtllm_kit.quant.algos import NVFP4_MIN_SM
 from trtllm_kit.spec import BuildSpec
 
 GRAPH_OVERHEAD = 8 * 1024 * 1024  # static inputs/outputs and workspace of one captured decode graph (estimate)
@@ -109,6 +110,12 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
         sm = gpu.compute_capability if gpu else None
         notes.append("FP8 per-tensor GEMMs (static input scales from calibration)"
                      + ("; small-M batches use the CUDA-core FP8 GEMM on this GPU" if sm in ((8, 9), (12, 0)) else ""))
+    if precision.quant_algo == "NVFP4":
+        sm = gpu.compute_capability if gpu else None
+        where = "" if gpu is None or sm is None else (
+            f"; {gpu.name} is SM {sm[0]}.{sm[1]}" + (", which cannot run it" if sm < NVFP4_MIN_SM else ""))
+        notes.append(f"NVFP4 needs compute capability >= {NVFP4_MIN_SM[0]}.{NVFP4_MIN_SM[1]} (Blackwell){where}: "
+                     "FP4 GEMMs on packed e2m1 weights with e4m3 block scales")
     notes.append("iteration statistics on (enable_iter_perf_stats) for the nv_trt_llm_* gauges")
     return LlmapiRecipe(args, tuple(notes), plan, pool)
 

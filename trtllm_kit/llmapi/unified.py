@@ -4,7 +4,9 @@ TensorRT-LLM's PyTorch backend loads it (``HfWeightLoader``; TP/PP are applied a
 Each input safetensors file becomes one output shard with the same tensors in the same order, listed in
 ``model.safetensors.index.json``. A tensor kept in its dtype is copied file to file by the kernel (the
 converter's ``SafetensorsWriter``); with ``--quant fp8`` every decoder linear becomes e4m3 weights plus
-float32 scalar ``weight_scale`` and ``input_scale`` (ModelOpt's unified format), and ``--kv-cache fp8`` adds
+float32 scalar ``weight_scale`` and ``input_scale`` (ModelOpt's unified format), with ``--quant nvfp4`` packed
+e2m1 weights plus e4m3 block ``weight_scale``, float32 ``weight_scale_2`` and ``input_scale``
+(``quant/nvfp4.py``), and ``--kv-cache fp8`` adds
 ``k_proj.k_scale`` / ``v_proj.v_scale``. ``config.json`` (dtype and ``quantization_config`` updated),
 ``generation_config.json``, ``hf_quant_config.json`` and the tokenizer files complete the directory.
 """
@@ -22,24 +24,27 @@ from typing import Any
 import torch
 
 from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
-from trtllm_kit.checkpoint.inspect import ModelSpec
-from trtllm_kit.checkpoint.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
-from trtllm_kit.errors import CheckpointError
+from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.llmapi.quant_format import (
     KV_SCALES,
     LAYER_LINEAR,
+    NVFP4_GROUP_SIZE,
     QUANT_CONFIG_FILE,
     activation_scale,
     check_llmapi_quant,
+    fused_group,
     hf_quant_config,
     inline_quantization_config,
     quantize_weight,
     weight_scale,
 )
+from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import default_workers
 from trtllm_kit.quant.calibrate import CalibrationStats
+from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize_rows
+from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
 
 INDEX_FILE = "model.safetensors.index.json"
 F32 = torch.float32
@@ -49,13 +54,15 @@ OnTensor = Any  # (name, bytes read) -> None
 @dataclass(frozen=True)
 class Entry:
     """One output tensor: its name, dtype and shape, the HF tensor it comes from and how (``copy``, ``fp8``,
-    ``weight_scale``, ``input_scale``, ``k_scale``, ``v_scale``)."""
+    ``weight_scale``, ``input_scale``, ``k_scale``, ``v_scale``; NVFP4: ``nvfp4``, ``block_scale``,
+    ``weight_scale_2``, ``nvfp4_input_scale``)."""
 
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     source: str
     kind: str
+    rows: tuple[int, int] | None = None  # the output rows a k_scale / v_scale reads (of a fused qkv_proj)
 
 
 @dataclass(frozen=True)
@@ -91,20 +98,37 @@ def plan_entries(model: ModelSpec, dtype: torch.dtype, quant: QuantConfig) -> li
         if name in ignored:
             continue
         entries = by_file[info.path]
-        linear = LAYER_LINEAR.match(name) if quant.quant_algo == "FP8" else None
+        linear = LAYER_LINEAR.match(name) if quant.quant_algo in ("FP8", "NVFP4") else None
         if linear is None:
             keep = info.dtype if not info.dtype.is_floating_point else dtype
             entries.append(Entry(name, keep, info.shape, name, "copy"))
-        else:
+        elif quant.quant_algo == "FP8":
             module = linear.group(1)
             entries += [Entry(name, torch.float8_e4m3fn, info.shape, name, "fp8"),
                         Entry(f"{module}.weight_scale", F32, (), name, "weight_scale"),
                         Entry(f"{module}.input_scale", F32, (), name, "input_scale")]
+        else:
+            module, (rows, cols) = linear.group(1), info.shape
+            if cols % NVFP4_GROUP_SIZE:
+                raise KitUsageError(f"--quant nvfp4 quantizes blocks of {NVFP4_GROUP_SIZE} input features, but {name} "
+                                    f"has {cols}; choose --quant fp8 for this model.")
+            entries += [Entry(name, torch.uint8, (rows, cols // 2), name, "nvfp4"),
+                        Entry(f"{module}.weight_scale", torch.float8_e4m3fn, (rows, cols // NVFP4_GROUP_SIZE), name,
+                              "block_scale"),
+                        Entry(f"{module}.weight_scale_2", F32, (), name, "weight_scale_2"),
+                        Entry(f"{module}.input_scale", F32, (), name, "nvfp4_input_scale")]
         proj = name.removesuffix(".weight").rsplit(".", 1)[-1]
         if quant.kv_cache_quant_algo == "FP8" and name.endswith(".weight") and proj in KV_SCALES \
                 and ".self_attn." in name:
             module = name.removesuffix(".weight")
             entries.append(Entry(f"{module}.{KV_SCALES[proj]}", F32, (), name, KV_SCALES[proj]))
+        if quant.kv_cache_quant_algo == "FP8" and name.endswith(".self_attn.qkv_proj.weight"):
+            # Phi-3's fused projection: the scales under the unfused names, from the k and v rows of its output
+            attn, hf = name.removesuffix(".qkv_proj.weight"), model.hf
+            q_rows, kv_rows = hf.num_attention_heads * hf.head_dim, hf.num_key_value_heads * hf.head_dim
+            entries += [Entry(f"{attn}.k_proj.k_scale", F32, (), name, "k_scale", (q_rows, q_rows + kv_rows)),
+                        Entry(f"{attn}.v_proj.v_scale", F32, (), name, "v_scale",
+                              (q_rows + kv_rows, q_rows + 2 * kv_rows))]
     return [by_file[path] for path in model.weight_files]
 
 
@@ -115,7 +139,11 @@ def _scale(entry: Entry, stats: CalibrationStats | None) -> torch.Tensor:
         return weight_scale(stats.get("w", module).max())
     if entry.kind == "input_scale":
         return activation_scale(stats.get("x", module).max())
-    return activation_scale(stats.get("y", module).max())  # k_scale / v_scale: amax of the k / v projection output
+    if entry.kind in ("weight_scale_2", "nvfp4_input_scale"):  # one amax for the linears fused with it
+        kind = "w" if entry.kind == "weight_scale_2" else "x"
+        return global_scale(torch.stack([stats.get(kind, m).max() for m in fused_group(module)]).max())
+    output = stats.get("y", module)  # k_scale / v_scale: amax of the k / v projection output
+    return activation_scale((output if entry.rows is None else output[entry.rows[0]:entry.rows[1]]).max())
 
 
 def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: QuantConfig | None = None,
@@ -169,13 +197,25 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                     while len(pending) > 2:
                         pending.pop(0).result()
 
+                block_scales: dict[str, torch.Tensor] = {}  # NVFP4: the weight's block scales, written next
                 try:
                     for entry in entries:
-                        if entry.kind not in ("copy", "fp8"):
+                        if entry.kind == "block_scale":
+                            write(entry.name, block_scales.pop(entry.source))
+                            continue
+                        if entry.kind not in ("copy", "fp8", "nvfp4"):
                             write(entry.name, _scale(entry, stats).reshape(entry.shape))
                             continue
                         original = reader.read(entry.source)
-                        if entry.kind == "fp8":
+                        if entry.kind == "nvfp4":
+                            scale_2 = _scale(Entry(entry.name, F32, (), entry.source, "weight_scale_2"), stats)
+                            weight = original.to(target)
+                            if not bool(weight.isfinite().all()):
+                                check_finite(entry.source, original, original, resolved)
+                            packed, block_scales[entry.source] = nvfp4_quantize_rows(weight, scale_2, pool, workers)
+                            write(entry.name, packed)
+                            quantized.append(entry.source.removesuffix(".weight"))
+                        elif entry.kind == "fp8":
                             assert stats is not None, "checked above: FP8 needs calibration statistics"
                             module = entry.source.removesuffix(".weight")
                             scale = weight_scale(stats.get("w", module).max())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.enums import KVCache, Quant
+from trtllm_kit.enums import CalibDtype, KVCache, Quant
 from trtllm_kit.errors import KitUsageError
 
 QUANT_CHOICES = Quant.values()
@@ -28,6 +28,14 @@ VALID_COMBINATIONS: dict[str, tuple[str, ...]] = {
     "int8-wo": ("auto", "int8"),
     "int8-sq": ("auto", "int8"),
     "fp8": ("auto", "fp8"),
+    "nvfp4": ("auto", "fp8"),
+}
+NVFP4_MIN_SM = (10, 0)  # FP4 tensor cores: Blackwell
+# --quant values only the llmapi target exports (ModelOpt's unified format), and why elsewhere they are refused
+LLMAPI_ONLY = {
+    "nvfp4": "--quant nvfp4 is exported for --target llmapi only (ModelOpt's unified format, which TensorRT-LLM's "
+             "PyTorch backend serves on Blackwell GPUs, compute capability >= 10.0); build with --target llmapi "
+             "or choose --quant fp8 for the {target} target.",
 }
 DEFAULT_CALIB_SEED = 1234
 DEFAULT_SMOOTHQUANT_ALPHA = 0.5
@@ -68,6 +76,7 @@ class QuantConfig:
     calib_samples: int | None = None  # None: sized by the device (quant/calib_size.py)
     calib_seq_len: int | None = None
     calib_seed: int = DEFAULT_CALIB_SEED
+    calib_dtype: str = CalibDtype.BFLOAT16.value
 
     def __post_init__(self) -> None:
         check_combination(self.quant, self.kv_cache)
@@ -83,6 +92,7 @@ class QuantConfig:
                 raise KitUsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}.")
         if isinstance(self.calib_seed, bool) or not isinstance(self.calib_seed, int):
             raise KitUsageError(f"--calib-seed must be an integer, got {self.calib_seed!r}.")
+        object.__setattr__(self, "calib_dtype", str(CalibDtype.parse("--calib-dtype", self.calib_dtype)))
         if self.calib_data is not None:
             object.__setattr__(self, "calib_data", Path(self.calib_data))
 
@@ -93,7 +103,7 @@ class QuantConfig:
             return "W8A16"
         if self.quant == "int8-sq":
             return SQ_ALGOS[(self.per_channel, self.per_token)]
-        return "FP8" if self.quant == "fp8" else None
+        return {"fp8": "FP8", "nvfp4": "NVFP4"}.get(self.quant)
 
     @property
     def kv_cache_quant_algo(self) -> str | None:
@@ -105,8 +115,9 @@ class QuantConfig:
 
     @property
     def needs_calibration(self) -> bool:
-        """Every algorithm except W8A16 needs activation ranges, and so does any KV-cache quantization."""
-        return self.quant in ("int8-sq", "fp8") or self.kv_cache_quant_algo is not None
+        """Every algorithm except W8A16 needs activation ranges (NVFP4 for its global input and weight scales),
+        and so does any KV-cache quantization."""
+        return self.quant in ("int8-sq", "fp8", "nvfp4") or self.kv_cache_quant_algo is not None
 
     def quantization_block(self) -> dict[str, Any]:
         """The ``quantization`` object of the checkpoint ``config.json`` (portable keys only,
@@ -119,7 +130,17 @@ class QuantConfig:
         """What decides the calibration statistics (for the manifest and the stats' sidecar)."""
         return {"calib_data": str(self.calib_data) if self.calib_data else "builtin:corpus",
                 "calib_samples": self.calib_samples, "calib_seq_len": self.calib_seq_len,
-                "calib_seed": self.calib_seed}
+                "calib_seed": self.calib_seed, "calib_dtype": self.calib_dtype}
+
+
+def check_target(config: QuantConfig, target: str) -> None:
+    """Refuse a ``--quant`` that only another target exports, in one sentence.
+
+    Arguments:
+        config: the quantization; target: the build's target name.
+    """
+    if config.quant in LLMAPI_ONLY and target != "llmapi":
+        raise KitUsageError(LLMAPI_ONLY[config.quant].format(target=target))
 
 
 def check_model(config: QuantConfig, num_kv_heads: int, tp_size: int) -> None:

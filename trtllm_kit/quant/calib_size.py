@@ -1,24 +1,30 @@
 """How much text calibration runs over when the user does not say: sized by the device that runs it.
 
 On a GPU the default is upstream's (``docs/trtllm-checkpoint.md`` §6: 512 samples × 512 tokens, as TensorRT-LLM's
-and ModelOpt's quantization scripts have it). On a CPU that is 262,144 tokens through a float32 forward pass:
-``benchmarks/calibration.py`` measures about ``CPU_SECONDS_PER_TOKEN_7B`` per token for a 7B-class model on the
-2-core reference machine (extrapolated from one- and four-layer models of Llama-2-7B's shape: t(L) = a + b·L at
+and ModelOpt's quantization scripts have it). On a CPU that is 262,144 tokens through a forward pass:
+``benchmarks/calibration.py`` measured about ``CPU_SECONDS_PER_TOKEN_7B`` per token for a 7B-class model in float32
+on the 2-core reference machine (extrapolated from one- and four-layer models of Llama-2-7B's shape: t(L) = a + b·L at
 L = 32), i.e. about 84 hours; the CPU default keeps it to about 20 minutes (and a built-in model's to seconds,
 where the GPU default took 3-12 minutes). ``--calib-samples`` / ``--calib-seq-len`` given explicitly always win,
-on either device.
+on either device. ``calibration_memory`` is the peak a layer-streamed calibration holds (``layer_stream.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from trtllm_kit.quant.algos import QuantConfig
+
+if TYPE_CHECKING:
+    from trtllm_kit.models.hf_config import HFConfig
 
 GPU_SAMPLES, GPU_SEQ_LEN = 512, 512  # upstream's calib_size × calib_max_seq_length
 CPU_SAMPLES, CPU_SEQ_LEN = 16, 64  # 1,024 tokens: about 20 min for a 7B model, 1-3 s for the built-in models
 CPU_SECONDS_PER_TOKEN_7B = 1.16  # benchmarks/calibration.py on the shared 2-core reference machine (extrapolated)
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
+GPU_BATCH_SIZE = 8  # windows per forward pass on a GPU; one on a CPU, where batching gains little
 
 @dataclass(frozen=True)
 class CalibSize:
@@ -87,3 +93,31 @@ def sized(config: QuantConfig, size: CalibSize) -> QuantConfig:
         config: the quantization; size: from ``choose_size``.
     """
     return replace(config, calib_samples=size.samples, calib_seq_len=size.seq_len)
+
+
+@dataclass(frozen=True)
+class CalibMemory:
+    """The peak memory of a layer-streamed calibration (``layer_stream.py``), by part, in bytes."""
+
+    layer_bytes: int       # one decoder layer's weights in the compute dtype
+    activation_bytes: int  # every window's hidden state: samples x seq_len x hidden x dtype
+    kv_bytes: int          # one layer's keys and values over one batch of windows
+
+    @property
+    def total_bytes(self) -> int:
+        return self.layer_bytes + self.activation_bytes + self.kv_bytes
+
+
+def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str) -> CalibMemory:
+    """What a layer-streamed calibration of ``hf`` holds at its peak.
+
+    Arguments:
+        hf: the model's config; size: the calibration size (its device decides the batch); dtype: the compute
+        dtype (``bfloat16`` or ``float32``).
+    """
+    per = DTYPE_BYTES[dtype]
+    h, d = hf.hidden_size, hf.head_dim
+    layer = h * d * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads) + 3 * h * hf.intermediate_size + 2 * h
+    batch = 1 if size.device == "cpu" else min(size.samples, GPU_BATCH_SIZE)
+    kv = 2 * batch * size.seq_len * hf.num_key_value_heads * d
+    return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per)

@@ -1,6 +1,7 @@
-"""Calibration (``docs/trtllm-checkpoint.md`` §6): forward hooks on the ``transformers`` model record per-channel
-amax of every linear layer's input and output over seeded samples of a text corpus; the weights' per-row and
-per-column amax come along.
+"""Calibration (``docs/trtllm-checkpoint.md`` §6): the model runs one decoder layer at a time
+(``layer_stream.py``), and forward hooks on each layer's linears record per-channel amax of their input and output
+over seeded samples of a text corpus; the weights' per-row and per-column amax come along. The compute dtype is
+bfloat16 unless ``--calib-dtype float32`` (as ModelOpt, which calibrates in the model's dtype).
 
 The text is the corpus shipped with the package (``trtllm_kit/data/corpus.txt``) or ``--calib-data FILE``
 (``.txt``: one text per non-empty line; ``.jsonl``: one object with a ``"text"`` string per line). All texts are
@@ -24,18 +25,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.blocks import col_amax, row_amax
-from trtllm_kit.quant.calib_size import calibration_device, choose_size, sized
+from trtllm_kit.quant.calib_size import GPU_BATCH_SIZE, calibration_device, choose_size, sized
+from trtllm_kit.quant.layer_stream import LAYER_PREFIX, LayerStream
 
 STATS_FILE = "stats.safetensors"
 PARAMS_FILE = "calibration.json"
 KINDS = ("x", "y", "w", "wc")  # input per in-channel, output per out-channel, weight per row, weight per column
-BATCH_SIZE = 8  # windows per forward pass on a GPU; one on a CPU, where batching gains little and the ETA
-# would move only every 8 windows
+CALIB_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass
@@ -192,7 +192,7 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
     config = sized(config, size)
     reporter.note(f"calibrate: {size.samples} windows x {size.seq_len} tokens on {device}: {size.reason}")
     windows = token_windows(model_path, config)
-    stats = collect_stats(model_path, windows, reporter, device)
+    stats = collect_stats(model_path, windows, reporter, device, CALIB_DTYPES[config.calib_dtype])
     source = config.calib_data or corpus_path()
     stats.params = {**config.calibration_params(), **stats.params, "size_reason": size.reason,
                     "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
@@ -201,56 +201,59 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
 
 
 def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter | None = None,
-                  device: str | None = None) -> CalibrationStats:
-    """Forward hooks on every linear layer (``lm_head`` excluded) of the HF model, float32, eval, no grad.
+                  device: str | None = None, dtype: torch.dtype = torch.bfloat16) -> CalibrationStats:
+    """Stream the model a decoder layer at a time (``layer_stream.py``) over the windows, with forward hooks on
+    every linear layer of the layer; the weights' amax comes from the stored tensors (exact in any compute dtype).
+    ``lm_head`` is never run. Inference only, no grad.
 
     Arguments:
         model_path: the HF model directory; windows: token-id lists (equal lengths batch together);
-        reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``).
+        reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``);
+        dtype: the compute dtype.
     """
-    device = device or calibration_device()
-    model = load_causal_lm(model_path, torch.float32).to(device)
-    return collect_model_stats(model, windows, reporter, device)
+    from trtllm_kit.models.inspect import inspect_model
 
-
-def collect_model_stats(model: torch.nn.Module, windows: list[list[int]], reporter: Reporter | None = None,
-                        device: str = "cpu") -> CalibrationStats:
-    """``collect_stats`` on a model already loaded on ``device`` (float32, eval).
-
-    Arguments:
-        model: the causal LM; windows: token-id lists; reporter: progress; device: where the model is.
-    """
     reporter = reporter or Reporter()
-    stats = CalibrationStats()
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
-            stats.add_weight(name, module.weight)
-            handles.append(module.register_forward_hook(_recorder(stats, name)))
-    per_batch = 1 if device == "cpu" else BATCH_SIZE
+    device = device or calibration_device()
+    stream = LayerStream(inspect_model(str(model_path), allow_pickle=True), dtype, device)
+    per_batch = 1 if device == "cpu" else GPU_BATCH_SIZE
     batches = [windows[i:i + per_batch] for i in range(0, len(windows), per_batch)]
-    total = sum(len(w) for w in windows)
-    try:
-        with torch.no_grad(), reporter.task("calibrate", total, unit="tokens") as advance:
-            started, done = time.perf_counter(), 0
-            for number, batch in enumerate(batches):
-                model(torch.tensor(batch, dtype=torch.int64, device=device))
-                advance(sum(len(w) for w in batch))
-                done += sum(len(w) for w in batch)
-                if number == 0 and len(batches) > 1:
-                    reporter.note(eta_note(done, total, time.perf_counter() - started))
-    finally:
-        for handle in handles:
-            handle.remove()
-    stats.params = {"num_windows": len(windows), "num_tokens": sum(len(w) for w in windows), "device": device}
+    stats = CalibrationStats()
+    num_tokens = sum(len(w) for w in windows)
+    total = num_tokens * stream.num_layers
+    with torch.no_grad(), reporter.task("calibrate", total, unit="tokens") as advance:
+        hidden = [stream.embed(batch) for batch in batches]
+        started = time.perf_counter()
+        for index in range(stream.num_layers):
+            weights = stream.layer_weights(index)
+            layer = stream.build_layer(index, weights)
+            prefix = LAYER_PREFIX.format(index)
+            handles = []
+            for sub, module in layer.named_modules():
+                if isinstance(module, torch.nn.Linear):
+                    stats.add_weight(prefix + sub, weights[f"{sub}.weight"])
+                    handles.append(module.register_forward_hook(_recorder(stats, prefix + sub)))
+            del weights
+            try:
+                for number, batch in enumerate(hidden):
+                    hidden[number] = stream.run(layer, batch)
+                    advance(batch.shape[0] * batch.shape[1])
+            finally:
+                for handle in handles:
+                    handle.remove()
+            del layer
+            if index == 0 and stream.num_layers > 1:
+                reporter.note(eta_note(num_tokens, total, time.perf_counter() - started))
+    stats.params = {"num_windows": len(windows), "num_tokens": num_tokens, "device": device,
+                    "dtype": str(dtype).removeprefix("torch.")}
     return stats
 
 
 def eta_note(done: int, total: int, seconds: float) -> str:
-    """One line for the build log after the first batch: the rate and the time the rest will take.
+    """One line for the build log after the first layer: the rate and the time the rest will take.
 
     Arguments:
-        done: tokens calibrated so far; total: tokens in all; seconds: time they took.
+        done: tokens through layers so far; total: tokens times layers; seconds: time they took.
     """
     rate = done / seconds if seconds > 0 else float("inf")
     left = (total - done) / rate if rate > 0 else 0.0

@@ -25,7 +25,8 @@ from trtllm_kit.quant.kv import kv_round_trip
 ROPE_TYPES = ("linear", "dynamic", "llama3")
 Weights = dict[str, torch.Tensor]
 QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
-               "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN")
+               "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
+               "NVFP4")  # NVFP4: the loader dequantizes the weights, which then run as plain linears
 KV_ALGOS = (None, "INT8", "FP8")
 LINEAR_WEIGHTS = tuple(f"{module}.weight" for module in LINEARS)
 SCALE_SUFFIXES = ("scale_to_int", "per_channel_scale", "act_scale", "smoother", "quantization_scaling_factor",

@@ -17,7 +17,7 @@ from trtllm_kit.defaults import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_TOKENS_PER_BLOCK,
 )
-from trtllm_kit.enums import Dtype, KVCache, Quant, Server, Stage, Target
+from trtllm_kit.enums import CalibDtype, Dtype, KVCache, Quant, Server, Stage, Target
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.option import check_declared, option
 from trtllm_kit.quant.algos import (
@@ -118,6 +118,9 @@ class QuantOptions:
         "Tokens per window (default: 512 on a GPU; 64 on a CPU).", "--calib-seq-len"))
     calib_seed: int = field(default=DEFAULT_CALIB_SEED, metadata=option(
         "Seed of the window offsets.", "--calib-seed"))
+    calib_dtype: CalibDtype = field(default=CalibDtype.BFLOAT16, metadata=option(
+        "Dtype calibration computes in (bfloat16, as ModelOpt; float32 for ranges free of bfloat16 rounding).",
+        "--calib-dtype"))
 
     def __post_init__(self) -> None:
         check_declared(self, "quant")
@@ -129,7 +132,7 @@ class QuantOptions:
                            per_channel=self.per_channel, per_token=self.per_token,
                            calib_data=Path(self.calib_data) if self.calib_data else None,
                            calib_samples=self.calib_samples, calib_seq_len=self.calib_seq_len,
-                           calib_seed=self.calib_seed)
+                           calib_seed=self.calib_seed, calib_dtype=self.calib_dtype)
 
 
 @dataclass(frozen=True)

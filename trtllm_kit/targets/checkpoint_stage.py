@@ -17,7 +17,7 @@ from trtllm_kit.targets.base import BuildContext
 # Conversion, calibration and verification import torch; the registry imports this module, and serve and the CLI
 # import the registry, so those modules are imported where a stage runs.
 if TYPE_CHECKING:
-    from trtllm_kit.checkpoint.inspect import ModelSpec
+    from trtllm_kit.models.inspect import ModelSpec
     from trtllm_kit.quant.calibrate import CalibrationStats
 
 VERIFY_MAX_PARAMETERS = 500_000_000

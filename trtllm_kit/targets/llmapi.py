@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import CheckpointRecord, EngineLimits, EngineRecord, RepoRecord
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.enums import GroupLaunch
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.llmapi.plan_report import llmapi_plan
@@ -29,6 +30,9 @@ from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
 from trtllm_kit.targets.checkpoint_stage import calibration_stats, copy_tokenizer, run_verify, should_verify
+
+if TYPE_CHECKING:  # the format check imports torch; the target registry stays torch-free for a fast CLI start
+    from trtllm_kit.quant.prequantized import PreQuantized
 
 
 class LlmapiTarget(Target):
@@ -64,10 +68,15 @@ class LlmapiTarget(Target):
         """The unified HF checkpoint (calibrated for FP8), the tokenizer, and a CPU verify for small models."""
         from trtllm_kit.llmapi.quant_format import hf_quant_config  # torch
         from trtllm_kit.llmapi.unified import write_unified  # torch
+        from trtllm_kit.quant.prequantized import detect_prequantized  # torch
 
         quant = ctx.spec.quant_config()
-        stats = calibration_stats(ctx)
         ckpt_dir = ctx.out / CHECKPOINT_DIR
+        fmt = detect_prequantized(ctx.model.path)
+        if fmt is not None:
+            self._copy_prequantized(ctx, fmt)
+            return
+        stats = calibration_stats(ctx)
         ckpt_dir.mkdir()
         with ctx.reporter.task("export", ctx.model.weight_bytes) as advance:
             result = write_unified(ctx.model, ckpt_dir, ctx.spec.build.dtype, quant, stats, lambda _n, b: advance(b))
@@ -82,6 +91,26 @@ class LlmapiTarget(Target):
             ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter,
                                             load=lambda dtype: load_unified(ckpt_dir, ctx.mapping, dtype))
             ctx.timings["verify"] = time.perf_counter() - t0
+
+    def _copy_prequantized(self, ctx: BuildContext, fmt: PreQuantized) -> None:
+        """A pre-quantized input is the checkpoint as it is: checked, copied, not verified against transformers
+        (which cannot load every such format; the bytes are the input's)."""
+        from trtllm_kit.llmapi.passthrough import copy_prequantized  # torch
+
+        if ctx.spec.quant_config().is_quantized:
+            raise KitUsageError(f"{ctx.model.source} is already quantized ({fmt.label}, {fmt.declared_in}); the "
+                                "llmapi target serves it as it is: drop --quant and --kv-cache.")
+        ckpt_dir = ctx.out / CHECKPOINT_DIR
+        ckpt_dir.mkdir()
+        ctx.reporter.note(f"export: {fmt.label} input ({fmt.declared_in}): copied as it is")
+        with ctx.reporter.task("export", ctx.model.weight_bytes) as advance:
+            result = copy_prequantized(ctx.model, ckpt_dir, fmt)
+            advance(result.bytes_read)
+        copy_tokenizer(ctx.model, ctx.out / "tokenizer")
+        ctx.records.checkpoint = CheckpointRecord(
+            dir=CHECKPOINT_DIR, dtype=result.dtype, **ctx.mapping.to_dict(),
+            quantization={"quant_algo": fmt.quant_algo, "kv_cache_quant_algo": fmt.kv_cache_quant_algo,
+                          "input": fmt.label})
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """Nothing to compile: write the ``trtllm-serve`` configuration and record its command line."""

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from trtllm_kit.checkpoint.safetensors_io import DTYPES_BY_CODE, read_layout
 from trtllm_kit.errors import ModelError
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.names import TOKENIZER_FILES
+from trtllm_kit.safetensors_io import DTYPES_BY_CODE, read_layout
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
