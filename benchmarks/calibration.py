@@ -1,12 +1,13 @@
-"""Calibration throughput on this machine's CPU: tokens/s of the kit's calibration pass (float32 forward with
-the amax hooks on every linear layer) on the built-in models, and what it means for a 7B-class model.
+"""Calibration throughput on this machine's CPU: tokens/s of the kit's calibration pass (the model streamed one
+decoder layer at a time from its safetensors, bfloat16 compute, the amax hooks on every linear layer) on the
+built-in models, and what it means for a 7B-class model.
 
 The 7B figure is an extrapolation, not a run of a 7B model: one- and four-layer models of Llama-2-7B's shape
 (hidden 4096, intermediate 11008, 32 heads, vocabulary 32000, random weights, float32) are calibrated over the same
-windows (the fastest of ``--repeats`` runs, the machine being shared); seconds per token t(L) = a + b·L (a:
+windows (the fastest of ``--repeats`` runs, the machine being shared; each written to a temporary directory in
+bfloat16 first, as calibration reads it from disk); seconds per token t(L) = a + b·L (a:
 embedding and lm_head, b: one decoder layer) give t(32) = t(1) + 31·(t(4) − t(1)) / 3 for the 32 layers of a 7B
-model. (A 7B model in float32 needs 28 GB, more than
-the 24 GiB of the reference machine: the figure is the compute time, where the memory would allow it.)
+model (whose streamed calibration needs one layer's weights, not the model's).
 
     python benchmarks/calibration.py [--windows 2] [--seq-len 128] [--repeats 3] [--json]
 """
@@ -16,40 +17,44 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from trtllm_kit.models.builtin import BUILTIN_MODELS, builtin_dir
-from trtllm_kit.models.hf_model import load_causal_lm
+from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.quant.calib_size import CPU_SAMPLES, CPU_SEQ_LEN, GPU_SAMPLES, GPU_SEQ_LEN
-from trtllm_kit.quant.calibrate import collect_model_stats
+from trtllm_kit.quant.calibrate import collect_stats
 
 LLAMA_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 32,
             "vocab_size": 32000, "max_position_embeddings": 4096}
 LAYERS_7B = 32
 
 
-def seconds_per_token(model: torch.nn.Module, windows: int, seq_len: int, vocab: int, repeats: int = 1) -> float:
-    """Calibrate ``model`` over random windows (one warm-up window first); the fastest run's seconds per token."""
+def seconds_per_token(model_path: Path, windows: int, seq_len: int, vocab: int, repeats: int = 1) -> float:
+    """Calibrate the model in ``model_path`` over random windows (one warm-up window first); the fastest run's
+    seconds per token."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (windows + 1, seq_len), generator=generator).tolist()
-    collect_model_stats(model, ids[:1])
+    collect_stats(model_path, ids[:1])
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
-        collect_model_stats(model, ids[1:])
+        collect_stats(model_path, ids[1:])
         best = min(best, (time.perf_counter() - started) / (windows * seq_len))
     return best
 
 
-def llama_7b_shaped(layers: int) -> torch.nn.Module:
-    """A Llama model of 7B's shape with ``layers`` decoder layers and random weights (float32, eval)."""
+def llama_7b_shaped(layers: int, directory: Path) -> Path:
+    """A Llama model of 7B's shape with ``layers`` decoder layers and random weights, saved in bfloat16."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **LLAMA_7B)).float().eval()
+    LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **LLAMA_7B)).to(torch.bfloat16).save_pretrained(directory)
+    return directory
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -62,14 +67,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"threads": torch.get_num_threads(), "windows": args.windows, "seq_len": args.seq_len,
                               "load_average_1min": os.getloadavg()[0], "builtin": {}}
     for name in BUILTIN_MODELS:
-        model = load_causal_lm(builtin_dir(name), torch.float32)
-        params = sum(p.numel() for p in model.parameters())
-        t = seconds_per_token(model, 8, args.seq_len, model.config.vocab_size, args.repeats)
-        report["builtin"][name] = {"parameters": params, "tokens_per_s": round(1 / t, 1)}
-        del model
+        hf = read_hf_config(builtin_dir(name))
+        t = seconds_per_token(builtin_dir(name), 8, args.seq_len, hf.vocab_size, args.repeats)
+        report["builtin"][name] = {"parameters": hf.num_parameters, "tokens_per_s": round(1 / t, 1)}
     vocab = LLAMA_7B["vocab_size"]
-    t1 = seconds_per_token(llama_7b_shaped(1), args.windows, args.seq_len, vocab, args.repeats)
-    t4 = seconds_per_token(llama_7b_shaped(4), args.windows, args.seq_len, vocab, args.repeats)
+    with tempfile.TemporaryDirectory() as work:
+        t1 = seconds_per_token(llama_7b_shaped(1, Path(work) / "l1"), args.windows, args.seq_len, vocab, args.repeats)
+        t4 = seconds_per_token(llama_7b_shaped(4, Path(work) / "l4"), args.windows, args.seq_len, vocab, args.repeats)
     t32 = t1 + (LAYERS_7B - 1) * (t4 - t1) / 3
     report["llama_7b_shape"] = {"s_per_token_1_layer": round(t1, 5), "s_per_token_4_layers": round(t4, 5),
                                 "s_per_token_32_layers_extrapolated": round(t32, 4),

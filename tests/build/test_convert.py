@@ -33,7 +33,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from trtllm_kit.checkpoint import safetensors_io
+from trtllm_kit import safetensors_io
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.safetensors_io import SafetensorsWriter
