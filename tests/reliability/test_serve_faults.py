@@ -109,7 +109,7 @@ def test_stop_is_quick_and_stopping_nothing_is_fine(artifact_copy: Path) -> None
     result = stop_serving(artifact_copy)
     stopped = time.perf_counter() - started
     assert result == {"pid": state["pid"], "forced": False}
-    # about 2.5 s idle (Triton polls its models once a second while unloading); the bound is a hang guard only
+    # about 2 s idle (benchmarks/serve_start.py); the bound is a hang guard only
     assert stopped < HANG_S, stopped
     assert "Signal (15) received" in server_log(artifact_copy)  # asked to leave: a graceful stop
     wait_gone(state, timeout_s=HANG_S)
