@@ -229,7 +229,7 @@ def agreement(args: argparse.Namespace, work: Path, figures: Figures) -> None:
     on the kit's own OpenAI frontend serving the built-in tiny Llama on the CPU runtime."""
     from trtllm_kit.build.pipeline import run_build
     from trtllm_kit.models.builtin import builtin_dir
-    from trtllm_kit.serve.launcher import free_endpoints, free_port
+    from trtllm_kit.serve.server.launcher import free_endpoints, free_port
     from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
     from trtllm_kit.spec import build_spec
 

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtllm_kit.build.pipeline import run_build  # noqa: E402
-from trtllm_kit.serve.launcher import free_endpoints, free_port  # noqa: E402
-from trtllm_kit.serve.reload import request_reload  # noqa: E402
+from trtllm_kit.serve.fleet.reload import request_reload  # noqa: E402
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving  # noqa: E402
 from trtllm_kit.spec import build_spec  # noqa: E402
 

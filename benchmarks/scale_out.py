@@ -26,7 +26,7 @@ import torch
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.prometheus import LocalPrometheus
-from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import build_spec
 

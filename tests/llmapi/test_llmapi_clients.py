@@ -24,7 +24,7 @@ from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import read_summary
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import SamplingParams
-from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

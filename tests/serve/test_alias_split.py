@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.routes import Alias
+from trtllm_kit.serve.openai.routes import Alias
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import build_spec
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.launcher import free_port
-from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.app import OpenAIConfig, OpenAIFrontend, start_frontend
+from trtllm_kit.serve.server.launcher import free_port
 
 MODEL = "m"
 

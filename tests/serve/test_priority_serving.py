@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.openai_protocol import RequestError, parse_sampling, trtllm_priority
+from trtllm_kit.serve.openai.protocol import RequestError, parse_sampling, trtllm_priority
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import build_spec
 

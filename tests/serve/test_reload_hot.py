@@ -16,10 +16,10 @@ import torch
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.reload import request_reload
+from trtllm_kit.serve.fleet.reload import request_reload
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.serve.state import read_state, run_dir, serving_pid
 from trtllm_kit.spec import build_spec
 
 MODEL = "builtin:tiny-llama"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve import locate
-from trtllm_kit.serve.locate import locate_tritonserver
+from trtllm_kit.serve.server import locate
+from trtllm_kit.serve.server.locate import locate_tritonserver
 
 
 def fake_install(root: Path) -> Path:

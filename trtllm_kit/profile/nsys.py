@@ -16,7 +16,7 @@ from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile.bench import run_bench_async
-from trtllm_kit.serve.process import kit_environment
+from trtllm_kit.serve.server.process import kit_environment
 
 STATS_REPORTS = ("cuda_gpu_kern_sum", "cuda_api_sum", "nvtx_sum", "cuda_gpu_mem_time_sum")
 KERNEL_CATEGORIES = (("all_reduce", r"nccl|allreduce|all_reduce"), ("attention", r"mmha|fmha|attention|xqa|flash"),

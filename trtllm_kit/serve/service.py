@@ -1,6 +1,6 @@
 """``trtllm-kit serve OUT [OUT ...]``: launch, wait, run the frontend, reload on request, shut down.
 
-Several OUTs are served by one tritonserver from one working repository (``serve/members.py``). The first OUT
+Several OUTs are served by one tritonserver from one working repository (``serve/fleet/members.py``). The first OUT
 owns the serve's run directory (the working repository, the logs, the reload requests); every OUT's run directory
 gets the pid file and the state, so ``stop`` and ``reload`` take any of them and a rebuild into any of them is
 refused while it is served.
@@ -27,21 +27,21 @@ from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S, DEFAULT_READY_TIMEOUT
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.compat import Servable, servable
-from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
-from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers, launch_argv
-from trtllm_kit.serve.locate import locate_tritonserver
-from trtllm_kit.serve.members import parse_names, plan_members, route, working_repository
-from trtllm_kit.serve.merge import TRTLLM_MODEL
-from trtllm_kit.serve.process import TritonProcess
-from trtllm_kit.serve.reaper import Reaper
-from trtllm_kit.serve.reload import REQUESTS_DIR
-from trtllm_kit.serve.routes import Alias, Route, check_aliases
-from trtllm_kit.serve.running import Server, Watch, drop_idle_ensemble, route_state
-from trtllm_kit.serve.state import TOKEN_FILE, claim_run_dir, run_dir, serving_pid, write_pid, write_token
+from trtllm_kit.serve.fleet.fit import check_fit, memory_need
+from trtllm_kit.serve.fleet.members import parse_names, plan_members, route, working_repository
+from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
+from trtllm_kit.serve.fleet.reload import REQUESTS_DIR
+from trtllm_kit.serve.fleet.running import Server, Watch, drop_idle_ensemble, route_state
+from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
+from trtllm_kit.serve.server.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
+from trtllm_kit.serve.server.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers, launch_argv
+from trtllm_kit.serve.server.locate import locate_tritonserver
+from trtllm_kit.serve.server.process import TritonProcess
+from trtllm_kit.serve.server.reaper import Reaper
+from trtllm_kit.serve.server.state import TOKEN_FILE, claim_run_dir, run_dir, serving_pid, write_pid, write_token
 
 if TYPE_CHECKING:
-    from trtllm_kit.serve.openai import OpenAIFrontend
+    from trtllm_kit.serve.openai.app import OpenAIFrontend
 
 __all__ = ["ServeOptions", "last_detached", "serve", "serve_detached", "stop_serving"]
 
@@ -67,7 +67,7 @@ class ServeOptions:
     ensemble: bool = False  # load the ensemble model even when no route sends text to it
     log_verbose: int = 0
     verify: bool = False  # check every file's sha256 against the manifest (sizes and times are always checked)
-    server: str = "triton"  # or trtllm-serve: the llmapi artifact's recorded command (serve/trtllm_serve.py)
+    server: str = "triton"  # or trtllm-serve: the llmapi artifact's recorded command (serve/server/trtllm_serve.py)
     more: tuple[Path, ...] = ()  # further OUTs served beside ``out``
     names: tuple[str, ...] = ()  # ``--name NAME=OUT``
     aliases: tuple[str, ...] = ()  # ``--alias NAME=A:90,B:10``
@@ -100,7 +100,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         on_ready: called once with the state (endpoints, pids, time to ready) when the server is ready.
     """
     if options.server == "trtllm-serve":
-        from trtllm_kit.serve.trtllm_serve import serve_trtllm
+        from trtllm_kit.serve.server.trtllm_serve import serve_trtllm
 
         if len(options.outs) > 1:
             raise KitUsageError("--server trtllm-serve serves one OUT; serve several with the default --server "
@@ -225,7 +225,7 @@ def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, 
               launch: LaunchConfig) -> OpenAIFrontend | None:
     if options.openai_port is None:
         return None
-    from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
+    from trtllm_kit.serve.openai.app import OpenAIConfig, OpenAIFrontend
 
     config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=routes[0].name,
                           triton_model=routes[0].triton_model, api_key=options.api_key,
@@ -236,7 +236,7 @@ def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, 
 
 
 async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    from trtllm_kit.serve.hotswap import Reloader
+    from trtllm_kit.serve.fleet.hotswap import Reloader
 
     options, frontend, watch, state = server.options, server.frontend, server.watch, server.state
     process = watch.process
@@ -250,7 +250,7 @@ async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any
     runner = None
     try:
         if frontend is not None and options.openai_port is not None:
-            from trtllm_kit.serve.openai import start_frontend
+            from trtllm_kit.serve.openai.app import start_frontend
 
             runner = await start_frontend(frontend, options.endpoints.host, options.openai_port)
             state["openai"] = f"{options.endpoints.url('http').rsplit(':', 1)[0]}:{options.openai_port}"

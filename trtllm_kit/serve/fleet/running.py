@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S
 from trtllm_kit.runtime.heartbeat import silent_for
-from trtllm_kit.serve.launcher import LaunchConfig
-from trtllm_kit.serve.members import Member
-from trtllm_kit.serve.merge import Copied, remove_models
-from trtllm_kit.serve.process import TritonProcess
-from trtllm_kit.serve.routes import Route
-from trtllm_kit.serve.state import run_dir
+from trtllm_kit.serve.fleet.members import Member
+from trtllm_kit.serve.fleet.merge import Copied, remove_models
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.server.launcher import LaunchConfig
+from trtllm_kit.serve.server.process import TritonProcess
+from trtllm_kit.serve.server.state import run_dir
 
 if TYPE_CHECKING:
-    from trtllm_kit.serve.openai import OpenAIFrontend
+    from trtllm_kit.serve.openai.app import OpenAIFrontend
     from trtllm_kit.serve.service import ServeOptions
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trtllm_kit.defaults import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.locate import TritonInstall
+from trtllm_kit.serve.server.locate import TritonInstall
 
 PYTHON_SHM_DEFAULT_BYTES = 4 * 1024 * 1024
 PYTHON_SHM_GROWTH_BYTES = 1024 * 1024

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.reaper import group_alive, reap
-from trtllm_kit.serve.state import TOKEN_FILE, claim_run_dir, is_alive, read_state, run_dir, serving_pid
+from trtllm_kit.serve.server.reaper import group_alive, reap
+from trtllm_kit.serve.server.state import TOKEN_FILE, claim_run_dir, is_alive, read_state, run_dir, serving_pid
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.service import ServeOptions
@@ -73,7 +73,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
 
 
 def _last_detached_file() -> Path:
-    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
+    from trtllm_kit.serve.server.locate import kit_cache as cache_root  # torch-free
 
     return cache_root() / "serve" / "last-detached"
 

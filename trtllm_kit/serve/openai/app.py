@@ -16,10 +16,10 @@ from prometheus_client import Counter
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
-from trtllm_kit.serve.errors import error_response, generation_failure
 from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, Gateway
-from trtllm_kit.serve.openai_metrics import CONTENT_TYPE, FrontendMetrics
-from trtllm_kit.serve.openai_protocol import (
+from trtllm_kit.serve.openai.errors import error_response, generation_failure
+from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
+from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
     RequestError,
     Sampling,
@@ -28,11 +28,11 @@ from trtllm_kit.serve.openai_protocol import (
     parse_prompt,
     parse_sampling,
 )
-from trtllm_kit.serve.openai_run import Run, send
-from trtllm_kit.serve.request_body import json_body
-from trtllm_kit.serve.request_limits import MAX_BODY_BYTES
-from trtllm_kit.serve.routes import Alias, Route, RouteTable
-from trtllm_kit.serve.text import Tokenizer
+from trtllm_kit.serve.openai.request_body import json_body
+from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
+from trtllm_kit.serve.openai.routes import Alias, Route, RouteTable
+from trtllm_kit.serve.openai.run import Run, send
+from trtllm_kit.serve.openai.text import Tokenizer
 
 MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
 

@@ -23,17 +23,17 @@ from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.artifact.manifest import ManifestError
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
-from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.launcher import http_headers
-from trtllm_kit.serve.members import route, versioned
-from trtllm_kit.serve.merge import copy_models, remove_models
-from trtllm_kit.serve.reload import answer, take_requests
-from trtllm_kit.serve.running import drop_idle_ensemble
-from trtllm_kit.serve.state import claim_run_dir, serving_pid, write_pid
+from trtllm_kit.serve.fleet.fit import check_fit, memory_need
+from trtllm_kit.serve.fleet.members import route, versioned
+from trtllm_kit.serve.fleet.merge import copy_models, remove_models
+from trtllm_kit.serve.fleet.reload import answer, take_requests
+from trtllm_kit.serve.fleet.running import drop_idle_ensemble
+from trtllm_kit.serve.server.launcher import http_headers
+from trtllm_kit.serve.server.state import claim_run_dir, serving_pid, write_pid
 
 if TYPE_CHECKING:
-    from trtllm_kit.serve.routes import Route
-    from trtllm_kit.serve.running import Server
+    from trtllm_kit.serve.fleet.running import Server
+    from trtllm_kit.serve.openai.routes import Route
 
 DRAIN_TIMEOUT_S = 120.0  # in-flight requests of the old version get this long before it is unloaded
 UNLOAD_TIMEOUT_S = 60.0

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.launcher import check_ports_free
-from trtllm_kit.serve.state import claim_run_dir, run_dir, serving_pid, write_pid
+from trtllm_kit.serve.server.launcher import check_ports_free
+from trtllm_kit.serve.server.state import claim_run_dir, run_dir, serving_pid, write_pid
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.service import ServeOptions

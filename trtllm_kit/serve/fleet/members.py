@@ -15,9 +15,9 @@ from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.compat import Servable
+from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL, Copied, copy_models, slug
 from trtllm_kit.serve.limits import max_seq_len
-from trtllm_kit.serve.merge import TRTLLM_MODEL, Copied, copy_models, slug
-from trtllm_kit.serve.routes import Route
+from trtllm_kit.serve.openai.routes import Route
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trtllm_kit.errors import KitError
-from trtllm_kit.serve.hidden_args import HiddenArgs, trace_me
-from trtllm_kit.serve.launcher import LaunchConfig, check_ports_free, launch_argv
-from trtllm_kit.serve.locate import TritonInstall
-from trtllm_kit.serve.reaper import group_alive
+from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
+from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, launch_argv
+from trtllm_kit.serve.server.locate import TritonInstall
+from trtllm_kit.serve.server.reaper import group_alive
 
 SHM_DIR = Path("/dev/shm")
 # Triton's error lines: E<MMDD> <time> <thread> <file:line>] <message>

@@ -11,7 +11,7 @@ tritonserver is given a copy of ``OUT/repo`` made there (config files, ``model.p
 few hundred kB; engines and checkpoints stay where they are, named by absolute path): the Python backend's
 stub embeds an interpreter that ignores ``PYTHONDONTWRITEBYTECODE`` and writes ``__pycache__`` beside every
 module it imports, which must not land in the hashed tree. A serve of several OUTs keeps one such repository,
-merged (``serve/members.py``), in the first OUT's run directory; each OUT's run directory gets ``serve.pid`` and
+merged (``serve/fleet/members.py``), in the first OUT's run directory; each OUT's run directory gets ``serve.pid`` and
 ``state.json``. The first also gets ``triton.token`` (mode 0600): the per-launch token Triton's restricted APIs
 demand, for the owner's own clients (``trtllm-kit generate``).
 """
@@ -35,7 +35,7 @@ def run_dir(out: Path) -> Path:
     Arguments:
         out: the served build output.
     """
-    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
+    from trtllm_kit.serve.server.locate import kit_cache as cache_root  # torch-free
 
     resolved = os.path.realpath(out)
     key = hashlib.sha256(resolved.encode()).hexdigest()[:16]
@@ -123,7 +123,7 @@ def token_for(grpc_url: str) -> str | None:
     Arguments:
         grpc_url: ``host:port`` as ``state.json`` records it.
     """
-    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
+    from trtllm_kit.serve.server.locate import kit_cache as cache_root  # torch-free
 
     for state_path in sorted((cache_root() / "run").glob("*/state.json")):
         try:
