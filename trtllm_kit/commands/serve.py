@@ -16,7 +16,7 @@ from trtllm_kit.errors import KitUsageError
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
 
 if TYPE_CHECKING:
-    from trtllm_kit.serve.service import ServeOptions
+    from trtllm_kit.serve.options import ServeOptions
 
 
 @click.command()
@@ -82,26 +82,17 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
         ctx: the command's context; out: OUT or None; config_file: ``--config`` or None; api_key: ``--api-key``;
         more: further OUTs; names: ``--name NAME=OUT``; aliases: ``--alias NAME=A:W,B:W``.
     """
-    from trtllm_kit.serve.server.launcher import Endpoints
-    from trtllm_kit.serve.service import ServeOptions
+    from trtllm_kit.serve.options import ServeOptions, parse_names
     from trtllm_kit.spec import ServeSettings, load_toml, merge
 
     values = merge(load_toml(config_file) if config_file else {}, typed_values(ctx))
     out = out if out is not None else (Path(values["out"]) if values.get("out") else None)
     if out is None and names:
-        from trtllm_kit.serve.fleet.members import parse_names
-
         out = next(iter(parse_names(names).values()))
     if out is None:
         raise KitUsageError("no build to serve; pass OUT or set out = \"...\" in the --config file.")
     settings = ServeSettings(**values.get("serve", {}))
-    return ServeOptions(out=out, endpoints=Endpoints(**settings.endpoint_values()), openai_port=settings.openai_port,
-                        api_key=api_key, api_keys=settings.api_keys, usage_log=settings.usage_log,
-                        tritonserver=settings.tritonserver, model=settings.model,
-                        ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
-                        exit_timeout_s=settings.exit_timeout_s, verify=settings.verify,
-                        engine_watchdog_s=settings.engine_watchdog_s, ensemble=settings.ensemble,
-                        server=str(settings.server), more=more, names=names, aliases=aliases)
+    return ServeOptions(out=out, settings=settings, api_key=api_key, more=more, names=names, aliases=aliases)
 
 
 @click.command()

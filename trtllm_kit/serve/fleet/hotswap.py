@@ -106,15 +106,16 @@ class Reloader:
         if differences:
             raise KitUsageError(f"{new_out} is not a new version of {name}: {'; '.join(differences)}; pass --force "
                                 "to serve it under this name anyway.")
-        check_artifact(target.artifact, hashes=server.options.verify)
-        wanted = server.options.model
+        check_artifact(target.artifact, hashes=server.options.settings.verify)
+        wanted = server.options.settings.model
         text_model = wanted if wanted in target.models else target.models[0]
         member = versioned(name, target, old.version + 1)
         others = [memory_need(m.name, m.target) for i, m in enumerate(server.members) if i != index]
         need = memory_need(f"{name} v{member.version}", target)
         check_fit([*(others if need.on_gpu else []), need], what=f"{new_out} next to the served models")
         copied = copy_models(target.repo, launch.repo, member.prefix)
-        new = drop_idle_ensemble(route(member, copied, text_model), copied, launch.repo, server.options.ensemble)
+        new = drop_idle_ensemble(route(member, copied, text_model), copied, launch.repo,
+                                 server.options.settings.ensemble)
         loaded: list[str] = []
         headers = http_headers(launch.restricted_token)  # the repository API demands the per-launch token
         async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=headers) as http:

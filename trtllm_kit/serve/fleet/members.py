@@ -30,23 +30,6 @@ class Member:
     version: int = 1
 
 
-def parse_names(values: tuple[str, ...]) -> dict[str, Path]:
-    """``--name NAME=OUT`` values as served name → output directory.
-
-    Arguments:
-        values: the flags' values.
-    """
-    names: dict[str, Path] = {}
-    for value in values:
-        name, sep, out = value.partition("=")
-        if not sep or not name.strip() or not out.strip():
-            raise KitUsageError(f"--name {value!r} is not NAME=OUT; e.g. --name small=out-small/.")
-        if name.strip() in names:
-            raise KitUsageError(f"--name {name.strip()} is given twice; each served name must be distinct.")
-        names[name.strip()] = Path(out.strip())
-    return names
-
-
 def plan_members(targets: list[Servable], names: dict[str, Path]) -> list[Member]:
     """Name each artifact (``names`` first, else its model source made unique) and give it its model prefix.
 

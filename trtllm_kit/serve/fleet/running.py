@@ -15,13 +15,13 @@ from trtllm_kit.runtime.heartbeat import silent_for
 from trtllm_kit.serve.fleet.members import Member
 from trtllm_kit.serve.fleet.merge import Copied, remove_models
 from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.launcher import LaunchConfig
 from trtllm_kit.serve.server.process import TritonProcess
 from trtllm_kit.serve.server.state import run_dir
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.openai.app import OpenAIFrontend
-    from trtllm_kit.serve.service import ServeOptions
 
 
 def route_state(route: Route) -> dict[str, Any]:

@@ -8,16 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.options import API_KEY_ENV, ServeOptions
 from trtllm_kit.serve.server.reaper import group_alive, reap
 from trtllm_kit.serve.server.state import TOKEN_FILE, claim_run_dir, is_alive, read_state, run_dir, serving_pid
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.service import ServeOptions
-
-API_KEY_ENV = "TRTLLM_KIT_API_KEY"
 
 
 def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dict[str, Any]:
@@ -31,23 +27,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
         holder = serving_pid(out)
         if holder is not None:
             raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
-    ep = options.endpoints
-    argv = [sys.executable, "-m", "trtllm_kit", "serve", str(options.out),
-            "--host", ep.host, "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-            "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
-            "--log-verbose", str(options.log_verbose)]
-    argv += ["--verify"] if options.verify else []
-    argv += ["--ensemble"] if options.ensemble else []
-    argv += ["--exit-timeout", str(options.exit_timeout_s), "--engine-watchdog", str(options.engine_watchdog_s)]
-    argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
-    argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
-    argv += ["--model", options.model] if options.model else []
-    argv += ["--api-keys", str(options.api_keys.absolute())] if options.api_keys else []
-    argv += ["--usage-log", str(options.usage_log.absolute())] if options.usage_log else []
-    argv += ["--server", options.server] if options.server != "triton" else []
-    argv += [str(out) for out in options.more]
-    argv += [arg for name in options.names for arg in ("--name", name)]
-    argv += [arg for alias in options.aliases for arg in ("--alias", alias)]
+    argv = [sys.executable, "-m", "trtllm_kit", "serve", *options.command_line()]
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     if options.api_key:
         env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
@@ -56,7 +36,7 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     with log_path.open("wb") as log:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
-    deadline = time.monotonic() + (options.ready_timeout_s + 30 if timeout_s is None else timeout_s)
+    deadline = time.monotonic() + (options.settings.ready_timeout_s + 30 if timeout_s is None else timeout_s)
     while time.monotonic() < deadline:
         state = read_state(options.out)
         if state and state.get("ready") and state.get("pid") == child.pid:

@@ -18,15 +18,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.launcher import check_ports_free
 from trtllm_kit.serve.server.state import claim_run_dir, run_dir, serving_pid, write_pid
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.service import ServeOptions
 
 SERVER = "trtllm-serve"
 INSTALL_HINT = ("install TensorRT-LLM 1.0 or later (pip install tensorrt_llm, or use NVIDIA's Triton TRT-LLM "
@@ -74,7 +72,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     Arguments:
         options: what to serve and where; on_ready: called once with the state when it answers 200 on /health.
     """
-    host, port = options.endpoints.host, options.openai_port or options.endpoints.http_port
+    host, port = options.endpoints.host, options.settings.openai_port or options.endpoints.http_port
     argv = launch_argv(options.out, host, port)
     binary = shutil.which(SERVER)
     if binary is None:
@@ -99,7 +97,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
                                  start_new_session=True)
     try:
         url = f"http://{options.endpoints.client_host}:{port}"
-        _wait_ready(child, f"{url}/health", options.ready_timeout_s, log_path, stop)
+        _wait_ready(child, f"{url}/health", options.settings.ready_timeout_s, log_path, stop)
         if stop["requested"]:
             return
         state = {"pid": os.getpid(), "server_pid": child.pid, "server": SERVER, "model": "trtllm-serve",
@@ -113,7 +111,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
                 raise KitError(f"{SERVER} exited with code {child.returncode} while serving (log {log_path}).")
             time.sleep(0.1)
     finally:
-        _end(child, options.exit_timeout_s)
+        _end(child, options.settings.exit_timeout_s)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
         for name in ("state.json", "serve.pid"):
