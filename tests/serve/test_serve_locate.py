@@ -73,8 +73,9 @@ def test_nothing_found_names_everything_searched(tmp_path: Path, monkeypatch: py
 
 def test_kit_cache_is_the_models_cache() -> None:
     from trtllm_kit.models.builtin import cache_root
+    from trtllm_kit.serve.server.state import kit_cache
 
-    assert locate.kit_cache() == cache_root()
+    assert kit_cache() == cache_root()
 
 
 def test_explicit_path_that_is_not_a_server(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +26,7 @@ from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.fleet.fit import check_fit, memory_need
 from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
-from trtllm_kit.serve.fleet.reload import REQUESTS_DIR
-from trtllm_kit.serve.fleet.running import Server, Watch, drop_idle_ensemble, route_state
+from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble, route_state
 from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
 from trtllm_kit.serve.options import API_KEY_ENV, ServeOptions, parse_names
 from trtllm_kit.serve.server.detach import last_detached, serve_detached, stop_serving
@@ -36,7 +34,17 @@ from trtllm_kit.serve.server.launcher import Endpoints, LaunchConfig, check_port
 from trtllm_kit.serve.server.locate import locate_tritonserver
 from trtllm_kit.serve.server.process import TritonProcess
 from trtllm_kit.serve.server.reaper import Reaper
-from trtllm_kit.serve.server.state import TOKEN_FILE, claim_run_dir, run_dir, serving_pid, write_pid, write_token
+from trtllm_kit.serve.server.state import (
+    HEARTBEAT_DIR,
+    TRITON_LOG,
+    claim_run_dir,
+    clear_run,
+    fresh_run_dir,
+    serving_pid,
+    write_pid,
+    write_token,
+)
+from trtllm_kit.serve.server.watch import Watch
 
 if TYPE_CHECKING:
     from trtllm_kit.serve.openai.app import OpenAIFrontend
@@ -94,7 +102,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     if options.settings.openai_port is not None:
         check_ports_free(options.endpoints.host, {"OpenAI": options.settings.openai_port})
     os.environ.pop(API_KEY_ENV, None)  # read already; no child inherits it
-    state_dir = claim_run_dir(options.out)
+    state_dir = fresh_run_dir(options.out)
     endpoints = options.endpoints
     if options.api_key:
         endpoints = Endpoints(LOOPBACK[":" in endpoints.host], *endpoints.ports().values())
@@ -111,13 +119,10 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
                           restricted_token=secrets.token_urlsafe(24),
                           restrict_inference=bool(options.api_key or options.settings.api_keys))
     argv = launch_argv(install, config)
-    for stale in (REQUESTS_DIR, "heartbeat"):  # a serve killed mid-reload leaves requests no one waits for
-        shutil.rmtree(state_dir / stale, ignore_errors=True)
-    heartbeat_dir = state_dir / "heartbeat"
-    heartbeat_dir.mkdir(mode=0o700)
-    process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv,
+    heartbeat_dir = state_dir / HEARTBEAT_DIR
+    process = TritonProcess(install, config, state_dir / TRITON_LOG, argv=argv,
                             env={HEARTBEAT_ENV: str(heartbeat_dir)})
-    (state_dir / "tritonserver.log").unlink(missing_ok=True)
+    (state_dir / TRITON_LOG).unlink(missing_ok=True)
     assert config.restricted_token is not None
     write_token(state_dir, config.restricted_token)
     for out in outs:
@@ -148,9 +153,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         with _signals_ignored():
             process.stop(stubs=watch.stubs, is_idle=watch.engines_idle)
             reaper.close()
-            for out in outs:
-                for name in ("state.json", "serve.pid", TOKEN_FILE):
-                    (run_dir(out) / name).unlink(missing_ok=True)
+            clear_run(outs)
 
 
 def _explicit(models: list[str]) -> tuple[str, ...]:

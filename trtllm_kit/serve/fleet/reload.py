@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.server.state import read_state, serving_pid
-
-REQUESTS_DIR = "reloads"
+from trtllm_kit.serve.server.state import REQUESTS_DIR, read_state, serving_pid
 
 
 def request_reload(served_out: Path, name: str, new_out: Path, timeout_s: float = 600.0, *,

@@ -13,7 +13,15 @@ from typing import Any
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.options import API_KEY_ENV, ServeOptions
 from trtllm_kit.serve.server.reaper import group_alive, reap
-from trtllm_kit.serve.server.state import TOKEN_FILE, claim_run_dir, is_alive, read_state, run_dir, serving_pid
+from trtllm_kit.serve.server.state import (
+    SERVE_LOG,
+    claim_run_dir,
+    clear_run,
+    is_alive,
+    last_detached_file,
+    read_state,
+    serving_pid,
+)
 
 
 def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dict[str, Any]:
@@ -31,8 +39,8 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     if options.api_key:
         env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
-    log_path = claim_run_dir(options.out) / "serve.log"
-    (run_dir(options.out) / "state.json").unlink(missing_ok=True)
+    log_path = claim_run_dir(options.out) / SERVE_LOG
+    clear_run([options.out])  # a state left by a killed serve must not pass for this one's
     with log_path.open("wb") as log:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
@@ -40,8 +48,8 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     while time.monotonic() < deadline:
         state = read_state(options.out)
         if state and state.get("ready") and state.get("pid") == child.pid:
-            _last_detached_file().parent.mkdir(parents=True, exist_ok=True)
-            _last_detached_file().write_text(str(options.out.absolute()))
+            last_detached_file().parent.mkdir(parents=True, exist_ok=True)
+            last_detached_file().write_text(str(options.out.absolute()))
             return state
         if child.poll() is not None:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
@@ -52,16 +60,10 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     raise KitError(f"the background serve was not ready in time (log {log_path}); it was sent SIGTERM.")
 
 
-def _last_detached_file() -> Path:
-    from trtllm_kit.serve.server.locate import kit_cache as cache_root  # torch-free
-
-    return cache_root() / "serve" / "last-detached"
-
-
 def last_detached() -> Path:
     """The build output that ``serve --detach`` last brought up (what ``trtllm-kit stop`` ends by default)."""
     try:
-        return Path(_last_detached_file().read_text().strip())
+        return Path(last_detached_file().read_text().strip())
     except OSError:
         raise KitUsageError("no OUT given and no detached serve is recorded; pass the directory given to "
                             "trtllm-kit serve.") from None
@@ -88,7 +90,5 @@ def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
         os.kill(pid, signal.SIGKILL)
         server_pid = state.get("server_pid")
         reap([server_pid] if server_pid and group_alive(server_pid) else [], state.get("shm_prefix", ""))
-        for served in state.get("outs") or [str(out)]:
-            for name in ("state.json", "serve.pid", TOKEN_FILE):
-                (run_dir(Path(served)) / name).unlink(missing_ok=True)
+        clear_run([Path(served) for served in state.get("outs") or [str(out)]])
     return {"pid": pid, "forced": forced}

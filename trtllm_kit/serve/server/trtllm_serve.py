@@ -8,7 +8,6 @@ OUT (the artifact may have moved) and ``--host``/``--port`` take the serve setti
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -24,7 +23,14 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.launcher import check_ports_free
-from trtllm_kit.serve.server.state import claim_run_dir, run_dir, serving_pid, write_pid
+from trtllm_kit.serve.server.state import (
+    TRTLLM_SERVE_LOG,
+    claim_run_dir,
+    clear_run,
+    serving_pid,
+    write_pid,
+    write_state,
+)
 
 SERVER = "trtllm-serve"
 INSTALL_HINT = ("install TensorRT-LLM 1.0 or later (pip install tensorrt_llm, or use NVIDIA's Triton TRT-LLM "
@@ -83,7 +89,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
         raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
     check_ports_free(host, {SERVER: port})
     state_dir = claim_run_dir(options.out)
-    log_path = state_dir / "trtllm-serve.log"
+    log_path = state_dir / TRTLLM_SERVE_LOG
     stop = {"requested": False}
 
     def request_stop(_sig: int, _frame: object) -> None:
@@ -110,7 +116,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
         state = {"pid": os.getpid(), "server_pid": child.pid, "server": SERVER, "model": "trtllm-serve",
                  "target": "llmapi", "openai": f"{host}:{port}", "argv": argv, "log": str(log_path),
                  "ready_s": round(time.perf_counter() - started, 3), "ready": True}
-        (run_dir(options.out) / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        write_state([options.out], state)
         if on_ready is not None:
             on_ready(state)
         while not stop["requested"]:
@@ -121,8 +127,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
         server.stop(options.settings.exit_timeout_s)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-        for name in ("state.json", "serve.pid"):
-            (state_dir / name).unlink(missing_ok=True)
+        clear_run([options.out])
 
 
 def _answers(url: str) -> bool:
