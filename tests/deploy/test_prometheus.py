@@ -18,7 +18,8 @@ import yaml
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.prometheus import LocalPrometheus, query, query_range
-from trtllm_kit.serve.server.launcher import Endpoints, free_endpoints, free_port
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,

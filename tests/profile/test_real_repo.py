@@ -14,7 +14,8 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.profile.records import RequestRecord, read_records
 from trtllm_kit.profile.report import read_summary
-from trtllm_kit.serve.server.launcher import Endpoints, free_endpoints, free_port
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec
 

@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.server.launcher import Endpoints, free_endpoints, free_port
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec

@@ -23,7 +23,8 @@ from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import OPTIONS_FLAG, DeploySource
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.server.launcher import Endpoints, LaunchConfig, launch_argv
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import LaunchConfig, launch_argv
 from trtllm_kit.serve.server.locate import TritonInstall
 from trtllm_kit.targets import get_target
 

@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.integrity import check_artifact
@@ -24,13 +24,15 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.fleet.fit import check_fit, memory_need
+from trtllm_kit.serve.fleet.hotswap import Reloader
 from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
 from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble, route_state
+from trtllm_kit.serve.openai.app import OpenAIConfig, OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
-from trtllm_kit.serve.options import API_KEY_ENV, ServeOptions, parse_names
+from trtllm_kit.serve.options import API_KEY_ENV, Endpoints, ServeOptions, parse_names
 from trtllm_kit.serve.server.detach import last_detached, serve_detached, stop_serving
-from trtllm_kit.serve.server.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers, launch_argv
+from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, grpc_headers, launch_argv
 from trtllm_kit.serve.server.locate import locate_tritonserver
 from trtllm_kit.serve.server.process import TritonProcess
 from trtllm_kit.serve.server.reaper import Reaper
@@ -44,10 +46,8 @@ from trtllm_kit.serve.server.state import (
     write_pid,
     write_token,
 )
+from trtllm_kit.serve.server.trtllm_serve import serve_trtllm
 from trtllm_kit.serve.server.watch import Watch
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.openai.app import OpenAIFrontend
 
 __all__ = ["ServeOptions", "last_detached", "serve", "serve_detached", "stop_serving"]
 
@@ -73,8 +73,6 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         on_ready: called once with the state (endpoints, pids, time to ready) when the server is ready.
     """
     if options.settings.server == "trtllm-serve":
-        from trtllm_kit.serve.server.trtllm_serve import serve_trtllm
-
         if len(options.outs) > 1:
             raise KitUsageError("--server trtllm-serve serves one OUT; serve several with the default --server "
                                 "triton.")
@@ -193,8 +191,6 @@ def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, 
               launch: LaunchConfig) -> OpenAIFrontend | None:
     if options.settings.openai_port is None:
         return None
-    from trtllm_kit.serve.openai.app import OpenAIConfig, OpenAIFrontend
-
     config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=routes[0].name,
                           triton_model=routes[0].triton_model, api_key=options.api_key,
                           triton_headers=grpc_headers(launch.restricted_token),
@@ -204,8 +200,6 @@ def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, 
 
 
 async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    from trtllm_kit.serve.fleet.hotswap import Reloader
-
     options, frontend, watch, state = server.options, server.frontend, server.watch, server.state
     process = watch.process
     stop = asyncio.Event()
@@ -218,8 +212,6 @@ async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any
     runner = None
     try:
         if frontend is not None and options.settings.openai_port is not None:
-            from trtllm_kit.serve.openai.app import start_frontend
-
             runner = await start_frontend(frontend, options.endpoints.host, options.settings.openai_port)
             state["openai"] = f"{options.endpoints.url('http').rsplit(':', 1)[0]}:{options.settings.openai_port}"
         state["ready_s"] = round(time.perf_counter() - started, 3)

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -27,13 +27,10 @@ from trtllm_kit.serve.fleet.fit import check_fit, memory_need
 from trtllm_kit.serve.fleet.members import route, versioned
 from trtllm_kit.serve.fleet.merge import copy_models, remove_models
 from trtllm_kit.serve.fleet.reload import answer, take_requests
-from trtllm_kit.serve.fleet.running import drop_idle_ensemble
+from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble
+from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.server.launcher import http_headers
 from trtllm_kit.serve.server.state import claim_run_dir, serving_pid, write_pid
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.fleet.running import Server
-    from trtllm_kit.serve.openai.routes import Route
 
 DRAIN_TIMEOUT_S = 120.0  # in-flight requests of the old version get this long before it is unloaded
 UNLOAD_TIMEOUT_S = 60.0

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.serve.fleet.members import Member
 from trtllm_kit.serve.fleet.merge import Copied, remove_models
+from trtllm_kit.serve.openai.app import OpenAIFrontend
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.launcher import LaunchConfig
 from trtllm_kit.serve.server.state import write_state
 from trtllm_kit.serve.server.watch import Watch
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.openai.app import OpenAIFrontend
 
 
 def route_state(route: Route) -> dict[str, Any]:
