@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.openai.app import OpenAIConfig, OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.server.launcher import free_port
 
 MODEL = "m"

@@ -10,7 +10,8 @@ from aiohttp import web
 
 from trtllm_kit.deploy.leader_plan import FrontendPlan
 from trtllm_kit.serve.limits import max_seq_len
-from trtllm_kit.serve.openai.app import OpenAIConfig, OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.server.launcher import grpc_headers
 

@@ -28,7 +28,8 @@ from trtllm_kit.serve.fleet.hotswap import Reloader
 from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
 from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble, route_state
-from trtllm_kit.serve.openai.app import OpenAIConfig, OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
 from trtllm_kit.serve.options import API_KEY_ENV, Endpoints, ServeOptions, parse_names
 from trtllm_kit.serve.server.detach import last_detached, serve_detached, stop_serving

@@ -5,6 +5,9 @@ anything changes); copy its repository in as ``NAME__vN__*``; load those models 
 (explicit model control, with the per-launch token); switch the route, so every new request
 goes to the new version; wait until the old route's requests in flight have finished; unload the old models
 that no other route uses and delete their copies.
+
+Reload is one feature in two modules: ``fleet/reload.py`` is its channel (the ``reload`` command's request file,
+taken and answered here); this module is the swap the serve performs.
 """
 
 from __future__ import annotations
