@@ -21,9 +21,10 @@ from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.fleet.fit import Need, check_fit, memory_need
-from trtllm_kit.serve.fleet.members import parse_names, plan_members
+from trtllm_kit.serve.fleet.members import plan_members
 from trtllm_kit.serve.fleet.merge import copy_models
 from trtllm_kit.serve.gateway.keys import add_key
+from trtllm_kit.serve.options import parse_names
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
