@@ -32,10 +32,11 @@ from aiohttp import web  # noqa: E402
 
 from trtllm_kit.build.pipeline import run_build  # noqa: E402
 from trtllm_kit.serve.gateway.keys import add_key  # noqa: E402
-from trtllm_kit.serve.launcher import free_endpoints, free_port  # noqa: E402
-from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend, start_frontend  # noqa: E402
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend  # noqa: E402
+from trtllm_kit.serve.openai.config import OpenAIConfig  # noqa: E402
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving  # noqa: E402
-from trtllm_kit.spec import build_spec  # noqa: E402
+from trtllm_kit.spec import ServeSettings, build_spec  # noqa: E402
 
 MODEL = "builtin:tiny-llama"
 
@@ -126,7 +127,7 @@ def main() -> None:
         secret, _ = add_key(keys, "bench", tenant="bench", models=(MODEL,), rps=1e6, tpm=10**9,
                             quota_tokens=10**12, quota_period="day")
         endpoints = free_endpoints()
-        serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120))
+        serve_detached(ServeOptions(out=out, settings=ServeSettings(**asdict(endpoints), ready_timeout_s=120)))
         try:
             figures = asyncio.run(measure(endpoints.url("grpc"), out / "tokenizer", keys, secret, args.requests))
         finally:

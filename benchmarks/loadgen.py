@@ -229,9 +229,9 @@ def agreement(args: argparse.Namespace, work: Path, figures: Figures) -> None:
     on the kit's own OpenAI frontend serving the built-in tiny Llama on the CPU runtime."""
     from trtllm_kit.build.pipeline import run_build
     from trtllm_kit.models.builtin import builtin_dir
-    from trtllm_kit.serve.launcher import free_endpoints, free_port
+    from trtllm_kit.serve.server.launcher import free_endpoints, free_port
     from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-    from trtllm_kit.spec import build_spec
+    from trtllm_kit.spec import ServeSettings, build_spec
 
     tokenizer = builtin_dir("tiny-llama")
     with OpenAIStandin(20, 10) as server:
@@ -240,7 +240,8 @@ def agreement(args: argparse.Namespace, work: Path, figures: Figures) -> None:
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
     run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "build": {"verify": False}, "repo": one_each}))
     endpoints, openai_port = free_endpoints(), free_port()
-    serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
+    settings = ServeSettings(**asdict(endpoints), ready_timeout_s=120, openai_port=openai_port)
+    serve_detached(ServeOptions(out=out, settings=settings))
     try:
         figures.aiperf["served"] = compare_with_aiperf(args, work, f"http://127.0.0.1:{openai_port}/v1",
                                                        "builtin:tiny-llama", out / "tokenizer", 1024, text=True)

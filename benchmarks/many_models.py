@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtllm_kit.build.pipeline import run_build  # noqa: E402
-from trtllm_kit.serve.launcher import free_endpoints, free_port  # noqa: E402
-from trtllm_kit.serve.reload import request_reload  # noqa: E402
+from trtllm_kit.serve.fleet.reload import request_reload  # noqa: E402
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving  # noqa: E402
-from trtllm_kit.spec import build_spec  # noqa: E402
+from trtllm_kit.spec import ServeSettings, build_spec  # noqa: E402
 
 MODEL = "builtin:tiny-llama"
 SHARE_A = 0.9
@@ -137,8 +137,9 @@ def main() -> None:
                                       "repo": one_each}))
         port = free_port()
         serve_detached(ServeOptions(out=outs["a"], more=(outs["b"],), names=(f"a={outs['a']}", f"b={outs['b']}"),
-                                    aliases=("chat=a:90,b:10",), endpoints=free_endpoints(), ready_timeout_s=120,
-                                    openai_port=port))
+                                    aliases=("chat=a:90,b:10",),
+                                    settings=ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120,
+                                                           openai_port=port)))
         try:
             time.sleep(1.0)
             figures = asyncio.run(measure(port, outs["a"], outs["a2"], args.requests))

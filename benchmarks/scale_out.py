@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,9 +27,9 @@ import torch
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.prometheus import LocalPrometheus
-from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import build_spec
+from trtllm_kit.spec import ServeSettings, build_spec
 
 LABELS = {"namespace": "llm", "app": "tiny", "pod": "tiny-0"}
 
@@ -54,7 +55,7 @@ def main() -> int:
 
         groups = yaml.safe_load((k8s / "prometheusrule.yaml").read_text())["spec"]["groups"]
         endpoints = free_endpoints()
-        serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120))
+        serve_detached(ServeOptions(out=out, settings=ServeSettings(**asdict(endpoints), ready_timeout_s=120)))
         prometheus = LocalPrometheus(free_port(), [(endpoints.url("metrics"), LABELS)], {"groups": groups}, 1.0)
         try:
             prometheus.start()

@@ -30,11 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtllm_kit.serve.launcher import LaunchConfig, free_endpoints, free_port, launch_argv  # noqa: E402
-from trtllm_kit.serve.locate import locate_tritonserver  # noqa: E402
-from trtllm_kit.serve.process import kit_environment  # noqa: E402
-from trtllm_kit.serve.reaper import group_alive  # noqa: E402
-from trtllm_kit.serve.state import read_state, run_dir  # noqa: E402
+from trtllm_kit.serve.server.group import kit_environment  # noqa: E402
+from trtllm_kit.serve.server.launcher import LaunchConfig, free_endpoints, free_port, launch_argv  # noqa: E402
+from trtllm_kit.serve.server.locate import locate_tritonserver  # noqa: E402
+from trtllm_kit.serve.server.reaper import group_alive  # noqa: E402
+from trtllm_kit.serve.server.state import read_state, run_dir  # noqa: E402
 
 KIT = [sys.executable, "-m", "trtllm_kit"]
 

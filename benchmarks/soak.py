@@ -35,8 +35,8 @@ import aiohttp
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.state import read_state, run_dir
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state, run_dir
 
 KIT = [sys.executable, "-m", "trtllm_kit"]
 MODEL = "builtin:tiny-llama"

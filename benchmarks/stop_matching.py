@@ -16,8 +16,8 @@ import argparse
 import json
 import time
 
-from trtllm_kit.serve.request_limits import MAX_STOP_CHARS, MAX_STOP_TOTAL_CHARS
-from trtllm_kit.serve.text import StopMatcher
+from trtllm_kit.serve.openai.request_limits import MAX_STOP_CHARS, MAX_STOP_TOTAL_CHARS
+from trtllm_kit.serve.openai.text import StopMatcher
 
 COUNT = MAX_STOP_TOTAL_CHARS // MAX_STOP_CHARS  # as many sequences of the longest length as the total allows
 

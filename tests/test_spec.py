@@ -85,9 +85,8 @@ def spec_of(command: str, args: list[str]) -> Any:
 
 
 def field_of(command: str, result: Any, d: Declared) -> Any:
-    if command == "serve":
-        endpoints = {k: getattr(result.endpoints, k) for k in ("host", "http_port", "grpc_port", "metrics_port")}
-        return endpoints[d.name] if d.name in endpoints else getattr(result, d.name)
+    if command == "serve":  # a serve carries its [serve] table as its settings
+        return getattr(result.settings, d.name)
     return getattr(getattr(result, d.table), d.name) if d.table else getattr(result, d.name)
 
 
@@ -126,7 +125,7 @@ def test_serve_flags_override_the_config_file(tmp_path: Path) -> None:
     ctx = parsed("serve", ["other", "--config", str(config), "--http-port", "8000", "--api-key", "k"])
     options = serve_options(ctx, Path("other"), config, "k")
     assert (options.out, options.endpoints.host, options.endpoints.http_port, options.endpoints.grpc_port,
-            options.openai_port, options.api_key) == (Path("other"), "0.0.0.0", 8000, 8001, 9100, "k")
+            options.settings.openai_port, options.api_key) == (Path("other"), "0.0.0.0", 8000, 8001, 9100, "k")
     config.write_text('[serve]\napi_key = "secret"\n')
     with pytest.raises(KitUsageError, match=r"unknown key api_key in \[serve\]; did you mean api_keys\?"):
         serve_options(parsed("serve", ["out", "--config", str(config)]), Path("out"), config, None)

@@ -22,6 +22,7 @@ from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
 from trtllm_kit.plan import BuildPlan, Precision, RankPlan
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.repo_options import RepoOptions
 from trtllm_kit.spec.tables import BuildOptions
 
 LLMAPI_COMMAND = ["trtllm-serve", "/models/llama70b/checkpoint", "--host", "127.0.0.1", "--port", "8000", "--backend",
@@ -67,7 +68,7 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
         engine=EngineRecord(target, "built on a GPU host", plan=plan if target == "engine" else None, built=built,
                             command=LLMAPI_COMMAND if target == "llmapi" else None),
         repo=RepoRecord("repo", "", target, ["tensorrt_llm"], False, f"/models/llama70b/{model_dir}",
-                        EngineLimits(target, Path(model_dir), 64, 8192, 4096, 1, 32, True, tp, pp), {}),
+                        EngineLimits(target, Path(model_dir), 64, 8192, 4096, 1, 32, True, tp, pp), RepoOptions()),
         stages=["checkpoint", "engine", "repo"])
     Artifact(path=out, spec=BuildSpec(model=source, out=out, build=BuildOptions(tp=tp, pp=pp, target=target)),
              target=target,

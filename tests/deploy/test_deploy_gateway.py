@@ -18,7 +18,7 @@ from trtllm_kit.deploy.gateway import USAGE_LOG
 from trtllm_kit.deploy.leader_plan import FrontendPlan
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.gateway.usage import UsageLog, UsageRecord
-from trtllm_kit.serve.launcher import free_port
+from trtllm_kit.serve.server.launcher import free_port
 
 NAME = "llama-3-1-70b-instruct"
 KEYS = {"name": "api-keys", "secret": {"secretName": "team-keys", "defaultMode": 0o440,

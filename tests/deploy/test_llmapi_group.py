@@ -13,7 +13,7 @@ from tests.deploy.test_startup import STAND_IN_RANKS, FakeClock
 from trtllm_kit.deploy.leader import Leader
 from trtllm_kit.deploy.leader_plan import LeaderPlan
 from trtllm_kit.deploy.render import check_dir
-from trtllm_kit.serve.launcher import free_port
+from trtllm_kit.serve.server.launcher import free_port
 
 NAME = "llama-3-1-70b-instruct"
 

@@ -9,7 +9,7 @@ import json
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,8 @@ import yaml
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.prometheus import LocalPrometheus, query, query_range
-from trtllm_kit.serve.launcher import Endpoints, free_endpoints, free_port
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
@@ -48,7 +49,7 @@ def rules_file(k8s: Path, interval: str | None = None) -> dict:
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
     from trtllm_kit.build.pipeline import run_build
     from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-    from trtllm_kit.spec import build_spec
+    from trtllm_kit.spec import ServeSettings, build_spec
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("scale")
@@ -59,7 +60,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
     assert run(["deploy", "k8s", str(out), "--out", str(root / "k8s"), "--pvc", "models", "--name", "tiny",
                 "--namespace", "llm", "--queue-target", "1", "--image", "registry.example/trtllm-kit:0.1.0"]) == 0
     endpoints: Endpoints = free_endpoints()
-    serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120))
+    serve_detached(ServeOptions(out=out, settings=ServeSettings(**asdict(endpoints), ready_timeout_s=120)))
     prometheus = LocalPrometheus(free_port(), [(endpoints.url("metrics"), LABELS)],
                                  rules_file(root / "k8s", interval="1s"), scrape_s=1.0)
     try:

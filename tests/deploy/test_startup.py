@@ -22,7 +22,7 @@ from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import FLOOR_S, budgets
 from trtllm_kit.errors import KitError
-from trtllm_kit.serve.launcher import free_port
+from trtllm_kit.serve.server.launcher import free_port
 from trtllm_kit.targets import get_target
 
 GB = 10**9

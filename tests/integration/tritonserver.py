@@ -13,9 +13,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtllm_kit.serve.launcher import LaunchConfig, free_endpoints
-from trtllm_kit.serve.locate import pytriton_install
-from trtllm_kit.serve.process import TritonProcess
+from trtllm_kit.serve.server.launcher import LaunchConfig, free_endpoints
+from trtllm_kit.serve.server.locate import pytriton_install
+from trtllm_kit.serve.server.process import TritonProcess
 
 
 @contextmanager

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import read_summary
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import SamplingParams
-from trtllm_kit.serve.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+from trtllm_kit.spec import ServeSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KIT = [sys.executable, "-m", "trtllm_kit"]
@@ -39,7 +41,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("llmapi-clients") / "out"
     assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
     endpoints, openai_port = free_endpoints(), free_port()
-    state = serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
+    settings = ServeSettings(**asdict(endpoints), ready_timeout_s=120, openai_port=openai_port)
+    state = serve_detached(ServeOptions(out=out, settings=settings))
     yield {**state, "out": out, "endpoints": endpoints}
     stop_serving(out, 30)
 

@@ -4,7 +4,7 @@ output lengths."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -14,9 +14,10 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.profile.records import RequestRecord, read_records
 from trtllm_kit.profile.report import read_summary
-from trtllm_kit.serve.launcher import Endpoints, free_endpoints, free_port
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import build_spec
+from trtllm_kit.spec import ServeSettings, build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,7 +36,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
     run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "build": {"verify": False}, "repo": one_each}))
     endpoints, openai_port = free_endpoints(), free_port()
-    serve_detached(ServeOptions(out=out, endpoints=endpoints, ready_timeout_s=120, openai_port=openai_port))
+    settings = ServeSettings(**asdict(endpoints), ready_timeout_s=120, openai_port=openai_port)
+    serve_detached(ServeOptions(out=out, settings=settings))
     yield Served(out, endpoints, openai_port)
     stop_serving(out, 30)
 

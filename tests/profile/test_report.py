@@ -17,7 +17,7 @@ from trtllm_kit.profile.compare import compare
 from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import SCHEMA_VERSION, read_summary
 from trtllm_kit.profile.workload import WorkloadSpec
-from trtllm_kit.serve.launcher import free_port
+from trtllm_kit.serve.server.launcher import free_port
 
 
 def test_bench_writes_every_report_file(triton_server, tmp_path, capsys):

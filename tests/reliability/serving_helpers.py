@@ -16,8 +16,8 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from reliability_helpers import kit
 
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.state import read_state
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state
 
 MODEL = "builtin:tiny-llama"  # the served name
 STUB = "triton_python_backend_stub"

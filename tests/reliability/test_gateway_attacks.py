@@ -23,6 +23,7 @@ from reliability_helpers import kit
 from serving_helpers import MODEL, open_stream, post, serve
 
 from trtllm_kit.serve.gateway.keys import add_key
+from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROMPT = [5, 6, 7]  # token ids: 3 prompt tokens
@@ -203,7 +204,7 @@ def raw_post(gated: Gated, payload: bytes, headers: dict[str, str | bytes]) -> t
     ("Bearer ключ".encode(), body(4), "application/json", 401),  # UTF-8 that is not latin-1
     (None, body(4), "application/json; charset=bogus", 415),
     (None, b"[" * 100_000 + b"]" * 100_000, "application/json", 400),
-    (None, b'{"prompt": "' + b"x" * (3 << 20) + b'"}', "application/json", 413),
+    (None, b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}', "application/json", 413),
 ])
 def test_malformed_requests_get_json_errors(gated: Gated, authorization: bytes | None, payload: bytes,
                                             content_type: str, status: int) -> None:

@@ -26,9 +26,9 @@ import pytest
 from reliability_helpers import kit
 from serving_helpers import MODEL, open_stream, read_rest, serve, server_processes, shm_regions, stubs, wait_gone
 
-from trtllm_kit.serve.launcher import free_endpoints
+from trtllm_kit.serve.server.launcher import free_endpoints
+from trtllm_kit.serve.server.state import run_dir
 from trtllm_kit.serve.service import stop_serving
-from trtllm_kit.serve.state import run_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LONG = {"model": MODEL, "prompt": "Hello there", "max_tokens": 900, "ignore_eos": True, "temperature": 0,

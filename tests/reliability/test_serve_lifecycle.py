@@ -26,10 +26,10 @@ from serving_helpers import MODEL, counters, open_stream, read_rest, serve, stub
 from test_serve_faults import ready, serve_exits
 
 from trtllm_kit.errors import KitError
-from trtllm_kit.serve.launcher import LaunchConfig, free_endpoints, launch_argv
-from trtllm_kit.serve.locate import locate_tritonserver
-from trtllm_kit.serve.process import TritonProcess
-from trtllm_kit.serve.state import read_state, run_dir
+from trtllm_kit.serve.server.launcher import LaunchConfig, free_endpoints, launch_argv
+from trtllm_kit.serve.server.locate import locate_tritonserver
+from trtllm_kit.serve.server.process import TritonProcess
+from trtllm_kit.serve.server.state import read_state, run_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LONG = {"model": MODEL, "prompt": "Hello there", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
@@ -195,7 +195,7 @@ def test_an_abort_at_start_up_is_said_and_retried_once(tmp_path: Path, caplog: p
     process, starts = _aborting_server(tmp_path, times=1)
     restarted: list[int] = []
     process.start()
-    with caplog.at_level(logging.WARNING, logger="trtllm_kit.serve.process"):
+    with caplog.at_level(logging.WARNING, logger="trtllm_kit.serve.server.process"):
         try:
             process.wait_ready_or_restart(120, on_restart=restarted.append)
             assert process.is_ready()

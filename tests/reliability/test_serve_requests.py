@@ -221,7 +221,7 @@ def test_a_non_ascii_authorization_header_is_401(keyed: dict[str, Any]) -> None:
 
 def test_the_key_reaches_no_child_process_and_shm_is_private(keyed: dict[str, Any]) -> None:
     pids = [keyed["server_pid"], *stubs(keyed).values()]
-    reapers = [p.pid for p in psutil.process_iter(["cmdline"]) if "trtllm_kit.serve.reaper" in
+    reapers = [p.pid for p in psutil.process_iter(["cmdline"]) if "trtllm_kit.serve.server.reaper" in
                " ".join(p.info["cmdline"] or []) and keyed["shm_prefix"] in " ".join(p.info["cmdline"] or [])]
     assert len(pids) == 5 and len(reapers) == 1  # tritonserver, 4 stubs (the ensemble has none)
     for pid in [*pids, *reapers]:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from reliability_helpers import MODEL, error_line, kit
 
-from trtllm_kit.serve.launcher import free_endpoints
-from trtllm_kit.serve.state import read_state, run_dir
+from trtllm_kit.serve.server.launcher import free_endpoints
+from trtllm_kit.serve.server.state import read_state, run_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

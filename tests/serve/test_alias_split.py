@@ -13,6 +13,7 @@ import math
 import random
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -20,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.routes import Alias
+from trtllm_kit.serve.openai.routes import Alias
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import build_spec
+from trtllm_kit.spec import ServeSettings, build_spec
 
 MODEL = "builtin:tiny-llama"
 NUM_REQUESTS, SHARE_A = 1000, 0.9
@@ -59,8 +60,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
                                   "repo": one_each}))
     port = free_port()
     options = ServeOptions(out=outs[0], more=(outs[1],), names=(f"a={outs[0]}", f"b={outs[1]}"),
-                           aliases=("chat=a:90,b:10",), endpoints=free_endpoints(), ready_timeout_s=120,
-                           openai_port=port)
+                           aliases=("chat=a:90,b:10",),
+                           settings=ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port))
     serve_detached(options)
     yield port
     stop_serving(outs[0], 30)

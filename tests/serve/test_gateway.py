@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -21,10 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.launcher import Endpoints, free_endpoints, free_port
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.serve.state import read_state
-from trtllm_kit.spec import build_spec
+from trtllm_kit.spec import ServeSettings, build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "builtin:tiny-llama"
@@ -41,8 +42,8 @@ class Gateway:
     secrets: dict[str, str]
 
     def options(self) -> ServeOptions:
-        return ServeOptions(out=self.out, endpoints=self.endpoints, ready_timeout_s=120,
-                            openai_port=self.openai_port, api_keys=self.keys_path)
+        return ServeOptions(out=self.out, settings=ServeSettings(**asdict(self.endpoints), ready_timeout_s=120,
+                            openai_port=self.openai_port, api_keys=self.keys_path))
 
     @property
     def usage_path(self) -> Path:

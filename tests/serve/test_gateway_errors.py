@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.launcher import free_port
-from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
+from trtllm_kit.serve.server.launcher import free_port
 
 MODEL = "m"
 
@@ -82,7 +84,7 @@ BODY = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 4}).encode()
     (BODY.decode().encode("utf-16"), {"Content-Type": "application/json; charset=utf-16"}, 415,
      "unsupported_media_type"),
     (b"[" * 100_000 + b"]" * 100_000, {}, 400, None),
-    (b'{"model": "m", "prompt": "' + b"x" * (5 << 20) + b'"}', {}, 413, "request_too_large"),
+    (b'{"model": "m", "prompt": "' + b"x" * MAX_BODY_BYTES + b'"}', {}, 413, "request_too_large"),
     (json.dumps({"model": "another-one", "prompt": "hi"}).encode(), {"Content-Type": "text/plain"}, 404,
      "model_not_found"),
     (b"{", {}, 400, None),

@@ -8,6 +8,7 @@ import json
 import shutil
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,14 +20,15 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.compat import servable
-from trtllm_kit.serve.fit import Need, check_fit, memory_need
+from trtllm_kit.serve.fleet.fit import Need, check_fit, memory_need
+from trtllm_kit.serve.fleet.members import plan_members
+from trtllm_kit.serve.fleet.merge import copy_models
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.members import parse_names, plan_members
-from trtllm_kit.serve.merge import copy_models
+from trtllm_kit.serve.options import parse_names
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.serve.state import read_state, run_dir, serving_pid
-from trtllm_kit.spec import build_spec
+from trtllm_kit.spec import ServeSettings, build_spec
 
 MODEL = "builtin:tiny-llama"
 ONE_EACH = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
@@ -118,8 +120,8 @@ def served(outs, tmp_path_factory: pytest.TempPathFactory):
     keys = tmp_path_factory.mktemp("keys") / "keys.json"
     secrets = {"only_small": add_key(keys, "only_small", models=("small",))[0], "any": add_key(keys, "any")[0]}
     port = free_port()
-    state = serve_detached(ServeOptions(out=big, more=(small,), names=(f"small={small}",), endpoints=free_endpoints(),
-                                        ready_timeout_s=120, openai_port=port, api_keys=keys))
+    settings = ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port, api_keys=keys)
+    state = serve_detached(ServeOptions(out=big, more=(small,), names=(f"small={small}",), settings=settings))
     yield port, secrets, state
     if serving_pid(big) is not None:
         stop_serving(small, 30)  # any served OUT stops the serve

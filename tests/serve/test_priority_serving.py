@@ -8,16 +8,17 @@ import http.client
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
 
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.openai_protocol import RequestError, parse_sampling, trtllm_priority
+from trtllm_kit.serve.openai.protocol import RequestError, parse_sampling, trtllm_priority
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import build_spec
+from trtllm_kit.spec import ServeSettings, build_spec
 
 MODEL = "builtin:tiny-llama"
 
@@ -38,7 +39,8 @@ def openai_port(tmp_path_factory: pytest.TempPathFactory) -> int:
     run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 4},
                               "repo": one_each}))
     port = free_port()
-    serve_detached(ServeOptions(out=out, endpoints=free_endpoints(), ready_timeout_s=120, openai_port=port))
+    settings = ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port)
+    serve_detached(ServeOptions(out=out, settings=settings))
     yield port
     stop_serving(out, 30)
 

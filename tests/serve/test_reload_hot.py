@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
@@ -16,11 +17,11 @@ import torch
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.reload import request_reload
+from trtllm_kit.serve.fleet.reload import request_reload
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.serve.state import read_state, run_dir, serving_pid
-from trtllm_kit.spec import build_spec
+from trtllm_kit.spec import ServeSettings, build_spec
 
 MODEL = "builtin:tiny-llama"
 KEY = "sk-test-reload"
@@ -41,8 +42,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     v1, v2 = build(root / "v1"), build(root / "v2")
     huge = build(root / "huge", max_tokens_in_paged_kv_cache=2**40)  # ~3 PB of float32 KV: never fits
     port = free_port()
-    serve_detached(ServeOptions(out=v1, endpoints=free_endpoints(), ready_timeout_s=120, openai_port=port,
-                                api_key=KEY))
+    settings = ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port)
+    serve_detached(ServeOptions(out=v1, settings=settings, api_key=KEY))
     yield port, v1, v2, huge
     if serving_pid(v1) is not None:
         stop_serving(v1, 30)

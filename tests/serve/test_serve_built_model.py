@@ -20,8 +20,8 @@ from transformers import AutoTokenizer
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.runtime.engine import Engine, EngineConfig
 from trtllm_kit.runtime.sequence import SamplingParams
-from trtllm_kit.serve.launcher import free_endpoints, free_port
-from trtllm_kit.serve.state import read_state
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state
 from trtllm_kit.spec import build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

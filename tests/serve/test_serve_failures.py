@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from trtllm_kit.artifact import EngineBuild
-from trtllm_kit.serve.launcher import free_endpoints
-from trtllm_kit.serve.state import run_dir
+from trtllm_kit.serve.server.launcher import free_endpoints
+from trtllm_kit.serve.server.state import run_dir
 
 pytestmark = pytest.mark.integration
 KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]

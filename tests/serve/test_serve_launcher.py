@@ -13,11 +13,12 @@ import pytest
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import servable
-from trtllm_kit.serve.hidden_args import HiddenArgs, trace_me
-from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, free_endpoints, launch_argv
-from trtllm_kit.serve.locate import TritonInstall, locate_tritonserver
-from trtllm_kit.serve.process import TritonProcess, group_alive
-from trtllm_kit.serve.text import StopMatcher
+from trtllm_kit.serve.openai.text import StopMatcher
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
+from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, free_endpoints, launch_argv
+from trtllm_kit.serve.server.locate import TritonInstall, locate_tritonserver
+from trtllm_kit.serve.server.process import TritonProcess, group_alive
 
 OPT = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), "/opt/tritonserver",
                     backend_dir=Path("/opt/tritonserver/backends"))

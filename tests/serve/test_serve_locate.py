@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve import locate
-from trtllm_kit.serve.locate import locate_tritonserver
+from trtllm_kit.serve.server import locate
+from trtllm_kit.serve.server.locate import locate_tritonserver
 
 
 def fake_install(root: Path) -> Path:
@@ -73,8 +73,9 @@ def test_nothing_found_names_everything_searched(tmp_path: Path, monkeypatch: py
 
 def test_kit_cache_is_the_models_cache() -> None:
     from trtllm_kit.models.builtin import cache_root
+    from trtllm_kit.serve.server.state import kit_cache
 
-    assert locate.kit_cache() == cache_root()
+    assert kit_cache() == cache_root()
 
 
 def test_explicit_path_that_is_not_a_server(tmp_path: Path) -> None:

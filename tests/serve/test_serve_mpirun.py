@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trtllm_kit.serve.launcher import LaunchConfig, free_endpoints
-from trtllm_kit.serve.locate import locate_tritonserver
-from trtllm_kit.serve.process import TritonProcess, group_alive
+from trtllm_kit.serve.server.launcher import LaunchConfig, free_endpoints
+from trtllm_kit.serve.server.locate import locate_tritonserver
+from trtllm_kit.serve.server.process import TritonProcess, group_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("mpirun") is None,
                                                          reason="mpirun not installed (apt install openmpi-bin)")]

@@ -19,8 +19,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from trtllm_kit.serve.launcher import GRPC_RESTRICTED_HEADER, free_endpoints, free_port
-from trtllm_kit.serve.state import TOKEN_FILE, read_state, run_dir
+from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER, free_endpoints, free_port
+from trtllm_kit.serve.server.state import TOKEN_FILE, read_state, run_dir
 
 pytestmark = pytest.mark.integration
 KEY = "sk-test-key"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtllm_kit.serve.client import GenerationRequest
-from trtllm_kit.serve.openai_protocol import ChoiceShape, RequestError, generation_request, parse_prompt, parse_sampling
+from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, generation_request, parse_prompt, parse_sampling
 
 
 @pytest.mark.parametrize(("body", "expected"), [

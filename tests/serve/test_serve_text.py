@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.models.tokenizer import write_tokenizer
-from trtllm_kit.serve.text import StopMatcher, Tokenizer
+from trtllm_kit.serve.openai.text import StopMatcher, Tokenizer
 
 
 @pytest.fixture(scope="module")

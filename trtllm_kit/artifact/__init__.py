@@ -14,6 +14,7 @@ from trtllm_kit.artifact.records import (
     EngineBuild,
     EngineLimits,
     EngineRecord,
+    LlmapiRepoOptions,
     ModelRecord,
     RepoRecord,
     StageRecords,
@@ -21,6 +22,6 @@ from trtllm_kit.artifact.records import (
 
 __all__ = [
     "MANIFEST", "SCHEMA_VERSION", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild", "EngineLimits",
-    "EngineRecord", "ManifestError", "ModelRecord", "RepoRecord", "StageRecords", "read_manifest_json",
-    "upgrade_manifest",
+    "EngineRecord", "LlmapiRepoOptions", "ManifestError", "ModelRecord", "RepoRecord", "StageRecords",
+    "read_manifest_json", "upgrade_manifest",
 ]

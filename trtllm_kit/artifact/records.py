@@ -12,6 +12,7 @@ from typing import Any
 
 from trtllm_kit.layout import Mapping
 from trtllm_kit.plan import BuildPlan
+from trtllm_kit.spec.repo_options import RepoOptions
 
 
 def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +160,20 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
+class LlmapiRepoOptions:
+    """The llmapi repository's options: decoupled or not, the ``LLM()`` arguments its ``model.yaml`` holds, and the
+    ``tensorrt_llm`` instances (one per GPU group of ``gpu_device_ids``)."""
+
+    decoupled: bool
+    llm_args: dict[str, Any]
+    instances: int = 1
+    gpu_device_ids: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class RepoRecord:
     """``repo/``: the Triton model repository, its models, the limits it was written for and its options."""
 
@@ -169,14 +184,17 @@ class RepoRecord:
     text: bool
     gpt_model_path: str
     limits: EngineLimits
-    options: dict[str, Any]
+    options: RepoOptions | LlmapiRepoOptions  # the resolved [repo] table, or the llmapi repository's own
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "limits": self.limits.to_dict()}
+        return {**asdict(self), "limits": self.limits.to_dict(), "options": self.options.to_dict()}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RepoRecord:
-        return cls(**{**_known(cls, values), "limits": EngineLimits.from_dict(values["limits"])})
+        options = values.get("options") or {}
+        typed = LlmapiRepoOptions(**_known(LlmapiRepoOptions, options)) if "llm_args" in options else \
+            RepoOptions.from_values(options)
+        return cls(**{**_known(cls, values), "limits": EngineLimits.from_dict(values["limits"]), "options": typed})
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from trtllm_kit.diskspace import FULL_ERRNOS, DiskFullError, human_size
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.interrupts import INTERRUPTS
 from trtllm_kit.owner import owner_alive, owner_tag
-from trtllm_kit.serve.state import serving_pid
+from trtllm_kit.serve.server.state import serving_pid
 
 
 def check_out_dir(out_dir: Path, *, force: bool) -> None:

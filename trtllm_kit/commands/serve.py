@@ -16,7 +16,7 @@ from trtllm_kit.errors import KitUsageError
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
 
 if TYPE_CHECKING:
-    from trtllm_kit.serve.service import ServeOptions
+    from trtllm_kit.serve.options import ServeOptions
 
 
 @click.command()
@@ -82,26 +82,17 @@ def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None
         ctx: the command's context; out: OUT or None; config_file: ``--config`` or None; api_key: ``--api-key``;
         more: further OUTs; names: ``--name NAME=OUT``; aliases: ``--alias NAME=A:W,B:W``.
     """
-    from trtllm_kit.serve.launcher import Endpoints
-    from trtllm_kit.serve.service import ServeOptions
+    from trtllm_kit.serve.options import ServeOptions, parse_names
     from trtllm_kit.spec import ServeSettings, load_toml, merge
 
     values = merge(load_toml(config_file) if config_file else {}, typed_values(ctx))
     out = out if out is not None else (Path(values["out"]) if values.get("out") else None)
     if out is None and names:
-        from trtllm_kit.serve.members import parse_names
-
         out = next(iter(parse_names(names).values()))
     if out is None:
         raise KitUsageError("no build to serve; pass OUT or set out = \"...\" in the --config file.")
     settings = ServeSettings(**values.get("serve", {}))
-    return ServeOptions(out=out, endpoints=Endpoints(**settings.endpoint_values()), openai_port=settings.openai_port,
-                        api_key=api_key, api_keys=settings.api_keys, usage_log=settings.usage_log,
-                        tritonserver=settings.tritonserver, model=settings.model,
-                        ready_timeout_s=settings.ready_timeout_s, log_verbose=settings.log_verbose,
-                        exit_timeout_s=settings.exit_timeout_s, verify=settings.verify,
-                        engine_watchdog_s=settings.engine_watchdog_s, ensemble=settings.ensemble,
-                        server=str(settings.server), more=more, names=names, aliases=aliases)
+    return ServeOptions(out=out, settings=settings, api_key=api_key, more=more, names=names, aliases=aliases)
 
 
 @click.command()
@@ -115,7 +106,7 @@ def stop(out: Path | None, timeout: float) -> None:
     Example:
       trtllm-kit stop out/
     """
-    from trtllm_kit.serve.detach import last_detached, stop_serving  # not service: a quarter second of imports
+    from trtllm_kit.serve.server.detach import last_detached, stop_serving  # not service: a quarter second of imports
 
     out = out if out is not None else last_detached()
     result = stop_serving(out, timeout)
@@ -146,8 +137,8 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
     import asyncio
 
     from trtllm_kit.serve.client import GenerationRequest, generate_to
-    from trtllm_kit.serve.launcher import grpc_headers
-    from trtllm_kit.serve.state import token_for
+    from trtllm_kit.serve.server.launcher import grpc_headers
+    from trtllm_kit.serve.server.state import token_for
 
     request = GenerationRequest(prompt, max_tokens, temperature or None, top_p, top_k, seed)
     headers = grpc_headers(token_for(url))  # the owner's own serve: its token, from the run directory
@@ -172,7 +163,7 @@ def reload(name: str, new_out: Path, served_out: Path | None, timeout: float, as
     Example:
       trtllm-kit reload builtin:tiny-llama out-v2/ --out out/
     """
-    from trtllm_kit.serve.reload import request_reload
+    from trtllm_kit.serve.fleet.reload import request_reload
     from trtllm_kit.serve.service import last_detached
 
     result = request_reload(served_out if served_out is not None else last_detached(), name, new_out, timeout,

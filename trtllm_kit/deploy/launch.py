@@ -23,8 +23,9 @@ from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import OPTIONS_FLAG, DeploySource
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, launch_argv
-from trtllm_kit.serve.locate import TritonInstall
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.launcher import LaunchConfig, launch_argv
+from trtllm_kit.serve.server.locate import TritonInstall
 from trtllm_kit.targets import get_target
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}

@@ -9,10 +9,11 @@ from pathlib import Path
 from aiohttp import web
 
 from trtllm_kit.deploy.leader_plan import FrontendPlan
-from trtllm_kit.serve.launcher import grpc_headers
 from trtllm_kit.serve.limits import max_seq_len
-from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend, start_frontend
-from trtllm_kit.serve.routes import Route
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.server.launcher import grpc_headers
 
 
 def frontend(plan: FrontendPlan, token: str) -> OpenAIFrontend:

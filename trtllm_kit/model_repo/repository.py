@@ -79,7 +79,7 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         for path in tokenizer_files:
             shutil.copy2(path, repo_dir / name / TOKENIZER_DIR / path.name)
     return RepoRecord(dir=repo_dir.name, schema=SCHEMA, target=limits.target, models=list(configs), text=has_text,
-                      gpt_model_path=str(model_path), limits=limits, options=resolved.to_dict())
+                      gpt_model_path=str(model_path), limits=limits, options=resolved)
 
 
 def has_tokenizer(files: list[Path]) -> bool:

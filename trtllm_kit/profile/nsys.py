@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile.bench import run_bench_async
-from trtllm_kit.serve.process import kit_environment
+from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
 
 STATS_REPORTS = ("cuda_gpu_kern_sum", "cuda_api_sum", "nvtx_sum", "cuda_gpu_mem_time_sum")
 KERNEL_CATEGORIES = (("all_reduce", r"nccl|allreduce|all_reduce"), ("attention", r"mmha|fmha|attention|xqa|flash"),
@@ -149,32 +146,14 @@ def capture_in_measurement(runs: list[dict[str, Any]], iterations: tuple[int, in
     return any(first <= iterations[0] and iterations[1] <= last for first, last in spans)
 
 
-def _wait_ready(proc: subprocess.Popen, ready_url: str, timeout_s: float, log: Path) -> None:
+def _answers(url: str) -> bool:
     import urllib.request
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise KitError(f"the profiled server exited with code {proc.returncode} before it was ready; "
-                           f"last log lines: {log.read_text()[-600:].strip()}")
-        try:
-            with urllib.request.urlopen(ready_url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise KitError(f"the profiled server was not ready at {ready_url} after {timeout_s:g} s; see {log}.")
-
-
-def _stop(proc: subprocess.Popen, timeout_s: float) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: tuple[int, int] = (100, 150),
@@ -200,14 +179,19 @@ def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: t
     report = spec.out / "profile"
     log = spec.out / "server.log"
     argv = profile_argv(nsys, report, server_argv)
-    with log.open("w") as log_file:
-        proc = subprocess.Popen(argv, env={**kit_environment(), **profile_env(iterations)}, stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    log.unlink(missing_ok=True)
+    server = ProcessGroup(log)
+    server.start(argv, {**kit_environment(), **profile_env(iterations)})
     try:
-        _wait_ready(proc, ready_url, ready_timeout_s, log)
+        not_ready = server.wait_ready(lambda: _answers(ready_url), ready_timeout_s, poll_s=0.1)
+        if not_ready is not None and not_ready.exit_code is not None:
+            raise KitError(f"the profiled server exited with code {not_ready.exit_code} before it was ready; "
+                           f"last log lines: {log.read_text()[-600:].strip()}")
+        if not_ready is not None:
+            raise KitError(f"the profiled server was not ready at {ready_url} after {ready_timeout_s:g} s; see {log}.")
         results = asyncio.run(run_bench_async(spec, on_done))
     finally:
-        _stop(proc, 300.0)
+        server.stop(300.0)
     rep = report.with_suffix(".nsys-rep")
     if not rep.is_file():
         raise KitError(f"nsys wrote no {rep.name}: the capture range never opened; check that iterations "

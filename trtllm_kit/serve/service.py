@@ -1,6 +1,6 @@
 """``trtllm-kit serve OUT [OUT ...]``: launch, wait, run the frontend, reload on request, shut down.
 
-Several OUTs are served by one tritonserver from one working repository (``serve/members.py``). The first OUT
+Several OUTs are served by one tritonserver from one working repository (``serve/fleet/members.py``). The first OUT
 owns the serve's run directory (the working repository, the logs, the reload requests); every OUT's run directory
 gets the pid file and the state, so ``stop`` and ``reload`` take any of them and a rebuild into any of them is
 refused while it is served.
@@ -12,74 +12,48 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.integrity import check_artifact
-from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S, DEFAULT_READY_TIMEOUT_S
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.compat import Servable, servable
-from trtllm_kit.serve.detach import API_KEY_ENV, last_detached, serve_detached, stop_serving
-from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.launcher import Endpoints, LaunchConfig, check_ports_free, grpc_headers, launch_argv
-from trtllm_kit.serve.locate import locate_tritonserver
-from trtllm_kit.serve.members import parse_names, plan_members, route, working_repository
-from trtllm_kit.serve.merge import TRTLLM_MODEL
-from trtllm_kit.serve.process import TritonProcess
-from trtllm_kit.serve.reaper import Reaper
-from trtllm_kit.serve.reload import REQUESTS_DIR
-from trtllm_kit.serve.routes import Alias, Route, check_aliases
-from trtllm_kit.serve.running import Server, Watch, drop_idle_ensemble, route_state
-from trtllm_kit.serve.state import TOKEN_FILE, claim_run_dir, run_dir, serving_pid, write_pid, write_token
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.openai import OpenAIFrontend
+from trtllm_kit.serve.fleet.fit import check_fit, memory_need
+from trtllm_kit.serve.fleet.hotswap import Reloader
+from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
+from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
+from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble, route_state
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
+from trtllm_kit.serve.options import API_KEY_ENV, Endpoints, ServeOptions, parse_names
+from trtllm_kit.serve.server.detach import last_detached, serve_detached, stop_serving
+from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, grpc_headers, launch_argv
+from trtllm_kit.serve.server.locate import locate_tritonserver
+from trtllm_kit.serve.server.process import TritonProcess
+from trtllm_kit.serve.server.reaper import Reaper
+from trtllm_kit.serve.server.state import (
+    HEARTBEAT_DIR,
+    TRITON_LOG,
+    claim_run_dir,
+    clear_run,
+    fresh_run_dir,
+    serving_pid,
+    write_pid,
+    write_token,
+)
+from trtllm_kit.serve.server.trtllm_serve import serve_trtllm
+from trtllm_kit.serve.server.watch import Watch
 
 __all__ = ["ServeOptions", "last_detached", "serve", "serve_detached", "stop_serving"]
 
 WATCH_S = 0.5  # how often a serving process checks that tritonserver and every stub are alive
 LOOPBACK = {False: "127.0.0.1", True: "::1"}
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """``trtllm-kit serve`` as a value: what to serve, where, and how long to wait."""
-
-    out: Path
-    endpoints: Endpoints = field(default_factory=Endpoints)
-    openai_port: int | None = None
-    api_key: str | None = None
-    api_keys: Path | None = None  # the gateway's key file
-    usage_log: Path | None = None
-    tritonserver: Path | None = None
-    model: str | None = None  # ensemble, or tensorrt_llm_bls; the first the repository has when None
-    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
-    exit_timeout_s: int = 5
-    engine_watchdog_s: float = DEFAULT_ENGINE_WATCHDOG_S  # an engine holding requests without a step is dead
-    ensemble: bool = False  # load the ensemble model even when no route sends text to it
-    log_verbose: int = 0
-    verify: bool = False  # check every file's sha256 against the manifest (sizes and times are always checked)
-    server: str = "triton"  # or trtllm-serve: the llmapi artifact's recorded command (serve/trtllm_serve.py)
-    more: tuple[Path, ...] = ()  # further OUTs served beside ``out``
-    names: tuple[str, ...] = ()  # ``--name NAME=OUT``
-    aliases: tuple[str, ...] = ()  # ``--alias NAME=A:90,B:10``
-
-    @property
-    def outs(self) -> list[Path]:
-        """Every OUT to serve: ``out``, ``more``, then those only ``--name`` gives, without repeats."""
-        outs: list[Path] = []
-        for out in (self.out, *self.more, *parse_names(self.names).values()):
-            if all(os.path.realpath(out) != os.path.realpath(seen) for seen in outs):
-                outs.append(out)
-        return outs
 
 
 def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -99,74 +73,69 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         options: what to serve and where.
         on_ready: called once with the state (endpoints, pids, time to ready) when the server is ready.
     """
-    if options.server == "trtllm-serve":
-        from trtllm_kit.serve.trtllm_serve import serve_trtllm
-
+    if options.settings.server == "trtllm-serve":
         if len(options.outs) > 1:
             raise KitUsageError("--server trtllm-serve serves one OUT; serve several with the default --server "
                                 "triton.")
-        check_artifact(Artifact.read(options.out), hashes=options.verify)
+        check_artifact(Artifact.read(options.out), hashes=options.settings.verify)
         serve_trtllm(options, on_ready)
         return
     outs = options.outs
     targets = [servable(out) for out in outs]
     for target in targets:
-        check_artifact(target.artifact, hashes=options.verify)
+        check_artifact(target.artifact, hashes=options.settings.verify)
     members = plan_members(targets, parse_names(options.names))
-    text_models = [_model(target, options.model) for target in targets]
+    text_models = [_model(target, options.settings.model) for target in targets]
     aliases = tuple(Alias.parse(text) for text in options.aliases)
     check_aliases(list(aliases), [m.name for m in members])
-    if aliases and options.openai_port is None:
+    if aliases and options.settings.openai_port is None:
         raise KitUsageError("--alias needs the OpenAI frontend; add --openai-port PORT.")
     world_size = _world_size(targets)
     if len(members) > 1:
         check_fit([memory_need(m.name, m.target) for m in members])
-    install = locate_tritonserver(options.tritonserver)
+    install = locate_tritonserver(options.settings.tritonserver)
     for out in outs:
         holder = serving_pid(out)
         if holder is not None:
             raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
-    if options.openai_port is not None:
-        check_ports_free(options.endpoints.host, {"OpenAI": options.openai_port})
+    if options.settings.openai_port is not None:
+        check_ports_free(options.endpoints.host, {"OpenAI": options.settings.openai_port})
     os.environ.pop(API_KEY_ENV, None)  # read already; no child inherits it
-    state_dir = claim_run_dir(options.out)
+    state_dir = fresh_run_dir(options.out)
     endpoints = options.endpoints
     if options.api_key:
         endpoints = Endpoints(LOOPBACK[":" in endpoints.host], *endpoints.ports().values())
     repo, copies = working_repository(members, state_dir)
-    routes = [drop_idle_ensemble(route(m, c, text), c, repo, options.ensemble)
+    routes = [drop_idle_ensemble(route(m, c, text), c, repo, options.settings.ensemble)
               for m, c, text in zip(members, copies, text_models, strict=True)]
     names = list(dict.fromkeys(name for r in routes for name in r.models))
     config = LaunchConfig(repo=repo, endpoints=endpoints, world_size=world_size,
-                          shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.log_verbose,
-                          exit_timeout_s=options.exit_timeout_s,
+                          shm_prefix=f"trtllmkit_{os.getpid()}_", log_verbose=options.settings.log_verbose,
+                          exit_timeout_s=options.settings.exit_timeout_s,
                           trtllm_models=tuple(dict.fromkeys(c.names[TRTLLM_MODEL] for c in copies
                                                             if TRTLLM_MODEL in c.names)) or (TRTLLM_MODEL,),
                           extra_args=_explicit(names) if world_size == 1 else (),
                           restricted_token=secrets.token_urlsafe(24),
-                          restrict_inference=bool(options.api_key or options.api_keys))
+                          restrict_inference=bool(options.api_key or options.settings.api_keys))
     argv = launch_argv(install, config)
-    for stale in (REQUESTS_DIR, "heartbeat"):  # a serve killed mid-reload leaves requests no one waits for
-        shutil.rmtree(state_dir / stale, ignore_errors=True)
-    heartbeat_dir = state_dir / "heartbeat"
-    heartbeat_dir.mkdir(mode=0o700)
-    process = TritonProcess(install, config, state_dir / "tritonserver.log", argv=argv,
+    heartbeat_dir = state_dir / HEARTBEAT_DIR
+    process = TritonProcess(install, config, state_dir / TRITON_LOG, argv=argv,
                             env={HEARTBEAT_ENV: str(heartbeat_dir)})
-    (state_dir / "tritonserver.log").unlink(missing_ok=True)
+    (state_dir / TRITON_LOG).unlink(missing_ok=True)
     assert config.restricted_token is not None
     write_token(state_dir, config.restricted_token)
     for out in outs:
         claim_run_dir(out)
         write_pid(out)
     reaper = Reaper(config.shm_prefix)
-    watch = Watch(process, heartbeat_dir, options.engine_watchdog_s)
+    watch = Watch(process, heartbeat_dir, options.settings.engine_watchdog_s)
     try:
         started = time.perf_counter()
         process.start()
         assert process.pid is not None
         reaper.watch(process.pid)  # the server's own session: its group holds every stub
         frontend = _frontend(options, routes, aliases, config)  # tokenizers load while the server starts
-        process.wait_ready_or_restart(options.ready_timeout_s, on_restart=reaper.watch)
+        process.wait_ready_or_restart(options.settings.ready_timeout_s, on_restart=reaper.watch)
         process.protect_shm()
         watch.stubs = process.stubs()
         state = {"pid": os.getpid(), "server_pid": process.pid, "model": routes[0].triton_model,
@@ -183,9 +152,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         with _signals_ignored():
             process.stop(stubs=watch.stubs, is_idle=watch.engines_idle)
             reaper.close()
-            for out in outs:
-                for name in ("state.json", "serve.pid", TOKEN_FILE):
-                    (run_dir(out) / name).unlink(missing_ok=True)
+            clear_run(outs)
 
 
 def _explicit(models: list[str]) -> tuple[str, ...]:
@@ -223,21 +190,17 @@ def _model(target: Servable, wanted: str | None) -> str:
 
 def _frontend(options: ServeOptions, routes: list[Route], aliases: tuple[Alias, ...],
               launch: LaunchConfig) -> OpenAIFrontend | None:
-    if options.openai_port is None:
+    if options.settings.openai_port is None:
         return None
-    from trtllm_kit.serve.openai import OpenAIConfig, OpenAIFrontend
-
     config = OpenAIConfig(grpc_url=launch.endpoints.url("grpc"), served_name=routes[0].name,
                           triton_model=routes[0].triton_model, api_key=options.api_key,
                           triton_headers=grpc_headers(launch.restricted_token),
-                          api_keys=options.api_keys, usage_log=options.usage_log, routes=tuple(routes),
-                          aliases=aliases)
+                          api_keys=options.settings.api_keys, usage_log=options.settings.usage_log,
+                          routes=tuple(routes), aliases=aliases)
     return OpenAIFrontend(config)
 
 
 async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    from trtllm_kit.serve.hotswap import Reloader
-
     options, frontend, watch, state = server.options, server.frontend, server.watch, server.state
     process = watch.process
     stop = asyncio.Event()
@@ -249,11 +212,9 @@ async def _run(server: Server, started: float, on_ready: Callable[[dict[str, Any
     loop.add_signal_handler(signal.SIGUSR1, reloader.requested)
     runner = None
     try:
-        if frontend is not None and options.openai_port is not None:
-            from trtllm_kit.serve.openai import start_frontend
-
-            runner = await start_frontend(frontend, options.endpoints.host, options.openai_port)
-            state["openai"] = f"{options.endpoints.url('http').rsplit(':', 1)[0]}:{options.openai_port}"
+        if frontend is not None and options.settings.openai_port is not None:
+            runner = await start_frontend(frontend, options.endpoints.host, options.settings.openai_port)
+            state["openai"] = f"{options.endpoints.url('http').rsplit(':', 1)[0]}:{options.settings.openai_port}"
         state["ready_s"] = round(time.perf_counter() - started, 3)
         state["ready"] = True
         server.write_state()

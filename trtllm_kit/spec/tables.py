@@ -193,6 +193,6 @@ class ServeSettings:
             raise KitUsageError(f"ready_timeout_s must be a positive number of seconds, got {self.ready_timeout_s}.")
 
     def endpoint_values(self) -> dict[str, Any]:
-        """Host and the three Triton ports, as ``serve.launcher.Endpoints`` takes them."""
+        """Host and the three Triton ports, as ``serve.options.Endpoints`` takes them."""
         return {"host": self.host, "http_port": self.http_port, "grpc_port": self.grpc_port,
                 "metrics_port": self.metrics_port}

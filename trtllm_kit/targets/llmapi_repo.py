@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtllm_kit.artifact import RepoRecord
+from trtllm_kit.artifact import LlmapiRepoOptions, RepoRecord
 from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
 from trtllm_kit.llmapi.llm_args import check_llm_args
@@ -121,8 +121,9 @@ def llmapi_repo_stage(ctx: BuildContext, target: Target) -> RepoRecord:
                       + (f"; {describe(groups)}" if groups else ""))
     return RepoRecord(dir="repo", schema=SCHEMA, target=target.name, models=[TRTLLM_MODEL], text=True,
                       gpt_model_path=str(model_path), limits=limits,
-                      options={"decoupled": ctx.spec.repo.decoupled, "llm_args": args, "instances": max(1, len(groups)),
-                               "gpu_device_ids": format_groups(groups) if groups else None})
+                      options=LlmapiRepoOptions(decoupled=ctx.spec.repo.decoupled, llm_args=args,
+                                                instances=max(1, len(groups)),
+                                                gpu_device_ids=format_groups(groups) if groups else None))
 
 
 def recipe_for(ctx: BuildContext, setup: EngineSetup) -> LlmapiRecipe:

@@ -17,12 +17,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.errors import error_response
 from trtllm_kit.serve.gateway.keys import KeyFile, KeyRecord, read_keys
 from trtllm_kit.serve.gateway.limits import KeyLimits, Refusal
 from trtllm_kit.serve.gateway.usage import UsageLog, UsageMetrics, UsageRecord
-from trtllm_kit.serve.openai_protocol import RequestError
-from trtllm_kit.serve.request_body import json_body
+from trtllm_kit.serve.openai.errors import error_response
+from trtllm_kit.serve.openai.protocol import RequestError
+from trtllm_kit.serve.openai.request_body import json_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOG = logging.getLogger(__name__)

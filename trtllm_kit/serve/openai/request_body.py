@@ -8,8 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.errors import parse_body
-from trtllm_kit.serve.openai_protocol import RequestError
+from trtllm_kit.serve.openai.errors import parse_body
+from trtllm_kit.serve.openai.protocol import RequestError
 
 BODY = web.RequestKey("json_body", dict[str, Any])
 UTF8 = ("utf-8", "utf8")

@@ -5,6 +5,9 @@ anything changes); copy its repository in as ``NAME__vN__*``; load those models 
 (explicit model control, with the per-launch token); switch the route, so every new request
 goes to the new version; wait until the old route's requests in flight have finished; unload the old models
 that no other route uses and delete their copies.
+
+Reload is one feature in two modules: ``fleet/reload.py`` is its channel (the ``reload`` command's request file,
+taken and answered here); this module is the swap the serve performs.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -23,17 +26,14 @@ from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.artifact.manifest import ManifestError
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.compat import Servable, servable
-from trtllm_kit.serve.fit import check_fit, memory_need
-from trtllm_kit.serve.launcher import http_headers
-from trtllm_kit.serve.members import route, versioned
-from trtllm_kit.serve.merge import copy_models, remove_models
-from trtllm_kit.serve.reload import answer, take_requests
-from trtllm_kit.serve.running import drop_idle_ensemble
-from trtllm_kit.serve.state import claim_run_dir, serving_pid, write_pid
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.routes import Route
-    from trtllm_kit.serve.running import Server
+from trtllm_kit.serve.fleet.fit import check_fit, memory_need
+from trtllm_kit.serve.fleet.members import route, versioned
+from trtllm_kit.serve.fleet.merge import copy_models, remove_models
+from trtllm_kit.serve.fleet.reload import answer, take_requests
+from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.server.launcher import http_headers
+from trtllm_kit.serve.server.state import claim_run_dir, serving_pid, write_pid
 
 DRAIN_TIMEOUT_S = 120.0  # in-flight requests of the old version get this long before it is unloaded
 UNLOAD_TIMEOUT_S = 60.0
@@ -106,15 +106,16 @@ class Reloader:
         if differences:
             raise KitUsageError(f"{new_out} is not a new version of {name}: {'; '.join(differences)}; pass --force "
                                 "to serve it under this name anyway.")
-        check_artifact(target.artifact, hashes=server.options.verify)
-        wanted = server.options.model
+        check_artifact(target.artifact, hashes=server.options.settings.verify)
+        wanted = server.options.settings.model
         text_model = wanted if wanted in target.models else target.models[0]
         member = versioned(name, target, old.version + 1)
         others = [memory_need(m.name, m.target) for i, m in enumerate(server.members) if i != index]
         need = memory_need(f"{name} v{member.version}", target)
         check_fit([*(others if need.on_gpu else []), need], what=f"{new_out} next to the served models")
         copied = copy_models(target.repo, launch.repo, member.prefix)
-        new = drop_idle_ensemble(route(member, copied, text_model), copied, launch.repo, server.options.ensemble)
+        new = drop_idle_ensemble(route(member, copied, text_model), copied, launch.repo,
+                                 server.options.settings.ensemble)
         loaded: list[str] = []
         headers = http_headers(launch.restricted_token)  # the repository API demands the per-launch token
         async with aiohttp.ClientSession(f"http://{launch.endpoints.url('http')}", headers=headers) as http:

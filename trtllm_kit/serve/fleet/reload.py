@@ -1,7 +1,7 @@
 """``trtllm-kit reload NAME NEW_OUT``: ask a running serve to swap a served model for a new artifact.
 
 The serve process holds Triton's per-launch token and the frontend's routes, so it does the work
-(``serve/hotswap.py``); this side writes a request file into the serve's run directory (``reloads/ID.json``,
+(``serve/fleet/hotswap.py``); this side writes a request file into the serve's run directory (``reloads/ID.json``,
 renamed into place), sends the serve SIGUSR1, and waits for ``reloads/ID.result.json``.
 """
 
@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.state import read_state, serving_pid
-
-REQUESTS_DIR = "reloads"
+from trtllm_kit.serve.server.state import REQUESTS_DIR, read_state, serving_pid
 
 
 def request_reload(served_out: Path, name: str, new_out: Path, timeout_s: float = 600.0, *,

@@ -10,9 +10,9 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.serve.client import Chunk, GenerationRequest
-from trtllm_kit.serve.openai_protocol import Sampling
-from trtllm_kit.serve.routes import Route
-from trtllm_kit.serve.text import StopMatcher
+from trtllm_kit.serve.openai.protocol import Sampling
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.openai.text import StopMatcher
 
 
 async def send(response: web.StreamResponse, payload: dict[str, Any]) -> None:

@@ -7,9 +7,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtllm_kit.defaults import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.locate import TritonInstall
+from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.locate import TritonInstall
 
 PYTHON_SHM_DEFAULT_BYTES = 4 * 1024 * 1024
 PYTHON_SHM_GROWTH_BYTES = 1024 * 1024
@@ -24,29 +24,6 @@ ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
 SERVING_APIS = ("metadata", "inference", "model-config", "statistics")
 RESTRICTED_HEADER = "trtllm-kit-token"
 GRPC_RESTRICTED_HEADER = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # the metadata key Triton's gRPC checks
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """Where the server listens: one bind address and the HTTP, gRPC and metrics ports."""
-
-    host: str = DEFAULT_HOST
-    http_port: int = DEFAULT_HTTP_PORT
-    grpc_port: int = DEFAULT_GRPC_PORT
-    metrics_port: int = DEFAULT_METRICS_PORT
-
-    @property
-    def client_host(self) -> str:
-        """The address a local client connects to (a wildcard bind is reached over loopback)."""
-        return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
-
-    def ports(self) -> dict[str, int]:
-        return {"HTTP": self.http_port, "gRPC": self.grpc_port, "metrics": self.metrics_port}
-
-    def url(self, kind: str) -> str:
-        """``host:port`` for ``kind`` in ``http``, ``grpc``, ``metrics`` (IPv6 hosts bracketed)."""
-        host = f"[{self.client_host}]" if ":" in self.client_host else self.client_host
-        return f"{host}:{getattr(self, f'{kind}_port')}"
 
 
 @dataclass(frozen=True)

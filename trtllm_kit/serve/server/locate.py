@@ -11,6 +11,7 @@ from importlib import metadata, util
 from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.server.state import kit_cache
 
 OPT_TRITONSERVER = Path("/opt/tritonserver")
 PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
@@ -115,14 +116,6 @@ def pytriton_install(cache_dir: Path | None = None) -> TritonInstall | None:
     _link_all(backends / "python", sources)
     return TritonInstall(server=root / "bin" / "tritonserver", source="nvidia-pytriton", backend_dir=backends,
                          lib_dirs=(package.parent / "nvidia_pytriton.libs",))
-
-
-def kit_cache() -> Path:
-    """``$TRTLLM_KIT_CACHE`` or the user cache directory (as ``models.builtin.cache_root``, without importing torch)."""
-    import platformdirs
-
-    override = os.environ.get("TRTLLM_KIT_CACHE")
-    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("trtllm-kit"))
 
 
 def _link_all(directory: Path, sources: dict[str, Path]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.runtime.sampling_rules import is_greedy_temperature, sampling_problem
 from trtllm_kit.serve.client import GenerationRequest
-from trtllm_kit.serve.request_limits import MAX_PROMPTS, MAX_STOPS, stops_problem
+from trtllm_kit.serve.openai.request_limits import MAX_PROMPTS, MAX_STOPS, stops_problem
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
 PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spans -100..100

@@ -8,25 +8,29 @@ OUT (the artifact may have moved) and ``--host``/``--port`` take the serve setti
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.launcher import check_ports_free
-from trtllm_kit.serve.state import claim_run_dir, run_dir, serving_pid, write_pid
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.service import ServeOptions
+from trtllm_kit.serve.options import ServeOptions
+from trtllm_kit.serve.server.group import ProcessGroup
+from trtllm_kit.serve.server.launcher import check_ports_free
+from trtllm_kit.serve.server.state import (
+    TRTLLM_SERVE_LOG,
+    claim_run_dir,
+    clear_run,
+    serving_pid,
+    write_pid,
+    write_state,
+)
 
 SERVER = "trtllm-serve"
 INSTALL_HINT = ("install TensorRT-LLM 1.0 or later (pip install tensorrt_llm, or use NVIDIA's Triton TRT-LLM "
@@ -74,7 +78,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     Arguments:
         options: what to serve and where; on_ready: called once with the state when it answers 200 on /health.
     """
-    host, port = options.endpoints.host, options.openai_port or options.endpoints.http_port
+    host, port = options.endpoints.host, options.settings.openai_port or options.endpoints.http_port
     argv = launch_argv(options.out, host, port)
     binary = shutil.which(SERVER)
     if binary is None:
@@ -85,7 +89,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
         raise KitUsageError(f"{options.out} is already served by pid {holder}; run trtllm-kit stop {options.out}.")
     check_ports_free(host, {SERVER: port})
     state_dir = claim_run_dir(options.out)
-    log_path = state_dir / "trtllm-serve.log"
+    log_path = state_dir / TRTLLM_SERVE_LOG
     stop = {"requested": False}
 
     def request_stop(_sig: int, _frame: object) -> None:
@@ -94,18 +98,25 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     saved = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     write_pid(options.out)
     started = time.perf_counter()
-    with log_path.open("wb") as log:
-        child = subprocess.Popen([binary, *argv[1:]], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+    log_path.unlink(missing_ok=True)
+    server = ProcessGroup(log_path)
+    child = server.start([binary, *argv[1:]])
     try:
-        url = f"http://{options.endpoints.client_host}:{port}"
-        _wait_ready(child, f"{url}/health", options.ready_timeout_s, log_path, stop)
+        health = f"http://{options.endpoints.client_host}:{port}/health"
+        not_ready = server.wait_ready(lambda: _answers(health), options.settings.ready_timeout_s, poll_s=0.2,
+                                      stop_requested=lambda: stop["requested"])
+        if not_ready is not None and not_ready.exit_code is not None:
+            raise KitError(f"{SERVER} exited with code {not_ready.exit_code} before it was ready (log {log_path}); "
+                           f"last lines:\n{server.log_tail()}")
+        if not_ready is not None:
+            raise KitError(f"{SERVER} did not answer 200 on {health} within {options.settings.ready_timeout_s:g} s "
+                           f"(log {log_path}); raise --ready-timeout or read the log.")
         if stop["requested"]:
             return
         state = {"pid": os.getpid(), "server_pid": child.pid, "server": SERVER, "model": "trtllm-serve",
                  "target": "llmapi", "openai": f"{host}:{port}", "argv": argv, "log": str(log_path),
                  "ready_s": round(time.perf_counter() - started, 3), "ready": True}
-        (run_dir(options.out) / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        write_state([options.out], state)
         if on_ready is not None:
             on_ready(state)
         while not stop["requested"]:
@@ -113,40 +124,15 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
                 raise KitError(f"{SERVER} exited with code {child.returncode} while serving (log {log_path}).")
             time.sleep(0.1)
     finally:
-        _end(child, options.exit_timeout_s)
+        server.stop(options.settings.exit_timeout_s)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-        for name in ("state.json", "serve.pid"):
-            (state_dir / name).unlink(missing_ok=True)
+        clear_run([options.out])
 
 
-def _wait_ready(child: subprocess.Popen[bytes], health: str, timeout_s: float, log_path: Path,
-                stop: dict[str, bool]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not stop["requested"]:
-        if child.poll() is not None:
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-            raise KitError(f"{SERVER} exited with code {child.returncode} before it was ready (log {log_path}); "
-                           f"last lines:\n{tail}")
-        try:
-            with urllib.request.urlopen(health, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    if not stop["requested"]:
-        raise KitError(f"{SERVER} did not answer 200 on {health} within {timeout_s:g} s (log {log_path}); raise "
-                       "--ready-timeout or read the log.")
-
-
-def _end(child: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the server's process group, SIGKILL it after ``grace_s``."""
-    if child.poll() is not None:
-        return
-    os.killpg(child.pid, signal.SIGTERM)
+def _answers(url: str) -> bool:
     try:
-        child.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait(timeout=10)
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trtllm_kit.errors import KitError
-from trtllm_kit.serve.hidden_args import HiddenArgs, trace_me
-from trtllm_kit.serve.launcher import LaunchConfig, check_ports_free, launch_argv
-from trtllm_kit.serve.locate import TritonInstall
-from trtllm_kit.serve.reaper import group_alive
+from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
+from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
+from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, launch_argv
+from trtllm_kit.serve.server.locate import TritonInstall
+from trtllm_kit.serve.server.reaper import group_alive
 
 SHM_DIR = Path("/dev/shm")
 # Triton's error lines: E<MMDD> <time> <thread> <file:line>] <message>
@@ -38,7 +38,6 @@ PR_SET_PDEATHSIG = 1
 DRAINED_LINE = b"All models are stopped, unloading models"
 UNLOAD_GRACE_S = 0.25
 STUB_NAME = "triton_python_backend_stub"
-SECRET_ENV = ("TRTLLM_KIT_API_KEY",)  # never passed to a server or its stubs
 LOG = logging.getLogger(__name__)
 
 
@@ -75,14 +74,17 @@ class TritonProcess:
         self.install = install
         self.env = env or {}  # added to the server's environment
         self.config = config
-        self.log_path = log_path
         self.argv = argv if argv is not None else launch_argv(install, config, mpirun=mpirun)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.group = ProcessGroup(log_path)
         self.log_from = 0  # where this start's lines begin in the log (a restart appends to it)
 
     @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.group.proc
+
+    @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        return self.group.pid
 
     def start(self, *, die_with_parent: bool = True) -> None:
         """Check the ports, then start the server in its own session with its output in ``log_path``.
@@ -91,15 +93,14 @@ class TritonProcess:
             die_with_parent: end the server when this process dies (off for a detached server's launcher).
         """
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**kit_environment(self.install.environment()), **self.env}
-        self.log_from = self._log_size()
+        self.log_from = self.group.log_size()
         prepare = _die_with_parent if die_with_parent else _private
         token = self.config.restricted_token
         if token and self.config.world_size == 1:  # under mpirun the ranks' argv pass through mpirun's own
             hidden = HiddenArgs(self.argv, token)
             try:
-                self._popen(hidden.shown(), {**env, **hidden.environment()}, _traced(prepare))
+                self.group.start(hidden.shown(), {**env, **hidden.environment()}, _traced(prepare))
             except subprocess.SubprocessError:  # tracing refused (seccomp, Yama scope 3): the plain command line
                 with self.log_path.open("a") as log:
                     log.write("trtllm-kit: this system refuses ptrace, so the Triton token is on tritonserver's "
@@ -108,12 +109,7 @@ class TritonProcess:
                 assert self.proc is not None
                 hidden.reveal(self.proc.pid)
                 return
-        self._popen(self.argv, env, prepare)
-
-    def _popen(self, argv: list[str], env: dict[str, str], prepare: Callable[[], None]) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=prepare)
+        self.group.start(self.argv, env, prepare)
 
     def is_ready(self) -> bool:
         """``GET /v2/health/ready`` answers 200, and so does ``/metrics`` (Triton starts it last, and a benchmark
@@ -129,30 +125,27 @@ class TritonProcess:
             timeout_s: seconds to wait from now.
             poll_s: seconds between polls.
         """
-        assert self.proc is not None, "start() first"
         started = time.perf_counter()
-        while True:
-            if self.is_ready():
-                return time.perf_counter() - started
-            code = self.proc.poll()
-            reason = None
-            if code is not None:
-                reason = f"tritonserver exited with code {code} while starting"
-                if code in (-signal.SIGABRT, 128 + signal.SIGABRT) or \
-                        any(marker in self._log_since(self.log_from) for marker in ABORT_MARKERS):
-                    self.stop()
-                    raise StartupAbort(f"{reason} (it aborted; log {self.log_path})")
-            elif any(marker in self.log_tail() for marker in STUB_FAILURES):
-                reason = "a Python-backend stub failed to start"
-            elif time.perf_counter() - started > timeout_s:
-                reason = f"tritonserver was not ready after {timeout_s:g} s"
-            if reason:
-                tail = self.log_tail()
+        not_ready = self.group.wait_ready(self.is_ready, timeout_s, poll_s=poll_s, problem=self._stub_failure)
+        if not_ready is None:
+            return time.perf_counter() - started
+        code = not_ready.exit_code
+        if code is not None:
+            reason = f"tritonserver exited with code {code} while starting"
+            if code in (-signal.SIGABRT, 128 + signal.SIGABRT) or \
+                    any(marker in self.group.log_since(self.log_from) for marker in ABORT_MARKERS):
                 self.stop()
-                cause = self.first_error()
-                reason += f": {cause}" if cause else ""
-                raise KitError(f"{reason} (log {self.log_path}); last lines:\n{tail}")
-            time.sleep(poll_s)
+                raise StartupAbort(f"{reason} (it aborted; log {self.log_path})")
+        else:
+            reason = not_ready.problem or f"tritonserver was not ready after {timeout_s:g} s"
+        tail = self.log_tail()
+        self.stop()
+        cause = self.first_error()
+        reason += f": {cause}" if cause else ""
+        raise KitError(f"{reason} (log {self.log_path}); last lines:\n{tail}")
+
+    def _stub_failure(self) -> str | None:
+        return "a Python-backend stub failed to start" if any(m in self.log_tail() for m in STUB_FAILURES) else None
 
     def wait_ready_or_restart(self, timeout_s: float, on_restart: Callable[[int], None]) -> float:
         """``wait_ready``; when the server aborted while starting, say so (one warning line), start it once more
@@ -186,15 +179,13 @@ class TritonProcess:
                 return message
         return None
 
+    @property
+    def log_path(self) -> Path:
+        return self.group.log_path
+
     def log_tail(self, num_lines: int = 20) -> str:
         """The last ``num_lines`` lines of the server log."""
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
-                lines = f.read().decode(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-num_lines:])
+        return self.group.log_tail(num_lines)
 
     def stubs(self) -> dict[int, str]:
         """The live Python-backend stubs of this server: pid → the model they run."""
@@ -235,39 +226,20 @@ class TritonProcess:
         grace_s = self.config.exit_timeout_s + 5.0 if grace_s is None else grace_s
         if stubs and not set(stubs) <= set(self.stubs()):
             grace_s = 0.0
-        pgid = self.proc.pid
         if self.proc.poll() is None:
             graceful = grace_s > 0
-            log_size = self._log_size()
+            log_size = self.group.log_size()
             deadline = time.monotonic() + (grace_s if graceful else 5.0)
-            _signal_group(pgid, signal.SIGTERM if graceful else signal.SIGKILL, leader_only=graceful, pid=self.proc.pid)
+            self.group.signal(signal.SIGTERM if graceful else signal.SIGKILL, leader_only=graceful)
             if graceful and is_idle is not None and self._wait_drained(log_size, grace_s) and is_idle():
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=UNLOAD_GRACE_S)
                 if is_idle():
                     deadline = time.monotonic()
-            try:
-                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(pgid, signal.SIGKILL)
-                self.proc.wait()
-        _reap_group(pgid, wait_s=0.5)
+            self.group.wait_or_kill(deadline - time.monotonic())
+        self._reap_group(wait_s=0.5)
         self.remove_shm()
         return self.proc.returncode
-
-    def _log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size
-        except OSError:
-            return 0
-
-    def _log_since(self, offset: int) -> bytes:
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(offset)
-                return f.read()
-        except OSError:
-            return b""
 
     def _wait_drained(self, log_from: int, timeout_s: float) -> bool:
         """After SIGTERM: wait until the server logs that no inference is in flight (True), or exits or
@@ -275,10 +247,22 @@ class TritonProcess:
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < deadline:
-            if DRAINED_LINE in self._log_since(log_from):
+            if DRAINED_LINE in self.group.log_since(log_from):
                 return True
             time.sleep(0.05)
         return False
+
+    def _reap_group(self, wait_s: float) -> None:
+        """Give the stubs ``wait_s`` to notice their server is gone, then SIGKILL the rest of the group."""
+        assert self.pid is not None
+        deadline = time.monotonic() + wait_s
+        while group_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if group_alive(self.pid):
+            self.group.signal(signal.SIGKILL)
+            deadline = time.monotonic() + 2.0
+            while group_alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     def protect_shm(self) -> None:
         """Make this launch's ``/dev/shm`` regions readable by their owner only (the Python backend creates them
@@ -297,47 +281,10 @@ class TritonProcess:
         return removed
 
 
-def kit_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a server the kit starts: this interpreter's bin directory first on ``PATH`` (the
-    Python-backend stub runs the first ``python3`` there, which must be the one that has the kit and numpy,
-    whatever ``PATH`` said), and no bytecode written (the stubs import ``model.py`` files of a hashed artifact).
-
-    Arguments:
-        base: the environment to extend (``os.environ`` when omitted).
-    """
-    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in SECRET_ENV}
-    first = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([first, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != first)])
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
 def _stub_model(cmdline: list[str]) -> str:
     """The model a stub runs, from its first argument (``<repo>/<model>/<version>/model.py``)."""
     parts = Path(cmdline[1]).parts if len(cmdline) > 1 else ()
     return parts[-3] if len(parts) >= 3 else "?"
-
-
-def _signal_group(pgid: int, sig: int, *, leader_only: bool = False, pid: int | None = None) -> None:
-    try:
-        if leader_only and pid is not None:
-            os.kill(pid, sig)
-        else:
-            os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _reap_group(pgid: int, wait_s: float) -> None:
-    """Give the stubs ``wait_s`` to notice their server is gone, then SIGKILL the rest of the group."""
-    deadline = time.monotonic() + wait_s
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if group_alive(pgid):
-        _signal_group(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 2.0
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.02)
 
 
 def _answers(url: str) -> bool:

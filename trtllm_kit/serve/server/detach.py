@@ -8,16 +8,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.reaper import group_alive, reap
-from trtllm_kit.serve.state import TOKEN_FILE, claim_run_dir, is_alive, read_state, run_dir, serving_pid
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.service import ServeOptions
-
-API_KEY_ENV = "TRTLLM_KIT_API_KEY"
+from trtllm_kit.serve.options import API_KEY_ENV, ServeOptions
+from trtllm_kit.serve.server.reaper import group_alive, reap
+from trtllm_kit.serve.server.state import (
+    SERVE_LOG,
+    claim_run_dir,
+    clear_run,
+    is_alive,
+    last_detached_file,
+    read_state,
+    serving_pid,
+)
 
 
 def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dict[str, Any]:
@@ -31,37 +35,21 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
         holder = serving_pid(out)
         if holder is not None:
             raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
-    ep = options.endpoints
-    argv = [sys.executable, "-m", "trtllm_kit", "serve", str(options.out),
-            "--host", ep.host, "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-            "--metrics-port", str(ep.metrics_port), "--ready-timeout", str(options.ready_timeout_s),
-            "--log-verbose", str(options.log_verbose)]
-    argv += ["--verify"] if options.verify else []
-    argv += ["--ensemble"] if options.ensemble else []
-    argv += ["--exit-timeout", str(options.exit_timeout_s), "--engine-watchdog", str(options.engine_watchdog_s)]
-    argv += ["--openai-port", str(options.openai_port)] if options.openai_port is not None else []
-    argv += ["--tritonserver", str(options.tritonserver)] if options.tritonserver else []
-    argv += ["--model", options.model] if options.model else []
-    argv += ["--api-keys", str(options.api_keys.absolute())] if options.api_keys else []
-    argv += ["--usage-log", str(options.usage_log.absolute())] if options.usage_log else []
-    argv += ["--server", options.server] if options.server != "triton" else []
-    argv += [str(out) for out in options.more]
-    argv += [arg for name in options.names for arg in ("--name", name)]
-    argv += [arg for alias in options.aliases for arg in ("--alias", alias)]
+    argv = [sys.executable, "-m", "trtllm_kit", "serve", *options.command_line()]
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     if options.api_key:
         env[API_KEY_ENV] = options.api_key  # not on the command line, where ps shows it
-    log_path = claim_run_dir(options.out) / "serve.log"
-    (run_dir(options.out) / "state.json").unlink(missing_ok=True)
+    log_path = claim_run_dir(options.out) / SERVE_LOG
+    clear_run([options.out])  # a state left by a killed serve must not pass for this one's
     with log_path.open("wb") as log:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
-    deadline = time.monotonic() + (options.ready_timeout_s + 30 if timeout_s is None else timeout_s)
+    deadline = time.monotonic() + (options.settings.ready_timeout_s + 30 if timeout_s is None else timeout_s)
     while time.monotonic() < deadline:
         state = read_state(options.out)
         if state and state.get("ready") and state.get("pid") == child.pid:
-            _last_detached_file().parent.mkdir(parents=True, exist_ok=True)
-            _last_detached_file().write_text(str(options.out.absolute()))
+            last_detached_file().parent.mkdir(parents=True, exist_ok=True)
+            last_detached_file().write_text(str(options.out.absolute()))
             return state
         if child.poll() is not None:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
@@ -72,16 +60,10 @@ def serve_detached(options: ServeOptions, timeout_s: float | None = None) -> dic
     raise KitError(f"the background serve was not ready in time (log {log_path}); it was sent SIGTERM.")
 
 
-def _last_detached_file() -> Path:
-    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
-
-    return cache_root() / "serve" / "last-detached"
-
-
 def last_detached() -> Path:
     """The build output that ``serve --detach`` last brought up (what ``trtllm-kit stop`` ends by default)."""
     try:
-        return Path(_last_detached_file().read_text().strip())
+        return Path(last_detached_file().read_text().strip())
     except OSError:
         raise KitUsageError("no OUT given and no detached serve is recorded; pass the directory given to "
                             "trtllm-kit serve.") from None
@@ -108,7 +90,5 @@ def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
         os.kill(pid, signal.SIGKILL)
         server_pid = state.get("server_pid")
         reap([server_pid] if server_pid and group_alive(server_pid) else [], state.get("shm_prefix", ""))
-        for served in state.get("outs") or [str(out)]:
-            for name in ("state.json", "serve.pid", TOKEN_FILE):
-                (run_dir(Path(served)) / name).unlink(missing_ok=True)
+        clear_run([Path(served) for served in state.get("outs") or [str(out)]])
     return {"pid": pid, "forced": forced}

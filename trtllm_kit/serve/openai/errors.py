@@ -11,8 +11,8 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.serve.client import GenerationError
-from trtllm_kit.serve.openai_protocol import RequestError
-from trtllm_kit.serve.request_limits import MAX_JSON_DEPTH, json_depth_problem
+from trtllm_kit.serve.openai.protocol import RequestError
+from trtllm_kit.serve.openai.request_limits import MAX_JSON_DEPTH, json_depth_problem
 
 RETRY_AFTER_S = 1
 # Server messages of a full queue: the CPU runtime's, and Triton's own dynamic batcher's.

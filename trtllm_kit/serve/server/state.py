@@ -11,7 +11,7 @@ tritonserver is given a copy of ``OUT/repo`` made there (config files, ``model.p
 few hundred kB; engines and checkpoints stay where they are, named by absolute path): the Python backend's
 stub embeds an interpreter that ignores ``PYTHONDONTWRITEBYTECODE`` and writes ``__pycache__`` beside every
 module it imports, which must not land in the hashed tree. A serve of several OUTs keeps one such repository,
-merged (``serve/members.py``), in the first OUT's run directory; each OUT's run directory gets ``serve.pid`` and
+merged (``serve/fleet/members.py``), in the first OUT's run directory; each OUT's run directory gets ``serve.pid`` and
 ``state.json``. The first also gets ``triton.token`` (mode 0600): the per-launch token Triton's restricted APIs
 demand, for the owner's own clients (``trtllm-kit generate``).
 """
@@ -21,12 +21,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.owner import owner_alive, owner_tag
 
 TOKEN_FILE = "triton.token"
+STATE_FILE = "state.json"
+PID_FILE = "serve.pid"
+RUN_FILES = (STATE_FILE, PID_FILE, TOKEN_FILE)  # there only while a serve runs
+SERVE_LOG, TRITON_LOG, TRTLLM_SERVE_LOG = "serve.log", "tritonserver.log", "trtllm-serve.log"
+REQUESTS_DIR = "reloads"  # reload requests to the running serve (``fleet/reload.py``)
+HEARTBEAT_DIR = "heartbeat"  # the engines' beats (``runtime/heartbeat.py``)
+
+
+def kit_cache() -> Path:
+    """``$TRTLLM_KIT_CACHE`` or the user cache directory (as ``models.builtin.cache_root``, without importing torch)."""
+    import platformdirs
+
+    override = os.environ.get("TRTLLM_KIT_CACHE")
+    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("trtllm-kit"))
 
 
 def run_dir(out: Path) -> Path:
@@ -35,11 +50,9 @@ def run_dir(out: Path) -> Path:
     Arguments:
         out: the served build output.
     """
-    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
-
     resolved = os.path.realpath(out)
     key = hashlib.sha256(resolved.encode()).hexdigest()[:16]
-    return cache_root() / "run" / f"{Path(resolved).name}-{key}"
+    return kit_cache() / "run" / f"{Path(resolved).name}-{key}"
 
 
 def claim_run_dir(out: Path) -> Path:
@@ -61,7 +74,7 @@ def read_state(out: Path) -> dict[str, Any] | None:
         out: the served build output.
     """
     try:
-        return json.loads((run_dir(out) / "state.json").read_text())
+        return json.loads((run_dir(out) / STATE_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -86,7 +99,7 @@ def write_pid(out: Path) -> None:
     Arguments:
         out: the served build output.
     """
-    (run_dir(out) / "serve.pid").write_text(owner_tag() + "\n")
+    (run_dir(out) / PID_FILE).write_text(owner_tag() + "\n")
 
 
 def serving_pid(out: Path) -> int | None:
@@ -96,7 +109,7 @@ def serving_pid(out: Path) -> int | None:
         out: a build output.
     """
     try:
-        tag = (run_dir(out) / "serve.pid").read_text().strip()
+        tag = (run_dir(out) / PID_FILE).read_text().strip()
         pid = int(tag.partition("-")[0])
     except (OSError, ValueError):
         return None
@@ -123,9 +136,7 @@ def token_for(grpc_url: str) -> str | None:
     Arguments:
         grpc_url: ``host:port`` as ``state.json`` records it.
     """
-    from trtllm_kit.serve.locate import kit_cache as cache_root  # torch-free
-
-    for state_path in sorted((cache_root() / "run").glob("*/state.json")):
+    for state_path in sorted((kit_cache() / "run").glob(f"*/{STATE_FILE}")):
         try:
             state = json.loads(state_path.read_text())
             if state.get("grpc") == grpc_url and is_alive(int(state["pid"])):
@@ -133,3 +144,46 @@ def token_for(grpc_url: str) -> str | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def fresh_run_dir(out: Path) -> Path:
+    """``claim_run_dir(out)`` without what a serve killed earlier left (reload requests no one waits for, old
+    heartbeats), with an empty heartbeat directory (owner only); return the run directory.
+
+    Arguments:
+        out: the first served build output.
+    """
+    directory = claim_run_dir(out)
+    for stale in (REQUESTS_DIR, HEARTBEAT_DIR):
+        shutil.rmtree(directory / stale, ignore_errors=True)
+    (directory / HEARTBEAT_DIR).mkdir(mode=0o700)
+    return directory
+
+
+def write_state(outs: list[Path], state: dict[str, Any]) -> None:
+    """Write ``state`` into the run directory of every served OUT (renamed into place: readers see it whole).
+
+    Arguments:
+        outs: the served build outputs; state: pids, endpoints, routes, readiness.
+    """
+    text = json.dumps(state, indent=2) + "\n"
+    for out in outs:
+        path = run_dir(out) / STATE_FILE
+        path.with_suffix(".tmp").write_text(text)
+        path.with_suffix(".tmp").replace(path)
+
+
+def clear_run(outs: list[Path]) -> None:
+    """Remove the state, pid and token files of a serve that ended from every OUT's run directory.
+
+    Arguments:
+        outs: the build outputs it served.
+    """
+    for out in outs:
+        for name in RUN_FILES:
+            (run_dir(out) / name).unlink(missing_ok=True)
+
+
+def last_detached_file() -> Path:
+    """Where ``serve --detach`` records the build output it last brought up (for ``trtllm-kit stop``)."""
+    return kit_cache() / "serve" / "last-detached"

@@ -7,8 +7,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -16,10 +14,11 @@ from prometheus_client import Counter
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
-from trtllm_kit.serve.errors import error_response, generation_failure
 from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, Gateway
-from trtllm_kit.serve.openai_metrics import CONTENT_TYPE, FrontendMetrics
-from trtllm_kit.serve.openai_protocol import (
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.errors import error_response, generation_failure
+from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
+from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
     RequestError,
     Sampling,
@@ -28,40 +27,13 @@ from trtllm_kit.serve.openai_protocol import (
     parse_prompt,
     parse_sampling,
 )
-from trtllm_kit.serve.openai_run import Run, send
-from trtllm_kit.serve.request_body import json_body
-from trtllm_kit.serve.request_limits import MAX_BODY_BYTES
-from trtllm_kit.serve.routes import Alias, Route, RouteTable
-from trtllm_kit.serve.text import Tokenizer
+from trtllm_kit.serve.openai.request_body import json_body
+from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
+from trtllm_kit.serve.openai.routes import Alias, Route
+from trtllm_kit.serve.openai.run import Run, send
+from trtllm_kit.serve.openai.text import Tokenizer
 
 MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
-
-
-@dataclass(frozen=True)
-class OpenAIConfig:
-    """What the frontend serves: the Triton model behind it and the name clients use (one model), or ``routes``
-    (several; the single-model fields are then unused) and A/B ``aliases`` over them."""
-
-    grpc_url: str
-    served_name: str
-    triton_model: str = "ensemble"
-    tokenizer_dir: Path | None = None
-    api_key: str | None = None
-    api_keys: Path | None = None  # the gateway's key file (keys, limits, quotas)
-    usage_log: Path | None = None  # the gateway's usage log (default: beside the key file)
-    max_seq_len: int | None = None  # prompt plus output tokens; requests beyond it are refused with a 400
-    triton_headers: tuple[tuple[str, str], ...] = ()  # gRPC metadata Triton's restricted protocols demand
-    routes: tuple[Route, ...] = ()
-    aliases: tuple[Alias, ...] = ()
-
-    def route_table(self) -> RouteTable:
-        """The routes and aliases this configuration describes (one route from the single-model fields)."""
-        routes = self.routes or (Route(self.served_name, self.triton_model, tokenizer_dir=self.tokenizer_dir,
-                                       max_seq_len=self.max_seq_len),)
-        table = RouteTable({route.name: route for route in routes})
-        for alias in self.aliases:
-            table.add_alias(alias)
-        return table
 
 
 class OpenAIFrontend:

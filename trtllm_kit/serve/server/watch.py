@@ -1,76 +1,17 @@
-"""A running serve: the processes it watches and what it serves (the state a reload changes and writes)."""
+"""What a serving process watches every ``WATCH_S``: that tritonserver and its Python-backend stubs live, and
+that no engine hangs (``runtime/heartbeat.py``) and no stub stays stopped."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S
 from trtllm_kit.runtime.heartbeat import silent_for
-from trtllm_kit.serve.launcher import LaunchConfig
-from trtllm_kit.serve.members import Member
-from trtllm_kit.serve.merge import Copied, remove_models
-from trtllm_kit.serve.process import TritonProcess
-from trtllm_kit.serve.routes import Route
-from trtllm_kit.serve.state import run_dir
-
-if TYPE_CHECKING:
-    from trtllm_kit.serve.openai import OpenAIFrontend
-    from trtllm_kit.serve.service import ServeOptions
-
-
-def route_state(route: Route) -> dict[str, Any]:
-    """A route as ``state.json`` records it.
-
-    Arguments:
-        route: a served route.
-    """
-    return {"name": route.name, "version": route.version, "triton_model": route.triton_model,
-            "models": list(route.models), "out": str(route.out.absolute()) if route.out else None}
-
-
-def drop_idle_ensemble(route: Route, copied: Copied, repo: Path, keep: bool) -> Route:
-    """Leave the ensemble out of the models ``route`` loads (and its copy out of the working repository), unless it
-    is the route's text model or ``keep`` (``--ensemble``): Triton passes no cancellation into an ensemble, so a
-    client that leaves one still has its request run to ``max_tokens``.
-
-    Arguments:
-        route: a route as ``members.route`` made it; copied: its models in the working repository ``repo``;
-        keep: load the ensemble anyway.
-    """
-    ensemble = copied.names.get("ensemble")
-    if ensemble is not None and not keep and route.triton_model != ensemble:
-        route.models = tuple(m for m in route.models if m != ensemble)
-        remove_models(repo, [ensemble])
-    return route
-
-
-@dataclass
-class Server:
-    """A running serve: its options, launch, watch, frontend and what it serves (what a reload changes)."""
-
-    options: ServeOptions
-    launch: LaunchConfig
-    watch: Watch
-    frontend: OpenAIFrontend | None
-    members: list[Member]
-    routes: list[Route]
-    state: dict[str, Any]
-
-    def write_state(self) -> None:
-        """Write the state into every served OUT's run directory."""
-        self.state["routes"] = [route_state(r) for r in self.routes]
-        self.state["stubs"] = {str(pid): name for pid, name in self.watch.stubs.items()}
-        text = json.dumps(self.state, indent=2) + "\n"
-        for out in self.state["outs"]:
-            path = run_dir(Path(out)) / "state.json"
-            path.with_suffix(".tmp").write_text(text)
-            path.with_suffix(".tmp").replace(path)
+from trtllm_kit.serve.server.process import TritonProcess
 
 
 @dataclass

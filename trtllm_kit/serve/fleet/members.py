@@ -15,9 +15,9 @@ from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.compat import Servable
+from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL, Copied, copy_models, slug
 from trtllm_kit.serve.limits import max_seq_len
-from trtllm_kit.serve.merge import TRTLLM_MODEL, Copied, copy_models, slug
-from trtllm_kit.serve.routes import Route
+from trtllm_kit.serve.openai.routes import Route
 
 
 @dataclass(frozen=True)
@@ -28,23 +28,6 @@ class Member:
     target: Servable
     prefix: str
     version: int = 1
-
-
-def parse_names(values: tuple[str, ...]) -> dict[str, Path]:
-    """``--name NAME=OUT`` values as served name → output directory.
-
-    Arguments:
-        values: the flags' values.
-    """
-    names: dict[str, Path] = {}
-    for value in values:
-        name, sep, out = value.partition("=")
-        if not sep or not name.strip() or not out.strip():
-            raise KitUsageError(f"--name {value!r} is not NAME=OUT; e.g. --name small=out-small/.")
-        if name.strip() in names:
-            raise KitUsageError(f"--name {name.strip()} is given twice; each served name must be distinct.")
-        names[name.strip()] = Path(out.strip())
-    return names
 
 
 def plan_members(targets: list[Servable], names: dict[str, Path]) -> list[Member]:

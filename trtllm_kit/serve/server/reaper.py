@@ -6,7 +6,7 @@ reaper's stdin, and writes the process-group id of every server it starts to it.
 (tritonserver and every Python-backend stub it forked) and deletes the ``/dev/shm`` regions of the launch's
 prefix. A graceful stop does all of this itself first, so the reaper then finds nothing left.
 
-Run as ``python -m trtllm_kit.serve.reaper SHM_PREFIX``; it imports nothing of the kit, so it starts at once.
+Run as ``python -m trtllm_kit.serve.server.reaper SHM_PREFIX``; it imports nothing of the kit, so it starts at once.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Reaper:
     """
 
     def __init__(self, shm_prefix: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "trtllm_kit.serve.reaper", shm_prefix],
+        self.proc = subprocess.Popen([sys.executable, "-m", "trtllm_kit.serve.server.reaper", shm_prefix],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
 

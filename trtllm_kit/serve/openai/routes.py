@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import TOKEN_MODEL, TextClient
-from trtllm_kit.serve.text import Tokenizer
+from trtllm_kit.serve.openai.text import Tokenizer
 
 
 @dataclass(eq=False)

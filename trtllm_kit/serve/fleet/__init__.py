@@ -1,0 +1,1 @@
+"""The fleet room: several models in one serve (members, merged repository, fit) and hot reload."""

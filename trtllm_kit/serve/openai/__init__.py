@@ -1,0 +1,1 @@
+"""The OpenAI room: the frontend app, its protocol, text handling, errors, metrics, request limits, routes."""
