@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint  # noqa: E402
 from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
-from trtllm_kit.runtime.engine import Engine, EngineConfig  # noqa: E402
+from trtllm_kit.runtime.config import EngineConfig  # noqa: E402
+from trtllm_kit.runtime.engine import Engine  # noqa: E402
 from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
 

@@ -33,7 +33,7 @@ from trtllm_kit.model_repo.configs import repository_configs
 from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.option import Declared, plain
 from trtllm_kit.quant.algos import KV_ALGOS, VALID_COMBINATIONS
-from trtllm_kit.runtime.engine import EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.spec import TABLES, BuildSpec, all_declared, build_spec, load_table, load_toml, nest_flat_spec
 from trtllm_kit.spec.repo_options import RepoOptions
 

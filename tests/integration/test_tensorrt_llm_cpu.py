@@ -17,7 +17,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tests.integration.tritonserver import metrics, running_server
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 
 pytestmark = pytest.mark.integration

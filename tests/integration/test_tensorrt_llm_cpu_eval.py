@@ -16,7 +16,8 @@ import tritonclient.grpc as grpcclient
 
 from tests.integration.tritonserver import running_server
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.spec import BuildSpec

@@ -17,7 +17,8 @@ from trtllm_kit.llmapi.cpu_llm import LLM, GuidedDecodingParams, SamplingParams
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.llmapi.unified import write_unified
 from trtllm_kit.models.inspect import inspect_model
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
 torch.set_num_threads(1)

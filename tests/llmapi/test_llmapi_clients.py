@@ -23,7 +23,8 @@ from trtllm_kit.cli import run
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import read_summary
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving

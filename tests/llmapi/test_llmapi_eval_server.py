@@ -16,7 +16,8 @@ import yaml
 
 from trtllm_kit.cli import run
 from trtllm_kit.llmapi.load import load_unified
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))

@@ -17,7 +17,8 @@ from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.model_repo.xgrammar_info import write_xgrammar_tokenizer_info
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 

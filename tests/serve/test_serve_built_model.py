@@ -18,7 +18,8 @@ import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
 
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state

@@ -24,7 +24,8 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.cpu_result import ERROR, RequestError, RequestOutput, Update
 from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, SamplingParams, logprob_dict
 from trtllm_kit.llmapi.load import load_unified
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams

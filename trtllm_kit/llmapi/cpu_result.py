@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trtllm_kit.llmapi.cpu_types import CompletionOutput, Logprob, SamplingParams, TokenLogprobs
-
-if TYPE_CHECKING:
-    from trtllm_kit.llmapi.cpu_llm import LLM
-    from trtllm_kit.runtime.sequence import Sequence
+from trtllm_kit.runtime.sequence import Sequence
 
 ERROR = "error: "  # a finish reason that carries why the request could not run
+
+
+class Owner(Protocol):
+    """What a request needs of the ``LLM`` that runs it: its tokenizer (or None) and a way to cancel it."""
+
+    tokenizer: Any
+
+    def _cancel(self, request: RequestOutput) -> None: ...
 
 
 class RequestError(RuntimeError):
@@ -43,7 +48,7 @@ class RequestOutput:
     ``outputs`` holds ``n`` completions in index order (with ``best_of > n``, once finished: the ``n`` with the
     highest cumulative logprob, re-indexed); ``context_logits`` the prompt's logits on request."""
 
-    def __init__(self, llm: LLM, prompt_token_ids: list[int], streaming: bool, params: SamplingParams) -> None:
+    def __init__(self, llm: Owner, prompt_token_ids: list[int], streaming: bool, params: SamplingParams) -> None:
         self.request_id = 0
         self.prompt_token_ids = prompt_token_ids
         self._all = [CompletionOutput(index=i) for i in range(params.best_of or params.n)]

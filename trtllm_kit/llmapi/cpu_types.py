@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtllm_kit.runtime.logprobs import TokenLogprob
+from trtllm_kit.runtime.sequence import TokenLogprob
 
 
 @dataclass(frozen=True)

@@ -8,24 +8,9 @@ Logits of position ``i`` score token ``i + 1``, so the first prompt token has no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from trtllm_kit.runtime.sequence import Sequence
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's log-probability and the ``k`` most likely tokens at its position (descending)."""
-
-    token_id: int
-    logprob: float
-    rank: int  # 1 = the most likely token; the position of ``token_id`` when the vocabulary is sorted
-    top_ids: tuple[int, ...] = ()
-    top_logprobs: tuple[float, ...] = ()
+from trtllm_kit.runtime.sequence import Sequence, TokenLogprob
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> list[TokenLogprob]:

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trtllm_kit.runtime.logprobs import TokenLogprob
-from trtllm_kit.runtime.sequence import Sequence
+from trtllm_kit.runtime.sequence import Sequence, TokenLogprob
 
 
 @dataclass(frozen=True)

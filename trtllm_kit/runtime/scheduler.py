@@ -23,14 +23,11 @@ A fork that finds no batch slot or no blocks then waits in the queue and compute
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.runtime.block_manager import BlockManager
+from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.sequence import Sequence, SequenceStatus
-
-if TYPE_CHECKING:
-    from trtllm_kit.runtime.engine import EngineConfig
 
 
 class QueueFullError(KitError):

@@ -10,13 +10,23 @@ from typing import TYPE_CHECKING
 import torch
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.logprobs import TokenLogprob
 from trtllm_kit.runtime.sampling_rules import MAX_SEED, extras_problem, is_greedy_temperature
 
 if TYPE_CHECKING:
     from trtllm_kit.runtime.grammar import CompiledGuide
 
 DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's default request priority
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability and the ``k`` most likely tokens at its position (descending)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token; the position of ``token_id`` when the vocabulary is sorted
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
 
 
 class SequenceStatus(Enum):

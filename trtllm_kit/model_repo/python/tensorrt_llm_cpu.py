@@ -36,7 +36,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.engine import Engine, EngineConfig
+from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.heartbeat import Heartbeat
 from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
