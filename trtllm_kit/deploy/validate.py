@@ -18,8 +18,9 @@ from trtllm_kit.errors import KitError, KitUsageError
 KUBERNETES_VERSION = "1.33"
 CRD_FILES = ("keda.sh_scaledobjects.yaml", "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
              "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml",
-             "monitoring.coreos.com_prometheusrules.yaml")
-CUSTOM_GROUPS = ("keda.sh", "leaderworkerset.x-k8s.io", "monitoring.coreos.com")
+             "monitoring.coreos.com_prometheusrules.yaml", "nvidia.com_dynamographdeployments.yaml")
+CUSTOM_GROUPS = ("keda.sh", "leaderworkerset.x-k8s.io", "monitoring.coreos.com", "nvidia.com")
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the Dynamo CRD is 1.6 MB: libyaml reads it in a blink
 SCHEMAS_ENV = "TRTLLM_KIT_K8S_SCHEMAS"
 
 
@@ -75,7 +76,7 @@ def crd_schemas(directory: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
                 "the installed package lacks it"
             raise KitUsageError(f"the CRD schema {path} is missing ({where}); unset {SCHEMAS_ENV} or point it at a "
                                 f"directory holding {', '.join(CRD_FILES)}, or reinstall trtllm-kit.")
-        crd = yaml.safe_load(path.read_text())
+        crd = yaml.load(path.read_text(), Loader=YAML_LOADER)
         for version in crd["spec"]["versions"]:
             schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
             found[(crd["spec"]["group"], version["name"], crd["spec"]["names"]["kind"])] = _closed(schema)
