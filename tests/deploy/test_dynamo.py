@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
+from trtllm_kit.cli import run
+from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.validate import check_object
 
 DGD = {"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment", "metadata": {"name": "m"},
@@ -19,3 +26,118 @@ def test_saved_crd_accepts_upstream_shape_and_refuses_unknown_fields() -> None:
     assert "services" in finding.message
     wrong_type = {**DGD, "spec": {**DGD["spec"], "components": [{"name": "x", "type": "router"}]}}
     assert any("router" in f.message for f in check_object(wrong_type, "dgd.yaml"))
+
+
+IMAGE = "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.3.1"
+CHECKPOINT = "/models/llama70b/checkpoint"
+
+
+def dynamo(art: Path, out: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    code = run(["deploy", "dynamo", str(art), "--out", str(out), "--image", IMAGE, "--pvc", "models", "--json",
+                *args])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def graph(out: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+    """(the DGD, its components by name, the engine options by file) as written."""
+    [dgd] = yaml.safe_load_all((out / "dynamographdeployment.yaml").read_text())
+    [config] = yaml.safe_load_all((out / "engine-configmap.yaml").read_text())
+    options = {name: yaml.safe_load(text) for name, text in config["data"].items()}
+    return dgd, {c["name"]: c for c in dgd["spec"]["components"]}, options
+
+
+def main(component: dict[str, Any]) -> dict[str, Any]:
+    [container] = component["podTemplate"]["spec"]["containers"]
+    assert container["name"] == "main"
+    return container
+
+
+def worker_argv(component: dict[str, Any]) -> list[str]:
+    container = main(component)
+    return [*container["command"], *container["args"]]
+
+
+def test_aggregated_graph_validates_and_runs_the_artifact(artifact, tmp_path, capsys):
+    out = tmp_path / "dgd"
+    written = dynamo(artifact(target="llmapi", tp=2, pp=1), out, capsys, "--replicas", "2")
+    assert written["roles"] == [{"name": "TRTLLMWorker", "type": "worker", "replicas": 2, "tp_size": 2,
+                                 "pp_size": 1}]
+    assert check_dir(out) == (4, [])
+    dgd, components, options = graph(out)
+    assert (dgd["apiVersion"], dgd["kind"], dgd["spec"]["backendFramework"]) == \
+        ("nvidia.com/v1beta1", "DynamoGraphDeployment", "trtllm")
+    assert [(c["name"], c["type"], c["replicas"]) for c in dgd["spec"]["components"]] == \
+        [("Frontend", "frontend", 1), ("TRTLLMWorker", "worker", 2)]
+    assert worker_argv(components["Frontend"]) == ["python3", "-m", "dynamo.frontend", "--http-port", "8000"]
+    assert worker_argv(components["TRTLLMWorker"]) == [
+        "python3", "-m", "dynamo.trtllm", "--model", CHECKPOINT, "--served-model-name",
+        "meta-llama/Llama-3.1-70B-Instruct", "--extra-engine-args", "/etc/trtllm-kit/engine/TRTLLMWorker.yaml"]
+    assert options["TRTLLMWorker.yaml"] == {
+        "backend": "pytorch", "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "enable_iter_perf_stats": True,
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.9}}
+    pod = components["TRTLLMWorker"]["podTemplate"]["spec"]
+    [fetch] = pod["initContainers"]
+    assert fetch["args"][0].endswith("sha256sum --check --quiet --strict /etc/trtllm-kit/SHA256SUMS")
+    assert main(components["TRTLLMWorker"])["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "multinode" not in components["TRTLLMWorker"]
+    [monitor] = yaml.safe_load_all((out / "podmonitor.yaml").read_text())
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]] == \
+        [("http", "/metrics"), ("system", "/metrics")]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        components["TRTLLMWorker"]["podTemplate"]["metadata"]["labels"].items()
+
+
+def test_disaggregated_graph_sets_the_roles_as_upstream(artifact, tmp_path, capsys):
+    out = tmp_path / "dgd"
+    dynamo(artifact(target="llmapi", tp=2, pp=1), out, capsys, "--disagg", "--prefill-replicas", "3",
+           "--decode-replicas", "1", "--prefill-tp", "1", "--decode-tp", "4")
+    assert check_dir(out) == (4, [])
+    _, components, options = graph(out)
+    assert [(n, c.get("type"), c["replicas"]) for n, c in components.items()] == \
+        [("Frontend", "frontend", 1), ("prefill", "prefill", 3), ("decode", "decode", 1)]
+    for role in ("prefill", "decode"):
+        assert worker_argv(components[role]) == [
+            "python3", "-m", "dynamo.trtllm", "--model", CHECKPOINT, "--served-model-name",
+            "meta-llama/Llama-3.1-70B-Instruct", "--extra-engine-args", f"/etc/trtllm-kit/engine/{role}.yaml",
+            "--disaggregation-mode", role]
+    prefill, decode = options["prefill.yaml"], options["decode.yaml"]
+    assert (prefill["disable_overlap_scheduler"], decode["disable_overlap_scheduler"]) == (True, False)
+    assert prefill["cache_transceiver_config"] == decode["cache_transceiver_config"] == \
+        {"backend": "UCX", "max_tokens_in_buffer": 8192}
+    assert prefill["kv_cache_config"]["dtype"] == decode["kv_cache_config"]["dtype"] == "auto"
+    assert (prefill["tensor_parallel_size"], decode["tensor_parallel_size"]) == (1, 4)
+    assert main(components["decode"])["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
+def test_multinode_disaggregated_graph(artifact, tmp_path, capsys):
+    out = tmp_path / "dgd"
+    dynamo(artifact(target="llmapi", tp=8, pp=1), out, capsys, "--disagg", "--gpus-per-node", "4",
+           "--prefill-tp", "4", "--decode-tp", "8")
+    assert check_dir(out) == (4, [])
+    dgd, components, _ = graph(out)
+    assert "multinode" not in components["prefill"]
+    assert components["decode"]["multinode"] == {"nodeCount": 2}
+    assert main(components["decode"])["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert dgd["spec"]["env"] == [{"name": "OMPI_ALLOW_RUN_AS_ROOT", "value": "1"},
+                                  {"name": "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value": "1"}]
+
+
+def test_bad_requests_are_one_sentence(artifact, tmp_path, capsys):
+    engine = artifact(target="engine", tp=1)
+    assert run(["deploy", "dynamo", str(engine), "--out", str(tmp_path / "a"), "--image", IMAGE, "--pvc", "m"]) == 2
+    assert "rebuild with --target llmapi" in capsys.readouterr().err
+    llmapi = artifact(target="llmapi", tp=2)
+    assert run(["deploy", "dynamo", str(llmapi), "--out", str(tmp_path / "b"), "--image", IMAGE, "--pvc", "m",
+                "--disagg", "--decode-tp", "6", "--gpus-per-node", "4"]) == 2
+    assert "multiple of --gpus-per-node" in capsys.readouterr().err
+
+
+def test_deploy_check_catches_a_hand_edit(artifact, tmp_path, capsys):
+    out = tmp_path / "dgd"
+    dynamo(artifact(target="llmapi", tp=1), out, capsys, "--disagg")
+    path = out / "dynamographdeployment.yaml"
+    path.write_text(path.read_text().replace("type: decode", "type: decoder"))
+    _, findings = check_dir(out)
+    assert findings and "decoder" in findings[0].message

@@ -93,6 +93,61 @@ def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, forc
                f"valid for Kubernetes {rendered.record['kubernetes']}); apply with kubectl apply -k {out}")
 
 
+@deploy.command(name="dynamo")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="The directory to write (kustomize).")
+@click.option("--config", "config", type=click.Path(path_type=Path), help="A trtllm-kit.toml with a [deploy] table.")
+@click.option("--image", help="A Dynamo TensorRT-LLM runtime image (nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:TAG; "
+              "required).")
+@click.option("--name", help="Object name (default: from the model).")
+@click.option("--namespace", help="Namespace (default: default).")
+@click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); a role with more ranks spans nodes.")
+@click.option("--artifact-url", help="A .tar of the build output, fetched by an init container.")
+@click.option("--pvc", help="A PersistentVolumeClaim holding the build output at its root.")
+@click.option("--monitor-labels", "monitor_labels", multiple=True, metavar="K=V", help="A label for the PodMonitor "
+              "that the Prometheus operator selects (default release=prometheus); repeatable.")
+@click.option("--replicas", "worker_replicas", type=int, default=1, show_default=True,
+              help="Aggregated workers.")
+@click.option("--disagg", is_flag=True, help="Separate prefill and decode workers (the KV moves between them).")
+@click.option("--prefill-replicas", type=int, default=1, show_default=True, help="Prefill workers (--disagg).")
+@click.option("--decode-replicas", type=int, default=1, show_default=True, help="Decode workers (--disagg).")
+@click.option("--prefill-tp", type=int, help="Prefill TP (--disagg; default the artifact's).")
+@click.option("--decode-tp", type=int, help="Decode TP (--disagg; default the artifact's).")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@click.option("--json", "as_json", is_flag=True, help="List what was written as JSON.")
+@click.pass_context
+def dynamo(ctx: click.Context, artifact: Path, out: Path, config: Path | None, worker_replicas: int, disagg: bool,
+           prefill_replicas: int, decode_replicas: int, prefill_tp: int | None, decode_tp: int | None, force: bool,
+           as_json: bool, **flags: Any) -> None:
+    """Write a Dynamo DynamoGraphDeployment serving ARTIFACT (an llmapi build output), aggregated or with
+    separate prefill and decode workers.
+
+    \b
+    Example:
+      trtllm-kit deploy dynamo out/ --out dgd/ --pvc models --image IMG --disagg --prefill-replicas 3 \\
+        --decode-replicas 1 --decode-tp 8
+      trtllm-kit deploy check dgd/
+    """
+    from trtllm_kit.deploy.dynamo import render_graph
+    from trtllm_kit.deploy.dynamo_roles import roles_for
+    from trtllm_kit.deploy.settings import deploy_settings, deploy_table
+    from trtllm_kit.deploy.source import read_source
+
+    table = deploy_table(config) if config is not None else {}
+    settings = deploy_settings(table, given(ctx, **flags))
+    source = read_source(artifact)
+    roles = roles_for(source, disagg=disagg, replicas=worker_replicas, prefill_replicas=prefill_replicas,
+                      decode_replicas=decode_replicas, prefill_tp=prefill_tp, decode_tp=decode_tp)
+    graph = render_graph(source, settings, roles, out, force=force)
+    if as_json:
+        emit_json(graph.to_dict())
+        return
+    workers = ", ".join(f"{r.replicas} x {r.name} (tp {r.tp_size}, {r.num_nodes(settings.gpus_per_node)} node(s))"
+                        for r in roles)
+    click.echo(f"wrote {len(graph.resources)} files to {graph.out} (DynamoGraphDeployment {graph.name}: {workers}); "
+               f"apply with kubectl apply -k {out}")
+
+
 @deploy.command(name="check")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--kubernetes", "version", default="1.33", show_default=True, help="Kubernetes version of the schemas.")

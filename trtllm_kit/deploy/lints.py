@@ -12,13 +12,15 @@ from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
 
 Obj = dict[str, Any]
-WORKLOADS = ("Deployment", "LeaderWorkerSet")
+WORKLOADS = ("Deployment", "LeaderWorkerSet", "DynamoGraphDeployment")
 
 
 def _pod_templates(doc: Obj) -> list[Obj]:
     spec = doc.get("spec") or {}
     if doc.get("kind") == "Deployment":
         return [spec.get("template") or {}]
+    if doc.get("kind") == "DynamoGraphDeployment":
+        return [component.get("podTemplate") or {} for component in spec.get("components") or []]
     group = spec.get("leaderWorkerTemplate") or {}
     return [group.get("leaderTemplate") or {}, group.get("workerTemplate") or {}]
 
@@ -127,7 +129,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
         for template in templates:
             found += _grace(file, doc, template) + _startup(file, doc, template) + \
                 check_compute_capability(file, doc, template)
-        serving_labels.append(((templates[0].get("metadata") or {}).get("labels")) or {})
+        serving = templates if kind == "DynamoGraphDeployment" else templates[:1]  # each Dynamo component serves
+        serving_labels += [((template.get("metadata") or {}).get("labels")) or {} for template in serving]
         if kind == "LeaderWorkerSet" and (doc.get("spec") or {}).get("startupPolicy", "LeaderCreated") != \
                 "LeaderCreated":
             found.append(Finding(file, kind, doc["metadata"]["name"], "spec/startupPolicy", "the leader waits for "

@@ -1,0 +1,135 @@
+"""``deploy dynamo``: an llmapi artifact as a Dynamo ``DynamoGraphDeployment`` (``nvidia.com/v1beta1``).
+
+The graph has a ``Frontend`` and the TensorRT-LLM workers by role (``dynamo_roles``). Every worker pod gets the
+artifact as ``deploy k8s`` delivers it (the fetch init container, ``sha256sum -c`` against the manifest's list)
+and its role's engine options from a ConfigMap. The Dynamo operator adds the ports (frontend ``http`` 8000,
+worker ``system`` 9090), probes, ``/dev/shm`` and, across nodes, the ``mpirun`` launch; the PodMonitor scrapes
+those ports' ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from trtllm_kit.build.staging import staged_dir
+from trtllm_kit.deploy import monitoring, objects
+from trtllm_kit.deploy.dynamo_roles import OPTIONS_DIR, WORKER_MODULE, Role, engine_options, worker_args
+from trtllm_kit.deploy.objects import Names
+from trtllm_kit.deploy.pod import fetch_container, resources, volumes
+from trtllm_kit.deploy.render import check, names_for
+from trtllm_kit.deploy.serving import Serving
+from trtllm_kit.deploy.settings import DeploySettings
+from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.errors import KitError
+
+Obj = dict[str, Any]
+API_VERSION = "nvidia.com/v1beta1"
+FRONTEND_PORT = 8000
+FRONTEND_MODULE = ("python3", "-m", "dynamo.frontend")
+MAIN = "main"  # the container the operator fills in
+MULTINODE_ENV = (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"))
+DYNAMO = Serving("dynamo", "/health", "/live", "system", ("http", "system"),
+                 (("http", "/metrics"), ("system", "/metrics")), "dynamo_frontend_queued_requests")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A rendered graph: its name, the worker roles, and the files written."""
+
+    out: Path
+    name: str
+    roles: tuple[Role, ...]
+    resources: tuple[str, ...]
+
+    def to_dict(self) -> Obj:
+        return {"out": str(self.out), "name": self.name, "resources": list(self.resources),
+                "roles": [{"name": r.name, "type": r.type, "replicas": r.replicas, "tp_size": r.tp_size,
+                           "pp_size": r.pp_size} for r in self.roles]}
+
+
+def model_path(source: DeploySource) -> str:
+    """The checkpoint's path in the pod: the one the recorded ``trtllm-serve`` command serves."""
+    return source.serve_command[1] if len(source.serve_command) > 1 else str(PurePosixPath(source.mount_path) /
+                                                                              "checkpoint")
+
+
+def options_config(names: Names, source: DeploySource, roles: tuple[Role, ...]) -> Obj:
+    """A ConfigMap holding every role's engine options file."""
+    data = {role.options_file: yaml.safe_dump(engine_options(source, role), sort_keys=False) for role in roles}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta("-engine"), "data": data}
+
+
+def _template(names: Names, container: Obj, spec: Obj | None = None) -> Obj:
+    return {"metadata": {"labels": {**names.labels, **names.serving}},
+            "spec": {**(spec or {}), "containers": [container]}}
+
+
+def worker_component(names: Names, source: DeploySource, settings: DeploySettings, role: Role) -> Obj:
+    """One worker role: ``dynamo.trtllm`` in ``main``, the artifact fetched and checked, its engine options.
+
+    Arguments:
+        names: the graph; source: the artifact; settings: delivery, image, GPUs per node; role: the role.
+    """
+    gpus = role.gpus_per_pod(settings.gpus_per_node)
+    container = {"name": MAIN, "image": settings.image, "command": list(WORKER_MODULE),
+                 "args": worker_args(source, role, model_path(source)),
+                 "resources": resources(source, gpus, gpus, settings),
+                 "volumeMounts": [{"name": "artifact", "mountPath": source.mount_path},
+                                  {"name": "engine", "mountPath": OPTIONS_DIR, "readOnly": True}]}
+    pod_volumes = [v for v in volumes(names.name, source, settings, gpus) if v["name"] != "dshm"]
+    pod_volumes.append({"name": "engine", "configMap": {"name": f"{names.name}-engine"}})
+    spec = {"initContainers": [fetch_container(source, settings)], "volumes": pod_volumes,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    component: Obj = {"name": role.name, "type": role.type, "replicas": role.replicas,
+                      "podTemplate": _template(names, container, spec)}
+    nodes = role.num_nodes(settings.gpus_per_node)
+    if nodes > 1:
+        component["multinode"] = {"nodeCount": nodes}
+    return component
+
+
+def frontend_component(names: Names, settings: DeploySettings) -> Obj:
+    """The OpenAI frontend (``dynamo.frontend``), one replica."""
+    container = {"name": MAIN, "image": settings.image, "command": list(FRONTEND_MODULE),
+                 "args": ["--http-port", str(FRONTEND_PORT)]}
+    return {"name": "Frontend", "type": "frontend", "replicas": 1, "podTemplate": _template(names, container)}
+
+
+def graph_deployment(names: Names, source: DeploySource, settings: DeploySettings, roles: tuple[Role, ...]) -> Obj:
+    """The ``DynamoGraphDeployment``: frontend and workers; spec-level MPI env when a role spans nodes."""
+    spec: Obj = {"backendFramework": "trtllm",
+                 "components": [frontend_component(names, settings),
+                                *(worker_component(names, source, settings, role) for role in roles)]}
+    if any(role.num_nodes(settings.gpus_per_node) > 1 for role in roles):
+        spec["env"] = [{"name": key, "value": value} for key, value in MULTINODE_ENV]
+    return {"apiVersion": API_VERSION, "kind": "DynamoGraphDeployment", "metadata": names.meta(), "spec": spec}
+
+
+def render_graph(source: DeploySource, settings: DeploySettings, roles: tuple[Role, ...], out: Path, *,
+                 force: bool = False) -> Graph:
+    """Write the graph of ``source`` into ``out`` (kustomize), validated before it is moved into place.
+
+    Arguments:
+        source: the artifact; settings: the deployment; roles: the worker roles; out: the directory;
+        force: replace an existing one.
+    """
+    names = names_for(source, settings)
+    files: dict[str, list[Obj]] = {
+        "sha256-configmap.yaml": [objects.sha256_list(names, source)],
+        "engine-configmap.yaml": [options_config(names, source, roles)],
+        "dynamographdeployment.yaml": [graph_deployment(names, source, settings, roles)],
+        "podmonitor.yaml": [monitoring.pod_monitor(names, settings.monitor_labels, DYNAMO)]}
+    found = check([(name, doc) for name, group in files.items() for doc in group])
+    if found:  # an internal invariant: the kit must never write an object its schemas refuse
+        raise KitError(f"the generated objects fail validation: {found[0]}")
+    with staged_dir(out, force=force) as staging:
+        for name, group in files.items():
+            (staging / name).write_text(yaml.safe_dump_all(group, sort_keys=False))
+        (staging / "kustomization.yaml").write_text(yaml.safe_dump(
+            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)},
+            sort_keys=False))
+    return Graph(out.absolute(), names.name, roles, ("kustomization.yaml", *files))
