@@ -9,6 +9,7 @@ import click
 
 from trtllm_kit.commands.build_flags import SHARED_FLAGS, declared_fields, spec_options, typed_values
 from trtllm_kit.commands.common import emit_json, reporter_for
+from trtllm_kit.errors import KitUsageError
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -61,8 +62,17 @@ def build(ctx: click.Context, config_file: Path | None, as_json: bool, dry_run: 
 @click.option("--graph", type=click.Path(path_type=Path), help="Write one decoder layer as the engine will run it "
               "(ONNX; opens in Netron).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--disagg", is_flag=True, help="Recommend aggregated or disaggregated serving and the prefill:decode "
+              "ratio for a workload (modelled from the memory plan and the GPU's roofline).")
+@click.option("--isl", type=int, default=4096, show_default=True, help="Input tokens per request (--disagg).")
+@click.option("--osl", type=int, default=512, show_default=True, help="Output tokens per request (--disagg).")
+@click.option("--ttft-slo", type=float, default=1000.0, show_default=True, help="Time to first token target, ms "
+              "(--disagg).")
+@click.option("--itl-slo", type=float, default=50.0, show_default=True, help="Inter-token latency target, ms "
+              "(--disagg).")
 @click.pass_context
-def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_json: bool, **_flags: Any) -> None:
+def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_json: bool, disagg: bool, isl: int,
+         osl: int, ttft_slo: float, itl_slo: float, **_flags: Any) -> None:
     """Plan a build of MODEL without doing it: per-rank memory, KV capacity, stages with their cache status,
     the exact trtllm-build command and the fused decoder layer. Only the model's config.json is needed.
 
@@ -70,12 +80,37 @@ def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_js
     Example:
       trtllm-kit plan builtin:tiny-llama --gpu L4 --graph layer.onnx
       trtllm-kit plan ./Meta-Llama-3-70B --gpu H100-80GB --tp 4 --kv-cache fp8 --json
+      trtllm-kit plan ./Meta-Llama-3-8B --gpu H100 --disagg --isl 4096 --osl 512 --ttft-slo 1000 --itl-slo 50
     """
     from trtllm_kit.spec import build_spec
 
     file_values, flags = spec_sources(ctx, config_file)
     file_values.setdefault("out", Path("out"))
-    _print_plan(build_spec(file_values, flags), graph, as_json)
+    spec = build_spec(file_values, flags)
+    if disagg:
+        _print_disagg(spec, isl, osl, ttft_slo, itl_slo, as_json)
+    else:
+        _print_plan(spec, graph, as_json)
+
+
+def _print_disagg(spec: Any, isl: int, osl: int, ttft_ms: float, itl_ms: float, as_json: bool) -> None:
+    from trtllm_kit.checkpoint.trtllm_config import precision_of
+    from trtllm_kit.disagg_plan import Workload, describe, plan_disagg
+    from trtllm_kit.gpus import resolve_gpu
+    from trtllm_kit.models.hf_config import read_hf_config
+    from trtllm_kit.models.inspect import resolve_model_path
+
+    hf = read_hf_config(resolve_model_path(spec.model))
+    gpu = resolve_gpu(spec.build.gpu, None, [])
+    if gpu is None:
+        raise KitUsageError("plan --disagg models a GPU from its datasheet; name it with --gpu (e.g. --gpu H100).")
+    work = Workload(isl, osl, ttft_ms / 1e3, itl_ms / 1e3)
+    result = plan_disagg(hf, precision_of(spec, hf), gpu, work)
+    if as_json:
+        emit_json({"workload": {"isl": isl, "osl": osl, "ttft_slo_ms": ttft_ms, "itl_slo_ms": itl_ms},
+                   **result.to_dict()})
+    else:
+        click.echo("\n".join(describe(result, work)))
 
 
 def _print_plan(spec: Any, graph: Path | None, as_json: bool) -> None:
