@@ -64,7 +64,7 @@ def test_aggregated_graph_validates_and_runs_the_artifact(artifact, tmp_path, ca
     written = dynamo(artifact(target="llmapi", tp=2, pp=1), out, capsys, "--replicas", "2")
     assert written["roles"] == [{"name": "TRTLLMWorker", "type": "worker", "replicas": 2, "tp_size": 2,
                                  "pp_size": 1}]
-    assert check_dir(out) == (4, [])
+    assert check_dir(out) == (5, [])
     dgd, components, options = graph(out)
     assert (dgd["apiVersion"], dgd["kind"], dgd["spec"]["backendFramework"]) == \
         ("nvidia.com/v1beta1", "DynamoGraphDeployment", "trtllm")
@@ -93,7 +93,7 @@ def test_disaggregated_graph_sets_the_roles_as_upstream(artifact, tmp_path, caps
     out = tmp_path / "dgd"
     dynamo(artifact(target="llmapi", tp=2, pp=1), out, capsys, "--disagg", "--prefill-replicas", "3",
            "--decode-replicas", "1", "--prefill-tp", "1", "--decode-tp", "4")
-    assert check_dir(out) == (4, [])
+    assert check_dir(out) == (6, [])
     _, components, options = graph(out)
     assert [(n, c.get("type"), c["replicas"]) for n, c in components.items()] == \
         [("Frontend", "frontend", 1), ("prefill", "prefill", 3), ("decode", "decode", 1)]
@@ -115,7 +115,7 @@ def test_multinode_disaggregated_graph(artifact, tmp_path, capsys):
     out = tmp_path / "dgd"
     dynamo(artifact(target="llmapi", tp=8, pp=1), out, capsys, "--disagg", "--gpus-per-node", "4",
            "--prefill-tp", "4", "--decode-tp", "8")
-    assert check_dir(out) == (4, [])
+    assert check_dir(out) == (6, [])
     dgd, components, _ = graph(out)
     assert "multinode" not in components["prefill"]
     assert components["decode"]["multinode"] == {"nodeCount": 2}
@@ -141,3 +141,33 @@ def test_deploy_check_catches_a_hand_edit(artifact, tmp_path, capsys):
     path.write_text(path.read_text().replace("type: decode", "type: decoder"))
     _, findings = check_dir(out)
     assert findings and "decoder" in findings[0].message
+
+
+def test_each_role_scales_through_its_adapter(artifact, tmp_path, capsys):
+    out = tmp_path / "dgd"
+    dynamo(artifact(target="llmapi", tp=1), out, capsys, "--disagg", "--max-replicas", "6")
+    _, components, _ = graph(out)
+    assert all(components[role]["scalingAdapter"] == {} for role in ("prefill", "decode"))
+    assert "scalingAdapter" not in components["Frontend"]
+    written = yaml.safe_load_all((out / "scaledobjects.yaml").read_text())
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in written}
+    assert set(scaled) == {"llama-3-1-70b-instruct-prefill", "llama-3-1-70b-instruct-decode"}
+    prefill, decode = (scaled[f"llama-3-1-70b-instruct-{r}"] for r in ("prefill", "decode"))
+    assert prefill["spec"]["scaleTargetRef"]["kind"] == "DynamoGraphDeploymentScalingAdapter"
+    assert prefill["spec"]["maxReplicaCount"] == 6
+    assert prefill["spec"]["triggers"][0]["metadata"]["query"] == \
+        'sum(dynamo_frontend_queued_requests{namespace="default",app="llama-3-1-70b-instruct"})'
+    assert decode["spec"]["triggers"][0]["metadata"]["threshold"] == "64"
+    path = out / "scaledobjects.yaml"
+    path.write_text(path.read_text().replace("instruct-decode\n", "instruct-decoder\n"))
+    _, findings = check_dir(out)
+    assert [f.path for f in findings] == ["spec/scaleTargetRef"]
+
+
+def test_unscaled_graph_and_hpa_refused(artifact, tmp_path, capsys):
+    out = tmp_path / "dgd"
+    dynamo(artifact(target="llmapi", tp=1), out, capsys, "--autoscaler", "none")
+    _, components, _ = graph(out)
+    assert "scalingAdapter" not in components["TRTLLMWorker"] and not (out / "scaledobjects.yaml").exists()
+    assert run(["deploy", "dynamo", str(artifact(target="llmapi", tp=1)), "--out", str(tmp_path / "h"), "--image",
+                IMAGE, "--pvc", "m", "--autoscaler", "hpa"]) == 2

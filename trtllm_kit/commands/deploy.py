@@ -106,6 +106,14 @@ def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, forc
 @click.option("--pvc", help="A PersistentVolumeClaim holding the build output at its root.")
 @click.option("--monitor-labels", "monitor_labels", multiple=True, metavar="K=V", help="A label for the PodMonitor "
               "that the Prometheus operator selects (default release=prometheus); repeatable.")
+@click.option("--autoscaler", type=click.Choice(["keda", "none"]), help="What scales each worker role, through "
+              "Dynamo's scaling adapter (default keda).")
+@click.option("--min-replicas", type=int, help="Workers per role at least, when scaled (default 1).")
+@click.option("--max-replicas", type=int, help="Workers per role at most, when scaled (default 4).")
+@click.option("--queue-target", type=float, help="Requests queued at the frontend per prefill (or aggregated) "
+              "worker to scale at (default 4); decode scales at the artifact's max batch in flight per worker.")
+@click.option("--prometheus-url", help="Prometheus for KEDA (default: prometheus-operated.monitoring.svc:9090).")
+@click.option("--fallback-replicas", type=int, help="Workers KEDA keeps at least while its query fails.")
 @click.option("--replicas", "worker_replicas", type=int, default=1, show_default=True,
               help="Aggregated workers.")
 @click.option("--disagg", is_flag=True, help="Separate prefill and decode workers (the KV moves between them).")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from trtllm_kit.build.staging import staged_dir
-from trtllm_kit.deploy import monitoring, objects
+from trtllm_kit.deploy import dynamo_scaling, monitoring, objects
 from trtllm_kit.deploy.dynamo_roles import OPTIONS_DIR, WORKER_MODULE, Role, engine_options, worker_args
 from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.pod import fetch_container, resources, volumes
@@ -89,6 +89,8 @@ def worker_component(names: Names, source: DeploySource, settings: DeploySetting
     nodes = role.num_nodes(settings.gpus_per_node)
     if nodes > 1:
         component["multinode"] = {"nodeCount": nodes}
+    if dynamo_scaling.check_autoscaler(settings):
+        component["scalingAdapter"] = {}
     return component
 
 
@@ -123,6 +125,8 @@ def render_graph(source: DeploySource, settings: DeploySettings, roles: tuple[Ro
         "engine-configmap.yaml": [options_config(names, source, roles)],
         "dynamographdeployment.yaml": [graph_deployment(names, source, settings, roles)],
         "podmonitor.yaml": [monitoring.pod_monitor(names, settings.monitor_labels, DYNAMO)]}
+    if dynamo_scaling.check_autoscaler(settings):
+        files["scaledobjects.yaml"] = [dynamo_scaling.scaled_object(names, source, settings, role) for role in roles]
     found = check([(name, doc) for name, group in files.items() for doc in group])
     if found:  # an internal invariant: the kit must never write an object its schemas refuse
         raise KitError(f"the generated objects fail validation: {found[0]}")

@@ -114,6 +114,14 @@ def _fails_safe(file: str, name: str, spec: Obj) -> list[Finding]:
     return found
 
 
+def _scaling_adapters(workloads: dict[tuple[Any, Any], tuple[str, Obj]]) -> set[tuple[str, str]]:
+    """(kind, name) of the scaling adapters the Dynamo operator creates: ``<graph>-<component>`` per component that
+    sets ``scalingAdapter``."""
+    return {("DynamoGraphDeploymentScalingAdapter", f"{name}-{str(c.get('name')).lower()}")
+            for (kind, name), (_, doc) in workloads.items() if kind == "DynamoGraphDeployment"
+            for c in (doc.get("spec") or {}).get("components") or [] if "scalingAdapter" in c}
+
+
 def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
     """Problems the schemas cannot see: grace periods, Service and PodMonitor selectors, autoscaler targets.
 
@@ -152,7 +160,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
             found += _leader_plan(file, name, doc["data"], workloads)
         if kind in ("ScaledObject", "HorizontalPodAutoscaler"):
             ref = spec.get("scaleTargetRef") or {}
-            if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads:
+            if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads and \
+                    (ref.get("kind"), ref.get("name")) not in _scaling_adapters(workloads):
                 found.append(Finding(file, kind, name, "spec/scaleTargetRef", f"{ref.get('kind', 'Deployment')} "
                                      f"{ref.get('name')} is not in this directory"))
     return found
