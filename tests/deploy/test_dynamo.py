@@ -87,6 +87,10 @@ def test_aggregated_graph_validates_and_runs_the_artifact(artifact, tmp_path, ca
         [("http", "/metrics"), ("system", "/metrics")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= \
         components["TRTLLMWorker"]["podTemplate"]["metadata"]["labels"].items()
+    board = json.loads((out / "dashboard.json").read_text())
+    queries = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+    assert 'histogram_quantile(0.99, sum by (le) (rate(dynamo_frontend_inter_token_latency_seconds_bucket{namespace=' \
+        '"default",app="llama-3-1-70b-instruct"}[5m])))' in queries
 
 
 def test_disaggregated_graph_sets_the_roles_as_upstream(artifact, tmp_path, capsys):

@@ -9,9 +9,10 @@ from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.settings import DeploySettings
 
 Obj = dict[str, Any]
+Panel = tuple[str, str, list[tuple[str, str]]]
 
 
-def panels(names: Names, settings: DeploySettings) -> list[tuple[str, str, list[tuple[str, str]]]]:
+def panels(names: Names, settings: DeploySettings) -> list[Panel]:
     """(title, unit, [(legend, query)]) of every panel."""
     sel = selector(names)
     trt = selector(names, model="tensorrt_llm")
@@ -51,8 +52,17 @@ def dashboard(names: Names, settings: DeploySettings) -> Obj:
     Arguments:
         names: the deployment; settings: the queue target drawn next to the queue.
     """
+    return dashboard_model(names, panels(names, settings))
+
+
+def dashboard_model(names: Names, panel_list: list[Panel]) -> Obj:
+    """A Grafana dashboard of ``panel_list``, two panels a row.
+
+    Arguments:
+        names: the deployment (title, uid); panel_list: (title, unit, [(legend, query)]) of every panel.
+    """
     body = []
-    for index, (title, unit, targets) in enumerate(panels(names, settings)):
+    for index, (title, unit, targets) in enumerate(panel_list):
         body.append({
             "id": index + 1, "type": "timeseries", "title": title,
             "datasource": {"type": "prometheus", "uid": "${datasource}"},

@@ -9,6 +9,7 @@ those ports' ``/metrics``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -17,6 +18,7 @@ import yaml
 
 from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import dynamo_scaling, monitoring, objects
+from trtllm_kit.deploy.dynamo_dashboard import dashboard
 from trtllm_kit.deploy.dynamo_roles import OPTIONS_DIR, WORKER_MODULE, Role, engine_options, worker_args
 from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.pod import fetch_container, resources, volumes
@@ -30,6 +32,7 @@ Obj = dict[str, Any]
 API_VERSION = "nvidia.com/v1beta1"
 FRONTEND_PORT = 8000
 FRONTEND_MODULE = ("python3", "-m", "dynamo.frontend")
+DASHBOARD = "dashboard.json"  # Grafana import; not a resource
 MAIN = "main"  # the container the operator fills in
 MULTINODE_ENV = (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"))
 DYNAMO = Serving("dynamo", "/health", "/live", "system", ("http", "system"),
@@ -136,4 +139,5 @@ def render_graph(source: DeploySource, settings: DeploySettings, roles: tuple[Ro
         (staging / "kustomization.yaml").write_text(yaml.safe_dump(
             {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)},
             sort_keys=False))
+        (staging / DASHBOARD).write_text(json.dumps(dashboard(names), indent=2) + "\n")
     return Graph(out.absolute(), names.name, roles, ("kustomization.yaml", *files))
