@@ -19,13 +19,14 @@ from trtllm_kit.errors import KitError, KitUsageError
 
 @click.group()
 def deploy() -> None:
-    """Deploy an artifact on Kubernetes: write the objects, check them, replay the autoscaler.
+    """Deploy an artifact on Kubernetes (or on NVIDIA Dynamo): write the objects, check them, replay the autoscaler.
 
     \b
     Example:
       trtllm-kit deploy k8s out/ --out k8s/ --pvc models --gpus-per-node 4 --autoscaler keda
       trtllm-kit deploy check k8s/
       kubectl apply -k k8s/
+      trtllm-kit deploy dynamo out/ --out dgd/ --pvc models --image IMG --disagg --decode-tp 8
     """
 
 
