@@ -13,6 +13,7 @@ from trtllm_kit.defaults import (
     DEFAULT_HOST,
     DEFAULT_HTTP_PORT,
     DEFAULT_KV_CACHE_FRACTION,
+    DEFAULT_MAX_LORA_RANK,
     DEFAULT_METRICS_PORT,
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_TOKENS_PER_BLOCK,
@@ -76,6 +77,9 @@ class BuildOptions:
         "Build the engine with trtllm-build --gather_context_logits, so requests can return the prompt's logits "
         "(prompt logprobs: OpenAI echo with logprobs, lm-eval loglikelihood). Costs a float32 buffer of "
         "max_num_tokens x vocab per rank, shown by plan.", "--context-logits"))
+    max_lora_rank: int = field(default=DEFAULT_MAX_LORA_RANK, metadata=option(
+        "The highest LoRA rank an adapter of this artifact may have (trtllm-kit lora add refuses higher ones).",
+        "--max-lora-rank", minimum=1))
     build_flags: dict[str, str] = field(default_factory=dict, metadata=option(
         "Override a trtllm-build recipe flag (repeatable), e.g. gemm_plugin=disable; in TOML the "
         "[build.build_flags] table.", "--build-flag", multiple=True, metavar="NAME=VALUE", parse=parse_overrides))
