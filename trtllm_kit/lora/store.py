@@ -24,7 +24,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.lora.peft_adapter import read_adapter
 from trtllm_kit.names import CHECKPOINT_DIR, LORA_DIR
-from trtllm_kit.runtime.lora import ADAPTER_FILE, tensor_names
+from trtllm_kit.runtime.lora import ADAPTER_FILE, FUSED_GATE_UP, tensor_names
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a directory name and an OpenAI model id
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -54,6 +54,8 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
     for (layer, module), (a, b) in adapter.pairs.items():
         a_name, b_name = tensor_names(layer, module)
         tensors[a_name] = a.to(torch.float32).to(dtype).contiguous()
+        if module == FUSED_GATE_UP:  # HF stacks [gate; up], the checkpoint's swiglu fc is [up; gate]
+            b = torch.cat(b.chunk(2)[::-1])
         tensors[b_name] = (b.to(torch.float32) * adapter.scale).to(dtype).contiguous()
     rel = f"{LORA_DIR}/{name}"
     staging = out / LORA_DIR / f".{name}.{os.getpid()}.tmp"

@@ -7,6 +7,8 @@ runtime adds ``(x @ A^T) @ B^T`` to the module's output and never scales.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from trtllm_kit.errors import KitUsageError
 
 ADAPTER_FILE = "adapter.safetensors"  # the converted adapter, in OUT/lora/NAME/
 FUSED_FAMILIES = ("Phi3ForCausalLM",)  # HF fuses qkv_proj and gate_up_proj
+FUSED_GATE_UP = "gate_up_proj"
 
 Pair = tuple[torch.Tensor, torch.Tensor]  # (A [r, in], B [out, r] scaled)
 
@@ -34,7 +37,7 @@ def module_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     inter = int(config["intermediate_size"])
     q, kv = heads * head_size, kv_heads * head_size
     if config.get("architecture") in FUSED_FAMILIES:
-        return {"qkv_proj": (hidden, q + 2 * kv), "o_proj": (q, hidden), "gate_up_proj": (hidden, 2 * inter),
+        return {"qkv_proj": (hidden, q + 2 * kv), "o_proj": (q, hidden), FUSED_GATE_UP: (hidden, 2 * inter),
                 "down_proj": (inter, hidden)}
     return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
             "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
@@ -73,3 +76,99 @@ def delta(x: torch.Tensor, pair: Pair) -> torch.Tensor:
     """
     a, b = pair
     return torch.nn.functional.linear(torch.nn.functional.linear(x, a), b)
+
+
+class LoraNotCachedError(KitUsageError):
+    """A request names an adapter the cache does not hold and brings no weights."""
+
+
+@dataclass(frozen=True)
+class LoraRequest:
+    """A request's adapter: its task id (the cache key) and, the first time or after an eviction, its weights."""
+
+    task_id: int
+    pairs: dict[tuple[int, str], Pair] | None = None
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An adapter a sequence runs with (held by the sequence, so an eviction never changes a running one)."""
+
+    task_id: int
+    pairs: dict[tuple[int, str], Pair]
+
+
+class AdapterCache:
+    """The adapters the engine holds, at most ``capacity``, the least recently used evicted first (as the
+    backend's LoRA cache: an uncached task id without weights is an error)."""
+
+    def __init__(self, capacity: int) -> None:
+        """Arguments:
+        capacity: the most adapters held at once (at least 1).
+        """
+        if capacity < 1:
+            raise KitUsageError(f"the LoRA cache must hold at least 1 adapter, got {capacity}.")
+        self.capacity = capacity
+        self.adapters: OrderedDict[int, Adapter] = OrderedDict()
+        self.num_evictions = 0
+
+    def resolve(self, request: LoraRequest) -> Adapter:
+        """The adapter of ``request``: its weights stored (evicting the oldest when full) or the cached one.
+
+        Arguments:
+            request: the request's task id and weights (None: expected in the cache).
+        """
+        if request.pairs is not None:
+            self.adapters.pop(request.task_id, None)
+            if len(self.adapters) >= self.capacity:
+                self.adapters.popitem(last=False)
+                self.num_evictions += 1
+            self.adapters[request.task_id] = Adapter(request.task_id, request.pairs)
+        elif request.task_id not in self.adapters:
+            raise LoraNotCachedError(f"LoRA task {request.task_id} not found in cache. Please send LoRA weights "
+                                     "with request.")
+        self.adapters.move_to_end(request.task_id)
+        return self.adapters[request.task_id]
+
+
+class LoraBatch:
+    """Which tokens of a flattened step run which adapter; ``add`` puts each adapter's term on its tokens."""
+
+    def __init__(self, spans: list[tuple[Adapter, torch.Tensor]]) -> None:
+        """Arguments:
+        spans: per adapter in the step, the indices of its tokens in the step's flattened [N] token order.
+        """
+        self.spans = spans
+
+    @classmethod
+    def of_sequences(cls, adapters: list[Adapter | None], counts: list[int]) -> LoraBatch | None:
+        """The batch of a step's sequences (None when none has an adapter).
+
+        Arguments:
+            adapters: each sequence's adapter or None; counts: its tokens in the step, in order.
+        """
+        rows: dict[int, tuple[Adapter, list[int]]] = {}
+        offset = 0
+        for adapter, count in zip(adapters, counts, strict=True):
+            if adapter is not None:
+                rows.setdefault(adapter.task_id, (adapter, []))[1].extend(range(offset, offset + count))
+            offset += count
+        if not rows:
+            return None
+        return cls([(adapter, torch.tensor(index)) for adapter, index in rows.values()])
+
+    def add(self, layer: int, x: torch.Tensor, out: torch.Tensor,
+            columns: dict[str, tuple[int, int]]) -> torch.Tensor:
+        """``out`` with each adapted module's term added to its columns on its adapter's tokens.
+
+        Arguments:
+            layer: global layer number; x: the linear's input [..., in]; out: its output [..., out];
+            columns: PEFT module name → the (start, stop) columns of ``out`` it produces.
+        """
+        flat_x, flat_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, out.shape[-1]).clone()
+        for adapter, index in self.spans:
+            for module, (start, stop) in columns.items():
+                pair = adapter.pairs.get((layer, module))
+                if pair is not None:
+                    flat_out[index, start:stop] += delta(flat_x[index], pair)
+        return flat_out.reshape(out.shape)
