@@ -29,17 +29,24 @@ ADAPTERS = {  # name: rank, alpha, PEFT target modules
     "all4": (4, 4, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "down16": (16, 16, ["down_proj"]),
 }
+FUSED = {"qkv4": (4, 8, ["qkv_proj"]), "mlp16": (16, 32, ["o_proj", "gate_up_proj", "down_proj"])}  # Phi-3's names
+FAMILIES = {"tiny-llama": ADAPTERS, "tiny-mistral": ADAPTERS, "tiny-qwen2": ADAPTERS, "tiny-phi3": FUSED}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+def artifact(tmp_path_factory: pytest.TempPathFactory, family: str) -> tuple[Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("lora-runtime")
     out = root / "out"
-    assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--dtype", "float32", "--no-verify",
+    assert run(["build", f"builtin:{family}", "--target", "cpu", "--dtype", "float32", "--no-verify",
                 "--out", str(out)]) == 0
     sources = {}
-    for seed, (name, (rank, alpha, targets)) in enumerate(ADAPTERS.items()):
-        sources[name] = make_adapter(builtin_dir("tiny-llama"), root / name, rank=rank, targets=targets,
+    for seed, (name, (rank, alpha, targets)) in enumerate(FAMILIES[family].items()):
+        sources[name] = make_adapter(builtin_dir(family), root / name, rank=rank, targets=targets,
                                      alpha=alpha, seed=seed)
         assert run(["lora", "add", str(out), name, str(sources[name])]) == 0
     return out, sources
@@ -52,9 +59,10 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def references(artifact: tuple[Path, dict[str, Path]], prompts: list[list[int]]) -> dict[str | None, list[list[int]]]:
+def references(artifact: tuple[Path, dict[str, Path]], prompts: list[list[int]],
+               family: str) -> dict[str | None, list[list[int]]]:
     """Greedy tokens of the HF model (None) and of PeftModel with each adapter, for every prompt."""
-    base = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(builtin_dir(family), torch_dtype=torch.float32).eval()
     models: dict[str | None, torch.nn.Module] = {None: base}
     for name, path in artifact[1].items():
         models[name] = PeftModel.from_pretrained(copy.deepcopy(base), path).eval()
@@ -66,7 +74,7 @@ def references(artifact: tuple[Path, dict[str, Path]], prompts: list[list[int]])
                 out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_TOKENS,
                                      min_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
             refs[name].append(out[0, len(prompt):].tolist())
-    assert all(refs[name] != refs[None] for name in ADAPTERS)  # every adapter changes the output
+    assert all(refs[name] != refs[None] for name in artifact[1])  # every adapter changes the output
     return refs
 
 
@@ -80,7 +88,7 @@ def test_base_and_adapters_in_one_batch_equal_peft(artifact, prompts, references
     out, _ = artifact
     engine = Engine(CheckpointModel.load(out / "checkpoint"), EngineConfig(tokens_per_block=8, max_batch_size=16,
                                                                           lora_cache_max_adapters=4))
-    names: list[str | None] = [None, *ADAPTERS]
+    names: list[str | None] = [None, *artifact[1]]
     batch = [(name, i) for i in range(len(prompts)) for name in names]
     loras = [_request(out, name, names.index(name), True) if name else None for name, _ in batch]
     got = engine.generate([prompts[i] for _, i in batch], [SamplingParams(max_tokens=MAX_TOKENS)] * len(batch),
@@ -88,6 +96,7 @@ def test_base_and_adapters_in_one_batch_equal_peft(artifact, prompts, references
     assert got == [references[name][i] for name, i in batch]
 
 
+@pytest.mark.parametrize("family", ["tiny-llama"], indirect=True)  # the cache does not depend on the family
 def test_eviction_keeps_outputs_exact_and_an_uncached_id_fails_alone(artifact, prompts, references) -> None:
     out, _ = artifact
     engine = Engine(CheckpointModel.load(out / "checkpoint"), EngineConfig(tokens_per_block=8,
