@@ -84,3 +84,21 @@ def test_wrong_adapters_are_refused_in_one_sentence(artifact: Path, adapter: Pat
         assert words in err and err.count("\n") == 1, err
     assert Artifact.read(artifact).records.adapters == {}
     assert not (artifact / "lora" / "bad").exists()
+
+
+def test_build_adds_adapters_inside_the_build(adapter: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--dtype", "float32", "--no-verify",
+                "--lora", f"support={adapter}", "--lora", f"billing={adapter}", "--out", str(out)]) == 0
+    built = Artifact.read(out)
+    assert sorted(built.records.adapters) == ["billing", "support"]
+    assert built.spec.build.lora == {"support": str(adapter), "billing": str(adapter)}
+    assert artifact_changes(built, hashes=True) == []
+    capsys.readouterr()
+    assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--dtype", "float32", "--no-verify",
+                "--max-lora-rank", "8", "--lora", f"support={adapter}", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "checkpoint" in summary["reused"] and list(summary["adapters"]) == ["support"]  # adapters: no rebuild
+    assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--no-verify", "--lora", "nodir",
+                "--out", str(tmp_path / "other")]) == 2
