@@ -14,10 +14,11 @@ from transformers import AutoModelForCausalLM
 from tests.lora.adapters import make_adapter
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.cli import run
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
-from trtllm_kit.runtime.lora import ADAPTER_FILE, LoraNotCachedError, LoraRequest, load_adapter
+from trtllm_kit.runtime.lora import ADAPTER_FILE, LoraNotCachedError, LoraRequest, from_rows, load_adapter, to_rows
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 
@@ -121,3 +122,21 @@ def test_eviction_keeps_outputs_exact_and_an_uncached_id_fails_alone(artifact, p
     with pytest.raises(LoraNotCachedError):
         engine.add_request(prompts[0], SamplingParams(max_tokens=2), lora=LoraRequest(1))
     assert not engine.has_work()  # the refused request queued nothing
+
+
+@pytest.mark.parametrize("family", ["tiny-llama"], indirect=True)
+def test_backend_rows_round_trip_and_bad_rows_are_refused(artifact) -> None:
+    out, _ = artifact
+    record = Artifact.read(out).records.adapters["mlp16"]
+    pairs = load_adapter(out / record.dir / ADAPTER_FILE, torch.float32)
+    config = CheckpointModel.load(out / "checkpoint").config
+    weights, keys = to_rows(pairs)
+    assert keys[:, 0].unique().tolist() == [2, 4, 5, 6, 7]  # k_proj, o_proj, gate_proj (5), down_proj, up_proj (7)
+    back = from_rows(weights, keys, config, torch.float32)
+    assert back.keys() == pairs.keys() and all(torch.equal(back[k][1], pairs[k][1]) for k in pairs)
+    bad_id = keys.clone()
+    bad_id[0, 0] = 0  # attn_qkv: Llama has separate q/k/v
+    with pytest.raises(KitUsageError, match="lora module id 0 is not enabled for this model"):
+        from_rows(weights, bad_id, config, torch.float32)
+    with pytest.raises(KitUsageError, match="lora_weights has too few values"):
+        from_rows(weights[:, :10], keys, config, torch.float32)

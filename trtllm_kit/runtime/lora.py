@@ -172,3 +172,55 @@ class LoraBatch:
                 if pair is not None:
                     flat_out[index, start:stop] += delta(flat_x[index], pair)
         return flat_out.reshape(out.shape)
+
+
+# TensorRT-LLM's module ids (lora_manager.LORA_MODULE_IDS) of the PEFT modules, as its code maps them: gate_proj is
+# mlp_h_to_4h (5), up_proj is mlp_gate (7); the fused names are attn_qkv (0) and mlp_gate_up (18).
+MODULE_IDS = {"qkv_proj": 0, "q_proj": 1, "k_proj": 2, "v_proj": 3, "o_proj": 4, "gate_proj": 5, "down_proj": 6,
+              "up_proj": 7, FUSED_GATE_UP: 18}
+
+
+def to_rows(pairs: dict[tuple[int, str], Pair]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backend's ``lora_weights`` [N, W] (A then B flattened per row, zero-padded) and ``lora_config`` [N, 3]
+    (module id, layer, rank) of an adapter.
+
+    Arguments:
+        pairs: the converted adapter's (layer, module) → (A, B).
+    """
+    rows = [torch.cat([a.flatten(), b.flatten()]) for a, b in pairs.values()]
+    width = max(len(r) for r in rows)
+    weights = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+    config = torch.tensor([[MODULE_IDS[m], layer, pair[0].shape[0]] for (layer, m), pair in pairs.items()],
+                          dtype=torch.int32)
+    return weights, config
+
+
+def from_rows(weights: torch.Tensor, config: torch.Tensor, model_config: dict[str, Any],
+              dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
+    """An adapter's pairs from the backend's ``lora_weights`` [N, W] and ``lora_config`` [N, 3], checked.
+
+    Arguments:
+        weights: one row per (module, layer); config: (module id, layer, rank) rows;
+        model_config: the checkpoint's ``config.json``; dtype: the runtime's compute dtype.
+    """
+    shapes, names = module_shapes(model_config), {v: k for k, v in MODULE_IDS.items()}
+    if weights.ndim != 2 or config.ndim != 2 or config.shape[1] != 3 or len(weights) != len(config):
+        raise KitUsageError(f"lora_weights {list(weights.shape)} and lora_config {list(config.shape)} must be [N, W] "
+                            "and [N, 3] with one row per module and layer.")
+    pairs: dict[tuple[int, str], Pair] = {}
+    for row, (module_id, layer, rank) in zip(weights, config.tolist(), strict=True):
+        module = names.get(module_id)
+        if module not in shapes:
+            raise KitUsageError(f"lora module id {module_id} is not enabled for this model (it has "
+                                f"{', '.join(f'{MODULE_IDS[m]} ({m})' for m in shapes)}).")
+        if not 0 <= layer < int(model_config["num_hidden_layers"]) or rank < 1:
+            raise KitUsageError(f"lora_config row ({module_id}, {layer}, {rank}) needs a layer in [0, "
+                                f"{model_config['num_hidden_layers']}) and a rank above 0.")
+        fan_in, fan_out = shapes[module]
+        if len(row) < rank * (fan_in + fan_out):
+            raise KitUsageError(f"lora_weights has too few values for {module} of layer {layer}: {len(row)}, needs "
+                                f"{rank * (fan_in + fan_out)} at rank {rank}.")
+        a = row[: rank * fan_in].reshape(rank, fan_in)
+        b = row[rank * fan_in: rank * (fan_in + fan_out)].reshape(fan_out, rank)
+        pairs[(layer, module)] = (a.to(dtype), b.to(dtype))
+    return pairs
