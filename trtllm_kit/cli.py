@@ -74,11 +74,12 @@ def _register_commands() -> None:
     from trtllm_kit.commands.checks import artifact, inspect_command, models, validate, verify
     from trtllm_kit.commands.deploy import deploy
     from trtllm_kit.commands.keys import keys
+    from trtllm_kit.commands.lora import lora
     from trtllm_kit.commands.serve import generate, reload, serve, stop
     from trtllm_kit.profile.commands import bench, profile
 
     for command in (build, plan, inspect_command, verify, validate, artifact, models, serve, stop, reload, generate,
-                    bench, profile, deploy, keys):
+                    bench, profile, deploy, keys, lora):
         cli.add_command(command)
 
 

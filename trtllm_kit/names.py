@@ -16,6 +16,7 @@ LLM_ARGS_FILE = "1/model.yaml"  # the llmapi model's LLM() arguments, inside its
 CHECKPOINT_DIR = "checkpoint"
 ENGINE_DIR = "engines"
 TOKENIZER_DIR = "tokenizer"  # also inside each repository model that tokenizes
+LORA_DIR = "lora"  # the LoRA adapters added to the artifact, one directory each
 SERVE_DIR = "trtllm-serve"  # the llmapi target's trtllm-serve configuration
 
 # what a build copies of a model's tokenizer (with the settings and chat templates around it)

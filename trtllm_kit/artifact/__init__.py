@@ -9,6 +9,7 @@ from trtllm_kit.artifact.manifest import (
     upgrade_manifest,
 )
 from trtllm_kit.artifact.records import (
+    AdapterRecord,
     CacheRecord,
     CheckpointRecord,
     EngineBuild,
@@ -21,7 +22,7 @@ from trtllm_kit.artifact.records import (
 )
 
 __all__ = [
-    "MANIFEST", "SCHEMA_VERSION", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild", "EngineLimits",
-    "EngineRecord", "LlmapiRepoOptions", "ManifestError", "ModelRecord", "RepoRecord", "StageRecords",
+    "MANIFEST", "SCHEMA_VERSION", "AdapterRecord", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild",
+    "EngineLimits", "EngineRecord", "LlmapiRepoOptions", "ManifestError", "ModelRecord", "RepoRecord", "StageRecords",
     "read_manifest_json", "upgrade_manifest",
 ]

@@ -210,6 +210,24 @@ class CacheRecord:
         return cls(**_known(cls, values))
 
 
+@dataclass(frozen=True)
+class AdapterRecord:
+    """A LoRA adapter added to the artifact (``trtllm-kit lora add``): where it came from, its PEFT hyperparameters,
+    and the converted file the target loads (``dir``, relative to the artifact)."""
+
+    name: str
+    source: str  # the PEFT adapter directory it was converted from
+    sha256: str  # of the source's adapter_model.safetensors
+    rank: int
+    alpha: float
+    target_modules: list[str]  # PEFT names (q_proj, ...), sorted
+    dir: str
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> AdapterRecord:
+        return cls(**{**_known(cls, values), "target_modules": list(values["target_modules"])})
+
+
 @dataclass
 class StageRecords:
     """The records the stages of one build have written so far (the manifest's ``summary``)."""
@@ -221,6 +239,7 @@ class StageRecords:
     engine: EngineRecord | None = None
     repo: RepoRecord | None = None
     stages: list[str] = field(default_factory=list)
+    adapters: dict[str, AdapterRecord] = field(default_factory=dict)  # by name
 
     def to_dict(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -236,6 +255,8 @@ class StageRecords:
         if self.repo is not None:
             values["repo"] = self.repo.to_dict()
         values["stages"] = list(self.stages)
+        if self.adapters:
+            values["adapters"] = {name: asdict(a) for name, a in self.adapters.items()}
         return values
 
     @classmethod
@@ -247,7 +268,8 @@ class StageRecords:
                    checkpoint=section("checkpoint", CheckpointRecord.from_dict),
                    calibration=values.get("calibration"), verify=values.get("verify"),
                    engine=section("engine", EngineRecord.from_dict), repo=section("repo", RepoRecord.from_dict),
-                   stages=list(values.get("stages") or []))
+                   stages=list(values.get("stages") or []),
+                   adapters={name: AdapterRecord.from_dict(a) for name, a in (values.get("adapters") or {}).items()})
 
     def take(self, other: StageRecords, names: tuple[str, ...]) -> None:
         """Copy the sections ``names`` from ``other`` (a reused stage brings its records along).

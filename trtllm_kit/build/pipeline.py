@@ -25,6 +25,7 @@ from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.checkpoint.convert import work_items
 from trtllm_kit.checkpoint.trtllm_config import precision_of, resolve_dtype
 from trtllm_kit.layout import Mapping, check_tp
+from trtllm_kit.lora.store import add_adapter
 from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model
@@ -63,7 +64,7 @@ STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": chec
 # [build] fields that do not change the checkpoint (the others and every [quant] field are in its key)
 NOT_CHECKPOINT_FIELDS = ("until", "target", "force", "archive", "gpu", "gpu_memory", "kv_cache_fraction",
                          "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
-                         "build_flags", "verify")
+                         "build_flags", "verify", "max_lora_rank", "lora")
 CHECKPOINT_TOOLS = ("trtllm_kit", "torch", "transformers", "safetensors")
 
 
@@ -140,8 +141,12 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
             timings_s={k: round(v, 3) for k, v in ctx.timings.items()},
             files=file_hashes(stage_dir, previous.outputs_of(reused)), file_stats=file_stats(stage_dir))
         artifact.write()
+        for name, source in spec.build.lora.items():  # inside the staging dir: the build and its adapters land at once
+            add_adapter(stage_dir, name, Path(source))
+        if spec.build.lora:
+            artifact = Artifact.read(stage_dir)
     artifact = artifact.moved(spec.out.absolute())
-    summary = {"manifest": str(artifact.manifest_path), **ctx.records.to_dict(), "reused": reused}
+    summary = {"manifest": str(artifact.manifest_path), **artifact.records.to_dict(), "reused": reused}
     if spec.build.archive:
         summary["archive"] = str(pack_archive(artifact.path, spec.build.archive).absolute())
     return BuildResult(artifact, summary)

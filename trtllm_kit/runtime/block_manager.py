@@ -60,7 +60,7 @@ class BlockManager:
         """Ids of registered blocks equal to the sequence's leading full blocks; the last token is never a hit,
         so that its logits are computed."""
         hits: list[int] = []
-        prefix_hash = None
+        prefix_hash = seq.kv_salt
         reusable = self.enable_reuse and not seq.params.needs_prompt_logits
         for index in range((len(seq) - 1) // self.tokens_per_block if reusable else 0):
             token_ids = seq.block_token_ids(index, self.tokens_per_block)
@@ -176,7 +176,7 @@ class BlockManager:
         """
         if not self.enable_reuse:
             return
-        prefix_hash = None
+        prefix_hash = seq.kv_salt
         for index in range(min(seq.num_computed_tokens // self.tokens_per_block, len(seq.block_table))):
             block = self.blocks[seq.block_table[index]]
             if block.hash is None:

@@ -26,12 +26,13 @@ class EngineConfig:
     enable_chunked_context: bool = False
     max_queue_size: int = 0  # 0 = unbounded
     max_seq_len: int = 0  # input + output tokens of one request; 0 = only the pool bounds it
+    lora_cache_max_adapters: int = 4  # LoRA adapters held at once; the least recently used is evicted
 
     def __post_init__(self) -> None:
         if self.batch_scheduler_policy not in POLICIES:
             raise KitUsageError(f"batch_scheduler_policy is {self.batch_scheduler_policy!r}; use one of "
                                 f"{', '.join(POLICIES)}.")
-        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):
+        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block", "lora_cache_max_adapters"):
             if getattr(self, name) < 1:
                 raise KitUsageError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.max_tokens_in_paged_kv_cache < self.tokens_per_block:

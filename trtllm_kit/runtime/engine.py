@@ -23,6 +23,7 @@ import torch
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.logprobs import record_generated, record_prompt
+from trtllm_kit.runtime.lora import AdapterCache, LoraBatch, LoraRequest
 from trtllm_kit.runtime.model import CheckpointModel, attend
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
@@ -87,6 +88,7 @@ class Engine:
         """
         self.model, self.config = model, config
         self.scheduler = Scheduler(config)
+        self.lora_cache = AdapterCache(config.lora_cache_max_adapters)
         dims = model.dims
         shape = (dims.num_layers, dims.tp_size, config.num_kv_blocks * config.tokens_per_block,
                  dims.num_kv_heads_per_rank, dims.head_size)
@@ -106,18 +108,23 @@ class Engine:
         """
         return cls(CheckpointModel.load(Path(ckpt_dir), compute_dtype), config)
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> Sequence:
-        """Queue a request; raises ``KitUsageError`` for one that can never run and ``QueueFullError``. Returns
-        its first sequence; ``seq.group`` holds all ``params.num_sequences`` of them.
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
+                    lora: LoraRequest | None = None) -> Sequence:
+        """Queue a request; raises ``KitUsageError`` for one that can never run (``LoraNotCachedError`` for an
+        adapter neither cached nor sent) and ``QueueFullError``. Returns its first sequence; ``seq.group`` holds
+        all ``params.num_sequences`` of them.
 
         Arguments:
-            prompt_ids: input token ids; params: sampling settings; arrival_time: ``time.perf_counter()`` value.
+            prompt_ids: input token ids; params: sampling settings; arrival_time: ``time.perf_counter()`` value;
+            lora: the request's LoRA task id and, when not cached, its weights (None: the base model).
         """
         vocab = self.model.dims.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
-        group = [Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, index)
+        if lora is not None:
+            self.model.check_lora()
+        adapter = self.lora_cache.resolve(lora) if lora is not None else None
+        group = [Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, index, adapter)
                  for index in range(params.num_sequences)]
         for seq in group:
             seq.group, seq.fork_of = group, (group[0] if seq.index else None)
@@ -170,13 +177,16 @@ class Engine:
         self.peak_scheduled = max(self.peak_scheduled, len(seqs))
         return sampled, finished
 
-    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams],
+                 loras: list[LoraRequest | None] | None = None) -> list[list[int]]:
         """Run requests to completion (all queued at once); returns each one's output ids.
 
         Arguments:
-            prompts: input token ids per request; params: sampling settings per request.
+            prompts: input token ids per request; params: sampling settings per request;
+            loras: each request's adapter (None: all run the base model).
         """
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        loras = loras or [None] * len(prompts)
+        seqs = [self.add_request(p, sp, lora=lr) for p, sp, lr in zip(prompts, params, loras, strict=True)]
         while self.has_work():
             self.step()
         return [seq.output_ids for seq in seqs]
@@ -204,12 +214,13 @@ class Engine:
         members += [[i] for i, n in enumerate(counts) if n > 1]
         groups = [_group([starts[i] for i in m], [counts[i] for i in m], [offsets[i] for i in m],
                          [slots[i] for i in m]) for m in members]
+        lora = LoraBatch.of_sequences([s.adapter for s in seqs], counts)
         hidden = model.embed(torch.tensor([ids]))
         for layer in range(model.dims.num_layers):
             x = model.norm(layer, "input_layernorm", hidden)
             contexts = []
             for rank in range(model.dims.tp_size):
-                q, k, v = model.qkv(layer, rank, x, positions, max(ends))  # [1, heads, N, d]
+                q, k, v = model.qkv(layer, rank, x, positions, max(ends), lora)  # [1, heads, N, d]
                 k_cache, v_cache = self.k_cache[layer, rank], self.v_cache[layer, rank]
                 k_cache[new_slots], v_cache[new_slots] = k[0].transpose(0, 1), v[0].transpose(0, 1)
                 context = torch.empty_like(q[0])
@@ -222,8 +233,8 @@ class Engine:
                                  g.mask.repeat(1, 1, shape[1] // kv_heads, 1)).reshape(shape)
                     context[:, g.out_index] = out.transpose(0, 1)[:, g.rows, g.cols]
                 contexts.append(context[None])
-            hidden = hidden + model.attention_output(layer, contexts)
-            hidden = hidden + model.mlp(layer, model.norm(layer, "post_layernorm", hidden))
+            hidden = hidden + model.attention_output(layer, contexts, lora)
+            hidden = hidden + model.mlp(layer, model.norm(layer, "post_layernorm", hidden), lora)
         last = {s.seq_id: o + c - 1 for s, o, c in zip(seqs, offsets, counts, strict=True)}
         wanted = [last[s.seq_id] for s in sampled]
         spans = []  # (sequence, first prompt position, its row in the logits, rows)

@@ -44,6 +44,7 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
     reduce,
     rms_norm,
 )
+from trtllm_kit.runtime.lora import LoraBatch
 
 NORMS = {Norm.RMS: rms_norm}  # the norm forms the runtime computes
 STORED_DTYPES = {"int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # quantized weights, checked on load
@@ -204,52 +205,78 @@ class CheckpointModel:
         return self.norm_fn(x, weight, self.dims.norm_epsilon)
 
     def qkv(self, layer: int, tp_rank: int, x: torch.Tensor, positions: torch.Tensor,
-            seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            seq_len: int, lora: LoraBatch | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One rank's queries and keys (rotated) and values, each [B, heads_r, T, d].
 
         Arguments:
             layer: global layer number; tp_rank: the rank; x: normalized hidden states [B, T, H];
-            positions: [B, T] token positions; seq_len: tokens in the sequence (for dynamic rope scaling).
+            positions: [B, T] token positions; seq_len: tokens in the sequence (for dynamic rope scaling);
+            lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
         out = linear(x, self.weights(pp_rank, tp_rank), f"transformer.layers.{local}.attention.qkv")
         d, hq, hkv = self.dims.head_size, self.dims.num_heads_per_rank, self.dims.num_kv_heads_per_rank
+        if lora is not None:
+            self.check_lora()
+            q, kv = hq * d, hkv * d
+            out = lora.add(layer, x, out, {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv),
+                                           "qkv_proj": (0, q + 2 * kv)})
         q, k, v = (t.unflatten(-1, (-1, d)).transpose(1, 2) for t in out.split([hq * d, hkv * d, hkv * d], -1))
         k, v = kv_cache(self.weights(pp_rank, tp_rank), f"transformer.layers.{local}", self.kv_cache_quant_algo,
                         self.rope.rotate(k, positions, seq_len), v)
         return self.rope.rotate(q, positions, seq_len), k, v
 
-    def attention_output(self, layer: int, contexts: list[torch.Tensor]) -> torch.Tensor:
+    def attention_output(self, layer: int, contexts: list[torch.Tensor], lora: LoraBatch | None = None) -> torch.Tensor:
         """``attention.dense`` of every rank's context [B, Hq_r, T, d], reduced across TP.
 
         Arguments:
-            layer: global layer number; contexts: ``attend``'s output for each TP rank.
+            layer: global layer number; contexts: ``attend``'s output for each TP rank;
+            lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
         prefix = f"transformer.layers.{local}.attention.dense"
-        partials = [linear(c.transpose(1, 2).flatten(2), self.weights(pp_rank, r), prefix, with_bias=False)
-                    for r, c in enumerate(contexts)]
+        inputs = [c.transpose(1, 2).flatten(2) for c in contexts]
+        partials = [linear(x, self.weights(pp_rank, r), prefix, with_bias=False) for r, x in enumerate(inputs)]
+        if lora is not None:
+            self.check_lora()
+            partials[0] = lora.add(layer, inputs[0], partials[0], {"o_proj": (0, self.dims.hidden_size)})
         return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.bias"))
 
-    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def mlp(self, layer: int, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """The family's gated MLP on every rank, reduced across TP: ``proj(silu(fc(x)) * gate(x))`` (``silu``), or
         ``proj(x1 * silu(g))`` with ``[x1; g] = fc(x)`` split in halves on each rank (``swiglu``).
 
         Arguments:
-            layer: global layer number; x: normalized hidden states [B, T, H].
+            layer: global layer number; x: normalized hidden states [B, T, H];
+            lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
         prefix = f"transformer.layers.{local}.mlp"
+        if lora is not None:
+            self.check_lora()
+
+        def adapted(out: torch.Tensor, inp: torch.Tensor, *modules: str) -> torch.Tensor:
+            if lora is None:
+                return out
+            return lora.add(layer, inp, out, {m: (0, out.shape[-1]) for m in modules})
+
         partials = []
         for r in range(self.dims.tp_size):
             w = self.weights(pp_rank, r)
-            if self.family.activation is Activation.SWIGLU:
-                x1, gate = linear(x, w, f"{prefix}.fc").chunk(2, dim=-1)
+            if self.family.activation is Activation.SWIGLU:  # the converted gate_up_proj B is [up; gate], as fc
+                x1, gate = adapted(linear(x, w, f"{prefix}.fc"), x, "gate_up_proj").chunk(2, dim=-1)
                 act = x1 * torch.nn.functional.silu(gate)
             else:
-                act = torch.nn.functional.silu(linear(x, w, f"{prefix}.fc")) * linear(x, w, f"{prefix}.gate")
-            partials.append(linear(act, w, f"{prefix}.proj", with_bias=False))
+                act = torch.nn.functional.silu(adapted(linear(x, w, f"{prefix}.fc"), x, "gate_proj")) * \
+                    adapted(linear(x, w, f"{prefix}.gate"), x, "up_proj")
+            partials.append(adapted(linear(act, w, f"{prefix}.proj", with_bias=False), act, "down_proj"))
         return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.proj.bias"))
+
+    def check_lora(self) -> None:
+        """Refuse adapters where the runtime cannot apply them yet (tensor parallelism)."""
+        if self.dims.tp_size > 1:
+            raise KitUsageError(f"the CPU runtime applies LoRA adapters with tp_size 1 only, and this checkpoint has "
+                                f"tp_size {self.dims.tp_size}; build the artifact with --tp 1 to serve adapters.")
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``ln_f`` and the gathered ``lm_head`` shards of the last stage, padding stripped, in float32.

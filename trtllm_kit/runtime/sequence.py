@@ -14,6 +14,7 @@ from trtllm_kit.runtime.sampling_rules import MAX_SEED, extras_problem, is_greed
 
 if TYPE_CHECKING:
     from trtllm_kit.runtime.grammar import CompiledGuide
+    from trtllm_kit.runtime.lora import Adapter
 
 DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's default request priority
 
@@ -115,10 +116,11 @@ class Sequence:
     """
 
     def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams,
-                 arrival_time: float | None = None, index: int = 0) -> None:
+                 arrival_time: float | None = None, index: int = 0, adapter: Adapter | None = None) -> None:
         """Arguments:
         seq_id: unique id; prompt_ids: the input token ids; params: sampling settings;
-        arrival_time: ``time.perf_counter()`` at arrival (now if None); index: the position in its group.
+        arrival_time: ``time.perf_counter()`` at arrival (now if None); index: the position in its group;
+        adapter: the LoRA adapter it runs with (None: the base model).
         """
         if not prompt_ids:
             raise KitUsageError(f"request {seq_id} has no input_ids; send at least one token.")
@@ -139,6 +141,7 @@ class Sequence:
         # Each sequence of a group draws its own numbers, reproducibly from the request's seed.
         self.generator = torch.Generator().manual_seed((params.seed + index) % 2**64)
         self.index = index
+        self.adapter = adapter
         self.group: list[Sequence] = [self]
         self.fork_of: Sequence | None = None  # the group's first sequence while this one waits to be forked
         self.cum_logprob = 0.0  # raw logprob summed over the generated tokens
@@ -150,6 +153,12 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def kv_salt(self) -> int | None:
+        """What its K/V blocks' hashes start from: blocks computed under one adapter are never reused under another
+        (None: the base model)."""
+        return self.adapter.task_id if self.adapter is not None else None
 
     @property
     def num_output_tokens(self) -> int:

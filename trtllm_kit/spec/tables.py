@@ -13,6 +13,7 @@ from trtllm_kit.defaults import (
     DEFAULT_HOST,
     DEFAULT_HTTP_PORT,
     DEFAULT_KV_CACHE_FRACTION,
+    DEFAULT_MAX_LORA_RANK,
     DEFAULT_METRICS_PORT,
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_TOKENS_PER_BLOCK,
@@ -28,6 +29,21 @@ from trtllm_kit.quant.algos import (
 from trtllm_kit.spec.build_flags import parse_overrides
 
 LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block")
+
+
+def parse_adapters(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``["support=./adapter", ...]`` → ``{"support": "./adapter"}`` (``build --lora``).
+
+    Arguments:
+        pairs: ``NAME=DIR`` strings.
+    """
+    result: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise KitUsageError(f"--lora {pair!r} is not NAME=DIR (e.g. support=./support-adapter).")
+        result[name.strip()] = path.strip()
+    return result
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,12 @@ class BuildOptions:
         "Build the engine with trtllm-build --gather_context_logits, so requests can return the prompt's logits "
         "(prompt logprobs: OpenAI echo with logprobs, lm-eval loglikelihood). Costs a float32 buffer of "
         "max_num_tokens x vocab per rank, shown by plan.", "--context-logits"))
+    max_lora_rank: int = field(default=DEFAULT_MAX_LORA_RANK, metadata=option(
+        "The highest LoRA rank an adapter of this artifact may have (trtllm-kit lora add refuses higher ones).",
+        "--max-lora-rank", minimum=1))
+    lora: dict[str, str] = field(default_factory=dict, metadata=option(
+        "Add a PEFT LoRA adapter as NAME (repeatable; as trtllm-kit lora add, inside the build); in TOML the "
+        "[build.lora] table.", "--lora", multiple=True, metavar="NAME=DIR", parse=parse_adapters))
     build_flags: dict[str, str] = field(default_factory=dict, metadata=option(
         "Override a trtllm-build recipe flag (repeatable), e.g. gemm_plugin=disable; in TOML the "
         "[build.build_flags] table.", "--build-flag", multiple=True, metavar="NAME=VALUE", parse=parse_overrides))
@@ -89,6 +111,8 @@ class BuildOptions:
             raise KitUsageError(f"kv_cache_fraction must be a number in (0, 1], got {self.kv_cache_fraction!r}.")
         if self.gpu_memory is not None and self.gpu_memory <= 0:
             raise KitUsageError(f"gpu_memory must be a positive number of GiB, got {self.gpu_memory!r}.")
+        if not all(isinstance(v, str) for v in self.lora.values()):
+            raise KitUsageError(f"lora must be a table of NAME = \"ADAPTER_DIR\", got {self.lora!r}.")
         if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in self.build_flags.values()):
             raise KitUsageError(f"build_flags must be a table of NAME = \"VALUE\", got {self.build_flags!r}.")
 

@@ -40,6 +40,7 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.heartbeat import Heartbeat
+from trtllm_kit.runtime.lora import LoraRequest, from_rows
 from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
 from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
@@ -235,7 +236,7 @@ class TritonPythonModel:
             item.perf = bool(_input(request, "return_perf_metrics", False))
             item.counts = (bool(_input(request, "return_num_input_tokens", False)),
                            bool(_input(request, "return_num_output_tokens", False)))
-            item.seq = self.engine.add_request([int(t) for t in ids[:length]], params)
+            item.seq = self.engine.add_request([int(t) for t in ids[:length]], params, lora=self._lora(request))
         except Exception as exc:  # any bad request is answered with its error; the engine loop goes on
             full = isinstance(exc, QueueFullError)
             self._finish(item, pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE if full
@@ -243,6 +244,25 @@ class TritonPythonModel:
             return
         for seq in item.seq.group:
             self.active[seq.seq_id] = item
+
+    def _lora(self, request) -> LoraRequest | None:
+        """The request's ``lora_task_id`` and, when sent, its ``lora_weights`` / ``lora_config`` (None: no LoRA)."""
+        task_id = _input(request, "lora_task_id")
+        weights = pb_utils.get_input_tensor_by_name(request, "lora_weights")
+        config = pb_utils.get_input_tensor_by_name(request, "lora_config")
+        if task_id is None:
+            if weights is not None or config is not None:
+                raise KitUsageError("lora_task_id must be set for LoRA inference.")
+            return None
+        if (weights is None) != (config is None):
+            raise KitUsageError("Request for LoRA inference must have both lora_weights and lora_config.")
+        if weights is None:
+            return LoraRequest(int(task_id))
+        rows = torch.from_numpy(weights.as_numpy().astype(np.float32))
+        keys = torch.from_numpy(config.as_numpy().astype(np.int64))
+        model = self.engine.model
+        return LoraRequest(int(task_id), from_rows(rows.reshape(-1, rows.shape[-1]), keys.reshape(-1, 3),
+                                                   model.config, model.dtype))
 
     def _guide(self, request):
         """The compiled guide of a request with ``guided_decoding_guide_type``, else None."""

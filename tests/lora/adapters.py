@@ -1,0 +1,26 @@
+"""PEFT adapters made for the tests with ``peft`` itself (the reference), with random non-zero B."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+
+def make_adapter(base_dir: Path, out: Path, *, rank: int, targets: list[str], alpha: float, seed: int) -> Path:
+    """Save a LoRA adapter of ``rank`` on ``targets`` for the HF model at ``base_dir`` into ``out``.
+
+    PEFT starts B at zero (the adapter would change nothing), so every lora_B is filled with random values.
+    """
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets,
+                                                  task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn_like(param) * 0.5)
+    peft_model.save_pretrained(out)
+    return out

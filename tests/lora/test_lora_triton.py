@@ -1,0 +1,106 @@
+"""LoRA through a real tritonserver: the CPU ``tensorrt_llm`` model takes upstream's ``lora_task_id`` /
+``lora_weights`` / ``lora_config``; adapters and the base in one stream equal PEFT, an id the cache evicted fails
+alone with the backend's sentence, and resent weights give exact outputs again."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+from tritonclient.grpc import model_config_pb2 as mc
+
+from tests.integration.test_tensorrt_llm_cpu import MODEL_PY, Streams, inputs, tensorrt_llm_config
+from tests.integration.tritonserver import running_server
+from tests.lora.adapters import make_adapter
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.cli import run
+from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
+
+pytestmark = pytest.mark.integration
+MAX_TOKENS = 8
+PROMPT = [5, 77, 301, 9, 640, 12, 18, 999, 3]
+ADAPTERS = {"qv4": (4, 8, ["q_proj", "v_proj"]), "mlp16": (16, 32, ["o_proj", "gate_proj", "up_proj", "down_proj"])}
+LORA_INPUTS = [("lora_task_id", "UINT64", [1]), ("lora_weights", "FP32", [-1, -1]), ("lora_config", "INT32", [-1, 3])]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("lora-triton")
+    out = root / "out"
+    assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--dtype", "float32", "--no-verify",
+                "--out", str(out)]) == 0
+    sources = {}
+    for seed, (name, (rank, alpha, targets)) in enumerate(ADAPTERS.items()):
+        sources[name] = make_adapter(builtin_dir("tiny-llama"), root / name, rank=rank, targets=targets,
+                                     alpha=alpha, seed=seed)
+        assert run(["lora", "add", str(out), name, str(sources[name])]) == 0
+    config = tensorrt_llm_config(out / "checkpoint")
+    for name, dtype, dims in LORA_INPUTS:
+        entry = config.input.add(name=name, data_type=mc.DataType.Value(f"TYPE_{dtype}"), dims=dims, optional=True)
+        entry.allow_ragged_batch = -1 in dims
+    config.parameters["lora_cache_max_adapters"].string_value = "1"
+    model_dir = root / "repo" / "tensorrt_llm"
+    (model_dir / "1").mkdir(parents=True)
+    shutil.copy(MODEL_PY, model_dir / "1" / "model.py")
+    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+    with running_server(root / "repo", root) as server:
+        yield server, out, sources
+
+
+def peft_tokens(source: Path | None) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
+    if source is not None:
+        model = PeftModel.from_pretrained(copy.deepcopy(model), source).eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                             do_sample=False, pad_token_id=0)
+    return out[0, len(PROMPT):].tolist()
+
+
+def lora_inputs(out: Path, name: str, task_id: int, with_weights: bool) -> list[grpcclient.InferInput]:
+    values = [("lora_task_id", np.array([[task_id]], np.uint64), "UINT64")]
+    if with_weights:
+        record = Artifact.read(out).records.adapters[name]
+        weights, config = to_rows(load_adapter(out / record.dir / ADAPTER_FILE, torch.float32))
+        values += [("lora_weights", weights.numpy()[None], "FP32"), ("lora_config", config.numpy()[None], "INT32")]
+    made = []
+    for tensor_name, array, dtype in values:
+        made.append(grpcclient.InferInput(tensor_name, list(array.shape), dtype))
+        made[-1].set_data_from_numpy(array)
+    return made
+
+
+def send(streams: Streams, request_id: str, extra: list[grpcclient.InferInput]) -> None:
+    streams.client.async_stream_infer("tensorrt_llm", inputs(PROMPT, MAX_TOKENS) + extra, request_id=request_id,
+                                      enable_empty_final_response=True)
+
+
+def test_adapters_through_tritonserver_equal_peft_and_evictions_fail_alone(served) -> None:
+    server, out, sources = served
+    expected = {None: peft_tokens(None), **{name: peft_tokens(path) for name, path in sources.items()}}
+    streams = Streams(server)
+    send(streams, "base", [])
+    send(streams, "qv4", lora_inputs(out, "qv4", 1, True))
+    tokens, errors = streams.collect(2)
+    assert not errors and tokens == {"base": expected[None], "qv4": expected["qv4"]}
+    send(streams, "mlp16", lora_inputs(out, "mlp16", 2, True))  # the cache holds 1: qv4 is evicted
+    tokens, errors = streams.collect(1)
+    assert not errors and tokens == {"mlp16": expected["mlp16"]}
+    send(streams, "again", lora_inputs(out, "qv4", 1, False))
+    send(streams, "cached", lora_inputs(out, "mlp16", 2, False))
+    tokens, errors = streams.collect(2)
+    assert tokens == {"cached": expected["mlp16"]}
+    assert len(errors) == 1 and "LoRA task 1 not found in cache. Please send LoRA weights with request." in errors[0]
+    send(streams, "resent", lora_inputs(out, "qv4", 1, True))
+    tokens, errors = streams.collect(1)
+    streams.close()
+    assert not errors and tokens == {"resent": expected["qv4"]}

@@ -1,0 +1,1 @@
+"""LoRA adapters as parts of an artifact: a PEFT adapter checked against the base, converted, and recorded."""

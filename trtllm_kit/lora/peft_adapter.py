@@ -1,0 +1,134 @@
+"""A PEFT LoRA adapter directory, read and checked against the base checkpoint it is meant for.
+
+The checks follow what TensorRT-LLM's loaders accept: a plain LoRA (no DoRA, no bias, no per-module rank or alpha
+patterns, no ``modules_to_save`` that would replace base weights) on the attention and MLP linears the family has,
+with the shapes of the base and a rank no higher than the artifact's ``max_lora_rank``. Each refusal is one
+sentence naming what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.lora import module_shapes
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PICKLE_NAME = "adapter_model.bin"
+KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class AdapterError(KitUsageError):
+    """A LoRA adapter the artifact cannot take."""
+
+
+@dataclass(frozen=True)
+class PeftAdapter:
+    """A checked adapter: its hyperparameters and, per (layer, module), the pair (A ``[r, in]``, B ``[out, r]``)."""
+
+    path: Path
+    rank: int
+    alpha: float
+    scale: float  # alpha / r, or alpha / sqrt(r) with use_rslora
+    target_modules: list[str]
+    pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def weights_path(self) -> Path:
+        return self.path / WEIGHTS_NAME
+
+
+def read_adapter(path: Path, base: dict[str, Any], max_lora_rank: int) -> PeftAdapter:
+    """Read the PEFT adapter at ``path`` and check it against the base checkpoint's ``config.json``.
+
+    Arguments:
+        path: a directory holding adapter_config.json and adapter_model.safetensors;
+        base: the artifact's checkpoint config; max_lora_rank: the artifact's highest adapter rank.
+    """
+    config = _read_config(path)
+    rank, alpha = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
+    if rank > max_lora_rank:
+        raise AdapterError(f"{path} has rank {rank}, above the artifact's max_lora_rank {max_lora_rank}; rebuild "
+                           f"with --max-lora-rank {rank} or retrain the adapter with r <= {max_lora_rank}.")
+    shapes = module_shapes(base)
+    tensors = _read_weights(path)
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        match = KEY.fullmatch(name)
+        if match is None:
+            raise AdapterError(f"{path / WEIGHTS_NAME} holds {name}, which is not a LoRA A/B weight of a decoder "
+                               "layer's linear; the kit takes plain LoRA adapters (no bias, DoRA or saved modules).")
+        layer, module, side = int(match[1]), match[2], match[3]
+        if module not in shapes:
+            raise AdapterError(f"{path} targets {module}, which the base family {base.get('architecture')} does "
+                               f"not have (it has {', '.join(shapes)}); the adapter was trained for another model.")
+        if layer >= int(base["num_hidden_layers"]):
+            raise AdapterError(f"{path} adapts layer {layer}, but the base has {base['num_hidden_layers']} layers; "
+                               "the adapter was trained for another model.")
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise AdapterError(f"{name} in {path / WEIGHTS_NAME} is {tensor.dtype}; LoRA weights must be float16, "
+                               "bfloat16 or float32.")
+        fan_in, fan_out = shapes[module]
+        want = (rank, fan_in) if side == "A" else (fan_out, rank)
+        if tuple(tensor.shape) != want:
+            raise AdapterError(f"{name} in {path / WEIGHTS_NAME} has shape {list(tensor.shape)}, but rank {rank} on "
+                               f"this base needs {list(want)}; the adapter was trained for another model.")
+        pairs.setdefault((layer, module), {})[side] = tensor
+    for (layer, module), sides in pairs.items():
+        if set(sides) != {"A", "B"}:
+            raise AdapterError(f"{path / WEIGHTS_NAME} has only lora_{''.join(sides)} for layer {layer} {module}; "
+                               "save the adapter again with PEFT.")
+    if not pairs:
+        raise AdapterError(f"{path / WEIGHTS_NAME} holds no LoRA weights; save the adapter again with PEFT.")
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return PeftAdapter(path=path, rank=rank, alpha=alpha, scale=scale,
+                       target_modules=sorted({m for _, m in pairs}),
+                       pairs={k: (v["A"], v["B"]) for k, v in sorted(pairs.items())})
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise AdapterError(f"{path} is not a directory; pass a PEFT adapter directory (save_pretrained's output).")
+    if (path / PICKLE_NAME).is_file() and not (path / WEIGHTS_NAME).is_file():
+        raise AdapterError(f"{path} holds {PICKLE_NAME}, a pickle, which the kit never loads; save the adapter with "
+                           "safe_serialization=True (adapter_model.safetensors).")
+    try:
+        config = json.loads((path / CONFIG_NAME).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AdapterError(f"{path / CONFIG_NAME} cannot be read ({type(exc).__name__}); pass a PEFT LoRA "
+                           "adapter directory.") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        found = config.get("peft_type") if isinstance(config, dict) else config
+        raise AdapterError(f"{path / CONFIG_NAME} has peft_type {found!r}; the kit takes LORA adapters.")
+    refusals = (("modules_to_save", "replaces base weights for every request"), ("use_dora", "is DoRA"),
+                ("rank_pattern", "sets per-module ranks"), ("alpha_pattern", "sets per-module alphas"),
+                ("fan_in_fan_out", "stores transposed weights"))
+    for key, why in refusals:
+        if config.get(key):
+            raise AdapterError(f"{path / CONFIG_NAME} sets {key} ({config[key]!r}), which {why}; the kit takes "
+                               f"plain LoRA adapters: retrain without {key}.")
+    if config.get("bias", "none") != "none":
+        raise AdapterError(f"{path / CONFIG_NAME} has bias {config['bias']!r}; the kit takes adapters with bias "
+                           "'none'.")
+    return config
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    weights = path / WEIGHTS_NAME
+    if not weights.is_file():
+        raise AdapterError(f"{path} has no {WEIGHTS_NAME}; save the adapter with PEFT's save_pretrained.")
+    try:
+        return load_file(weights)
+    except (SafetensorError, OSError) as exc:
+        raise AdapterError(f"{weights} cannot be read as safetensors ({exc}).") from None

@@ -1,0 +1,226 @@
+"""LoRA adapters in the CPU runtime's form: per (layer, PEFT module) the pair A ``[r, in]`` and B ``[out, r]``,
+with PEFT's scale (alpha / r) already multiplied into B, as TensorRT-LLM's converted adapters carry it; the
+runtime adds ``(x @ A^T) @ B^T`` to the module's output and never scales.
+
+``module_shapes`` is the one statement of which PEFT modules a checkpoint's family has and their (in, out) sizes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from trtllm_kit.errors import KitUsageError
+
+ADAPTER_FILE = "adapter.safetensors"  # the converted adapter, in OUT/lora/NAME/
+FUSED_FAMILIES = ("Phi3ForCausalLM",)  # HF fuses qkv_proj and gate_up_proj
+FUSED_GATE_UP = "gate_up_proj"
+
+Pair = tuple[torch.Tensor, torch.Tensor]  # (A [r, in], B [out, r] scaled)
+
+
+def module_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """The PEFT module names of the checkpoint's family and their (in, out) sizes, unsharded.
+
+    Arguments:
+        config: a TensorRT-LLM checkpoint ``config.json``.
+    """
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_size = int(config.get("head_size") or hidden // heads)
+    inter = int(config["intermediate_size"])
+    q, kv = heads * head_size, kv_heads * head_size
+    if config.get("architecture") in FUSED_FAMILIES:
+        return {"qkv_proj": (hidden, q + 2 * kv), "o_proj": (q, hidden), FUSED_GATE_UP: (hidden, 2 * inter),
+                "down_proj": (inter, hidden)}
+    return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
+            "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+
+
+def tensor_names(layer: int, module: str) -> tuple[str, str]:
+    """The converted file's names of A and B for a layer's module."""
+    return f"layers.{layer}.{module}.lora_A", f"layers.{layer}.{module}.lora_B"
+
+
+def load_adapter(path: Path, dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
+    """Read a converted adapter file into its (layer, module) → (A, B) pairs in the compute dtype.
+
+    Arguments:
+        path: ``OUT/lora/NAME/adapter.safetensors``; dtype: the runtime's compute dtype.
+    """
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError) as exc:
+        raise KitUsageError(f"{path} cannot be read as a converted LoRA adapter ({exc}); add the adapter again "
+                            "(trtllm-kit lora add).") from None
+    pairs: dict[tuple[int, str], Pair] = {}
+    for name in tensors:
+        if name.endswith(".lora_A"):
+            _, layer, module, _ = name.split(".")
+            a_name, b_name = tensor_names(int(layer), module)
+            pairs[(int(layer), module)] = (tensors[a_name].to(dtype), tensors[b_name].to(dtype))
+    return pairs
+
+
+def delta(x: torch.Tensor, pair: Pair) -> torch.Tensor:
+    """The LoRA term ``(x @ A^T) @ B^T`` of one module (the scale is in B).
+
+    Arguments:
+        x: the module's input [..., in]; pair: (A, B).
+    """
+    a, b = pair
+    return torch.nn.functional.linear(torch.nn.functional.linear(x, a), b)
+
+
+class LoraNotCachedError(KitUsageError):
+    """A request names an adapter the cache does not hold and brings no weights."""
+
+
+@dataclass(frozen=True)
+class LoraRequest:
+    """A request's adapter: its task id (the cache key) and, the first time or after an eviction, its weights."""
+
+    task_id: int
+    pairs: dict[tuple[int, str], Pair] | None = None
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An adapter a sequence runs with (held by the sequence, so an eviction never changes a running one)."""
+
+    task_id: int
+    pairs: dict[tuple[int, str], Pair]
+
+
+class AdapterCache:
+    """The adapters the engine holds, at most ``capacity``, the least recently used evicted first (as the
+    backend's LoRA cache: an uncached task id without weights is an error)."""
+
+    def __init__(self, capacity: int) -> None:
+        """Arguments:
+        capacity: the most adapters held at once (at least 1).
+        """
+        if capacity < 1:
+            raise KitUsageError(f"the LoRA cache must hold at least 1 adapter, got {capacity}.")
+        self.capacity = capacity
+        self.adapters: OrderedDict[int, Adapter] = OrderedDict()
+        self.num_evictions = 0
+
+    def resolve(self, request: LoraRequest) -> Adapter:
+        """The adapter of ``request``: its weights stored (evicting the oldest when full) or the cached one.
+
+        Arguments:
+            request: the request's task id and weights (None: expected in the cache).
+        """
+        if request.pairs is not None:
+            self.adapters.pop(request.task_id, None)
+            if len(self.adapters) >= self.capacity:
+                self.adapters.popitem(last=False)
+                self.num_evictions += 1
+            self.adapters[request.task_id] = Adapter(request.task_id, request.pairs)
+        elif request.task_id not in self.adapters:
+            raise LoraNotCachedError(f"LoRA task {request.task_id} not found in cache. Please send LoRA weights "
+                                     "with request.")
+        self.adapters.move_to_end(request.task_id)
+        return self.adapters[request.task_id]
+
+
+class LoraBatch:
+    """Which tokens of a flattened step run which adapter; ``add`` puts each adapter's term on its tokens."""
+
+    def __init__(self, spans: list[tuple[Adapter, torch.Tensor]]) -> None:
+        """Arguments:
+        spans: per adapter in the step, the indices of its tokens in the step's flattened [N] token order.
+        """
+        self.spans = spans
+
+    @classmethod
+    def of_sequences(cls, adapters: list[Adapter | None], counts: list[int]) -> LoraBatch | None:
+        """The batch of a step's sequences (None when none has an adapter).
+
+        Arguments:
+            adapters: each sequence's adapter or None; counts: its tokens in the step, in order.
+        """
+        rows: dict[int, tuple[Adapter, list[int]]] = {}
+        offset = 0
+        for adapter, count in zip(adapters, counts, strict=True):
+            if adapter is not None:
+                rows.setdefault(adapter.task_id, (adapter, []))[1].extend(range(offset, offset + count))
+            offset += count
+        if not rows:
+            return None
+        return cls([(adapter, torch.tensor(index)) for adapter, index in rows.values()])
+
+    def add(self, layer: int, x: torch.Tensor, out: torch.Tensor,
+            columns: dict[str, tuple[int, int]]) -> torch.Tensor:
+        """``out`` with each adapted module's term added to its columns on its adapter's tokens.
+
+        Arguments:
+            layer: global layer number; x: the linear's input [..., in]; out: its output [..., out];
+            columns: PEFT module name → the (start, stop) columns of ``out`` it produces.
+        """
+        flat_x, flat_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, out.shape[-1]).clone()
+        for adapter, index in self.spans:
+            for module, (start, stop) in columns.items():
+                pair = adapter.pairs.get((layer, module))
+                if pair is not None:
+                    flat_out[index, start:stop] += delta(flat_x[index], pair)
+        return flat_out.reshape(out.shape)
+
+
+# TensorRT-LLM's module ids (lora_manager.LORA_MODULE_IDS) of the PEFT modules, as its code maps them: gate_proj is
+# mlp_h_to_4h (5), up_proj is mlp_gate (7); the fused names are attn_qkv (0) and mlp_gate_up (18).
+MODULE_IDS = {"qkv_proj": 0, "q_proj": 1, "k_proj": 2, "v_proj": 3, "o_proj": 4, "gate_proj": 5, "down_proj": 6,
+              "up_proj": 7, FUSED_GATE_UP: 18}
+
+
+def to_rows(pairs: dict[tuple[int, str], Pair]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backend's ``lora_weights`` [N, W] (A then B flattened per row, zero-padded) and ``lora_config`` [N, 3]
+    (module id, layer, rank) of an adapter.
+
+    Arguments:
+        pairs: the converted adapter's (layer, module) → (A, B).
+    """
+    rows = [torch.cat([a.flatten(), b.flatten()]) for a, b in pairs.values()]
+    width = max(len(r) for r in rows)
+    weights = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+    config = torch.tensor([[MODULE_IDS[m], layer, pair[0].shape[0]] for (layer, m), pair in pairs.items()],
+                          dtype=torch.int32)
+    return weights, config
+
+
+def from_rows(weights: torch.Tensor, config: torch.Tensor, model_config: dict[str, Any],
+              dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
+    """An adapter's pairs from the backend's ``lora_weights`` [N, W] and ``lora_config`` [N, 3], checked.
+
+    Arguments:
+        weights: one row per (module, layer); config: (module id, layer, rank) rows;
+        model_config: the checkpoint's ``config.json``; dtype: the runtime's compute dtype.
+    """
+    shapes, names = module_shapes(model_config), {v: k for k, v in MODULE_IDS.items()}
+    if weights.ndim != 2 or config.ndim != 2 or config.shape[1] != 3 or len(weights) != len(config):
+        raise KitUsageError(f"lora_weights {list(weights.shape)} and lora_config {list(config.shape)} must be [N, W] "
+                            "and [N, 3] with one row per module and layer.")
+    pairs: dict[tuple[int, str], Pair] = {}
+    for row, (module_id, layer, rank) in zip(weights, config.tolist(), strict=True):
+        module = names.get(module_id)
+        if module not in shapes:
+            raise KitUsageError(f"lora module id {module_id} is not enabled for this model (it has "
+                                f"{', '.join(f'{MODULE_IDS[m]} ({m})' for m in shapes)}).")
+        if not 0 <= layer < int(model_config["num_hidden_layers"]) or rank < 1:
+            raise KitUsageError(f"lora_config row ({module_id}, {layer}, {rank}) needs a layer in [0, "
+                                f"{model_config['num_hidden_layers']}) and a rank above 0.")
+        fan_in, fan_out = shapes[module]
+        if len(row) < rank * (fan_in + fan_out):
+            raise KitUsageError(f"lora_weights has too few values for {module} of layer {layer}: {len(row)}, needs "
+                                f"{rank * (fan_in + fan_out)} at rank {rank}.")
+        a = row[: rank * fan_in].reshape(rank, fan_in)
+        b = row[rank * fan_in: rank * (fan_in + fan_out)].reshape(fan_out, rank)
+        pairs[(layer, module)] = (a.to(dtype), b.to(dtype))
+    return pairs
