@@ -107,6 +107,16 @@ class TextClient:
                                       status=404)
         return self.model
 
+    async def ready(self) -> bool:
+        """Whether the server answers and the model this client calls is ready (False on any failure)."""
+        try:
+            model = await self.resolve_model()
+            answer = await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=model), metadata=self.metadata,
+                                                 timeout=10)
+        except (GenerationError, grpc.aio.AioRpcError):
+            return False
+        return bool(answer.ready)
+
     async def model_inputs(self) -> set[str]:
         """The names of the model's inputs (read once from its config)."""
         await self.resolve_model()

@@ -12,9 +12,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter
 
+from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
-from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, Gateway
+from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import error_response, generation_failure
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
@@ -68,6 +69,8 @@ class OpenAIFrontend:
             app.on_startup.append(self.gateway.on_startup)
             app.on_cleanup.append(self.gateway.on_cleanup)
         app.router.add_get(METRICS_PATH, self.prometheus_metrics)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -124,7 +127,7 @@ class OpenAIFrontend:
 
     def _authorize(self, request: web.Request) -> None:
         key = self.config.api_key
-        if key is None:
+        if key is None or request.path in OPEN_PATHS:
             return
         given = request.headers.get("Authorization", "")
         try:
@@ -135,9 +138,27 @@ class OpenAIFrontend:
             raise RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.", 401,
                                code="invalid_api_key")
 
+    async def health(self, _request: web.Request) -> web.Response:
+        """200 when every served model is ready in Triton, else 503 (an empty body either way, as vLLM answers)."""
+        clients = [route.client for route in self.table.routes.values()]
+        ready = all([client is not None and await client.ready() for client in clients])
+        return web.Response(status=200 if ready else 503)
+
+    async def version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"version": __version__})
+
     async def models(self, _request: web.Request) -> web.Response:
-        entries = [{"id": name, "object": "model", "created": self.created, "owned_by": "trtllm-kit"}
-                   for name in self.table.names]
+        entries = []
+        for name in self.table.names:
+            route = self.table.routes.get(name)
+            if route is None:  # an alias: the smallest limit of its models
+                alias = self.table.aliases[name]
+                limits = [self.table.routes[m].max_seq_len for m, _ in alias.shares]
+                max_len = None if None in limits else min(x for x in limits if x is not None)
+            else:
+                max_len = route.max_seq_len
+            entries.append({"id": name, "object": "model", "created": self.created, "owned_by": "trtllm-kit",
+                            "max_model_len": max_len})
         return web.json_response({"object": "list", "data": entries})
 
     def _has(self) -> str:
