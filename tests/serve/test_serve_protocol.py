@@ -86,6 +86,8 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
      "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),
+    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output must be true or false, got 1.",
+     "include_stop_str_in_output"),
 ])
 def test_bad_fields(body: dict, message: str, param: str) -> None:
     with pytest.raises(RequestError) as info:

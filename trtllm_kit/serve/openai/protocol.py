@@ -15,7 +15,7 @@ PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spa
 MAX_INT32 = 2**31 - 1
 # The fields the frontend implements, per endpoint; ``user`` is accepted and not used (it only labels a request).
 FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
-          "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority"}
+          "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority", "include_stop_str_in_output"}
 ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt"}, "chat.completion": FIELDS | {"messages"}}
 # OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
 NOT_IMPLEMENTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
@@ -55,6 +55,7 @@ class Sampling:
     ignore_eos: bool = False
     continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage in every chunk
     priority: int | None = None  # vLLM's extra field: lower runs first
+    include_stop: bool = False  # vLLM's ``include_stop_str_in_output``: the stop sequence ends the text
 
 
 def trtllm_priority(priority: int) -> float:
@@ -124,9 +125,7 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
                                    or not 0 <= min_tokens <= max_tokens):
         raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got {min_tokens!r}.",
                            param="min_tokens")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise RequestError(f"ignore_eos must be true or false, got {ignore_eos!r}.", param="ignore_eos")
+    ignore_eos, include_stop = _flag(body, "ignore_eos"), _flag(body, "include_stop_str_in_output")
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(f"n must be 1 (one choice per request on this server), got {n!r:.60}.", param="n")
@@ -142,7 +141,14 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(stream),
                     bool(options.get("include_usage", False)), min_tokens, ignore_eos,
-                    bool(options.get("continuous_usage_stats", False)), priority)
+                    bool(options.get("continuous_usage_stats", False)), priority, include_stop)
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false, got {value!r:.60}.", param=name)
+    return value
 
 
 def _stream_options(options: Any, stream: bool) -> dict[str, bool]:

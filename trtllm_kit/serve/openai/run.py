@@ -46,7 +46,7 @@ class Run:
     async def pieces(self) -> AsyncGenerator[Piece, None]:
         """The pieces of the answer as they may be shown."""
         assert self.route.client is not None, "the application is not started"
-        matcher = StopMatcher(self.sampling.stops)
+        matcher = StopMatcher(self.sampling.stops, self.sampling.include_stop)
         tokenizer = self.route.tokenizer
         decoder = tokenizer.decoder() if isinstance(self.gen.prompt, tuple) and tokenizer is not None else None
         stream = self.route.client.stream(self.gen)
