@@ -86,6 +86,13 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
      "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),
+    ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5.", "min_p"),
+    ({"top_k": -2}, "top_k must be an integer >= 0 (0 = off), got -2.", "top_k"),
+    ({"top_k": 2.5}, "top_k must be an integer, got 2.5.", "top_k"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be greater than 0 (1 = off), got 0.0.", "repetition_penalty"),
+    ({"presence_penalty": 3}, "presence_penalty must be in [-2, 2], got 3.0.", "presence_penalty"),
+    ({"frequency_penalty": "x"}, "frequency_penalty must be a number, got 'x'.", "frequency_penalty"),
+    ({"skip_special_tokens": None}, "skip_special_tokens must be true or false, got None.", "skip_special_tokens"),
     ({"include_stop_str_in_output": 1}, "include_stop_str_in_output must be true or false, got 1.",
      "include_stop_str_in_output"),
 ])

@@ -40,6 +40,10 @@ class GenerationRequest:
     end_id: int | None = None
     request_id: str = ""
     priority: float | None = None  # TensorRT-LLM's request priority in [0, 1], higher first
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,13 @@ SAMPLING_INPUTS = (("temperature", "temperature", "FP32", np.float32, "temperatu
                    ("seed", "seed", "UINT64", np.uint64, "seed"),
                    ("min_tokens", "min_tokens", "INT32", np.int32, "min_tokens"),
                    ("end_id", "end_id", "INT32", np.int32, "end_id"),
-                   ("priority", "priority", "FP32", np.float32, "priority"))
+                   ("priority", "priority", "FP32", np.float32, "priority"),
+                   ("repetition_penalty", "repetition_penalty", "FP32", np.float32, "repetition_penalty"),
+                   ("presence_penalty", "presence_penalty", "FP32", np.float32, "presence_penalty"),
+                   ("frequency_penalty", "frequency_penalty", "FP32", np.float32, "frequency_penalty"),
+                   ("runtime_min_p", "runtime_min_p", "FP32", np.float32, "min_p"))
+# fields a model must declare to be sent: the others are left to the model's default when it lacks them
+REFUSED_WHEN_MISSING = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
 TOKEN_MODEL = "tensorrt_llm"
 
 
@@ -137,7 +147,7 @@ class TextClient:
         names = await self.model_inputs()
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
             sampling = {field: getattr(req, field) for field in ("temperature", "top_p", "top_k", "seed",
-                                                                 "min_tokens", "end_id")}
+                                                                 "min_tokens", "end_id", *REFUSED_WHEN_MISSING)}
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
             llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling)
@@ -155,6 +165,9 @@ class TextClient:
             value = getattr(req, field)
             if value is not None and name in names:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
+            elif value is not None and field in REFUSED_WHEN_MISSING:
+                raise GenerationError(f"{field} is not served by the model {self.model!r} (it has no {name} "
+                                      "input); leave it out.", status=400)
         for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
             if flag in names:
                 values.append((flag, "BOOL", np.array([True])))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
-from trtllm_kit.runtime.sampling_rules import is_greedy_temperature, sampling_problem
+from trtllm_kit.runtime.sampling_rules import extras_problem, is_greedy_temperature, sampling_problem
 from trtllm_kit.serve.client import GenerationRequest
 from trtllm_kit.serve.openai.request_limits import MAX_PROMPTS, MAX_STOPS, stops_problem
 
@@ -15,12 +15,15 @@ PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spa
 MAX_INT32 = 2**31 - 1
 # The fields the frontend implements, per endpoint; ``user`` is accepted and not used (it only labels a request).
 FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
-          "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority", "include_stop_str_in_output"}
+          "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority", "include_stop_str_in_output",
+          "skip_special_tokens", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+# vLLM's sampling extras that pass to the engine as they are (their ranges: ``runtime.sampling_rules``)
+EXTRAS = {"top_k": int, "min_p": float, "repetition_penalty": float, "presence_penalty": float,
+          "frequency_penalty": float}
 ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt"}, "chat.completion": FIELDS | {"messages"}}
 # OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
 NOT_IMPLEMENTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-                   "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-                   "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+                   "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
                    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
                    "response_format": (None, {"type": "text"}), "service_tier": (None, "auto", "default"),
                    "store": (None, False), "metadata": (None, {}), "modalities": (None, ["text"]),
@@ -56,6 +59,8 @@ class Sampling:
     continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage in every chunk
     priority: int | None = None  # vLLM's extra field: lower runs first
     include_stop: bool = False  # vLLM's ``include_stop_str_in_output``: the stop sequence ends the text
+    extras: dict[str, float | int] | None = None  # the sampling extras the request sets (``EXTRAS``)
+    skip_special_tokens: bool = True
 
 
 def trtllm_priority(priority: int) -> float:
@@ -126,6 +131,8 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
         raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got {min_tokens!r}.",
                            param="min_tokens")
     ignore_eos, include_stop = _flag(body, "ignore_eos"), _flag(body, "include_stop_str_in_output")
+    skip_special_tokens = _flag(body, "skip_special_tokens", True)
+    extras = _extras(body)
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(f"n must be 1 (one choice per request on this server), got {n!r:.60}.", param="n")
@@ -141,11 +148,30 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(stream),
                     bool(options.get("include_usage", False)), min_tokens, ignore_eos,
-                    bool(options.get("continuous_usage_stats", False)), priority, include_stop)
+                    bool(options.get("continuous_usage_stats", False)), priority, include_stop, extras,
+                    skip_special_tokens)
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def _extras(body: dict[str, Any]) -> dict[str, float | int]:
+    """The sampling extras the request sets, in vLLM's terms (``top_k`` -1 is off, as 0 is)."""
+    extras: dict[str, float | int] = {}
+    for name, kind in EXTRAS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        wanted = int if kind is int else int | float
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            raise RequestError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r:.60}.",
+                               param=name)
+        extras[name] = 0 if name == "top_k" and value == -1 else kind(value)
+    wrong = extras_problem(**extras)  # type: ignore[arg-type]
+    if wrong is not None:
+        raise RequestError(wrong[1], param=wrong[0])
+    return extras
+
+
+def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if not isinstance(value, bool):
         raise RequestError(f"{name} must be true or false, got {value!r:.60}.", param=name)
     return value
@@ -209,10 +235,12 @@ def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, reques
     common: dict[str, Any] = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id,
                               "request_id": request_id,
                               "priority": None if sampling.priority is None else trtllm_priority(sampling.priority)}
+    extras: dict[str, Any] = dict(sampling.extras or {})
     if is_greedy_temperature(temperature):
-        return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common)
+        extras.pop("top_k", None)  # greedy is top_k 1, and min_p keeps the most likely token
+        return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common, **extras)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p
-    return GenerationRequest(prompt, sampling.max_tokens, temperature, top_p, **common)
+    return GenerationRequest(prompt, sampling.max_tokens, temperature, top_p, **common, **extras)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,9 @@ class Run:
         assert self.route.client is not None, "the application is not started"
         matcher = StopMatcher(self.sampling.stops, self.sampling.include_stop)
         tokenizer = self.route.tokenizer
-        decoder = tokenizer.decoder() if isinstance(self.gen.prompt, tuple) and tokenizer is not None else None
+        decoder = None
+        if isinstance(self.gen.prompt, tuple) and tokenizer is not None:
+            decoder = tokenizer.decoder(self.sampling.skip_special_tokens)
         stream = self.route.client.stream(self.gen)
         try:
             async for chunk in stream:

@@ -122,9 +122,9 @@ class Tokenizer:
     def eos_id(self) -> int | None:
         return self.hf.eos_token_id
 
-    def decoder(self) -> IncrementalDecoder:
-        """A decoder for one generated stream (special tokens skipped)."""
-        return IncrementalDecoder(lambda ids: self.hf.decode(ids, skip_special_tokens=True))
+    def decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        """A decoder for one generated stream (special tokens skipped unless asked not to)."""
+        return IncrementalDecoder(lambda ids: self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def encode(self, prompt: str) -> tuple[int, ...]:
         """``prompt``'s token ids as preprocessing encodes them (special tokens added)."""
