@@ -1,13 +1,21 @@
 """The OpenAI fields evaluation and benchmark clients send, against a served tiny model: stop strings beyond four
-and ``include_stop_str_in_output``, the sampling extras."""
+and ``include_stop_str_in_output``, the sampling extras, completions ``logprobs`` and ``echo`` (what lm-eval's
+loglikelihood sends, checked against ``transformers`` on the same weights in float32), chat ``logprobs``."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-from serving_helpers import MODEL
+import torch
+from reliability_helpers import kit
+from serving_helpers import MODEL, serve
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trtllm_kit.models.builtin import builtin_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -57,3 +65,81 @@ def test_an_extra_out_of_range_is_a_400_naming_it(served: dict[str, Any], field:
     with pytest.raises(openai.BadRequestError) as info:
         greedy(served, **{field: value})
     assert info.value.body == {"message": message, "type": "invalid_request_error", "param": field, "code": None}
+
+
+@pytest.fixture(scope="module")
+def served32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The tiny model built in float32 for the cpu target, served."""
+    out = tmp_path_factory.mktemp("f32") / "out"
+    done = kit("build", MODEL, "--dtype", "float32", "--no-verify", "--instances", "1", "--out", str(out),
+               timeout=600)
+    assert done.returncode == 0, done.stderr
+    state = serve(out)
+    yield state
+    kit("stop", str(out), timeout=60)
+
+
+def reference_logprobs(ids: list[int]) -> tuple[list[float], list[int]]:
+    """``transformers``' log-softmax of the same model: each prompt token's logprob after the first, and the
+    most likely token at each position."""
+    model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32)
+    with torch.no_grad():
+        scores = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    return [float(scores[i - 1, t]) for i, t in enumerate(ids) if i > 0], scores.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echoed_prompt_logprobs_equal_transformers(served32: dict[str, Any], max_tokens: int) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(builtin_dir("tiny-llama"))
+    ids = tokenizer("The quick brown fox jumps over the lazy dog").input_ids
+    answer = client(served32).completions.create(model=MODEL, prompt=[ids], max_tokens=max_tokens, logprobs=1,
+                                                 echo=True, temperature=0)
+    expected, best = reference_logprobs(ids)
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None and logprobs.top_logprobs is not None
+    assert len(logprobs.token_logprobs) == len(ids) + max_tokens
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert logprobs.token_logprobs[1:len(ids)] == pytest.approx(expected, abs=1e-3)
+    assert logprobs.text_offset is not None and logprobs.text_offset == sorted(logprobs.text_offset)
+    top = logprobs.top_logprobs[1]
+    assert len(top) == 1 and next(iter(top)) == tokenizer.decode([best[0]])
+    assert answer.usage is not None and answer.usage.completion_tokens == max_tokens
+    assert answer.usage.prompt_tokens == len(ids)
+    if max_tokens:  # the greedy token is the most likely one, and its logprob is that of the last position
+        assert logprobs.top_logprobs[-1] is not None and len(logprobs.top_logprobs[-1]) == 1
+
+
+def test_generated_logprobs_whole_and_streamed(served32: dict[str, Any]) -> None:
+    openai_client = client(served32)
+    whole = openai_client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, logprobs=3,
+                                             temperature=0)
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None and logprobs.top_logprobs is not None
+    assert len(logprobs.tokens) == 8 and all(len(top) <= 3 for top in logprobs.top_logprobs if top is not None)
+    assert all(lp <= 0 for lp in logprobs.token_logprobs or [])
+    streamed = openai_client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, logprobs=3,
+                                                temperature=0, stream=True)
+    tokens, values = [], []
+    for chunk in streamed:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens or []
+            values += chunk.choices[0].logprobs.token_logprobs or []
+    assert tokens == logprobs.tokens and values == pytest.approx(logprobs.token_logprobs, abs=1e-5)
+
+
+def test_chat_logprobs_with_top_alternatives(served32: dict[str, Any]) -> None:
+    answer = client(served32).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True, top_logprobs=2,
+        temperature=0)
+    content = answer.choices[0].logprobs and answer.choices[0].logprobs.content
+    assert content is not None and len(content) == 5
+    for entry in content:
+        assert entry.bytes == list(entry.token.encode()) and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-5  # the most likely comes first
+
+
+def test_echo_without_logprobs_repeats_the_prompt(served: dict[str, Any]) -> None:
+    answer = client(served).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, echo=True,
+                                               temperature=0)
+    assert answer.choices[0].text.startswith("Once upon a time") and answer.choices[0].logprobs is None
+    assert json.loads(answer.model_dump_json())["usage"]["completion_tokens"] == 4

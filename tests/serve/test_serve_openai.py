@@ -77,6 +77,12 @@ def test_health_answers_ready_without_the_key(server: dict[str, Any]) -> None:
         assert response.status == 200
 
 
+def test_logprobs_need_the_direct_path_to_tensorrt_llm(server: dict[str, Any]) -> None:
+    status, body = post(server, "/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 1})
+    error = json.loads(body)["error"]
+    assert (status, error["param"]) == (400, "logprobs") and "tensorrt_llm model" in error["message"]
+
+
 def test_completion_with_usage_and_length(client: openai.OpenAI) -> None:
     done = client.completions.create(model=MODEL, prompt="one two three", max_tokens=5)
     assert done.choices[0].text == " w0 w1 w2 w3 w4" and done.choices[0].finish_reason == "length"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtllm_kit.serve.client import GenerationRequest
+from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
 from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, generation_request, parse_prompt, parse_sampling
 
 
@@ -93,6 +94,7 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"presence_penalty": 3}, "presence_penalty must be in [-2, 2], got 3.0.", "presence_penalty"),
     ({"frequency_penalty": "x"}, "frequency_penalty must be a number, got 'x'.", "frequency_penalty"),
     ({"skip_special_tokens": None}, "skip_special_tokens must be true or false, got None.", "skip_special_tokens"),
+    ({"echo": True, "max_tokens": -1}, "max_tokens must be a positive integer, got -1.", "max_tokens"),
     ({"include_stop_str_in_output": 1}, "include_stop_str_in_output must be true or false, got 1.",
      "include_stop_str_in_output"),
 ])
@@ -102,3 +104,25 @@ def test_bad_fields(body: dict, message: str, param: str) -> None:
     assert info.value.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                            "code": None}}
     assert info.value.status == 400
+
+
+@pytest.mark.parametrize(("body", "kind", "message", "param"), [
+    ({"logprobs": 6}, "text_completion", "logprobs must be an integer from 0 to 5, got 6.", "logprobs"),
+    ({"logprobs": True}, "text_completion", "logprobs must be an integer from 0 to 5, got True.", "logprobs"),
+    ({"echo": 1}, "text_completion", "echo must be true or false, got 1.", "echo"),
+    ({"logprobs": 1}, "chat.completion", "logprobs must be true or false, got 1.", "logprobs"),
+    ({"top_logprobs": 2}, "chat.completion", "top_logprobs needs logprobs set to true.", "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "chat.completion", "top_logprobs must be an integer from 0 to 20, got 21.",
+     "top_logprobs"),
+])
+def test_bad_logprob_fields(body: dict, kind: str, message: str, param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_scoring(body, kind)
+    assert (str(info.value), info.value.param) == (message, param)
+
+
+def test_logprob_fields_parse() -> None:
+    assert parse_scoring({"logprobs": 0, "echo": True}, "text_completion") == Scoring(0, True)
+    assert parse_scoring({"logprobs": True}, "chat.completion") == Scoring(0)
+    assert parse_scoring({}, "chat.completion") == Scoring()
+    assert parse_sampling({"echo": True, "max_tokens": 0}, "text_completion").max_tokens == 0

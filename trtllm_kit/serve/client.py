@@ -44,6 +44,12 @@ class GenerationRequest:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logprobs: int | None = None  # the generated tokens' logprobs with this many alternatives (None: none)
+    prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many alternatives (None: none)
+
+
+# One scored token: its id, its logprob (None for the first prompt token) and the best alternatives (id, logprob).
+Scored = tuple[int, float | None, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Chunk:
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
     token_ids: tuple[int, ...] | None = None
+    scored: tuple[Scored, ...] = ()  # the new tokens' logprobs, when asked for
+    prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, in the first response, when asked for
 
 
 # (text interface input, tensorrt_llm input, Triton datatype, numpy dtype, GenerationRequest field)
@@ -146,6 +154,9 @@ class TextClient:
             return self._token_request(req)
         names = await self.model_inputs()
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
+            if req.logprobs is not None or req.prompt_logprobs is not None:
+                raise GenerationError("logprobs are not served by this frontend on the llmapi target; leave "
+                                      "logprobs, top_logprobs and echo out.", status=400)
             sampling = {field: getattr(req, field) for field in ("temperature", "top_p", "top_k", "seed",
                                                                  "min_tokens", "end_id", *REFUSED_WHEN_MISSING)}
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
@@ -184,6 +195,12 @@ class TextClient:
             if value is not None:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
+        if req.logprobs is not None or req.prompt_logprobs is not None:
+            top = max(req.logprobs or 0, req.prompt_logprobs or 0)
+            values.append(("num_top_log_probs", "INT32", np.array([top], np.int32)))
+            values += [(flag, "BOOL", np.array([True])) for flag, asked in
+                       (("return_log_probs", req.logprobs), ("return_prompt_log_probs", req.prompt_logprobs))
+                       if asked is not None]
         return _infer_request(self.token_model, req.request_id, values, batched=True)
 
     async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
@@ -207,13 +224,14 @@ class TextClient:
                     raise _generation_error(request.model_name, response.error_message)
                 result = InferResult(response.infer_response)
                 text, ids = result.as_numpy("text_output"), result.as_numpy("output_ids")
-                if ids is not None and isinstance(req.prompt, tuple):  # llmapi answers token ids with text too
-                    yield Chunk("", token_ids=tuple(int(t) for t in ids.reshape(-1)))
+                if ids is not None and (isinstance(req.prompt, tuple) or text is None):  # llmapi sends text too
+                    token_ids = tuple(int(t) for t in ids.reshape(-1))
+                    prompt = req.prompt if req.prompt_logprobs is not None else ()
+                    yield Chunk("", token_ids=token_ids, scored=_scored(result, "", token_ids),
+                                prompt_scored=_scored(result, "prompt_", prompt))
                 elif text is not None:
                     yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
                                 _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
-                elif ids is not None:
-                    yield Chunk("", token_ids=tuple(int(t) for t in ids.reshape(-1)))
                 if response.infer_response.parameters["triton_final_response"].bool_param:
                     break
         except grpc.aio.AioRpcError as exc:
@@ -243,6 +261,28 @@ def _infer_request(model: str, request_id: str, values: list[tuple[str, str, np.
         raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
         request.raw_input_contents.append(raw)
     return request
+
+
+def _scored(result: InferResult, prefix: str, token_ids: tuple[int, ...] | str) -> tuple[Scored, ...]:
+    """The logprobs of ``token_ids`` from the ``output_*`` (``prefix`` "") or ``prompt_*`` outputs; the first
+    prompt token has none."""
+    logprobs = result.as_numpy(f"{prefix or 'output_'}log_probs")
+    if logprobs is None or isinstance(token_ids, str) or not token_ids:
+        return ()
+    logprobs = logprobs.reshape(-1)[-len(token_ids):]
+    top_ids, top_logprobs = result.as_numpy(f"{prefix}top_log_prob_ids"), result.as_numpy(f"{prefix}top_log_probs")
+    width = 0 if top_ids is None else top_ids.shape[-1]
+    top_ids = np.zeros((len(token_ids), 0)) if top_ids is None else top_ids.reshape(-1, width)[-len(token_ids):]
+    top_logprobs = np.zeros_like(top_ids) if top_logprobs is None else top_logprobs.reshape(-1, width)[
+        -len(token_ids):]
+    scored: list[Scored] = []
+    for i, token in enumerate(token_ids):
+        if prefix and i == 0:
+            scored.append((token, None, ()))
+            continue
+        alternatives = tuple((int(a), float(b)) for a, b in zip(top_ids[i], top_logprobs[i], strict=True))
+        scored.append((token, float(logprobs[i]), alternatives))
+    return tuple(scored)
 
 
 def _scalar(result: InferResult, name: str) -> int | None:

@@ -18,6 +18,7 @@ from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import error_response, generation_failure
+from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
@@ -210,19 +211,28 @@ class OpenAIFrontend:
 
     async def _generate(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
                         kind: str, route: Route, alias: Alias | None) -> web.StreamResponse:
-        sampling = parse_sampling(body, kind, route.max_seq_len)
-        show_ids = isinstance(prompt, tuple)
-        if route.tokenizes and route.tokenizer is not None and isinstance(prompt, str):
+        sampling, scoring = parse_sampling(body, kind, route.max_seq_len), parse_scoring(body, kind)
+        show_ids, tokenizer = isinstance(prompt, tuple), route.tokenizer
+        prompt_text = prompt if isinstance(prompt, str) or tokenizer is None else tokenizer.hf.decode(
+            prompt, skip_special_tokens=sampling.skip_special_tokens)
+        if route.tokenizes and tokenizer is not None and isinstance(prompt, str):
             # tokenized here, streamed as ids from tensorrt_llm and decoded here: one hop less than the BLS, exact
             # token counts, and a disconnect cancels the engine's request itself
-            prompt = route.tokenizer.encode(prompt)
+            prompt = tokenizer.encode(prompt)
+        if scoring.logprobs is not None and not isinstance(prompt, tuple):
+            raise RequestError(f"logprobs needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
+                               f"is served through {route.triton_model!r} alone; leave logprobs out.",
+                               param="logprobs")
         _check_length(route, prompt, sampling)
         admit = request.get(ADMIT)
         if admit is not None:  # the gateway reserves the most tokens the request can use, or refuses it
             admit(_most_prompt_tokens(route, prompt) + sampling.max_tokens)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
-        run = Run(route, generation_request(prompt, sampling, ident, eos_id), sampling, show_ids=show_ids)
+        gen = generation_request(prompt, sampling, ident, eos_id, logprobs=scoring.logprobs,
+                                 prompt_logprobs=scoring.logprobs if scoring.echo else None)
+        run = Run(route, gen, sampling, show_ids=show_ids)
+        scorer = Scorer(scoring, kind, tokenizer, sampling.skip_special_tokens, str(prompt_text))
         request["usage"] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(route.name)
         shape = ChoiceShape(kind, ident, route.name, int(time.time()))
@@ -233,10 +243,12 @@ class OpenAIFrontend:
         if not sampling.stream:
             whole = timer.timed(run.pieces())
             try:  # a client that leaves cancels this handler, and closing ``whole`` cancels the generation
-                text = "".join([piece.text async for piece in whole])
+                done = [piece async for piece in whole]
             finally:
                 await whole.aclose()
-            return web.json_response({**shape.whole(text, run.finish_reason, run.usage()), **fingerprint},
+            text = scorer.echo_text + "".join(piece.text for piece in done)
+            logprobs = scorer.whole(run.prompt_scored, tuple(t for piece in done for t in piece.scored))
+            return web.json_response({**shape.whole(text, run.finish_reason, run.usage(), logprobs), **fingerprint},
                                      headers=headers)
 
         def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
@@ -254,10 +266,15 @@ class OpenAIFrontend:
         try:
             if kind == "chat.completion":
                 await send(response, {**shape.chunk({"role": "assistant", "content": ""}, None), **fingerprint})
+            if scorer.echo_text:
+                echoed = shape.chunk(scorer.echo_text, None, logprobs=scorer.prompt(run.prompt_scored))
+                await send(response, {**fingerprint, **echoed, **usage()})
             if first is not None:
-                await send(response, {**fingerprint, **shape.chunk(first.text, None, first.token_ids), **usage()})
+                await send(response, {**fingerprint, **shape.chunk(first.text, None, first.token_ids,
+                                                                   scorer.tokens(first.scored)), **usage()})
             async for piece in pieces:
-                await send(response, {**fingerprint, **shape.chunk(piece.text, None, piece.token_ids), **usage()})
+                await send(response, {**fingerprint, **shape.chunk(piece.text, None, piece.token_ids,
+                                                                   scorer.tokens(piece.scored)), **usage()})
             await send(response, {**fingerprint, **shape.chunk(None, run.finish_reason), **usage()})
             if sampling.include_usage:
                 await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": run.usage()})

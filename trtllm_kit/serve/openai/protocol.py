@@ -20,9 +20,10 @@ FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p"
 # vLLM's sampling extras that pass to the engine as they are (their ranges: ``runtime.sampling_rules``)
 EXTRAS = {"top_k": int, "min_p": float, "repetition_penalty": float, "presence_penalty": float,
           "frequency_penalty": float}
-ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt"}, "chat.completion": FIELDS | {"messages"}}
+ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt", "logprobs", "echo"},
+                   "chat.completion": FIELDS | {"messages", "logprobs", "top_logprobs"}}
 # OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
-NOT_IMPLEMENTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+NOT_IMPLEMENTED = {"best_of": (None, 1),
                    "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
                    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
                    "response_format": (None, {"type": "text"}), "service_tier": (None, "auto", "default"),
@@ -102,7 +103,8 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     """
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = DEFAULT_MAX_TOKENS[kind] if max_tokens is None else max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    least = 0 if body.get("echo") is True else 1  # echo with max_tokens 0 scores the prompt alone
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < least:
         raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}.", param="max_tokens")
     limit = MAX_INT32 if max_seq_len is None else max_seq_len - 1
     if max_tokens > limit:
@@ -217,7 +219,7 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
 
 
 def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, request_id: str,
-                       eos_id: int | None = None) -> GenerationRequest:
+                       eos_id: int | None = None, **scoring: int | None) -> GenerationRequest:
     """OpenAI's sampling in TensorRT-LLM's terms: temperature 0, or below ``MIN_TEMPERATURE`` (too small to divide
     logits by), is greedy (top_k 1); otherwise sample with
     ``top_p`` (default 1, the whole distribution), since TensorRT-LLM treats top_k = top_p = 0 as greedy.
@@ -229,18 +231,19 @@ def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, reques
         sampling: the validated request fields (temperature defaults to OpenAI's 1).
         request_id: the request's id.
         eos_id: the tokenizer's end-of-sequence id.
+        scoring: ``logprobs`` and ``prompt_logprobs`` (alternatives per token; None: not scored).
     """
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
     end_id = NEVER_END_ID if sampling.ignore_eos else eos_id
     common: dict[str, Any] = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id,
-                              "request_id": request_id,
+                              "request_id": request_id, **scoring,
                               "priority": None if sampling.priority is None else trtllm_priority(sampling.priority)}
     extras: dict[str, Any] = dict(sampling.extras or {})
     if is_greedy_temperature(temperature):
         extras.pop("top_k", None)  # greedy is top_k 1, and min_p keeps the most likely token
-        return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common, **extras)
+        return GenerationRequest(prompt, max(1, sampling.max_tokens), top_k=1, **common, **extras)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p
-    return GenerationRequest(prompt, sampling.max_tokens, temperature, top_p, **common, **extras)
+    return GenerationRequest(prompt, max(1, sampling.max_tokens), temperature, top_p, **common, **extras)
 
 
 @dataclass(frozen=True)
@@ -255,21 +258,22 @@ class ChoiceShape:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+    def whole(self, text: str, finish_reason: str, usage: dict[str, int],
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.kind == "text_completion":
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
         return {**self._head(self.kind), "choices": [choice], "usage": usage}
 
     def chunk(self, piece: str | dict[str, str] | None, finish_reason: str | None,
-              token_ids: tuple[int, ...] | None = None) -> dict[str, Any]:
+              token_ids: tuple[int, ...] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """One streamed event; ``token_ids`` (the ids this chunk carries) is sent when known."""
         extra = {} if token_ids is None else {"token_ids": list(token_ids)}
         if self.kind == "text_completion":
-            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish_reason, **extra}
+            choice = {"index": 0, "text": piece or "", "logprobs": logprobs, "finish_reason": finish_reason, **extra}
             return {**self._head("text_completion"), "choices": [choice]}
         delta = piece if isinstance(piece, dict) else ({"content": piece} if piece is not None else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
         return {**self._head("chat.completion.chunk"), "choices": [choice]}

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.client import Chunk, GenerationRequest
+from trtllm_kit.serve.client import Chunk, GenerationRequest, Scored
 from trtllm_kit.serve.openai.protocol import Sampling
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.text import StopMatcher
@@ -25,6 +25,7 @@ class Piece:
 
     text: str
     token_ids: tuple[int, ...] | None = None
+    scored: tuple[Scored, ...] = ()  # the logprobs of the tokens that arrived, when asked for
 
 
 class Run:
@@ -42,6 +43,7 @@ class Run:
         self.num_reported: int | None = None
         self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
         self.finish_reason = "stop"
+        self.prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, when asked for
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
         """The pieces of the answer as they may be shown."""
@@ -54,13 +56,17 @@ class Run:
         stream = self.route.client.stream(self.gen)
         try:
             async for chunk in stream:
+                self.prompt_scored = self.prompt_scored or chunk.prompt_scored
+                if self.sampling.max_tokens == 0:  # echo scoring the prompt alone: the one token made is dropped
+                    self.num_reported, self.finish_reason = 0, "length"
+                    return
                 self._count(chunk)
                 if decoder is not None and chunk.token_ids is not None:
                     shown = matcher.feed(decoder.feed(chunk.token_ids))
                     if self.show_ids:
-                        yield Piece(shown, chunk.token_ids)
-                    elif shown:
-                        yield Piece(shown)
+                        yield Piece(shown, chunk.token_ids, chunk.scored)
+                    elif shown or chunk.scored:
+                        yield Piece(shown, None, chunk.scored)
                 else:
                     shown = matcher.feed(chunk.text)
                     if shown:
