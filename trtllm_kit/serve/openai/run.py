@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.serve.client import Chunk, GenerationRequest, Scored
-from trtllm_kit.serve.openai.protocol import Sampling
+from trtllm_kit.serve.openai.protocol import RequestError, Sampling
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.text import StopMatcher
 
@@ -56,7 +56,12 @@ class Run:
         stream = self.route.client.stream(self.gen)
         try:
             async for chunk in stream:
-                self.prompt_scored = self.prompt_scored or chunk.prompt_scored
+                if self.gen.prompt_logprobs is not None and not self.prompt_scored:
+                    if not chunk.prompt_scored:  # the C++ backend has no prompt logprobs output
+                        raise RequestError("echo with logprobs needs the prompt's logprobs, which this model's "
+                                           "tensorrt_llm does not return; leave echo or logprobs out.",
+                                           param="echo")
+                    self.prompt_scored = chunk.prompt_scored
                 if self.sampling.max_tokens == 0:  # echo scoring the prompt alone: the one token made is dropped
                     self.num_reported, self.finish_reason = 0, "length"
                     return
