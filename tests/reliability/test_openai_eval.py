@@ -143,3 +143,26 @@ def test_echo_without_logprobs_repeats_the_prompt(served: dict[str, Any]) -> Non
                                                temperature=0)
     assert answer.choices[0].text.startswith("Once upon a time") and answer.choices[0].logprobs is None
     assert json.loads(answer.model_dump_json())["usage"]["completion_tokens"] == 4
+
+
+def test_several_prompts_and_n_choices_in_index_order(served: dict[str, Any]) -> None:
+    prompts = ["Once upon a time", "The weather today", "Once upon a time"]
+    answer = client(served).completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=1.0,
+                                               seed=3)
+    assert [c.index for c in answer.choices] == list(range(6))
+    singles = [client(served).completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=1.0, seed=3 + j)
+               for p in prompts for j in range(2)]
+    assert [c.text for c in answer.choices] == [s.choices[0].text for s in singles]  # choice i*n+j: seed + j
+    assert answer.choices[0].text != answer.choices[1].text
+    assert answer.usage is not None and answer.usage.completion_tokens == sum(
+        s.usage.completion_tokens for s in singles if s.usage)
+    assert answer.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles[::2] if s.usage)
+    greedy_ids = client(served).completions.create(model=MODEL, prompt=[[1, 45], [1, 45, 96]], max_tokens=4,
+                                                   temperature=0)
+    assert len(greedy_ids.choices) == 2
+
+
+def test_several_choices_are_not_streamed(served: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client(served).completions.create(model=MODEL, prompt="hi", n=2, stream=True)
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "stream"

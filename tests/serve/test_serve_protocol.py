@@ -6,7 +6,13 @@ import pytest
 
 from trtllm_kit.serve.client import GenerationRequest
 from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
-from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, generation_request, parse_prompt, parse_sampling
+from trtllm_kit.serve.openai.protocol import (
+    ChoiceShape,
+    RequestError,
+    generation_request,
+    parse_prompts,
+    parse_sampling,
+)
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -34,23 +40,24 @@ def test_token_id_prompts_carry_the_end_id_unless_eos_is_ignored() -> None:
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [
-    ("hi", "hi"), (["hi"], "hi"), ([5, 6, 7], (5, 6, 7)), ([[5, 6]], (5, 6)),
+    ("hi", ["hi"]), (["hi"], ["hi"]), ([5, 6, 7], [(5, 6, 7)]), ([[5, 6]], [(5, 6)]),
+    (["a", [5], "b"], ["a", (5,), "b"]), ([[1]] * 64, [(1,)] * 64),
 ])
 def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
-    assert parse_prompt({"prompt": prompt}, vocab_size=100) == expected
+    assert parse_prompts({"prompt": prompt}, vocab_size=100) == expected
 
 
 @pytest.mark.parametrize(("prompt", "message"), [
     ([5, 100], "token ids must be in [0, 100) (the tokenizer's vocabulary), got 100."),
     ([-1], "token ids must be in [0, 100) (the tokenizer's vocabulary), got -1."),
-    ([], "prompt must be a string or a list of token ids (or a list of one of them), got []."),
-    (["a", "b"], "prompt is a list of 2 prompts; at most 1 is allowed per request: send one request per prompt."),
-    ([[1], [2], [3]], "prompt is a list of 3 prompts; at most 1 is allowed per request: send one request per prompt."),
-    ([True], "prompt must be a string or a list of token ids (or a list of one of them), got [True]."),
+    ([], "prompt must be a string or a list of token ids (or a list of them), got []."),
+    (["a"] * 65, "prompt is a list of 65 prompts; at most 64 are allowed per request: split it."),
+    (["a", [-1]], "token ids must be in [0, 100) (the tokenizer's vocabulary), got -1."),
+    ([True], "prompt must be a string or a list of token ids (or a list of them), got [True]."),
 ])
 def test_bad_prompts(prompt: object, message: str) -> None:
     with pytest.raises(RequestError) as info:
-        parse_prompt({"prompt": prompt}, vocab_size=100)
+        parse_prompts({"prompt": prompt}, vocab_size=100)
     assert str(info.value) == message and info.value.param == "prompt"
 
 
@@ -82,8 +89,10 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"stop": ["y" * 1000] * 17}, "the stop sequences have 17000 characters together; at most 16384 are allowed.",
      "stop"),
     ({"stop": ["a", 5]}, "stop must be a string or a list of up to 64 strings, got ['a', 5].", "stop"),
-    ({"n": 2}, "n must be 1 (one choice per request on this server), got 2.", "n"),
-    ({"n": True}, "n must be 1 (one choice per request on this server), got True.", "n"),
+    ({"n": 17}, "n must be an integer from 1 to 16, got 17.", "n"),
+    ({"n": True}, "n must be an integer from 1 to 16, got True.", "n"),
+    ({"n": 2, "best_of": 3}, "best_of must equal n (2) on this server (more sampled than returned is not served), "
+                             "got 3.", "best_of"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
      "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),

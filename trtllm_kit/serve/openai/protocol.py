@@ -8,7 +8,7 @@ from typing import Any
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.runtime.sampling_rules import extras_problem, is_greedy_temperature, sampling_problem
 from trtllm_kit.serve.client import GenerationRequest
-from trtllm_kit.serve.openai.request_limits import MAX_PROMPTS, MAX_STOPS, stops_problem
+from trtllm_kit.serve.openai.request_limits import MAX_N, MAX_PROMPTS, MAX_STOPS, stops_problem
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
 PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spans -100..100
@@ -23,7 +23,7 @@ EXTRAS = {"top_k": int, "min_p": float, "repetition_penalty": float, "presence_p
 ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt", "logprobs", "echo"},
                    "chat.completion": FIELDS | {"messages", "logprobs", "top_logprobs"}}
 # OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
-NOT_IMPLEMENTED = {"best_of": (None, 1),
+NOT_IMPLEMENTED = {
                    "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
                    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
                    "response_format": (None, {"type": "text"}), "service_tier": (None, "auto", "default"),
@@ -59,6 +59,7 @@ class Sampling:
     ignore_eos: bool = False
     continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage in every chunk
     priority: int | None = None  # vLLM's extra field: lower runs first
+    n: int = 1  # choices per prompt
     include_stop: bool = False  # vLLM's ``include_stop_str_in_output``: the stop sequence ends the text
     extras: dict[str, float | int] | None = None  # the sampling extras the request sets (``EXTRAS``)
     skip_special_tokens: bool = True
@@ -135,9 +136,13 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     ignore_eos, include_stop = _flag(body, "ignore_eos"), _flag(body, "include_stop_str_in_output")
     skip_special_tokens = _flag(body, "skip_special_tokens", True)
     extras = _extras(body)
-    n = body.get("n", 1)
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise RequestError(f"n must be 1 (one choice per request on this server), got {n!r:.60}.", param="n")
+    n = 1 if body.get("n") is None else body["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise RequestError(f"n must be an integer from 1 to {MAX_N}, got {n!r:.60}.", param="n")
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or best_of != n):
+        raise RequestError(f"best_of must equal n ({n}) on this server (more sampled than returned is not served), "
+                           f"got {best_of!r:.60}.", param="best_of")
     priority = body.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
                                  or not -PRIORITY_RANGE <= priority <= PRIORITY_RANGE):
@@ -150,7 +155,7 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(stream),
                     bool(options.get("include_usage", False)), min_tokens, ignore_eos,
-                    bool(options.get("continuous_usage_stats", False)), priority, include_stop, extras,
+                    bool(options.get("continuous_usage_stats", False)), priority, n, include_stop, extras,
                     skip_special_tokens)
 
 
@@ -191,8 +196,9 @@ def _stream_options(options: Any, stream: bool) -> dict[str, bool]:
     return options
 
 
-def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:
-    """A completion's prompt: text, or token ids (a list of integers, or a list of one such list).
+def parse_prompts(body: dict[str, Any], vocab_size: int | None) -> list[str | tuple[int, ...]]:
+    """A completion's prompts: text, or token ids (a list of integers), or a list of up to ``MAX_PROMPTS`` of
+    either.
 
     Arguments:
         body: the JSON request body.
@@ -201,9 +207,13 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):  # a list of prompts
         if len(prompt) > MAX_PROMPTS:
-            raise RequestError(f"prompt is a list of {len(prompt)} prompts; at most {MAX_PROMPTS} is allowed per "
-                               "request: send one request per prompt.", param="prompt")
-        prompt = prompt[0]
+            raise RequestError(f"prompt is a list of {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed per "
+                               "request: split it.", param="prompt")
+        return [_one_prompt(p, vocab_size) for p in prompt]
+    return [_one_prompt(prompt, vocab_size)]
+
+
+def _one_prompt(prompt: Any, vocab_size: int | None) -> str | tuple[int, ...]:
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty; send at least one character.", param="prompt")
@@ -214,7 +224,7 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
             raise RequestError(f"token ids must be in [0, {vocab_size}) (the tokenizer's vocabulary), got {bad[0]}.",
                                param="prompt")
         return tuple(prompt)
-    raise RequestError(f"prompt must be a string or a list of token ids (or a list of one of them), "
+    raise RequestError(f"prompt must be a string or a list of token ids (or a list of them), "
                        f"got {prompt!r:.60}.", param="prompt")
 
 
@@ -258,14 +268,16 @@ class ChoiceShape:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish_reason: str, usage: dict[str, int],
-              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    def choice(self, index: int, text: str, finish_reason: str,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One whole choice."""
         if self.kind == "text_completion":
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
-        return {**self._head(self.kind), "choices": [choice], "usage": usage}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                "finish_reason": finish_reason}
+
+    def whole(self, choices: list[dict[str, Any]], usage: dict[str, int]) -> dict[str, Any]:
+        return {**self._head(self.kind), "choices": choices, "usage": usage}
 
     def chunk(self, piece: str | dict[str, str] | None, finish_reason: str | None,
               token_ids: tuple[int, ...] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
