@@ -5,9 +5,11 @@ loglikelihood sends, checked against ``transformers`` on the same weights in flo
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 import torch
@@ -26,8 +28,8 @@ def client(state: dict[str, Any]) -> openai.OpenAI:
 
 def greedy(state: dict[str, Any], **fields: Any) -> str:
     extra = {k: fields.pop(k) for k in list(fields) if k not in ("stop", "max_tokens", "seed", "temperature")}
-    answer = client(state).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24,
-                                              temperature=0, extra_body=extra, **fields)
+    answer = client(state).completions.create(model=MODEL, prompt="Once upon a time", temperature=0,
+                                              extra_body=extra, **{"max_tokens": 24, **fields})
     return answer.choices[0].text
 
 
@@ -166,3 +168,31 @@ def test_several_choices_are_not_streamed(served: dict[str, Any]) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client(served).completions.create(model=MODEL, prompt="hi", n=2, stream=True)
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "stream"
+
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "m", "l"]}},
+          "required": ["ok", "size"], "additionalProperties": False}
+
+
+def test_json_schema_outputs_validate(served: dict[str, Any]) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA, "strict": True}}
+    answer = client(served).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "an item"}], max_tokens=60, temperature=1.0, seed=1, n=5,
+        response_format=response_format)  # type: ignore[arg-type]
+    assert len(answer.choices) == 5
+    for choice in answer.choices:
+        jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
+
+
+def test_guided_fields_of_vllm(served: dict[str, Any]) -> None:
+    chosen = greedy(served, guided_choice=["red", "green", "blue"], max_tokens=10)
+    assert chosen in ("red", "green", "blue")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", greedy(served, guided_regex="[0-9]{3}-[a-z]{2}", max_tokens=12))
+    jsonschema.validate(json.loads(greedy(served, guided_json=SCHEMA, max_tokens=60)), SCHEMA)
+    assert isinstance(json.loads(greedy(served, response_format={"type": "json_object"}, max_tokens=200)), dict)
+
+
+def test_two_guides_are_refused(served: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        greedy(served, guided_regex="a+", guided_choice=["a"])
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "guided_choice"

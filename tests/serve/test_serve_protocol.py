@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtllm_kit.serve.client import GenerationRequest
+from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
 from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
@@ -135,3 +136,26 @@ def test_logprob_fields_parse() -> None:
     assert parse_scoring({"logprobs": True}, "chat.completion") == Scoring(0)
     assert parse_scoring({}, "chat.completion") == Scoring()
     assert parse_sampling({"echo": True, "max_tokens": 0}, "text_completion").max_tokens == 0
+
+
+@pytest.mark.parametrize(("body", "guide"), [
+    ({}, None), ({"response_format": {"type": "text"}}, None),
+    ({"response_format": {"type": "json_object"}}, ("json", "")),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     ("json_schema", '{"type": "object"}')),
+    ({"guided_json": {"type": "object"}}, ("json_schema", '{"type": "object"}')),
+    ({"guided_regex": "a+"}, ("regex", "a+")), ({"guided_choice": ["a", "b"]}, ("choice", '["a", "b"]')),
+    ({"guided_grammar": 'root ::= "a"'}, ("ebnf_grammar", 'root ::= "a"')),
+])
+def test_structured_output_fields_as_the_engine_guide(body: dict, guide: tuple[str, str] | None) -> None:
+    assert parse_guide(body) == guide
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "json_schema"}}, "response_format"), ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": "{not json"}, "guided_json"), ({"guided_regex": "a", "guided_grammar": "b"}, "guided_grammar"),
+])
+def test_bad_structured_output_fields(body: dict, param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_guide(body)
+    assert info.value.param == param

@@ -46,6 +46,7 @@ class GenerationRequest:
     frequency_penalty: float | None = None
     logprobs: int | None = None  # the generated tokens' logprobs with this many alternatives (None: none)
     prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many alternatives (None: none)
+    guide: tuple[str, str] | None = None  # structured output: (guided_decoding_guide_type, guided_decoding_guide)
 
 
 # One scored token: its id, its logprob (None for the first prompt token) and the best alternatives (id, logprob).
@@ -161,7 +162,7 @@ class TextClient:
                                                                  "min_tokens", "end_id", *REFUSED_WHEN_MISSING)}
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
-            llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling)
+            llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling) + _guide_values(req)
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
             return self._token_request(req)
@@ -195,6 +196,7 @@ class TextClient:
             if value is not None:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
+        values += _guide_values(req)
         if req.logprobs is not None or req.prompt_logprobs is not None:
             top = max(req.logprobs or 0, req.prompt_logprobs or 0)
             values.append(("num_top_log_probs", "INT32", np.array([top], np.int32)))
@@ -261,6 +263,13 @@ def _infer_request(model: str, request_id: str, values: list[tuple[str, str, np.
         raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
         request.raw_input_contents.append(raw)
     return request
+
+
+def _guide_values(req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
+    if req.guide is None:
+        return []
+    return [(name, "BYTES", np.array([value.encode()], dtype=np.object_)) for name, value in
+            zip(("guided_decoding_guide_type", "guided_decoding_guide"), req.guide, strict=True)]
 
 
 def _scored(result: InferResult, prefix: str, token_ids: tuple[int, ...] | str) -> tuple[Scored, ...]:

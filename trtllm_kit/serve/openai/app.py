@@ -21,6 +21,7 @@ from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import error_response, generation_failure
+from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scorer, Scoring, parse_scoring
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai.protocol import (
@@ -235,8 +236,9 @@ class OpenAIFrontend:
             eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
             for j in range(sampling.n):
                 own = replace(sampling, seed=(base + j) % 2**64)
-                gen = generation_request(prompt, own, f"{ident}-{i}-{j}", eos_id, logprobs=scoring.logprobs,
-                                         prompt_logprobs=scoring.logprobs if scoring.echo else None)
+                gen = replace(generation_request(prompt, own, f"{ident}-{i}-{j}", eos_id, logprobs=scoring.logprobs,
+                                                 prompt_logprobs=scoring.logprobs if scoring.echo else None),
+                              guide=_guide(body, prompt))
                 jobs.append((Run(route, gen, own, show_ids=False),
                              Scorer(scoring, kind, route.tokenizer, sampling.skip_special_tokens, prompt_text)))
 
@@ -282,8 +284,9 @@ class OpenAIFrontend:
             admit(_most_prompt_tokens(route, prompt) + sampling.max_tokens)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
-        gen = generation_request(prompt, sampling, ident, eos_id, logprobs=scoring.logprobs,
-                                 prompt_logprobs=scoring.logprobs if scoring.echo else None)
+        gen = replace(generation_request(prompt, sampling, ident, eos_id, logprobs=scoring.logprobs,
+                                         prompt_logprobs=scoring.logprobs if scoring.echo else None),
+                      guide=_guide(body, prompt))
         run = Run(route, gen, sampling, show_ids=show_ids)
         scorer = Scorer(scoring, kind, tokenizer, sampling.skip_special_tokens, prompt_text)
         request["usage"] = run.usage  # the gateway charges it when the request ends
@@ -355,6 +358,16 @@ def _prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
                            f"is served through {route.triton_model!r} alone; leave logprobs out.", param="logprobs")
     _check_length(route, prompt, sampling)
     return prompt, str(prompt_text)
+
+
+def _guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:
+    """The request's structured-output guide; refused off the direct path (the BLS and ensemble take none)."""
+    guide = parse_guide(body)
+    if guide is not None and not isinstance(prompt, tuple):
+        raise RequestError("structured output needs the model's tokenizer and its tensorrt_llm model, and this "
+                           "route sends text to the BLS or ensemble; leave response_format and guided_* out.",
+                           param="response_format")
+    return guide
 
 
 def _choice(shape: ChoiceShape, index: int, run: Run, scorer: Scorer, done: list[Piece]) -> dict[str, Any]:

@@ -20,13 +20,14 @@ FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p"
 # vLLM's sampling extras that pass to the engine as they are (their ranges: ``runtime.sampling_rules``)
 EXTRAS = {"top_k": int, "min_p": float, "repetition_penalty": float, "presence_penalty": float,
           "frequency_penalty": float}
+FIELDS |= {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}  # ``guided.py``
 ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt", "logprobs", "echo"},
                    "chat.completion": FIELDS | {"messages", "logprobs", "top_logprobs"}}
 # OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
 NOT_IMPLEMENTED = {
                    "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
                    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
-                   "response_format": (None, {"type": "text"}), "service_tier": (None, "auto", "default"),
+                   "service_tier": (None, "auto", "default"),
                    "store": (None, False), "metadata": (None, {}), "modalities": (None, ["text"]),
                    "prediction": (None,), "audio": (None,), "reasoning_effort": (None,)}
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
