@@ -149,8 +149,8 @@ def test_echo_without_logprobs_repeats_the_prompt(served: dict[str, Any]) -> Non
 
 def test_several_prompts_and_n_choices_in_index_order(served: dict[str, Any]) -> None:
     prompts = ["Once upon a time", "The weather today", "Once upon a time"]
-    answer = client(served).completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=1.0,
-                                               seed=3)
+    answer = client(served).completions.create(model=MODEL, prompt=prompts, n=2, best_of=2, max_tokens=6,
+                                               temperature=1.0, seed=3)
     assert [c.index for c in answer.choices] == list(range(6))
     singles = [client(served).completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=1.0, seed=3 + j)
                for p in prompts for j in range(2)]

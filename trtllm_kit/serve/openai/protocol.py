@@ -16,7 +16,8 @@ MAX_INT32 = 2**31 - 1
 # The fields the frontend implements, per endpoint; ``user`` is accepted and not used (it only labels a request).
 FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
           "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority", "include_stop_str_in_output",
-          "skip_special_tokens", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+          "skip_special_tokens", "best_of", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+          "frequency_penalty"}
 # vLLM's sampling extras that pass to the engine as they are (their ranges: ``runtime.sampling_rules``)
 EXTRAS = {"top_k": int, "min_p": float, "repetition_penalty": float, "presence_penalty": float,
           "frequency_penalty": float}
