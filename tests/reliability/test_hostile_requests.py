@@ -141,9 +141,8 @@ def test_huge_stop_strings_are_refused_while_a_neighbour_streams(target: dict[st
                             "1000000000."),
     ({"prompt": [7] * 1100}, "this model's maximum context length is 1024 tokens; the request asks for 1100 prompt "
                              "+ 8 completion tokens: shorten the prompt or lower max_tokens."),
-    ({"n": 2}, "n must be 1 (one choice per request on this server), got 2."),
-    ({"prompt": ["a", "b"]}, "prompt is a list of 2 prompts; at most 1 is allowed per request: send one request per "
-                             "prompt."),
+    ({"n": 17}, "n must be an integer from 1 to 16, got 17."),
+    ({"prompt": ["a"] * 65}, "prompt is a list of 65 prompts; at most 64 are allowed per request: split it."),
 ])
 def test_client_errors_are_400_on_every_target(target: dict[str, Any], fields: dict[str, Any], message: str) -> None:
     status, body = completion(target, **fields)

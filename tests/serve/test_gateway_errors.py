@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import trtllm_kit
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
@@ -143,5 +144,22 @@ def test_a_request_that_fails_before_its_first_token_is_charged_nothing(tmp_path
         limits = served.frontend.gateway.limits["open"]
         assert (limits.used_tokens, limits.reserved_tokens) == (0, 0)
         assert not served.usage_path.exists() or served.usage_path.read_text() == ""
+
+    run_against(tmp_path, check)
+
+
+def test_health_and_version_need_no_key_and_health_reports_a_missing_engine(tmp_path: Path) -> None:
+    def check(served: Served) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+        try:
+            conn.request("GET", "/health")
+            health = conn.getresponse()
+            health.read()
+            conn.request("GET", "/version")
+            version = conn.getresponse()
+            assert (health.status, version.status) == (503, 200)  # Triton's port is closed: not ready
+            assert json.loads(version.read()) == {"version": trtllm_kit.__version__}
+        finally:
+            conn.close()
 
     run_against(tmp_path, check)

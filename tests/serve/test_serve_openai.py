@@ -69,6 +69,18 @@ def post(server: dict[str, Any], path: str, body: dict[str, Any], key: str | Non
 
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert "max_model_len" in client.models.list().data[0].model_dump()
+
+
+def test_health_answers_ready_without_the_key(server: dict[str, Any]) -> None:
+    with urllib.request.urlopen(f"http://{server['openai']}/health", timeout=30) as response:
+        assert response.status == 200
+
+
+def test_logprobs_need_the_direct_path_to_tensorrt_llm(server: dict[str, Any]) -> None:
+    status, body = post(server, "/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 1})
+    error = json.loads(body)["error"]
+    assert (status, error["param"]) == (400, "logprobs") and "tensorrt_llm model" in error["message"]
 
 
 def test_completion_with_usage_and_length(client: openai.OpenAI) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from trtllm_kit.serve.client import GenerationRequest
-from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, generation_request, parse_prompt, parse_sampling
+from trtllm_kit.serve.openai.guided import parse_guide
+from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
+from trtllm_kit.serve.openai.protocol import (
+    ChoiceShape,
+    RequestError,
+    generation_request,
+    parse_prompts,
+    parse_sampling,
+)
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -33,23 +41,24 @@ def test_token_id_prompts_carry_the_end_id_unless_eos_is_ignored() -> None:
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [
-    ("hi", "hi"), (["hi"], "hi"), ([5, 6, 7], (5, 6, 7)), ([[5, 6]], (5, 6)),
+    ("hi", ["hi"]), (["hi"], ["hi"]), ([5, 6, 7], [(5, 6, 7)]), ([[5, 6]], [(5, 6)]),
+    (["a", [5], "b"], ["a", (5,), "b"]), ([[1]] * 64, [(1,)] * 64),
 ])
 def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
-    assert parse_prompt({"prompt": prompt}, vocab_size=100) == expected
+    assert parse_prompts({"prompt": prompt}, vocab_size=100) == expected
 
 
 @pytest.mark.parametrize(("prompt", "message"), [
     ([5, 100], "token ids must be in [0, 100) (the tokenizer's vocabulary), got 100."),
     ([-1], "token ids must be in [0, 100) (the tokenizer's vocabulary), got -1."),
-    ([], "prompt must be a string or a list of token ids (or a list of one of them), got []."),
-    (["a", "b"], "prompt is a list of 2 prompts; at most 1 is allowed per request: send one request per prompt."),
-    ([[1], [2], [3]], "prompt is a list of 3 prompts; at most 1 is allowed per request: send one request per prompt."),
-    ([True], "prompt must be a string or a list of token ids (or a list of one of them), got [True]."),
+    ([], "prompt must be a string or a list of token ids (or a list of them), got []."),
+    (["a"] * 65, "prompt is a list of 65 prompts; at most 64 are allowed per request: split it."),
+    (["a", [-1]], "token ids must be in [0, 100) (the tokenizer's vocabulary), got -1."),
+    ([True], "prompt must be a string or a list of token ids (or a list of them), got [True]."),
 ])
 def test_bad_prompts(prompt: object, message: str) -> None:
     with pytest.raises(RequestError) as info:
-        parse_prompt({"prompt": prompt}, vocab_size=100)
+        parse_prompts({"prompt": prompt}, vocab_size=100)
     assert str(info.value) == message and info.value.param == "prompt"
 
 
@@ -81,11 +90,23 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"stop": ["y" * 1000] * 17}, "the stop sequences have 17000 characters together; at most 16384 are allowed.",
      "stop"),
     ({"stop": ["a", 5]}, "stop must be a string or a list of up to 64 strings, got ['a', 5].", "stop"),
-    ({"n": 2}, "n must be 1 (one choice per request on this server), got 2.", "n"),
-    ({"n": True}, "n must be 1 (one choice per request on this server), got True.", "n"),
+    ({"n": 17}, "n must be an integer from 1 to 16, got 17.", "n"),
+    ({"n": True}, "n must be an integer from 1 to 16, got True.", "n"),
+    ({"n": 2, "best_of": 3}, "best_of must equal n (2) on this server (more sampled than returned is not served), "
+                             "got 3.", "best_of"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
      "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),
+    ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5.", "min_p"),
+    ({"top_k": -2}, "top_k must be an integer >= 0 (0 = off), got -2.", "top_k"),
+    ({"top_k": 2.5}, "top_k must be an integer, got 2.5.", "top_k"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be greater than 0 (1 = off), got 0.0.", "repetition_penalty"),
+    ({"presence_penalty": 3}, "presence_penalty must be in [-2, 2], got 3.0.", "presence_penalty"),
+    ({"frequency_penalty": "x"}, "frequency_penalty must be a number, got 'x'.", "frequency_penalty"),
+    ({"skip_special_tokens": None}, "skip_special_tokens must be true or false, got None.", "skip_special_tokens"),
+    ({"echo": True, "max_tokens": -1}, "max_tokens must be a positive integer, got -1.", "max_tokens"),
+    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output must be true or false, got 1.",
+     "include_stop_str_in_output"),
 ])
 def test_bad_fields(body: dict, message: str, param: str) -> None:
     with pytest.raises(RequestError) as info:
@@ -93,3 +114,48 @@ def test_bad_fields(body: dict, message: str, param: str) -> None:
     assert info.value.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                            "code": None}}
     assert info.value.status == 400
+
+
+@pytest.mark.parametrize(("body", "kind", "message", "param"), [
+    ({"logprobs": 6}, "text_completion", "logprobs must be an integer from 0 to 5, got 6.", "logprobs"),
+    ({"logprobs": True}, "text_completion", "logprobs must be an integer from 0 to 5, got True.", "logprobs"),
+    ({"echo": 1}, "text_completion", "echo must be true or false, got 1.", "echo"),
+    ({"logprobs": 1}, "chat.completion", "logprobs must be true or false, got 1.", "logprobs"),
+    ({"top_logprobs": 2}, "chat.completion", "top_logprobs needs logprobs set to true.", "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "chat.completion", "top_logprobs must be an integer from 0 to 20, got 21.",
+     "top_logprobs"),
+])
+def test_bad_logprob_fields(body: dict, kind: str, message: str, param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_scoring(body, kind)
+    assert (str(info.value), info.value.param) == (message, param)
+
+
+def test_logprob_fields_parse() -> None:
+    assert parse_scoring({"logprobs": 0, "echo": True}, "text_completion") == Scoring(0, True)
+    assert parse_scoring({"logprobs": True}, "chat.completion") == Scoring(0)
+    assert parse_scoring({}, "chat.completion") == Scoring()
+    assert parse_sampling({"echo": True, "max_tokens": 0}, "text_completion").max_tokens == 0
+
+
+@pytest.mark.parametrize(("body", "guide"), [
+    ({}, None), ({"response_format": {"type": "text"}}, None),
+    ({"response_format": {"type": "json_object"}}, ("json", "")),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     ("json_schema", '{"type": "object"}')),
+    ({"guided_json": {"type": "object"}}, ("json_schema", '{"type": "object"}')),
+    ({"guided_regex": "a+"}, ("regex", "a+")), ({"guided_choice": ["a", "b"]}, ("choice", '["a", "b"]')),
+    ({"guided_grammar": 'root ::= "a"'}, ("ebnf_grammar", 'root ::= "a"')),
+])
+def test_structured_output_fields_as_the_engine_guide(body: dict, guide: tuple[str, str] | None) -> None:
+    assert parse_guide(body) == guide
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "json_schema"}}, "response_format"), ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": "{not json"}, "guided_json"), ({"guided_regex": "a", "guided_grammar": "b"}, "guided_grammar"),
+])
+def test_bad_structured_output_fields(body: dict, param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_guide(body)
+    assert info.value.param == param

@@ -67,3 +67,8 @@ def test_a_long_stop_sequence_held_back_across_many_pieces() -> None:
     matcher = StopMatcher([stop, "never"])
     assert [matcher.feed("x" * 500), matcher.feed("x" * 600)] == ["", "x" * 101]  # 999 x's may still begin it
     assert matcher.feed("y tail") == "" and matcher.stopped
+
+
+def test_include_stop_shows_the_stop_sequence_that_ended_the_text() -> None:
+    matcher = StopMatcher(["cd", "de"], include=True)
+    assert [matcher.feed("abc"), matcher.feed("def")] == ["ab", "cd"] and matcher.stopped

@@ -40,6 +40,17 @@ class GenerationRequest:
     end_id: int | None = None
     request_id: str = ""
     priority: float | None = None  # TensorRT-LLM's request priority in [0, 1], higher first
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: int | None = None  # the generated tokens' logprobs with this many alternatives (None: none)
+    prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many alternatives (None: none)
+    guide: tuple[str, str] | None = None  # structured output: (guided_decoding_guide_type, guided_decoding_guide)
+
+
+# One scored token: its id, its logprob (None for the first prompt token) and the best alternatives (id, logprob).
+Scored = tuple[int, float | None, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,8 @@ class Chunk:
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
     token_ids: tuple[int, ...] | None = None
+    scored: tuple[Scored, ...] = ()  # the new tokens' logprobs, when asked for
+    prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, in the first response, when asked for
 
 
 # (text interface input, tensorrt_llm input, Triton datatype, numpy dtype, GenerationRequest field)
@@ -60,7 +73,13 @@ SAMPLING_INPUTS = (("temperature", "temperature", "FP32", np.float32, "temperatu
                    ("seed", "seed", "UINT64", np.uint64, "seed"),
                    ("min_tokens", "min_tokens", "INT32", np.int32, "min_tokens"),
                    ("end_id", "end_id", "INT32", np.int32, "end_id"),
-                   ("priority", "priority", "FP32", np.float32, "priority"))
+                   ("priority", "priority", "FP32", np.float32, "priority"),
+                   ("repetition_penalty", "repetition_penalty", "FP32", np.float32, "repetition_penalty"),
+                   ("presence_penalty", "presence_penalty", "FP32", np.float32, "presence_penalty"),
+                   ("frequency_penalty", "frequency_penalty", "FP32", np.float32, "frequency_penalty"),
+                   ("runtime_min_p", "runtime_min_p", "FP32", np.float32, "min_p"))
+# fields a model must declare to be sent: the others are left to the model's default when it lacks them
+REFUSED_WHEN_MISSING = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
 TOKEN_MODEL = "tensorrt_llm"
 
 
@@ -107,6 +126,16 @@ class TextClient:
                                       status=404)
         return self.model
 
+    async def ready(self) -> bool:
+        """Whether the server answers and the model this client calls is ready (False on any failure)."""
+        try:
+            model = await self.resolve_model()
+            answer = await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=model), metadata=self.metadata,
+                                                 timeout=10)
+        except (GenerationError, grpc.aio.AioRpcError):
+            return False
+        return bool(answer.ready)
+
     async def model_inputs(self) -> set[str]:
         """The names of the model's inputs (read once from its config)."""
         await self.resolve_model()
@@ -126,11 +155,14 @@ class TextClient:
             return self._token_request(req)
         names = await self.model_inputs()
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
+            if req.logprobs is not None or req.prompt_logprobs is not None:
+                raise GenerationError("logprobs are not served by this frontend on the llmapi target; leave "
+                                      "logprobs, top_logprobs and echo out.", status=400)
             sampling = {field: getattr(req, field) for field in ("temperature", "top_p", "top_k", "seed",
-                                                                 "min_tokens", "end_id")}
+                                                                 "min_tokens", "end_id", *REFUSED_WHEN_MISSING)}
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
-            llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling)
+            llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling) + _guide_values(req)
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
             return self._token_request(req)
@@ -145,6 +177,9 @@ class TextClient:
             value = getattr(req, field)
             if value is not None and name in names:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
+            elif value is not None and field in REFUSED_WHEN_MISSING:
+                raise GenerationError(f"{field} is not served by the model {self.model!r} (it has no {name} "
+                                      "input); leave it out.", status=400)
         for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
             if flag in names:
                 values.append((flag, "BOOL", np.array([True])))
@@ -161,6 +196,13 @@ class TextClient:
             if value is not None:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
+        values += _guide_values(req)
+        if req.logprobs is not None or req.prompt_logprobs is not None:
+            top = max(req.logprobs or 0, req.prompt_logprobs or 0)
+            values.append(("num_top_log_probs", "INT32", np.array([top], np.int32)))
+            values += [(flag, "BOOL", np.array([True])) for flag, asked in
+                       (("return_log_probs", req.logprobs), ("return_prompt_log_probs", req.prompt_logprobs))
+                       if asked is not None]
         return _infer_request(self.token_model, req.request_id, values, batched=True)
 
     async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
@@ -184,13 +226,14 @@ class TextClient:
                     raise _generation_error(request.model_name, response.error_message)
                 result = InferResult(response.infer_response)
                 text, ids = result.as_numpy("text_output"), result.as_numpy("output_ids")
-                if ids is not None and isinstance(req.prompt, tuple):  # llmapi answers token ids with text too
-                    yield Chunk("", token_ids=tuple(int(t) for t in ids.reshape(-1)))
+                if ids is not None and (isinstance(req.prompt, tuple) or text is None):  # llmapi sends text too
+                    token_ids = tuple(int(t) for t in ids.reshape(-1))
+                    prompt = req.prompt if req.prompt_logprobs is not None else ()
+                    yield Chunk("", token_ids=token_ids, scored=_scored(result, "", token_ids),
+                                prompt_scored=_scored(result, "prompt_", prompt))
                 elif text is not None:
                     yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
                                 _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
-                elif ids is not None:
-                    yield Chunk("", token_ids=tuple(int(t) for t in ids.reshape(-1)))
                 if response.infer_response.parameters["triton_final_response"].bool_param:
                     break
         except grpc.aio.AioRpcError as exc:
@@ -220,6 +263,35 @@ def _infer_request(model: str, request_id: str, values: list[tuple[str, str, np.
         raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
         request.raw_input_contents.append(raw)
     return request
+
+
+def _guide_values(req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
+    if req.guide is None:
+        return []
+    return [(name, "BYTES", np.array([value.encode()], dtype=np.object_)) for name, value in
+            zip(("guided_decoding_guide_type", "guided_decoding_guide"), req.guide, strict=True)]
+
+
+def _scored(result: InferResult, prefix: str, token_ids: tuple[int, ...] | str) -> tuple[Scored, ...]:
+    """The logprobs of ``token_ids`` from the ``output_*`` (``prefix`` "") or ``prompt_*`` outputs; the first
+    prompt token has none."""
+    logprobs = result.as_numpy(f"{prefix or 'output_'}log_probs")
+    if logprobs is None or isinstance(token_ids, str) or not token_ids:
+        return ()
+    logprobs = logprobs.reshape(-1)[-len(token_ids):]
+    top_ids, top_logprobs = result.as_numpy(f"{prefix}top_log_prob_ids"), result.as_numpy(f"{prefix}top_log_probs")
+    width = 0 if top_ids is None else top_ids.shape[-1]
+    top_ids = np.zeros((len(token_ids), 0)) if top_ids is None else top_ids.reshape(-1, width)[-len(token_ids):]
+    top_logprobs = np.zeros_like(top_ids) if top_logprobs is None else top_logprobs.reshape(-1, width)[
+        -len(token_ids):]
+    scored: list[Scored] = []
+    for i, token in enumerate(token_ids):
+        if prefix and i == 0:
+            scored.append((token, None, ()))
+            continue
+        alternatives = tuple((int(a), float(b)) for a, b in zip(top_ids[i], top_logprobs[i], strict=True))
+        scored.append((token, float(logprobs[i]), alternatives))
+    return tuple(scored)
 
 
 def _scalar(result: InferResult, name: str) -> int | None:

@@ -20,6 +20,10 @@ SAMPLING = {"temperature": ("sampling_param_temperature", "FP32", np.float32),
             "seed": ("sampling_param_seed", "UINT64", np.uint64),
             "min_tokens": ("sampling_param_min_tokens", "INT32", np.int32),
             "end_id": ("sampling_param_end_id", "INT32", np.int32),
+            "min_p": ("sampling_param_min_p", "FP32", np.float32),
+            "repetition_penalty": ("sampling_param_repetition_penalty", "FP32", np.float32),
+            "presence_penalty": ("sampling_param_presence_penalty", "FP32", np.float32),
+            "frequency_penalty": ("sampling_param_frequency_penalty", "FP32", np.float32),
             "priority": ("priority", "FP32", np.float32)}  # only to a model that declares it (older repos do not)
 
 
@@ -38,7 +42,7 @@ def llmapi_values(prompt: str | tuple[int, ...] | list[int], max_tokens: int, *,
 
     Arguments:
         prompt: text, or token ids; max_tokens: tokens to generate; streaming: one response per step;
-        sampling: ``temperature``, ``top_p``, ``top_k``, ``seed``, ``min_tokens``, ``end_id``, ``priority``
+        sampling: the keys of ``SAMPLING``
         (None: the model's default; ``NEVER_END_ID``: ``ignore_eos``).
     """
     if isinstance(prompt, str):

@@ -1,7 +1,7 @@
-"""The gateway as an aiohttp middleware: every request but ``/metrics`` needs a live key; the allowed models are checked
-on the body the handler serves (decoded once); the handler calls the admission hook with the request's most tokens
-before it generates, which reserves them or refuses the request; the tokens it used are settled when it ends,
-however it ends (answered, failed, or its client gone)."""
+"""The gateway as an aiohttp middleware: every request but ``/metrics``, ``/health`` and ``/version`` needs a live
+key; the allowed models are checked on the body the handler serves (decoded once); the handler calls the admission
+hook with the request's most tokens before it generates, which reserves them or refuses the request; the tokens it
+used are settled when it ends, however it ends (answered, failed, or its client gone)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from trtllm_kit.serve.openai.request_body import json_body
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOG = logging.getLogger(__name__)
 # the admission hook the handler calls with the request's most tokens before it generates
-METRICS_PATH = "/metrics"  # the one route served without a key
+METRICS_PATH = "/metrics"  # served without a key (per-key series for an admin key)
+OPEN_PATHS = ("/health", "/version")  # served without a key, as vLLM and trtllm-serve serve them
 ADMIT: web.RequestKey[Callable[[int], None]] = web.RequestKey("gateway_admit")
 
 
@@ -122,7 +123,7 @@ class Gateway:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Refuse, then let the handler reserve through ``request[ADMIT]``, then settle (an aiohttp middleware
         placed inside the frontend's error middleware, which turns the ``RequestError`` raised here into JSON)."""
-        if request.path == METRICS_PATH:  # open; per-key series for an admin key only (``per_key_metrics``)
+        if request.path == METRICS_PATH or request.path in OPEN_PATHS:  # open; ``/metrics`` gives per-key series
             return await handler(request)
         record = self._key(request)
         if record is None:

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import Counter
 
+from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
-from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, Gateway
+from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import error_response, generation_failure
+from trtllm_kit.serve.openai.guided import parse_guide
+from trtllm_kit.serve.openai.logprobs import Scorer, Scoring, parse_scoring
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
@@ -24,13 +30,13 @@ from trtllm_kit.serve.openai.protocol import (
     Sampling,
     check_fields,
     generation_request,
-    parse_prompt,
+    parse_prompts,
     parse_sampling,
 )
 from trtllm_kit.serve.openai.request_body import json_body
 from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.openai.routes import Alias, Route
-from trtllm_kit.serve.openai.run import Run, send
+from trtllm_kit.serve.openai.run import Piece, Run, send
 from trtllm_kit.serve.openai.text import Tokenizer
 
 MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
@@ -68,6 +74,8 @@ class OpenAIFrontend:
             app.on_startup.append(self.gateway.on_startup)
             app.on_cleanup.append(self.gateway.on_cleanup)
         app.router.add_get(METRICS_PATH, self.prometheus_metrics)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -124,7 +132,7 @@ class OpenAIFrontend:
 
     def _authorize(self, request: web.Request) -> None:
         key = self.config.api_key
-        if key is None:
+        if key is None or request.path in OPEN_PATHS:
             return
         given = request.headers.get("Authorization", "")
         try:
@@ -135,9 +143,27 @@ class OpenAIFrontend:
             raise RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.", 401,
                                code="invalid_api_key")
 
+    async def health(self, _request: web.Request) -> web.Response:
+        """200 when every served model is ready in Triton, else 503 (an empty body either way, as vLLM answers)."""
+        clients = [route.client for route in self.table.routes.values()]
+        ready = all([client is not None and await client.ready() for client in clients])
+        return web.Response(status=200 if ready else 503)
+
+    async def version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"version": __version__})
+
     async def models(self, _request: web.Request) -> web.Response:
-        entries = [{"id": name, "object": "model", "created": self.created, "owned_by": "trtllm-kit"}
-                   for name in self.table.names]
+        entries = []
+        for name in self.table.names:
+            route = self.table.routes.get(name)
+            if route is None:  # an alias: the smallest limit of its models
+                alias = self.table.aliases[name]
+                limits = [self.table.routes[m].max_seq_len for m, _ in alias.shares]
+                max_len = None if None in limits else min(x for x in limits if x is not None)
+            else:
+                max_len = route.max_seq_len
+            entries.append({"id": name, "object": "model", "created": self.created, "owned_by": "trtllm-kit",
+                            "max_model_len": max_len})
         return web.json_response({"object": "list", "data": entries})
 
     def _has(self) -> str:
@@ -162,11 +188,11 @@ class OpenAIFrontend:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body, route, alias = await self._body(request, "text_completion")
-        prompt = parse_prompt(body, route.tokenizer.vocab_size if route.tokenizer else None)
-        if isinstance(prompt, tuple) and route.tokenizer is None:
+        prompts = parse_prompts(body, route.tokenizer.vocab_size if route.tokenizer else None)
+        if any(isinstance(prompt, tuple) for prompt in prompts) and route.tokenizer is None:
             raise RequestError("token-id prompts need the model's tokenizer to return text, and this server has "
                                "none; send the prompt as text.", param="prompt")
-        return await self._respond(request, body, prompt, "text_completion", route, alias)
+        return await self._respond(request, body, prompts, "text_completion", route, alias)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body, route, alias = await self._body(request, "chat.completion")
@@ -176,32 +202,93 @@ class OpenAIFrontend:
             raise RequestError("messages must be a non-empty list of {role, content} objects.", param="messages")
         if route.tokenizer is None:
             raise RequestError("this server has no tokenizer for a chat template; use /v1/completions.")
-        return await self._respond(request, body, route.tokenizer.chat_prompt(messages), "chat.completion", route,
-                                   alias)
+        return await self._respond(request, body, [route.tokenizer.chat_prompt(messages)], "chat.completion",
+                                   route, alias)
 
-    async def _respond(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
+    async def _respond(self, request: web.Request, body: dict[str, Any], prompts: list[str | tuple[int, ...]],
                        kind: str, route: Route, alias: Alias | None) -> web.StreamResponse:
         route.in_flight += 1  # a reload waits for this route's requests before it unloads its models
         try:
-            return await self._generate(request, body, prompt, kind, route, alias)
+            sampling = parse_sampling(body, kind, route.max_seq_len)
+            if len(prompts) * sampling.n > 1:
+                return await self._generate_choices(request, body, sampling, prompts, kind, route, alias)
+            return await self._generate(request, body, sampling, prompts[0], kind, route, alias)
         finally:
             route.in_flight -= 1
 
-    async def _generate(self, request: web.Request, body: dict[str, Any], prompt: str | tuple[int, ...],
-                        kind: str, route: Route, alias: Alias | None) -> web.StreamResponse:
-        sampling = parse_sampling(body, kind, route.max_seq_len)
-        show_ids = isinstance(prompt, tuple)
-        if route.tokenizes and route.tokenizer is not None and isinstance(prompt, str):
-            # tokenized here, streamed as ids from tensorrt_llm and decoded here: one hop less than the BLS, exact
-            # token counts, and a disconnect cancels the engine's request itself
-            prompt = route.tokenizer.encode(prompt)
-        _check_length(route, prompt, sampling)
+    async def _generate_choices(self, request: web.Request, body: dict[str, Any], sampling: Sampling,
+                                prompts: list[str | tuple[int, ...]], kind: str, route: Route,
+                                alias: Alias | None) -> web.StreamResponse:
+        """Several choices at once: ``n`` per prompt, choice ``prompt_index × n + j``, run as concurrent engine
+        requests (each of a request's choices samples with its own seed); not streamed."""
+        if sampling.stream:
+            raise RequestError("stream with n > 1 or several prompts is not served yet; send stream false, or one "
+                               "request per prompt and n 1.", param="stream")
+        scoring = parse_scoring(body, kind)
+        prepared = [_prepared(route, prompt, sampling, scoring) for prompt in prompts]
+        admit = request.get(ADMIT)
+        if admit is not None:
+            admit(sum(_most_prompt_tokens(route, p) + sampling.max_tokens * sampling.n for p, _ in prepared))
+        ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+        base = random.getrandbits(63) if sampling.seed is None else sampling.seed
+        jobs: list[tuple[Run, Scorer]] = []
+        for i, (prompt, prompt_text) in enumerate(prepared):
+            eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
+            for j in range(sampling.n):
+                own = replace(sampling, seed=(base + j) % 2**64)
+                gen = replace(generation_request(prompt, own, f"{ident}-{i}-{j}", eos_id, logprobs=scoring.logprobs,
+                                                 prompt_logprobs=scoring.logprobs if scoring.echo else None),
+                              guide=_guide(body, prompt))
+                jobs.append((Run(route, gen, own, show_ids=False),
+                             Scorer(scoring, kind, route.tokenizer, sampling.skip_special_tokens, prompt_text)))
+
+        def usage() -> dict[str, int]:  # every prompt counted once, every completion
+            each = [run.usage() for run, _ in jobs]
+            prompt_tokens = sum(u["prompt_tokens"] for u in each[::sampling.n])
+            completion_tokens = sum(u["completion_tokens"] for u in each)
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens}
+
+        request["usage"] = usage
+        shape = ChoiceShape(kind, ident, route.name, int(time.time()))
+        timer = self.metrics.timer(route.name)
+
+        async def collect(index: int, run: Run, scorer: Scorer) -> dict[str, Any]:
+            pieces = timer.timed(run.pieces())
+            try:
+                done = [piece async for piece in pieces]
+            finally:
+                await pieces.aclose()
+            return _choice(shape, index, run, scorer, done)
+
+        tasks = [asyncio.ensure_future(collect(index, run, scorer)) for index, (run, scorer) in enumerate(jobs)]
+        try:  # the first failure fails the request; leaving cancels every engine request
+            choices = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        headers = {MODEL_HEADER: route.name, VERSION_HEADER: str(route.version)}
+        if alias is not None:
+            headers[SPLIT_HEADER] = f"{alias.name}={alias.split}"
+        return web.json_response({**shape.whole(list(choices), usage()), "system_fingerprint": route.fingerprint},
+                                 headers=headers)
+
+    async def _generate(self, request: web.Request, body: dict[str, Any], sampling: Sampling,
+                        prompt: str | tuple[int, ...], kind: str, route: Route,
+                        alias: Alias | None) -> web.StreamResponse:
+        scoring = parse_scoring(body, kind)
+        show_ids, tokenizer = isinstance(prompt, tuple), route.tokenizer
+        prompt, prompt_text = _prepared(route, prompt, sampling, scoring)
         admit = request.get(ADMIT)
         if admit is not None:  # the gateway reserves the most tokens the request can use, or refuses it
             admit(_most_prompt_tokens(route, prompt) + sampling.max_tokens)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
-        run = Run(route, generation_request(prompt, sampling, ident, eos_id), sampling, show_ids=show_ids)
+        gen = replace(generation_request(prompt, sampling, ident, eos_id, logprobs=scoring.logprobs,
+                                         prompt_logprobs=scoring.logprobs if scoring.echo else None),
+                      guide=_guide(body, prompt))
+        run = Run(route, gen, sampling, show_ids=show_ids)
+        scorer = Scorer(scoring, kind, tokenizer, sampling.skip_special_tokens, prompt_text)
         request["usage"] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(route.name)
         shape = ChoiceShape(kind, ident, route.name, int(time.time()))
@@ -212,11 +299,11 @@ class OpenAIFrontend:
         if not sampling.stream:
             whole = timer.timed(run.pieces())
             try:  # a client that leaves cancels this handler, and closing ``whole`` cancels the generation
-                text = "".join([piece.text async for piece in whole])
+                done = [piece async for piece in whole]
             finally:
                 await whole.aclose()
-            return web.json_response({**shape.whole(text, run.finish_reason, run.usage()), **fingerprint},
-                                     headers=headers)
+            choice = _choice(shape, 0, run, scorer, done)
+            return web.json_response({**shape.whole([choice], run.usage()), **fingerprint}, headers=headers)
 
         def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
             return {"usage": run.usage()} if sampling.continuous_usage else {}
@@ -233,10 +320,15 @@ class OpenAIFrontend:
         try:
             if kind == "chat.completion":
                 await send(response, {**shape.chunk({"role": "assistant", "content": ""}, None), **fingerprint})
+            if scorer.echo_text:
+                echoed = shape.chunk(scorer.echo_text, None, logprobs=scorer.prompt(run.prompt_scored))
+                await send(response, {**fingerprint, **echoed, **usage()})
             if first is not None:
-                await send(response, {**fingerprint, **shape.chunk(first.text, None, first.token_ids), **usage()})
+                await send(response, {**fingerprint, **shape.chunk(first.text, None, first.token_ids,
+                                                                   scorer.tokens(first.scored)), **usage()})
             async for piece in pieces:
-                await send(response, {**fingerprint, **shape.chunk(piece.text, None, piece.token_ids), **usage()})
+                await send(response, {**fingerprint, **shape.chunk(piece.text, None, piece.token_ids,
+                                                                   scorer.tokens(piece.scored)), **usage()})
             await send(response, {**fingerprint, **shape.chunk(None, run.finish_reason), **usage()})
             if sampling.include_usage:
                 await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": run.usage()})
@@ -249,6 +341,41 @@ class OpenAIFrontend:
             await pieces.aclose()
         await response.write(b"data: [DONE]\n\n")
         return response
+
+def _prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
+              scoring: Scoring) -> tuple[str | tuple[int, ...], str]:
+    """The prompt as it is sent (text tokenized on the direct path), and as text (what ``echo`` shows); refuses
+    logprobs off the direct path and a prompt too long for the model."""
+    tokenizer = route.tokenizer
+    prompt_text = prompt if isinstance(prompt, str) or tokenizer is None else tokenizer.hf.decode(
+        prompt, skip_special_tokens=sampling.skip_special_tokens)
+    if route.tokenizes and tokenizer is not None and isinstance(prompt, str):
+        # tokenized here, streamed as ids from tensorrt_llm and decoded here: one hop less than the BLS, exact
+        # token counts, and a disconnect cancels the engine's request itself
+        prompt = tokenizer.encode(prompt)
+    if scoring.logprobs is not None and not isinstance(prompt, tuple):
+        raise RequestError(f"logprobs needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
+                           f"is served through {route.triton_model!r} alone; leave logprobs out.", param="logprobs")
+    _check_length(route, prompt, sampling)
+    return prompt, str(prompt_text)
+
+
+def _guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:
+    """The request's structured-output guide; refused off the direct path (the BLS and ensemble take none)."""
+    guide = parse_guide(body)
+    if guide is not None and not isinstance(prompt, tuple):
+        raise RequestError("structured output needs the model's tokenizer and its tensorrt_llm model, and this "
+                           "route sends text to the BLS or ensemble; leave response_format and guided_* out.",
+                           param="response_format")
+    return guide
+
+
+def _choice(shape: ChoiceShape, index: int, run: Run, scorer: Scorer, done: list[Piece]) -> dict[str, Any]:
+    """A whole choice from the pieces its run yielded."""
+    text = scorer.echo_text + "".join(piece.text for piece in done)
+    logprobs = scorer.whole(run.prompt_scored, tuple(t for piece in done for t in piece.scored))
+    return shape.choice(index, text, run.finish_reason, logprobs)
+
 
 def _most_prompt_tokens(route: Route, prompt: str | tuple[int, ...]) -> int:
     """The prompt's tokens as preprocessing counts them; for text on a route without a tokenizer, its UTF-8 bytes

@@ -6,23 +6,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
-from trtllm_kit.runtime.sampling_rules import is_greedy_temperature, sampling_problem
+from trtllm_kit.runtime.sampling_rules import extras_problem, is_greedy_temperature, sampling_problem
 from trtllm_kit.serve.client import GenerationRequest
-from trtllm_kit.serve.openai.request_limits import MAX_PROMPTS, MAX_STOPS, stops_problem
+from trtllm_kit.serve.openai.request_limits import MAX_N, MAX_PROMPTS, MAX_STOPS, stops_problem
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
 PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spans -100..100
 MAX_INT32 = 2**31 - 1
 # The fields the frontend implements, per endpoint; ``user`` is accepted and not used (it only labels a request).
 FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
-          "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority"}
-ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt"}, "chat.completion": FIELDS | {"messages"}}
+          "stream_options", "n", "min_tokens", "ignore_eos", "user", "priority", "include_stop_str_in_output",
+          "skip_special_tokens", "best_of", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+          "frequency_penalty"}
+# vLLM's sampling extras that pass to the engine as they are (their ranges: ``runtime.sampling_rules``)
+EXTRAS = {"top_k": int, "min_p": float, "repetition_penalty": float, "presence_penalty": float,
+          "frequency_penalty": float}
+FIELDS |= {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}  # ``guided.py``
+ENDPOINT_FIELDS = {"text_completion": FIELDS | {"prompt", "logprobs", "echo"},
+                   "chat.completion": FIELDS | {"messages", "logprobs", "top_logprobs"}}
 # OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
-NOT_IMPLEMENTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-                   "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-                   "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+NOT_IMPLEMENTED = {
+                   "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
                    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
-                   "response_format": (None, {"type": "text"}), "service_tier": (None, "auto", "default"),
+                   "service_tier": (None, "auto", "default"),
                    "store": (None, False), "metadata": (None, {}), "modalities": (None, ["text"]),
                    "prediction": (None,), "audio": (None,), "reasoning_effort": (None,)}
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
@@ -55,6 +61,10 @@ class Sampling:
     ignore_eos: bool = False
     continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage in every chunk
     priority: int | None = None  # vLLM's extra field: lower runs first
+    n: int = 1  # choices per prompt
+    include_stop: bool = False  # vLLM's ``include_stop_str_in_output``: the stop sequence ends the text
+    extras: dict[str, float | int] | None = None  # the sampling extras the request sets (``EXTRAS``)
+    skip_special_tokens: bool = True
 
 
 def trtllm_priority(priority: int) -> float:
@@ -96,7 +106,8 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     """
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = DEFAULT_MAX_TOKENS[kind] if max_tokens is None else max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    least = 0 if body.get("echo") is True else 1  # echo with max_tokens 0 scores the prompt alone
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < least:
         raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}.", param="max_tokens")
     limit = MAX_INT32 if max_seq_len is None else max_seq_len - 1
     if max_tokens > limit:
@@ -124,12 +135,16 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
                                    or not 0 <= min_tokens <= max_tokens):
         raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got {min_tokens!r}.",
                            param="min_tokens")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise RequestError(f"ignore_eos must be true or false, got {ignore_eos!r}.", param="ignore_eos")
-    n = body.get("n", 1)
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise RequestError(f"n must be 1 (one choice per request on this server), got {n!r:.60}.", param="n")
+    ignore_eos, include_stop = _flag(body, "ignore_eos"), _flag(body, "include_stop_str_in_output")
+    skip_special_tokens = _flag(body, "skip_special_tokens", True)
+    extras = _extras(body)
+    n = 1 if body.get("n") is None else body["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise RequestError(f"n must be an integer from 1 to {MAX_N}, got {n!r:.60}.", param="n")
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or best_of != n):
+        raise RequestError(f"best_of must equal n ({n}) on this server (more sampled than returned is not served), "
+                           f"got {best_of!r:.60}.", param="best_of")
     priority = body.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
                                  or not -PRIORITY_RANGE <= priority <= PRIORITY_RANGE):
@@ -142,7 +157,33 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(stream),
                     bool(options.get("include_usage", False)), min_tokens, ignore_eos,
-                    bool(options.get("continuous_usage_stats", False)), priority)
+                    bool(options.get("continuous_usage_stats", False)), priority, n, include_stop, extras,
+                    skip_special_tokens)
+
+
+def _extras(body: dict[str, Any]) -> dict[str, float | int]:
+    """The sampling extras the request sets, in vLLM's terms (``top_k`` -1 is off, as 0 is)."""
+    extras: dict[str, float | int] = {}
+    for name, kind in EXTRAS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        wanted = int if kind is int else int | float
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            raise RequestError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r:.60}.",
+                               param=name)
+        extras[name] = 0 if name == "top_k" and value == -1 else kind(value)
+    wrong = extras_problem(**extras)  # type: ignore[arg-type]
+    if wrong is not None:
+        raise RequestError(wrong[1], param=wrong[0])
+    return extras
+
+
+def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false, got {value!r:.60}.", param=name)
+    return value
 
 
 def _stream_options(options: Any, stream: bool) -> dict[str, bool]:
@@ -157,8 +198,9 @@ def _stream_options(options: Any, stream: bool) -> dict[str, bool]:
     return options
 
 
-def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:
-    """A completion's prompt: text, or token ids (a list of integers, or a list of one such list).
+def parse_prompts(body: dict[str, Any], vocab_size: int | None) -> list[str | tuple[int, ...]]:
+    """A completion's prompts: text, or token ids (a list of integers), or a list of up to ``MAX_PROMPTS`` of
+    either.
 
     Arguments:
         body: the JSON request body.
@@ -167,9 +209,13 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):  # a list of prompts
         if len(prompt) > MAX_PROMPTS:
-            raise RequestError(f"prompt is a list of {len(prompt)} prompts; at most {MAX_PROMPTS} is allowed per "
-                               "request: send one request per prompt.", param="prompt")
-        prompt = prompt[0]
+            raise RequestError(f"prompt is a list of {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed per "
+                               "request: split it.", param="prompt")
+        return [_one_prompt(p, vocab_size) for p in prompt]
+    return [_one_prompt(prompt, vocab_size)]
+
+
+def _one_prompt(prompt: Any, vocab_size: int | None) -> str | tuple[int, ...]:
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty; send at least one character.", param="prompt")
@@ -180,12 +226,12 @@ def parse_prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[in
             raise RequestError(f"token ids must be in [0, {vocab_size}) (the tokenizer's vocabulary), got {bad[0]}.",
                                param="prompt")
         return tuple(prompt)
-    raise RequestError(f"prompt must be a string or a list of token ids (or a list of one of them), "
+    raise RequestError(f"prompt must be a string or a list of token ids (or a list of them), "
                        f"got {prompt!r:.60}.", param="prompt")
 
 
 def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, request_id: str,
-                       eos_id: int | None = None) -> GenerationRequest:
+                       eos_id: int | None = None, **scoring: int | None) -> GenerationRequest:
     """OpenAI's sampling in TensorRT-LLM's terms: temperature 0, or below ``MIN_TEMPERATURE`` (too small to divide
     logits by), is greedy (top_k 1); otherwise sample with
     ``top_p`` (default 1, the whole distribution), since TensorRT-LLM treats top_k = top_p = 0 as greedy.
@@ -197,16 +243,19 @@ def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, reques
         sampling: the validated request fields (temperature defaults to OpenAI's 1).
         request_id: the request's id.
         eos_id: the tokenizer's end-of-sequence id.
+        scoring: ``logprobs`` and ``prompt_logprobs`` (alternatives per token; None: not scored).
     """
     temperature = 1.0 if sampling.temperature is None else sampling.temperature
     end_id = NEVER_END_ID if sampling.ignore_eos else eos_id
     common: dict[str, Any] = {"seed": sampling.seed, "min_tokens": sampling.min_tokens, "end_id": end_id,
-                              "request_id": request_id,
+                              "request_id": request_id, **scoring,
                               "priority": None if sampling.priority is None else trtllm_priority(sampling.priority)}
+    extras: dict[str, Any] = dict(sampling.extras or {})
     if is_greedy_temperature(temperature):
-        return GenerationRequest(prompt, sampling.max_tokens, top_k=1, **common)
+        extras.pop("top_k", None)  # greedy is top_k 1, and min_p keeps the most likely token
+        return GenerationRequest(prompt, max(1, sampling.max_tokens), top_k=1, **common, **extras)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p
-    return GenerationRequest(prompt, sampling.max_tokens, temperature, top_p, **common)
+    return GenerationRequest(prompt, max(1, sampling.max_tokens), temperature, top_p, **common, **extras)
 
 
 @dataclass(frozen=True)
@@ -221,21 +270,24 @@ class ChoiceShape:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+    def choice(self, index: int, text: str, finish_reason: str,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One whole choice."""
         if self.kind == "text_completion":
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
-        return {**self._head(self.kind), "choices": [choice], "usage": usage}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                "finish_reason": finish_reason}
+
+    def whole(self, choices: list[dict[str, Any]], usage: dict[str, int]) -> dict[str, Any]:
+        return {**self._head(self.kind), "choices": choices, "usage": usage}
 
     def chunk(self, piece: str | dict[str, str] | None, finish_reason: str | None,
-              token_ids: tuple[int, ...] | None = None) -> dict[str, Any]:
+              token_ids: tuple[int, ...] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """One streamed event; ``token_ids`` (the ids this chunk carries) is sent when known."""
         extra = {} if token_ids is None else {"token_ids": list(token_ids)}
         if self.kind == "text_completion":
-            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish_reason, **extra}
+            choice = {"index": 0, "text": piece or "", "logprobs": logprobs, "finish_reason": finish_reason, **extra}
             return {**self._head("text_completion"), "choices": [choice]}
         delta = piece if isinstance(piece, dict) else ({"content": piece} if piece is not None else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
         return {**self._head("chat.completion.chunk"), "choices": [choice]}

@@ -10,7 +10,8 @@ MAX_JSON_DEPTH = 32  # objects and lists inside one another; chat content parts 
 MAX_STOPS = 64  # stop sequences in one request
 MAX_STOP_CHARS = 1000  # characters of one stop sequence
 MAX_STOP_TOTAL_CHARS = 16384  # characters of all stop sequences together
-MAX_PROMPTS = 1  # prompts in one completion request (a list holds one prompt)
+MAX_PROMPTS = 64  # prompts in one completion request
+MAX_N = 16  # choices per prompt (``n``)
 
 
 def json_depth_problem(value: Any) -> str | None:

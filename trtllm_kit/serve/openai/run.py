@@ -9,8 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.client import Chunk, GenerationRequest
-from trtllm_kit.serve.openai.protocol import Sampling
+from trtllm_kit.serve.client import Chunk, GenerationRequest, Scored
+from trtllm_kit.serve.openai.protocol import RequestError, Sampling
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.text import StopMatcher
 
@@ -25,6 +25,7 @@ class Piece:
 
     text: str
     token_ids: tuple[int, ...] | None = None
+    scored: tuple[Scored, ...] = ()  # the logprobs of the tokens that arrived, when asked for
 
 
 class Run:
@@ -42,23 +43,35 @@ class Run:
         self.num_reported: int | None = None
         self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
         self.finish_reason = "stop"
+        self.prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, when asked for
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
         """The pieces of the answer as they may be shown."""
         assert self.route.client is not None, "the application is not started"
-        matcher = StopMatcher(self.sampling.stops)
+        matcher = StopMatcher(self.sampling.stops, self.sampling.include_stop)
         tokenizer = self.route.tokenizer
-        decoder = tokenizer.decoder() if isinstance(self.gen.prompt, tuple) and tokenizer is not None else None
+        decoder = None
+        if isinstance(self.gen.prompt, tuple) and tokenizer is not None:
+            decoder = tokenizer.decoder(self.sampling.skip_special_tokens)
         stream = self.route.client.stream(self.gen)
         try:
             async for chunk in stream:
+                if self.gen.prompt_logprobs is not None and not self.prompt_scored:
+                    if not chunk.prompt_scored:  # the C++ backend has no prompt logprobs output
+                        raise RequestError("echo with logprobs needs the prompt's logprobs, which this model's "
+                                           "tensorrt_llm does not return; leave echo or logprobs out.",
+                                           param="echo")
+                    self.prompt_scored = chunk.prompt_scored
+                if self.sampling.max_tokens == 0:  # echo scoring the prompt alone: the one token made is dropped
+                    self.num_reported, self.finish_reason = 0, "length"
+                    return
                 self._count(chunk)
                 if decoder is not None and chunk.token_ids is not None:
                     shown = matcher.feed(decoder.feed(chunk.token_ids))
                     if self.show_ids:
-                        yield Piece(shown, chunk.token_ids)
-                    elif shown:
-                        yield Piece(shown)
+                        yield Piece(shown, chunk.token_ids, chunk.scored)
+                    elif shown or chunk.scored:
+                        yield Piece(shown, None, chunk.scored)
                 else:
                     shown = matcher.feed(chunk.text)
                     if shown:

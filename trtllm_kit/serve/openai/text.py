@@ -20,10 +20,12 @@ class StopMatcher:
 
     Arguments:
         stops: the stop sequences (empty strings ignored).
+        include: show the stop sequence itself (vLLM's ``include_stop_str_in_output``).
     """
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.include = include
         self.pending = ""  # held back: no stop sequence lies wholly inside it
         self.stopped = False
 
@@ -36,7 +38,8 @@ class StopMatcher:
         found = ((self.pending.find(s, max(0, searched - len(s) + 1)), len(s)) for s in self.stops)
         hits = [(i + n, i) for i, n in found if i >= 0]  # the stop sequence that ends first, as if fed by character
         if hits:
-            shown, self.pending, self.stopped = self.pending[: min(hits)[1]], "", True
+            end, start = min(hits)
+            shown, self.pending, self.stopped = self.pending[: end if self.include else start], "", True
             return shown
         hold = max((self._begun(s) for s in self.stops), default=0)
         shown = self.pending[: len(self.pending) - hold]
@@ -119,9 +122,9 @@ class Tokenizer:
     def eos_id(self) -> int | None:
         return self.hf.eos_token_id
 
-    def decoder(self) -> IncrementalDecoder:
-        """A decoder for one generated stream (special tokens skipped)."""
-        return IncrementalDecoder(lambda ids: self.hf.decode(ids, skip_special_tokens=True))
+    def decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        """A decoder for one generated stream (special tokens skipped unless asked not to)."""
+        return IncrementalDecoder(lambda ids: self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def encode(self, prompt: str) -> tuple[int, ...]:
         """``prompt``'s token ids as preprocessing encodes them (special tokens added)."""

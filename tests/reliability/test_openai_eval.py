@@ -1,0 +1,198 @@
+"""The OpenAI fields evaluation and benchmark clients send, against a served tiny model: stop strings beyond four
+and ``include_stop_str_in_output``, the sampling extras, completions ``logprobs`` and ``echo`` (what lm-eval's
+loglikelihood sends, checked against ``transformers`` on the same weights in float32), chat ``logprobs``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+import torch
+from reliability_helpers import kit
+from serving_helpers import MODEL, serve
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trtllm_kit.models.builtin import builtin_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def client(state: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{state['openai']}/v1", api_key="none", max_retries=0)
+
+
+def greedy(state: dict[str, Any], **fields: Any) -> str:
+    extra = {k: fields.pop(k) for k in list(fields) if k not in ("stop", "max_tokens", "seed", "temperature")}
+    answer = client(state).completions.create(model=MODEL, prompt="Once upon a time", temperature=0,
+                                              extra_body=extra, **{"max_tokens": 24, **fields})
+    return answer.choices[0].text
+
+
+def test_many_stop_strings_and_the_stop_string_shown(served: dict[str, Any]) -> None:
+    text = greedy(served)
+    stop = text[6:9]
+    cut = text.find(stop)
+    others = [f"never-{i}" for i in range(20)]
+    assert greedy(served, stop=[*others, stop]) == text[:cut]
+    assert greedy(served, stop=[*others, stop], include_stop_str_in_output=True) == text[:cut + len(stop)]
+
+
+def sampled(state: dict[str, Any], **extra: Any) -> str:
+    answer = client(state).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=1.0,
+                                              seed=7, extra_body=extra)
+    return answer.choices[0].text
+
+
+def test_sampling_extras_reach_the_engine(served: dict[str, Any]) -> None:
+    text = greedy(served)
+    assert sampled(served, top_k=1) == text and sampled(served, min_p=1.0) == text  # both keep the top token only
+    assert sampled(served) != text  # so sampling at temperature 1 differs without them
+    assert greedy(served, repetition_penalty=2.0) != text
+    assert greedy(served, frequency_penalty=2.0) != text
+    assert greedy(served, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, top_k=-1) == text
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("min_p", 1.5, "min_p must be in [0, 1], got 1.5."),
+    ("repetition_penalty", -1, "repetition_penalty must be greater than 0 (1 = off), got -1.0."),
+    ("top_k", "5", "top_k must be an integer, got '5'."),
+])
+def test_an_extra_out_of_range_is_a_400_naming_it(served: dict[str, Any], field: str, value: Any,
+                                                  message: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        greedy(served, **{field: value})
+    assert info.value.body == {"message": message, "type": "invalid_request_error", "param": field, "code": None}
+
+
+@pytest.fixture(scope="module")
+def served32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The tiny model built in float32 for the cpu target, served."""
+    out = tmp_path_factory.mktemp("f32") / "out"
+    done = kit("build", MODEL, "--dtype", "float32", "--no-verify", "--instances", "1", "--out", str(out),
+               timeout=600)
+    assert done.returncode == 0, done.stderr
+    state = serve(out)
+    yield state
+    kit("stop", str(out), timeout=60)
+
+
+def reference_logprobs(ids: list[int]) -> tuple[list[float], list[int]]:
+    """``transformers``' log-softmax of the same model: each prompt token's logprob after the first, and the
+    most likely token at each position."""
+    model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32)
+    with torch.no_grad():
+        scores = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    return [float(scores[i - 1, t]) for i, t in enumerate(ids) if i > 0], scores.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echoed_prompt_logprobs_equal_transformers(served32: dict[str, Any], max_tokens: int) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(builtin_dir("tiny-llama"))
+    ids = tokenizer("The quick brown fox jumps over the lazy dog").input_ids
+    answer = client(served32).completions.create(model=MODEL, prompt=[ids], max_tokens=max_tokens, logprobs=1,
+                                                 echo=True, temperature=0)
+    expected, best = reference_logprobs(ids)
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None and logprobs.top_logprobs is not None
+    assert len(logprobs.token_logprobs) == len(ids) + max_tokens
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert logprobs.token_logprobs[1:len(ids)] == pytest.approx(expected, abs=1e-3)
+    assert logprobs.text_offset is not None and logprobs.text_offset == sorted(logprobs.text_offset)
+    top = logprobs.top_logprobs[1]
+    assert len(top) == 1 and next(iter(top)) == tokenizer.decode([best[0]])
+    assert answer.usage is not None and answer.usage.completion_tokens == max_tokens
+    assert answer.usage.prompt_tokens == len(ids)
+    if max_tokens:  # the greedy token is the most likely one, and its logprob is that of the last position
+        assert logprobs.top_logprobs[-1] is not None and len(logprobs.top_logprobs[-1]) == 1
+
+
+def test_generated_logprobs_whole_and_streamed(served32: dict[str, Any]) -> None:
+    openai_client = client(served32)
+    whole = openai_client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, logprobs=3,
+                                             temperature=0)
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None and logprobs.top_logprobs is not None
+    assert len(logprobs.tokens) == 8 and all(len(top) <= 3 for top in logprobs.top_logprobs if top is not None)
+    assert all(lp <= 0 for lp in logprobs.token_logprobs or [])
+    streamed = openai_client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, logprobs=3,
+                                                temperature=0, stream=True)
+    tokens, values = [], []
+    for chunk in streamed:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens or []
+            values += chunk.choices[0].logprobs.token_logprobs or []
+    assert tokens == logprobs.tokens and values == pytest.approx(logprobs.token_logprobs, abs=1e-5)
+
+
+def test_chat_logprobs_with_top_alternatives(served32: dict[str, Any]) -> None:
+    answer = client(served32).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True, top_logprobs=2,
+        temperature=0)
+    content = answer.choices[0].logprobs and answer.choices[0].logprobs.content
+    assert content is not None and len(content) == 5
+    for entry in content:
+        assert entry.bytes == list(entry.token.encode()) and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-5  # the most likely comes first
+
+
+def test_echo_without_logprobs_repeats_the_prompt(served: dict[str, Any]) -> None:
+    answer = client(served).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, echo=True,
+                                               temperature=0)
+    assert answer.choices[0].text.startswith("Once upon a time") and answer.choices[0].logprobs is None
+    assert json.loads(answer.model_dump_json())["usage"]["completion_tokens"] == 4
+
+
+def test_several_prompts_and_n_choices_in_index_order(served: dict[str, Any]) -> None:
+    prompts = ["Once upon a time", "The weather today", "Once upon a time"]
+    answer = client(served).completions.create(model=MODEL, prompt=prompts, n=2, best_of=2, max_tokens=6,
+                                               temperature=1.0, seed=3)
+    assert [c.index for c in answer.choices] == list(range(6))
+    singles = [client(served).completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=1.0, seed=3 + j)
+               for p in prompts for j in range(2)]
+    assert [c.text for c in answer.choices] == [s.choices[0].text for s in singles]  # choice i*n+j: seed + j
+    assert answer.choices[0].text != answer.choices[1].text
+    assert answer.usage is not None and answer.usage.completion_tokens == sum(
+        s.usage.completion_tokens for s in singles if s.usage)
+    assert answer.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles[::2] if s.usage)
+    greedy_ids = client(served).completions.create(model=MODEL, prompt=[[1, 45], [1, 45, 96]], max_tokens=4,
+                                                   temperature=0)
+    assert len(greedy_ids.choices) == 2
+
+
+def test_several_choices_are_not_streamed(served: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client(served).completions.create(model=MODEL, prompt="hi", n=2, stream=True)
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "stream"
+
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "m", "l"]}},
+          "required": ["ok", "size"], "additionalProperties": False}
+
+
+def test_json_schema_outputs_validate(served: dict[str, Any]) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA, "strict": True}}
+    answer = client(served).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "an item"}], max_tokens=60, temperature=1.0, seed=1, n=5,
+        response_format=response_format)  # type: ignore[arg-type]
+    assert len(answer.choices) == 5
+    for choice in answer.choices:
+        jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
+
+
+def test_guided_fields_of_vllm(served: dict[str, Any]) -> None:
+    chosen = greedy(served, guided_choice=["red", "green", "blue"], max_tokens=10)
+    assert chosen in ("red", "green", "blue")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", greedy(served, guided_regex="[0-9]{3}-[a-z]{2}", max_tokens=12))
+    jsonschema.validate(json.loads(greedy(served, guided_json=SCHEMA, max_tokens=60)), SCHEMA)
+    assert isinstance(json.loads(greedy(served, response_format={"type": "json_object"}, max_tokens=200)), dict)
+
+
+def test_two_guides_are_refused(served: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        greedy(served, guided_regex="a+", guided_choice=["a"])
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "guided_choice"
