@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,10 +17,11 @@ from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
+from trtllm_kit.serve.openai import prepare
+from trtllm_kit.serve.openai.choices import generate_choices
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import error_response, generation_failure
-from trtllm_kit.serve.openai.guided import parse_guide
-from trtllm_kit.serve.openai.logprobs import Scorer, Scoring, parse_scoring
+from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
@@ -36,10 +35,8 @@ from trtllm_kit.serve.openai.protocol import (
 from trtllm_kit.serve.openai.request_body import json_body
 from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.openai.routes import Alias, Route
-from trtllm_kit.serve.openai.run import Piece, Run, send
+from trtllm_kit.serve.openai.run import Run, send
 from trtllm_kit.serve.openai.text import Tokenizer
-
-MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
 
 
 class OpenAIFrontend:
@@ -211,90 +208,31 @@ class OpenAIFrontend:
         try:
             sampling = parse_sampling(body, kind, route.max_seq_len)
             if len(prompts) * sampling.n > 1:
-                return await self._generate_choices(request, body, sampling, prompts, kind, route, alias)
+                return await generate_choices(self.metrics, request, body, sampling, prompts, kind, route, alias)
             return await self._generate(request, body, sampling, prompts[0], kind, route, alias)
         finally:
             route.in_flight -= 1
-
-    async def _generate_choices(self, request: web.Request, body: dict[str, Any], sampling: Sampling,
-                                prompts: list[str | tuple[int, ...]], kind: str, route: Route,
-                                alias: Alias | None) -> web.StreamResponse:
-        """Several choices at once: ``n`` per prompt, choice ``prompt_index × n + j``, run as concurrent engine
-        requests (each of a request's choices samples with its own seed); not streamed."""
-        if sampling.stream:
-            raise RequestError("stream with n > 1 or several prompts is not served yet; send stream false, or one "
-                               "request per prompt and n 1.", param="stream")
-        scoring = parse_scoring(body, kind)
-        prepared = [_prepared(route, prompt, sampling, scoring) for prompt in prompts]
-        admit = request.get(ADMIT)
-        if admit is not None:
-            admit(sum(_most_prompt_tokens(route, p) + sampling.max_tokens * sampling.n for p, _ in prepared))
-        ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-        base = random.getrandbits(63) if sampling.seed is None else sampling.seed
-        jobs: list[tuple[Run, Scorer]] = []
-        for i, (prompt, prompt_text) in enumerate(prepared):
-            eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
-            for j in range(sampling.n):
-                own = replace(sampling, seed=(base + j) % 2**64)
-                gen = replace(generation_request(prompt, own, f"{ident}-{i}-{j}", eos_id, logprobs=scoring.logprobs,
-                                                 prompt_logprobs=scoring.logprobs if scoring.echo else None),
-                              guide=_guide(body, prompt))
-                jobs.append((Run(route, gen, own, show_ids=False),
-                             Scorer(scoring, kind, route.tokenizer, sampling.skip_special_tokens, prompt_text)))
-
-        def usage() -> dict[str, int]:  # every prompt counted once, every completion
-            each = [run.usage() for run, _ in jobs]
-            prompt_tokens = sum(u["prompt_tokens"] for u in each[::sampling.n])
-            completion_tokens = sum(u["completion_tokens"] for u in each)
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens}
-
-        request["usage"] = usage
-        shape = ChoiceShape(kind, ident, route.name, int(time.time()))
-        timer = self.metrics.timer(route.name)
-
-        async def collect(index: int, run: Run, scorer: Scorer) -> dict[str, Any]:
-            pieces = timer.timed(run.pieces())
-            try:
-                done = [piece async for piece in pieces]
-            finally:
-                await pieces.aclose()
-            return _choice(shape, index, run, scorer, done)
-
-        tasks = [asyncio.ensure_future(collect(index, run, scorer)) for index, (run, scorer) in enumerate(jobs)]
-        try:  # the first failure fails the request; leaving cancels every engine request
-            choices = await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-        headers = {MODEL_HEADER: route.name, VERSION_HEADER: str(route.version)}
-        if alias is not None:
-            headers[SPLIT_HEADER] = f"{alias.name}={alias.split}"
-        return web.json_response({**shape.whole(list(choices), usage()), "system_fingerprint": route.fingerprint},
-                                 headers=headers)
 
     async def _generate(self, request: web.Request, body: dict[str, Any], sampling: Sampling,
                         prompt: str | tuple[int, ...], kind: str, route: Route,
                         alias: Alias | None) -> web.StreamResponse:
         scoring = parse_scoring(body, kind)
         show_ids, tokenizer = isinstance(prompt, tuple), route.tokenizer
-        prompt, prompt_text = _prepared(route, prompt, sampling, scoring)
+        prompt, prompt_text = prepare.prepared(route, prompt, sampling, scoring)
         admit = request.get(ADMIT)
         if admit is not None:  # the gateway reserves the most tokens the request can use, or refuses it
-            admit(_most_prompt_tokens(route, prompt) + sampling.max_tokens)
+            admit(prepare.most_prompt_tokens(route, prompt) + sampling.max_tokens)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
         gen = replace(generation_request(prompt, sampling, ident, eos_id, logprobs=scoring.logprobs,
                                          prompt_logprobs=scoring.logprobs if scoring.echo else None),
-                      guide=_guide(body, prompt))
+                      guide=prepare.guide(body, prompt))
         run = Run(route, gen, sampling, show_ids=show_ids)
         scorer = Scorer(scoring, kind, tokenizer, sampling.skip_special_tokens, prompt_text)
         request["usage"] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(route.name)
         shape = ChoiceShape(kind, ident, route.name, int(time.time()))
-        headers = {MODEL_HEADER: route.name, VERSION_HEADER: str(route.version)}
-        if alias is not None:
-            headers[SPLIT_HEADER] = f"{alias.name}={alias.split}"
+        headers = prepare.route_headers(route, alias)
         fingerprint = {"system_fingerprint": route.fingerprint}
         if not sampling.stream:
             whole = timer.timed(run.pieces())
@@ -302,7 +240,7 @@ class OpenAIFrontend:
                 done = [piece async for piece in whole]
             finally:
                 await whole.aclose()
-            choice = _choice(shape, 0, run, scorer, done)
+            choice = prepare.choice(shape, 0, run, scorer, done)
             return web.json_response({**shape.whole([choice], run.usage()), **fingerprint}, headers=headers)
 
         def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
@@ -341,66 +279,6 @@ class OpenAIFrontend:
             await pieces.aclose()
         await response.write(b"data: [DONE]\n\n")
         return response
-
-def _prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
-              scoring: Scoring) -> tuple[str | tuple[int, ...], str]:
-    """The prompt as it is sent (text tokenized on the direct path), and as text (what ``echo`` shows); refuses
-    logprobs off the direct path and a prompt too long for the model."""
-    tokenizer = route.tokenizer
-    prompt_text = prompt if isinstance(prompt, str) or tokenizer is None else tokenizer.hf.decode(
-        prompt, skip_special_tokens=sampling.skip_special_tokens)
-    if route.tokenizes and tokenizer is not None and isinstance(prompt, str):
-        # tokenized here, streamed as ids from tensorrt_llm and decoded here: one hop less than the BLS, exact
-        # token counts, and a disconnect cancels the engine's request itself
-        prompt = tokenizer.encode(prompt)
-    if scoring.logprobs is not None and not isinstance(prompt, tuple):
-        raise RequestError(f"logprobs needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
-                           f"is served through {route.triton_model!r} alone; leave logprobs out.", param="logprobs")
-    _check_length(route, prompt, sampling)
-    return prompt, str(prompt_text)
-
-
-def _guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:
-    """The request's structured-output guide; refused off the direct path (the BLS and ensemble take none)."""
-    guide = parse_guide(body)
-    if guide is not None and not isinstance(prompt, tuple):
-        raise RequestError("structured output needs the model's tokenizer and its tensorrt_llm model, and this "
-                           "route sends text to the BLS or ensemble; leave response_format and guided_* out.",
-                           param="response_format")
-    return guide
-
-
-def _choice(shape: ChoiceShape, index: int, run: Run, scorer: Scorer, done: list[Piece]) -> dict[str, Any]:
-    """A whole choice from the pieces its run yielded."""
-    text = scorer.echo_text + "".join(piece.text for piece in done)
-    logprobs = scorer.whole(run.prompt_scored, tuple(t for piece in done for t in piece.scored))
-    return shape.choice(index, text, run.finish_reason, logprobs)
-
-
-def _most_prompt_tokens(route: Route, prompt: str | tuple[int, ...]) -> int:
-    """The prompt's tokens as preprocessing counts them; for text on a route without a tokenizer, its UTF-8 bytes
-    (one token per byte at most, as byte-level tokenizers encode)."""
-    if isinstance(prompt, tuple):
-        return len(prompt)
-    return len(prompt.encode()) if route.tokenizer is None else route.tokenizer.count(prompt)
-
-
-def _check_length(route: Route, prompt: str | tuple[int, ...], sampling: Sampling) -> None:
-    """Refuse a prompt that is empty or, with ``max_tokens``, longer than the route's ``max_seq_len``."""
-    limit, tokenizer = route.max_seq_len, route.tokenizer
-    if limit is None:
-        return
-    if isinstance(prompt, tuple):
-        num_prompt = len(prompt)
-    elif tokenizer is not None:
-        num_prompt = tokenizer.count(prompt)
-    else:
-        return
-    if num_prompt + sampling.max_tokens > limit:
-        raise RequestError(f"this model's maximum context length is {limit} tokens; the request asks for "
-                           f"{num_prompt} prompt + {sampling.max_tokens} completion tokens: shorten the prompt "
-                           "or lower max_tokens.", param="max_tokens", code="context_length_exceeded")
-
 
 async def start_frontend(frontend: OpenAIFrontend, host: str, port: int) -> web.AppRunner:
     """Start the frontend on ``host:port``; ``await runner.cleanup()`` stops it.

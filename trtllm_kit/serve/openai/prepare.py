@@ -1,0 +1,83 @@
+"""What a request's prompt becomes before it reaches the engine: the prompt as sent (text tokenized on the direct
+path to ``tensorrt_llm``) and as ``echo`` shows it, the structured-output guide, the token counts the gateway
+reserves and the length check against the model; and a whole choice from the pieces of its run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtllm_kit.serve.openai.guided import parse_guide
+from trtllm_kit.serve.openai.logprobs import Scorer, Scoring
+from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling
+from trtllm_kit.serve.openai.routes import Alias, Route
+from trtllm_kit.serve.openai.run import Piece, Run
+
+MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
+
+
+def prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
+              scoring: Scoring) -> tuple[str | tuple[int, ...], str]:
+    """The prompt as it is sent (text tokenized on the direct path), and as text (what ``echo`` shows); refuses
+    logprobs off the direct path and a prompt too long for the model."""
+    tokenizer = route.tokenizer
+    prompt_text = prompt if isinstance(prompt, str) or tokenizer is None else tokenizer.hf.decode(
+        prompt, skip_special_tokens=sampling.skip_special_tokens)
+    if route.tokenizes and tokenizer is not None and isinstance(prompt, str):
+        # tokenized here, streamed as ids from tensorrt_llm and decoded here: one hop less than the BLS, exact
+        # token counts, and a disconnect cancels the engine's request itself
+        prompt = tokenizer.encode(prompt)
+    if scoring.logprobs is not None and not isinstance(prompt, tuple):
+        raise RequestError(f"logprobs needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
+                           f"is served through {route.triton_model!r} alone; leave logprobs out.", param="logprobs")
+    check_length(route, prompt, sampling)
+    return prompt, str(prompt_text)
+
+
+def guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:
+    """The request's structured-output guide; refused off the direct path (the BLS and ensemble take none)."""
+    guide = parse_guide(body)
+    if guide is not None and not isinstance(prompt, tuple):
+        raise RequestError("structured output needs the model's tokenizer and its tensorrt_llm model, and this "
+                           "route sends text to the BLS or ensemble; leave response_format and guided_* out.",
+                           param="response_format")
+    return guide
+
+
+def choice(shape: ChoiceShape, index: int, run: Run, scorer: Scorer, done: list[Piece]) -> dict[str, Any]:
+    """A whole choice from the pieces its run yielded."""
+    text = scorer.echo_text + "".join(piece.text for piece in done)
+    logprobs = scorer.whole(run.prompt_scored, tuple(t for piece in done for t in piece.scored))
+    return shape.choice(index, text, run.finish_reason, logprobs)
+
+
+def most_prompt_tokens(route: Route, prompt: str | tuple[int, ...]) -> int:
+    """The prompt's tokens as preprocessing counts them; for text on a route without a tokenizer, its UTF-8 bytes
+    (one token per byte at most, as byte-level tokenizers encode)."""
+    if isinstance(prompt, tuple):
+        return len(prompt)
+    return len(prompt.encode()) if route.tokenizer is None else route.tokenizer.count(prompt)
+
+
+def check_length(route: Route, prompt: str | tuple[int, ...], sampling: Sampling) -> None:
+    """Refuse a prompt that is empty or, with ``max_tokens``, longer than the route's ``max_seq_len``."""
+    limit, tokenizer = route.max_seq_len, route.tokenizer
+    if limit is None:
+        return
+    if isinstance(prompt, tuple):
+        num_prompt = len(prompt)
+    elif tokenizer is not None:
+        num_prompt = tokenizer.count(prompt)
+    else:
+        return
+    if num_prompt + sampling.max_tokens > limit:
+        raise RequestError(f"this model's maximum context length is {limit} tokens; the request asks for "
+                           f"{num_prompt} prompt + {sampling.max_tokens} completion tokens: shorten the prompt "
+                           "or lower max_tokens.", param="max_tokens", code="context_length_exceeded")
+
+
+def route_headers(route: Route, alias: Alias | None) -> dict[str, str]:
+    """The response headers that name the model, its version and the alias split that chose it."""
+    headers = {MODEL_HEADER: route.name, VERSION_HEADER: str(route.version)}
+    if alias is not None:
+        headers[SPLIT_HEADER] = f"{alias.name}={alias.split}"
+    return headers
