@@ -25,3 +25,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "chat_template.json")
 # any one of these makes a directory hold a tokenizer (``generation_config.json`` alone does not)
 TOKENIZER_CORE_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+# the environment variable that carries an OpenAI API key to `serve` and the load generators (never argv)
+API_KEY_ENV = "TRTLLM_KIT_API_KEY"

@@ -11,6 +11,7 @@ import click
 from trtllm_kit.commands.build_flags import config_option, declared_fields, spec_options, typed_values
 from trtllm_kit.commands.common import emit_json
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.names import API_KEY_ENV
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 @click.argument("outs", metavar="[OUT]...", nargs=-1, type=click.Path(path_type=Path))
 @config_option("trtllm-kit.toml: its [serve] table, and its out when OUT is not given; flags override it.")
 @spec_options(declared_fields("serve", top_level=False), config=False)
-@click.option("--api-key", envvar="TRTLLM_KIT_API_KEY", help="Require 'Authorization: Bearer KEY' on the OpenAI "
-              "API (env TRTLLM_KIT_API_KEY; never read from a config file).")
+@click.option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on the OpenAI "
+              f"API (env {API_KEY_ENV}; never read from a config file).")
 @click.option("--name", "names", multiple=True, metavar="NAME=OUT", help="Serve OUT under the model name NAME "
               "(default: its model source, made unique); repeatable.")
 @click.option("--alias", "aliases", multiple=True, metavar="NAME=A:W,B:W", help="An A/B alias: requests for NAME "

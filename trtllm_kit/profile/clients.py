@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
+from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.workload import Prompt
 from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
@@ -295,7 +296,7 @@ async def openai_model_name(base_url: str, api_key: str | None = None) -> str:
             async with session.get(f"{base_url.rstrip('/')}/models") as resp:
                 if resp.status == 401:
                     raise KitUsageError(f"{base_url}/models answers 401: the server wants an API key; pass "
-                                        "--api-key KEY (or set TRTLLM_KIT_API_KEY).")
+                                        f"--api-key KEY (or set {API_KEY_ENV}).")
                 listing = await resp.json()
         except aiohttp.ClientError as exc:
             raise KitError(f"cannot list models at {base_url}/models ({exc}); is the server running?") from None

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.names import API_KEY_ENV
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -57,8 +58,8 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--no-plots", is_flag=True, help="Skip the PNG plots."),
         click.option("--max-client-lag", "max_loop_lag_ms", type=float, default=20.0, show_default=True,
                      help="Gate: the client's event-loop lag p99 (ms) above which a point is invalid."),
-        click.option("--api-key", envvar="TRTLLM_KIT_API_KEY",
-                     help="OpenAI servers that want 'Authorization: Bearer KEY' (env TRTLLM_KIT_API_KEY); never "
+        click.option("--api-key", envvar=API_KEY_ENV,
+                     help=f"OpenAI servers that want 'Authorization: Bearer KEY' (env {API_KEY_ENV}); never "
                      "written to the results."),
         click.option("--tokenizer", type=click.Path(path_type=Path),
                      help="OpenAI servers that take only text prompts: decode the prompt ids with this tokenizer."),

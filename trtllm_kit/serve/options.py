@@ -17,8 +17,6 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.option import declared
 from trtllm_kit.spec import ServeSettings
 
-API_KEY_ENV = "TRTLLM_KIT_API_KEY"
-
 
 @dataclass(frozen=True)
 class Endpoints:

@@ -21,6 +21,7 @@ from typing import Any
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.fleet.fit import check_fit, memory_need
@@ -31,7 +32,7 @@ from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble, route_sta
 from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
-from trtllm_kit.serve.options import API_KEY_ENV, Endpoints, ServeOptions, parse_names
+from trtllm_kit.serve.options import Endpoints, ServeOptions, parse_names
 from trtllm_kit.serve.server.detach import last_detached, serve_detached, stop_serving
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, grpc_headers, launch_argv
 from trtllm_kit.serve.server.locate import locate_tritonserver

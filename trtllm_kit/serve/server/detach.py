@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.options import API_KEY_ENV, ServeOptions
+from trtllm_kit.names import API_KEY_ENV
+from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.reaper import group_alive, reap
 from trtllm_kit.serve.server.state import (
     SERVE_LOG,

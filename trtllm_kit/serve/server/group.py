@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtllm_kit.serve.options import API_KEY_ENV
+from trtllm_kit.names import API_KEY_ENV
 
 
 @dataclass(frozen=True)
