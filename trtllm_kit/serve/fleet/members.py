@@ -100,4 +100,19 @@ def route(member: Member, copied: Copied, text_model: str) -> Route:
         raise KitUsageError(f"{member.target.repo} has no {text_model} model; it has {', '.join(copied.names)}.")
     token_model = copied.names.get(TRTLLM_MODEL, TRTLLM_MODEL)
     return Route(member.name, copied.name(text_model), token_model, member.target.tokenizer_dir,
-                 max_seq_len(member.target.repo), member.version, tuple(copied.ordered()), member.target.out)
+                 max_seq_len(member.target.repo), member.version, tuple(copied.ordered()), member.target.out,
+                 context_logits=context_logits(member.target))
+
+
+def context_logits(target: Servable) -> bool | None:
+    """For a C++ backend (no prompt-logprob output): whether its engine gathers context logits, from which prompt
+    logprobs are computed (``[build] context_logits``, recorded in the build command); None for a Python model,
+    which scores prompts itself.
+
+    Arguments:
+        target: the served artifact.
+    """
+    if target.target.slot_model is not None:
+        return None
+    engine = target.artifact.records.engine
+    return engine is not None and engine.context_logits
