@@ -5,7 +5,10 @@ loglikelihood sends, checked against ``transformers`` on the same weights in flo
 from __future__ import annotations
 
 import json
+import random
 import re
+import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +17,8 @@ import openai
 import pytest
 import torch
 from reliability_helpers import kit
-from serving_helpers import MODEL, serve
+from prometheus_client.parser import text_string_to_metric_families
+from serving_helpers import MODEL, post, serve, wait_idle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.models.builtin import builtin_dir
@@ -164,10 +168,109 @@ def test_several_prompts_and_n_choices_in_index_order(served: dict[str, Any]) ->
     assert len(greedy_ids.choices) == 2
 
 
-def test_several_choices_are_not_streamed(served: dict[str, Any]) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        client(served).completions.create(model=MODEL, prompt="hi", n=2, stream=True)
-    assert isinstance(info.value.body, dict) and info.value.body["param"] == "stream"
+def streamed_choices(chunks: Any) -> tuple[dict[int, dict[str, Any]], Any]:
+    """Each choice's streamed text, tokens, logprobs and finish reason by index, and the usage chunk's usage."""
+    found: dict[int, dict[str, Any]] = {}
+    usage = None
+    for chunk in chunks:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            seen = found.setdefault(choice.index, {"text": "", "tokens": [], "logprobs": [], "finish": None})
+            delta = getattr(choice, "delta", None)
+            seen["text"] += (choice.text if delta is None else delta.content) or ""
+            if choice.logprobs is not None:
+                entries = getattr(choice.logprobs, "content", None)
+                if entries is None:
+                    seen["tokens"] += choice.logprobs.tokens or []
+                    seen["logprobs"] += choice.logprobs.token_logprobs or []
+                else:
+                    seen["tokens"] += [e.token for e in entries]
+                    seen["logprobs"] += [e.logprob for e in entries]
+            seen["finish"] = choice.finish_reason or seen["finish"]
+    return found, usage
+
+
+def test_several_choices_streamed_equal_the_whole_answer(served: dict[str, Any]) -> None:
+    fields = {"model": MODEL, "prompt": ["Once upon a time", "The weather today"], "n": 2, "max_tokens": 6,
+              "temperature": 1.0, "seed": 11, "logprobs": 2}
+    whole = client(served).completions.create(**fields)
+    streamed, usage = streamed_choices(client(served).completions.create(
+        **fields, stream=True, stream_options={"include_usage": True}))
+    assert sorted(streamed) == [c.index for c in whole.choices] == [0, 1, 2, 3]
+    for choice in whole.choices:
+        assert choice.logprobs is not None
+        assert streamed[choice.index]["text"] == choice.text
+        assert streamed[choice.index]["tokens"] == choice.logprobs.tokens
+        assert streamed[choice.index]["logprobs"] == pytest.approx(choice.logprobs.token_logprobs, abs=1e-5)
+        assert streamed[choice.index]["finish"] == choice.finish_reason
+    assert whole.choices[0].text != whole.choices[1].text
+    assert usage == whole.usage
+
+
+def test_several_chat_choices_streamed_equal_the_whole_answer(served: dict[str, Any]) -> None:
+    fields = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 5,
+              "temperature": 1.0, "seed": 2, "logprobs": True, "top_logprobs": 1}
+    whole = client(served).chat.completions.create(**fields)
+    streamed, usage = streamed_choices(client(served).chat.completions.create(
+        **fields, stream=True, stream_options={"include_usage": True}))
+    assert sorted(streamed) == [0, 1, 2]
+    for choice in whole.choices:
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert streamed[choice.index]["text"] == choice.message.content
+        assert streamed[choice.index]["tokens"] == [e.token for e in choice.logprobs.content]
+        assert streamed[choice.index]["finish"] == choice.finish_reason
+    assert usage == whole.usage and usage.completion_tokens == sum(
+        len(c.logprobs.content) for c in whole.choices if c.logprobs and c.logprobs.content)
+
+
+def block_counters(state: dict[str, Any]) -> dict[str, float]:
+    """The CPU runtime's KV block counters (``reused``, ``missed``, ``tokens_per``) from Triton's /metrics."""
+    with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {sample.labels["kv_cache_block_type"]: sample.value for family in text_string_to_metric_families(text)
+            if family.name == "nv_trt_llm_kv_cache_block_metrics" for sample in family.samples}
+
+
+def test_n_choices_compute_the_prompt_once(served: dict[str, Any]) -> None:
+    """The engine's own counters: one prompt's blocks computed (missed in the cache), the other choices' taken
+    from it (reused) — not n prefills."""
+    ids = [1, *random.Random(0).sample(range(3, 1000), 70)]  # a prompt served once: no cached prefix
+    wait_idle(served, 30)
+    before = block_counters(served)
+    answer = client(served).completions.create(model=MODEL, prompt=[ids], n=3, max_tokens=2, temperature=1.0,
+                                               seed=1)
+    assert len(answer.choices) == 3
+    wait_idle(served, 30)
+    time.sleep(1.0)  # the counters are published after each engine step
+    after = block_counters(served)
+    tokens_per = int(after["tokens_per"])
+    full_blocks = len(ids) // tokens_per
+    assert after["missed"] - before["missed"] == (len(ids) - 1) // tokens_per  # the prompt computed once
+    assert after["reused"] - before["reused"] == 2 * full_blocks  # and shared by the two other choices
+
+
+def test_best_of_returns_the_n_most_likely_and_counts_them_all(served: dict[str, Any]) -> None:
+    fields = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 4,
+              "logprobs": 0, "extra_body": {"ignore_eos": True}}
+    every = client(served).completions.create(**fields, n=3)
+    best = client(served).completions.create(**fields, n=2, best_of=3)
+    ranked = sorted(every.choices, key=lambda c: -sum(c.logprobs.token_logprobs))  # type: ignore[union-attr]
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
+    assert [c.index for c in best.choices] == [0, 1]
+    assert best.usage is not None and every.usage is not None and best.usage.completion_tokens == 18
+    assert best.usage.prompt_tokens == every.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n": 2, "best_of": 3, "stream": True}, "best_of (3) greater than n (2) cannot be streamed: the best are known "
+                                             "only once all are done; send stream false, or best_of equal to n."),
+    ({"n": 3, "best_of": 2}, "best_of must be an integer from n (3) to 16, got 2."),
+])
+def test_best_of_refusals_name_it(served: dict[str, Any], fields: dict[str, Any], message: str) -> None:
+    status, _, body = post(f"http://{served['openai']}/v1/completions",
+                           json.dumps({"model": MODEL, "prompt": "hi", **fields}).encode())
+    assert status == 400 and json.loads(body)["error"]["message"] == message
+    assert json.loads(body)["error"]["param"] == "best_of"
 
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "m", "l"]}},
