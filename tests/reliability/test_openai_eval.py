@@ -4,12 +4,13 @@ loglikelihood sends, checked against ``transformers`` on the same weights in flo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
@@ -22,6 +23,10 @@ from serving_helpers import MODEL, post, serve, wait_idle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.server.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -299,3 +304,46 @@ def test_two_guides_are_refused(served: dict[str, Any]) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         greedy(served, guided_regex="a+", guided_choice=["a"])
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "guided_choice"
+
+
+def with_frontend(config: OpenAIConfig, check: Callable[[str], None]) -> None:
+    """An in-process frontend over a served build's Triton; ``check`` runs in a worker thread with its base URL."""
+    async def main() -> None:
+        port = free_port()
+        runner = await start_frontend(OpenAIFrontend(config), "127.0.0.1", port)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(check, f"http://127.0.0.1:{port}"), timeout=120)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_an_engine_route_scores_the_prompt_from_context_logits(served32: dict[str, Any]) -> None:
+    """Routes as the engine target makes them (``Route.context_logits``): built with ``[build] context_logits``, the
+    prompt's logprobs are the frontend's log-softmax of the returned ``context_logits``, equal to the ones the CPU
+    model computes; built without, echo with logprobs is a 400 naming the option."""
+    out = served32["out"]
+    common: dict[str, Any] = {"triton_model": "tensorrt_llm_bls", "tokenizer_dir": out / "tokenizer",
+                              "models": ("tensorrt_llm_bls", "tensorrt_llm")}
+    config = OpenAIConfig(grpc_url=served32["grpc"], served_name="with", routes=(
+        Route("with", **common, context_logits=True), Route("without", **common, context_logits=False)))
+    ids = AutoTokenizer.from_pretrained(builtin_dir("tiny-llama"))("The quick brown fox jumps").input_ids
+    body = {"prompt": [ids], "max_tokens": 0, "logprobs": 2, "echo": True, "temperature": 0}
+    scored = client(served32).completions.create(model=MODEL, **body).choices[0].logprobs
+    assert scored is not None and scored.top_logprobs is not None
+
+    def check(url: str) -> None:
+        status, _, answer = post(f"{url}/v1/completions", json.dumps({"model": "with", **body}).encode())
+        assert status == 200, answer
+        logprobs = json.loads(answer)["choices"][0]["logprobs"]
+        assert logprobs["tokens"] == scored.tokens and logprobs["token_logprobs"][0] is None
+        assert logprobs["token_logprobs"][1:] == pytest.approx(scored.token_logprobs[1:], abs=1e-4)
+        for mine, theirs in zip(logprobs["top_logprobs"][1:], scored.top_logprobs[1:], strict=True):
+            assert list(mine) == list(theirs) and list(mine.values()) == pytest.approx(list(theirs.values()),
+                                                                                       abs=1e-4)
+        status, _, answer = post(f"{url}/v1/completions", json.dumps({"model": "without", **body}).encode())
+        assert status == 400 and json.loads(answer)["error"]["param"] == "echo"
+        assert "[build] context_logits = true (--context-logits)" in json.loads(answer)["error"]["message"]
+
+    with_frontend(config, check)
