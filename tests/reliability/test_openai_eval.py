@@ -17,8 +17,8 @@ import jsonschema
 import openai
 import pytest
 import torch
-from reliability_helpers import kit
 from prometheus_client.parser import text_string_to_metric_families
+from reliability_helpers import kit
 from serving_helpers import MODEL, post, serve, wait_idle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
