@@ -15,10 +15,8 @@ import torch
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
 from trtllm_kit.serve.client import GenerationRequest, TextClient, word_list
-from trtllm_kit.serve.compat import Servable
 from trtllm_kit.serve.fleet.members import context_logits
 from trtllm_kit.serve.scored import logits_scored
-from trtllm_kit.targets import get_target
 
 
 def tensors(req: GenerationRequest) -> dict[str, np.ndarray]:
@@ -68,9 +66,9 @@ def test_an_engine_route_knows_whether_its_engine_has_context_logits(make_out: C
                                                                      tmp_path: Path) -> None:
     artifact = Artifact.read(make_out(tmp_path / "out"))
 
-    def served(target: str, command: list[str] | None) -> Servable:
+    def served(target: str, command: list[str] | None) -> Artifact:
         records = replace(artifact.records, engine=EngineRecord(target, "planned", command=command))
-        return Servable(replace(artifact, records=records), get_target(target), 1, None, ("ensemble",))
+        return replace(artifact, target=target, records=records)
 
     assert context_logits(served("engine", ["trtllm-build", "--gather_context_logits"])) is True
     assert context_logits(served("engine", ["trtllm-build"])) is False
