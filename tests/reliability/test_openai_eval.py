@@ -228,30 +228,37 @@ def test_several_chat_choices_streamed_equal_the_whole_answer(served: dict[str, 
         len(c.logprobs.content) for c in whole.choices if c.logprobs and c.logprobs.content)
 
 
-def block_counters(state: dict[str, Any]) -> dict[str, float]:
-    """The CPU runtime's KV block counters (``reused``, ``missed``, ``tokens_per``) from Triton's /metrics."""
+def engine_counters(state: dict[str, Any]) -> dict[str, float]:
+    """From Triton's /metrics: the CPU runtime's KV block counters (``reused``, ``missed``, ``tokens_per``) and the
+    requests ``tensorrt_llm`` answered (``requests``)."""
     with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return {sample.labels["kv_cache_block_type"]: sample.value for family in text_string_to_metric_families(text)
-            if family.name == "nv_trt_llm_kv_cache_block_metrics" for sample in family.samples}
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if family.name == "nv_trt_llm_kv_cache_block_metrics":
+                found[sample.labels["kv_cache_block_type"]] = sample.value
+            if family.name == "nv_inference_request_success" and sample.labels["model"] == "tensorrt_llm":
+                found["requests"] = sample.value
+    return found
 
 
-def test_n_choices_compute_the_prompt_once(served: dict[str, Any]) -> None:
-    """The engine's own counters: one prompt's blocks computed (missed in the cache), the other choices' taken
-    from it (reused) — not n prefills."""
+def test_n_choices_are_one_engine_request_computing_the_prompt_once(served: dict[str, Any]) -> None:
+    """The server's own counters: one ``tensorrt_llm`` request for the three choices, one prompt's blocks computed
+    (missed in the cache) and the two other choices starting on them (reused)."""
     ids = [1, *random.Random(0).sample(range(3, 1000), 70)]  # a prompt served once: no cached prefix
     wait_idle(served, 30)
-    before = block_counters(served)
+    before = engine_counters(served)
     answer = client(served).completions.create(model=MODEL, prompt=[ids], n=3, max_tokens=2, temperature=1.0,
                                                seed=1)
     assert len(answer.choices) == 3
     wait_idle(served, 30)
-    time.sleep(1.0)  # the counters are published after each engine step
-    after = block_counters(served)
+    time.sleep(1.0)  # the block counters are published after each engine step
+    after = engine_counters(served)
     tokens_per = int(after["tokens_per"])
-    full_blocks = len(ids) // tokens_per
+    assert after["requests"] - before.get("requests", 0) == 1
     assert after["missed"] - before["missed"] == (len(ids) - 1) // tokens_per  # the prompt computed once
-    assert after["reused"] - before["reused"] == 2 * full_blocks  # and shared by the two other choices
+    assert after["reused"] - before["reused"] == 2 * (len(ids) // tokens_per)  # and shared by the other choices
 
 
 def test_best_of_returns_the_n_most_likely_and_counts_them_all(served: dict[str, Any]) -> None:
