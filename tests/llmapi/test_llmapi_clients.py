@@ -189,3 +189,14 @@ def test_openai_n_choices_streamed_with_chat_logprobs(served: dict[str, Any]) ->
         whole = json.loads(response.read())["choices"]
     assert streamed == {c["index"]: [e["token"] for e in c["logprobs"]["content"]] for c in whole}
     assert len(streamed[0]) == len(streamed[1]) == 4
+
+
+def test_openai_best_of_is_picked_by_the_llmapi_model(served: dict[str, Any]) -> None:
+    body = {"model": "builtin:tiny-llama", "prompt": PROMPT, "n": 2, "best_of": 3, "max_tokens": 4,
+            "temperature": 1.0, "seed": 3, "ignore_eos": True, "logprobs": 0}
+    with post(served, body) as response:
+        answer = json.loads(response.read())
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    sums = [sum(c["logprobs"]["token_logprobs"]) for c in answer["choices"]]
+    assert sums == sorted(sums, reverse=True)  # best first
+    assert answer["usage"]["completion_tokens"] == 8  # the LLM API returns the two it keeps
