@@ -46,8 +46,8 @@ def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, 
 
     Arguments:
         route: where it goes; body: the JSON request; prompt: from ``prepared``; sampling, scoring: the request's
-        fields; request_id: the engine request's id; fields: further ``GenerationRequest`` fields (``seed``,
-        ``n``, ``best_of``).
+        fields; request_id: the engine request's id; fields: further ``GenerationRequest`` fields (``n``,
+        ``best_of``).
     """
     tokenizer = route.tokenizer if isinstance(prompt, tuple) else None
     gen = generation_request(prompt, sampling, request_id, None if tokenizer is None else tokenizer.eos_id,
