@@ -150,3 +150,53 @@ def test_bench_over_openai(served: dict[str, Any], text: bool, tmp_path: Path,
                           "--warmup", "1")
     assert run_["num_ok"] == 4 and run_["length_mismatches"] == 0 and run_["server_count_mismatches"] == 0
     assert all(r.osl_server == 8 and r.server["prompt_tokens"] == 16 for r in records)
+
+
+def test_openai_logprobs_and_echo_equal_the_runtimes(served: dict[str, Any]) -> None:
+    """Completions logprobs with echo (lm-eval's loglikelihood shape) through the llmapi model's
+    ``sampling_param_logprobs`` / ``sampling_param_prompt_logprobs``, equal to the CPU runtime's own numbers."""
+    ids = AutoTokenizer.from_pretrained(str(served["out"] / "checkpoint")).encode(PROMPT)
+    with post(served, {**GREEDY, "prompt": [ids], "max_tokens": 4, "logprobs": 2, "echo": True,
+                       "ignore_eos": True}) as response:
+        logprobs = json.loads(response.read())["choices"][0]["logprobs"]
+    engine = Engine(load_unified(served["out"] / "checkpoint"), EngineConfig())
+    seq = engine.add_request(ids, SamplingParams(max_tokens=4, temperature=0.0, logprobs=2, prompt_logprobs=2))
+    while engine.has_work():
+        engine.step()
+    expected = [e.logprob for e in seq.prompt_logprobs[1:]] + [e.logprob for e in seq.output_logprobs]
+    assert len(logprobs["tokens"]) == len(ids) + 4 and logprobs["token_logprobs"][0] is None
+    assert logprobs["token_logprobs"][1:] == pytest.approx(expected, abs=1e-4)
+    assert all(1 <= len(top) <= 2 for top in logprobs["top_logprobs"][1:])  # tokens that decode alike share a key
+
+
+def test_openai_n_choices_streamed_with_chat_logprobs(served: dict[str, Any]) -> None:
+    body = {"model": "builtin:tiny-llama", "messages": [{"role": "user", "content": "hi"}], "n": 2,
+            "max_tokens": 4, "temperature": 1.0, "seed": 5, "logprobs": True, "top_logprobs": 1, "ignore_eos": True}
+    request = urllib.request.Request(f"http://{served['openai']}/v1/chat/completions",
+                                     data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        events = [e[len("data: "):] for e in response.read().decode().split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    streamed: dict[int, list[str]] = {}
+    for chunk in map(json.loads, events[:-1]):
+        for choice in chunk["choices"]:
+            entries = (choice["logprobs"] or {}).get("content") or []
+            streamed.setdefault(choice["index"], []).extend(entry["token"] for entry in entries)
+    request = urllib.request.Request(f"http://{served['openai']}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        whole = json.loads(response.read())["choices"]
+    assert streamed == {c["index"]: [e["token"] for e in c["logprobs"]["content"]] for c in whole}
+    assert len(streamed[0]) == len(streamed[1]) == 4
+
+
+def test_openai_best_of_is_picked_by_the_llmapi_model(served: dict[str, Any]) -> None:
+    body = {"model": "builtin:tiny-llama", "prompt": PROMPT, "n": 2, "best_of": 3, "max_tokens": 4,
+            "temperature": 1.0, "seed": 3, "ignore_eos": True, "logprobs": 0}
+    with post(served, body) as response:
+        answer = json.loads(response.read())
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    sums = [sum(c["logprobs"]["token_logprobs"]) for c in answer["choices"]]
+    assert sums == sorted(sums, reverse=True)  # best first
+    assert answer["usage"]["completion_tokens"] == 8  # the LLM API returns the two it keeps

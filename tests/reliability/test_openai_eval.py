@@ -4,20 +4,29 @@ loglikelihood sends, checked against ``transformers`` on the same weights in flo
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import re
-from collections.abc import Iterator
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from reliability_helpers import kit
-from serving_helpers import MODEL, serve
+from serving_helpers import MODEL, post, serve, wait_idle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.server.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -164,10 +173,116 @@ def test_several_prompts_and_n_choices_in_index_order(served: dict[str, Any]) ->
     assert len(greedy_ids.choices) == 2
 
 
-def test_several_choices_are_not_streamed(served: dict[str, Any]) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        client(served).completions.create(model=MODEL, prompt="hi", n=2, stream=True)
-    assert isinstance(info.value.body, dict) and info.value.body["param"] == "stream"
+def streamed_choices(chunks: Any) -> tuple[dict[int, dict[str, Any]], Any]:
+    """Each choice's streamed text, tokens, logprobs and finish reason by index, and the usage chunk's usage."""
+    found: dict[int, dict[str, Any]] = {}
+    usage = None
+    for chunk in chunks:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            seen = found.setdefault(choice.index, {"text": "", "tokens": [], "logprobs": [], "finish": None})
+            delta = getattr(choice, "delta", None)
+            seen["text"] += (choice.text if delta is None else delta.content) or ""
+            if choice.logprobs is not None:
+                entries = getattr(choice.logprobs, "content", None)
+                if entries is None:
+                    seen["tokens"] += choice.logprobs.tokens or []
+                    seen["logprobs"] += choice.logprobs.token_logprobs or []
+                else:
+                    seen["tokens"] += [e.token for e in entries]
+                    seen["logprobs"] += [e.logprob for e in entries]
+            seen["finish"] = choice.finish_reason or seen["finish"]
+    return found, usage
+
+
+def test_several_choices_streamed_equal_the_whole_answer(served: dict[str, Any]) -> None:
+    fields = {"model": MODEL, "prompt": ["Once upon a time", "The weather today"], "n": 2, "max_tokens": 6,
+              "temperature": 1.0, "seed": 11, "logprobs": 2}
+    whole = client(served).completions.create(**fields)
+    streamed, usage = streamed_choices(client(served).completions.create(
+        **fields, stream=True, stream_options={"include_usage": True}))
+    assert sorted(streamed) == [c.index for c in whole.choices] == [0, 1, 2, 3]
+    for choice in whole.choices:
+        assert choice.logprobs is not None
+        assert streamed[choice.index]["text"] == choice.text
+        assert streamed[choice.index]["tokens"] == choice.logprobs.tokens
+        assert streamed[choice.index]["logprobs"] == pytest.approx(choice.logprobs.token_logprobs, abs=1e-5)
+        assert streamed[choice.index]["finish"] == choice.finish_reason
+    assert whole.choices[0].text != whole.choices[1].text
+    assert usage == whole.usage
+
+
+def test_several_chat_choices_streamed_equal_the_whole_answer(served: dict[str, Any]) -> None:
+    fields = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 5,
+              "temperature": 1.0, "seed": 2, "logprobs": True, "top_logprobs": 1}
+    whole = client(served).chat.completions.create(**fields)
+    streamed, usage = streamed_choices(client(served).chat.completions.create(
+        **fields, stream=True, stream_options={"include_usage": True}))
+    assert sorted(streamed) == [0, 1, 2]
+    for choice in whole.choices:
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert streamed[choice.index]["text"] == choice.message.content
+        assert streamed[choice.index]["tokens"] == [e.token for e in choice.logprobs.content]
+        assert streamed[choice.index]["finish"] == choice.finish_reason
+    assert usage == whole.usage and usage.completion_tokens == sum(
+        len(c.logprobs.content) for c in whole.choices if c.logprobs and c.logprobs.content)
+
+
+def engine_counters(state: dict[str, Any]) -> dict[str, float]:
+    """From Triton's /metrics: the CPU runtime's KV block counters (``reused``, ``missed``, ``tokens_per``) and the
+    requests ``tensorrt_llm`` answered (``requests``)."""
+    with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if family.name == "nv_trt_llm_kv_cache_block_metrics":
+                found[sample.labels["kv_cache_block_type"]] = sample.value
+            if family.name == "nv_inference_request_success" and sample.labels["model"] == "tensorrt_llm":
+                found["requests"] = sample.value
+    return found
+
+
+def test_n_choices_are_one_engine_request_computing_the_prompt_once(served: dict[str, Any]) -> None:
+    """The server's own counters: one ``tensorrt_llm`` request for the three choices, one prompt's blocks computed
+    (missed in the cache) and the two other choices starting on them (reused)."""
+    ids = [1, *random.Random(0).sample(range(3, 1000), 70)]  # a prompt served once: no cached prefix
+    wait_idle(served, 30)
+    before = engine_counters(served)
+    answer = client(served).completions.create(model=MODEL, prompt=[ids], n=3, max_tokens=2, temperature=1.0,
+                                               seed=1)
+    assert len(answer.choices) == 3
+    wait_idle(served, 30)
+    time.sleep(1.0)  # the block counters are published after each engine step
+    after = engine_counters(served)
+    tokens_per = int(after["tokens_per"])
+    assert after["requests"] - before.get("requests", 0) == 1
+    assert after["missed"] - before["missed"] == (len(ids) - 1) // tokens_per  # the prompt computed once
+    assert after["reused"] - before["reused"] == 2 * (len(ids) // tokens_per)  # and shared by the other choices
+
+
+def test_best_of_returns_the_n_most_likely_and_counts_them_all(served: dict[str, Any]) -> None:
+    fields = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 4,
+              "logprobs": 0, "extra_body": {"ignore_eos": True}}
+    every = client(served).completions.create(**fields, n=3)
+    best = client(served).completions.create(**fields, n=2, best_of=3)
+    ranked = sorted(every.choices, key=lambda c: -sum(c.logprobs.token_logprobs))  # type: ignore[union-attr]
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
+    assert [c.index for c in best.choices] == [0, 1]
+    assert best.usage is not None and every.usage is not None and best.usage.completion_tokens == 18
+    assert best.usage.prompt_tokens == every.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n": 2, "best_of": 3, "stream": True}, "best_of (3) greater than n (2) cannot be streamed: the best are known "
+                                             "only once all are done; send stream false, or best_of equal to n."),
+    ({"n": 3, "best_of": 2}, "best_of must be an integer from n (3) to 16, got 2."),
+])
+def test_best_of_refusals_name_it(served: dict[str, Any], fields: dict[str, Any], message: str) -> None:
+    status, _, body = post(f"http://{served['openai']}/v1/completions",
+                           json.dumps({"model": MODEL, "prompt": "hi", **fields}).encode())
+    assert status == 400 and json.loads(body)["error"]["message"] == message
+    assert json.loads(body)["error"]["param"] == "best_of"
 
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "m", "l"]}},
@@ -196,3 +311,46 @@ def test_two_guides_are_refused(served: dict[str, Any]) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         greedy(served, guided_regex="a+", guided_choice=["a"])
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "guided_choice"
+
+
+def with_frontend(config: OpenAIConfig, check: Callable[[str], None]) -> None:
+    """An in-process frontend over a served build's Triton; ``check`` runs in a worker thread with its base URL."""
+    async def main() -> None:
+        port = free_port()
+        runner = await start_frontend(OpenAIFrontend(config), "127.0.0.1", port)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(check, f"http://127.0.0.1:{port}"), timeout=120)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_an_engine_route_scores_the_prompt_from_context_logits(served32: dict[str, Any]) -> None:
+    """Routes as the engine target makes them (``Route.context_logits``): built with ``[build] context_logits``, the
+    prompt's logprobs are the frontend's log-softmax of the returned ``context_logits``, equal to the ones the CPU
+    model computes; built without, echo with logprobs is a 400 naming the option."""
+    out = served32["out"]
+    common: dict[str, Any] = {"triton_model": "tensorrt_llm_bls", "tokenizer_dir": out / "tokenizer",
+                              "models": ("tensorrt_llm_bls", "tensorrt_llm")}
+    config = OpenAIConfig(grpc_url=served32["grpc"], served_name="with", routes=(
+        Route("with", **common, context_logits=True), Route("without", **common, context_logits=False)))
+    ids = AutoTokenizer.from_pretrained(builtin_dir("tiny-llama"))("The quick brown fox jumps").input_ids
+    body = {"prompt": [ids], "max_tokens": 0, "logprobs": 2, "echo": True, "temperature": 0}
+    scored = client(served32).completions.create(model=MODEL, **body).choices[0].logprobs
+    assert scored is not None and scored.top_logprobs is not None
+
+    def check(url: str) -> None:
+        status, _, answer = post(f"{url}/v1/completions", json.dumps({"model": "with", **body}).encode())
+        assert status == 200, answer
+        logprobs = json.loads(answer)["choices"][0]["logprobs"]
+        assert logprobs["tokens"] == scored.tokens and logprobs["token_logprobs"][0] is None
+        assert logprobs["token_logprobs"][1:] == pytest.approx(scored.token_logprobs[1:], abs=1e-4)
+        for mine, theirs in zip(logprobs["top_logprobs"][1:], scored.top_logprobs[1:], strict=True):
+            assert list(mine) == list(theirs) and list(mine.values()) == pytest.approx(list(theirs.values()),
+                                                                                       abs=1e-4)
+        status, _, answer = post(f"{url}/v1/completions", json.dumps({"model": "without", **body}).encode())
+        assert status == 400 and json.loads(answer)["error"]["param"] == "echo"
+        assert "[build] context_logits = true (--context-logits)" in json.loads(answer)["error"]["message"]
+
+    with_frontend(config, check)

@@ -92,8 +92,11 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"stop": ["a", 5]}, "stop must be a string or a list of up to 64 strings, got ['a', 5].", "stop"),
     ({"n": 17}, "n must be an integer from 1 to 16, got 17.", "n"),
     ({"n": True}, "n must be an integer from 1 to 16, got True.", "n"),
-    ({"n": 2, "best_of": 3}, "best_of must equal n (2) on this server (more sampled than returned is not served), "
-                             "got 3.", "best_of"),
+    ({"n": 2, "best_of": 1}, "best_of must be an integer from n (2) to 16, got 1.", "best_of"),
+    ({"best_of": 17}, "best_of must be an integer from n (1) to 16, got 17.", "best_of"),
+    ({"n": 2, "best_of": 3, "stream": True}, "best_of (3) greater than n (2) cannot be streamed: the best are known "
+                                             "only once all are done; send stream false, or best_of equal to n.",
+     "best_of"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
      "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),

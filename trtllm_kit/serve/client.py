@@ -15,6 +15,7 @@ from tritonclient.utils import serialize_byte_tensor
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.compat import TEXT_MODELS
 from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
+from trtllm_kit.serve.scored import Scored, logits_scored, tensor_scored
 
 
 class GenerationError(KitError):
@@ -47,10 +48,15 @@ class GenerationRequest:
     logprobs: int | None = None  # the generated tokens' logprobs with this many alternatives (None: none)
     prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many alternatives (None: none)
     guide: tuple[str, str] | None = None  # structured output: (guided_decoding_guide_type, guided_decoding_guide)
+    n: int | None = None  # sequences returned, each response tagged with its ``sequence_index`` (None: one, untagged)
+    best_of: int | None = None  # sequences generated, when more than ``n``
+    stop_words: tuple[tuple[int, ...], ...] = ()  # stop sequences as token ids (the engine's ``stop_words_list``)
+    context_logits: bool = False  # prompt logprobs computed here from ``context_logits`` (the C++ backend's way)
 
-
-# One scored token: its id, its logprob (None for the first prompt token) and the best alternatives (id, logprob).
-Scored = tuple[int, float | None, tuple[tuple[int, float], ...]]
+    @property
+    def num_sequences(self) -> int:
+        """Sequences the engine generates: ``best_of``, else ``n``, else one."""
+        return max(self.n or 1, self.best_of or 1)
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class Chunk:
     token_ids: tuple[int, ...] | None = None
     scored: tuple[Scored, ...] = ()  # the new tokens' logprobs, when asked for
     prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, in the first response, when asked for
+    sequence_index: int = 0  # which of the request's sequences it continues
+    cum_logprob: float | None = None  # that sequence's cumulative logprob so far, when the model reports it
 
 
 # (text interface input, tensorrt_llm input, Triton datatype, numpy dtype, GenerationRequest field)
@@ -155,14 +163,14 @@ class TextClient:
             return self._token_request(req)
         names = await self.model_inputs()
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
-            if req.logprobs is not None or req.prompt_logprobs is not None:
-                raise GenerationError("logprobs are not served by this frontend on the llmapi target; leave "
-                                      "logprobs, top_logprobs and echo out.", status=400)
-            sampling = {field: getattr(req, field) for field in ("temperature", "top_p", "top_k", "seed",
-                                                                 "min_tokens", "end_id", *REFUSED_WHEN_MISSING)}
+            sampling = {field: getattr(req, field) for field in (
+                "temperature", "top_p", "top_k", "seed", "min_tokens", "end_id", "n", "best_of", "logprobs",
+                "prompt_logprobs", *REFUSED_WHEN_MISSING)}
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
-            llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling) + _guide_values(req)
+            # the LLM API picks the best of best_of only once all are done: such a request is answered whole
+            streaming = req.num_sequences == (req.n or 1)
+            llmapi = llmapi_values(req.prompt, req.max_tokens, streaming=streaming, **sampling) + _guide_values(req)
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
             return self._token_request(req)
@@ -197,12 +205,18 @@ class TextClient:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
         values += _guide_values(req)
-        if req.logprobs is not None or req.prompt_logprobs is not None:
+        if req.n is not None:  # one request for every sequence: the prompt is computed once
+            values.append(("num_return_sequences", "INT32", np.array([req.num_sequences], np.int32)))
+        if req.stop_words:
+            values.append(("stop_words_list", "INT32", word_list(req.stop_words)))
+        ranked = req.num_sequences > (req.n or 1)  # best_of: ranked by cumulative logprob
+        if req.logprobs is not None or req.prompt_logprobs is not None or ranked:
             top = max(req.logprobs or 0, req.prompt_logprobs or 0)
             values.append(("num_top_log_probs", "INT32", np.array([top], np.int32)))
+            prompt_flag = "return_context_logits" if req.context_logits else "return_prompt_log_probs"
             values += [(flag, "BOOL", np.array([True])) for flag, asked in
-                       (("return_log_probs", req.logprobs), ("return_prompt_log_probs", req.prompt_logprobs))
-                       if asked is not None]
+                       (("return_log_probs", req.logprobs is not None or ranked),
+                        (prompt_flag, req.prompt_logprobs is not None)) if asked]
         return _infer_request(self.token_model, req.request_id, values, batched=True)
 
     async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
@@ -228,9 +242,11 @@ class TextClient:
                 text, ids = result.as_numpy("text_output"), result.as_numpy("output_ids")
                 if ids is not None and (isinstance(req.prompt, tuple) or text is None):  # llmapi sends text too
                     token_ids = tuple(int(t) for t in ids.reshape(-1))
-                    prompt = req.prompt if req.prompt_logprobs is not None else ()
-                    yield Chunk("", token_ids=token_ids, scored=_scored(result, "", token_ids),
-                                prompt_scored=_scored(result, "prompt_", prompt))
+                    cum_logprob = result.as_numpy("cum_log_probs")
+                    yield Chunk("", token_ids=token_ids, scored=tensor_scored(result, "", token_ids),
+                                prompt_scored=_prompt_scored(result, req),
+                                sequence_index=_scalar(result, "sequence_index") or 0,
+                                cum_logprob=None if cum_logprob is None else float(cum_logprob.reshape(-1)[0]))
                 elif text is not None:
                     yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
                                 _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
@@ -272,26 +288,27 @@ def _guide_values(req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
             zip(("guided_decoding_guide_type", "guided_decoding_guide"), req.guide, strict=True)]
 
 
-def _scored(result: InferResult, prefix: str, token_ids: tuple[int, ...] | str) -> tuple[Scored, ...]:
-    """The logprobs of ``token_ids`` from the ``output_*`` (``prefix`` "") or ``prompt_*`` outputs; the first
-    prompt token has none."""
-    logprobs = result.as_numpy(f"{prefix or 'output_'}log_probs")
-    if logprobs is None or isinstance(token_ids, str) or not token_ids:
+def _prompt_scored(result: InferResult, req: GenerationRequest) -> tuple[Scored, ...]:
+    """The prompt's logprobs in this response, when asked for: from the prompt outputs, or from the context logits."""
+    if req.prompt_logprobs is None or isinstance(req.prompt, str):
         return ()
-    logprobs = logprobs.reshape(-1)[-len(token_ids):]
-    top_ids, top_logprobs = result.as_numpy(f"{prefix}top_log_prob_ids"), result.as_numpy(f"{prefix}top_log_probs")
-    width = 0 if top_ids is None else top_ids.shape[-1]
-    top_ids = np.zeros((len(token_ids), 0)) if top_ids is None else top_ids.reshape(-1, width)[-len(token_ids):]
-    top_logprobs = np.zeros_like(top_ids) if top_logprobs is None else top_logprobs.reshape(-1, width)[
-        -len(token_ids):]
-    scored: list[Scored] = []
-    for i, token in enumerate(token_ids):
-        if prefix and i == 0:
-            scored.append((token, None, ()))
-            continue
-        alternatives = tuple((int(a), float(b)) for a, b in zip(top_ids[i], top_logprobs[i], strict=True))
-        scored.append((token, float(logprobs[i]), alternatives))
-    return tuple(scored)
+    logits = result.as_numpy("context_logits") if req.context_logits else None
+    if logits is not None and logits.size:
+        return logits_scored(logits, req.prompt, req.prompt_logprobs)
+    return tensor_scored(result, "prompt_", req.prompt)
+
+
+def word_list(words: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Token-id words as TensorRT-LLM's ``[2, N]`` word list: the ids concatenated, then the cumulative end
+    offsets padded with -1.
+
+    Arguments:
+        words: each word's token ids (empty ones are left out).
+    """
+    kept = [word for word in words if word]
+    ids = [t for word in kept for t in word]
+    ends = np.cumsum([len(word) for word in kept]).tolist()
+    return np.array([ids, ends + [-1] * (len(ids) - len(ends))], np.int32)
 
 
 def _scalar(result: InferResult, name: str) -> int | None:

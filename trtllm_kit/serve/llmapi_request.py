@@ -24,6 +24,9 @@ SAMPLING = {"temperature": ("sampling_param_temperature", "FP32", np.float32),
             "repetition_penalty": ("sampling_param_repetition_penalty", "FP32", np.float32),
             "presence_penalty": ("sampling_param_presence_penalty", "FP32", np.float32),
             "frequency_penalty": ("sampling_param_frequency_penalty", "FP32", np.float32),
+            "n": ("sampling_param_n", "INT32", np.int32), "best_of": ("sampling_param_best_of", "INT32", np.int32),
+            "logprobs": ("sampling_param_logprobs", "INT32", np.int32),
+            "prompt_logprobs": ("sampling_param_prompt_logprobs", "INT32", np.int32),
             "priority": ("priority", "FP32", np.float32)}  # only to a model that declares it (older repos do not)
 
 

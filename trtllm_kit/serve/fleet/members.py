@@ -13,11 +13,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.compat import Servable
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL, Copied, copy_models, slug
 from trtllm_kit.serve.limits import max_seq_len
 from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.targets import get_target
 
 
 @dataclass(frozen=True)
@@ -100,4 +102,19 @@ def route(member: Member, copied: Copied, text_model: str) -> Route:
         raise KitUsageError(f"{member.target.repo} has no {text_model} model; it has {', '.join(copied.names)}.")
     token_model = copied.names.get(TRTLLM_MODEL, TRTLLM_MODEL)
     return Route(member.name, copied.name(text_model), token_model, member.target.tokenizer_dir,
-                 max_seq_len(member.target.repo), member.version, tuple(copied.ordered()), member.target.out)
+                 max_seq_len(member.target.repo), member.version, tuple(copied.ordered()), member.target.out,
+                 context_logits=context_logits(member.target.artifact))
+
+
+def context_logits(artifact: Artifact) -> bool | None:
+    """For a C++ backend (no prompt-logprob output): whether its engine gathers context logits, from which prompt
+    logprobs are computed (``[build] context_logits``, recorded in the build command); None for a Python model,
+    which scores prompts itself.
+
+    Arguments:
+        artifact: the served artifact.
+    """
+    if get_target(artifact.target).slot_model is not None:
+        return None
+    engine = artifact.records.engine
+    return engine is not None and engine.context_logits

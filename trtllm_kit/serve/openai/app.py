@@ -7,7 +7,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +27,6 @@ from trtllm_kit.serve.openai.protocol import (
     RequestError,
     Sampling,
     check_fields,
-    generation_request,
     parse_prompts,
     parse_sampling,
 )
@@ -207,7 +205,7 @@ class OpenAIFrontend:
         route.in_flight += 1  # a reload waits for this route's requests before it unloads its models
         try:
             sampling = parse_sampling(body, kind, route.max_seq_len)
-            if len(prompts) * sampling.n > 1:
+            if len(prompts) * sampling.n > 1 or sampling.best_of is not None:
                 return await generate_choices(self.metrics, request, body, sampling, prompts, kind, route, alias)
             return await self._generate(request, body, sampling, prompts[0], kind, route, alias)
         finally:
@@ -223,11 +221,8 @@ class OpenAIFrontend:
         if admit is not None:  # the gateway reserves the most tokens the request can use, or refuses it
             admit(prepare.most_prompt_tokens(route, prompt) + sampling.max_tokens)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-        eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
-        gen = replace(generation_request(prompt, sampling, ident, eos_id, logprobs=scoring.logprobs,
-                                         prompt_logprobs=scoring.logprobs if scoring.echo else None),
-                      guide=prepare.guide(body, prompt))
-        run = Run(route, gen, sampling, show_ids=show_ids)
+        run = Run(route, prepare.engine_request(route, body, prompt, sampling, scoring, ident), sampling,
+                  show_ids=show_ids)
         scorer = Scorer(scoring, kind, tokenizer, sampling.skip_special_tokens, prompt_text)
         request["usage"] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(route.name)

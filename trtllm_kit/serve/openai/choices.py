@@ -1,5 +1,11 @@
-"""A request of several choices (``n`` > 1 or several prompts): concurrent engine requests, one per choice, their
-answers gathered in index order with the usage OpenAI counts (every prompt once, every completion)."""
+"""A request of several choices (``n`` > 1, ``best_of``, or several prompts), whole or streamed: choice
+``prompt_index × n + j``, the usage OpenAI counts (every prompt once, every completion).
+
+A prompt sent as token ids (the direct path, and the llmapi target) is one engine request for all its choices:
+the engine's ``n`` computes the prompt once (``sequences.py``). A text prompt to the BLS or ensemble is one engine
+request per choice, choice ``j`` sampling with the seed ``seed + j`` (the engines' own rule for their sequences).
+Streamed, each choice's chunks carry its ``index`` and come as they are made, the choices interleaved.
+"""
 
 from __future__ import annotations
 
@@ -7,61 +13,92 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
+from trtllm_kit.serve.client import Chunk, GenerationError
 from trtllm_kit.serve.gateway.middleware import ADMIT
 from trtllm_kit.serve.openai import prepare
+from trtllm_kit.serve.openai.errors import generation_failure
 from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
 from trtllm_kit.serve.openai.metrics import FrontendMetrics
-from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling, generation_request
+from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling
 from trtllm_kit.serve.openai.routes import Alias, Route
-from trtllm_kit.serve.openai.run import Run
+from trtllm_kit.serve.openai.run import Run, send
+from trtllm_kit.serve.openai.sequences import SharedSequences
+
+Job = tuple[Run, Scorer]
 
 
 async def generate_choices(metrics: FrontendMetrics, request: web.Request, body: dict[str, Any], sampling: Sampling,
                            prompts: list[str | tuple[int, ...]], kind: str, route: Route,
-                           alias: Alias | None) -> web.Response:
-    """Several choices at once: ``n`` per prompt, choice ``prompt_index × n + j``, run as concurrent engine
-    requests (each of a request's choices samples with its own seed); not streamed.
+                           alias: Alias | None) -> web.StreamResponse:
+    """Several choices at once: ``n`` per prompt (the best ``n`` of ``best_of``), whole or streamed.
 
     Arguments:
         metrics: the frontend's metrics; request, body: the HTTP request and its JSON; sampling: its parsed
         sampling; prompts: its prompts; kind: ``text_completion`` or ``chat.completion``; route, alias: where it
         goes.
     """
-    if sampling.stream:
-        raise RequestError("stream with n > 1 or several prompts is not served yet; send stream false, or one "
-                           "request per prompt and n 1.", param="stream")
     scoring = parse_scoring(body, kind)
     prepared = [prepare.prepared(route, prompt, sampling, scoring) for prompt in prompts]
+    num_sequences = sampling.best_of or sampling.n
     admit = request.get(ADMIT)
     if admit is not None:
-        admit(sum(prepare.most_prompt_tokens(route, p) + sampling.max_tokens * sampling.n for p, _ in prepared))
+        admit(sum(prepare.most_prompt_tokens(route, p) + sampling.max_tokens * num_sequences for p, _ in prepared))
     ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
     base = random.getrandbits(63) if sampling.seed is None else sampling.seed
-    jobs: list[tuple[Run, Scorer]] = []
+    jobs: list[Job] = []
+    shared: list[SharedSequences] = []
     for i, (prompt, prompt_text) in enumerate(prepared):
-        eos_id = route.tokenizer.eos_id if route.tokenizer is not None and isinstance(prompt, tuple) else None
+        scorers = [Scorer(scoring, kind, route.tokenizer, sampling.skip_special_tokens, prompt_text)
+                   for _ in range(sampling.n)]
+        if isinstance(prompt, tuple):  # the engine's own n: one request, the prompt computed once
+            assert route.client is not None, "the application is not started"
+            many = num_sequences > 1
+            gen = prepare.engine_request(route, body, prompt, replace(sampling, seed=base), scoring, f"{ident}-{i}",
+                                         n=sampling.n if many else None, best_of=sampling.best_of)
+            sequences = SharedSequences(route.client, gen)
+            shared.append(sequences)
+            jobs += [(Run(route, gen, sampling, show_ids=False, chunks=_source(sequences, j)), scorers[j])
+                     for j in range(sampling.n)]
+            continue
+        if sampling.best_of is not None:
+            raise RequestError(f"best_of needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
+                               f"is served through {route.triton_model!r} alone; leave best_of out.", param="best_of")
         for j in range(sampling.n):
             own = replace(sampling, seed=(base + j) % 2**64)
-            gen = replace(generation_request(prompt, own, f"{ident}-{i}-{j}", eos_id, logprobs=scoring.logprobs,
-                                             prompt_logprobs=scoring.logprobs if scoring.echo else None),
-                          guide=prepare.guide(body, prompt))
-            jobs.append((Run(route, gen, own, show_ids=False),
-                         Scorer(scoring, kind, route.tokenizer, sampling.skip_special_tokens, prompt_text)))
+            gen = prepare.engine_request(route, body, prompt, own, scoring, f"{ident}-{i}-{j}")
+            jobs.append((Run(route, gen, own, show_ids=False), scorers[j]))
 
-    def usage() -> dict[str, int]:  # every prompt counted once, every completion
+    def usage() -> dict[str, int]:  # every prompt counted once, every completion (best_of's left-out ones too)
         each = [run.usage() for run, _ in jobs]
         prompt_tokens = sum(u["prompt_tokens"] for u in each[::sampling.n])
-        completion_tokens = sum(u["completion_tokens"] for u in each)
+        completion_tokens = sum(u["completion_tokens"] for u in each) + sum(s.num_dropped_tokens for s in shared)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
     request["usage"] = usage
     shape = ChoiceShape(kind, ident, route.name, int(time.time()))
+    headers = prepare.route_headers(route, alias)
+    try:
+        if sampling.stream:
+            return await _streamed(request, metrics, route, shape, sampling, jobs, usage, headers)
+        return await _whole(metrics, route, shape, jobs, usage, headers)
+    finally:
+        for sequences in shared:
+            sequences.close()
+
+
+def _source(sequences: SharedSequences, index: int) -> Callable[[], AsyncGenerator[Chunk, None]]:
+    return lambda: sequences.stream(index)
+
+
+async def _whole(metrics: FrontendMetrics, route: Route, shape: ChoiceShape, jobs: list[Job],
+                 usage: Callable[[], dict[str, int]], headers: dict[str, str]) -> web.Response:
     timer = metrics.timer(route.name)
 
     async def collect(index: int, run: Run, scorer: Scorer) -> dict[str, Any]:
@@ -79,4 +116,75 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
         for task in tasks:
             task.cancel()
     return web.json_response({**shape.whole(list(choices), usage()), "system_fingerprint": route.fingerprint},
-                             headers=prepare.route_headers(route, alias))
+                             headers=headers)
+
+
+async def _streamed(request: web.Request, metrics: FrontendMetrics, route: Route, shape: ChoiceShape,
+                    sampling: Sampling, jobs: list[Job], usage: Callable[[], dict[str, int]],
+                    headers: dict[str, str]) -> web.StreamResponse:
+    """Every choice's chunks as they come, then the usage chunk (``include_usage``) and ``[DONE]``."""
+    timer = metrics.timer(route.name)
+    events: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+    fingerprint = {"system_fingerprint": route.fingerprint}
+
+    def put(chunk: dict[str, Any]) -> None:
+        running = {"usage": usage()} if sampling.continuous_usage else {}
+        events.put_nowait({**fingerprint, **chunk, **running})
+
+    async def produce(index: int, run: Run, scorer: Scorer) -> None:
+        pieces = timer.timed(run.pieces())
+        opened = False
+
+        def open_choice() -> None:  # the role (chat) and the echoed prompt, once the first response is in
+            if shape.kind == "chat.completion":
+                put(shape.chunk({"role": "assistant", "content": ""}, None, index=index))
+            if scorer.echo_text:
+                put(shape.chunk(scorer.echo_text, None, logprobs=scorer.prompt(run.prompt_scored), index=index))
+
+        try:
+            async for piece in pieces:
+                if not opened:
+                    opened = True
+                    open_choice()
+                put(shape.chunk(piece.text, None, None, scorer.tokens(piece.scored), index=index))
+            if not opened:
+                open_choice()
+            put(shape.chunk(None, run.finish_reason, index=index))
+            events.put_nowait(None)
+        except Exception as exc:  # the request fails with its first failing choice
+            events.put_nowait(exc)
+        finally:
+            await pieces.aclose()
+
+    tasks = [asyncio.ensure_future(produce(index, run, scorer)) for index, (run, scorer) in enumerate(jobs)]
+    try:
+        first = await events.get()  # errors before the first chunk still get an HTTP status
+        if isinstance(first, BaseException):
+            raise first
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               **headers})
+        await response.prepare(request)
+        num_done = 0 if first is not None else 1
+        try:
+            if first is not None:
+                await send(response, first)
+            while num_done < len(jobs):
+                event = await events.get()
+                if event is None:
+                    num_done += 1
+                elif isinstance(event, BaseException):
+                    raise event
+                else:
+                    await send(response, event)
+            if sampling.include_usage:
+                await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": usage()})
+        except (GenerationError, RequestError) as exc:
+            error = exc if isinstance(exc, RequestError) else generation_failure(exc)
+            await send(response, error.body())
+        except ConnectionResetError:  # the client left: cancelling the tasks cancels the generations
+            return response
+        await response.write(b"data: [DONE]\n\n")
+        return response
+    finally:
+        for task in tasks:
+            task.cancel()

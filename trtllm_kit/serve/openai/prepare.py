@@ -4,11 +4,13 @@ reserves and the length check against the model; and a whole choice from the pie
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from trtllm_kit.serve.client import GenerationRequest
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scorer, Scoring
-from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling
+from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling, generation_request
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Piece, Run
 
@@ -29,8 +31,30 @@ def prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
     if scoring.logprobs is not None and not isinstance(prompt, tuple):
         raise RequestError(f"logprobs needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
                            f"is served through {route.triton_model!r} alone; leave logprobs out.", param="logprobs")
+    if scoring.echo and scoring.logprobs is not None and route.context_logits is False:
+        raise RequestError(f"echo with logprobs scores the prompt, which {route.name!r} computes from its engine's "
+                           "context logits, and its engine was built without them; rebuild with [build] "
+                           "context_logits = true (--context-logits), or leave echo or logprobs out.", param="echo")
     check_length(route, prompt, sampling)
     return prompt, str(prompt_text)
+
+
+def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, ...], sampling: Sampling,
+                   scoring: Scoring, request_id: str, **fields: Any) -> GenerationRequest:
+    """The engine request of a prepared prompt: its sampling, logprobs, guide, and for token ids the end id and
+    the stop sequences as token ids (which the engine stops on; the frontend cuts the text).
+
+    Arguments:
+        route: where it goes; body: the JSON request; prompt: from ``prepared``; sampling, scoring: the request's
+        fields; request_id: the engine request's id; fields: further ``GenerationRequest`` fields (``n``,
+        ``best_of``).
+    """
+    tokenizer = route.tokenizer if isinstance(prompt, tuple) else None
+    gen = generation_request(prompt, sampling, request_id, None if tokenizer is None else tokenizer.eos_id,
+                             logprobs=scoring.logprobs, prompt_logprobs=scoring.logprobs if scoring.echo else None)
+    stop_words = () if tokenizer is None else tokenizer.words(sampling.stops)
+    return replace(gen, guide=guide(body, prompt), stop_words=stop_words, context_logits=bool(route.context_logits),
+                   **fields)
 
 
 def guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:

@@ -65,6 +65,7 @@ class Sampling:
     include_stop: bool = False  # vLLM's ``include_stop_str_in_output``: the stop sequence ends the text
     extras: dict[str, float | int] | None = None  # the sampling extras the request sets (``EXTRAS``)
     skip_special_tokens: bool = True
+    best_of: int | None = None  # sequences generated per prompt when more than ``n`` (the n best are returned)
 
 
 def trtllm_priority(priority: int) -> float:
@@ -142,9 +143,10 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise RequestError(f"n must be an integer from 1 to {MAX_N}, got {n!r:.60}.", param="n")
     best_of = body.get("best_of")
-    if best_of is not None and (isinstance(best_of, bool) or best_of != n):
-        raise RequestError(f"best_of must equal n ({n}) on this server (more sampled than returned is not served), "
-                           f"got {best_of!r:.60}.", param="best_of")
+    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int)
+                                or not n <= best_of <= MAX_N):
+        raise RequestError(f"best_of must be an integer from n ({n}) to {MAX_N}, got {best_of!r:.60}.",
+                           param="best_of")
     priority = body.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
                                  or not -PRIORITY_RANGE <= priority <= PRIORITY_RANGE):
@@ -154,11 +156,14 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     if stream is not None and not isinstance(stream, bool):
         raise RequestError(f"stream must be true or false, got {stream!r}.", param="stream")
     options = _stream_options(body.get("stream_options"), bool(stream))
+    if stream and best_of is not None and best_of > n:
+        raise RequestError(f"best_of ({best_of}) greater than n ({n}) cannot be streamed: the best are known only "
+                           "once all are done; send stream false, or best_of equal to n.", param="best_of")
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(stream),
                     bool(options.get("include_usage", False)), min_tokens, ignore_eos,
                     bool(options.get("continuous_usage_stats", False)), priority, n, include_stop, extras,
-                    skip_special_tokens)
+                    skip_special_tokens, best_of if best_of is not None and best_of > n else None)
 
 
 def _extras(body: dict[str, Any]) -> dict[str, float | int]:
@@ -282,12 +287,14 @@ class ChoiceShape:
         return {**self._head(self.kind), "choices": choices, "usage": usage}
 
     def chunk(self, piece: str | dict[str, str] | None, finish_reason: str | None,
-              token_ids: tuple[int, ...] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One streamed event; ``token_ids`` (the ids this chunk carries) is sent when known."""
+              token_ids: tuple[int, ...] | None = None, logprobs: dict[str, Any] | None = None,
+              index: int = 0) -> dict[str, Any]:
+        """One streamed event of choice ``index``; ``token_ids`` (the ids this chunk carries) is sent when known."""
         extra = {} if token_ids is None else {"token_ids": list(token_ids)}
         if self.kind == "text_completion":
-            choice = {"index": 0, "text": piece or "", "logprobs": logprobs, "finish_reason": finish_reason, **extra}
+            choice = {"index": index, "text": piece or "", "logprobs": logprobs, "finish_reason": finish_reason,
+                      **extra}
             return {**self._head("text_completion"), "choices": [choice]}
         delta = piece if isinstance(piece, dict) else ({"content": piece} if piece is not None else {})
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
         return {**self._head("chat.completion.chunk"), "choices": [choice]}

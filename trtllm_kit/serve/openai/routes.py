@@ -33,6 +33,9 @@ class Route:
     tokenizer: Tokenizer | None = None
     client: TextClient | None = None
     in_flight: int = 0
+    # an engine artifact: whether it was built with ``[build] context_logits`` (prompt logprobs are computed from
+    # them); None: the model scores prompts itself (cpu, llmapi)
+    context_logits: bool | None = None
 
     @property
     def fingerprint(self) -> str:

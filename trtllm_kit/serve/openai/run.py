@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +35,14 @@ class Run:
     and are decoded here; text prompts of a route without a tokenizer go to the ensemble or BLS. Text prompts
     yield only non-empty text. Token-id prompts yield every response's ids, with the text they complete (often
     empty while a multi-byte character or a stop sequence is pending), so clients can count tokens as they arrive.
+    ``chunks`` gives the responses of one of a shared request's sequences (``sequences.py``) in place of a request
+    of the run's own.
     """
 
-    def __init__(self, route: Route, gen: GenerationRequest, sampling: Sampling, *, show_ids: bool = True) -> None:
+    def __init__(self, route: Route, gen: GenerationRequest, sampling: Sampling, *, show_ids: bool = True,
+                 chunks: Callable[[], AsyncGenerator[Chunk, None]] | None = None) -> None:
         self.route, self.gen, self.sampling, self.show_ids = route, gen, sampling, show_ids
+        self.chunks = chunks
         self.num_responses = 0  # one token each unless the model reports its count
         self.num_reported: int | None = None
         self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
@@ -53,7 +57,7 @@ class Run:
         decoder = None
         if isinstance(self.gen.prompt, tuple) and tokenizer is not None:
             decoder = tokenizer.decoder(self.sampling.skip_special_tokens)
-        stream = self.route.client.stream(self.gen)
+        stream = self.route.client.stream(self.gen) if self.chunks is None else self.chunks()
         try:
             async for chunk in stream:
                 if self.gen.prompt_logprobs is not None and not self.prompt_scored:

@@ -130,6 +130,10 @@ class Tokenizer:
         """``prompt``'s token ids as preprocessing encodes them (special tokens added)."""
         return tuple(self.hf(prompt).input_ids)
 
+    def words(self, texts: list[str]) -> tuple[tuple[int, ...], ...]:
+        """Each non-empty text's token ids without special tokens (stop sequences as the engine matches them)."""
+        return tuple(tuple(self.hf(text, add_special_tokens=False).input_ids) for text in texts if text)
+
     def count(self, prompt: str) -> int:
         """Tokens of ``prompt`` as preprocessing encodes it (special tokens added)."""
         return len(self.encode(prompt))

@@ -1,0 +1,75 @@
+"""What the frontend sends a ``tensorrt_llm`` model for the engine target's features, and how it reads the
+answers: the request tensors (``num_return_sequences``, ``stop_words_list``, ``return_context_logits``), prompt
+logprobs as the log-softmax of ``context_logits``, and whether an engine route has context logits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact.records import EngineRecord
+from trtllm_kit.serve.client import GenerationRequest, TextClient, word_list
+from trtllm_kit.serve.fleet.members import context_logits
+from trtllm_kit.serve.scored import logits_scored
+
+
+def tensors(req: GenerationRequest) -> dict[str, np.ndarray]:
+    async def build() -> dict[str, np.ndarray]:
+        client = TextClient("127.0.0.1:1", "tensorrt_llm_bls")
+        try:
+            request = client._token_request(req)
+        finally:
+            await client.close()
+        dtypes = {"INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
+        return {t.name: np.frombuffer(raw, dtypes[t.datatype]).reshape(t.shape)
+                for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)}
+
+    return asyncio.run(build())
+
+
+def test_an_engine_request_as_tensors() -> None:
+    sent = tensors(GenerationRequest((1, 5, 9), 4, top_k=1, n=2, best_of=3, stop_words=((7, 8), (), (9,)),
+                                     logprobs=1, prompt_logprobs=1, context_logits=True))
+    assert sent["num_return_sequences"].tolist() == [[3]]  # best_of generated, the frontend keeps the n best
+    assert sent["stop_words_list"].tolist() == [[[7, 8, 9], [2, 3, -1]]]  # [1, 2, N]: ids, then end offsets
+    assert sent["return_log_probs"].tolist() == [[True]] and sent["return_context_logits"].tolist() == [[True]]
+    assert "return_prompt_log_probs" not in sent  # the C++ backend has no prompt-logprob output
+    plain = tensors(GenerationRequest((1, 5, 9), 4, top_k=1))
+    assert not {"num_return_sequences", "stop_words_list", "return_log_probs"} & set(plain)
+    ranked = tensors(GenerationRequest((1, 5, 9), 4, n=1, best_of=2))  # ranking needs the cumulative logprobs
+    assert ranked["return_log_probs"].tolist() == [[True]] and "return_context_logits" not in ranked
+
+
+def test_a_word_list_of_one_word() -> None:
+    assert word_list(((4,),)).tolist() == [[4], [1]]
+
+
+def test_prompt_logprobs_are_the_log_softmax_of_the_context_logits() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    prompt = (3, 17, 2, 40)
+    scored = logits_scored(logits.numpy().astype(np.float16), prompt, 3)
+    expected = torch.log_softmax(logits.half().double(), dim=-1)
+    assert scored[0] == (3, None, ())
+    for i, (token, logprob, top) in enumerate(scored[1:]):
+        assert token == prompt[i + 1] and abs(logprob - float(expected[i, token])) < 1e-9
+        values, ids = expected[i].topk(3)
+        assert [t for t, _ in top] == ids.tolist() and [v for _, v in top] == values.tolist()
+
+
+def test_an_engine_route_knows_whether_its_engine_has_context_logits(make_out: Callable[..., Path],
+                                                                     tmp_path: Path) -> None:
+    artifact = Artifact.read(make_out(tmp_path / "out"))
+
+    def served(target: str, command: list[str] | None) -> Artifact:
+        records = replace(artifact.records, engine=EngineRecord(target, "planned", command=command))
+        return replace(artifact, target=target, records=records)
+
+    assert context_logits(served("engine", ["trtllm-build", "--gather_context_logits"])) is True
+    assert context_logits(served("engine", ["trtllm-build"])) is False
+    assert context_logits(served("cpu", None)) is None  # the CPU model scores prompts itself

@@ -1,0 +1,89 @@
+"""One engine request for all of a prompt's choices (the engine's ``n``: the prompt computed once, its KV blocks
+shared), split into one chunk stream per choice by the responses' ``sequence_index``.
+
+With ``best_of`` > ``n`` the engine generates ``best_of`` sequences and the choices are the ``n`` with the highest
+cumulative logprob, best first (the LLM API's and vLLM's rule); they are known only once every sequence has ended,
+so such a request is not streamed. A model that picks them itself (the llmapi target's) answers with ``n``
+sequences, which pass in order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+from trtllm_kit.serve.client import Chunk, GenerationRequest, TextClient
+
+_END = None
+
+
+class SharedSequences:
+    """The chunk streams of one engine request's returned sequences.
+
+    Arguments:
+        client: the route's Triton client; gen: the request (``n``, and ``best_of`` when more are generated).
+    """
+
+    def __init__(self, client: TextClient, gen: GenerationRequest) -> None:
+        self.client, self.gen = client, gen
+        self.n = gen.n or 1
+        self.queues: list[asyncio.Queue[Chunk | BaseException | None]] = [asyncio.Queue() for _ in range(self.n)]
+        self.task: asyncio.Future[None] | None = None
+        self.num_dropped_tokens = 0  # generated tokens of the sequences best_of left out
+
+    def stream(self, index: int) -> AsyncGenerator[Chunk, None]:
+        """The chunks of returned sequence ``index`` (the engine request starts with the first stream asked for)."""
+        if self.task is None:
+            self.task = asyncio.ensure_future(self._pump())
+        return self._read(self.queues[index])
+
+    def close(self) -> None:
+        """Cancel the engine request (a client that left, or a failed choice)."""
+        if self.task is not None:
+            self.task.cancel()
+
+    @staticmethod
+    async def _read(queue: asyncio.Queue[Chunk | BaseException | None]) -> AsyncGenerator[Chunk, None]:
+        while (item := await queue.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def _pump(self) -> None:
+        try:
+            if self.gen.num_sequences > self.n:
+                await self._best()
+            else:
+                async for chunk in self.client.stream(self.gen):
+                    self.queues[chunk.sequence_index].put_nowait(chunk)
+        except Exception as exc:  # every choice fails with the request
+            for queue in self.queues:
+                queue.put_nowait(exc)
+        finally:
+            for queue in self.queues:
+                queue.put_nowait(_END)
+
+    async def _best(self) -> None:
+        """Every sequence to its end, then the ``n`` of highest cumulative logprob, best first."""
+        by_index: dict[int, list[Chunk]] = {}
+        async for chunk in self.client.stream(self.gen):
+            by_index.setdefault(chunk.sequence_index, []).append(chunk)
+        ranked = sorted(by_index)  # a model that picked the n itself sent them in order
+        if len(ranked) > self.n:
+            ranked.sort(key=lambda i: (-cumulative_logprob(by_index[i]), i))
+        for queue, index in zip(self.queues, ranked, strict=False):
+            for chunk in by_index[index]:
+                queue.put_nowait(chunk)
+        self.num_dropped_tokens = sum(len(chunk.token_ids or ()) for index in ranked[self.n:]
+                                      for chunk in by_index[index])
+
+
+def cumulative_logprob(chunks: list[Chunk]) -> float:
+    """A sequence's cumulative logprob: the last one its responses report, else the sum of its tokens' logprobs.
+
+    Arguments:
+        chunks: the sequence's responses in order.
+    """
+    reported = [chunk.cum_logprob for chunk in chunks if chunk.cum_logprob is not None]
+    if reported:
+        return reported[-1]
+    return sum(logprob for chunk in chunks for _, logprob, _ in chunk.scored if logprob is not None)
