@@ -77,6 +77,15 @@ def load_adapter(path: Path, dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
     except (SafetensorError, OSError) as exc:
         raise KitUsageError(f"{path} cannot be read as a converted LoRA adapter ({exc}); add the adapter again "
                             "(trtllm-kit lora add).") from None
+    return adapter_pairs(tensors, dtype)
+
+
+def adapter_pairs(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
+    """A converted adapter's tensors (named by ``tensor_names``) as (layer, module) → (A, B) pairs in ``dtype``.
+
+    Arguments:
+        tensors: the converted adapter, as ``ADAPTER_FILE`` holds it; dtype: the compute dtype.
+    """
     pairs: dict[tuple[int, str], Pair] = {}
     for name in tensors:
         if name.endswith(".lora_A"):

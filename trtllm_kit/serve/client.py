@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
-from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.grpc import InferResult, model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
 from trtllm_kit.errors import KitError
@@ -23,6 +23,17 @@ class GenerationError(KitError):
     def __init__(self, message: str, *, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
+
+
+@dataclass(frozen=True)
+class LoraInputs:
+    """A request's LoRA adapter: its name (what an llmapi model takes) and task id (the ``tensorrt_llm`` cache key),
+    and, on a task's first request or after an eviction, its rows (``lora_weights`` [N, W] as float32 and
+    ``lora_config`` [N, 3]; read only when sent to ``tensorrt_llm``)."""
+
+    name: str
+    task_id: int
+    rows: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class GenerationRequest:
     logprobs: int | None = None  # the generated tokens' logprobs with this many alternatives (None: none)
     prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many alternatives (None: none)
     guide: tuple[str, str] | None = None  # structured output: (guided_decoding_guide_type, guided_decoding_guide)
+    lora: LoraInputs | None = None  # the adapter the request runs with (None: the base model)
 
 
 # One scored token: its id, its logprob (None for the first prompt token) and the best alternatives (id, logprob).
@@ -81,6 +93,7 @@ SAMPLING_INPUTS = (("temperature", "temperature", "FP32", np.float32, "temperatu
 # fields a model must declare to be sent: the others are left to the model's default when it lacks them
 REFUSED_WHEN_MISSING = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
 TOKEN_MODEL = "tensorrt_llm"
+LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")
 
 
 class TextClient:
@@ -103,6 +116,7 @@ class TextClient:
         self._channel = grpc.aio.insecure_channel(url)
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._inputs: set[str] | None = None
+        self._types: dict[str, str] = {}  # input name → Triton data type
         self._batched = True
 
     async def close(self) -> None:
@@ -147,12 +161,14 @@ class TextClient:
                 raise GenerationError(f"model {self.model!r} is not available at {self.url}: {exc.details()}",
                                       status=404 if exc.code() == grpc.StatusCode.NOT_FOUND else 503) from None
             self._inputs = {tensor.name for tensor in response.config.input}
+            self._types = {t.name: model_config_pb2.DataType.Name(t.data_type)[len("TYPE_"):]
+                           for t in response.config.input}
             self._batched = response.config.max_batch_size > 0
         return self._inputs
 
     async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
         if isinstance(req.prompt, tuple) and self.model not in (None, self.token_model):
-            return self._token_request(req)
+            return self._token_request(req, await self._lora_values(req))
         names = await self.model_inputs()
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
             if req.logprobs is not None or req.prompt_logprobs is not None:
@@ -163,9 +179,12 @@ class TextClient:
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
             llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling) + _guide_values(req)
+            if req.lora is not None:
+                self._check_lora(names, ("lora_name",))
+                llmapi.append(("lora_name", "BYTES", np.array([req.lora.name.encode()], dtype=np.object_)))
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
-            return self._token_request(req)
+            return self._token_request(req, await self._lora_values(req))
         if self.model == self.token_model:
             raise GenerationError(f"the server at {self.url} has none of {', '.join(TEXT_MODELS)} ready.", status=404)
         values: list[tuple[str, str, np.ndarray]] = [
@@ -183,9 +202,31 @@ class TextClient:
         for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
             if flag in names:
                 values.append((flag, "BOOL", np.array([True])))
+        values += await self._lora_values(req)
         return _infer_request(await self.resolve_model(), req.request_id, values, self._batched)
 
-    def _token_request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
+    async def _lora_values(self, req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
+        """The LoRA inputs of a request to ``tensorrt_llm`` (or the ensemble or BLS, which pass them on): the task id,
+        and the rows in the model's ``lora_weights`` type when the request carries them."""
+        if req.lora is None:
+            return []
+        names = await self.model_inputs()
+        self._check_lora(names, LORA_INPUTS)
+        values = [("lora_task_id", "UINT64", np.array([req.lora.task_id], np.uint64))]
+        if req.lora.rows is not None:
+            weights, config = req.lora.rows()
+            datatype = self._types["lora_weights"]
+            values += [("lora_weights", datatype, weights_as(weights, datatype)),
+                       ("lora_config", "INT32", config.astype(np.int32))]
+        return values
+
+    def _check_lora(self, names: set[str], needed: tuple[str, ...]) -> None:
+        if not set(needed) <= names:
+            raise GenerationError(f"the model {self.model!r} takes no LoRA adapters (it has no {needed[0]} input); "
+                                  "serve an artifact built for adapters, or name the base model.", status=400)
+
+    def _token_request(self, req: GenerationRequest,
+                       lora: list[tuple[str, str, np.ndarray]]) -> service_pb2.ModelInferRequest:
         ids = np.asarray(req.prompt, dtype=np.int32)
         values: list[tuple[str, str, np.ndarray]] = [
             ("input_ids", "INT32", ids), ("input_lengths", "INT32", np.array([ids.size], np.int32)),
@@ -196,7 +237,7 @@ class TextClient:
             if value is not None:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
-        values += _guide_values(req)
+        values += _guide_values(req) + lora
         if req.logprobs is not None or req.prompt_logprobs is not None:
             top = max(req.logprobs or 0, req.prompt_logprobs or 0)
             values.append(("num_top_log_probs", "INT32", np.array([top], np.int32)))
@@ -263,6 +304,19 @@ def _infer_request(model: str, request_id: str, values: list[tuple[str, str, np.
         raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
         request.raw_input_contents.append(raw)
     return request
+
+
+def weights_as(weights: np.ndarray, datatype: str) -> np.ndarray:
+    """float32 ``lora_weights`` in the model's type: FP32, FP16, or BF16 as its 16-bit patterns (numpy has no
+    bfloat16; Triton reads the raw bytes), rounded to nearest even.
+
+    Arguments:
+        weights: the rows as float32; datatype: the model's ``lora_weights`` type (``FP32``, ``FP16``, ``BF16``).
+    """
+    if datatype == "BF16":
+        bits = np.ascontiguousarray(weights, np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return weights.astype({"FP32": np.float32, "FP16": np.float16}[datatype])
 
 
 def _guide_values(req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
