@@ -6,6 +6,7 @@ metrics per adapter."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import urllib.error
@@ -19,15 +20,17 @@ import pytest
 import torch
 from peft import PeftModel
 from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.lora.adapters import make_adapter
 from tests.lora.test_lora_triton import one_adapter_bytes
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
+from trtllm_kit.serve.client import GenerationRequest, LoraInputs, TextClient
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.server.state import read_state
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port, grpc_headers
+from trtllm_kit.serve.server.state import read_state, token_for
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings
 
@@ -72,14 +75,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         stop_serving(out, 30)
 
 
-def peft_tokens(source: Path | None) -> list[int]:
+def peft_tokens(source: Path | None, prompt: list[int] = PROMPT) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
     if source is not None:
         model = PeftModel.from_pretrained(copy.deepcopy(model), source).eval()
     with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
                              do_sample=False, pad_token_id=0)
-    return out[0, len(PROMPT):].tolist()
+    return out[0, len(prompt):].tolist()
 
 
 def call(served: Served, path: str, key: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
@@ -155,3 +158,26 @@ def test_key_limited_to_an_adapter_and_usage_per_adapter(served: Served) -> None
     assert any(u["key"] == "qv4-only" and u["model"] == "qv4" and u["completion_tokens"] == MAX_TOKENS
                for u in usage)
     assert metric(served, "trtllm_kit_gateway_tokens_total", model="qv4", kind="completion") >= MAX_TOKENS
+
+
+def test_the_bls_passes_the_lora_inputs_through(served: Served) -> None:
+    """Text without the frontend's tokenizer goes to the BLS, which hands the LoRA inputs to tensorrt_llm."""
+    state = read_state(served.out)
+    assert state is not None
+    adapter_dir = served.out / "lora" / "mlp16"
+    weights, config = to_rows(load_adapter(adapter_dir / ADAPTER_FILE, torch.float32))
+    lora = LoraInputs("mlp16", 99, lambda: (weights.numpy(), config.numpy()))
+    text = "The kit serves adapters"
+    gen = GenerationRequest(text, max_tokens=MAX_TOKENS, temperature=0.0, end_id=-1, lora=lora)
+
+    async def generate() -> str:
+        client = TextClient(state["grpc"], "tensorrt_llm_bls", grpc_headers(token_for(state["grpc"])))
+        try:
+            return "".join([chunk.text async for chunk in client.stream(gen)])
+        finally:
+            await client.close()
+
+    tokenizer = AutoTokenizer.from_pretrained(builtin_dir("tiny-llama"))
+    expected = peft_tokens(served.sources["mlp16"], tokenizer(text).input_ids)
+    assert expected != peft_tokens(None, tokenizer(text).input_ids)
+    assert asyncio.run(generate()) == tokenizer.decode(expected, skip_special_tokens=True)
