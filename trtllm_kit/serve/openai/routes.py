@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
@@ -61,6 +61,24 @@ class Route:
         """Load the tokenizer from ``tokenizer_dir`` (once)."""
         if self.tokenizer is None and self.tokenizer_dir is not None:
             self.tokenizer = Tokenizer(self.tokenizer_dir)
+
+
+class AdapterView(Route):
+    """A base model's route named as one of its adapters and running with it; its requests in flight are the
+    base's, so that a reload of the base waits for them too."""
+
+    def __init__(self, base: Route, adapter: Adapter) -> None:
+        self.base = base
+        values = {f.name: getattr(base, f.name) for f in fields(base)}
+        super().__init__(**{**values, "name": adapter.name, "adapter": adapter})
+
+    @property
+    def in_flight(self) -> int:
+        return self.base.in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self.base.in_flight = value
 
 
 @dataclass(frozen=True)
@@ -145,8 +163,8 @@ class RouteTable:
         if route is None:
             route = next((r for r in self.routes.values() if model in (r.triton_model,)), None)
         adapter = self.adapters.get(model) if route is None and self.adapters is not None else None
-        if adapter is not None and adapter.parent in self.routes:  # the base's route, named as the adapter
-            route = replace(self.routes[adapter.parent], name=adapter.name, adapter=adapter, in_flight=0)
+        if adapter is not None and adapter.parent in self.routes:
+            route = AdapterView(self.routes[adapter.parent], adapter)
         if route is None:
             raise LookupError(model)
         return route, None
