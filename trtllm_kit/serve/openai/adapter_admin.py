@@ -12,6 +12,7 @@ from pathlib import Path
 from aiohttp import web
 
 from trtllm_kit.artifact import Artifact
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.lora.store import check_name, convert_adapter
 from trtllm_kit.serve.gateway.middleware import KEY
 from trtllm_kit.serve.openai.adapters import AdapterSet, Rows
@@ -22,16 +23,19 @@ from trtllm_kit.serve.openai.routes import Route, RouteTable
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 
 
-def serve_recorded(adapters: AdapterSet, routes: list[Route]) -> None:
+def serve_recorded(adapters: AdapterSet, table: RouteTable) -> None:
     """Serve the adapters recorded in each route's artifact, in name order, under their names.
 
     Arguments:
-        adapters: the frontend's adapters; routes: the served models.
+        adapters: the frontend's adapters; table: the served models and aliases.
     """
-    for route in routes:
+    for route in list(table.routes.values()):
         if route.out is None:
             continue
         for name, record in sorted(Artifact.read(route.out).records.adapters.items()):
+            if name in table.names:
+                raise KitUsageError(f"{route.out} has an adapter named {name!r}, which is also a served model or "
+                                    "alias; serve the model under another name (--name NAME=OUT).")
             adapters.add(name, route.name, record.source, partial(_file_rows, route.out / record.dir))
 
 

@@ -97,7 +97,8 @@ class AdapterSet:
             read_rows: reads its ``lora_weights`` and ``lora_config`` rows.
         """
         if name in self.adapters:
-            raise KitUsageError(f"The lora adapter {name!r} has already been loaded; unload it first.")
+            raise KitUsageError(f"an adapter named {name!r} is served already (of {self.adapters[name].parent!r}); "
+                                "adapters of the served models need distinct names.")
         adapter = Adapter(name, parent, root, self.next_task_id, read_rows,
                           lambda reason: self.counter.labels(name, reason).inc())
         self.next_task_id += 1

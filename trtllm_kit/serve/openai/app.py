@@ -65,7 +65,7 @@ class OpenAIFrontend:
                 raise KitUsageError("--api-key and --api-keys both given; use one (a key file can hold one key).")
             self.gateway = Gateway(config.api_keys, config.usage_log, self.metrics.registry)
         self.table.adapters = AdapterSet(self.metrics.registry)  # LoRA adapters named like models
-        serve_recorded(self.table.adapters, list(self.table.routes.values()))
+        serve_recorded(self.table.adapters, self.table)
 
     def app(self) -> web.Application:
         gateway = [] if self.gateway is None else [self.gateway.middleware]
