@@ -2,7 +2,7 @@
 the ``model`` field names an adapter (vLLM's convention); the base and both adapters, in one batch, equal PEFT;
 unknown names are 404s; with a cache of one adapter, evictions are invisible to clients (the frontend resends the
 weights); adapters load and unload on the running server (admin key only); a key limited to an adapter; usage and
-metrics per adapter."""
+metrics per adapter; the BLS passes the LoRA inputs on; a reload serves the new version's adapters."""
 
 from __future__ import annotations
 
@@ -181,3 +181,17 @@ def test_the_bls_passes_the_lora_inputs_through(served: Served) -> None:
     expected = peft_tokens(served.sources["mlp16"], tokenizer(text).input_ids)
     assert expected != peft_tokens(None, tokenizer(text).input_ids)
     assert asyncio.run(generate()) == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_a_reload_serves_the_new_versions_adapters(served: Served) -> None:
+    """Runs last: the reloaded version has only ``late``; ``qv4`` and ``mlp16`` go with the old version."""
+    new_out = served.out.with_name("out-v2")
+    assert run(["build", MODEL, "--target", "cpu", "--dtype", "float32", "--no-verify", "--instances", "1",
+                "--max-lora-rank", str(MAX_RANK), "--lora", f"late={served.sources['late']}", "--out",
+                str(new_out)]) == 0
+    assert run(["reload", MODEL, str(new_out), "--out", str(served.out)]) == 0
+    status, text = call(served, "/v1/models", "user")
+    cards = {c["id"]: c for c in json.loads(text)["data"]}
+    assert status == 200 and set(cards) == {MODEL, "late"} and cards["late"]["parent"] == MODEL
+    assert tokens(served, "late") == peft_tokens(served.sources["late"])
+    assert tokens(served, "qv4")[0] == 404

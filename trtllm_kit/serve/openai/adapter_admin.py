@@ -23,20 +23,28 @@ from trtllm_kit.serve.openai.routes import Route, RouteTable
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 
 
-def serve_recorded(adapters: AdapterSet, table: RouteTable) -> None:
-    """Serve the adapters recorded in each route's artifact, in name order, under their names.
+def serve_recorded(adapters: AdapterSet, table: RouteTable, routes: list[Route] | None = None) -> None:
+    """Serve the adapters recorded in each route's artifact, in name order, under their names, in place of those
+    of an earlier version of the route (a reload): with new task ids, so the backend never keeps their old weights.
 
     Arguments:
-        adapters: the frontend's adapters; table: the served models and aliases.
+        adapters: the frontend's adapters; table: the served models and aliases; routes: the routes whose
+        artifacts to read (default: all).
     """
-    for route in list(table.routes.values()):
-        if route.out is None:
+    for route in routes if routes is not None else list(table.routes.values()):
+        out = route.out
+        if out is None:  # served without its artifact (a deployment's leader): no recorded adapters
             continue
-        for name, record in sorted(Artifact.read(route.out).records.adapters.items()):
+        records = sorted(Artifact.read(out).records.adapters.items())
+        for name, _ in records:
             if name in table.names:
-                raise KitUsageError(f"{route.out} has an adapter named {name!r}, which is also a served model or "
+                raise KitUsageError(f"{out} has an adapter named {name!r}, which is also a served model or "
                                     "alias; serve the model under another name (--name NAME=OUT).")
-            adapters.add(name, route.name, record.source, partial(_file_rows, route.out / record.dir))
+        for old in [a for a in adapters.adapters.values() if a.parent == route.name and a.is_recorded]:
+            adapters.remove(old.name)
+        for name, record in records:
+            adapters.add(name, route.name, record.source, partial(_file_rows, out / record.dir),
+                         is_recorded=True)
 
 
 def _file_rows(adapter_dir: Path) -> Rows:

@@ -34,6 +34,7 @@ class Adapter:
     task_id: int
     read_rows: Callable[[], Rows]
     uploads: Callable[[str], None]  # counts a request that carries the rows, by why ("first" or "evicted")
+    is_recorded: bool = False  # recorded in the parent's artifact (else loaded while the frontend runs)
     is_sent: bool = False  # whether the server took its rows (as far as this frontend knows)
     _rows: Rows | None = field(default=None, repr=False)
 
@@ -89,18 +90,20 @@ class AdapterSet:
     def get(self, name: str) -> Adapter | None:
         return self.adapters.get(name)
 
-    def add(self, name: str, parent: str, root: str, read_rows: Callable[[], Rows]) -> Adapter:
+    def add(self, name: str, parent: str, root: str, read_rows: Callable[[], Rows], *,
+            is_recorded: bool = False) -> Adapter:
         """Serve a new adapter under ``name`` with the next task id.
 
         Arguments:
             name: its model name; parent: the served model it adapts; root: its source directory;
-            read_rows: reads its ``lora_weights`` and ``lora_config`` rows.
+            read_rows: reads its ``lora_weights`` and ``lora_config`` rows; is_recorded: it comes from the
+            parent's artifact.
         """
         if name in self.adapters:
             raise KitUsageError(f"an adapter named {name!r} is served already (of {self.adapters[name].parent!r}); "
                                 "adapters of the served models need distinct names.")
         adapter = Adapter(name, parent, root, self.next_task_id, read_rows,
-                          lambda reason: self.counter.labels(name, reason).inc())
+                          lambda reason: self.counter.labels(name, reason).inc(), is_recorded)
         self.next_task_id += 1
         self.adapters[name] = adapter
         return adapter
