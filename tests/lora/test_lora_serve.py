@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from peft import PeftModel
@@ -166,7 +167,10 @@ def test_the_bls_passes_the_lora_inputs_through(served: Served) -> None:
     assert state is not None
     adapter_dir = served.out / "lora" / "mlp16"
     weights, config = to_rows(load_adapter(adapter_dir / ADAPTER_FILE, torch.float32))
-    lora = LoraInputs("mlp16", 99, lambda: (weights.numpy(), config.numpy()))
+    async def rows() -> tuple[np.ndarray, np.ndarray]:
+        return weights.numpy(), config.numpy()
+
+    lora = LoraInputs("mlp16", 99, rows)
     text = "The kit serves adapters"
     gen = GenerationRequest(text, max_tokens=MAX_TOKENS, temperature=0.0, end_id=-1, lora=lora)
 

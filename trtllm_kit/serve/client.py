@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -29,11 +29,11 @@ class GenerationError(KitError):
 class LoraInputs:
     """A request's LoRA adapter: its name (what an llmapi model takes) and task id (the ``tensorrt_llm`` cache key),
     and, on a task's first request or after an eviction, its rows (``lora_weights`` [N, W] as float32 and
-    ``lora_config`` [N, 3]; read only when sent to ``tensorrt_llm``)."""
+    ``lora_config`` [N, 3]; read, off the event loop, only when sent to ``tensorrt_llm``)."""
 
     name: str
     task_id: int
-    rows: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
+    rows: Callable[[], Awaitable[tuple[np.ndarray, np.ndarray]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ class TextClient:
         self._check_lora(names, LORA_INPUTS)
         values = [("lora_task_id", "UINT64", np.array([req.lora.task_id], np.uint64))]
         if req.lora.rows is not None:
-            weights, config = req.lora.rows()
+            weights, config = await req.lora.rows()
             datatype = self._types["lora_weights"]
             values += [("lora_weights", datatype, weights_as(weights, datatype)),
                        ("lora_config", "INT32", config.astype(np.int32))]

@@ -111,7 +111,7 @@ class AdapterAdmin:
         rows = await asyncio.to_thread(_converted_rows, Artifact.read(route.out), source)
         if self.adapters.get(name) is not None:  # loaded meanwhile by a concurrent request
             raise RequestError(f"The lora adapter {name!r} has already been loaded.", param="lora_name")
-        self.adapters.add(name, route.name, str(source.resolve()), lambda: rows)
+        self.adapters.add(name, route.name, str(source.resolve()), lambda: rows)  # converted already
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload(self, request: web.Request) -> web.Response:

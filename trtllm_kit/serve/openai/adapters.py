@@ -10,6 +10,7 @@ seen. llmapi models are sent the adapter's name (``lora_name``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,10 +39,11 @@ class Adapter:
     is_sent: bool = False  # whether the server took its rows (as far as this frontend knows)
     _rows: Rows | None = field(default=None, repr=False)
 
-    def rows(self) -> Rows:
-        """The rows, read on the first request that sends them."""
+    async def rows(self) -> Rows:
+        """The rows, read (in a worker thread: reading and converting takes a while) by the first request that
+        sends them."""
         if self._rows is None:
-            self._rows = self.read_rows()
+            self._rows = await asyncio.to_thread(self.read_rows)
         return self._rows
 
     def inputs(self, with_rows: bool) -> LoraInputs:
