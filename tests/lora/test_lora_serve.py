@@ -145,7 +145,7 @@ def test_load_and_unload_on_the_running_server(served: Served, capsys: pytest.Ca
     assert "rank 32, above the artifact's max_lora_rank 16" in capsys.readouterr().err
     assert run(["lora", "load", *admin, "late", str(served.sources["late"])]) == 0
     assert tokens(served, "late") == peft_tokens(served.sources["late"])
-    assert run(["lora", "unload", *admin, "late"]) == 0
+    assert run(["lora", "unload", str(served.out), "late", "--api-key", served.secrets["ops"]]) == 0  # the serve of OUT
     status, error = tokens(served, "late")
     assert status == 404 and error["error"]["code"] == "model_not_found"
     assert run(["lora", "unload", *admin, "late"]) == 2
