@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import queue
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tests.integration.test_tensorrt_llm_cpu import Streams, inputs
@@ -57,14 +58,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         yield server, out, sources
 
 
-def peft_tokens(source: Path | None) -> list[int]:
+def peft_tokens(source: Path | None, prompt: list[int] = PROMPT) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
     if source is not None:
         model = PeftModel.from_pretrained(copy.deepcopy(model), source).eval()
     with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
                              do_sample=False, pad_token_id=0)
-    return out[0, len(PROMPT):].tolist()
+    return out[0, len(prompt):].tolist()
 
 
 def lora_inputs(out: Path, name: str, task_id: int, with_weights: bool) -> list[grpcclient.InferInput]:
@@ -122,3 +123,34 @@ def test_generated_repository_declares_lora_inputs_and_cache(served) -> None:
     step = next(s for s in configs["ensemble"].ensemble_scheduling.step if s.model_name == "tensorrt_llm")
     assert {k: v for k, v in step.input_map.items() if k.startswith("lora_")} == {
         "lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config"}
+
+
+def test_the_ensemble_passes_the_lora_inputs_through(served) -> None:
+    """Text in, the adapter's task id and rows beside it: the ensemble maps them onto tensorrt_llm (one whole
+    response: a decoupled ensemble's streamed pieces may arrive out of order)."""
+    server, out, sources = served
+    text = "The kit serves adapters"
+    values = [("text_input", np.array([[text.encode()]], np.object_), "BYTES"),
+              ("max_tokens", np.array([[MAX_TOKENS]], np.int32), "INT32"), ("stream", np.array([[False]]), "BOOL"),
+              ("end_id", np.array([[-1]], np.int32), "INT32")]
+    made = []
+    for name, array, dtype in values:
+        made.append(grpcclient.InferInput(name, list(array.shape), dtype))
+        made[-1].set_data_from_numpy(array)
+    events: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.config.endpoints.url("grpc")) as client:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.async_stream_infer("ensemble", made + lora_inputs(out, "qv4", 7, True), enable_empty_final_response=True)
+        texts = []
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            piece = result.as_numpy("text_output")
+            texts += [] if piece is None else [b"".join(piece.reshape(-1)).decode()]
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    tokenizer = AutoTokenizer.from_pretrained(builtin_dir("tiny-llama"))
+    expected = peft_tokens(sources["qv4"], tokenizer(text).input_ids)
+    assert expected != peft_tokens(None, tokenizer(text).input_ids)
+    assert "".join(texts) == tokenizer.decode(expected, skip_special_tokens=True)
