@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -15,6 +15,7 @@ from tritonclient.utils import serialize_byte_tensor
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.compat import TEXT_MODELS
 from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
+from trtllm_kit.serve.lora_wire import LORA_INPUTS, LoraInputs, weights_as
 
 
 class GenerationError(KitError):
@@ -23,17 +24,6 @@ class GenerationError(KitError):
     def __init__(self, message: str, *, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class LoraInputs:
-    """A request's LoRA adapter: its name (what an llmapi model takes) and task id (the ``tensorrt_llm`` cache key),
-    and, on a task's first request or after an eviction, its rows (``lora_weights`` [N, W] as float32 and
-    ``lora_config`` [N, 3]; read, off the event loop, only when sent to ``tensorrt_llm``)."""
-
-    name: str
-    task_id: int
-    rows: Callable[[], Awaitable[tuple[np.ndarray, np.ndarray]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +83,6 @@ SAMPLING_INPUTS = (("temperature", "temperature", "FP32", np.float32, "temperatu
 # fields a model must declare to be sent: the others are left to the model's default when it lacks them
 REFUSED_WHEN_MISSING = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
 TOKEN_MODEL = "tensorrt_llm"
-LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")
 
 
 class TextClient:
@@ -304,19 +293,6 @@ def _infer_request(model: str, request_id: str, values: list[tuple[str, str, np.
         raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
         request.raw_input_contents.append(raw)
     return request
-
-
-def weights_as(weights: np.ndarray, datatype: str) -> np.ndarray:
-    """float32 ``lora_weights`` in the model's type: FP32, FP16, or BF16 as its 16-bit patterns (numpy has no
-    bfloat16; Triton reads the raw bytes), rounded to nearest even.
-
-    Arguments:
-        weights: the rows as float32; datatype: the model's ``lora_weights`` type (``FP32``, ``FP16``, ``BF16``).
-    """
-    if datatype == "BF16":
-        bits = np.ascontiguousarray(weights, np.float32).view(np.uint32)
-        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return weights.astype({"FP32": np.float32, "FP16": np.float16}[datatype])
 
 
 def _guide_values(req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
