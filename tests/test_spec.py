@@ -180,7 +180,7 @@ def toml_text(values: dict[str, Any]) -> str:
 def field_strategy(d: Declared) -> st.SearchStrategy[Any]:
     if d.name == "tokens_per_block":
         return st.sampled_from([1, 2, 16, 32, 64, 128])
-    if d.name in ("kv_cache_fraction", "smoothquant_alpha"):
+    if d.name in ("kv_cache_fraction", "smoothquant_alpha", "lora_cache_gpu_memory_fraction"):
         return st.floats(min_value=0.01, max_value=1.0)
     if d.name.endswith("_port"):
         return st.integers(min_value=1, max_value=65535)

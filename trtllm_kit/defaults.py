@@ -10,3 +10,8 @@ DEFAULT_METRICS_PORT = 8002
 DEFAULT_READY_TIMEOUT_S = 300.0
 DEFAULT_ENGINE_WATCHDOG_S = 15.0  # an engine holding requests without a step for this long is treated as dead
 DEFAULT_MAX_LORA_RANK = 64  # the highest adapter rank an artifact takes (trtllm-build --max_lora_rank's default)
+# the backend's LoRA cache defaults (tensorrtllm_backend docs/lora.md): host bytes, share of GPU memory left after
+# the engine and the KV cache, and the rank that fills one cache page
+DEFAULT_LORA_CACHE_HOST_MEMORY_BYTES = 1 << 30
+DEFAULT_LORA_CACHE_GPU_MEMORY_FRACTION = 0.05
+DEFAULT_LORA_CACHE_OPTIMAL_ADAPTER_SIZE = 8

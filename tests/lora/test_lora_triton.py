@@ -1,35 +1,45 @@
-"""LoRA through a real tritonserver: the CPU ``tensorrt_llm`` model takes upstream's ``lora_task_id`` /
-``lora_weights`` / ``lora_config``; adapters and the base in one stream equal PEFT, an id the cache evicted fails
-alone with the backend's sentence, and resent weights give exact outputs again."""
+"""LoRA through a real tritonserver over the repository ``build`` generates: the CPU ``tensorrt_llm`` model takes
+upstream's ``lora_task_id`` / ``lora_weights`` / ``lora_config`` (declared with the LoRA cache parameters); adapters
+and the base in one stream equal PEFT, an id the cache evicted fails alone with the backend's sentence, and resent
+weights give exact outputs again."""
 
 from __future__ import annotations
 
 import copy
-import shutil
+import json
+import queue
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
-from google.protobuf import text_format
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tests.integration.test_tensorrt_llm_cpu import MODEL_PY, Streams, inputs, tensorrt_llm_config
+from tests.integration.test_tensorrt_llm_cpu import Streams, inputs
 from tests.integration.tritonserver import running_server
 from tests.lora.adapters import make_adapter
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.cli import run
+from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
+from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, module_shapes, to_rows
 
 pytestmark = pytest.mark.integration
 MAX_TOKENS = 8
 PROMPT = [5, 77, 301, 9, 640, 12, 18, 999, 3]
 ADAPTERS = {"qv4": (4, 8, ["q_proj", "v_proj"]), "mlp16": (16, 32, ["o_proj", "gate_proj", "up_proj", "down_proj"])}
-LORA_INPUTS = [("lora_task_id", "UINT64", [1]), ("lora_weights", "FP32", [-1, -1]), ("lora_config", "INT32", [-1, 3])]
+MAX_RANK = 16
+
+
+def one_adapter_bytes(model_dir: Path) -> int:
+    """The host memory of one float32 adapter of rank MAX_RANK on every module and layer: a cache of 1 (the HF
+    config has the sizes ``module_shapes`` reads)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    per_layer = sum(fan_in + fan_out for fan_in, fan_out in module_shapes(config).values())
+    return MAX_RANK * per_layer * int(config["num_hidden_layers"]) * 4
 
 
 @pytest.fixture(scope="module")
@@ -37,33 +47,25 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("lora-triton")
     out = root / "out"
     assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--dtype", "float32", "--no-verify",
-                "--out", str(out)]) == 0
+                "--max-lora-rank", str(MAX_RANK), "--lora-cache-host-memory-bytes",
+                str(one_adapter_bytes(builtin_dir("tiny-llama"))), "--out", str(out)]) == 0
     sources = {}
     for seed, (name, (rank, alpha, targets)) in enumerate(ADAPTERS.items()):
         sources[name] = make_adapter(builtin_dir("tiny-llama"), root / name, rank=rank, targets=targets,
                                      alpha=alpha, seed=seed)
         assert run(["lora", "add", str(out), name, str(sources[name])]) == 0
-    config = tensorrt_llm_config(out / "checkpoint")
-    for name, dtype, dims in LORA_INPUTS:
-        entry = config.input.add(name=name, data_type=mc.DataType.Value(f"TYPE_{dtype}"), dims=dims, optional=True)
-        entry.allow_ragged_batch = -1 in dims
-    config.parameters["lora_cache_max_adapters"].string_value = "1"
-    model_dir = root / "repo" / "tensorrt_llm"
-    (model_dir / "1").mkdir(parents=True)
-    shutil.copy(MODEL_PY, model_dir / "1" / "model.py")
-    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
-    with running_server(root / "repo", root) as server:
+    with running_server(out / "repo", root) as server:
         yield server, out, sources
 
 
-def peft_tokens(source: Path | None) -> list[int]:
+def peft_tokens(source: Path | None, prompt: list[int] = PROMPT) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
     if source is not None:
         model = PeftModel.from_pretrained(copy.deepcopy(model), source).eval()
     with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
                              do_sample=False, pad_token_id=0)
-    return out[0, len(PROMPT):].tolist()
+    return out[0, len(prompt):].tolist()
 
 
 def lora_inputs(out: Path, name: str, task_id: int, with_weights: bool) -> list[grpcclient.InferInput]:
@@ -104,3 +106,51 @@ def test_adapters_through_tritonserver_equal_peft_and_evictions_fail_alone(serve
     tokens, errors = streams.collect(1)
     streams.close()
     assert not errors and tokens == {"resent": expected["qv4"]}
+
+
+def test_generated_repository_declares_lora_inputs_and_cache(served) -> None:
+    _, out, _ = served
+    configs = {name: parse_config((out / "repo" / name / "config.pbtxt").read_text())
+               for name in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")}
+    for config in configs.values():
+        declared = {t.name: (mc.DataType.Name(t.data_type), list(t.dims), t.optional) for t in config.input}
+        assert declared["lora_task_id"] == ("TYPE_UINT64", [1], True)
+        assert declared["lora_weights"] == ("TYPE_FP32", [-1, -1], True)  # the checkpoint's dtype
+        assert declared["lora_config"] == ("TYPE_INT32", [-1, 3], True)
+    params = {k: v.string_value for k, v in configs["tensorrt_llm"].parameters.items()}
+    assert (params["lora_cache_max_adapter_size"], params["lora_cache_optimal_adapter_size"]) == (str(MAX_RANK), "8")
+    assert params["lora_cache_host_memory_bytes"] == str(one_adapter_bytes(builtin_dir("tiny-llama")))
+    step = next(s for s in configs["ensemble"].ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    assert {k: v for k, v in step.input_map.items() if k.startswith("lora_")} == {
+        "lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config"}
+
+
+def test_the_ensemble_passes_the_lora_inputs_through(served) -> None:
+    """Text in, the adapter's task id and rows beside it: the ensemble maps them onto tensorrt_llm (one whole
+    response: a decoupled ensemble's streamed pieces may arrive out of order)."""
+    server, out, sources = served
+    text = "The kit serves adapters"
+    values = [("text_input", np.array([[text.encode()]], np.object_), "BYTES"),
+              ("max_tokens", np.array([[MAX_TOKENS]], np.int32), "INT32"), ("stream", np.array([[False]]), "BOOL"),
+              ("end_id", np.array([[-1]], np.int32), "INT32")]
+    made = []
+    for name, array, dtype in values:
+        made.append(grpcclient.InferInput(name, list(array.shape), dtype))
+        made[-1].set_data_from_numpy(array)
+    events: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.config.endpoints.url("grpc")) as client:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.async_stream_infer("ensemble", made + lora_inputs(out, "qv4", 7, True), enable_empty_final_response=True)
+        texts = []
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            piece = result.as_numpy("text_output")
+            texts += [] if piece is None else [b"".join(piece.reshape(-1)).decode()]
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    tokenizer = AutoTokenizer.from_pretrained(builtin_dir("tiny-llama"))
+    expected = peft_tokens(sources["qv4"], tokenizer(text).input_ids)
+    assert expected != peft_tokens(None, tokenizer(text).input_ids)
+    assert "".join(texts) == tokenizer.decode(expected, skip_special_tokens=True)

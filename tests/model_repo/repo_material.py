@@ -17,8 +17,10 @@ CPU_LIMITS = EngineLimits(target="cpu", model_dir=Path("/models/checkpoint"), ma
 
 
 def write_engine_dir(path: Path, *, max_batch_size: int = 16, tp_size: int = 1, pp_size: int = 1,
-                     use_paged_context_fmha: bool = True, num_rank_files: int | None = None) -> Path:
-    """What trtllm-build leaves (config.json in the TensorRT-LLM 1.x layout, empty rank files): no GPU here."""
+                     use_paged_context_fmha: bool = True, num_rank_files: int | None = None,
+                     max_lora_rank: int | None = None) -> Path:
+    """What trtllm-build leaves (config.json in the TensorRT-LLM 1.x layout, empty rank files): no GPU here. With
+    ``max_lora_rank``, an engine built with ``--lora_plugin auto --max_lora_rank N``."""
     path.mkdir(parents=True, exist_ok=True)
     world = tp_size * pp_size
     config = {"version": "1.2.1",
@@ -28,6 +30,10 @@ def write_engine_dir(path: Path, *, max_batch_size: int = 16, tp_size: int = 1, 
                                "max_num_tokens": 4096, "max_beam_width": 1,
                                "plugin_config": {"tokens_per_block": 32,
                                                  "use_paged_context_fmha": use_paged_context_fmha}}}
+    if max_lora_rank is not None:
+        config["build_config"]["plugin_config"]["lora_plugin"] = "auto"
+        config["build_config"]["lora_config"] = {"max_lora_rank": max_lora_rank,
+                                                 "lora_target_modules": ["attn_q", "attn_v"]}
     (path / "config.json").write_text(json.dumps(config))
     for rank in range(world if num_rank_files is None else num_rank_files):
         (path / f"rank{rank}.engine").write_bytes(b"")

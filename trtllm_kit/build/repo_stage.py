@@ -28,7 +28,7 @@ def repo_key_parts(spec: Any) -> dict[str, Any]:
                      | {t.slot_model for t in TARGETS.values() if t.slot_model})
     return {"options": {k: values["repo"][k] for k in REPO_FIELDS},
             "limits": {k: values["build"][k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
-                                                        "tokens_per_block", "kv_cache_fraction")},
+                                                        "tokens_per_block", "kv_cache_fraction", "max_lora_rank")},
             "target": values["build"]["target"], "out": str(Path(values["out"]).absolute()), "schema": SCHEMA,
             "sources": {name: sha256_file(python_source(name)) for name in sources}}
 
@@ -52,7 +52,8 @@ def repo_stage(ctx: BuildContext) -> None:
     record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,
                               model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,
                               plan_fraction=fraction if fraction is not None else build.kv_cache_fraction,
-                              final_dir=ctx.spec.out.absolute() / "repo")
+                              final_dir=ctx.spec.out.absolute() / "repo",
+                              lora=target.lora_serving(ctx.out / target.model_dir, ctx.spec))
     expect = Expectation(world_size=ctx.mapping.world_size, kv_cache_fraction=fraction)
     report = validate_repository(ctx.out / "repo", read_limits=limits_from_dir, model_dir=limits.model_dir,
                                  expect=expect)

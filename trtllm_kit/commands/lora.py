@@ -25,6 +25,8 @@ def lora() -> None:
       trtllm-kit lora add out/ support ./my-peft-adapter    # adapter_config.json + adapter_model.safetensors
       trtllm-kit lora list out/
       trtllm-kit lora remove out/ support
+      trtllm-kit lora load out/ billing ./billing-adapter   # on the running serve of out/ (not kept in out/)
+      trtllm-kit lora unload out/ billing
     """
 
 
@@ -64,3 +66,46 @@ def remove(out: Path, name: str) -> None:
 
     remove_adapter(out, name)
     click.echo(f"removed adapter {name!r} from {out}.")
+
+
+URL = click.option("--url", help="The serve's OpenAI frontend, http://HOST:PORT (instead of OUT).")
+API_KEY = click.option("--api-key", envvar="TRTLLM_KIT_API_KEY",
+                       help="An admin key when the serve has gateway keys (env TRTLLM_KIT_API_KEY).")
+
+
+def _split(served: tuple[str, ...], url: str | None, names: str) -> tuple[Path | None, list[str]]:
+    """``[OUT] ARGS...``: OUT is given unless --url is."""
+    wanted = len(names.split())
+    if len(served) == wanted + (url is None):
+        return (None if url is not None else Path(served[0])), list(served[-wanted:])
+    raise click.UsageError(f"expected {'' if url is not None else 'OUT '}{names} (with --url, no OUT), got "
+                           f"{len(served)} argument(s).")
+
+
+@lora.command("load")
+@click.argument("served", nargs=-1, required=True, metavar="[OUT] NAME DIR")
+@URL
+@API_KEY
+def load(served: tuple[str, ...], url: str | None, api_key: str | None) -> None:
+    """Serve the PEFT adapter DIR as NAME on the running serve of OUT (or of --url, without OUT).
+
+    The adapter is checked as lora add checks it; it is served until unloaded or the serve stops (OUT is not changed).
+    """
+    from trtllm_kit.serve.lora_admin import call_adapter_endpoint, frontend_url
+
+    out, (name, adapter_dir) = _split(served, url, "NAME DIR")
+    body = {"lora_name": name, "lora_path": str(Path(adapter_dir).absolute())}
+    click.echo(call_adapter_endpoint(frontend_url(out, url), "/v1/load_lora_adapter", body, api_key))
+
+
+@lora.command("unload")
+@click.argument("served", nargs=-1, required=True, metavar="[OUT] NAME")
+@URL
+@API_KEY
+def unload(served: tuple[str, ...], url: str | None, api_key: str | None) -> None:
+    """Stop serving the adapter NAME on the running serve of OUT (or of --url, without OUT)."""
+    from trtllm_kit.serve.lora_admin import call_adapter_endpoint, frontend_url
+
+    out, (name,) = _split(served, url, "NAME")
+    click.echo(call_adapter_endpoint(frontend_url(out, url), "/v1/unload_lora_adapter", {"lora_name": name},
+                                     api_key))

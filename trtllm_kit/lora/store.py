@@ -22,7 +22,7 @@ from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.artifact.integrity import file_stats
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.lora.peft_adapter import read_adapter
+from trtllm_kit.lora.peft_adapter import PeftAdapter, read_adapter
 from trtllm_kit.names import CHECKPOINT_DIR, LORA_DIR
 from trtllm_kit.runtime.lora import ADAPTER_FILE, FUSED_GATE_UP, tensor_names
 
@@ -30,24 +30,18 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a directory name and an
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
-    """Check the PEFT adapter at ``source`` against the artifact ``out``, convert it, and record it as ``name``.
+def convert_adapter(artifact: Artifact, source: Path) -> tuple[PeftAdapter, dict[str, torch.Tensor]]:
+    """Check the PEFT adapter at ``source`` against ``artifact``'s base model and convert it: per layer and module
+    A and B (scale in B) in the checkpoint's dtype, named as ``ADAPTER_FILE`` holds them.
 
     Arguments:
-        out: a cpu-target artifact; name: the adapter's name in it; source: a PEFT adapter directory.
+        artifact: a cpu-target artifact; source: a PEFT adapter directory.
     """
-    if not NAME.fullmatch(name):
-        raise KitUsageError(f"adapter name {name!r} is not valid; use letters, digits, '.', '_' and '-' (at most 64, "
-                            "starting with a letter or digit).")
-    artifact = Artifact.read(out)
     if artifact.target != "cpu":
-        raise KitUsageError(f"{out} is a {artifact.target} artifact; adapters can be added to cpu artifacts so far "
-                            "(build with --target cpu).")
-    if name in artifact.records.adapters:
-        raise KitUsageError(f"{out} already has an adapter named {name!r}; remove it first (trtllm-kit lora remove "
-                            f"{out} {name}).")
-    checkpoint = read_json(out / CHECKPOINT_DIR / "config.json", f"{out} has no checkpoint/config.json; rebuild it.",
-                           KitUsageError)
+        raise KitUsageError(f"{artifact.path} is a {artifact.target} artifact; adapters can be added to cpu "
+                            "artifacts so far (build with --target cpu).")
+    checkpoint = read_json(artifact.path / CHECKPOINT_DIR / "config.json",
+                           f"{artifact.path} has no checkpoint/config.json; rebuild it.", KitUsageError)
     adapter = read_adapter(source, checkpoint, artifact.spec.build.max_lora_rank)
     dtype = TORCH_DTYPES.get(artifact.precision.dtype, torch.float32)
     tensors: dict[str, torch.Tensor] = {}
@@ -57,6 +51,28 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
         if module == FUSED_GATE_UP:  # HF stacks [gate; up], the checkpoint's swiglu fc is [up; gate]
             b = torch.cat(b.chunk(2)[::-1])
         tensors[b_name] = (b.to(torch.float32) * adapter.scale).to(dtype).contiguous()
+    return adapter, tensors
+
+
+def check_name(name: str) -> None:
+    """Refuse an adapter name that is not a directory name and an OpenAI model id."""
+    if not NAME.fullmatch(name):
+        raise KitUsageError(f"adapter name {name!r} is not valid; use letters, digits, '.', '_' and '-' (at most 64, "
+                            "starting with a letter or digit).")
+
+
+def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
+    """Check the PEFT adapter at ``source`` against the artifact ``out``, convert it, and record it as ``name``.
+
+    Arguments:
+        out: a cpu-target artifact; name: the adapter's name in it; source: a PEFT adapter directory.
+    """
+    check_name(name)
+    artifact = Artifact.read(out)
+    if name in artifact.records.adapters:
+        raise KitUsageError(f"{out} already has an adapter named {name!r}; remove it first (trtllm-kit lora remove "
+                            f"{out} {name}).")
+    adapter, tensors = convert_adapter(artifact, source)
     rel = f"{LORA_DIR}/{name}"
     staging = out / LORA_DIR / f".{name}.{os.getpid()}.tmp"
     staging.mkdir(parents=True)

@@ -2,10 +2,11 @@
 
 Each row is ``(name, data type, dims, required)``; dims exclude the Triton batch dimension. The
 ``tensorrt_llm`` tables are the upstream names and types on both targets, so clients and the ensemble never
-know which target they talk to. Multimodal, encoder-decoder, LoRA and speculative-decoding tensors are left out:
-the kit builds decoder-only text models. ``tensorrt_llm`` also declares the kit's own optional tensors for what
-upstream has no tensor for (``runtime_min_p``, top logprob alternatives, prompt logprobs); the C++ backend ignores
-them, the CPU runtime serves them (docs/openai-eval-engine.md).
+know which target they talk to. Multimodal, encoder-decoder and speculative-decoding tensors are left out: the kit
+builds decoder-only text models. The LoRA inputs (``lora_inputs``) are declared by models that take adapters.
+``tensorrt_llm`` also declares the kit's own optional tensors for what upstream has no tensor for
+(``runtime_min_p``, top logprob alternatives, prompt logprobs); the C++ backend ignores them, the CPU runtime
+serves them (docs/openai-eval-engine.md).
 """
 
 from __future__ import annotations
@@ -196,6 +197,17 @@ TRTLLM_TO_POSTPROCESSING = (("output_ids", "_TOKENS_BATCH", "TOKENS_BATCH"),
 # tensorrt_llm outputs passed through unchanged by ensemble and BLS, next to ``text_output``.
 PASSTHROUGH_OUTPUTS = tuple(t for t in TRTLLM_OUTPUTS if t.name not in ("output_ids", "sequence_length"))
 TEXT_OUTPUTS = (_t("text_output", "STRING", (-1,)), *PASSTHROUGH_OUTPUTS)
+
+
+def lora_inputs(weights_type: str) -> tuple[Tensor, ...]:
+    """Upstream's LoRA inputs of ``tensorrt_llm`` (and of the ensemble and BLS, which pass them through unchanged):
+    the task id (the cache key), and on a task's first request, or after its eviction, the adapter's rows.
+
+    Arguments:
+        weights_type: ``lora_weights``' data type, the model's own (``FP16``, ``BF16``, ``FP32``).
+    """
+    return (_t("lora_task_id", "UINT64"), _t("lora_weights", weights_type, (-1, -1)),
+            _t("lora_config", "INT32", (-1, 3)))
 
 
 def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:

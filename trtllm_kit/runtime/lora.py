@@ -43,6 +43,24 @@ def module_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
             "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
 
 
+def cache_capacity(config: dict[str, Any], max_adapter_size: int, host_memory_bytes: int) -> int:
+    """How many adapters of rank ``max_adapter_size`` on every module of every layer fit in ``host_memory_bytes``
+    (the backend's LoRA cache pages are sized that way); refuses a cache that holds not even one, as the backend does.
+
+    Arguments:
+        config: a TensorRT-LLM checkpoint ``config.json``; max_adapter_size: the highest rank;
+        host_memory_bytes: the cache's memory.
+    """
+    itemsize = torch.empty((), dtype=getattr(torch, str(config.get("dtype", "float32")))).element_size()
+    per_layer = sum(fan_in + fan_out for fan_in, fan_out in module_shapes(config).values())
+    adapter_bytes = max_adapter_size * per_layer * int(config["num_hidden_layers"]) * itemsize
+    if host_memory_bytes < adapter_bytes:
+        raise KitUsageError(f"Not enough space allocated to host LoRA cache to hold 1 max sized LoRA: "
+                            f"lora_cache_host_memory_bytes is {host_memory_bytes}, one adapter of rank "
+                            f"{max_adapter_size} takes {adapter_bytes}; raise it.")
+    return host_memory_bytes // adapter_bytes
+
+
 def tensor_names(layer: int, module: str) -> tuple[str, str]:
     """The converted file's names of A and B for a layer's module."""
     return f"layers.{layer}.{module}.lora_A", f"layers.{layer}.{module}.lora_B"
@@ -59,6 +77,15 @@ def load_adapter(path: Path, dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
     except (SafetensorError, OSError) as exc:
         raise KitUsageError(f"{path} cannot be read as a converted LoRA adapter ({exc}); add the adapter again "
                             "(trtllm-kit lora add).") from None
+    return adapter_pairs(tensors, dtype)
+
+
+def adapter_pairs(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
+    """A converted adapter's tensors (named by ``tensor_names``) as (layer, module) → (A, B) pairs in ``dtype``.
+
+    Arguments:
+        tensors: the converted adapter, as ``ADAPTER_FILE`` holds it; dtype: the compute dtype.
+    """
     pairs: dict[tuple[int, str], Pair] = {}
     for name in tensors:
         if name.endswith(".lora_A"):

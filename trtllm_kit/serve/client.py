@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
-from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.grpc import InferResult, model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.compat import TEXT_MODELS
 from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
+from trtllm_kit.serve.lora_wire import LORA_INPUTS, LoraInputs, weights_as
 from trtllm_kit.serve.scored import Scored, logits_scored, tensor_scored
 
 
@@ -52,6 +53,7 @@ class GenerationRequest:
     best_of: int | None = None  # sequences generated, when more than ``n``
     stop_words: tuple[tuple[int, ...], ...] = ()  # stop sequences as token ids (the engine's ``stop_words_list``)
     context_logits: bool = False  # prompt logprobs computed here from ``context_logits`` (the C++ backend's way)
+    lora: LoraInputs | None = None  # the adapter the request runs with (None: the base model)
 
     @property
     def num_sequences(self) -> int:
@@ -111,6 +113,7 @@ class TextClient:
         self._channel = grpc.aio.insecure_channel(url)
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._inputs: set[str] | None = None
+        self._types: dict[str, str] = {}  # input name → Triton data type
         self._batched = True
 
     async def close(self) -> None:
@@ -155,12 +158,14 @@ class TextClient:
                 raise GenerationError(f"model {self.model!r} is not available at {self.url}: {exc.details()}",
                                       status=404 if exc.code() == grpc.StatusCode.NOT_FOUND else 503) from None
             self._inputs = {tensor.name for tensor in response.config.input}
+            self._types = {t.name: model_config_pb2.DataType.Name(t.data_type)[len("TYPE_"):]
+                           for t in response.config.input}
             self._batched = response.config.max_batch_size > 0
         return self._inputs
 
     async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
         if isinstance(req.prompt, tuple) and self.model not in (None, self.token_model):
-            return self._token_request(req)
+            return self._token_request(req, await self._lora_values(req))
         names = await self.model_inputs()
         if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
             sampling = {field: getattr(req, field) for field in (
@@ -171,9 +176,12 @@ class TextClient:
             # the LLM API picks the best of best_of only once all are done: such a request is answered whole
             streaming = req.num_sequences == (req.n or 1)
             llmapi = llmapi_values(req.prompt, req.max_tokens, streaming=streaming, **sampling) + _guide_values(req)
+            if req.lora is not None:
+                self._check_lora(names, ("lora_name",))
+                llmapi.append(("lora_name", "BYTES", np.array([req.lora.name.encode()], dtype=np.object_)))
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
-            return self._token_request(req)
+            return self._token_request(req, await self._lora_values(req))
         if self.model == self.token_model:
             raise GenerationError(f"the server at {self.url} has none of {', '.join(TEXT_MODELS)} ready.", status=404)
         values: list[tuple[str, str, np.ndarray]] = [
@@ -191,9 +199,31 @@ class TextClient:
         for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
             if flag in names:
                 values.append((flag, "BOOL", np.array([True])))
+        values += await self._lora_values(req)
         return _infer_request(await self.resolve_model(), req.request_id, values, self._batched)
 
-    def _token_request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
+    async def _lora_values(self, req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
+        """The LoRA inputs of a request to ``tensorrt_llm`` (or the ensemble or BLS, which pass them on): the task id,
+        and the rows in the model's ``lora_weights`` type when the request carries them."""
+        if req.lora is None:
+            return []
+        names = await self.model_inputs()
+        self._check_lora(names, LORA_INPUTS)
+        values = [("lora_task_id", "UINT64", np.array([req.lora.task_id], np.uint64))]
+        if req.lora.rows is not None:
+            weights, config = await req.lora.rows()
+            datatype = self._types["lora_weights"]
+            values += [("lora_weights", datatype, weights_as(weights, datatype)),
+                       ("lora_config", "INT32", config.astype(np.int32))]
+        return values
+
+    def _check_lora(self, names: set[str], needed: tuple[str, ...]) -> None:
+        if not set(needed) <= names:
+            raise GenerationError(f"the model {self.model!r} takes no LoRA adapters (it has no {needed[0]} input); "
+                                  "serve an artifact built for adapters, or name the base model.", status=400)
+
+    def _token_request(self, req: GenerationRequest,
+                       lora: list[tuple[str, str, np.ndarray]]) -> service_pb2.ModelInferRequest:
         ids = np.asarray(req.prompt, dtype=np.int32)
         values: list[tuple[str, str, np.ndarray]] = [
             ("input_ids", "INT32", ids), ("input_lengths", "INT32", np.array([ids.size], np.int32)),
@@ -204,7 +234,7 @@ class TextClient:
             if value is not None:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
-        values += _guide_values(req)
+        values += _guide_values(req) + lora
         if req.n is not None:  # one request for every sequence: the prompt is computed once
             values.append(("num_return_sequences", "INT32", np.array([req.num_sequences], np.int32)))
         if req.stop_words:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from trtllm_kit.defaults import DEFAULT_LORA_CACHE_GPU_MEMORY_FRACTION, DEFAULT_LORA_CACHE_HOST_MEMORY_BYTES
 from trtllm_kit.enums import SchedulerPolicy
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.option import SharedFlag, check_declared, declared, option, plain
@@ -47,6 +48,13 @@ class RepoOptions:
         "Postprocessing instances (flag: --instances).", minimum=1))
     bls_instances: int | None = field(default=None, metadata=option("BLS instances (flag: --instances).",
                                                                     minimum=1))
+    lora_cache_host_memory_bytes: int = field(default=DEFAULT_LORA_CACHE_HOST_MEMORY_BYTES, metadata=option(
+        "Host memory of the LoRA adapter cache (the backend's lora_cache_host_memory_bytes; the CPU runtime holds as "
+        "many adapters of max_lora_rank on every module as fit); the least recently used adapter is evicted.",
+        "--lora-cache-host-memory-bytes", minimum=1))
+    lora_cache_gpu_memory_fraction: float = field(default=DEFAULT_LORA_CACHE_GPU_MEMORY_FRACTION, metadata=option(
+        "GPU memory of the LoRA cache, as a fraction of what is left after the engine and the KV cache (engine "
+        "target).", "--lora-cache-gpu-memory-fraction"))
     gpu_device_ids: str | None = field(default=None, metadata=option(
         "llmapi target: run one tensorrt_llm instance (its own LLM) per ';'-separated group of tp x pp GPU ids, "
         "e.g. 0,1;2,3 (default: one instance on the visible GPUs).", "--gpu-device-ids", metavar="IDS"))
@@ -59,6 +67,9 @@ class RepoOptions:
         if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, int | float)
                                      or not 0 < fraction <= 1):
             raise KitUsageError(f"kv_cache_free_gpu_mem_fraction must be in (0, 1], got {fraction!r}.")
+        if not 0 < self.lora_cache_gpu_memory_fraction <= 1:
+            raise KitUsageError(f"lora_cache_gpu_memory_fraction must be in (0, 1], got "
+                                f"{self.lora_cache_gpu_memory_fraction!r}.")
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> RepoOptions:

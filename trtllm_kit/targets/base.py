@@ -22,6 +22,7 @@ from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
 
 if TYPE_CHECKING:  # the inspection imports torch; the registry stays torch-free for a fast CLI start
+    from trtllm_kit.model_repo.lora import LoraServing
     from trtllm_kit.models.inspect import ModelSpec
 
 KEY_EXCLUDED_FLAGS = ("input_timing_cache", "output_timing_cache", "workers", "log_level")
@@ -153,6 +154,14 @@ class Target(ABC):
             model_dir: the directory gpt_model_path names; overrides: runtime sizes chosen by the user
             (``max_batch_size``, ``max_num_tokens``, ``max_seq_len``, ``tokens_per_block``; None: default).
         """
+
+    def lora_serving(self, model_dir: Path, spec: BuildSpec) -> LoraServing | None:
+        """How the ``tensorrt_llm`` slot over ``model_dir`` takes LoRA adapters; None: it takes none (default).
+
+        Arguments:
+            model_dir: the directory gpt_model_path names; spec: the build spec.
+        """
+        return None
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
         """What keeps ``artifact`` from being served here; empty when it can be.

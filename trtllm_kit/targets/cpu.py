@@ -4,7 +4,7 @@ the C++ backend's tensors, in-flight batching and a paged KV cache. For developm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import EngineLimits, EngineRecord
 from trtllm_kit.artifact.compat import Machine
@@ -17,8 +17,12 @@ from trtllm_kit.model_repo.limits import (
     CPU_MAX_SEQ_LEN,
 )
 from trtllm_kit.names import CHECKPOINT_DIR
+from trtllm_kit.spec import BuildSpec
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
+
+if TYPE_CHECKING:
+    from trtllm_kit.model_repo.lora import LoraServing
 
 
 class CpuTarget(Target):
@@ -66,3 +70,12 @@ class CpuTarget(Target):
             tokens_per_block=overrides.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK, use_paged_context_fmha=True,
             tp_size=mapping.tp_size, pp_size=mapping.pp_size,
             vocab_size=config.get("vocab_size"))
+
+    def lora_serving(self, model_dir: Path, spec: BuildSpec) -> LoraServing:
+        """Every cpu artifact takes adapters (``lora add`` after the build too), up to ``[build] max_lora_rank``, with
+        weights in the checkpoint's dtype."""
+        from trtllm_kit.model_repo.lora import LoraServing
+
+        config = read_json(model_dir / "config.json", f"{model_dir}/config.json does not exist; build the checkpoint "
+                           "first (trtllm-kit build).")
+        return LoraServing.of_dtype(spec.build.max_lora_rank, str(config.get("dtype", "float32")))

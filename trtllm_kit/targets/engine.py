@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact, EngineBuild, EngineLimits, EngineRecord
 from trtllm_kit.artifact.compat import Machine, compatibility, detect_machine, engine_problem
@@ -14,8 +14,12 @@ from trtllm_kit.engine.config_file import read_engine_config
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitError
 from trtllm_kit.names import ENGINE_DIR
+from trtllm_kit.spec import BuildSpec
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
+
+if TYPE_CHECKING:
+    from trtllm_kit.model_repo.lora import LoraServing
 
 
 class EngineTarget(Target):
@@ -77,6 +81,19 @@ class EngineTarget(Target):
             tokens_per_block=int(plugin.get("tokens_per_block", DEFAULT_TOKENS_PER_BLOCK)),
             use_paged_context_fmha=_enabled(plugin.get("use_paged_context_fmha", False)),
             tp_size=mapping.tp_size, pp_size=mapping.pp_size, vocab_size=config.pretrained.get("vocab_size"))
+
+    def lora_serving(self, model_dir: Path, spec: BuildSpec) -> LoraServing | None:
+        """An engine built with the LoRA plugin takes adapters up to its ``max_lora_rank``, with weights in the
+        engine's dtype (the backend refuses another); without the plugin it takes none."""
+        from trtllm_kit.model_repo.lora import LoraServing
+
+        config = read_engine_config(model_dir, f"{model_dir}/config.json does not exist; build the engine first "
+                                    "(trtllm-kit build).")
+        plugin = config.plugin.get("lora_plugin")
+        if not plugin or str(plugin).lower() == "disable":
+            return None
+        rank = (config.build.get("lora_config") or {}).get("max_lora_rank") or spec.build.max_lora_rank
+        return LoraServing.of_dtype(int(rank), str(config.pretrained.get("dtype", "float16")))
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
         return compatibility(artifact, machine or detect_machine())

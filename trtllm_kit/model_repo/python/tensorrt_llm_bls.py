@@ -40,6 +40,7 @@ PASSTHROUGH_INPUTS = (
     ("prompt_embedding_table", "prompt_embedding_table"), ("prompt_vocab_size", "prompt_vocab_size"),
     ("priority", "priority"),
 )
+LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")  # passed on as they came (any weights dtype)
 PREPROCESSING_INPUTS = (
     ("text_input", "QUERY"), ("max_tokens", "REQUEST_OUTPUT_LEN"), ("bad_words", "BAD_WORDS_DICT"),
     ("stop_words", "STOP_WORDS_DICT"), ("embedding_bias_words", "EMBEDDING_BIAS_WORDS"),
@@ -188,6 +189,7 @@ class TritonPythonModel:
                 inputs.append(pb_utils.Tensor(target, value))
         inputs += [pb_utils.Tensor(target, t.as_numpy()) for source, target in PASSTHROUGH_INPUTS
                    if (t := pb_utils.get_input_tensor_by_name(request, source)) is not None]
+        inputs += [t for name in LORA_INPUTS if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None]
         if sender is not None and sender.is_cancelled():
             raise Cancelled
         inner_id = uuid.uuid4().hex

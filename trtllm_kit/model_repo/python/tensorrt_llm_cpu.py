@@ -40,7 +40,7 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.heartbeat import Heartbeat
-from trtllm_kit.runtime.lora import LoraRequest, from_rows
+from trtllm_kit.runtime.lora import LoraRequest, cache_capacity, from_rows
 from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
 from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
@@ -122,6 +122,11 @@ class TritonPythonModel:
                                 "TensorRT-LLM checkpoint directory.")
         ckpt = Path(args["model_repository"]) / parameters["gpt_model_path"]  # absolute paths stay absolute
         torch.set_num_threads(int(parameters.get("cpu_threads") or torch.get_num_threads()))
+        host_bytes = parameters.get("lora_cache_host_memory_bytes")
+        max_rank = parameters.get("lora_cache_max_adapter_size")
+        if host_bytes and max_rank and not parameters.get("lora_cache_max_adapters"):  # the backend's cache in adapters
+            checkpoint = json.loads((ckpt / "config.json").read_text())
+            parameters["lora_cache_max_adapters"] = str(cache_capacity(checkpoint, int(max_rank), int(host_bytes)))
         self.engine = Engine.from_checkpoint(ckpt, EngineConfig.from_parameters(parameters))
         info = parameters.get("xgrammar_tokenizer_info_path", "")
         self.tokenizer_info = Path(args["model_repository"]) / info if info and "${" not in info else None
@@ -258,7 +263,7 @@ class TritonPythonModel:
             raise KitUsageError("Request for LoRA inference must have both lora_weights and lora_config.")
         if weights is None:
             return LoraRequest(int(task_id))
-        rows = torch.from_numpy(weights.as_numpy().astype(np.float32))
+        rows = torch.from_dlpack(weights.to_dlpack()).to(torch.float32, copy=True)  # dlpack: numpy has no bfloat16
         keys = torch.from_numpy(config.as_numpy().astype(np.int64))
         model = self.engine.model
         return LoraRequest(int(task_id), from_rows(rows.reshape(-1, rows.shape[-1]), keys.reshape(-1, 3),

@@ -31,6 +31,7 @@ from trtllm_kit.serve.fleet.members import route, versioned
 from trtllm_kit.serve.fleet.merge import copy_models, remove_models
 from trtllm_kit.serve.fleet.reload import answer, take_requests
 from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble
+from trtllm_kit.serve.openai.adapter_admin import serve_recorded
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.server.launcher import http_headers
 from trtllm_kit.serve.server.state import claim_run_dir, serving_pid, write_pid
@@ -126,6 +127,8 @@ class Reloader:
                     loaded.append(model)
                 await asyncio.get_running_loop().run_in_executor(None, new.load_tokenizer)
                 new.open(launch.endpoints.url("grpc"), frontend.config.triton_headers)
+                if frontend.table.adapters is not None:  # the new version's adapters, with new task ids
+                    serve_recorded(frontend.table.adapters, frontend.table, [new])
             except BaseException:
                 for model in reversed(loaded):
                     with contextlib.suppress(Exception):

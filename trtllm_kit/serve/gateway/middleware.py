@@ -30,6 +30,7 @@ LOG = logging.getLogger(__name__)
 METRICS_PATH = "/metrics"  # served without a key (per-key series for an admin key)
 OPEN_PATHS = ("/health", "/version")  # served without a key, as vLLM and trtllm-serve serve them
 ADMIT: web.RequestKey[Callable[[int], None]] = web.RequestKey("gateway_admit")
+KEY: web.RequestKey[KeyRecord] = web.RequestKey("gateway_key")  # the request's key, for handlers that need an admin
 
 
 def usage_log_path(keys_path: Path) -> Path:
@@ -130,6 +131,7 @@ class Gateway:
             self.metrics.outcome("", "unauthorized")
             raise RequestError("Incorrect, revoked or missing API key: pass a key as 'Authorization: Bearer KEY'.",
                                401, code="invalid_api_key")
+        request[KEY] = record
         routed = request.match_info.http_exception is None  # a 404 or 405 is the router's to answer
         model = (await json_body(request)).get("model") if request.method == "POST" and routed else None
         if model is not None and not record.may_use(str(model)):  # str(): the name the handler resolves

@@ -17,6 +17,8 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
 from trtllm_kit.serve.openai import prepare
+from trtllm_kit.serve.openai.adapter_admin import AdapterAdmin, serve_recorded
+from trtllm_kit.serve.openai.adapters import AdapterSet
 from trtllm_kit.serve.openai.choices import generate_choices
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import error_response, generation_failure
@@ -60,6 +62,8 @@ class OpenAIFrontend:
             if config.api_key is not None:
                 raise KitUsageError("--api-key and --api-keys both given; use one (a key file can hold one key).")
             self.gateway = Gateway(config.api_keys, config.usage_log, self.metrics.registry)
+        self.adapters = self.table.adapters = AdapterSet(self.metrics.registry)  # LoRA adapters named like models
+        serve_recorded(self.adapters, self.table)
 
     def app(self) -> web.Application:
         gateway = [] if self.gateway is None else [self.gateway.middleware]
@@ -74,6 +78,7 @@ class OpenAIFrontend:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        AdapterAdmin(self.table, self.adapters, self.gateway is not None).add_routes(app)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -159,6 +164,7 @@ class OpenAIFrontend:
                 max_len = route.max_seq_len
             entries.append({"id": name, "object": "model", "created": self.created, "owned_by": "trtllm-kit",
                             "max_model_len": max_len})
+        entries += self.adapters.cards(self.created, lambda name: self.table.routes[name].max_seq_len)
         return web.json_response({"object": "list", "data": entries})
 
     def _has(self) -> str:

@@ -61,7 +61,7 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
             many = num_sequences > 1
             gen = prepare.engine_request(route, body, prompt, replace(sampling, seed=base), scoring, f"{ident}-{i}",
                                          n=sampling.n if many else None, best_of=sampling.best_of)
-            sequences = SharedSequences(route.client, gen)
+            sequences = SharedSequences(route.stream, gen)
             shared.append(sequences)
             jobs += [(Run(route, gen, sampling, show_ids=False, chunks=_source(sequences, j)), scorers[j])
                      for j in range(sampling.n)]

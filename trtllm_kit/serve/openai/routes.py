@@ -3,18 +3,20 @@
 A route owns its client, tokenizer and limits, and counts its requests in flight so that a reload can wait for
 them before it unloads the route's models. An alias sends each request to one of its models by the stated
 shares: by a stable hash of the OpenAI ``user`` field when there is one (the same user always lands on the same
-model), at random otherwise.
+model), at random otherwise. A LoRA adapter's name resolves to a view of its base model's route that runs with it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.client import TOKEN_MODEL, TextClient
+from trtllm_kit.serve.client import TOKEN_MODEL, Chunk, GenerationRequest, TextClient
+from trtllm_kit.serve.openai.adapters import Adapter, AdapterSet
 from trtllm_kit.serve.openai.text import Tokenizer
 
 
@@ -36,6 +38,7 @@ class Route:
     # an engine artifact: whether it was built with ``[build] context_logits`` (prompt logprobs are computed from
     # them); None: the model scores prompts itself (cpu, llmapi)
     context_logits: bool | None = None
+    adapter: Adapter | None = None  # the LoRA adapter this view of a base model's route runs with
 
     @property
     def fingerprint(self) -> str:
@@ -52,10 +55,33 @@ class Route:
         """Create the route's Triton client (inside the running event loop)."""
         self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)
 
+    def stream(self, gen: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+        """The client's stream of ``gen``, with the route's adapter when it has one."""
+        assert self.client is not None, "the application is not started"
+        return self.client.stream(gen) if self.adapter is None else self.adapter.stream(self.client, gen)
+
     def load_tokenizer(self) -> None:
         """Load the tokenizer from ``tokenizer_dir`` (once)."""
         if self.tokenizer is None and self.tokenizer_dir is not None:
             self.tokenizer = Tokenizer(self.tokenizer_dir)
+
+
+class AdapterView(Route):
+    """A base model's route named as one of its adapters and running with it; its requests in flight are the
+    base's, so that a reload of the base waits for them too."""
+
+    def __init__(self, base: Route, adapter: Adapter) -> None:
+        self.base = base
+        values = {f.name: getattr(base, f.name) for f in fields(base)}
+        super().__init__(**{**values, "name": adapter.name, "adapter": adapter})
+
+    @property
+    def in_flight(self) -> int:
+        return self.base.in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self.base.in_flight = value
 
 
 @dataclass(frozen=True)
@@ -115,6 +141,7 @@ class RouteTable:
     routes: dict[str, Route] = field(default_factory=dict)
     aliases: dict[str, Alias] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
+    adapters: AdapterSet | None = None  # LoRA adapters of the served models, by name
 
     def add_alias(self, alias: Alias) -> None:
         """Add ``alias``, refusing one whose name is taken or whose models are not served."""
@@ -138,6 +165,9 @@ class RouteTable:
         route = self.routes.get(model)
         if route is None:
             route = next((r for r in self.routes.values() if model in (r.triton_model,)), None)
+        adapter = self.adapters.get(model) if route is None and self.adapters is not None else None
+        if adapter is not None and adapter.parent in self.routes:
+            route = AdapterView(self.routes[adapter.parent], adapter)
         if route is None:
             raise LookupError(model)
         return route, None

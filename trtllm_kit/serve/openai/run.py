@@ -51,13 +51,12 @@ class Run:
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
         """The pieces of the answer as they may be shown."""
-        assert self.route.client is not None, "the application is not started"
         matcher = StopMatcher(self.sampling.stops, self.sampling.include_stop)
         tokenizer = self.route.tokenizer
         decoder = None
         if isinstance(self.gen.prompt, tuple) and tokenizer is not None:
             decoder = tokenizer.decoder(self.sampling.skip_special_tokens)
-        stream = self.route.client.stream(self.gen) if self.chunks is None else self.chunks()
+        stream = self.route.stream(self.gen) if self.chunks is None else self.chunks()
         try:
             async for chunk in stream:
                 if self.gen.prompt_logprobs is not None and not self.prompt_scored:

@@ -9,9 +9,9 @@ sequences, which pass in order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
-from trtllm_kit.serve.client import Chunk, GenerationRequest, TextClient
+from trtllm_kit.serve.client import Chunk, GenerationRequest
 
 _END = None
 
@@ -20,11 +20,13 @@ class SharedSequences:
     """The chunk streams of one engine request's returned sequences.
 
     Arguments:
-        client: the route's Triton client; gen: the request (``n``, and ``best_of`` when more are generated).
+        send: the route's stream of a request (``Route.stream``: its client, with its adapter); gen: the request
+        (``n``, and ``best_of`` when more are generated).
     """
 
-    def __init__(self, client: TextClient, gen: GenerationRequest) -> None:
-        self.client, self.gen = client, gen
+    def __init__(self, send: Callable[[GenerationRequest], AsyncGenerator[Chunk, None]],
+                 gen: GenerationRequest) -> None:
+        self.send, self.gen = send, gen
         self.n = gen.n or 1
         self.queues: list[asyncio.Queue[Chunk | BaseException | None]] = [asyncio.Queue() for _ in range(self.n)]
         self.task: asyncio.Future[None] | None = None
@@ -53,7 +55,7 @@ class SharedSequences:
             if self.gen.num_sequences > self.n:
                 await self._best()
             else:
-                async for chunk in self.client.stream(self.gen):
+                async for chunk in self.send(self.gen):
                     self.queues[chunk.sequence_index].put_nowait(chunk)
         except Exception as exc:  # every choice fails with the request
             for queue in self.queues:
@@ -65,7 +67,7 @@ class SharedSequences:
     async def _best(self) -> None:
         """Every sequence to its end, then the ``n`` of highest cumulative logprob, best first."""
         by_index: dict[int, list[Chunk]] = {}
-        async for chunk in self.client.stream(self.gen):
+        async for chunk in self.send(self.gen):
             by_index.setdefault(chunk.sequence_index, []).append(chunk)
         ranked = sorted(by_index)  # a model that picked the n itself sent them in order
         if len(ranked) > self.n:
