@@ -223,7 +223,7 @@ class TextClient:
                                   "serve an artifact built for adapters, or name the base model.", status=400)
 
     def _token_request(self, req: GenerationRequest,
-                       lora: list[tuple[str, str, np.ndarray]]) -> service_pb2.ModelInferRequest:
+                       lora: list[tuple[str, str, np.ndarray]] | None = None) -> service_pb2.ModelInferRequest:
         ids = np.asarray(req.prompt, dtype=np.int32)
         values: list[tuple[str, str, np.ndarray]] = [
             ("input_ids", "INT32", ids), ("input_lengths", "INT32", np.array([ids.size], np.int32)),
@@ -234,7 +234,7 @@ class TextClient:
             if value is not None:
                 values.append((name, datatype, np.array([value], dtype=dtype)))
         values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
-        values += _guide_values(req) + lora
+        values += _guide_values(req) + (lora or [])
         if req.n is not None:  # one request for every sequence: the prompt is computed once
             values.append(("num_return_sequences", "INT32", np.array([req.num_sequences], np.int32)))
         if req.stop_words:
