@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class GenerationRequest:
     logprobs: int | None = None  # the generated tokens' logprobs with this many alternatives (None: none)
     prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many alternatives (None: none)
     guide: tuple[str, str] | None = None  # structured output: (guided_decoding_guide_type, guided_decoding_guide)
+    disaggregated_params: dict | None = None  # the OpenAI wire form of DisaggregatedParams (llmapi models)
 
 
 # One scored token: its id, its logprob (None for the first prompt token) and the best alternatives (id, logprob).
@@ -64,6 +66,7 @@ class Chunk:
     token_ids: tuple[int, ...] | None = None
     scored: tuple[Scored, ...] = ()  # the new tokens' logprobs, when asked for
     prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, in the first response, when asked for
+    disaggregated_params: dict | None = None  # what a context-only request returned (its final response)
 
 
 # (text interface input, tensorrt_llm input, Triton datatype, numpy dtype, GenerationRequest field)
@@ -163,6 +166,12 @@ class TextClient:
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
             llmapi = llmapi_values(req.prompt, req.max_tokens, **sampling) + _guide_values(req)
+            if req.disaggregated_params is not None:
+                if "disaggregated_params" not in names:
+                    raise GenerationError(f"the model {self.model!r} at {self.url} takes no disaggregated_params "
+                                          "(built before disaggregated serving); rebuild the llmapi artifact.")
+                wire = json.dumps(req.disaggregated_params).encode()
+                llmapi.append(("disaggregated_params", "BYTES", np.array([wire], dtype=np.object_)))
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
             return self._token_request(req)
@@ -230,7 +239,8 @@ class TextClient:
                     token_ids = tuple(int(t) for t in ids.reshape(-1))
                     prompt = req.prompt if req.prompt_logprobs is not None else ()
                     yield Chunk("", token_ids=token_ids, scored=_scored(result, "", token_ids),
-                                prompt_scored=_scored(result, "prompt_", prompt))
+                                prompt_scored=_scored(result, "prompt_", prompt),
+                                disaggregated_params=_disaggregated(result))
                 elif text is not None:
                     yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
                                 _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
@@ -292,6 +302,11 @@ def _scored(result: InferResult, prefix: str, token_ids: tuple[int, ...] | str) 
         alternatives = tuple((int(a), float(b)) for a, b in zip(top_ids[i], top_logprobs[i], strict=True))
         scored.append((token, float(logprobs[i]), alternatives))
     return tuple(scored)
+
+
+def _disaggregated(result: InferResult) -> dict | None:
+    value = result.as_numpy("disaggregated_params")
+    return json.loads(value.reshape(-1)[0]) if value is not None and value.size else None
 
 
 def _scalar(result: InferResult, name: str) -> int | None:

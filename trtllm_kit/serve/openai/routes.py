@@ -16,6 +16,7 @@ from pathlib import Path
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import TOKEN_MODEL, TextClient
 from trtllm_kit.serve.openai.text import Tokenizer
+from trtllm_kit.serve.two_step import TwoStepClient
 
 
 @dataclass(eq=False)
@@ -33,6 +34,7 @@ class Route:
     tokenizer: Tokenizer | None = None
     client: TextClient | None = None
     in_flight: int = 0
+    context_grpc_url: str | None = None  # a disaggregated serve's context server (``serve/two_step.py``)
 
     @property
     def fingerprint(self) -> str:
@@ -47,7 +49,11 @@ class Route:
 
     def open(self, grpc_url: str, headers: tuple[tuple[str, str], ...]) -> None:
         """Create the route's Triton client (inside the running event loop)."""
-        self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)
+        if self.context_grpc_url is not None:
+            self.client = TwoStepClient(grpc_url, self.context_grpc_url, self.triton_model, headers,
+                                        token_model=self.token_model)
+        else:
+            self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)
 
     def load_tokenizer(self) -> None:
         """Load the tokenizer from ``tokenizer_dir`` (once)."""
