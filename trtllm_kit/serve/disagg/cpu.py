@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.names import TRTLLM_MODEL
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
-from trtllm_kit.serve.disagg.roles import ROLES, disagg_servable, write_transceiver_options
+from trtllm_kit.serve.compat import servable
+from trtllm_kit.serve.disagg.roles import ROLES, check_disagg, write_transceiver_options
 from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
 from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
@@ -55,9 +55,9 @@ def serve_disaggregated_cpu(options: ServeOptions, on_ready: Callable[[dict[str,
     Arguments:
         options: the serve (``--disagg``); on_ready: called once with the state when both roles answer.
     """
-    target = disagg_servable(options)
+    check_disagg(options)
     settings, out = options.settings, options.out
-    check_artifact(target.artifact, hashes=settings.verify)
+    target = servable(out)
     install = locate_tritonserver(settings.tritonserver)
     holder = serving_pid(out)
     if holder is not None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trtllm_kit.serve.disagg.cpu import serve_disaggregated_cpu
+from trtllm_kit.serve.disagg.trtllm_serve import serve_disaggregated_trtllm
 from trtllm_kit.serve.options import ServeOptions
 
 
@@ -16,4 +17,7 @@ def serve_disaggregated(options: ServeOptions, on_ready: Callable[[dict[str, Any
     Arguments:
         options: the serve (``--disagg``); on_ready: called once with the state when every role answers.
     """
-    serve_disaggregated_cpu(options, on_ready)
+    if options.settings.server == "trtllm-serve":
+        serve_disaggregated_trtllm(options, on_ready)
+    else:
+        serve_disaggregated_cpu(options, on_ready)

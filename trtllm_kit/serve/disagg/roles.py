@@ -8,15 +8,17 @@ from typing import Any
 
 import yaml
 
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.options import ServeOptions
 
 ROLES = ("context", "generation")
 
 
-def disagg_servable(options: ServeOptions) -> Servable:
-    """The one llmapi OUT a ``--disagg`` serve takes, checked against its other flags.
+def check_disagg(options: ServeOptions) -> Artifact:
+    """The artifact of the one llmapi OUT a ``--disagg`` serve takes, checked against its other flags (its files
+    too, as ``serve`` checks them).
 
     Arguments:
         options: the serve.
@@ -26,11 +28,12 @@ def disagg_servable(options: ServeOptions) -> Servable:
     if options.settings.openai_port is None:
         raise KitUsageError("--disagg answers on the OpenAI port only (the two-step request); add --openai-port "
                             "PORT.")
-    target = servable(options.out)
-    if target.target.name != "llmapi":
-        raise KitUsageError(f"{options.out} is a target {target.target.name} build; --disagg serves llmapi builds "
+    artifact = Artifact.read(options.out)
+    if artifact.target != "llmapi":
+        raise KitUsageError(f"{options.out} is a target {artifact.target} build; --disagg serves llmapi builds "
                             "(trtllm-kit build MODEL --target llmapi).")
-    return target
+    check_artifact(artifact, hashes=options.settings.verify)
+    return artifact
 
 
 def transceiver_options(options: dict[str, Any], timeout_s: float) -> dict[str, Any]:
