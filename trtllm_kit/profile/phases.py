@@ -27,10 +27,9 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile.clients import StreamClient
 from trtllm_kit.profile.loadgen import offline, warm_up
 from trtllm_kit.profile.records import RequestRecord
-from trtllm_kit.profile.triton_metrics import MetricsScraper, Snapshot
+from trtllm_kit.profile.triton_metrics import MetricsScraper, kv_transfer
 from trtllm_kit.profile.workload import WorkloadSpec, synthetic_prompts
 
-TRANSFER_FAMILY = "trtllm_kit_kv_transfer_metrics"
 PHASES_FILE = "phases.json"
 GAUGE_LAG_S = 1.5  # the llmapi model publishes its gauges twice a second
 
@@ -75,18 +74,6 @@ def _failed(records: list[RequestRecord]) -> None:
                        f"{bad[0].error[:200]}); fix the server and measure again.")
 
 
-def _transfer(before: Snapshot | None, after: Snapshot | None) -> tuple[float | None, int]:
-    if before is None or after is None:
-        return None, 0
-
-    def value(snapshot: Snapshot, kind: str) -> float:
-        return snapshot.total(TRANSFER_FAMILY, kv_transfer_type=kind)
-
-    transfers = int(value(after, "transfers") - value(before, "transfers"))
-    seconds = value(after, "seconds") - value(before, "seconds")
-    return (seconds / transfers * 1e3 if transfers > 0 else None), max(transfers, 0)
-
-
 async def measure_phases(spec: PhasesSpec, client: StreamClient) -> MeasuredPhases:
     """Measure both phases through ``client`` and write ``phases.json`` into ``spec.out``.
 
@@ -116,7 +103,7 @@ async def measure_phases(spec: PhasesSpec, client: StreamClient) -> MeasuredPhas
     if scraper:
         await asyncio.sleep(GAUGE_LAG_S)  # the last requests' transfers reach the gauges
     after = await scraper.scrape() if scraper else None
-    transfer_ms, num_transfers = _transfer(before, after)
+    transfer_ms, num_transfers = kv_transfer(before, after) if before and after else (None, 0)
     prefill_tokens_s, ttft_ms = sorted(prefill)[len(prefill) // 2]
     decode_rate, itl_ms = sorted(decode)[len(decode) // 2]
     phases = MeasuredPhases(prefill_batch=spec.prefill_batch, isl=spec.isl, prefill_tokens_s=prefill_tokens_s,
