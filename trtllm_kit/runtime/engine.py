@@ -22,7 +22,7 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.kv_transfer import KvBlocks, read_blocks, token_slots, write_tokens
+from trtllm_kit.runtime.kv_transfer import KvBlocks, check_layout, read_blocks, token_slots, write_tokens
 from trtllm_kit.runtime.logprobs import record_generated, record_prompt
 from trtllm_kit.runtime.lora import AdapterCache, LoraBatch, LoraRequest
 from trtllm_kit.runtime.model import CheckpointModel, attend
@@ -129,14 +129,16 @@ class Engine:
             raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
         if (hold_kv or prefilled) and params.num_sequences > 1:
             raise KitUsageError("a disaggregated request samples one sequence; send n and best_of 1.")
+        if lora is not None:
+            self.model.check_lora()
+        adapter = self.lora_cache.resolve(lora) if lora is not None else None
         if prefilled is not None:
             if prefilled[1].num_tokens != len(prompt_ids):
                 raise KitUsageError(f"the transferred KV cache holds {prefilled[1].num_tokens} tokens but the prompt "
                                     f"has {len(prompt_ids)}; send the context request's prompt unchanged.")
-            return self._add_prefilled(prompt_ids, params, arrival_time, *prefilled)
-        if lora is not None:
-            self.model.check_lora()
-        adapter = self.lora_cache.resolve(lora) if lora is not None else None
+            check_layout(self.k_cache, prefilled[1])
+            return self._add_prefilled(Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, 0, adapter),
+                                       *prefilled)
         group = [Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, index, adapter)
                  for index in range(params.num_sequences)]
         for seq in group:
@@ -145,9 +147,7 @@ class Engine:
         self.scheduler.add(group[0])
         return group[0]
 
-    def _add_prefilled(self, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None,
-                       first_ids: list[int], kv: KvBlocks) -> Sequence:
-        seq = Sequence(next(self._seq_ids), prompt_ids, params, arrival_time)
+    def _add_prefilled(self, seq: Sequence, first_ids: list[int], kv: KvBlocks) -> Sequence:
         for token_id in first_ids:
             seq.append_token(token_id)
         if seq.finish_reason is not None:  # the first tokens complete it: nothing to compute

@@ -108,20 +108,30 @@ def read_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: list[
     return KvBlocks(num_tokens, tokens_per_block, k_cache[:, :, slots].clone(), v_cache[:, :, slots].clone())
 
 
+def check_layout(k_cache: torch.Tensor, kv: KvBlocks) -> None:
+    """Refuse K/V the receiving pool cannot hold: another layer count, total KV heads, head size or dtype.
+
+    Arguments:
+        k_cache: the receiving pool's K; kv: the transferred K/V.
+    """
+    layers, tp_size, _, heads, head_size = k_cache.shape
+    sent_layers, sent_tp, _, sent_heads, sent_size = kv.k.shape
+    if (sent_layers, sent_tp * sent_heads, sent_size, kv.k.dtype) != (layers, tp_size * heads, head_size,
+                                                                       k_cache.dtype) or kv.v.shape != kv.k.shape:
+        raise KitUsageError(f"the transferred KV cache has {sent_layers} layers, {sent_tp * sent_heads} KV heads of "
+                            f"{sent_size} in {kv.k.dtype}, but this engine has {layers}, {tp_size * heads} of "
+                            f"{head_size} in {k_cache.dtype}; serve the same checkpoint and dtype in both roles.")
+
+
 def write_tokens(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, kv: KvBlocks) -> None:
-    """Install ``kv`` into the pool slots of the receiving sequence's first tokens, re-split over its TP ranks.
+    """Install ``kv`` (``check_layout`` passed) into the pool slots of the receiving sequence's first tokens,
+    re-split over its TP ranks.
 
     Arguments:
         k_cache, v_cache: the receiving pool; slots: ``token_slots`` of its block table for ``kv.num_tokens``;
         kv: the transferred K/V.
     """
     layers, tp_size, _, heads, head_size = k_cache.shape
-    sent_layers, sent_tp, _, sent_heads, sent_size = kv.k.shape
-    if (sent_layers, sent_tp * sent_heads, sent_size, kv.k.dtype) != (layers, tp_size * heads, head_size,
-                                                                       k_cache.dtype):
-        raise KitUsageError(f"the transferred KV cache has {sent_layers} layers, {sent_tp * sent_heads} KV heads of "
-                            f"{sent_size} in {kv.k.dtype}, but this engine has {layers}, {tp_size * heads} of "
-                            f"{head_size} in {k_cache.dtype}; serve the same checkpoint and dtype in both roles.")
     for cache, sent in ((k_cache, kv.k), (v_cache, kv.v)):
         tokens = kv.token_major(sent).reshape(layers, kv.num_tokens, tp_size, heads, head_size)
         cache[:, :, slots] = tokens.permute(0, 2, 1, 3, 4)
