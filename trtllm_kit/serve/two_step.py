@@ -1,9 +1,10 @@
 """The frontend's client of a disaggregated serve: upstream's two-step request (``trtllm-serve disaggregated``).
 
 Every generation first goes to the context server as a copy with ``max_tokens`` 1 and ``disaggregated_params``
-``{"request_type": "context_only"}``, not streamed; the parameters its final response returns (first token,
-``ctx_request_id``, ``encoded_opaque_state``) go with ``request_type`` ``generation_only`` and the original request
-to the generation server, whose responses (streamed or not) are the answer: they start with the context's token.
+``{"request_type": "context_only"}`` (its one token arrives in one response); the parameters its final response
+returns (first token, ``ctx_request_id``, ``encoded_opaque_state``) go with ``request_type`` ``generation_only``
+and the original request to the generation server, whose responses (streamed or not) are the answer: they start
+with the context's token.
 A context response without ``encoded_opaque_state`` ended at its first token (the end token): it is the answer,
 and no generation request is sent. A client that leaves between the steps leaves the context server's blocks held
 until its ``kv_transfer_timeout_ms``.
