@@ -1,7 +1,8 @@
-"""Aggregated or disaggregated, and the prefill:decode ratio, modelled from the memory plan and GPU rooflines.
+"""Aggregated or disaggregated, and the prefill:decode ratio, modelled from the memory plan and GPU rooflines, or
+from per-phase figures ``bench --phases`` measured on a served artifact (``MeasuredPhases``).
 
-Nothing here is measured: every figure comes from the model's shapes, its precision and a GPU's datasheet peaks
-derated by fixed efficiencies (``MFU``, ``MBU``). For one worker of ``tp`` GPUs (``F`` = tp x peak FLOP/s x MFU,
+Modelled, every figure comes from the model's shapes, its precision and a GPU's datasheet peaks derated by fixed
+efficiencies (``MFU``, ``MBU``). For one worker of ``tp`` GPUs (``F`` = tp x peak FLOP/s x MFU,
 ``B`` = tp x HBM bytes/s x MBU, ``W`` weight bytes, ``k`` KV bytes per token, ``N`` parameters)::
 
     prefill    P    = F / (2N + 2 L d_attn ISL)                 tokens/s; TTFT = ISL / P (+ ISL k / LINK, disagg)
@@ -12,14 +13,20 @@ derated by fixed efficiencies (``MFU``, ``MBU``). For one worker of ``tp`` GPUs 
     aggregated a step may carry a prefill chunk c = min(ISL, MAX_NUM_TOKENS): b_agg is the largest b with
                t(b) + c / P <= ITL; requests/s = 1 / (ISL / P + OSL t(b_agg) / b_agg)
 
+Measured, ``P`` is the prefill tokens/s at the measured batch and ``D = c r`` at the measured decode concurrency
+``c`` with ``r`` tokens/s per sequence; ``t(b)`` is the measured step ``1 / r`` at ``b = c`` (one worker as served,
+TTFT with the measured KV transfer); the aggregated alternative runs that step plus a prefill chunk.
+
 Disaggregated is recommended when aggregated cannot meet the ITL target at any batch, or when the whole-worker
 xPyD unit gives more output tokens/s per GPU than aggregated by more than ``DISAGG_MARGIN``.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitUsageError
@@ -60,6 +67,42 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class MeasuredPhases:
+    """What ``bench --phases`` measured on one served worker (its ``phases.json``)."""
+
+    prefill_batch: int
+    isl: int
+    prefill_tokens_s: float
+    ttft_ms_p50: float
+    decode_concurrency: int
+    osl: int
+    decode_tokens_s_per_seq: float
+    itl_ms_p50: float
+    kv_transfer_ms_per_request: float | None = None  # a disaggregated serve's, from its transfer gauges
+    num_kv_transfers: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.prefill_tokens_s, self.decode_tokens_s_per_seq) <= 0 or self.decode_concurrency < 1:
+            raise KitUsageError(f"the measured phases hold no positive throughput (prefill {self.prefill_tokens_s} "
+                                f"tokens/s, decode {self.decode_tokens_s_per_seq} tokens/s per sequence); measure "
+                                "again with trtllm-kit bench --phases.")
+
+    @classmethod
+    def read(cls, path: Path) -> MeasuredPhases:
+        """Read a ``phases.json``; a file that is not one says so in one sentence.
+
+        Arguments:
+            path: the file ``bench --phases`` wrote.
+        """
+        try:
+            values = json.loads(Path(path).read_text())
+            return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+        except (OSError, ValueError, TypeError) as exc:
+            raise KitUsageError(f"{path} is not a phases.json of trtllm-kit bench --phases ({exc}); write one with "
+                                "trtllm-kit bench --phases --out DIR.") from None
+
+
+@dataclass(frozen=True)
 class DisaggPlan:
     """The modelled figures of both phases, the aggregated alternative, and the recommendation."""
 
@@ -82,8 +125,11 @@ class DisaggPlan:
     agg_tokens_s_per_gpu: float
     ttft_met: bool
     recommendation: str
+    measured: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        if self.measured:
+            return {**asdict(self), "modelled": False}
         return {**asdict(self), "modelled": True, "mfu": MFU, "mbu": MBU, "link_bytes_s": LINK_BYTES_S}
 
 
@@ -135,35 +181,61 @@ def plan_disagg(hf: HFConfig, precision: Precision, gpu: GPU, work: Workload) ->
     if decode_batch < 1:
         raise KitUsageError(f"no decode batch meets --itl-slo {work.itl_s * 1e3:g} ms on {tp} x {gpu.name} (one "
                             f"step reads {weights / 1e9:.0f} GB: {step(1) * 1e3:.1f} ms); relax the target.")
-    decode = decode_batch / step(decode_batch)
+    chunk_s = min(work.isl, MAX_NUM_TOKENS) / prefill
+    agg_batch = _batch(work.itl_s - chunk_s, weights, kv_token, context, bandwidth, room)
+    return _decide(work, gpu.name, tp, prefill, decode_batch, step(decode_batch), agg_batch,
+                   step(agg_batch) if agg_batch else 0.0, work.isl * kv_token / LINK_BYTES_S,
+                   weight_bytes=weights, kv_bytes_per_token=kv_token, flops_per_token=flops_token)
+
+
+def plan_measured(phases: MeasuredPhases, work: Workload) -> DisaggPlan:
+    """The plan from ``bench --phases`` figures (the module's measured formula), for one worker as served.
+
+    Arguments:
+        phases: the measured figures; work: lengths and targets.
+    """
+    step_s = 1 / phases.decode_tokens_s_per_seq
+    chunk_s = min(work.isl, MAX_NUM_TOKENS) / phases.prefill_tokens_s
+    agg_batch = phases.decode_concurrency if step_s + chunk_s <= work.itl_s else 0
+    transfer_s = (phases.kv_transfer_ms_per_request or 0.0) / 1e3
+    return _decide(work, "measured", 1, phases.prefill_tokens_s, phases.decode_concurrency, step_s, agg_batch,
+                   step_s, transfer_s, measured=True)
+
+
+def _decide(work: Workload, gpu: str, tp: int, prefill: float, decode_batch: int, step_s: float, agg_batch: int,
+            agg_step_s: float, transfer_s: float, **figures: Any) -> DisaggPlan:
+    """The ratio, both alternatives per GPU and the recommendation from the phases' figures."""
+    decode = decode_batch / step_s
     ratio = (decode / work.osl) / (prefill / work.isl)
     workers = (max(1, round(ratio)), 1) if ratio >= 1 else (1, max(1, round(1 / ratio)))
     unit_requests = min(workers[0] * prefill / work.isl, workers[1] * decode / work.osl)
     disagg_per_gpu = unit_requests * work.osl / (sum(workers) * tp)
-    chunk_s = min(work.isl, MAX_NUM_TOKENS) / prefill
-    agg_batch = _batch(work.itl_s - chunk_s, weights, kv_token, context, bandwidth, room)
-    agg_per_gpu = work.osl / (work.isl / prefill + work.osl * step(agg_batch) / agg_batch) / tp if agg_batch else 0.0
+    agg_per_gpu = work.osl / (work.isl / prefill + work.osl * agg_step_s / agg_batch) / tp if agg_batch else 0.0
     disagg = agg_batch < 1 or disagg_per_gpu > agg_per_gpu * (1 + DISAGG_MARGIN)
-    ttft_disagg = work.isl / prefill + work.isl * kv_token / LINK_BYTES_S
+    ttft_disagg = work.isl / prefill + transfer_s
     return DisaggPlan(
-        gpu=gpu.name, tp_size=tp, weight_bytes=weights, kv_bytes_per_token=kv_token, flops_per_token=flops_token,
+        gpu=gpu, tp_size=tp, weight_bytes=figures.get("weight_bytes", 0),
+        kv_bytes_per_token=figures.get("kv_bytes_per_token", 0), flops_per_token=figures.get("flops_per_token", 0.0),
         prefill_tokens_s=prefill, ttft_s=work.isl / prefill, ttft_disagg_s=ttft_disagg, decode_batch=decode_batch,
-        decode_step_s=step(decode_batch), decode_tokens_s=decode, prefill_per_decode=ratio,
+        decode_step_s=step_s, decode_tokens_s=decode, prefill_per_decode=ratio,
         prefill_workers=workers[0], decode_workers=workers[1], disagg_tokens_s_per_gpu=disagg_per_gpu,
         agg_batch=agg_batch, agg_tokens_s_per_gpu=agg_per_gpu,
         ttft_met=(ttft_disagg if disagg else work.isl / prefill) <= work.ttft_s,
-        recommendation="disaggregated" if disagg else "aggregated")
+        recommendation="disaggregated" if disagg else "aggregated", measured=bool(figures.get("measured")))
 
 
 def describe(plan: DisaggPlan, work: Workload) -> list[str]:
     """The plan as text: the figures, each with the formula term it fills, and the recommendation."""
     tp = plan.tp_size
-    return [
-        f"modelled (no measurement): {tp} x {plan.gpu} per worker, MFU {MFU}, MBU {MBU}, ISL {work.isl}, "
-        f"OSL {work.osl}, TTFT <= {work.ttft_s * 1e3:g} ms, ITL <= {work.itl_s * 1e3:g} ms",
+    targets = f"ISL {work.isl}, OSL {work.osl}, TTFT <= {work.ttft_s * 1e3:g} ms, ITL <= {work.itl_s * 1e3:g} ms"
+    head = [f"measured (bench --phases, one worker as served): {targets}"] if plan.measured else [
+        f"modelled (no measurement): {tp} x {plan.gpu} per worker, MFU {MFU}, MBU {MBU}, {targets}",
         f"  weights W = {plan.weight_bytes / 1e9:.2f} GB, KV k = {plan.kv_bytes_per_token} B/token, "
-        f"2N + 2 L d_attn ISL = {plan.flops_per_token / 1e9:.1f} GFLOP/token",
-        f"  prefill P = F / FLOP per token = {plan.prefill_tokens_s:,.0f} tokens/s; TTFT {plan.ttft_s * 1e3:.1f} ms "
+        f"2N + 2 L d_attn ISL = {plan.flops_per_token / 1e9:.1f} GFLOP/token"]
+    source = "measured" if plan.measured else "F / FLOP per token"
+    return [
+        *head,
+        f"  prefill P = {source} = {plan.prefill_tokens_s:,.0f} tokens/s; TTFT {plan.ttft_s * 1e3:.1f} ms "
         f"aggregated, {plan.ttft_disagg_s * 1e3:.1f} ms with the KV transfer",
         f"  decode b = {plan.decode_batch}, t(b) = {plan.decode_step_s * 1e3:.1f} ms, D = b / t(b) = "
         f"{plan.decode_tokens_s:,.0f} tokens/s",

@@ -75,3 +75,19 @@ def test_probe_tells_triton_metrics_from_other_answers(triton_server, openai_ser
     assert not ok and "does not answer with Prometheus metrics" in error
     ok, error, _ = asyncio.run(probe(f"{openai_server.url}/nothing-here"))
     assert (ok, error) == (False, f"{openai_server.url}/nothing-here answers HTTP 404")
+
+
+TRANSFERS = """# TYPE trtllm_kit_kv_transfer_metrics gauge
+trtllm_kit_kv_transfer_metrics{{kv_transfer_type="transfers",model="tensorrt_llm",version="1"}} {transfers}
+trtllm_kit_kv_transfer_metrics{{kv_transfer_type="seconds",model="tensorrt_llm",version="1"}} {seconds}
+"""
+
+
+def test_window_summary_reports_the_kv_transfer_per_request_of_a_disaggregated_serve():
+    values = dict(failure=0, queue=0, compute=0, pending=0, active=0, waiting=0, used=0, iterations=0)
+    before = parse_metrics(TEXT.format(success=0, **values) + TRANSFERS.format(transfers=4, seconds=0.5), 0)
+    after = parse_metrics(TEXT.format(success=10, **values) + TRANSFERS.format(transfers=14, seconds=0.75), 10**9)
+    out = window_summary(before, after, [], "tensorrt_llm")
+    assert out["kv_transfers"] == 10 and out["kv_transfer_ms_per_request"] == pytest.approx(25.0)
+    plain = window_summary(snap(0, success=0, **values), snap(1, success=1, **values), [], "tensorrt_llm")
+    assert "kv_transfers" not in plain

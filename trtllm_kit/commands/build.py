@@ -70,9 +70,11 @@ def build(ctx: click.Context, config_file: Path | None, as_json: bool, dry_run: 
               "(--disagg).")
 @click.option("--itl-slo", type=float, default=50.0, show_default=True, help="Inter-token latency target, ms "
               "(--disagg).")
+@click.option("--phases", "phases_file", type=click.Path(path_type=Path), help="Per-phase figures measured by "
+              "trtllm-kit bench --phases (its phases.json) instead of the modelled ones (--disagg).")
 @click.pass_context
 def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_json: bool, disagg: bool, isl: int,
-         osl: int, ttft_slo: float, itl_slo: float, **_flags: Any) -> None:
+         osl: int, ttft_slo: float, itl_slo: float, phases_file: Path | None, **_flags: Any) -> None:
     """Plan a build of MODEL without doing it: per-rank memory, KV capacity, stages with their cache status,
     the exact trtllm-build command and the fused decoder layer. Only the model's config.json is needed.
 
@@ -81,31 +83,39 @@ def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_js
       trtllm-kit plan builtin:tiny-llama --gpu L4 --graph layer.onnx
       trtllm-kit plan ./Meta-Llama-3-70B --gpu H100-80GB --tp 4 --kv-cache fp8 --json
       trtllm-kit plan ./Meta-Llama-3-8B --gpu H100 --disagg --isl 4096 --osl 512 --ttft-slo 1000 --itl-slo 50
+      trtllm-kit plan builtin:tiny-llama --disagg --phases results/phases.json --isl 512 --osl 64
     """
     from trtllm_kit.spec import build_spec
 
     file_values, flags = spec_sources(ctx, config_file)
     file_values.setdefault("out", Path("out"))
     spec = build_spec(file_values, flags)
+    if phases_file is not None and not disagg:
+        raise KitUsageError("--phases feeds the disaggregation plan; add --disagg.")
     if disagg:
-        _print_disagg(spec, isl, osl, ttft_slo, itl_slo, as_json)
+        _print_disagg(spec, isl, osl, ttft_slo, itl_slo, as_json, phases_file)
     else:
         _print_plan(spec, graph, as_json)
 
 
-def _print_disagg(spec: Any, isl: int, osl: int, ttft_ms: float, itl_ms: float, as_json: bool) -> None:
+def _print_disagg(spec: Any, isl: int, osl: int, ttft_ms: float, itl_ms: float, as_json: bool,
+                  phases_file: Path | None) -> None:
     from trtllm_kit.checkpoint.trtllm_config import precision_of
-    from trtllm_kit.disagg_plan import Workload, describe, plan_disagg
+    from trtllm_kit.disagg_plan import MeasuredPhases, Workload, describe, plan_disagg, plan_measured
     from trtllm_kit.gpus import resolve_gpu
     from trtllm_kit.models.hf_config import read_hf_config
     from trtllm_kit.models.inspect import resolve_model_path
 
-    hf = read_hf_config(resolve_model_path(spec.model))
-    gpu = resolve_gpu(spec.build.gpu, None, [])
-    if gpu is None:
-        raise KitUsageError("plan --disagg models a GPU from its datasheet; name it with --gpu (e.g. --gpu H100).")
     work = Workload(isl, osl, ttft_ms / 1e3, itl_ms / 1e3)
-    result = plan_disagg(hf, precision_of(spec, hf), gpu, work)
+    if phases_file is not None:
+        result = plan_measured(MeasuredPhases.read(phases_file), work)
+    else:
+        hf = read_hf_config(resolve_model_path(spec.model))
+        gpu = resolve_gpu(spec.build.gpu, None, [])
+        if gpu is None:
+            raise KitUsageError("plan --disagg models a GPU from its datasheet; name it with --gpu (e.g. --gpu "
+                                "H100), or pass measured figures with --phases FILE.")
+        result = plan_disagg(hf, precision_of(spec, hf), gpu, work)
     if as_json:
         emit_json({"workload": {"isl": isl, "osl": osl, "ttft_slo_ms": ttft_ms, "itl_slo_ms": itl_ms},
                    **result.to_dict()})

@@ -56,13 +56,16 @@ def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, 
             emit_json(state)
             return
         openai = f", OpenAI http://{state['openai']}/v1" if state.get("openai") else ""
+        roles = " disaggregated," if state.get("disagg") else ""
         if state.get("server") == "trtllm-serve":
-            click.echo(f"ready in {state['ready_s']:.1f} s: trtllm-serve, OpenAI http://{state['openai']}/v1 (pid "
-                       f"{state['server_pid']}, log {state['log']})", err=not as_json)
+            click.echo(f"ready in {state['ready_s']:.1f} s: trtllm-serve,{roles} OpenAI http://{state['openai']}/v1 "
+                       f"(pid {state['server_pid']}, log {state['log']})", err=not as_json)
             return
+        if state.get("disagg"):
+            roles = f" (context server gRPC {state['context']['grpc']}, metrics {state['context']['metrics']})"
         click.echo(f"ready in {state['ready_s']:.1f} s: {state['model']} on HTTP http://{state['http']}, gRPC "
-                   f"{state['grpc']}, metrics http://{state['metrics']}/metrics{openai} (pid {state['pid']}, log "
-                   f"{state['log']})" + ("" if detach else "; Ctrl-C to stop"), err=not as_json)
+                   f"{state['grpc']}, metrics http://{state['metrics']}/metrics{openai}{roles} (pid {state['pid']}, "
+                   f"log {state['log']})" + ("" if detach else "; Ctrl-C to stop"), err=not as_json)
 
     if detach:
         ready(serve_detached(options))

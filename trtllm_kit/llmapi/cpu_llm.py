@@ -21,8 +21,10 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
+from trtllm_kit.llmapi.cpu_disagg import Disaggregation
 from trtllm_kit.llmapi.cpu_result import ERROR, RequestError, RequestOutput, Update
 from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, SamplingParams, logprob_dict
+from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
@@ -30,7 +32,7 @@ from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
-__all__ = ["LLM", "GuidedDecodingParams", "RequestError", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "DisaggregatedParams", "GuidedDecodingParams", "RequestError", "RequestOutput", "SamplingParams"]
 
 
 class LLM:
@@ -39,15 +41,16 @@ class LLM:
     Arguments:
         model: the unified checkpoint directory; tensor_parallel_size, pipeline_parallel_size: the layout the
         runtime emulates; max_batch_size, max_num_tokens, max_seq_len, kv_cache_config, enable_chunked_prefill,
-        scheduler_config, guided_decoding_backend (None or ``xgrammar``): as ``TorchLlmArgs``; every other
-        ``TorchLlmArgs`` field is accepted and has no effect.
+        scheduler_config, guided_decoding_backend (None or ``xgrammar``): as ``TorchLlmArgs``;
+        cache_transceiver_config: its ``kv_transfer_timeout_ms`` bounds how long a context-only request's blocks
+        wait for their fetch (``cpu_disagg.py``); every other ``TorchLlmArgs`` field is accepted and has no effect.
     """
 
     def __init__(self, model: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                  max_batch_size: int | None = None, max_num_tokens: int | None = None, max_seq_len: int | None = None,
                  kv_cache_config: dict[str, Any] | None = None, enable_chunked_prefill: bool = False,
                  scheduler_config: dict[str, Any] | None = None, guided_decoding_backend: str | None = None,
-                 **_gpu_only: Any) -> None:
+                 cache_transceiver_config: dict[str, Any] | None = None, **_gpu_only: Any) -> None:
         kv = dict(kv_cache_config or {})
         policy = str((scheduler_config or {}).get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")).lower()
         batch, seq_len = int(max_batch_size or 8), int(max_seq_len or 1024)
@@ -73,23 +76,29 @@ class LLM:
         self._active: dict[int, tuple[RequestOutput, int]] = {}  # seq_id → (output, tokens sent)
         self._stats: list[dict[str, Any]] = []
         self._stopping = threading.Event()
+        self.disagg = Disaggregation(self.engine, self._inbox, cache_transceiver_config)
         self._thread = threading.Thread(target=self._loop, name="trtllm-kit-cpu-llm", daemon=True)
         self._thread.start()
 
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None,
-                       streaming: bool = False, priority: float = DEFAULT_PRIORITY, **_unused: Any) -> RequestOutput:
+                       streaming: bool = False, priority: float = DEFAULT_PRIORITY,
+                       disaggregated_params: DisaggregatedParams | None = None, **_unused: Any) -> RequestOutput:
         """Queue one request (a prompt string or token ids); must be called on the asyncio loop that consumes it.
 
         Arguments:
             inputs: the prompt; sampling_params: generation settings; streaming: one output per step;
             priority: TensorRT-LLM's request priority in [0, 1], higher first (the CPU runtime's scheduler orders
-            its waiting queue by it and preempts lower-priority running requests for it).
+            its waiting queue by it and preempts lower-priority running requests for it);
+            disaggregated_params: a context-only or generation-only request (``cpu_disagg.py``).
         """
         params = sampling_params or SamplingParams()
         ids = list(inputs) if isinstance(inputs, list) else self._encode(str(inputs), add_special_tokens=True)
         runtime_params = self._runtime_params(params, float(priority))  # refuses bad values before anything runs
         output = RequestOutput(self, ids, streaming, params)
-        self._inbox.put(("add", (output, runtime_params)))
+        if disaggregated_params is not None:
+            self.disagg.submit(output, runtime_params, disaggregated_params)
+        else:
+            self._inbox.put(("add", (output, runtime_params, {})))
         return output
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
@@ -106,6 +115,7 @@ class LLM:
         self._stopping.set()
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
+        self.disagg.transceiver.close()
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if self.tokenizer is None:
@@ -149,12 +159,13 @@ class LLM:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                timeout = 0 if self.engine.has_work() else None
-                self._handle(*(self._inbox.get_nowait() if timeout == 0 else self._inbox.get()))
+                timeout = 0 if self.engine.has_work() else self.disagg.transceiver.wait_s()
+                self._handle(*(self._inbox.get_nowait() if timeout == 0 else self._inbox.get(timeout=timeout)))
                 while True:
                     self._handle(*self._inbox.get_nowait())
             except queue.Empty:
                 pass
+            self.disagg.expire()
             if self.engine.has_work():
                 try:
                     sampled, finished = self.engine.step()
@@ -172,14 +183,18 @@ class LLM:
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
-            output, params = payload
+            output, params, options = payload
             try:
-                output.seq = self.engine.add_request(output.prompt_token_ids, params)
+                output.seq = self.engine.add_request(output.prompt_token_ids, params, **options)
             except Exception as exc:  # a request that can never run finishes at once with the reason
                 output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
                 return
             for seq in output.seq.group:
                 self._active[seq.seq_id] = (output, 0)
+            if output.seq.is_finished:  # a generation-only request its first tokens complete
+                self._progress(output.seq)
+        elif kind == "release":
+            self.engine.release(payload)
         elif kind == "cancel" and payload.seq is not None and payload.seq.seq_id in self._active:
             self._cancel_group(payload, report=True)
 
@@ -214,7 +229,7 @@ class LLM:
             else None,
             torch.stack(seq.generation_logits) if params.return_generation_logits and seq.generation_logits else None,
             torch.stack(seq.context_logits) if params.return_context_logits and sent == 0 and seq.context_logits
-            else None))
+            else None, self.disagg.finished(seq) if seq.is_finished else None))
 
     def _snapshot(self) -> dict[str, Any]:
         s = self.engine.stats()
@@ -225,7 +240,8 @@ class LLM:
                                  "reusedBlocks": s.blocks_reused, "missedBlocks": s.blocks_missed},
                 "inflightBatchingStats": {"numScheduledRequests": s.scheduled, "numContextRequests": s.context,
                                           "numGenRequests": s.generation_requests,
-                                          "numPausedRequests": s.preemptions, "numCtxTokens": s.total_context_tokens}}
+                                          "numPausedRequests": s.preemptions, "numCtxTokens": s.total_context_tokens},
+                "kvTransferStats": self.disagg.stats()}
 
 
 def _tokenizer(path: Path) -> Any:

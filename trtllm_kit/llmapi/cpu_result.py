@@ -41,6 +41,7 @@ class Update:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     generation_logits: Any = None
     context_logits: Any = None
+    disaggregated_params: Any = None  # a finished context-only request's DisaggregatedParams
 
 
 class RequestOutput:
@@ -85,6 +86,8 @@ class RequestOutput:
             out.generation_logits = update.generation_logits
         if update.context_logits is not None:
             self.context_logits = update.context_logits
+        if update.disaggregated_params is not None:
+            out.disaggregated_params = update.disaggregated_params
         if update.reason is not None:
             out.finish_reason = FINISH_REASONS.get(update.reason, update.reason)
         if all(o.finish_reason is not None for o in self._all):

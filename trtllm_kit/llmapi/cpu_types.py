@@ -98,6 +98,7 @@ class CompletionOutput:
     logprobs: TokenLogprobs = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=list)
     generation_logits: Any = None  # torch.Tensor [tokens, vocab] with return_generation_logits
+    disaggregated_params: Any = None  # a context-only request's DisaggregatedParams, once finished
     text_diff: str = ""
     token_ids_diff: list[int] = field(default_factory=list)
     logprobs_diff: TokenLogprobs = field(default_factory=list)

@@ -273,19 +273,7 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
     """
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "requests.jsonl").unlink(missing_ok=True)
-    if spec.openai_url:
-        model = spec.model or await openai_model_name(spec.openai_url, spec.api_key)
-        client: StreamClient = OpenAIStreamClient(spec.openai_url, model, spec.timeout_s,
-                                                  text_decoder(spec.tokenizer) if spec.tokenizer else None,
-                                                  spec.api_key)
-    else:
-        model = spec.model or "tensorrt_llm"
-        client = TritonStreamClient(spec.url, model, spec.timeout_s)
-        try:
-            await client.check_ready()
-        except KitError:
-            await client.close()
-            raise
+    client, model = await open_client(spec)
     notes = []
     scraper = MetricsScraper(spec.metrics_url) if spec.metrics_url else None
     if scraper and not spec.metrics_url_given and not await scraper.probe():
@@ -311,6 +299,26 @@ async def run_bench_async(spec: BenchSpec, on_done: Any = None, sampler: NvmlSam
                "notes": notes, "runs": runs, "levels": {k: across_repeats(v) for k, v in by_level.items()},
                "valid": all(r["valid"] for r in runs)}
     return write_report(results, spec.out, sampler, scraper, plots=spec.plots)
+
+
+async def open_client(spec: BenchSpec) -> tuple[StreamClient, str]:
+    """The streaming client of the measured endpoint (OpenAI or Triton gRPC, checked ready) and its model name.
+
+    Arguments:
+        spec: the benchmark (its endpoint, model, timeout, tokenizer and key are read).
+    """
+    if spec.openai_url:
+        model = spec.model or await openai_model_name(spec.openai_url, spec.api_key)
+        return OpenAIStreamClient(spec.openai_url, model, spec.timeout_s,
+                                  text_decoder(spec.tokenizer) if spec.tokenizer else None, spec.api_key), model
+    model = spec.model or "tensorrt_llm"
+    client = TritonStreamClient(spec.url, model, spec.timeout_s)
+    try:
+        await client.check_ready()
+    except KitError:
+        await client.close()
+        raise
+    return client, model
 
 
 def default_metrics_url(endpoint: str) -> str:

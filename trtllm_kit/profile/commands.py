@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,12 @@ def _print_results(results: dict[str, Any], as_json: bool) -> None:
 
 @click.group(invoke_without_command=True, context_settings={"ignore_unknown_options": False})
 @load_options
+@click.option("--phases", is_flag=True, help="Measure the two phases instead (prefill tokens/s at --prefill-batch, "
+              "decode tokens/s per sequence at --decode-concurrency; KV transfer ms per request from a serve "
+              "--disagg's --metrics-url) into OUT/phases.json for plan --disagg --phases.")
+@click.option("--prefill-batch", type=int, default=4, show_default=True, help="Prefill requests at once (--phases).")
+@click.option("--decode-concurrency", type=int, default=4, show_default=True,
+              help="Decoding sequences at once (--phases).")
 @click.pass_context
 def bench(ctx: click.Context, as_json: bool, **values: Any) -> None:
     """Measure a running endpoint: TTFT, ITL, TPOT, throughput, goodput; write a report to --out.
@@ -154,15 +161,46 @@ def bench(ctx: click.Context, as_json: bool, **values: Any) -> None:
       trtllm-kit bench --rate 2,8 --duration 60 --slo ttft=200,itl=20 --out results/
       trtllm-kit bench --openai-url http://127.0.0.1:9000/v1 --concurrency 8 --requests 100 --out results/
       trtllm-kit bench compare base/summary.json new/summary.json --max-regression 5%
+      trtllm-kit bench --phases --openai-url http://127.0.0.1:9000/v1 --isl 512 --osl 64 --out phases/
     """
     if ctx.invoked_subcommand is not None:
         return
     from trtllm_kit.profile.bench import run_bench
 
+    if values.pop("phases"):
+        _bench_phases(values, as_json)
+        return
+    values.pop("prefill_batch"), values.pop("decode_concurrency")
     spec = bench_spec(values)
     with Progress(not as_json) as progress:
         results = run_bench(spec, progress)
     _print_results(results, as_json)
+
+
+def _bench_phases(values: dict[str, Any], as_json: bool) -> None:
+    from trtllm_kit.profile.bench import open_client
+    from trtllm_kit.profile.phases import PHASES_FILE, PhasesSpec, run_phases
+
+    if values["out"] is None:
+        raise KitUsageError("no result directory given; pass --out DIR.")
+    spec = PhasesSpec(out=values["out"], isl=values["isl"], osl=values["osl"], prefill_batch=values["prefill_batch"],
+                      decode_concurrency=values["decode_concurrency"], rounds=values["repeats"],
+                      warmup=values["warmup_requests"], vocab_size=values["vocab_size"],
+                      seed=values["seed"], metrics_url=values["metrics_url"])
+
+    async def client() -> Any:
+        return (await open_client(bench_spec({**values, "num_requests": 1})))[0]
+
+    phases = run_phases(spec, client)
+    if as_json:
+        click.echo(json.dumps(asdict(phases), indent=2))
+        return
+    transfer = "" if phases.kv_transfer_ms_per_request is None else \
+        f"; KV transfer {phases.kv_transfer_ms_per_request:.2f} ms per request ({phases.num_kv_transfers} transfers)"
+    click.echo(f"prefill {phases.prefill_tokens_s:,.0f} tokens/s at batch {phases.prefill_batch} x ISL {phases.isl} "
+               f"(TTFT p50 {phases.ttft_ms_p50:.1f} ms); decode {phases.decode_tokens_s_per_seq:,.1f} tokens/s per "
+               f"sequence at concurrency {phases.decode_concurrency} (ITL p50 {phases.itl_ms_p50:.2f} ms){transfer}")
+    click.echo(f"wrote {spec.out / PHASES_FILE}")
 
 
 # ``bench compare`` must not require bench's --out.
@@ -182,6 +220,7 @@ def compare(base: Path, new: Path, max_regression: str, thresholds: tuple[str, .
     \b
     Example:
       trtllm-kit bench compare base/summary.json new/summary.json --max-regression 5%
+      trtllm-kit bench --phases --openai-url http://127.0.0.1:9000/v1 --isl 512 --osl 64 --out phases/
     """
     from dataclasses import asdict
 

@@ -106,6 +106,24 @@ class MetricsScraper:
                  "value": value} for s in self.snapshots for (name, labels), value in s.values.items()]
 
 
+KV_TRANSFER_FAMILY = "trtllm_kit_kv_transfer_metrics"  # gauges of a disaggregated serve's CPU engines
+
+
+def kv_transfer(before: Snapshot, after: Snapshot, **labels: str) -> tuple[float | None, int]:
+    """(mean KV transfer ms per request, transfers) between two scrapes of a generation server (None, 0 without
+    transfers).
+
+    Arguments:
+        before, after: the scrapes; labels: a filter (e.g. ``model``).
+    """
+    def delta(kind: str) -> float:
+        return after.total(KV_TRANSFER_FAMILY, kv_transfer_type=kind, **labels) - \
+            before.total(KV_TRANSFER_FAMILY, kv_transfer_type=kind, **labels)
+
+    transfers = int(delta("transfers"))
+    return (delta("seconds") / transfers * 1e3 if transfers > 0 else None), max(transfers, 0)
+
+
 def window_summary(before: Snapshot, after: Snapshot, during: list[Snapshot], model: str | None = None) -> dict:
     """Server-side values of one window: request deltas, mean queue/compute time, gauges' mean and max.
 
@@ -145,6 +163,9 @@ def window_summary(before: Snapshot, after: Snapshot, during: list[Snapshot], mo
                 series.setdefault(kind, []).append(value)
         if series:
             out[key] = {kind: {"mean": sum(v) / len(v), "max": max(v)} for kind, v in series.items()}
+    transfer_ms, transfers = kv_transfer(before, after, **labels)
+    if transfers:
+        out["kv_transfer_ms_per_request"], out["kv_transfers"] = transfer_ms, transfers
     kv = [s.series("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type") for s in points]
     utilization = [k["used"] / k["max"] for k in kv if k.get("max")]
     if utilization:

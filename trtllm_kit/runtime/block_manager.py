@@ -61,7 +61,7 @@ class BlockManager:
         so that its logits are computed."""
         hits: list[int] = []
         prefix_hash = seq.kv_salt
-        reusable = self.enable_reuse and not seq.params.needs_prompt_logits
+        reusable = self.enable_reuse and not seq.params.needs_prompt_logits and seq.kv_import is None
         for index in range((len(seq) - 1) // self.tokens_per_block if reusable else 0):
             token_ids = seq.block_token_ids(index, self.tokens_per_block)
             block_hash = hash((prefix_hash, tuple(token_ids)))
@@ -89,7 +89,7 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Give a sequence its reused prefix blocks and fresh ones up to ``num_tokens`` tokens; the reused tokens
-        count as computed.
+        (or those whose K/V it imports) count as computed.
 
         Arguments:
             seq: a waiting sequence without blocks; num_tokens: as for ``can_allocate``.
@@ -105,7 +105,8 @@ class BlockManager:
         self.num_reused_blocks += len(hits)
         if self.enable_reuse:
             self.num_missed_blocks += max((len(seq) - 1) // self.tokens_per_block - len(hits), 0)
-        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.tokens_per_block
+        seq.num_cached_tokens = len(hits) * self.tokens_per_block
+        seq.num_computed_tokens = max(seq.num_cached_tokens, seq.num_imported_tokens)
         self.append(seq, num_tokens)
 
     def can_append(self, seq: Sequence, num_tokens: int) -> bool:

@@ -22,12 +22,13 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.kv_transfer import KvBlocks, check_layout, read_blocks, token_slots, write_tokens
 from trtllm_kit.runtime.logprobs import record_generated, record_prompt
 from trtllm_kit.runtime.lora import AdapterCache, LoraBatch, LoraRequest
 from trtllm_kit.runtime.model import CheckpointModel, attend
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
-from trtllm_kit.runtime.sequence import SamplingParams, Sequence
+from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
 
 
 @dataclass
@@ -109,27 +110,70 @@ class Engine:
         return cls(CheckpointModel.load(Path(ckpt_dir), compute_dtype), config)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
-                    lora: LoraRequest | None = None) -> Sequence:
+                    lora: LoraRequest | None = None, *, hold_kv: bool = False,
+                    prefilled: tuple[list[int], KvBlocks] | None = None) -> Sequence:
         """Queue a request; raises ``KitUsageError`` for one that can never run (``LoraNotCachedError`` for an
         adapter neither cached nor sent) and ``QueueFullError``. Returns its first sequence; ``seq.group`` holds
         all ``params.num_sequences`` of them.
 
         Arguments:
             prompt_ids: input token ids; params: sampling settings; arrival_time: ``time.perf_counter()`` value;
-            lora: the request's LoRA task id and, when not cached, its weights (None: the base model).
+            lora: the request's LoRA task id and, when not cached, its weights (None: the base model);
+            hold_kv: a context-only request: once its first token is made its blocks stay (``export_kv``) until
+            ``release``; prefilled: a generation-only request: the first tokens made elsewhere and its prompt's K/V,
+            installed when it is admitted (it then continues from them; it ends at once when they reach
+            ``max_tokens``).
         """
         vocab = self.model.dims.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
+        if any(not 0 <= t < vocab for t in [*prompt_ids, *(prefilled[0] if prefilled else [])]):
             raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
+        if (hold_kv or prefilled) and params.num_sequences > 1:
+            raise KitUsageError("a disaggregated request samples one sequence; send n and best_of 1.")
         if lora is not None:
             self.model.check_lora()
         adapter = self.lora_cache.resolve(lora) if lora is not None else None
+        if prefilled is not None:
+            if prefilled[1].num_tokens != len(prompt_ids):
+                raise KitUsageError(f"the transferred KV cache holds {prefilled[1].num_tokens} tokens but the prompt "
+                                    f"has {len(prompt_ids)}; send the context request's prompt unchanged.")
+            check_layout(self.k_cache, prefilled[1])
+            return self._add_prefilled(Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, 0, adapter),
+                                       *prefilled)
         group = [Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, index, adapter)
                  for index in range(params.num_sequences)]
         for seq in group:
             seq.group, seq.fork_of = group, (group[0] if seq.index else None)
+        group[0].holds_kv = hold_kv
         self.scheduler.add(group[0])
         return group[0]
+
+    def _add_prefilled(self, seq: Sequence, first_ids: list[int], kv: KvBlocks) -> Sequence:
+        for token_id in first_ids:
+            seq.append_token(token_id)
+        if seq.finish_reason is not None:  # the first tokens complete it: nothing to compute
+            seq.status = SequenceStatus.FINISHED
+            return seq
+        seq.kv_import = kv
+        self.scheduler.add(seq)
+        return seq
+
+    def export_kv(self, seq: Sequence) -> KvBlocks:
+        """A copy of a held context-only sequence's prompt K/V, in the pool's block layout.
+
+        Arguments:
+            seq: a sequence in ``scheduler.held``.
+        """
+        assert seq.seq_id in self.scheduler.held, "only a held sequence's blocks stay valid"
+        return read_blocks(self.k_cache, self.v_cache, seq.block_table, self.config.tokens_per_block,
+                           seq.num_prompt_tokens)
+
+    def release(self, seq: Sequence) -> None:
+        """Free a held context-only sequence's blocks (after its transfer, or when nobody fetched it in time).
+
+        Arguments:
+            seq: a sequence of this engine.
+        """
+        self.scheduler.release(seq)
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence now and free its blocks (and its group's forks still waiting for its prompt).
@@ -147,6 +191,11 @@ class Engine:
         """One iteration; returns the sequences that received a token (or ended) and those that finished (a
         sequence that could not be sampled finishes with reason ``error`` and its ``error`` sentence)."""
         seqs = self.scheduler.schedule()
+        for seq in seqs:
+            if seq.kv_import is not None:  # admitted now: its blocks receive the transferred K/V
+                slots = token_slots(seq.block_table, self.config.tokens_per_block, seq.kv_import.num_tokens)
+                write_tokens(self.k_cache, self.v_cache, slots, seq.kv_import)
+                seq.kv_import = None
         context = [s for s in seqs if s.num_output_tokens == 0 or s.num_uncomputed_tokens > 1]
         self.last_scheduled, self.last_context = len(seqs), len(context)
         self.last_context_tokens = sum(s.num_scheduled_tokens for s in context)

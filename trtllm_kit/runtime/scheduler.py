@@ -47,6 +47,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.padding: list[Sequence] = []  # static batching: finished members of the running batch
+        self.held: dict[int, Sequence] = {}  # finished context-only requests whose blocks await their transfer
         self.num_preemptions = 0
 
     def is_finished(self) -> bool:
@@ -67,7 +68,8 @@ class Scheduler:
             raise KitUsageError(f"request {seq.seq_id} asks for {seq.num_prompt_tokens} input + "
                                 f"{seq.params.max_tokens} output tokens, more than max_seq_len {config.max_seq_len}; "
                                 "lower request_output_len.")
-        if seq.num_prompt_tokens > config.max_num_tokens and not config.enable_chunked_context:
+        if (seq.num_prompt_tokens > config.max_num_tokens and not config.enable_chunked_context
+                and seq.kv_import is None):
             raise KitUsageError(f"request {seq.seq_id} has {seq.num_prompt_tokens} input tokens, more than "
                                 f"max_num_tokens {config.max_num_tokens}; shorten it or set "
                                 "enable_chunked_context.")
@@ -157,9 +159,9 @@ class Scheduler:
             return scheduled  # a pool too full to admit anyone this step
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             seq = self.waiting[0]
-            reuse = manager.prefix_hits(seq)
-            num_tokens = self._chunk(seq, len(seq) - len(reuse) * manager.tokens_per_block, budget)
-            first = len(reuse) * manager.tokens_per_block + num_tokens
+            computed = max(len(manager.prefix_hits(seq)) * manager.tokens_per_block, seq.num_imported_tokens)
+            num_tokens = self._chunk(seq, len(seq) - computed, budget)
+            first = computed + num_tokens
             reserve = first if policy == "max_utilization" else max(seq.max_num_tokens, first)
             if num_tokens == 0 or not manager.can_allocate(seq, reserve, self._fork_blocks(seq)):
                 break
@@ -230,6 +232,15 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
+    def release(self, seq: Sequence) -> None:
+        """Free the blocks of a held context-only sequence (transferred, or never fetched in time).
+
+        Arguments:
+            seq: a sequence in ``held``; any other is left as it is.
+        """
+        if self.held.pop(seq.seq_id, None) is not None:
+            self.block_manager.free(seq)
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """Retire a sequence at once (finished or cancelled) and free its blocks.
 
@@ -239,7 +250,9 @@ class Scheduler:
         """
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-            if self.config.batch_scheduler_policy == "static" and reason != "cancelled":
+            if seq.holds_kv and reason == "length":  # its first token made: the K/V waits for its transfer
+                self.held[seq.seq_id] = seq
+            elif self.config.batch_scheduler_policy == "static" and reason != "cancelled":
                 self.padding.append(seq)
             else:
                 self.block_manager.free(seq)

@@ -14,6 +14,7 @@ from trtllm_kit.runtime.sampling_rules import MAX_SEED, extras_problem, is_greed
 
 if TYPE_CHECKING:
     from trtllm_kit.runtime.grammar import CompiledGuide
+    from trtllm_kit.runtime.kv_transfer import KvBlocks
     from trtllm_kit.runtime.lora import Adapter
 
 DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's default request priority
@@ -150,6 +151,8 @@ class Sequence:
         self.context_logits: list[torch.Tensor] = []  # [vocab] per prompt position
         self.generation_logits: list[torch.Tensor] = []  # [vocab] per generated token
         self.matcher = params.guide.matcher() if params.guide is not None else None
+        self.kv_import: KvBlocks | None = None  # its first tokens' K/V computed elsewhere, installed at admission
+        self.holds_kv = False  # a context-only request: its blocks outlive it until the engine releases them
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -159,6 +162,11 @@ class Sequence:
         """What its K/V blocks' hashes start from: blocks computed under one adapter are never reused under another
         (None: the base model)."""
         return self.adapter.task_id if self.adapter is not None else None
+
+    @property
+    def num_imported_tokens(self) -> int:
+        """Tokens whose K/V arrive with the sequence (a generation-only request) and are not computed here."""
+        return self.kv_import.num_tokens if self.kv_import is not None else 0
 
     @property
     def num_output_tokens(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class GenerationRequest:
     stop_words: tuple[tuple[int, ...], ...] = ()  # stop sequences as token ids (the engine's ``stop_words_list``)
     context_logits: bool = False  # prompt logprobs computed here from ``context_logits`` (the C++ backend's way)
     lora: LoraInputs | None = None  # the adapter the request runs with (None: the base model)
+    disaggregated_params: dict | None = None  # the OpenAI wire form of DisaggregatedParams (llmapi models)
 
     @property
     def num_sequences(self) -> int:
@@ -74,6 +76,7 @@ class Chunk:
     prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, in the first response, when asked for
     sequence_index: int = 0  # which of the request's sequences it continues
     cum_logprob: float | None = None  # that sequence's cumulative logprob so far, when the model reports it
+    disaggregated_params: dict | None = None  # what a context-only request returned (its final response)
 
 
 # (text interface input, tensorrt_llm input, Triton datatype, numpy dtype, GenerationRequest field)
@@ -179,6 +182,12 @@ class TextClient:
             if req.lora is not None:
                 self._check_lora(names, ("lora_name",))
                 llmapi.append(("lora_name", "BYTES", np.array([req.lora.name.encode()], dtype=np.object_)))
+            if req.disaggregated_params is not None:
+                if "disaggregated_params" not in names:
+                    raise GenerationError(f"the model {self.model!r} at {self.url} takes no disaggregated_params "
+                                          "(built before disaggregated serving); rebuild the llmapi artifact.")
+                wire = json.dumps(req.disaggregated_params).encode()
+                llmapi.append(("disaggregated_params", "BYTES", np.array([wire], dtype=np.object_)))
             return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
         if isinstance(req.prompt, tuple):
             return self._token_request(req, await self._lora_values(req))
@@ -275,6 +284,7 @@ class TextClient:
                     cum_logprob = result.as_numpy("cum_log_probs")
                     yield Chunk("", token_ids=token_ids, scored=tensor_scored(result, "", token_ids),
                                 prompt_scored=_prompt_scored(result, req),
+                                disaggregated_params=_disaggregated(result),
                                 sequence_index=_scalar(result, "sequence_index") or 0,
                                 cum_logprob=None if cum_logprob is None else float(cum_logprob.reshape(-1)[0]))
                 elif text is not None:
@@ -339,6 +349,11 @@ def word_list(words: tuple[tuple[int, ...], ...]) -> np.ndarray:
     ids = [t for word in kept for t in word]
     ends = np.cumsum([len(word) for word in kept]).tolist()
     return np.array([ids, ends + [-1] * (len(ids) - len(ends))], np.int32)
+
+
+def _disaggregated(result: InferResult) -> dict | None:
+    value = result.as_numpy("disaggregated_params")
+    return json.loads(value.reshape(-1)[0]) if value is not None and value.size else None
 
 
 def _scalar(result: InferResult, name: str) -> int | None:

@@ -203,6 +203,19 @@ class ServeSettings:
     ensemble: bool = field(default=False, metadata=option(
         "Also load the ensemble model when no served route uses it (it cannot cancel a request whose client "
         "left).", "--ensemble"))
+    disagg: bool = field(default=False, metadata=option(
+        "Disaggregated prefill/decode for an llmapi OUT: a context server and a generation server behind one "
+        "OpenAI frontend doing upstream's two-step request (CPU: two tritonservers, a check of the wiring; with "
+        "--server trtllm-serve: two trtllm-serve workers and trtllm-serve disaggregated). Needs --openai-port.",
+        "--disagg"))
+    kv_transfer_timeout_s: float = field(default=60.0, metadata=option(
+        "With --disagg: seconds a context server holds a request's KV blocks for the generation server "
+        "(cache_transceiver_config.kv_transfer_timeout_ms).", "--kv-transfer-timeout"))
+    context_gpu_device_ids: str | None = field(default=None, metadata=option(
+        "With --disagg --server trtllm-serve: the context server's GPUs (e.g. 0,1).", "--context-gpu-device-ids"))
+    generation_gpu_device_ids: str | None = field(default=None, metadata=option(
+        "With --disagg --server trtllm-serve: the generation server's GPUs (e.g. 2,3).",
+        "--generation-gpu-device-ids"))
 
     def __post_init__(self) -> None:
         check_declared(self, "serve")
@@ -210,6 +223,9 @@ class ServeSettings:
             port = getattr(self, name)
             if port is not None and port > 65535:
                 raise KitUsageError(f"{name} must be a port in 1..65535, got {port}.")
+        if self.kv_transfer_timeout_s <= 0:
+            raise KitUsageError(f"kv_transfer_timeout_s must be a positive number of seconds, got "
+                                f"{self.kv_transfer_timeout_s}.")
         if self.engine_watchdog_s <= 0:
             raise KitUsageError(f"engine_watchdog_s must be a positive number of seconds, got "
                                 f"{self.engine_watchdog_s}.")

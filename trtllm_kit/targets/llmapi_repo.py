@@ -48,6 +48,8 @@ INPUTS = (
     Tensor("sampling_param_repetition_penalty", "FP32", (1,)), Tensor("sampling_param_logprobs", "INT32", (1,)),
     Tensor("sampling_param_prompt_logprobs", "INT32", (1,)), Tensor("guided_decoding_guide_type", S, (1,)),
     Tensor("guided_decoding_guide", S, (1,)),
+    # disaggregated serving: DisaggregatedParams as the OpenAI wire's JSON object (docs/disaggregation.md)
+    Tensor("disaggregated_params", S, (1,)),
 )
 OUTPUTS = (
     Tensor("text_output", S, (-1,)), Tensor("finish_reason", S, (-1,)), Tensor("stop_reason", S, (-1,)),
@@ -56,7 +58,7 @@ OUTPUTS = (
     Tensor("sequence_index", "INT32", (1,)), Tensor("output_log_probs", "FP32", (-1,)),
     Tensor("top_log_probs", "FP32", (-1, -1)), Tensor("top_log_prob_ids", "INT32", (-1, -1)),
     Tensor("prompt_log_probs", "FP32", (-1,)), Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
-    Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
+    Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)), Tensor("disaggregated_params", S, (1,)),
 )
 
 

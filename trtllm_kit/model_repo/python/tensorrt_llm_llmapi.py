@@ -22,11 +22,17 @@ Evaluation extras (docs/openai-eval-engine.md): ``sampling_param_n`` / ``samplin
 → ``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` (first response of a completion;
 the first prompt token's row is 0 / -1), and ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (json,
 json_schema, regex, ebnf_grammar, choice: a JSON array of strings) → ``GuidedDecodingParams``.
+
+Disaggregated serving (docs/disaggregation.md): ``disaggregated_params``, a JSON object in the OpenAI wire form
+(``request_type``, ``first_gen_tokens``, ``ctx_request_id``, ``encoded_opaque_state`` base64, ...), becomes
+``generate_async(disaggregated_params=DisaggregatedParams(...))``; a context-only request's final response
+carries the parameters it returned in the same form.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import json
 import os
@@ -69,7 +75,11 @@ GAUGES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {  # family → (lab
     "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {
         "max": ("kvCacheStats", "maxNumBlocks"), "free": ("kvCacheStats", "freeNumBlocks"),
         "used": ("kvCacheStats", "usedNumBlocks"), "tokens_per": ("kvCacheStats", "tokensPerBlock")}),
+    "trtllm_kit_kv_transfer_metrics": ("kv_transfer_type", {  # the CPU runtime's cache transceiver
+        "held": ("kvTransferStats", "numHeldRequests"), "transfers": ("kvTransferStats", "numTransfers"),
+        "seconds": ("kvTransferStats", "transferSeconds")}),
 }
+DISAGG_WIRE = ("request_type", "first_gen_tokens", "ctx_request_id", "draft_tokens", "disagg_request_id")
 
 
 def llm_class():
@@ -88,6 +98,45 @@ def llm_class():
     from trtllm_kit.llmapi.cpu_llm import LLM, GuidedDecodingParams, SamplingParams
 
     return LLM, SamplingParams, GuidedDecodingParams
+
+
+def disaggregated_params_class():
+    """``tensorrt_llm.llmapi.DisaggregatedParams`` with a GPU, else the kit's CPU one."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from tensorrt_llm.llmapi import DisaggregatedParams
+
+            return DisaggregatedParams
+    except ImportError:
+        pass
+    from trtllm_kit.llmapi.cpu_llm import DisaggregatedParams
+
+    return DisaggregatedParams
+
+
+def disaggregated_params(text: str, params_class):
+    """``DisaggregatedParams`` from the wire form's JSON (``encoded_opaque_state`` is base64).
+
+    Arguments:
+        text: the ``disaggregated_params`` tensor; params_class: the class.
+    """
+    wire = json.loads(text)
+    if not isinstance(wire, dict):
+        raise ValueError(f"disaggregated_params must be a JSON object, got {text[:80]!r}")
+    values = {name: wire[name] for name in DISAGG_WIRE if wire.get(name) is not None}
+    if wire.get("encoded_opaque_state") is not None:
+        values["opaque_state"] = base64.b64decode(wire["encoded_opaque_state"])
+    return params_class(**values)
+
+
+def disaggregated_wire(params) -> str:
+    """The wire form's JSON of the ``DisaggregatedParams`` a context-only request returned."""
+    wire = {name: getattr(params, name, None) for name in DISAGG_WIRE}
+    if getattr(params, "opaque_state", None) is not None:
+        wire["encoded_opaque_state"] = base64.b64encode(params.opaque_state).decode()
+    return json.dumps({name: value for name, value in wire.items() if value is not None})
 
 
 def guided_decoding(guide_type: str | None, guide: str, params_class):
@@ -199,6 +248,7 @@ class TritonPythonModel:
         if gpus is not None:  # before torch or TensorRT-LLM is imported: this process then sees only its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["TRTLLM_VISIBLE_DEVICES"] = gpus
         LLM, self.SamplingParams, self.GuidedDecodingParams = llm_class()
+        self.DisaggregatedParams = disaggregated_params_class()
         pb_utils.Logger.log_info(f"tensorrt_llm instance {index} of {count}: {LLM.__module__}.LLM on "
                                  f"{'GPU ' + gpus if gpus is not None else 'the visible devices'}")
         self.loop = asyncio.new_event_loop()
@@ -248,7 +298,8 @@ class TritonPythonModel:
                     result.abort()
                 return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"])), final=True)
             prompt, params, streaming = self._convert(request)
-            result = self.llm.generate_async(prompt, params, streaming=streaming, **self._priority(request))
+            result = self.llm.generate_async(prompt, params, streaming=streaming, **self._priority(request),
+                                             **self._disaggregated(request))
             self.inflight.setdefault(request_id, []).append(result)
             watcher = asyncio.ensure_future(self._watch(request, result)) if sender is not None else None
             try:
@@ -307,6 +358,13 @@ class TritonPythonModel:
             pb_utils.Logger.log_warn("request priority is ignored: this TensorRT-LLM's LLM.generate_async has no "
                                      "priority parameter")
         return {}
+
+    def _disaggregated(self, request) -> dict:
+        """``disaggregated_params=`` for ``generate_async`` when the request carries them."""
+        texts = _strings(request, "disaggregated_params")
+        if not texts or not texts[0]:
+            return {}
+        return {"disaggregated_params": disaggregated_params(texts[0], self.DisaggregatedParams)}
 
     def _convert(self, request):
         ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
@@ -371,6 +429,9 @@ class TritonPythonModel:
         if bool(_scalar(request, "return_cumulative_logprob", False)):
             logprobs = [float(c.cumulative_logprob or 0.0) for c in completions]
             tensors.append(pb_utils.Tensor("cumulative_logprob", np.array(logprobs, dtype=np.float32)))
+        if getattr(first, "disaggregated_params", None) is not None:
+            wire = disaggregated_wire(first.disaggregated_params)
+            tensors.append(pb_utils.Tensor("disaggregated_params", np.array([wire], dtype=np.object_)))
         num_top = _scalar(request, "sampling_param_logprobs")
         if num_top is not None:
             entries = list(first.logprobs_diff if diff else first.logprobs)

@@ -18,6 +18,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import TOKEN_MODEL, Chunk, GenerationRequest, TextClient
 from trtllm_kit.serve.openai.adapters import Adapter, AdapterSet
 from trtllm_kit.serve.openai.text import Tokenizer
+from trtllm_kit.serve.two_step import TwoStepClient
 
 
 @dataclass(eq=False)
@@ -39,6 +40,7 @@ class Route:
     # them); None: the model scores prompts itself (cpu, llmapi)
     context_logits: bool | None = None
     adapter: Adapter | None = None  # the LoRA adapter this view of a base model's route runs with
+    context_grpc_url: str | None = None  # a disaggregated serve's context server (``serve/two_step.py``)
 
     @property
     def fingerprint(self) -> str:
@@ -53,7 +55,11 @@ class Route:
 
     def open(self, grpc_url: str, headers: tuple[tuple[str, str], ...]) -> None:
         """Create the route's Triton client (inside the running event loop)."""
-        self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)
+        if self.context_grpc_url is not None:
+            self.client = TwoStepClient(grpc_url, self.context_grpc_url, self.triton_model, headers,
+                                        token_model=self.token_model)
+        else:
+            self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)
 
     def stream(self, gen: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         """The client's stream of ``gen``, with the route's adapter when it has one."""

@@ -103,7 +103,7 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     child = server.start([binary, *argv[1:]])
     try:
         health = f"http://{options.endpoints.client_host}:{port}/health"
-        not_ready = server.wait_ready(lambda: _answers(health), options.settings.ready_timeout_s, poll_s=0.2,
+        not_ready = server.wait_ready(lambda: answers(health), options.settings.ready_timeout_s, poll_s=0.2,
                                       stop_requested=lambda: stop["requested"])
         if not_ready is not None and not_ready.exit_code is not None:
             raise KitError(f"{SERVER} exited with code {not_ready.exit_code} before it was ready (log {log_path}); "
@@ -130,7 +130,8 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
         clear_run([options.out])
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether ``GET url`` answers 200 now."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return bool(response.status == 200)

@@ -1,0 +1,100 @@
+"""``DisaggregatedParams`` on the CPU ``LLM``: context-only requests hold their KV blocks for a generation server,
+generation-only requests fetch them (``kv_transceiver.py``) and continue.
+
+A ``context_only`` request runs with ``max_tokens`` 1; when its one token ends it by length, its blocks stay
+held and its completion carries ``DisaggregatedParams(request_type="context_only", first_gen_tokens,
+ctx_request_id, opaque_state)`` (without ``opaque_state`` when it ended otherwise, e.g. on the end token: there is
+nothing to continue). A ``generation_only`` request fetches the blocks in a thread of its own, then joins the
+engine with its prompt's K/V installed and the first tokens appended, and generates the rest: greedy output is
+token-exact against one engine running the whole request. ``context_and_generation`` runs as a plain request.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any, Protocol
+
+from trtllm_kit.llmapi.cpu_result import ERROR, RequestOutput, Update
+from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
+from trtllm_kit.llmapi.kv_transceiver import DEFAULT_TIMEOUT_S, KvTransceiver, TransferError, fetch
+from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
+from trtllm_kit.runtime.sequence import Sequence
+
+
+class Inbox(Protocol):
+    def put(self, item: tuple[str, Any]) -> None: ...
+
+
+class Disaggregation:
+    """One ``LLM``'s context and generation roles.
+
+    Arguments:
+        engine: the LLM's engine; inbox: its engine thread's queue (``("add", (output, params, options))`` and
+        ``("release", seq)`` are put there); cache_transceiver_config: the LLM argument (its
+        ``kv_transfer_timeout_ms`` bounds how long held blocks wait for their fetch).
+    """
+
+    def __init__(self, engine: Engine, inbox: Inbox, cache_transceiver_config: dict[str, Any] | None) -> None:
+        timeout_ms = (cache_transceiver_config or {}).get("kv_transfer_timeout_ms")
+        self.engine, self.inbox = engine, inbox
+        self.transceiver = KvTransceiver(engine.export_kv, lambda seq: inbox.put(("release", seq)),
+                                         DEFAULT_TIMEOUT_S if timeout_ms is None else int(timeout_ms) / 1000)
+        self.num_transfers, self.transfer_s = 0, 0.0  # generation side: KV blocks received, seconds spent
+        self._lock = threading.Lock()
+
+    def submit(self, output: RequestOutput, params: RuntimeParams, disagg: DisaggregatedParams) -> None:
+        """Queue a request carrying ``disagg`` (called where ``generate_async`` runs).
+
+        Arguments:
+            output: its result; params: its runtime settings; disagg: its disaggregated parameters.
+        """
+        if disagg.draft_tokens:
+            raise ValueError("draft_tokens are not used by the CPU runtime; send disaggregated_params without them")
+        if disagg.request_type == "context_only":
+            params = replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
+            self.inbox.put(("add", (output, params, {"hold_kv": True})))
+        elif disagg.request_type == "generation_only":
+            if not disagg.first_gen_tokens or disagg.opaque_state is None:
+                raise ValueError("a generation_only request needs the context-only response's first_gen_tokens "
+                                 "and opaque_state")
+            threading.Thread(target=self._fetch_then_add, args=(output, params, disagg), daemon=True).start()
+        else:
+            self.inbox.put(("add", (output, params, {})))
+
+    def _fetch_then_add(self, output: RequestOutput, params: RuntimeParams, disagg: DisaggregatedParams) -> None:
+        assert disagg.opaque_state is not None and disagg.first_gen_tokens
+        try:
+            kv, seconds = fetch(disagg.opaque_state)
+        except TransferError as exc:
+            output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
+            return
+        with self._lock:
+            self.num_transfers += 1
+            self.transfer_s += seconds
+        self.inbox.put(("add", (output, params, {"prefilled": (list(disagg.first_gen_tokens), kv)})))
+
+    def finished(self, seq: Sequence) -> DisaggregatedParams | None:
+        """The parameters a finished context-only sequence returns (engine thread); None for other requests.
+
+        Arguments:
+            seq: a sequence that just finished.
+        """
+        if not seq.holds_kv:
+            return None
+        held = seq.seq_id in self.engine.scheduler.held
+        return DisaggregatedParams(request_type="context_only", first_gen_tokens=list(seq.output_ids),
+                                   ctx_request_id=seq.seq_id,
+                                   opaque_state=self.transceiver.offer(seq) if held else None)
+
+    def expire(self) -> None:
+        """Free the blocks of offers nobody fetched in time (engine thread)."""
+        for seq in self.transceiver.expired():
+            self.engine.release(seq)
+
+    def stats(self) -> dict[str, Any]:
+        """``kvTransferStats`` of ``LLM.get_stats``: offers held, transfers received and their total seconds."""
+        with self._lock:
+            return {"numHeldRequests": self.transceiver.num_offers, "numTransfers": self.num_transfers,
+                    "transferSeconds": self.transfer_s}
