@@ -10,3 +10,4 @@ DEFAULT_METRICS_PORT = 8002
 DEFAULT_READY_TIMEOUT_S = 300.0
 DEFAULT_ENGINE_WATCHDOG_S = 15.0  # an engine holding requests without a step for this long is treated as dead
 DEFAULT_MAX_LORA_RANK = 64  # the highest adapter rank an artifact takes (trtllm-build --max_lora_rank's default)
+DEFAULT_MAX_LORAS = 4  # adapters a LoRA cache holds at once (LoraConfig.max_loras's 1.x default)

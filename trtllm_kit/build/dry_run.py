@@ -64,7 +64,7 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
                                  "reason": size.reason, "dtype": spec.quant_config().calib_dtype,
                                  "peak_bytes": memory.total_bytes, "layer_bytes": memory.layer_bytes,
                                  "activation_bytes": memory.activation_bytes, "kv_bytes": memory.kv_bytes}
-    own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
+    own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu, engine.lora)
     if own is not None:  # no engine: the target's recipe, memory and serve command (llmapi)
         report[engine.target.name] = own
         report.update(plan=None, commands=[], command_lines=[])

@@ -3,7 +3,8 @@ a machine without a GPU: ``LLM(model=..., **TorchLlmArgs)``, ``generate_async(pr
 SamplingParams, streaming, priority)`` returning an async-iterable result with ``abort()`` and ``aresult()``,
 ``get_stats()`` (iteration statistics under the C++ executor's JSON keys) and ``shutdown()``. ``SamplingParams``
 carries ``n``/``best_of``, logprobs, the penalties and ``guided_decoding`` (``cpu_types.py``); guided decoding
-needs ``guided_decoding_backend: xgrammar``, as it does on the GPU.
+needs ``guided_decoding_backend: xgrammar``, as it does on the GPU. A request's ``LoRARequest`` runs it with that
+PEFT adapter (``cpu_lora.py``; needs ``lora_config``), different adapters and none in one batch.
 
 The engine steps in its own thread; each request's outputs reach its asyncio loop through
 ``call_soon_threadsafe``. The checkpoint is loaded as the PyTorch backend loads it (``load_unified``) at the
@@ -19,10 +20,12 @@ from typing import Any
 
 import torch
 
+from trtllm_kit.defaults import DEFAULT_MAX_LORAS
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
+from trtllm_kit.llmapi.cpu_lora import CpuLoraManager
 from trtllm_kit.llmapi.cpu_result import ERROR, RequestError, RequestOutput, Update
-from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, SamplingParams, logprob_dict
+from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams, logprob_dict
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
@@ -30,7 +33,7 @@ from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
-__all__ = ["LLM", "GuidedDecodingParams", "RequestError", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "GuidedDecodingParams", "LoRARequest", "RequestError", "RequestOutput", "SamplingParams"]
 
 
 class LLM:
@@ -47,7 +50,7 @@ class LLM:
                  max_batch_size: int | None = None, max_num_tokens: int | None = None, max_seq_len: int | None = None,
                  kv_cache_config: dict[str, Any] | None = None, enable_chunked_prefill: bool = False,
                  scheduler_config: dict[str, Any] | None = None, guided_decoding_backend: str | None = None,
-                 **_gpu_only: Any) -> None:
+                 lora_config: dict[str, Any] | None = None, **_gpu_only: Any) -> None:
         kv = dict(kv_cache_config or {})
         policy = str((scheduler_config or {}).get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")).lower()
         batch, seq_len = int(max_batch_size or 8), int(max_seq_len or 1024)
@@ -58,10 +61,14 @@ class LLM:
                                    max_tokens_in_paged_kv_cache=max(pool, tokens_per_block),
                                    batch_scheduler_policy=policy,
                                    enable_kv_cache_reuse=bool(kv.get("enable_block_reuse", True)),
-                                   enable_chunked_context=bool(enable_chunked_prefill), max_seq_len=seq_len)
+                                   enable_chunked_context=bool(enable_chunked_prefill), max_seq_len=seq_len,
+                                   lora_cache_max_adapters=int((lora_config or {}).get("max_loras")
+                                                               or DEFAULT_MAX_LORAS))
         path = Path(model)
         self.engine = Engine(load_unified(path, Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))),
                              self.config)
+        self.lora = None if lora_config is None else \
+            CpuLoraManager(lora_config, self.engine.model.config, self.engine.model.dtype)
         self.tokenizer = _tokenizer(path)
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
         if guided_decoding_backend not in (None, "xgrammar"):
@@ -77,19 +84,27 @@ class LLM:
         self._thread.start()
 
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None,
-                       streaming: bool = False, priority: float = DEFAULT_PRIORITY, **_unused: Any) -> RequestOutput:
+                       lora_request: LoRARequest | None = None, streaming: bool = False,
+                       priority: float = DEFAULT_PRIORITY, **_unused: Any) -> RequestOutput:
         """Queue one request (a prompt string or token ids); must be called on the asyncio loop that consumes it.
 
         Arguments:
-            inputs: the prompt; sampling_params: generation settings; streaming: one output per step;
+            inputs: the prompt; sampling_params: generation settings; lora_request: the adapter to run with (None:
+            the base model; needs ``lora_config``); streaming: one output per step;
             priority: TensorRT-LLM's request priority in [0, 1], higher first (the CPU runtime's scheduler orders
             its waiting queue by it and preempts lower-priority running requests for it).
         """
         params = sampling_params or SamplingParams()
         ids = list(inputs) if isinstance(inputs, list) else self._encode(str(inputs), add_special_tokens=True)
         runtime_params = self._runtime_params(params, float(priority))  # refuses bad values before anything runs
+        lora = None
+        if lora_request is not None:
+            if self.lora is None:
+                raise ValueError("a LoRA request needs lora_config in the LLM arguments (model.yaml); rebuild the "
+                                 "artifact with --lora NAME=DIR or --lora-target-modules")
+            lora = self.lora.resolve(lora_request)
         output = RequestOutput(self, ids, streaming, params)
-        self._inbox.put(("add", (output, runtime_params)))
+        self._inbox.put(("add", (output, runtime_params, lora)))
         return output
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
@@ -172,9 +187,9 @@ class LLM:
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
-            output, params = payload
+            output, params, lora = payload
             try:
-                output.seq = self.engine.add_request(output.prompt_token_ids, params)
+                output.seq = self.engine.add_request(output.prompt_token_ids, params, lora=lora)
             except Exception as exc:  # a request that can never run finishes at once with the reason
                 output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
                 return

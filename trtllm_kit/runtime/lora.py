@@ -174,10 +174,13 @@ class LoraBatch:
         return flat_out.reshape(out.shape)
 
 
-# TensorRT-LLM's module ids (lora_manager.LORA_MODULE_IDS) of the PEFT modules, as its code maps them: gate_proj is
-# mlp_h_to_4h (5), up_proj is mlp_gate (7); the fused names are attn_qkv (0) and mlp_gate_up (18).
-MODULE_IDS = {"qkv_proj": 0, "q_proj": 1, "k_proj": 2, "v_proj": 3, "o_proj": 4, "gate_proj": 5, "down_proj": 6,
-              "up_proj": 7, FUSED_GATE_UP: 18}
+# TensorRT-LLM's name and module id (lora_manager.LORA_MODULE_IDS) of each PEFT module, as its code maps them
+# (lora_helper.get_default_trtllm_modules_to_hf_modules): gate_proj is mlp_h_to_4h (5), up_proj is mlp_gate (7);
+# the fused names are attn_qkv (0) and mlp_gate_up (18).
+TRTLLM_MODULES = {"qkv_proj": ("attn_qkv", 0), "q_proj": ("attn_q", 1), "k_proj": ("attn_k", 2),
+                  "v_proj": ("attn_v", 3), "o_proj": ("attn_dense", 4), "gate_proj": ("mlp_h_to_4h", 5),
+                  "down_proj": ("mlp_4h_to_h", 6), "up_proj": ("mlp_gate", 7), FUSED_GATE_UP: ("mlp_gate_up", 18)}
+MODULE_IDS = {module: module_id for module, (_, module_id) in TRTLLM_MODULES.items()}
 
 
 def to_rows(pairs: dict[tuple[int, str], Pair]) -> tuple[torch.Tensor, torch.Tensor]:
