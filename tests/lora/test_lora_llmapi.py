@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import queue
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.lora.adapters import make_adapter
 from trtllm_kit.artifact import Artifact, LoraRecord
 from trtllm_kit.artifact.integrity import artifact_changes
 from trtllm_kit.cli import run
+from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.models.builtin import builtin_dir
 
@@ -133,3 +135,33 @@ def test_lora_name_through_tritonserver_equals_peft(built: tuple[Path, dict[str,
         tokens, error = _infer(url, prompt, "missing")
         assert tokens is None and "LoRA adapter 'missing' is not in the artifact" in str(error)
         assert "it has: mlp16, qv4" in str(error)
+
+
+def _sums(out: Path) -> str:
+    for name in sorted(out.glob("*.yaml")):
+        for doc in yaml.safe_load_all(name.read_text()):
+            if doc and doc.get("kind") == "ConfigMap" and "SHA256SUMS" in doc.get("data", {}):
+                return str(doc["data"]["SHA256SUMS"])
+    raise AssertionError(f"no SHA256SUMS ConfigMap in {out}")
+
+
+@pytest.mark.parametrize("kind", ["k8s", "dynamo"])
+def test_deploy_mounts_and_checks_the_adapters(kind: str, built: tuple[Path, dict[str, Path]], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out, sources = built
+    deployed = tmp_path / kind
+    assert run(["deploy", kind, str(out), "--out", str(deployed), "--image", "nvcr.io/nvidia/tritonserver:25.10",
+                "--pvc", "models"]) == 0, capsys.readouterr().err
+    assert check_dir(deployed)[1] == []  # every object passes its schema
+    sums = _sums(deployed)
+    for name in sources:  # the adapters' files, with the sha256 of the PEFT weights they are
+        record = Artifact.read(out).records.adapters[name]
+        assert f"{record.sha256}  lora/{name}/adapter_model.safetensors\n" in sums
+        assert f"  lora/{name}/adapter_config.json\n" in sums
+    (tmp_path / "SHA256SUMS").write_text(sums)  # what the init container runs, in the mounted artifact
+    check = subprocess.run(["sha256sum", "--check", "--quiet", "--strict", str(tmp_path / "SHA256SUMS")], cwd=out,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    if kind == "dynamo":
+        [config] = yaml.safe_load_all((deployed / "engine-configmap.yaml").read_text())
+        assert all(yaml.safe_load(text)["lora_config"] == LORA_CONFIG for text in config["data"].values())
