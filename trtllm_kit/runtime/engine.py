@@ -121,8 +121,6 @@ class Engine:
         vocab = self.model.dims.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
-        if lora is not None:
-            self.model.check_lora()
         adapter = self.lora_cache.resolve(lora) if lora is not None else None
         group = [Sequence(next(self._seq_ids), prompt_ids, params, arrival_time, index, adapter)
                  for index in range(params.num_sequences)]

@@ -44,7 +44,7 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
     reduce,
     rms_norm,
 )
-from trtllm_kit.runtime.lora import LoraBatch
+from trtllm_kit.runtime.lora import LoraBatch, rank_parts
 
 NORMS = {Norm.RMS: rms_norm}  # the norm forms the runtime computes
 STORED_DTYPES = {"int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # quantized weights, checked on load
@@ -136,6 +136,7 @@ class CheckpointModel:
         self.ranks = ranks
         self.layer_places = [(p, i) for p in range(self.dims.pp_size)
                              for i, _ in enumerate(self.dims.layers_for_stage(p))]
+        self.lora_parts = [rank_parts(config, self.dims.tp_size, r) for r in range(self.dims.tp_size)]
         # A split table (use_parallel_embedding) is gathered once: per-rank lookups followed by the GPU's
         # all-reduce (vocab rows) or all-gather (hidden columns) give exactly the full table's rows.
         tables = [self.weights(0, r)["transformer.vocab_embedding.weight"] for r in range(self.dims.tp_size)]
@@ -214,13 +215,8 @@ class CheckpointModel:
             lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
-        out = linear(x, self.weights(pp_rank, tp_rank), f"transformer.layers.{local}.attention.qkv")
+        out = self.rank_linear(layer, tp_rank, "attention.qkv", x, lora)
         d, hq, hkv = self.dims.head_size, self.dims.num_heads_per_rank, self.dims.num_kv_heads_per_rank
-        if lora is not None:
-            self.check_lora()
-            q, kv = hq * d, hkv * d
-            out = lora.add(layer, x, out, {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv),
-                                           "qkv_proj": (0, q + 2 * kv)})
         q, k, v = (t.unflatten(-1, (-1, d)).transpose(1, 2) for t in out.split([hq * d, hkv * d, hkv * d], -1))
         k, v = kv_cache(self.weights(pp_rank, tp_rank), f"transformer.layers.{local}", self.kv_cache_quant_algo,
                         self.rope.rotate(k, positions, seq_len), v)
@@ -234,13 +230,9 @@ class CheckpointModel:
             lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
-        prefix = f"transformer.layers.{local}.attention.dense"
-        inputs = [c.transpose(1, 2).flatten(2) for c in contexts]
-        partials = [linear(x, self.weights(pp_rank, r), prefix, with_bias=False) for r, x in enumerate(inputs)]
-        if lora is not None:
-            self.check_lora()
-            partials[0] = lora.add(layer, inputs[0], partials[0], {"o_proj": (0, self.dims.hidden_size)})
-        return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.bias"))
+        partials = [self.rank_linear(layer, r, "attention.dense", c.transpose(1, 2).flatten(2), lora, with_bias=False)
+                    for r, c in enumerate(contexts)]  # each rank's partial LoRA term is summed by the all-reduce
+        return reduce(partials, self.weights(pp_rank, 0).get(f"transformer.layers.{local}.attention.dense.bias"))
 
     def mlp(self, layer: int, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """The family's gated MLP on every rank, reduced across TP: ``proj(silu(fc(x)) * gate(x))`` (``silu``), or
@@ -251,32 +243,29 @@ class CheckpointModel:
             lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
-        prefix = f"transformer.layers.{local}.mlp"
-        if lora is not None:
-            self.check_lora()
-
-        def adapted(out: torch.Tensor, inp: torch.Tensor, *modules: str) -> torch.Tensor:
-            if lora is None:
-                return out
-            return lora.add(layer, inp, out, {m: (0, out.shape[-1]) for m in modules})
-
         partials = []
         for r in range(self.dims.tp_size):
-            w = self.weights(pp_rank, r)
-            if self.family.activation is Activation.SWIGLU:  # the converted gate_up_proj B is [up; gate], as fc
-                x1, gate = adapted(linear(x, w, f"{prefix}.fc"), x, "gate_up_proj").chunk(2, dim=-1)
+            if self.family.activation is Activation.SWIGLU:
+                x1, gate = self.rank_linear(layer, r, "mlp.fc", x, lora).chunk(2, dim=-1)
                 act = x1 * torch.nn.functional.silu(gate)
             else:
-                act = torch.nn.functional.silu(adapted(linear(x, w, f"{prefix}.fc"), x, "gate_proj")) * \
-                    adapted(linear(x, w, f"{prefix}.gate"), x, "up_proj")
-            partials.append(adapted(linear(act, w, f"{prefix}.proj", with_bias=False), act, "down_proj"))
-        return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.proj.bias"))
+                act = torch.nn.functional.silu(self.rank_linear(layer, r, "mlp.fc", x, lora)) * \
+                    self.rank_linear(layer, r, "mlp.gate", x, lora)
+            partials.append(self.rank_linear(layer, r, "mlp.proj", act, lora, with_bias=False))
+        return reduce(partials, self.weights(pp_rank, 0).get(f"transformer.layers.{local}.mlp.proj.bias"))
 
-    def check_lora(self) -> None:
-        """Refuse adapters where the runtime cannot apply them yet (tensor parallelism)."""
-        if self.dims.tp_size > 1:
-            raise KitUsageError(f"the CPU runtime applies LoRA adapters with tp_size 1 only, and this checkpoint has "
-                                f"tp_size {self.dims.tp_size}; build the artifact with --tp 1 to serve adapters.")
+    def rank_linear(self, layer: int, tp_rank: int, name: str, x: torch.Tensor, lora: LoraBatch | None,
+                    with_bias: bool = True) -> torch.Tensor:
+        """One rank's part of a layer's linear (``attention.qkv``, ``mlp.fc``, ...) with its tokens' LoRA terms.
+
+        Arguments:
+            layer: global layer number; tp_rank: the rank; name: the linear; x: the rank's input [..., in];
+            lora: the adapters of the tokens (None: the base model); with_bias: add the bias (row-parallel
+            linears add theirs once, after the all-reduce).
+        """
+        pp_rank, local = self.layer_places[layer]
+        out = linear(x, self.weights(pp_rank, tp_rank), f"transformer.layers.{local}.{name}", with_bias=with_bias)
+        return out if lora is None else lora.add(layer, x, out, self.lora_parts[tp_rank][name])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``ln_f`` and the gathered ``lm_head`` shards of the last stage, padding stripped, in float32.
