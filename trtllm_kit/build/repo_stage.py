@@ -29,7 +29,6 @@ def repo_key_parts(spec: Any) -> dict[str, Any]:
     return {"options": {k: values["repo"][k] for k in REPO_FIELDS},
             "limits": {k: values["build"][k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
                                                         "tokens_per_block", "kv_cache_fraction")},
-            "lora": {k: values["build"][k] for k in ("max_lora_rank", "max_loras", "lora_target_modules", "lora")},
             "target": values["build"]["target"], "out": str(Path(values["out"]).absolute()), "schema": SCHEMA,
             "sources": {name: sha256_file(python_source(name)) for name in sources}}
 

@@ -171,7 +171,7 @@ def rank_parts(config: dict[str, Any], tp_size: int, tp_rank: int) -> dict[str, 
     q_rows, q, kv = rows(heads * head_size), heads * head_size, kv_heads * head_size
     q_r, kv_r = len(q_rows), len(kv_rows)
     inter_rows = rows(inter)
-    return {
+    parts = {
         "attention.qkv": {"q_proj": Part(0, q_r, q_rows), "k_proj": Part(q_r, q_r + kv_r, kv_rows),
                           "v_proj": Part(q_r + kv_r, q_r + 2 * kv_r, kv_rows),
                           "qkv_proj": Part(0, q_r + 2 * kv_r, torch.cat([q_rows, q + kv_rows, q + kv + kv_rows]))},
@@ -182,6 +182,9 @@ def rank_parts(config: dict[str, Any], tp_size: int, tp_rank: int) -> dict[str, 
         "mlp.gate": {"up_proj": Part(0, len(inter_rows), inter_rows)},
         "mlp.proj": {"down_proj": Part(0, shapes["down_proj"][1], a_cols=inter_rows)},
     }
+    if tp_size == 1:  # the one rank's slices are the whole tensors: no copies
+        return {name: {m: Part(p.start, p.stop) for m, p in modules.items()} for name, modules in parts.items()}
+    return parts
 
 
 class LoraBatch:
