@@ -6,7 +6,9 @@ The base model is built once for the cpu target (float32). Each adapter has rand
 linear the family has (the most work an adapter can add). The three cases run in the same process, in interleaved
 rounds after an untimed warm-up, on the same prompts (seeded), with KV block reuse off so every round computes the
 same tokens: ``base`` (no adapter), ``1 adapter`` (every sequence runs the same one) and ``8 adapters`` (sequence i
-runs adapter i mod 8). Prints the median generated tokens per second of each case and its overhead against the base.
+runs adapter i mod 8). Prints the median generated tokens per wall-clock second and per CPU second of each case
+(one torch thread; CPU time is steadier than wall time on a shared machine) and each case's CPU time per token
+against the base's.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ class LoraOverhead:
     prompt_tokens: int
     max_tokens: int
     rounds: int
-    tokens_per_s: dict[str, float]
+    tokens_per_s: dict[str, float]  # generated tokens per wall-clock second
+    tokens_per_cpu_s: dict[str, float]  # per second of this process's CPU time (steadier on a shared machine)
 
     @property
     def overhead_pct(self) -> dict[str, float]:
-        base = self.tokens_per_s["base"]
-        return {case: round(100 * (1 - rate / base), 1) for case, rate in self.tokens_per_s.items()}
+        """Each case's CPU time per token against the base's, in percent more."""
+        base = self.tokens_per_cpu_s["base"]
+        return {case: round(100 * (base / rate - 1), 1) for case, rate in self.tokens_per_cpu_s.items()}
 
 
 def random_adapter(config: dict, rank: int, seed: int) -> dict[tuple[int, str], Pair]:
@@ -59,8 +63,9 @@ def random_adapter(config: dict, rank: int, seed: int) -> dict[tuple[int, str], 
 
 
 def measure(model: CheckpointModel, adapters: list[dict[tuple[int, str], Pair]], batch: int, prompt_tokens: int,
-            max_tokens: int, rounds: int) -> dict[str, float]:
-    """Median generated tokens per second of each case over ``rounds`` interleaved rounds."""
+            max_tokens: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median generated tokens per wall-clock second and per CPU second of each case over ``rounds`` interleaved
+    rounds."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, model.dims.vocab_size, (prompt_tokens,), generator=g).tolist() for _ in range(batch)]
     params = [SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens) for _ in range(batch)]
@@ -74,14 +79,17 @@ def measure(model: CheckpointModel, adapters: list[dict[tuple[int, str], Pair]],
 
     for num_adapters in CASES.values():  # untimed warm-up
         engine.generate(prompts, params, loras(num_adapters))
-    samples: dict[str, list[float]] = {case: [] for case in CASES}
+    wall: dict[str, list[float]] = {case: [] for case in CASES}
+    cpu: dict[str, list[float]] = {case: [] for case in CASES}
     for _ in range(rounds):
         for case, num_adapters in CASES.items():
             requests = loras(num_adapters)
-            started = time.perf_counter()
-            outputs = engine.generate(prompts, params, requests)
-            samples[case].append(sum(map(len, outputs)) / (time.perf_counter() - started))
-    return {case: round(statistics.median(rates), 1) for case, rates in samples.items()}
+            started, started_cpu = time.perf_counter(), time.process_time()
+            tokens = sum(map(len, engine.generate(prompts, params, requests)))
+            wall[case].append(tokens / (time.perf_counter() - started))
+            cpu[case].append(tokens / (time.process_time() - started_cpu))
+    return ({case: round(statistics.median(rates), 1) for case, rates in wall.items()},
+            {case: round(statistics.median(rates), 1) for case, rates in cpu.items()})
 
 
 def main() -> None:
@@ -95,6 +103,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="Print the figures as JSON.")
     args = parser.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(1)  # CPU time then counts one thread's work, as wall time does
     with tempfile.TemporaryDirectory(prefix="lora-overhead-") as tmp:
         out = Path(tmp) / "out"
         if run(["build", args.model, "--target", "cpu", "--dtype", "float32", "--no-verify", "--until",
@@ -102,15 +111,17 @@ def main() -> None:
             raise SystemExit(1)
         model = CheckpointModel.load(out / "checkpoint")
     adapters = [random_adapter(model.config, args.rank, seed) for seed in range(max(CASES.values()))]
-    rates = measure(model, adapters, args.batch, args.prompt_tokens, args.max_tokens, args.rounds)
-    result = LoraOverhead(args.model, args.rank, args.batch, args.prompt_tokens, args.max_tokens, args.rounds, rates)
+    rates, cpu_rates = measure(model, adapters, args.batch, args.prompt_tokens, args.max_tokens, args.rounds)
+    result = LoraOverhead(args.model, args.rank, args.batch, args.prompt_tokens, args.max_tokens, args.rounds, rates,
+                          cpu_rates)
     if args.json:
         print(json.dumps({**asdict(result), "overhead_pct": result.overhead_pct}))
         return
     overhead = result.overhead_pct
     print(f"{args.model}, batch {args.batch}, prompts of {args.prompt_tokens} tokens, {args.max_tokens} generated, "
           f"adapters of rank {args.rank} on every linear; median of {args.rounds} interleaved rounds: "
-          + ", ".join(f"{case} {rate:.1f} tokens/s" + (f" ({overhead[case]:+.1f}% slower)" if case != "base" else "")
+          + ", ".join(f"{case} {rate:.1f} tokens/s, {cpu_rates[case]:.1f} tokens per CPU-s"
+                      + (f" ({overhead[case]:+.1f}% CPU time per token)" if case != "base" else "")
                       for case, rate in rates.items()))
     print(f"reproduce: python benchmarks/lora_overhead.py --model {args.model} --rank {args.rank} --batch {args.batch} "
           f"--prompt-tokens {args.prompt_tokens} --max-tokens {args.max_tokens} --rounds {args.rounds}")
