@@ -21,15 +21,13 @@ from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.layout import (
     Mapping,
-    QuantLayout,
-    TensorSpec,
     check_tp,
     kv_heads_per_rank,
     layers_for_rank,
-    rank_tensors,
 )
 from trtllm_kit.models.base import Activation, Family, Norm
 from trtllm_kit.models.registry import family_of_checkpoint
+from trtllm_kit.runtime.checkpoint_checks import check_quantized, check_rank, check_replicas, expected_tensors
 from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
     LINEAR_WEIGHTS,
     ROPE_TYPES,
@@ -47,7 +45,6 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
 from trtllm_kit.runtime.lora import LoraBatch, rank_parts
 
 NORMS = {Norm.RMS: rms_norm}  # the norm forms the runtime computes
-STORED_DTYPES = {"int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # quantized weights, checked on load
 
 
 @dataclass(frozen=True)
@@ -160,7 +157,7 @@ class CheckpointModel:
         config = read_json(config_path, f"{ckpt_dir} has no config.json; point at a TensorRT-LLM checkpoint.",
                            CheckpointError)
         dims = Dims.from_config(config, str(config_path))
-        plain, full = expected_tensors(config, dims, str(config_path))
+        plain, full = expected_tensors(config, dims.mapping, str(config_path))
         ranks = []
         for rank in dims.mapping.ranks():
             path = ckpt_dir / f"rank{rank}.safetensors"
@@ -171,10 +168,10 @@ class CheckpointModel:
                 tensors = load_file(path)
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{path} cannot be read as safetensors ({exc}).") from None
-            _check_rank(tensors, plain[rank], path)
-            _check_quantized(tensors, full[rank], plain[rank], config.get("quantization") or {}, path)
+            check_rank(tensors, plain[rank], path)
+            check_quantized(tensors, full[rank], plain[rank], config.get("quantization") or {}, path)
             ranks.append(tensors)
-        _check_replicas(ranks, config, dims, ckpt_dir)
+        check_replicas(ranks, config, dims.mapping, ckpt_dir)
         quantization = config.get("quantization") or {}
         ranks = [prepare_weights(tensors, quantization, compute_dtype) for tensors in ranks]
         return cls(config, ranks, compute_dtype, str(ckpt_dir))
@@ -296,69 +293,3 @@ class CheckpointModel:
             hidden = hidden + self.attention_output(layer, contexts)
             hidden = hidden + self.mlp(layer, self.norm(layer, "post_layernorm", hidden))
         return self.logits(hidden)
-
-
-def expected_tensors(config: dict[str, Any], dims: Dims, source: str,
-                     ) -> tuple[list[dict[str, TensorSpec]], list[dict[str, TensorSpec]]]:
-    """Per rank, the tensors its file must hold: unquantized (names and shapes checked), and with the
-    quantization's scales (names, and the dtype of int8/float8 weights checked).
-
-    Arguments:
-        config: the checkpoint ``config.json``; dims: its sizes; source: its path, for error messages.
-    """
-    family = family_of_checkpoint(config["architecture"], source)
-    try:
-        hf = family.hf_config_of_checkpoint(config)
-    except KeyError as missing:
-        raise CheckpointError(f"{source} lacks the key {missing.args[0]!r}.") from None
-    split = int(config.get("embedding_sharding_dim", 0)) if config.get("use_parallel_embedding") else None
-    dtype = str(config.get("dtype", "float32"))
-    quant = QuantLayout.from_dict(config.get("quantization"))
-    ranks = dims.mapping.ranks()
-    plain = [rank_tensors(hf, family, dims.mapping, r, None, dtype, embedding_split=split) for r in ranks]
-    full = [rank_tensors(hf, family, dims.mapping, r, quant, dtype, embedding_split=split) for r in ranks]
-    return plain, full
-
-
-def _check_rank(tensors: Weights, expected: dict[str, TensorSpec], path: Path) -> None:
-    """Raise ``CheckpointError`` naming the file and the first missing or misshapen tensor."""
-    missing = [name for name in expected if name not in tensors]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{path} lacks the tensor {missing[0]!r}{more}; convert the checkpoint again.")
-    for name, spec in expected.items():
-        shape = spec.shape
-        if tuple(tensors[name].shape) != shape:
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(tensors[name].shape)}, but "
-                                  f"config.json implies {list(shape)}.")
-
-
-def _check_quantized(tensors: Weights, full: dict[str, TensorSpec], plain: dict[str, TensorSpec],
-                     quantization: dict[str, Any], path: Path) -> None:
-    """A quantized rank file holds every scale its algorithm needs, and weights of the algorithm's dtype."""
-    missing = [name for name in full if name not in plain and name not in tensors]
-    if missing:
-        raise CheckpointError(f"{path} lacks the tensor {missing[0]!r} that quant_algo "
-                              f"{quantization.get('quant_algo')} / kv_cache_quant_algo "
-                              f"{quantization.get('kv_cache_quant_algo')} needs; convert the checkpoint again.")
-    algo = quantization.get("quant_algo") or ""
-    for name, spec in full.items():
-        want = STORED_DTYPES.get(spec.dtype)
-        if want is not None and tensors[name].dtype != want:
-            raise CheckpointError(f"{path}: tensor {name!r} is {tensors[name].dtype}, but quant_algo {algo} "
-                                  f"stores {want}; convert the checkpoint again.")
-
-
-def _check_replicas(ranks: list[Weights], config: dict[str, Any], dims: Dims, ckpt_dir: Path) -> None:
-    """Replicated tensors (norms, row biases, the unsplit embedding) must be equal on every TP rank of a stage:
-    the runtime reads rank 0's copy, while GPUs would silently diverge."""
-    replicated: tuple[str, ...] = ("layernorm.weight", "ln_f.weight", "dense.bias", "proj.bias")
-    if not config.get("use_parallel_embedding"):
-        replicated += ("vocab_embedding.weight",)
-    for rank, tensors in enumerate(ranks):
-        first = ranks[dims.mapping.rank(0, dims.mapping.pp_rank(rank))]
-        for name in (n for n in tensors if n.endswith(replicated) and tensors is not first):
-            if not torch.isclose(tensors[name], first[name], rtol=0, atol=0, equal_nan=True).all():
-                raise CheckpointError(f"{ckpt_dir}: the replicated tensor {name!r} differs between "
-                                      f"rank{rank - rank % dims.tp_size}.safetensors and rank{rank}.safetensors; "
-                                      "convert the checkpoint again.")
