@@ -128,3 +128,22 @@ def test_bad_lora_settings_are_refused_before_any_work(flags: list[str], message
     assert run(["build", *BASE, *flags, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert fake_trtllm_build.calls == [] and not (tmp_path / "out").exists()
+
+
+def test_a_bfloat16_engine_gets_bfloat16_values(tmp_path: Path, fake_trtllm_build: FakeTrtllmBuild,
+                                                gpu_host: Machine, adapters: dict[str, Path]) -> None:
+    out = tmp_path / "out"
+    base = [a if a != "float16" else "bfloat16" for a in BASE]
+    assert run(["build", *base, "--lora-target-modules", "q_proj,v_proj", "--out", str(out)]) == 0
+    [call] = fake_trtllm_build.calls
+    assert call["argv"][call["argv"].index("--lora_plugin") + 1] == "bfloat16"
+    assert run(["lora", "add", str(out), "qv4", str(adapters["qv4"])]) == 0
+    weights = np.load(out / "lora" / "qv4" / "model.lora_weights.npy")
+    assert weights.dtype == np.float32  # numpy has no bfloat16: float32 values that are exactly bfloat16
+    stored = torch.from_numpy(weights)
+    assert torch.equal(stored, stored.to(torch.bfloat16).float())
+    peft = load_file(adapters["qv4"] / "adapter_model.safetensors")["base_model.model.model.layers.0.self_attn.q_proj"
+                                                                    ".lora_A.weight"]
+    config = np.load(out / "lora" / "qv4" / "model.lora_config.npy")[0].tolist()
+    row = config.index([1, 0, 4])  # attn_q of layer 0 at rank 4
+    assert torch.equal(stored[0, row, : peft.numel()], peft.to(torch.bfloat16).float().flatten())

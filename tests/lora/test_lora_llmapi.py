@@ -1,6 +1,7 @@
 """The llmapi target with LoRA: ``lora_config`` in the recorded options, adapters exported as PEFT directories, and
 through a real tritonserver the ``lora_name`` input giving PeftModel's greedy tokens for each adapter and the base
-in one batch, on the CPU ``LLM`` class."""
+in one batch, on the CPU ``LLM`` class (also for an adapter added while the server runs); deploy mounts and checks
+the adapters."""
 
 from __future__ import annotations
 
@@ -135,6 +136,14 @@ def test_lora_name_through_tritonserver_equals_peft(built: tuple[Path, dict[str,
         tokens, error = _infer(url, prompt, "missing")
         assert tokens is None and "LoRA adapter 'missing' is not in the artifact" in str(error)
         assert "it has: mlp16, qv4" in str(error)
+        late = make_adapter(builtin_dir("tiny-llama"), tmp_path / "late", rank=8, targets=["q_proj", "down_proj"],
+                            alpha=8, seed=5)  # added to the running server's artifact: no restart
+        assert run(["lora", "add", str(out), "late", str(late)]) == 0
+        try:
+            assert _infer(url, prompt, "late") == (_peft_tokens({"late": late}, prompt)["late"], None)
+        finally:
+            assert run(["lora", "remove", str(out), "late"]) == 0
+        assert "'late' is not in the artifact" in str(_infer(url, prompt, "late")[1])
 
 
 def _sums(out: Path) -> str:
