@@ -23,6 +23,8 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.lora.formats import FORMATS
 from trtllm_kit.lora.peft_adapter import read_adapter
+from trtllm_kit.lora.settings import base_config
+from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.names import CHECKPOINT_DIR, LORA_DIR
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a directory name and an OpenAI model id
@@ -42,10 +44,8 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
     if name in artifact.records.adapters:
         raise KitUsageError(f"{out} already has an adapter named {name!r}; remove it first (trtllm-kit lora remove "
                             f"{out} {name}).")
-    checkpoint = read_json(out / CHECKPOINT_DIR / "config.json", f"{out} has no checkpoint/config.json; rebuild it.",
-                           KitUsageError)
     fmt = FORMATS[artifact.target]
-    adapter = read_adapter(source, _base_sizes(checkpoint), artifact.spec.build.max_lora_rank)
+    adapter = read_adapter(source, _base_sizes(out), artifact.spec.build.max_lora_rank)
     if fmt.fixed_modules:
         _check_modules(artifact, adapter.target_modules, source)
     rel = f"{LORA_DIR}/{name}"
@@ -66,12 +66,11 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
     return record
 
 
-def _base_sizes(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The base's sizes from a TensorRT-LLM checkpoint config or (llmapi) the unified checkpoint's HF config."""
-    if "architecture" in checkpoint:
-        return checkpoint
-    return {**checkpoint, "architecture": (checkpoint.get("architectures") or [None])[0],
-            "head_size": checkpoint.get("head_dim")}
+def _base_sizes(out: Path) -> dict[str, Any]:
+    """The base's sizes: the TensorRT-LLM checkpoint's ``config.json``, or (llmapi) the unified checkpoint's HF one."""
+    checkpoint = read_json(out / CHECKPOINT_DIR / "config.json", f"{out} has no checkpoint/config.json; rebuild it.",
+                           KitUsageError)
+    return checkpoint if "architecture" in checkpoint else base_config(read_hf_config(out / CHECKPOINT_DIR))
 
 
 def _check_modules(artifact: Artifact, modules: list[str], source: Path) -> None:
