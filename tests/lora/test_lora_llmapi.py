@@ -174,3 +174,28 @@ def test_deploy_mounts_and_checks_the_adapters(kind: str, built: tuple[Path, dic
     if kind == "dynamo":
         [config] = yaml.safe_load_all((deployed / "engine-configmap.yaml").read_text())
         assert all(yaml.safe_load(text)["lora_config"] == LORA_CONFIG for text in config["data"].values())
+
+
+def test_the_cpu_llm_refuses_what_lora_config_does_not_enable(built: tuple[Path, dict[str, Path]],
+                                                              tmp_path: Path) -> None:
+    from trtllm_kit.llmapi.cpu_llm import LLM, LoRARequest, SamplingParams
+
+    out, sources = built
+    args = {k: v for k, v in yaml.safe_load((out / "repo/tensorrt_llm/1/model.yaml").read_text()).items()
+            if k != "triton_config"}
+    k_only = make_adapter(builtin_dir("tiny-llama"), tmp_path / "k", rank=4, targets=["k_proj"], alpha=4, seed=9)
+    with pytest.raises(ValueError, match=r"lora_path \(.*nowhere\) does not exist"):
+        LoRARequest("x", 1, str(tmp_path / "nowhere"))
+    llm = LLM(**args)
+    try:
+        with pytest.raises(ValueError, match="adapts k_proj, which lora_config's lora_target_modules does not enable"):
+            llm.generate_async([1, 2, 3], SamplingParams(max_tokens=2), lora_request=LoRARequest("k", 7, str(k_only)))
+    finally:
+        llm.shutdown()
+    plain = LLM(**{k: v for k, v in args.items() if k != "lora_config"})
+    try:
+        with pytest.raises(ValueError, match="a LoRA request needs lora_config in the LLM arguments"):
+            plain.generate_async([1, 2, 3], SamplingParams(max_tokens=2),
+                                 lora_request=LoRARequest("qv4", 3, str(sources["qv4"])))
+    finally:
+        plain.shutdown()

@@ -42,7 +42,8 @@ class LLM:
     Arguments:
         model: the unified checkpoint directory; tensor_parallel_size, pipeline_parallel_size: the layout the
         runtime emulates; max_batch_size, max_num_tokens, max_seq_len, kv_cache_config, enable_chunked_prefill,
-        scheduler_config, guided_decoding_backend (None or ``xgrammar``): as ``TorchLlmArgs``; every other
+        scheduler_config, guided_decoding_backend (None or ``xgrammar``), lora_config (``max_loras``,
+        ``max_cpu_loras``, ``max_lora_rank``, ``lora_target_modules``): as ``TorchLlmArgs``; every other
         ``TorchLlmArgs`` field is accepted and has no effect.
     """
 
