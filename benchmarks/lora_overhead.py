@@ -14,8 +14,10 @@ against the base's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -106,9 +108,10 @@ def main() -> None:
     torch.set_num_threads(1)  # CPU time then counts one thread's work, as wall time does
     with tempfile.TemporaryDirectory(prefix="lora-overhead-") as tmp:
         out = Path(tmp) / "out"
-        if run(["build", args.model, "--target", "cpu", "--dtype", "float32", "--no-verify", "--until",
-                "checkpoint", "--out", str(out)]) != 0:
-            raise SystemExit(1)
+        with contextlib.redirect_stdout(sys.stderr):  # the build's progress stays off the figures (--json)
+            if run(["build", args.model, "--target", "cpu", "--dtype", "float32", "--no-verify", "--until",
+                    "checkpoint", "--out", str(out)]) != 0:
+                raise SystemExit(1)
         model = CheckpointModel.load(out / "checkpoint")
     adapters = [random_adapter(model.config, args.rank, seed) for seed in range(max(CASES.values()))]
     rates, cpu_rates = measure(model, adapters, args.batch, args.prompt_tokens, args.max_tokens, args.rounds)
