@@ -15,3 +15,4 @@ DEFAULT_MAX_LORA_RANK = 64  # the highest adapter rank an artifact takes (trtllm
 DEFAULT_LORA_CACHE_HOST_MEMORY_BYTES = 1 << 30
 DEFAULT_LORA_CACHE_GPU_MEMORY_FRACTION = 0.05
 DEFAULT_LORA_CACHE_OPTIMAL_ADAPTER_SIZE = 8
+DEFAULT_MAX_LORAS = 4  # adapters a LoRA cache holds at once (LoraConfig.max_loras's 1.x default)

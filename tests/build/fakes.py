@@ -21,7 +21,13 @@ FAKE_TRTLLM_BUILD = textwrap.dedent('''\
     argv = sys.argv[1:]
     with open(os.environ["FAKE_TRTLLM_ARGV"], "a") as log:
         log.write(json.dumps({{"argv": argv, "cwd": os.getcwd()}}) + "\\n")
-    flags = dict(zip(argv[0::2], argv[1::2]))
+    values = {{}}  # flag → its values (nargs="+" flags such as --lora_target_modules take several)
+    for part in argv:
+        if part.startswith("--"):
+            flag = values.setdefault(part, [])
+        else:
+            flag.append(part)
+    flags = {{name: v[0] for name, v in values.items() if len(v) == 1}}
     print("[TensorRT-LLM] TensorRT-LLM version: 1.2.1")
     if os.environ.get("FAKE_TRTLLM_FAIL"):
         for i in range(30):
@@ -40,6 +46,10 @@ FAKE_TRTLLM_BUILD = textwrap.dedent('''\
     build["kv_cache_type"] = flags["--kv_cache_type"].upper()
     build["plugin_config"] = {{p: flags["--" + p] for p in plugins}}
     build["plugin_config"]["tokens_per_block"] = int(flags["--tokens_per_block"])
+    if "--lora_plugin" in flags:  # as trtllm-build records the LoRA support
+        build["plugin_config"]["lora_plugin"] = flags["--lora_plugin"]
+        build["lora_config"] = {{"lora_target_modules": values["--lora_target_modules"],
+                                "max_lora_rank": int(flags["--max_lora_rank"])}}
     config = {{"version": "1.2.1", "pretrained_config": checkpoint, "build_config": build}}
     (out / "config.json").write_text(json.dumps(config, indent=4))
     for rank in range(int(os.environ.get("FAKE_TRTLLM_RANKS", world))):

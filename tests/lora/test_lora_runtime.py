@@ -18,7 +18,15 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
-from trtllm_kit.runtime.lora import ADAPTER_FILE, LoraNotCachedError, LoraRequest, from_rows, load_adapter, to_rows
+from trtllm_kit.runtime.lora import (
+    ADAPTER_FILE,
+    LoraNotCachedError,
+    LoraRequest,
+    from_rows,
+    load_adapter,
+    rank_parts,
+    to_rows,
+)
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 
@@ -140,3 +148,44 @@ def test_backend_rows_round_trip_and_bad_rows_are_refused(artifact) -> None:
         from_rows(weights, bad_id, config, torch.float32)
     with pytest.raises(KitUsageError, match="lora_weights has too few values"):
         from_rows(weights[:, :10], keys, config, torch.float32)
+
+
+@pytest.mark.parametrize("tp", [2, 4])  # at 4, each of the 2 KV heads is duplicated on two ranks
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-phi3"], indirect=True)  # separate and fused q/k/v, gate/up
+def test_tensor_parallel_adapters_equal_peft(artifact, prompts, references, family: str, tp: int,
+                                             tmp_path: Path) -> None:
+    _, sources = artifact
+    out = tmp_path / "out"
+    assert run(["build", f"builtin:{family}", "--target", "cpu", "--dtype", "float32", "--no-verify", "--tp", str(tp),
+                "--out", str(out)]) == 0
+    for name, source in sources.items():
+        assert run(["lora", "add", str(out), name, str(source)]) == 0
+    model = CheckpointModel.load(out / "checkpoint")
+    assert model.dims.tp_size == tp
+    engine = Engine(model, EngineConfig(tokens_per_block=8, max_batch_size=16, lora_cache_max_adapters=4))
+    names: list[str | None] = [None, *sources]
+    batch = [(name, i) for i in range(len(prompts)) for name in names]
+    loras = [_request(out, name, names.index(name), True) if name else None for name, _ in batch]
+    got = engine.generate([prompts[i] for _, i in batch], [SamplingParams(max_tokens=MAX_TOKENS)] * len(batch),
+                          loras)
+    assert got == [references[name][i] for name, i in batch]
+
+
+def test_rank_slices_are_upstreams() -> None:
+    """Column-parallel B rows and row-parallel A columns per rank, checked on index tensors (tiny-llama: 4 heads of
+    64, 2 KV heads, intermediate 512) at tp 4, where each KV head serves two ranks."""
+    config = {"architecture": "LlamaForCausalLM", "hidden_size": 256, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 512, "num_hidden_layers": 1}
+    parts = [rank_parts(config, 4, r) for r in range(4)]
+    arange = torch.arange
+    for r, p in enumerate(parts):
+        assert torch.equal(p["attention.qkv"]["q_proj"].b_rows, arange(64 * r, 64 * (r + 1)))
+        assert torch.equal(p["attention.qkv"]["k_proj"].b_rows, arange(64 * (r // 2), 64 * (r // 2 + 1)))
+        assert (p["attention.qkv"]["v_proj"].start, p["attention.qkv"]["v_proj"].stop) == (128, 192)
+        assert torch.equal(p["attention.dense"]["o_proj"].a_cols, arange(64 * r, 64 * (r + 1)))
+        assert p["attention.dense"]["o_proj"].b_rows is None
+        assert torch.equal(p["mlp.proj"]["down_proj"].a_cols, arange(128 * r, 128 * (r + 1)))
+        assert torch.equal(p["mlp.fc"]["gate_up_proj"].b_rows,  # the rank's up rows, then its gate rows
+                           torch.cat([arange(128 * r, 128 * (r + 1)), 512 + arange(128 * r, 128 * (r + 1))]))
+    qkv = parts[3]["attention.qkv"]["qkv_proj"].b_rows
+    assert torch.equal(qkv, torch.cat([arange(192, 256), 256 + arange(64, 128), 384 + arange(64, 128)]))

@@ -16,6 +16,7 @@ from trtllm_kit.artifact.records import (
     EngineLimits,
     EngineRecord,
     LlmapiRepoOptions,
+    LoraRecord,
     ModelRecord,
     RepoRecord,
     StageRecords,
@@ -23,6 +24,6 @@ from trtllm_kit.artifact.records import (
 
 __all__ = [
     "MANIFEST", "SCHEMA_VERSION", "AdapterRecord", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild",
-    "EngineLimits", "EngineRecord", "LlmapiRepoOptions", "ManifestError", "ModelRecord", "RepoRecord", "StageRecords",
-    "read_manifest_json", "upgrade_manifest",
+    "EngineLimits", "EngineRecord", "LlmapiRepoOptions", "LoraRecord", "ManifestError", "ModelRecord", "RepoRecord",
+    "StageRecords", "read_manifest_json", "upgrade_manifest",
 ]

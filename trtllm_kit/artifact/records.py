@@ -228,6 +228,20 @@ class AdapterRecord:
         return cls(**{**_known(cls, values), "target_modules": list(values["target_modules"])})
 
 
+@dataclass(frozen=True)
+class LoraRecord:
+    """The LoRA support a build settled (``lora/settings.py``): the modules adapters may target, the highest rank
+    and the adapter cache's size. An engine's LoRA plugin and the llmapi ``LoraConfig`` are built for exactly these."""
+
+    target_modules: list[str]  # PEFT names (q_proj, ...), in the family's order
+    max_lora_rank: int
+    max_loras: int
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LoraRecord:
+        return cls(**{**_known(cls, values), "target_modules": list(values["target_modules"])})
+
+
 @dataclass
 class StageRecords:
     """The records the stages of one build have written so far (the manifest's ``summary``)."""
@@ -240,6 +254,7 @@ class StageRecords:
     repo: RepoRecord | None = None
     stages: list[str] = field(default_factory=list)
     adapters: dict[str, AdapterRecord] = field(default_factory=dict)  # by name
+    lora: LoraRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -257,6 +272,8 @@ class StageRecords:
         values["stages"] = list(self.stages)
         if self.adapters:
             values["adapters"] = {name: asdict(a) for name, a in self.adapters.items()}
+        if self.lora is not None:
+            values["lora"] = asdict(self.lora)
         return values
 
     @classmethod
@@ -269,7 +286,8 @@ class StageRecords:
                    calibration=values.get("calibration"), verify=values.get("verify"),
                    engine=section("engine", EngineRecord.from_dict), repo=section("repo", RepoRecord.from_dict),
                    stages=list(values.get("stages") or []),
-                   adapters={name: AdapterRecord.from_dict(a) for name, a in (values.get("adapters") or {}).items()})
+                   adapters={name: AdapterRecord.from_dict(a) for name, a in (values.get("adapters") or {}).items()},
+                   lora=section("lora", LoraRecord.from_dict))
 
     def take(self, other: StageRecords, names: tuple[str, ...]) -> None:
         """Copy the sections ``names`` from ``other`` (a reused stage brings its records along).

@@ -7,6 +7,7 @@ are downloaded; the stage cache status needs the weights (their digests are part
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
 from trtllm_kit.layout import check_tp, layers_for_rank
 from trtllm_kit.llmapi.plan_report import print_llmapi_plan
+from trtllm_kit.lora.settings import base_config, cache_memory
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.inspect import inspect_model, resolve_model_path
 from trtllm_kit.models.registry import family_for
@@ -57,6 +59,9 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "commands": [engine.command.argv] if engine.command else [],
         "command_lines": [engine.command.line] if engine.command else [],
     }
+    if engine.lora is not None:
+        cache = cache_memory(engine.lora, base_config(hf), precision_of(spec, hf).dtype)
+        report["lora"] = {**asdict(engine.lora), "cache": cache.to_dict()}
     if spec.quant_config().needs_calibration:
         size = choose_size(spec.quant_config(), calibration_device())
         memory = calibration_memory(hf, size, spec.quant_config().calib_dtype)
@@ -64,7 +69,7 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
                                  "reason": size.reason, "dtype": spec.quant_config().calib_dtype,
                                  "peak_bytes": memory.total_bytes, "layer_bytes": memory.layer_bytes,
                                  "activation_bytes": memory.activation_bytes, "kv_bytes": memory.kv_bytes}
-    own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu)
+    own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu, engine.lora)
     if own is not None:  # no engine: the target's recipe, memory and serve command (llmapi)
         report[engine.target.name] = own
         report.update(plan=None, commands=[], command_lines=[])
@@ -140,6 +145,13 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
             console.print(f"Context logits (--gather_context_logits, [build] context_logits): "
                           f"{context / GIB:.2f} GiB per rank (max_num_tokens {plan['max_num_tokens']} x vocab x 4 "
                           "bytes), taken from the KV pool", highlight=False, markup=False)
+    if report.get("lora"):
+        lora, cache = report["lora"], report["lora"]["cache"]
+        console.print(f"LoRA cache ({report['target']}): {cache['max_loras']} adapters x "
+                      f"{cache['adapter_bytes'] / MIB:.2f} MiB = {cache['total_bytes'] / MIB:.2f} MiB (each at rank "
+                      f"{cache['max_lora_rank']} on {', '.join(lora['target_modules'])} in every layer, "
+                      f"{cache['dtype']}; --max-loras, --max-lora-rank)", highlight=False, markup=False,
+                      soft_wrap=True)
     if report.get("calibration"):
         c = report["calibration"]
         console.print(f"Calibration: {c['samples']} windows x {c['seq_len']} tokens on {c['device']}: {c['reason']}",

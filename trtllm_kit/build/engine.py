@@ -13,10 +13,11 @@ from pathlib import Path
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.engine.fit import check_plan
-from trtllm_kit.engine.recipe import build_command
+from trtllm_kit.engine.recipe import LoraPlugin, build_command
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, resolve_gpu
 from trtllm_kit.layout import Mapping
+from trtllm_kit.lora.settings import base_config, lora_settings, trtllm_modules
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
@@ -58,12 +59,16 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
     build_gpu = machine.gpus[0] if target.compiles and machine.gpus else gpu
     if compile_requested and build_gpu is not None:
         check_fp8(precision_of(spec, hf), build_gpu)
+    lora = lora_settings(spec.build, base_config(hf))
     command = None
     if plan is not None and build_gpu is not None:
         workers = max(1, min(spec.build.tp * spec.build.pp, len(machine.gpus)))
+        plugin = LoraPlugin(precision_of(spec, hf).dtype, tuple(trtllm_modules(lora)), lora.max_lora_rank) \
+            if lora is not None else None
         command = build_command(plan, build_gpu, Path("checkpoint"), Path(ENGINE_DIR), workers=workers,
-                                timing_cache=timing_cache_path(build_gpu, machine), overrides=spec.build.build_flags)
-    return EngineSetup(target, reason, plan, build_gpu, command, machine)
+                                timing_cache=timing_cache_path(build_gpu, machine), overrides=spec.build.build_flags,
+                                lora=plugin)
+    return EngineSetup(target, reason, plan, build_gpu, command, machine, lora)
 
 
 def check_fp8(precision: Precision, gpu: GPU) -> None:

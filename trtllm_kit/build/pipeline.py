@@ -64,7 +64,8 @@ STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": chec
 # [build] fields that do not change the checkpoint (the others and every [quant] field are in its key)
 NOT_CHECKPOINT_FIELDS = ("until", "target", "force", "archive", "gpu", "gpu_memory", "kv_cache_fraction",
                          "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
-                         "build_flags", "verify", "max_lora_rank", "lora")
+                         "build_flags", "verify", "max_lora_rank", "max_loras", "lora_target_modules",
+                         "lora")
 CHECKPOINT_TOOLS = ("trtllm_kit", "torch", "transformers", "safetensors")
 
 
@@ -117,6 +118,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     needed = 0 if previous.can_reuse("checkpoint", keys["checkpoint"]) else expected_bytes(spec, model)
     with staged_dir(spec.out, force=spec.build.force, needed_bytes=needed) as stage_dir:
         ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
+        ctx.records.lora = engine.lora
         ctx.records.model = ModelRecord(source=model.source, path=str(model.path), family=model.family.name,
                                         architecture=model.hf.architecture, num_parameters=model.hf.num_parameters)
         for name in stages:

@@ -23,7 +23,7 @@ from pathlib import Path
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.plan import BuildPlan
-from trtllm_kit.spec.build_flags import check_flag, check_overrides
+from trtllm_kit.spec.build_flags import check_flag, check_list_flag, check_overrides
 
 FUSED_MLP_QUANT = (None, "FP8", "MIXED_PRECISION")
 @dataclass(frozen=True)
@@ -32,10 +32,12 @@ class BuildCommand:
 
     flags: tuple[tuple[str, str], ...]
     switches: tuple[str, ...] = ()  # store-true flags (``SWITCHES_1_2``), after the valued ones
+    lists: tuple[tuple[str, tuple[str, ...]], ...] = ()  # flags of several values (``LIST_FLAGS_1_2``), before those
 
     @property
     def argv(self) -> list[str]:
         return ["trtllm-build", *(part for name, value in self.flags for part in (f"--{name}", value)),
+                *(part for name, values in self.lists for part in (f"--{name}", *values)),
                 *(f"--{name}" for name in self.switches)]
 
     @property
@@ -44,6 +46,16 @@ class BuildCommand:
 
     def value(self, name: str) -> str:
         return dict(self.flags)[name]
+
+
+@dataclass(frozen=True)
+class LoraPlugin:
+    """The LoRA plugin an engine is built with: its dtype (the model's, which the adapters' weights must have),
+    TensorRT-LLM's names of the modules adapters may target, and the highest adapter rank."""
+
+    dtype: str
+    target_modules: tuple[str, ...]
+    max_lora_rank: int
 
 
 def recipe(plan: BuildPlan, gpu: GPU) -> dict[str, str]:
@@ -82,7 +94,8 @@ def _toggle(on: bool) -> str:
 
 
 def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: Path, *, workers: int,
-                  timing_cache: Path | None = None, overrides: MappingABC[str, str] | None = None) -> BuildCommand:
+                  timing_cache: Path | None = None, overrides: MappingABC[str, str] | None = None,
+                  lora: LoraPlugin | None = None) -> BuildCommand:
     """The full ``trtllm-build`` flag list for a checkpoint, every value explicit.
 
     Arguments:
@@ -93,6 +106,7 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
         workers: ranks built in parallel (at most the number of GPUs).
         timing_cache: the TensorRT timing cache to read (when it exists) and write.
         overrides: ``{flag: value}`` replacing recipe or limit values.
+        lora: the LoRA plugin (``--lora_plugin``, ``--max_lora_rank``, ``--lora_target_modules``), or none.
     """
     flags: dict[str, str] = {
         "checkpoint_dir": str(checkpoint_dir),
@@ -104,6 +118,7 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
         "max_beam_width": "1",
         "logits_dtype": "float32",
         **recipe(plan, gpu),
+        **({"lora_plugin": lora.dtype, "max_lora_rank": str(lora.max_lora_rank)} if lora else {}),
         "profiling_verbosity": "layer_names_only",
         "workers": str(workers),
         "log_level": "info",
@@ -118,7 +133,10 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
     for name, value in flags.items():
         check_flag(name, value)
     check_combinations(flags)
-    return BuildCommand(tuple(flags.items()), ("gather_context_logits",) if plan.context_logits else ())
+    lists = (("lora_target_modules", lora.target_modules),) if lora else ()
+    for name, values in lists:
+        check_list_flag(name, values)
+    return BuildCommand(tuple(flags.items()), ("gather_context_logits",) if plan.context_logits else (), lists)
 
 
 def check_combinations(flags: MappingABC[str, str]) -> None:

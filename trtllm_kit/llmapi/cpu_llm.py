@@ -3,7 +3,8 @@ a machine without a GPU: ``LLM(model=..., **TorchLlmArgs)``, ``generate_async(pr
 SamplingParams, streaming, priority)`` returning an async-iterable result with ``abort()`` and ``aresult()``,
 ``get_stats()`` (iteration statistics under the C++ executor's JSON keys) and ``shutdown()``. ``SamplingParams``
 carries ``n``/``best_of``, logprobs, the penalties and ``guided_decoding`` (``cpu_types.py``); guided decoding
-needs ``guided_decoding_backend: xgrammar``, as it does on the GPU.
+needs ``guided_decoding_backend: xgrammar``, as it does on the GPU. A request's ``LoRARequest`` runs it with that
+PEFT adapter (``cpu_lora.py``; needs ``lora_config``), different adapters and none in one batch.
 
 The engine steps in its own thread; each request's outputs reach its asyncio loop through
 ``call_soon_threadsafe``. The checkpoint is loaded as the PyTorch backend loads it (``load_unified``) at the
@@ -19,11 +20,13 @@ from typing import Any
 
 import torch
 
+from trtllm_kit.defaults import DEFAULT_MAX_LORAS
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.cpu_disagg import Disaggregation
+from trtllm_kit.llmapi.cpu_lora import CpuLoraManager
 from trtllm_kit.llmapi.cpu_result import ERROR, RequestError, RequestOutput, Update
-from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, SamplingParams, logprob_dict
+from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams, logprob_dict
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
@@ -32,7 +35,8 @@ from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
-__all__ = ["LLM", "DisaggregatedParams", "GuidedDecodingParams", "RequestError", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "DisaggregatedParams", "GuidedDecodingParams", "LoRARequest", "RequestError", "RequestOutput",
+           "SamplingParams"]
 
 
 class LLM:
@@ -41,7 +45,8 @@ class LLM:
     Arguments:
         model: the unified checkpoint directory; tensor_parallel_size, pipeline_parallel_size: the layout the
         runtime emulates; max_batch_size, max_num_tokens, max_seq_len, kv_cache_config, enable_chunked_prefill,
-        scheduler_config, guided_decoding_backend (None or ``xgrammar``): as ``TorchLlmArgs``;
+        scheduler_config, guided_decoding_backend (None or ``xgrammar``), lora_config (``max_loras``,
+        ``max_cpu_loras``, ``max_lora_rank``, ``lora_target_modules``): as ``TorchLlmArgs``;
         cache_transceiver_config: its ``kv_transfer_timeout_ms`` bounds how long a context-only request's blocks
         wait for their fetch (``cpu_disagg.py``); every other ``TorchLlmArgs`` field is accepted and has no effect.
     """
@@ -50,7 +55,8 @@ class LLM:
                  max_batch_size: int | None = None, max_num_tokens: int | None = None, max_seq_len: int | None = None,
                  kv_cache_config: dict[str, Any] | None = None, enable_chunked_prefill: bool = False,
                  scheduler_config: dict[str, Any] | None = None, guided_decoding_backend: str | None = None,
-                 cache_transceiver_config: dict[str, Any] | None = None, **_gpu_only: Any) -> None:
+                 lora_config: dict[str, Any] | None = None, cache_transceiver_config: dict[str, Any] | None = None,
+                 **_gpu_only: Any) -> None:
         kv = dict(kv_cache_config or {})
         policy = str((scheduler_config or {}).get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")).lower()
         batch, seq_len = int(max_batch_size or 8), int(max_seq_len or 1024)
@@ -61,10 +67,14 @@ class LLM:
                                    max_tokens_in_paged_kv_cache=max(pool, tokens_per_block),
                                    batch_scheduler_policy=policy,
                                    enable_kv_cache_reuse=bool(kv.get("enable_block_reuse", True)),
-                                   enable_chunked_context=bool(enable_chunked_prefill), max_seq_len=seq_len)
+                                   enable_chunked_context=bool(enable_chunked_prefill), max_seq_len=seq_len,
+                                   lora_cache_max_adapters=int((lora_config or {}).get("max_loras")
+                                                               or DEFAULT_MAX_LORAS))
         path = Path(model)
         self.engine = Engine(load_unified(path, Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))),
                              self.config)
+        self.lora = None if lora_config is None else \
+            CpuLoraManager(lora_config, self.engine.model.config, self.engine.model.dtype)
         self.tokenizer = _tokenizer(path)
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
         if guided_decoding_backend not in (None, "xgrammar"):
@@ -81,12 +91,14 @@ class LLM:
         self._thread.start()
 
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None,
-                       streaming: bool = False, priority: float = DEFAULT_PRIORITY,
-                       disaggregated_params: DisaggregatedParams | None = None, **_unused: Any) -> RequestOutput:
+                       lora_request: LoRARequest | None = None, streaming: bool = False,
+                       priority: float = DEFAULT_PRIORITY, disaggregated_params: DisaggregatedParams | None = None,
+                       **_unused: Any) -> RequestOutput:
         """Queue one request (a prompt string or token ids); must be called on the asyncio loop that consumes it.
 
         Arguments:
-            inputs: the prompt; sampling_params: generation settings; streaming: one output per step;
+            inputs: the prompt; sampling_params: generation settings; lora_request: the adapter to run with (None:
+            the base model; needs ``lora_config``); streaming: one output per step;
             priority: TensorRT-LLM's request priority in [0, 1], higher first (the CPU runtime's scheduler orders
             its waiting queue by it and preempts lower-priority running requests for it);
             disaggregated_params: a context-only or generation-only request (``cpu_disagg.py``).
@@ -94,11 +106,20 @@ class LLM:
         params = sampling_params or SamplingParams()
         ids = list(inputs) if isinstance(inputs, list) else self._encode(str(inputs), add_special_tokens=True)
         runtime_params = self._runtime_params(params, float(priority))  # refuses bad values before anything runs
+        lora = None
+        if lora_request is not None:
+            if self.lora is None:
+                raise ValueError("a LoRA request needs lora_config in the LLM arguments (model.yaml); rebuild the "
+                                 "artifact with --lora NAME=DIR or --lora-target-modules")
+            lora = self.lora.resolve(lora_request)
         output = RequestOutput(self, ids, streaming, params)
         if disaggregated_params is not None:
+            if lora is not None:
+                raise ValueError("the CPU runtime does not run a LoRA adapter in a disaggregated request; send "
+                                 "lora_request or disaggregated_params, not both")
             self.disagg.submit(output, runtime_params, disaggregated_params)
         else:
-            self._inbox.put(("add", (output, runtime_params, {})))
+            self._inbox.put(("add", (output, runtime_params, {} if lora is None else {"lora": lora})))
         return output
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The request and result types of the kit's CPU ``LLM`` class, with ``tensorrt_llm``'s field names and defaults
-(``SamplingParams``, ``GuidedDecodingParams``, ``CompletionOutput``, ``Logprob``), and their translation to the
-CPU runtime's settings and back.
+(``SamplingParams``, ``GuidedDecodingParams``, ``LoRARequest``, ``CompletionOutput``, ``Logprob``), and their
+translation to the CPU runtime's settings and back.
 
 Logprobs are the raw model distribution's (``trtllm_kit/runtime/logprobs.py``): ``logprobs`` N gives, per
 generated token, a dict of the N most likely tokens plus the sampled one, each a ``Logprob(logprob, rank)``;
@@ -10,6 +10,7 @@ generated token, a dict of the N most likely tokens plus the sampled one, each a
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,28 @@ class SamplingParams:
     guided_decoding: GuidedDecodingParams | None = None
     exclude_input_from_output: bool = True
     return_perf_metrics: bool = False
+
+
+@dataclass(frozen=True)
+class LoRARequest:
+    """A request's adapter, as ``tensorrt_llm``'s ``LoRARequest``: its name, its id (the adapter cache's key: one id
+    names one adapter) and the PEFT directory on this machine."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    lora_ckpt_source: str = "hf"
+
+    def __post_init__(self) -> None:
+        if not os.path.isdir(self.lora_path):
+            raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
+        if self.lora_ckpt_source != "hf":
+            raise ValueError(f"lora_ckpt_source {self.lora_ckpt_source!r} is not supported by the CPU runtime; "
+                             "use hf (a PEFT directory)")
+
+    @property
+    def adapter_id(self) -> int:
+        return self.lora_int_id
 
 
 @dataclass

@@ -58,6 +58,13 @@ PEFT_CACHE_CONFIG: Fields = {name: "int" for name in (
 PEFT_CACHE_CONFIG.update({"device_cache_percent": "float = 0.02", "host_cache_size": "int = 1 GiB",
                           "lora_prefetch_dir": "None (prefetch is rejected)"})
 
+LORA_CONFIG: Fields = {
+    "lora_dir": "list[str] = [] (at most one)", "lora_ckpt_source": "hf | nemo = hf", "max_lora_rank": "int = 64",
+    "lora_target_modules": "list[str] = [] (TensorRT-LLM names; empty: every module)",
+    "trtllm_modules_to_hf_modules": "dict[str, str] = {} (the default map)", "max_loras": "int | None",
+    "max_cpu_loras": "int | None", "swap_gate_up_proj_lora_b_weight": "bool = True",
+}
+
 BASE_LLM_ARGS: Fields = {
     "model": "str | Path (required)", "tokenizer": "str | Path | None", "tokenizer_mode": "auto | slow",
     "skip_tokenizer_init": "bool = False", "trust_remote_code": "bool = False", "tensor_parallel_size": "int = 1",
@@ -101,6 +108,7 @@ NESTED: dict[str, Fields] = {
     "kv_cache_config": KV_CACHE_CONFIG, "scheduler_config": SCHEDULER_CONFIG, "cuda_graph_config": CUDA_GRAPH_CONFIG,
     "torch_compile_config": TORCH_COMPILE_CONFIG, "moe_config": MOE_CONFIG, "attention_dp_config": ATTENTION_DP_CONFIG,
     "cache_transceiver_config": CACHE_TRANSCEIVER_CONFIG, "peft_cache_config": PEFT_CACHE_CONFIG,
+    "lora_config": LORA_CONFIG,
     "scheduler_config.dynamic_batch_config": DYNAMIC_BATCH_CONFIG,
 }
 # model.yaml keys the Triton llmapi model consumes itself (excluded from the LLM arguments)

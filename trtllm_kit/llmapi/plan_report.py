@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from trtllm_kit.artifact import LoraRecord
 from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.recipe import cuda_graph_batch_sizes, make_recipe
@@ -26,14 +27,16 @@ GIB = 2**30
 MIB = 2**20
 
 
-def llmapi_plan(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision, gpu: GPU | None) -> dict[str, Any]:
+def llmapi_plan(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision, gpu: GPU | None,
+                lora: LoraRecord | None = None) -> dict[str, Any]:
     """The recipe, its memory figures per rank and the serve command, as data.
 
     Arguments:
         spec: the build spec; hf: model config; family: weight table; precision: dtype and quantization;
-        gpu: the GPU planned for (``--gpu``, ``--gpu-memory`` or the visible one), or None.
+        gpu: the GPU planned for (``--gpu``, ``--gpu-memory`` or the visible one), or None;
+        lora: the build's LoRA support, or none.
     """
-    recipe = make_recipe(spec, hf, family, precision, gpu)
+    recipe = make_recipe(spec, hf, family, precision, gpu, lora)
     mapping = Mapping(spec.build.tp, spec.build.pp)
     weights = rank_weight_bytes(hf, family, mapping, precision)
     ranks: list[dict[str, Any]] = []

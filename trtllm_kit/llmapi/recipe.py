@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trtllm_kit.artifact import LoraRecord
 from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
+from trtllm_kit.lora.settings import trtllm_modules
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
@@ -59,12 +61,13 @@ class LlmapiRecipe:
                 "plan": self.plan.to_dict() if self.plan else None}
 
 
-def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision, gpu: GPU | None) -> LlmapiRecipe:
+def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision, gpu: GPU | None,
+                lora: LoraRecord | None = None) -> LlmapiRecipe:
     """The recipe and memory plan of ``spec`` on ``gpu`` (no GPU: the spec's or the CPU defaults' sizes).
 
     Arguments:
         spec: the build spec; hf: model config; family: weight table; precision: dtype and quantization;
-        gpu: the GPU planned for, or None.
+        gpu: the GPU planned for, or None; lora: the build's LoRA support (``lora_config``), or none.
     """
     b = spec.build
     mapping = Mapping(b.tp, b.pp)
@@ -96,6 +99,8 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
         "disable_overlap_scheduler": False, "attn_backend": "TRTLLM", "enable_iter_perf_stats": True,
         "guided_decoding_backend": "xgrammar",  # structured output (response_format, guided_json, ...)
     }
+    if lora is not None:
+        args["lora_config"] = lora_config(lora)
     notes = [
         f"decode CUDA graphs with padding for batches {_sizes(cuda_graph_batch_sizes(batch))} (max_batch_size "
         f"{batch})" + (f"; pool set aside: {pool / 2**20:.0f} MiB" if gpu is not None else ""),
@@ -117,7 +122,22 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
         notes.append(f"NVFP4 needs compute capability >= {NVFP4_MIN_SM[0]}.{NVFP4_MIN_SM[1]} (Blackwell){where}: "
                      "FP4 GEMMs on packed e2m1 weights with e4m3 block scales")
     notes.append("iteration statistics on (enable_iter_perf_stats) for the nv_trt_llm_* gauges")
+    if lora is not None:
+        notes.append(f"LoRA on {', '.join(trtllm_modules(lora))} up to rank {lora.max_lora_rank}, {lora.max_loras} "
+                     "adapters cached (each request names its adapter with a LoRARequest)")
     return LlmapiRecipe(args, tuple(notes), plan, pool)
+
+
+def lora_config(lora: LoraRecord) -> dict[str, Any]:
+    """``LoraConfig`` of the build's LoRA support: the target modules (TensorRT-LLM's names, so none is enabled
+    beyond them), the highest rank, and ``max_loras`` adapters on the GPU and as many in host memory. ``lora_dir``
+    stays empty: the loader takes one directory only, and each request brings its adapter's path.
+
+    Arguments:
+        lora: the build's LoRA support.
+    """
+    return {"lora_target_modules": trtllm_modules(lora), "max_lora_rank": lora.max_lora_rank,
+            "max_loras": lora.max_loras, "max_cpu_loras": lora.max_loras}
 
 
 def _sizes(sizes: list[int]) -> str:

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.lora import module_shapes
+from trtllm_kit.runtime.lora import FUSED_GATE_UP, module_shapes
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -47,6 +47,22 @@ class PeftAdapter:
     @property
     def weights_path(self) -> Path:
         return self.path / WEIGHTS_NAME
+
+    def converted(self, dtype: torch.dtype) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+        """The pairs as TensorRT-LLM's loaders convert them, in ``dtype``: the scale multiplied into B, and a fused
+        ``gate_up_proj`` B's halves swapped (HF stacks ``[gate; up]``, the checkpoint's swiglu ``fc`` is
+        ``[up; gate]``).
+
+        Arguments:
+            dtype: the target's weight dtype.
+        """
+        pairs = {}
+        for (layer, module), (a, b) in self.pairs.items():
+            if module == FUSED_GATE_UP:
+                b = torch.cat(b.chunk(2)[::-1])
+            pairs[(layer, module)] = (a.to(torch.float32).to(dtype).contiguous(),
+                                      (b.to(torch.float32) * self.scale).to(dtype).contiguous())
+        return pairs
 
 
 def read_adapter(path: Path, base: dict[str, Any], max_lora_rank: int) -> PeftAdapter:

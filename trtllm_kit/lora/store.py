@@ -1,4 +1,5 @@
-"""Adapters kept in an artifact: ``OUT/lora/NAME/adapter.safetensors`` plus a record in the manifest.
+"""Adapters kept in an artifact: ``OUT/lora/NAME/`` in the target's form (``formats.py``) plus a record in the
+manifest.
 
 Each change is atomic: the converted adapter is written into a temporary sibling and renamed into place, and the
 manifest (with the new file hashes and the record) is written to a temporary file and renamed over the old one, so
@@ -13,71 +14,41 @@ import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
+from typing import Any
 
 from trtllm_kit.artifact import MANIFEST, AdapterRecord, Artifact
 from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.artifact.integrity import file_stats
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.jsonfile import read_json
+from trtllm_kit.lora.formats import FORMATS
 from trtllm_kit.lora.peft_adapter import PeftAdapter, read_adapter
+from trtllm_kit.lora.settings import base_config
+from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.names import CHECKPOINT_DIR, LORA_DIR
-from trtllm_kit.runtime.lora import ADAPTER_FILE, FUSED_GATE_UP, tensor_names
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a directory name and an OpenAI model id
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def convert_adapter(artifact: Artifact, source: Path) -> tuple[PeftAdapter, dict[str, torch.Tensor]]:
-    """Check the PEFT adapter at ``source`` against ``artifact``'s base model and convert it: per layer and module
-    A and B (scale in B) in the checkpoint's dtype, named as ``ADAPTER_FILE`` holds them.
-
-    Arguments:
-        artifact: a cpu-target artifact; source: a PEFT adapter directory.
-    """
-    if artifact.target != "cpu":
-        raise KitUsageError(f"{artifact.path} is a {artifact.target} artifact; adapters can be added to cpu "
-                            "artifacts so far (build with --target cpu).")
-    checkpoint = read_json(artifact.path / CHECKPOINT_DIR / "config.json",
-                           f"{artifact.path} has no checkpoint/config.json; rebuild it.", KitUsageError)
-    adapter = read_adapter(source, checkpoint, artifact.spec.build.max_lora_rank)
-    dtype = TORCH_DTYPES.get(artifact.precision.dtype, torch.float32)
-    tensors: dict[str, torch.Tensor] = {}
-    for (layer, module), (a, b) in adapter.pairs.items():
-        a_name, b_name = tensor_names(layer, module)
-        tensors[a_name] = a.to(torch.float32).to(dtype).contiguous()
-        if module == FUSED_GATE_UP:  # HF stacks [gate; up], the checkpoint's swiglu fc is [up; gate]
-            b = torch.cat(b.chunk(2)[::-1])
-        tensors[b_name] = (b.to(torch.float32) * adapter.scale).to(dtype).contiguous()
-    return adapter, tensors
-
-
-def check_name(name: str) -> None:
-    """Refuse an adapter name that is not a directory name and an OpenAI model id."""
-    if not NAME.fullmatch(name):
-        raise KitUsageError(f"adapter name {name!r} is not valid; use letters, digits, '.', '_' and '-' (at most 64, "
-                            "starting with a letter or digit).")
 
 
 def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
-    """Check the PEFT adapter at ``source`` against the artifact ``out``, convert it, and record it as ``name``.
+    """Check the PEFT adapter at ``source`` against the artifact ``out``, convert it for the artifact's target
+    (``formats.py``) and record it as ``name``.
 
     Arguments:
-        out: a cpu-target artifact; name: the adapter's name in it; source: a PEFT adapter directory.
+        out: an artifact; name: the adapter's name in it; source: a PEFT adapter directory.
     """
     check_name(name)
     artifact = Artifact.read(out)
     if name in artifact.records.adapters:
         raise KitUsageError(f"{out} already has an adapter named {name!r}; remove it first (trtllm-kit lora remove "
                             f"{out} {name}).")
-    adapter, tensors = convert_adapter(artifact, source)
+    adapter = check_adapter(artifact, source)
+    fmt = FORMATS[artifact.target]
     rel = f"{LORA_DIR}/{name}"
     staging = out / LORA_DIR / f".{name}.{os.getpid()}.tmp"
     staging.mkdir(parents=True)
     try:
-        save_file(tensors, staging / ADAPTER_FILE, metadata={"rank": str(adapter.rank), "alpha": str(adapter.alpha)})
+        fmt.write(adapter, staging, artifact.precision.dtype)
         staging.rename(out / rel)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -89,6 +60,46 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
         shutil.rmtree(out / rel, ignore_errors=True)
         raise
     return record
+
+
+def check_name(name: str) -> None:
+    """Refuse an adapter name that is not a directory name and an OpenAI model id."""
+    if not NAME.fullmatch(name):
+        raise KitUsageError(f"adapter name {name!r} is not valid; use letters, digits, '.', '_' and '-' (at most 64, "
+                            "starting with a letter or digit).")
+
+
+def check_adapter(artifact: Artifact, source: Path) -> PeftAdapter:
+    """Read the PEFT adapter at ``source`` and check it against ``artifact``: its base model, ``max_lora_rank``
+    and, where the target fixes them at build time, its LoRA modules.
+
+    Arguments:
+        artifact: the base artifact; source: a PEFT adapter directory.
+    """
+    adapter = read_adapter(source, _base_sizes(artifact.path), artifact.spec.build.max_lora_rank)
+    if FORMATS[artifact.target].fixed_modules:
+        _check_modules(artifact, adapter.target_modules, source)
+    return adapter
+
+
+def _base_sizes(out: Path) -> dict[str, Any]:
+    """The base's sizes: the TensorRT-LLM checkpoint's ``config.json``, or (llmapi) the unified checkpoint's HF one."""
+    checkpoint = read_json(out / CHECKPOINT_DIR / "config.json", f"{out} has no checkpoint/config.json; rebuild it.",
+                           KitUsageError)
+    return checkpoint if "architecture" in checkpoint else base_config(read_hf_config(out / CHECKPOINT_DIR))
+
+
+def _check_modules(artifact: Artifact, modules: list[str], source: Path) -> None:
+    """Refuse an adapter of modules the artifact's LoRA support (fixed at build time) leaves out."""
+    lora = artifact.records.lora
+    if lora is None:
+        raise KitUsageError(f"{artifact.path} was built without LoRA support, which the {artifact.target} target fixes "
+                            "at build time; rebuild it with --lora NAME=DIR or --lora-target-modules.")
+    outside = sorted(set(modules) - set(lora.target_modules))
+    if outside:
+        raise KitUsageError(f"{source} adapts {', '.join(outside)}, but {artifact.path} was built for LoRA on "
+                            f"{', '.join(lora.target_modules)} only; rebuild with --lora-target-modules naming "
+                            "every module the adapters adapt.")
 
 
 def remove_adapter(out: Path, name: str) -> AdapterRecord:
@@ -119,9 +130,9 @@ def _write(artifact: Artifact, adapters: dict[str, AdapterRecord]) -> None:
     stats = {k: v for k, v in artifact.file_stats.items() if not k.startswith(f"{LORA_DIR}/")}
     all_stats = file_stats(out)
     for record in adapters.values():
-        rel = f"{record.dir}/{ADAPTER_FILE}"
-        kept[rel] = artifact.files.get(rel) or sha256_file(out / rel)
-        stats[rel] = all_stats[rel]
+        for rel in (k for k in all_stats if k.startswith(f"{record.dir}/")):
+            kept[rel] = artifact.files.get(rel) or sha256_file(out / rel)
+            stats[rel] = all_stats[rel]
     records = replace(artifact.records, adapters=dict(sorted(adapters.items())))
     updated = replace(artifact, records=records, files=dict(sorted(kept.items())), file_stats=stats)
     tmp = out / f".{MANIFEST}.{os.getpid()}.tmp"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.defaults import DEFAULT_MAX_LORAS, DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.enums import RUNTIME_SCHEDULER_POLICIES as POLICIES
 from trtllm_kit.enums import SchedulerPolicy
 from trtllm_kit.errors import KitUsageError
@@ -26,7 +26,7 @@ class EngineConfig:
     enable_chunked_context: bool = False
     max_queue_size: int = 0  # 0 = unbounded
     max_seq_len: int = 0  # input + output tokens of one request; 0 = only the pool bounds it
-    lora_cache_max_adapters: int = 4  # LoRA adapters held at once; the least recently used is evicted
+    lora_cache_max_adapters: int = DEFAULT_MAX_LORAS  # adapters held at once; the least recently used is evicted
 
     def __post_init__(self) -> None:
         if self.batch_scheduler_policy not in POLICIES:

@@ -129,8 +129,6 @@ class Engine:
             raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
         if (hold_kv or prefilled) and params.num_sequences > 1:
             raise KitUsageError("a disaggregated request samples one sequence; send n and best_of 1.")
-        if lora is not None:
-            self.model.check_lora()
         adapter = self.lora_cache.resolve(lora) if lora is not None else None
         if prefilled is not None:
             if prefilled[1].num_tokens != len(prompt_ids):

@@ -158,6 +158,62 @@ class AdapterCache:
         return self.adapters[request.task_id]
 
 
+@dataclass(frozen=True)
+class Part:
+    """A module's LoRA term on one tensor-parallel rank: the columns ``[start, stop)`` of the rank's linear output
+    it adds to, the rows of B that are the rank's output features and the columns of A that are its input features
+    (None: all of them)."""
+
+    start: int
+    stop: int
+    b_rows: torch.Tensor | None = None
+    a_cols: torch.Tensor | None = None
+
+    def pair(self, pair: Pair) -> Pair:
+        """The rank's slice of ``pair``."""
+        a, b = pair
+        return (a if self.a_cols is None else a[:, self.a_cols], b if self.b_rows is None else b[self.b_rows])
+
+
+def rank_parts(config: dict[str, Any], tp_size: int, tp_rank: int) -> dict[str, dict[str, Part]]:
+    """Per linear of a layer (TensorRT-LLM's names), where each PEFT module's term goes on ``tp_rank``, sliced as the
+    weights are: column-parallel modules (q/k/v, gate/up, fused qkv_proj and gate_up_proj) take the rank's rows of
+    B, with KV heads duplicated when fewer than ranks; row-parallel ones (o_proj, down_proj) take the rank's columns
+    of A, and their partial terms are summed by the all-reduce with the base's.
+
+    Arguments:
+        config: a checkpoint ``config.json``; tp_size, tp_rank: the layout and the rank.
+    """
+    shapes = module_shapes(config)
+    heads, kv_heads = int(config["num_attention_heads"]), int(config.get("num_key_value_heads") or
+                                                               config["num_attention_heads"])
+    head_size = shapes["o_proj"][0] // heads
+    inter = int(config["intermediate_size"])
+
+    def rows(size: int) -> torch.Tensor:
+        return torch.arange(size).chunk(tp_size)[tp_rank]
+
+    kv_order = torch.arange(kv_heads).repeat_interleave(max(1, tp_size // kv_heads))  # duplicated when kv < tp
+    kv_rows = (kv_order.chunk(tp_size)[tp_rank][:, None] * head_size + torch.arange(head_size)).flatten()
+    q_rows, q, kv = rows(heads * head_size), heads * head_size, kv_heads * head_size
+    q_r, kv_r = len(q_rows), len(kv_rows)
+    inter_rows = rows(inter)
+    parts = {
+        "attention.qkv": {"q_proj": Part(0, q_r, q_rows), "k_proj": Part(q_r, q_r + kv_r, kv_rows),
+                          "v_proj": Part(q_r + kv_r, q_r + 2 * kv_r, kv_rows),
+                          "qkv_proj": Part(0, q_r + 2 * kv_r, torch.cat([q_rows, q + kv_rows, q + kv + kv_rows]))},
+        "attention.dense": {"o_proj": Part(0, shapes["o_proj"][1], a_cols=q_rows)},
+        # the converted gate_up_proj B is [up; gate], as the swiglu fc: each rank holds its up rows, then its gate rows
+        "mlp.fc": {"gate_proj": Part(0, len(inter_rows), inter_rows),
+                   FUSED_GATE_UP: Part(0, 2 * len(inter_rows), torch.cat([inter_rows, inter + inter_rows]))},
+        "mlp.gate": {"up_proj": Part(0, len(inter_rows), inter_rows)},
+        "mlp.proj": {"down_proj": Part(0, shapes["down_proj"][1], a_cols=inter_rows)},
+    }
+    if tp_size == 1:  # the one rank's slices are the whole tensors: no copies
+        return {name: {m: Part(p.start, p.stop) for m, p in modules.items()} for name, modules in parts.items()}
+    return parts
+
+
 class LoraBatch:
     """Which tokens of a flattened step run which adapter; ``add`` puts each adapter's term on its tokens."""
 
@@ -184,27 +240,29 @@ class LoraBatch:
             return None
         return cls([(adapter, torch.tensor(index)) for adapter, index in rows.values()])
 
-    def add(self, layer: int, x: torch.Tensor, out: torch.Tensor,
-            columns: dict[str, tuple[int, int]]) -> torch.Tensor:
-        """``out`` with each adapted module's term added to its columns on its adapter's tokens.
+    def add(self, layer: int, x: torch.Tensor, out: torch.Tensor, parts: dict[str, Part]) -> torch.Tensor:
+        """``out`` with each adapted module's term (the rank's slice) added to its columns on its adapter's tokens.
 
         Arguments:
-            layer: global layer number; x: the linear's input [..., in]; out: its output [..., out];
-            columns: PEFT module name → the (start, stop) columns of ``out`` it produces.
+            layer: global layer number; x: the rank's linear input [..., in]; out: its output [..., out];
+            parts: PEFT module name → where its term goes on this rank (``rank_parts``).
         """
         flat_x, flat_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, out.shape[-1]).clone()
         for adapter, index in self.spans:
-            for module, (start, stop) in columns.items():
+            for module, part in parts.items():
                 pair = adapter.pairs.get((layer, module))
                 if pair is not None:
-                    flat_out[index, start:stop] += delta(flat_x[index], pair)
+                    flat_out[index, part.start:part.stop] += delta(flat_x[index], part.pair(pair))
         return flat_out.reshape(out.shape)
 
 
-# TensorRT-LLM's module ids (lora_manager.LORA_MODULE_IDS) of the PEFT modules, as its code maps them: gate_proj is
-# mlp_h_to_4h (5), up_proj is mlp_gate (7); the fused names are attn_qkv (0) and mlp_gate_up (18).
-MODULE_IDS = {"qkv_proj": 0, "q_proj": 1, "k_proj": 2, "v_proj": 3, "o_proj": 4, "gate_proj": 5, "down_proj": 6,
-              "up_proj": 7, FUSED_GATE_UP: 18}
+# TensorRT-LLM's name and module id (lora_manager.LORA_MODULE_IDS) of each PEFT module, as its code maps them
+# (lora_helper.get_default_trtllm_modules_to_hf_modules): gate_proj is mlp_h_to_4h (5), up_proj is mlp_gate (7);
+# the fused names are attn_qkv (0) and mlp_gate_up (18).
+TRTLLM_MODULES = {"qkv_proj": ("attn_qkv", 0), "q_proj": ("attn_q", 1), "k_proj": ("attn_k", 2),
+                  "v_proj": ("attn_v", 3), "o_proj": ("attn_dense", 4), "gate_proj": ("mlp_h_to_4h", 5),
+                  "down_proj": ("mlp_4h_to_h", 6), "up_proj": ("mlp_gate", 7), FUSED_GATE_UP: ("mlp_gate_up", 18)}
+MODULE_IDS = {module: module_id for module, (_, module_id) in TRTLLM_MODULES.items()}
 
 
 def to_rows(pairs: dict[tuple[int, str], Pair]) -> tuple[torch.Tensor, torch.Tensor]:

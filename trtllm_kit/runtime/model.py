@@ -21,15 +21,13 @@ from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.layout import (
     Mapping,
-    QuantLayout,
-    TensorSpec,
     check_tp,
     kv_heads_per_rank,
     layers_for_rank,
-    rank_tensors,
 )
 from trtllm_kit.models.base import Activation, Family, Norm
 from trtllm_kit.models.registry import family_of_checkpoint
+from trtllm_kit.runtime.checkpoint_checks import check_quantized, check_rank, check_replicas, expected_tensors
 from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
     LINEAR_WEIGHTS,
     ROPE_TYPES,
@@ -44,10 +42,9 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
     reduce,
     rms_norm,
 )
-from trtllm_kit.runtime.lora import LoraBatch
+from trtllm_kit.runtime.lora import LoraBatch, rank_parts
 
 NORMS = {Norm.RMS: rms_norm}  # the norm forms the runtime computes
-STORED_DTYPES = {"int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # quantized weights, checked on load
 
 
 @dataclass(frozen=True)
@@ -136,6 +133,7 @@ class CheckpointModel:
         self.ranks = ranks
         self.layer_places = [(p, i) for p in range(self.dims.pp_size)
                              for i, _ in enumerate(self.dims.layers_for_stage(p))]
+        self.lora_parts = [rank_parts(config, self.dims.tp_size, r) for r in range(self.dims.tp_size)]
         # A split table (use_parallel_embedding) is gathered once: per-rank lookups followed by the GPU's
         # all-reduce (vocab rows) or all-gather (hidden columns) give exactly the full table's rows.
         tables = [self.weights(0, r)["transformer.vocab_embedding.weight"] for r in range(self.dims.tp_size)]
@@ -159,7 +157,7 @@ class CheckpointModel:
         config = read_json(config_path, f"{ckpt_dir} has no config.json; point at a TensorRT-LLM checkpoint.",
                            CheckpointError)
         dims = Dims.from_config(config, str(config_path))
-        plain, full = expected_tensors(config, dims, str(config_path))
+        plain, full = expected_tensors(config, dims.mapping, str(config_path))
         ranks = []
         for rank in dims.mapping.ranks():
             path = ckpt_dir / f"rank{rank}.safetensors"
@@ -170,10 +168,10 @@ class CheckpointModel:
                 tensors = load_file(path)
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{path} cannot be read as safetensors ({exc}).") from None
-            _check_rank(tensors, plain[rank], path)
-            _check_quantized(tensors, full[rank], plain[rank], config.get("quantization") or {}, path)
+            check_rank(tensors, plain[rank], path)
+            check_quantized(tensors, full[rank], plain[rank], config.get("quantization") or {}, path)
             ranks.append(tensors)
-        _check_replicas(ranks, config, dims, ckpt_dir)
+        check_replicas(ranks, config, dims.mapping, ckpt_dir)
         quantization = config.get("quantization") or {}
         ranks = [prepare_weights(tensors, quantization, compute_dtype) for tensors in ranks]
         return cls(config, ranks, compute_dtype, str(ckpt_dir))
@@ -214,13 +212,8 @@ class CheckpointModel:
             lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
-        out = linear(x, self.weights(pp_rank, tp_rank), f"transformer.layers.{local}.attention.qkv")
+        out = self.rank_linear(layer, tp_rank, "attention.qkv", x, lora)
         d, hq, hkv = self.dims.head_size, self.dims.num_heads_per_rank, self.dims.num_kv_heads_per_rank
-        if lora is not None:
-            self.check_lora()
-            q, kv = hq * d, hkv * d
-            out = lora.add(layer, x, out, {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv),
-                                           "qkv_proj": (0, q + 2 * kv)})
         q, k, v = (t.unflatten(-1, (-1, d)).transpose(1, 2) for t in out.split([hq * d, hkv * d, hkv * d], -1))
         k, v = kv_cache(self.weights(pp_rank, tp_rank), f"transformer.layers.{local}", self.kv_cache_quant_algo,
                         self.rope.rotate(k, positions, seq_len), v)
@@ -234,13 +227,9 @@ class CheckpointModel:
             lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
-        prefix = f"transformer.layers.{local}.attention.dense"
-        inputs = [c.transpose(1, 2).flatten(2) for c in contexts]
-        partials = [linear(x, self.weights(pp_rank, r), prefix, with_bias=False) for r, x in enumerate(inputs)]
-        if lora is not None:
-            self.check_lora()
-            partials[0] = lora.add(layer, inputs[0], partials[0], {"o_proj": (0, self.dims.hidden_size)})
-        return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.bias"))
+        partials = [self.rank_linear(layer, r, "attention.dense", c.transpose(1, 2).flatten(2), lora, with_bias=False)
+                    for r, c in enumerate(contexts)]  # each rank's partial LoRA term is summed by the all-reduce
+        return reduce(partials, self.weights(pp_rank, 0).get(f"transformer.layers.{local}.attention.dense.bias"))
 
     def mlp(self, layer: int, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """The family's gated MLP on every rank, reduced across TP: ``proj(silu(fc(x)) * gate(x))`` (``silu``), or
@@ -251,32 +240,29 @@ class CheckpointModel:
             lora: the adapters of the tokens (None: the base model).
         """
         pp_rank, local = self.layer_places[layer]
-        prefix = f"transformer.layers.{local}.mlp"
-        if lora is not None:
-            self.check_lora()
-
-        def adapted(out: torch.Tensor, inp: torch.Tensor, *modules: str) -> torch.Tensor:
-            if lora is None:
-                return out
-            return lora.add(layer, inp, out, {m: (0, out.shape[-1]) for m in modules})
-
         partials = []
         for r in range(self.dims.tp_size):
-            w = self.weights(pp_rank, r)
-            if self.family.activation is Activation.SWIGLU:  # the converted gate_up_proj B is [up; gate], as fc
-                x1, gate = adapted(linear(x, w, f"{prefix}.fc"), x, "gate_up_proj").chunk(2, dim=-1)
+            if self.family.activation is Activation.SWIGLU:
+                x1, gate = self.rank_linear(layer, r, "mlp.fc", x, lora).chunk(2, dim=-1)
                 act = x1 * torch.nn.functional.silu(gate)
             else:
-                act = torch.nn.functional.silu(adapted(linear(x, w, f"{prefix}.fc"), x, "gate_proj")) * \
-                    adapted(linear(x, w, f"{prefix}.gate"), x, "up_proj")
-            partials.append(adapted(linear(act, w, f"{prefix}.proj", with_bias=False), act, "down_proj"))
-        return reduce(partials, self.weights(pp_rank, 0).get(f"{prefix}.proj.bias"))
+                act = torch.nn.functional.silu(self.rank_linear(layer, r, "mlp.fc", x, lora)) * \
+                    self.rank_linear(layer, r, "mlp.gate", x, lora)
+            partials.append(self.rank_linear(layer, r, "mlp.proj", act, lora, with_bias=False))
+        return reduce(partials, self.weights(pp_rank, 0).get(f"transformer.layers.{local}.mlp.proj.bias"))
 
-    def check_lora(self) -> None:
-        """Refuse adapters where the runtime cannot apply them yet (tensor parallelism)."""
-        if self.dims.tp_size > 1:
-            raise KitUsageError(f"the CPU runtime applies LoRA adapters with tp_size 1 only, and this checkpoint has "
-                                f"tp_size {self.dims.tp_size}; build the artifact with --tp 1 to serve adapters.")
+    def rank_linear(self, layer: int, tp_rank: int, name: str, x: torch.Tensor, lora: LoraBatch | None,
+                    with_bias: bool = True) -> torch.Tensor:
+        """One rank's part of a layer's linear (``attention.qkv``, ``mlp.fc``, ...) with its tokens' LoRA terms.
+
+        Arguments:
+            layer: global layer number; tp_rank: the rank; name: the linear; x: the rank's input [..., in];
+            lora: the adapters of the tokens (None: the base model); with_bias: add the bias (row-parallel
+            linears add theirs once, after the all-reduce).
+        """
+        pp_rank, local = self.layer_places[layer]
+        out = linear(x, self.weights(pp_rank, tp_rank), f"transformer.layers.{local}.{name}", with_bias=with_bias)
+        return out if lora is None else lora.add(layer, x, out, self.lora_parts[tp_rank][name])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``ln_f`` and the gathered ``lm_head`` shards of the last stage, padding stripped, in float32.
@@ -307,69 +293,3 @@ class CheckpointModel:
             hidden = hidden + self.attention_output(layer, contexts)
             hidden = hidden + self.mlp(layer, self.norm(layer, "post_layernorm", hidden))
         return self.logits(hidden)
-
-
-def expected_tensors(config: dict[str, Any], dims: Dims, source: str,
-                     ) -> tuple[list[dict[str, TensorSpec]], list[dict[str, TensorSpec]]]:
-    """Per rank, the tensors its file must hold: unquantized (names and shapes checked), and with the
-    quantization's scales (names, and the dtype of int8/float8 weights checked).
-
-    Arguments:
-        config: the checkpoint ``config.json``; dims: its sizes; source: its path, for error messages.
-    """
-    family = family_of_checkpoint(config["architecture"], source)
-    try:
-        hf = family.hf_config_of_checkpoint(config)
-    except KeyError as missing:
-        raise CheckpointError(f"{source} lacks the key {missing.args[0]!r}.") from None
-    split = int(config.get("embedding_sharding_dim", 0)) if config.get("use_parallel_embedding") else None
-    dtype = str(config.get("dtype", "float32"))
-    quant = QuantLayout.from_dict(config.get("quantization"))
-    ranks = dims.mapping.ranks()
-    plain = [rank_tensors(hf, family, dims.mapping, r, None, dtype, embedding_split=split) for r in ranks]
-    full = [rank_tensors(hf, family, dims.mapping, r, quant, dtype, embedding_split=split) for r in ranks]
-    return plain, full
-
-
-def _check_rank(tensors: Weights, expected: dict[str, TensorSpec], path: Path) -> None:
-    """Raise ``CheckpointError`` naming the file and the first missing or misshapen tensor."""
-    missing = [name for name in expected if name not in tensors]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{path} lacks the tensor {missing[0]!r}{more}; convert the checkpoint again.")
-    for name, spec in expected.items():
-        shape = spec.shape
-        if tuple(tensors[name].shape) != shape:
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(tensors[name].shape)}, but "
-                                  f"config.json implies {list(shape)}.")
-
-
-def _check_quantized(tensors: Weights, full: dict[str, TensorSpec], plain: dict[str, TensorSpec],
-                     quantization: dict[str, Any], path: Path) -> None:
-    """A quantized rank file holds every scale its algorithm needs, and weights of the algorithm's dtype."""
-    missing = [name for name in full if name not in plain and name not in tensors]
-    if missing:
-        raise CheckpointError(f"{path} lacks the tensor {missing[0]!r} that quant_algo "
-                              f"{quantization.get('quant_algo')} / kv_cache_quant_algo "
-                              f"{quantization.get('kv_cache_quant_algo')} needs; convert the checkpoint again.")
-    algo = quantization.get("quant_algo") or ""
-    for name, spec in full.items():
-        want = STORED_DTYPES.get(spec.dtype)
-        if want is not None and tensors[name].dtype != want:
-            raise CheckpointError(f"{path}: tensor {name!r} is {tensors[name].dtype}, but quant_algo {algo} "
-                                  f"stores {want}; convert the checkpoint again.")
-
-
-def _check_replicas(ranks: list[Weights], config: dict[str, Any], dims: Dims, ckpt_dir: Path) -> None:
-    """Replicated tensors (norms, row biases, the unsplit embedding) must be equal on every TP rank of a stage:
-    the runtime reads rank 0's copy, while GPUs would silently diverge."""
-    replicated: tuple[str, ...] = ("layernorm.weight", "ln_f.weight", "dense.bias", "proj.bias")
-    if not config.get("use_parallel_embedding"):
-        replicated += ("vocab_embedding.weight",)
-    for rank, tensors in enumerate(ranks):
-        first = ranks[dims.mapping.rank(0, dims.mapping.pp_rank(rank))]
-        for name in (n for n in tensors if n.endswith(replicated) and tensors is not first):
-            if not torch.isclose(tensors[name], first[name], rtol=0, atol=0, equal_nan=True).all():
-                raise CheckpointError(f"{ckpt_dir}: the replicated tensor {name!r} differs between "
-                                      f"rank{rank - rank % dims.tp_size}.safetensors and rank{rank}.safetensors; "
-                                      "convert the checkpoint again.")

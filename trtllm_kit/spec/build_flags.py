@@ -32,6 +32,13 @@ FLAGS_1_2: dict[str, tuple[str, ...]] = {
     "user_buffer": TOGGLE, "norm_quant_fusion": TOGGLE, "multiple_profiles": TOGGLE, "streamingllm": TOGGLE,
     "pp_reduce_scatter": TOGGLE,
 }
+# flags of several values (argparse nargs="+"): flag → accepted values (LoraManager.LORA_MODULE_IDS' keys)
+LIST_FLAGS_1_2: dict[str, tuple[str, ...]] = {
+    "lora_target_modules": ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h",
+                            "mlp_gate", "cross_attn_qkv", "cross_attn_q", "cross_attn_k", "cross_attn_v",
+                            "cross_attn_dense", "moe_h_to_4h", "moe_4h_to_h", "moe_gate", "moe_router", "mlp_router",
+                            "mlp_gate_up"),
+}
 # store-true switches of 1.2.x (present or absent, no value)
 SWITCHES_1_2 = ("gather_context_logits", "gather_generation_logits", "gather_all_token_logits", "strip_plan",
                 "weight_sparsity", "weight_streaming", "fast_build", "dry_run", "monitor_memory",
@@ -39,6 +46,18 @@ SWITCHES_1_2 = ("gather_context_logits", "gather_generation_logits", "gather_all
 OWN_FLAGS = {"checkpoint_dir": "the build", "output_dir": "the build", "max_batch_size": "--max-batch-size",
              "max_input_len": "--max-input-len", "max_seq_len": "--max-seq-len", "max_num_tokens": "--max-num-tokens",
              "tokens_per_block": "--tokens-per-block", "workers": "the number of GPUs"}
+
+
+def check_list_flag(name: str, values: tuple[str, ...]) -> None:
+    """Refuse an empty value list, or a value a trtllm-build 1.2.x flag of several values does not take.
+
+    Arguments:
+        name: the flag without dashes (a ``LIST_FLAGS_1_2`` key); values: its values.
+    """
+    allowed = LIST_FLAGS_1_2[name]
+    wrong = [v for v in values if v not in allowed]
+    if not values or wrong:
+        raise KitUsageError(f"--{name} takes one or more of {', '.join(allowed)}, got {' '.join(values) or 'none'}.")
 
 
 def check_flag(name: str, value: str) -> None:

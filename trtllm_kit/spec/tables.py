@@ -14,6 +14,7 @@ from trtllm_kit.defaults import (
     DEFAULT_HTTP_PORT,
     DEFAULT_KV_CACHE_FRACTION,
     DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
     DEFAULT_METRICS_PORT,
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_TOKENS_PER_BLOCK,
@@ -95,6 +96,14 @@ class BuildOptions:
     max_lora_rank: int = field(default=DEFAULT_MAX_LORA_RANK, metadata=option(
         "The highest LoRA rank an adapter of this artifact may have (trtllm-kit lora add refuses higher ones).",
         "--max-lora-rank", minimum=1))
+    max_loras: int = field(default=DEFAULT_MAX_LORAS, metadata=option(
+        "LoRA adapters held at once in the adapter cache (llmapi LoraConfig.max_loras, the CPU runtime's "
+        "lora_cache_max_adapters); the least recently used is evicted. plan shows its memory.", "--max-loras",
+        minimum=1))
+    lora_target_modules: str | None = field(default=None, metadata=option(
+        "The modules adapters may target, comma-separated, in PEFT's names (q_proj,v_proj) or TensorRT-LLM's "
+        "(attn_q,attn_v), for a build without --lora; default: the modules of the --lora adapters.",
+        "--lora-target-modules"))
     lora: dict[str, str] = field(default_factory=dict, metadata=option(
         "Add a PEFT LoRA adapter as NAME (repeatable; as trtllm-kit lora add, inside the build); in TOML the "
         "[build.lora] table.", "--lora", multiple=True, metavar="NAME=DIR", parse=parse_adapters))

@@ -4,11 +4,11 @@ differently per target (machine check, compile step, limits, repository models, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord, RepoRecord, StageRecords
+from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord, LoraRecord, RepoRecord, StageRecords
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.engine.recipe import BuildCommand
 from trtllm_kit.enums import GroupLaunch
@@ -52,6 +52,7 @@ class EngineSetup:
     build_gpu: GPU | None        # the GPU the recipe is for
     command: BuildCommand | None
     machine: Machine
+    lora: LoraRecord | None = None  # the LoRA support (lora/settings.py), or none
 
     def key_parts(self) -> dict[str, Any]:
         """What decides the engines (the cache key of the stage)."""
@@ -60,6 +61,10 @@ class EngineSetup:
             parts["flags"] = {k: v for k, v in self.command.flags if k not in KEY_EXCLUDED_FLAGS}
             if self.command.switches:
                 parts["switches"] = list(self.command.switches)
+            if self.command.lists:
+                parts["lists"] = {name: list(values) for name, values in self.command.lists}
+        if self.lora is not None:
+            parts["lora"] = asdict(self.lora)
         if self.target.compiles and self.build_gpu is not None:
             parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
                          tensorrt=self.machine.tensorrt)
@@ -176,11 +181,12 @@ class Target(ABC):
         return artifact.layout.world_size if self.process_per_rank else 1
 
     def own_plan(self, spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision,
-                 gpu: GPU | None) -> dict[str, Any] | None:
+                 gpu: GPU | None, lora: LoraRecord | None = None) -> dict[str, Any] | None:
         """The plan of a target that builds no engine (its recipe, memory and serve command), keyed by its name
         in ``plan``'s report; None: the engine plan applies (default).
 
         Arguments:
-            spec: the build spec; hf, family: the model; precision: the checkpoint's; gpu: the planned GPU.
+            spec: the build spec; hf, family: the model; precision: the checkpoint's; gpu: the planned GPU;
+            lora: the build's LoRA support, or none.
         """
         return None

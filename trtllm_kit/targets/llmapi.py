@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtllm_kit.artifact import CheckpointRecord, EngineLimits, EngineRecord, RepoRecord
+from trtllm_kit.artifact import CheckpointRecord, EngineLimits, EngineRecord, LoraRecord, RepoRecord
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.enums import GroupLaunch
@@ -121,9 +121,9 @@ class LlmapiTarget(Target):
                             plan=setup.plan)
 
     def own_plan(self, spec: BuildSpec, hf: HFConfig, family: Family, precision: Precision,
-                 gpu: GPU | None) -> dict[str, Any] | None:
+                 gpu: GPU | None, lora: LoraRecord | None = None) -> dict[str, Any] | None:
         """No engine: the PyTorch backend's recipe, memory per rank and serve command."""
-        return llmapi_plan(spec, hf, family, precision, gpu)
+        return llmapi_plan(spec, hf, family, precision, gpu, lora)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return isinstance(config.get("architectures"), list) and "model_type" in config

@@ -1,7 +1,7 @@
 """The llmapi target's Triton repository: one ``tensorrt_llm`` Python model (``config.pbtxt``, ``1/model.py``,
 ``1/model.yaml``). Its tensors are upstream's ``llmapi`` interface (docs/llmapi.md §1.4) plus ``input_ids``,
 ``output_ids``, ``num_input_tokens``, ``num_output_tokens`` and the ``sampling_param_min_tokens``,
-``sampling_param_end_id``, ``sampling_param_ignore_eos`` inputs benchmarks need, and ``priority``.
+``sampling_param_end_id``, ``sampling_param_ignore_eos`` inputs benchmarks need, ``priority``, and ``lora_name``.
 ``config.pbtxt`` mirrors ``triton_config.decoupled`` because servers start with
 ``--disable-auto-complete-config``, and holds ``gpu_device_ids`` when several instances run."""
 
@@ -50,6 +50,7 @@ INPUTS = (
     Tensor("guided_decoding_guide", S, (1,)),
     # disaggregated serving: DisaggregatedParams as the OpenAI wire's JSON object (docs/disaggregation.md)
     Tensor("disaggregated_params", S, (1,)),
+    Tensor("lora_name", S, (1,)),  # an adapter of the artifact's manifest: the request's LoRARequest (docs/lora.md)
 )
 OUTPUTS = (
     Tensor("text_output", S, (-1,)), Tensor("finish_reason", S, (-1,)), Tensor("stop_reason", S, (-1,)),
@@ -135,7 +136,8 @@ def recipe_for(ctx: BuildContext, setup: EngineSetup) -> LlmapiRecipe:
         ctx: the build; setup: the settled engine stage.
     """
     gpu = setup.build_gpu
-    return make_recipe(ctx.spec, ctx.model.hf, ctx.model.family, precision_of(ctx.spec, ctx.model.hf), gpu)
+    return make_recipe(ctx.spec, ctx.model.hf, ctx.model.family, precision_of(ctx.spec, ctx.model.hf), gpu,
+                       setup.lora)
 
 
 def write_serve_config(ctx: BuildContext, setup: EngineSetup) -> list[str]:

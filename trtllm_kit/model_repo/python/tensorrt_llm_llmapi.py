@@ -27,6 +27,9 @@ Disaggregated serving (docs/disaggregation.md): ``disaggregated_params``, a JSON
 (``request_type``, ``first_gen_tokens``, ``ctx_request_id``, ``encoded_opaque_state`` base64, ...), becomes
 ``generate_async(disaggregated_params=DisaggregatedParams(...))``; a context-only request's final response
 carries the parameters it returned in the same form.
+
+LoRA: ``lora_name`` names one of the artifact's adapters (``manifest.json`` beside ``model``'s directory); the
+request runs with ``LoRARequest(name, id from the adapter's sha256, OUT/lora/NAME)``, a PEFT directory.
 """
 
 from __future__ import annotations
@@ -83,21 +86,62 @@ DISAGG_WIRE = ("request_type", "first_gen_tokens", "ctx_request_id", "draft_toke
 
 
 def llm_class():
-    """``tensorrt_llm``'s ``LLM``, ``SamplingParams`` and ``GuidedDecodingParams`` with a GPU, else the kit's CPU
-    ones."""
+    """``tensorrt_llm``'s ``LLM``, ``SamplingParams``, ``GuidedDecodingParams`` and ``LoRARequest`` with a GPU, else
+    the kit's CPU ones."""
     try:
         import torch
 
         if torch.cuda.is_available():
             from tensorrt_llm import LLM, SamplingParams
+            from tensorrt_llm.executor.request import LoRARequest
             from tensorrt_llm.sampling_params import GuidedDecodingParams
 
-            return LLM, SamplingParams, GuidedDecodingParams
+            return LLM, SamplingParams, GuidedDecodingParams, LoRARequest
     except ImportError:
         pass
-    from trtllm_kit.llmapi.cpu_llm import LLM, GuidedDecodingParams, SamplingParams
+    from trtllm_kit.llmapi.cpu_llm import LLM, GuidedDecodingParams, LoRARequest, SamplingParams
 
-    return LLM, SamplingParams, GuidedDecodingParams
+    return LLM, SamplingParams, GuidedDecodingParams, LoRARequest
+
+
+def lora_int_id(sha256: str) -> int:
+    """An adapter's ``lora_int_id``: from the sha256 of its weights, so one id always names one adapter (the LoRA
+    cache's key) across restarts and servers, and a changed adapter gets a new one; in [1, 2**60].
+
+    Arguments:
+        sha256: the adapter record's ``sha256``.
+    """
+    return 1 + int(sha256[:15], 16)
+
+
+class Adapters:
+    """The artifact's adapters by name, from its ``manifest.json`` (read again when it changes, so an adapter added
+    or removed with ``trtllm-kit lora`` is seen without a restart)."""
+
+    def __init__(self, artifact_dir: str) -> None:
+        self.artifact_dir = artifact_dir
+        self.manifest = os.path.join(artifact_dir, "manifest.json")
+        self.stamp: int | None = None
+        self.records: dict[str, dict] = {}
+
+    def request(self, name: str, request_class):
+        """The ``LoRARequest`` of the adapter ``name``; a name the manifest does not hold is refused.
+
+        Arguments:
+            name: the ``lora_name`` input; request_class: ``LoRARequest``.
+        """
+        stamp = os.stat(self.manifest).st_mtime_ns if os.path.exists(self.manifest) else None
+        if stamp != self.stamp:
+            self.records = {}
+            if stamp is not None:
+                with open(self.manifest) as f:
+                    self.records = json.load(f).get("summary", {}).get("adapters", {})
+            self.stamp = stamp
+        record = self.records.get(name)
+        if record is None:
+            raise ValueError(f"LoRA adapter {name!r} is not in the artifact {self.artifact_dir} (it has: "
+                             f"{', '.join(sorted(self.records)) or 'none'}); add it with trtllm-kit lora add")
+        return request_class(name, lora_int_id(record["sha256"]), os.path.join(self.artifact_dir, record["dir"]))
 
 
 def disaggregated_params_class():
@@ -247,7 +291,8 @@ class TritonPythonModel:
         index, count, gpus = instance_gpus(args)
         if gpus is not None:  # before torch or TensorRT-LLM is imported: this process then sees only its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["TRTLLM_VISIBLE_DEVICES"] = gpus
-        LLM, self.SamplingParams, self.GuidedDecodingParams = llm_class()
+        LLM, self.SamplingParams, self.GuidedDecodingParams, self.LoRARequest = llm_class()
+        self.adapters = Adapters(os.path.dirname(os.path.abspath(config["model"])))  # model: OUT/checkpoint
         self.DisaggregatedParams = disaggregated_params_class()
         pb_utils.Logger.log_info(f"tensorrt_llm instance {index} of {count}: {LLM.__module__}.LLM on "
                                  f"{'GPU ' + gpus if gpus is not None else 'the visible devices'}")
@@ -299,7 +344,7 @@ class TritonPythonModel:
                 return self._send(sender, pb_utils.InferenceResponse(self._text(["N/A"])), final=True)
             prompt, params, streaming = self._convert(request)
             result = self.llm.generate_async(prompt, params, streaming=streaming, **self._priority(request),
-                                             **self._disaggregated(request))
+                                             **self._disaggregated(request), **self._lora(request))
             self.inflight.setdefault(request_id, []).append(result)
             watcher = asyncio.ensure_future(self._watch(request, result)) if sender is not None else None
             try:
@@ -365,6 +410,11 @@ class TritonPythonModel:
         if not texts or not texts[0]:
             return {}
         return {"disaggregated_params": disaggregated_params(texts[0], self.DisaggregatedParams)}
+
+    def _lora(self, request) -> dict:
+        """``lora_request=`` for ``generate_async`` when the request names an adapter (``lora_name``)."""
+        name = (_strings(request, "lora_name") or [""])[0]
+        return {"lora_request": self.adapters.request(name, self.LoRARequest)} if name else {}
 
     def _convert(self, request):
         ids = pb_utils.get_input_tensor_by_name(request, "input_ids")

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.lora.store import check_name, convert_adapter
+from trtllm_kit.lora.store import check_adapter, check_name
 from trtllm_kit.serve.gateway.middleware import KEY
 from trtllm_kit.serve.openai.adapters import AdapterSet, Rows
 from trtllm_kit.serve.openai.protocol import RequestError
@@ -48,10 +48,16 @@ def serve_recorded(adapters: AdapterSet, table: RouteTable, routes: list[Route] 
 
 
 def _file_rows(adapter_dir: Path) -> Rows:
+    """The backend's rows of an adapter stored in an artifact: an engine's ``.npy`` files as they are, a cpu
+    artifact's converted pairs made into rows."""
+    import numpy as np
     import torch
 
+    from trtllm_kit.lora.formats import ENGINE_CONFIG, ENGINE_WEIGHTS
     from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
 
+    if (adapter_dir / ENGINE_WEIGHTS).is_file():
+        return np.load(adapter_dir / ENGINE_WEIGHTS)[0], np.load(adapter_dir / ENGINE_CONFIG)[0]
     weights, config = to_rows(load_adapter(adapter_dir / ADAPTER_FILE, torch.float32))
     return weights.numpy(), config.numpy()
 
@@ -60,10 +66,9 @@ def _converted_rows(artifact: Artifact, source: Path) -> Rows:
     """The rows of the PEFT adapter at ``source``, checked against ``artifact`` and converted as ``lora add`` does."""
     import torch
 
-    from trtllm_kit.runtime.lora import adapter_pairs, to_rows
+    from trtllm_kit.runtime.lora import to_rows
 
-    _, tensors = convert_adapter(artifact, source)
-    weights, config = to_rows(adapter_pairs(tensors, torch.float32))
+    weights, config = to_rows(check_adapter(artifact, source).converted(torch.float32))
     return weights.numpy(), config.numpy()
 
 
@@ -107,8 +112,12 @@ class AdapterAdmin:
         if route.out is None:
             raise RequestError(f"{route.name!r} is served without its artifact; adapters cannot be checked against "
                                "it.")
-        source = Path(path)
-        rows = await asyncio.to_thread(_converted_rows, Artifact.read(route.out), source)
+        source, artifact = Path(path), Artifact.read(route.out)
+        if artifact.target == "llmapi":
+            raise RequestError(f"{route.name!r} is an llmapi artifact, whose model reads its adapters from the "
+                               f"artifact; add the adapter with trtllm-kit lora add {route.out} {name} DIR and start "
+                               "the serve again.", param="lora_path")
+        rows = await asyncio.to_thread(_converted_rows, artifact, source)
         if self.adapters.get(name) is not None:  # loaded meanwhile by a concurrent request
             raise RequestError(f"The lora adapter {name!r} has already been loaded.", param="lora_name")
         self.adapters.add(name, route.name, str(source.resolve()), lambda: rows)  # converted already
