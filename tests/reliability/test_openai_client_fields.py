@@ -87,7 +87,7 @@ def test_completion_logprobs_from_0_to_5(api: openai.OpenAI, logprobs: int) -> N
 
 
 def test_echo_alone_and_with_logprobs(api: openai.OpenAI) -> None:
-    plain, streamed = whole_and_streamed(api, echo=True)
+    plain, _ = whole_and_streamed(api, echo=True)
     assert plain.choices[0].text.startswith(PROMPT) and plain.choices[0].logprobs is None
     scored, streamed = whole_and_streamed(api, echo=True, logprobs=2)
     found = scored.choices[0].logprobs
@@ -179,7 +179,7 @@ def test_skip_special_tokens(api: openai.OpenAI) -> None:
     {"guided_json": SCHEMA},
 ], ids=["response_format", "guided_json"])
 def test_json_schema_outputs_validate(api: openai.OpenAI, fields: dict[str, Any]) -> None:
-    whole, streamed = whole_and_streamed(api, max_tokens=60, temperature=1.0, seed=3, **fields)
+    whole, _ = whole_and_streamed(api, max_tokens=60, temperature=1.0, seed=3, **fields)
     jsonschema.validate(json.loads(whole.choices[0].text), SCHEMA)
     chat = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "an item"}], max_tokens=60,
                                        temperature=1.0, seed=4, n=2, extra_body=fields)
