@@ -2,13 +2,13 @@
 
     python benchmarks/eval_clients.py [--base-url URL] [--requests 24] [--install-only] [--json]
 
-Each client runs from its own virtual environment under the kit's cache (``<cache>/eval-clients/<client>``,
-created with ``pip`` on first use): both pull in packages that cannot share the kit's environment (guidellm
-needs numpy 2; nvidia-pytriton needs numpy < 2). Without ``--base-url`` the built-in ``tiny-llama`` is built for
-the cpu target and served on free loopback ports for the run. Both clients get the model's Hugging Face
-directory as their tokenizer and synthetic prompts (``--requests`` of 64 tokens asking for 16, ``ignore_eos``),
-so nothing is downloaded. guidellm runs with its defaults otherwise, its backend validation (``GET /health``)
-included; aiperf streams chat completions two at a time.
+Each client runs from its own virtual environment in the user's cache (``~/.cache/trtllm-kit/eval-clients/CLIENT``
+on Linux, whatever ``TRTLLM_KIT_CACHE`` says), created with ``pip`` on first use: both pull in packages that
+cannot share the kit's environment (guidellm needs numpy 2; nvidia-pytriton needs numpy < 2). Without
+``--base-url`` the built-in ``tiny-llama`` is built for the cpu target and served on free loopback ports. Both
+clients get the model's Hugging Face directory as their tokenizer and synthetic prompts (``--requests`` of 64
+tokens asking for 16, ``ignore_eos``), so nothing is downloaded. guidellm runs with its defaults otherwise, its
+backend validation (``GET /health``) included; aiperf streams chat completions two at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtllm_kit.models.builtin import builtin_dir, cache_root  # noqa: E402
+import platformdirs  # noqa: E402
+
+from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
 from trtllm_kit.serve.server.state import read_state  # noqa: E402
 
@@ -48,7 +50,7 @@ class ClientFigures:
 
 def client_bin(client: str) -> Path:
     """The client's console script in its own environment."""
-    return cache_root() / "eval-clients" / client / "bin" / client
+    return Path(platformdirs.user_cache_dir("trtllm-kit")) / "eval-clients" / client / "bin" / client
 
 
 def install(client: str) -> Path:
@@ -61,10 +63,12 @@ def install(client: str) -> Path:
     return script
 
 
-def run_logged(command: list[str], log: Path, env: dict[str, str] | None = None, timeout_s: float = 600) -> None:
+def run_logged(command: list[str], log: Path, env: dict[str, str | None], timeout_s: float = 600) -> None:
+    """Run ``command`` with ``env`` over the environment (None: the variable unset), its output into ``log``."""
+    merged = {**os.environ, **env}
     with log.open("wb") as sink:
         done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s,
-                              env={**os.environ, **(env or {})})
+                              env={k: v for k, v in merged.items() if v is not None})
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
         raise SystemExit(f"{command[0]} failed (exit {done.returncode}):\n{tail}")
@@ -94,7 +98,8 @@ def aiperf(base_url: str, tokenizer: Path, num_requests: int, work: Path) -> Cli
                 "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tokenizer),
                 "--request-count", str(num_requests), "--concurrency", "2", "--isl", str(PROMPT_TOKENS),
                 "--osl", str(OUTPUT_TOKENS), "--extra-inputs", "ignore_eos:true", "--random-seed", "1",
-                "--artifact-dir", str(artifacts), "--ui", "none", "--no-gpu-telemetry"], work / "aiperf.log")
+                "--artifact-dir", str(artifacts), "--ui", "none", "--no-gpu-telemetry"],
+               work / "aiperf.log", env={"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None})
     records = [json.loads(line) for line in (artifacts / "profile_export.jsonl").read_text().splitlines()]
     num_errors = sum(1 for r in records if r.get("error") is not None)
     return ClientFigures("aiperf", num_requests, len(records) - num_errors, num_errors)

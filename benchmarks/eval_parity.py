@@ -160,13 +160,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps([asdict(f) for f in figures], indent=2))
         return
-    reference = {f.task: f for f in figures if f.run == "hf"}
+    by_run = {(f.run, f.task): f for f in figures}
     for f in figures:
-        accuracy = "  ".join(f"{k} {v:.4f}" for k, v in sorted(f.accuracy.items()))
-        delta = f.mean_loglikelihood - reference[f.task].mean_loglikelihood
+        base = by_run["served float32" if f.run == "served fp8" else "hf", f.task]
+        accuracy = "  ".join(f"{k} {v:.4f} ({v - base.accuracy[k]:+.4f})" for k, v in sorted(f.accuracy.items()))
         print(f"{f.task:16} {f.run:15} {accuracy}  mean loglikelihood {f.mean_loglikelihood:.4f} "
-              f"({delta:+.4f} vs hf)  max |diff| {f.max_abs_difference:.2e} over {f.num_requests} requests"
-              + (f"  {len(f.mismatched)} beyond 1e-3" if f.mismatched else ""))
+              f"({f.mean_loglikelihood - base.mean_loglikelihood:+.4f})  max |diff| vs hf "
+              f"{f.max_abs_difference:.2e} over {f.num_requests} requests"
+              + (f", {len(f.mismatched)} beyond 1e-3" if f.mismatched else ""))
+    print("(in parentheses: the difference from lm-eval --model hf in float32; for fp8, from the served float32)")
 
 
 if __name__ == "__main__":
