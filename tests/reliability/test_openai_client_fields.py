@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 from reliability_helpers import kit
-from serving_helpers import MODEL, serve
+from serving_helpers import END_TOKEN_LEFT_OUT, MODEL, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -109,6 +109,7 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(api: openai.OpenAI) -> N
     assert streamed["tokens"] == found.tokens
 
 
+@END_TOKEN_LEFT_OUT
 def test_a_continuation_the_model_ends_after_keeps_its_token(api: openai.OpenAI) -> None:
     """What lm-eval's loglikelihood relies on: echo with max_tokens 1 gives prompt + 1 entries, the generated
     token included even when it is the end of sequence."""
