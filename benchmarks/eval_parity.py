@@ -1,0 +1,175 @@
+"""lm-eval through the served model against lm-eval on the model itself: per task, the accuracy, the mean
+loglikelihood and the largest per-request difference, for a float32 cpu build and an FP8 one.
+
+    python benchmarks/eval_parity.py [--model tiny-llama] [--base-url URL] [--no-fp8] [--json]
+
+Runs the real ``lm-eval`` command twice or three times on the two local tasks of ``tests/data/eval``
+(``kit_last_word``: loglikelihood, ``kit_word_choice``: multiple choice): ``--model hf`` on the built-in model's
+Hugging Face directory in float32, and ``--model local-completions`` against ``trtllm-kit serve`` of the same model
+built for the cpu target in float32 (or the server at ``--base-url``) and built with ``--quant fp8``. Both send the
+same token ids (``add_bos_token=True`` on both sides; the served side is given the HF directory as its tokenizer).
+Offline: ``HF_HUB_OFFLINE`` and ``HF_DATASETS_OFFLINE`` are set. The built-in models have random weights, so the
+accuracies are near chance except where the task's samples were chosen with the model (see the task YAMLs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
+from trtllm_kit.serve.server.state import read_state  # noqa: E402
+
+TASKS_DIR = ROOT / "tests" / "data" / "eval"
+TASKS = ("kit_last_word", "kit_word_choice")
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+KIT = [sys.executable, "-m", "trtllm_kit"]
+
+
+@dataclass
+class TaskFigures:
+    """One task of one lm-eval run, beside the same task of the reference run (``--model hf``)."""
+
+    task: str
+    run: str
+    accuracy: dict[str, float]  # metric → value (acc, acc_norm)
+    mean_loglikelihood: float  # over every scored request (each choice of a multiple-choice sample)
+    max_abs_difference: float  # per request, against the reference run
+    num_requests: int
+    mismatched: list[tuple[int, int, float, float]]  # (doc_id, choice, reference, this) beyond 1e-3
+
+
+def lm_eval_command(model: str, model_args: dict[str, str], out: Path) -> list[str]:
+    """The ``lm-eval run`` command line for both tasks, with per-sample logs written into ``out``."""
+    args = ",".join(f"{k}={v}" for k, v in model_args.items())
+    return [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args", args,
+            "--include_path", ".", "--tasks", ",".join(TASKS), "--log_samples", "--output_path", str(out)]
+
+
+def hf_args(hf_dir: Path) -> dict[str, str]:
+    return {"pretrained": str(hf_dir), "dtype": "float32", "add_bos_token": "True"}
+
+
+def served_args(hf_dir: Path, base_url: str, model: str) -> dict[str, str]:
+    return {"model": model, "base_url": f"{base_url}/completions", "tokenizer": str(hf_dir),
+            "tokenizer_backend": "huggingface", "add_bos_token": "True", "num_concurrent": "2", "max_retries": "1"}
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``command`` started in the tasks' directory (their data_files are relative to it), offline."""
+    with log.open("wb") as sink:
+        return subprocess.Popen(command, cwd=TASKS_DIR, stdout=sink, stderr=subprocess.STDOUT,
+                                env={**os.environ, **OFFLINE, "PYTHONPATH": str(ROOT)})
+
+
+def finish(process: subprocess.Popen[bytes], log: Path, timeout_s: float = 900) -> None:
+    if process.wait(timeout=timeout_s) != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        raise SystemExit(f"{' '.join(map(str, process.args))} failed (exit {process.returncode}):\n{tail}")
+
+
+def read_run(out: Path, task: str) -> tuple[dict[str, float], dict[tuple[int, int], float]]:
+    """The accuracy metrics of ``task`` and each request's loglikelihood, by (doc_id, choice), from a run's logs."""
+    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"][task]
+    accuracy = {k.split(",")[0]: v for k, v in results.items() if k.split(",")[0] in ("acc", "acc_norm")}
+    loglikelihoods = {}
+    for line in next(out.rglob(f"samples_{task}_*.jsonl")).read_text().splitlines():
+        sample = json.loads(line)
+        for choice, response in enumerate(sample["resps"]):
+            loglikelihoods[sample["doc_id"], choice] = float(response[0][0])
+    return accuracy, loglikelihoods
+
+
+def compare(reference: Path, other: Path, run: str) -> list[TaskFigures]:
+    """Each task of ``other`` beside the same task of ``reference``."""
+    figures = []
+    for task in TASKS:
+        _, expected = read_run(reference, task)
+        accuracy, found = read_run(other, task)
+        assert found.keys() == expected.keys(), f"{run}: {task} scored other requests than the reference"
+        differences = {key: abs(found[key] - expected[key]) for key in expected}
+        figures.append(TaskFigures(
+            task, run, accuracy, sum(found.values()) / len(found), max(differences.values()), len(found),
+            [(*key, expected[key], found[key]) for key, d in sorted(differences.items()) if d > 1e-3]))
+    return figures
+
+
+@contextmanager
+def served(hf_model: str, out: Path, *build_flags: str) -> Iterator[str]:
+    """``builtin:MODEL`` built for the cpu target in float32 with ``build_flags``, served; its OpenAI base URL."""
+    subprocess.run([*KIT, "build", f"builtin:{hf_model}", "--target", "cpu", "--dtype", "float32", "--no-verify",
+                    "--instances", "1", *build_flags, "--out", str(out)], check=True, capture_output=True)
+    ep = free_endpoints()
+    subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
+                    "--metrics-port", str(ep.metrics_port), "--openai-port", str(free_port()), "--detach"],
+                   check=True, capture_output=True)
+    try:
+        state = read_state(out)
+        assert state is not None, f"serve of {out} left no state"
+        yield f"http://{state['openai']}/v1"
+    finally:
+        subprocess.run([*KIT, "stop", str(out)], capture_output=True, timeout=120)
+
+
+def evaluate(hf_model: str, work: Path, base_url: str | None, with_fp8: bool) -> list[TaskFigures]:
+    """Both tasks through ``--model hf`` and through the server (float32, and FP8 when asked), compared."""
+    hf_dir, served_name = builtin_dir(hf_model), f"builtin:{hf_model}"
+    runs = {"hf": lm_eval_command("hf", hf_args(hf_dir), work / "hf")}
+    reference = start(runs["hf"] + ["--device", "cpu", "--batch_size", "8"], work / "hf.log")
+    with served(hf_model, work / "f32") if base_url is None else _given(base_url) as url:
+        float32 = start(lm_eval_command("local-completions", served_args(hf_dir, url, served_name), work / "f32-eval"),
+                        work / "f32.log")
+        finish(float32, work / "f32.log")
+    finish(reference, work / "hf.log")
+    figures = compare(work / "hf", work / "hf", "hf") + compare(work / "hf", work / "f32-eval", "served float32")
+    if with_fp8:
+        with served(hf_model, work / "fp8", "--quant", "fp8") as url:
+            fp8 = start(lm_eval_command("local-completions", served_args(hf_dir, url, served_name), work / "fp8-eval"),
+                        work / "fp8.log")
+            finish(fp8, work / "fp8.log")
+        figures += compare(work / "hf", work / "fp8-eval", "served fp8")
+    return figures
+
+
+@contextmanager
+def _given(base_url: str) -> Iterator[str]:
+    yield base_url.rstrip("/")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-llama", help="a built-in model's name")
+    parser.add_argument("--base-url", help="an OpenAI base URL already serving the float32 build (…/v1)")
+    parser.add_argument("--no-fp8", action="store_true", help="skip the FP8 build")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = evaluate(args.model, Path(tmp), args.base_url, not args.no_fp8)
+    if args.json:
+        print(json.dumps([asdict(f) for f in figures], indent=2))
+        return
+    by_run = {(f.run, f.task): f for f in figures}
+    for f in figures:
+        base = by_run["served float32" if f.run == "served fp8" else "hf", f.task]
+        accuracy = "  ".join(f"{k} {v:.4f} ({v - base.accuracy[k]:+.4f})" for k, v in sorted(f.accuracy.items()))
+        print(f"{f.task:16} {f.run:15} {accuracy}  mean loglikelihood {f.mean_loglikelihood:.4f} "
+              f"({f.mean_loglikelihood - base.mean_loglikelihood:+.4f})  max |diff| vs hf "
+              f"{f.max_abs_difference:.2e} over {f.num_requests} requests"
+              + (f", {len(f.mismatched)} beyond 1e-3" if f.mismatched else ""))
+    print("(in parentheses: the difference from lm-eval --model hf in float32; for fp8, from the served float32)")
+
+
+if __name__ == "__main__":
+    main()
