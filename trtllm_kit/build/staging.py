@@ -121,7 +121,9 @@ def _disk_full(exc: OSError, staging: Path, out_dir: Path, needed_bytes: int) ->
     """The sentence for a write that ran out of space: the file (the one named, else the newest in staging)."""
     files = [p for p in staging.rglob("*") if p.is_file()] if staging.exists() else []
     written = sum(p.stat().st_blocks * 512 for p in files)
-    name = exc.filename or (max(files, key=lambda p: p.stat().st_mtime_ns) if files else staging)
+    # a copy (shutil) names its source in ``filename`` and what it wrote in ``filename2``
+    named = [n for n in (exc.filename2, exc.filename) if n and Path(n).is_relative_to(staging)]
+    name = named[0] if named else (max(files, key=lambda p: p.stat().st_mtime_ns) if files else staging)
     shown = Path(name).relative_to(staging) if Path(name).is_relative_to(staging) else Path(name)
     free = shutil.disk_usage(out_dir.parent).free + written  # what is free once the staging directory is gone
     needed = f"the build needs about {human_size(needed_bytes)}" if needed_bytes else "the build needs more"
