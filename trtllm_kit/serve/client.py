@@ -177,6 +177,8 @@ class TextClient:
                 "prompt_logprobs", *REFUSED_WHEN_MISSING)}
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
+            if "keep_end_token" in names:  # the same
+                sampling["keep_end_token"] = True if req.keep_end_token else None
             # the LLM API picks the best of best_of only once all are done: such a request is answered whole
             streaming = req.num_sequences == (req.n or 1)
             llmapi = llmapi_values(req.prompt, req.max_tokens, streaming=streaming, **sampling) + _guide_values(req)
