@@ -22,7 +22,7 @@ Evaluation extras (docs/openai-eval-engine.md): ``sampling_param_n`` / ``samplin
 → ``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` (first response of a completion;
 the first prompt token's row is 0 / -1), ``keep_end_token`` (the token that ends a completion is the last of
 ``output_ids``, with its logprob, where the ``SamplingParams`` class has that field: the kit's CPU one; TensorRT-LLM's
-has none and leaves the token out), and ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (json,
+has none, and there the input is ignored), and ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (json,
 json_schema, regex, ebnf_grammar, choice: a JSON array of strings) → ``GuidedDecodingParams``.
 
 Disaggregated serving (docs/disaggregation.md): ``disaggregated_params``, a JSON object in the OpenAI wire form
