@@ -167,3 +167,23 @@ def test_bad_values_are_refused_naming_the_field(served, values, message):
     with pytest.raises(RuntimeError) as caught:
         run(client, {"request_output_len": 2, **values})
     assert message in str(caught.value)
+
+
+def test_keep_end_token_returns_the_end_token_with_its_logprob(served):
+    """With the kit's ``keep_end_token`` the token equal to ``end_id`` is the last of ``output_ids`` with its logprob
+    and in ``cum_log_probs``, whole and streamed; without it the token is left out (upstream's executor)."""
+    client, out = served
+    greedy = local(out, SamplingParams(max_tokens=4, top_k=1, logprobs=0))
+    end_id = greedy.output_ids[1]  # the second greedy token ends the sequence
+    assert end_id != greedy.output_ids[0]
+    values = {"request_output_len": 4, "runtime_top_k": 1, "end_id": end_id, "return_log_probs": True}
+    [left_out] = run(client, values)
+    assert left_out["output_ids"].reshape(-1).tolist() == greedy.output_ids[:1]
+    logprobs = [e.logprob for e in greedy.output_logprobs[:2]]
+    for responses in (run(client, {**values, "keep_end_token": True}),
+                      run(client, {**values, "keep_end_token": True, "streaming": True})):
+        ids = [t for r in responses for t in r["output_ids"].reshape(-1).tolist()]
+        assert ids == greedy.output_ids[:2]
+        assert [v for r in responses for v in r["output_log_probs"].reshape(-1).tolist()] == pytest.approx(
+            logprobs, abs=1e-5)
+        assert responses[-1]["cum_log_probs"].reshape(-1) == pytest.approx([sum(logprobs)], abs=1e-4)

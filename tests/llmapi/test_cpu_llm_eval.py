@@ -77,6 +77,23 @@ def test_logprobs_and_prompt_logprobs_have_the_llm_api_shape(llm, ckpt):
     assert out.cumulative_logprob == pytest.approx(sum(e.logprob for e in seq.output_logprobs), abs=1e-4)
 
 
+def test_keep_end_token_returns_the_end_token_with_its_logprob(llm):
+    """The kit's ``keep_end_token``: a completion that ends on the end token has it as its last token, with its
+    logprob, finish reason ``stop``, and text without it; without the field the token is left out (the LLM API's)."""
+    ending = [1, 38, 562, 603, 287, 498, 267, 422, 346, 266, 641, 651, 285, 769, 302, 447, 333, 734]
+
+    async def one(keep: bool):
+        params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=1, keep_end_token=keep)
+        return (await asyncio.wait_for(llm.generate_async(ending, params).aresult(), 120)).outputs[0]
+
+    left_out, kept = asyncio.run(one(False)), asyncio.run(one(True))
+    eos = llm.eos_token_id
+    assert left_out.token_ids == [] and left_out.logprobs == [] and left_out.finish_reason == "stop"
+    assert kept.token_ids == [eos] and kept.finish_reason == "stop" and kept.text == ""
+    [entry] = kept.logprobs
+    assert entry[eos].rank == 1 and kept.cumulative_logprob == pytest.approx(entry[eos].logprob, abs=1e-6)
+
+
 def test_n_sequences_stream_and_match_the_runtime(llm, ckpt):
     params = SamplingParams(max_tokens=6, temperature=1.0, top_p=1.0, seed=4, n=3, ignore_eos=True)
     steps, result = generate(llm, params, streaming=True)

@@ -169,6 +169,25 @@ def test_openai_logprobs_and_echo_equal_the_runtimes(served: dict[str, Any]) -> 
     assert all(1 <= len(top) <= 2 for top in logprobs["top_logprobs"][1:])  # tokens that decode alike share a key
 
 
+def test_openai_keeps_a_generated_end_token(served: dict[str, Any]) -> None:
+    """lm-eval's request for a continuation the model ends after (echo, logprobs, max_tokens 1): the end token comes
+    back through the llmapi model's ``keep_end_token``, scored as the runtime scores it and counted."""
+    ids = [1, 38, 562, 603, 287, 498, 267, 422, 346, 266, 641, 651, 285, 769, 302, 447, 333, 734]
+    eos = AutoTokenizer.from_pretrained(str(served["out"] / "checkpoint")).eos_token_id
+    engine = Engine(load_unified(served["out"] / "checkpoint"), EngineConfig())
+    seq = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0, logprobs=1, end_id=eos,
+                                                 keep_end_token=True))
+    while engine.has_work():
+        engine.step()
+    assert seq.output_ids == [eos], "the model ends after this prompt"
+    with post(served, {**GREEDY, "prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": True}) as response:
+        answer = json.loads(response.read())
+    choice = answer["choices"][0]
+    assert len(choice["logprobs"]["token_logprobs"]) == len(ids) + 1 and answer["usage"]["completion_tokens"] == 1
+    assert choice["finish_reason"] == "stop" and "</s>" not in choice["text"]
+    assert choice["logprobs"]["token_logprobs"][-1] == pytest.approx(seq.output_logprobs[0].logprob, abs=1e-4)
+
+
 def test_openai_n_choices_streamed_with_chat_logprobs(served: dict[str, Any]) -> None:
     body = {"model": "builtin:tiny-llama", "messages": [{"role": "user", "content": "hi"}], "n": 2,
             "max_tokens": 4, "temperature": 1.0, "seed": 5, "logprobs": True, "top_logprobs": 1, "ignore_eos": True}

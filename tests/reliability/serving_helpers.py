@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from reliability_helpers import kit
 
@@ -22,11 +21,6 @@ from trtllm_kit.serve.server.state import read_state
 
 MODEL = "builtin:tiny-llama"  # the served name
 STUB = "triton_python_backend_stub"
-# A known fault of the frontend: with echo, logprobs and max_tokens 1, a generated token that is the end of
-# sequence is left out (prompt entries only, completion_tokens 0), so lm-eval scores that continuation 0.
-# Strict: the tests marked with it fail as soon as it is fixed, and the mark goes.
-END_TOKEN_LEFT_OUT = pytest.mark.xfail(strict=True, reason="the frontend leaves out a generated end-of-sequence "
-                                       "token from logprobs and usage")
 
 
 def serve(out: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from reliability_helpers import kit
-from serving_helpers import END_TOKEN_LEFT_OUT, MODEL, serve
+from serving_helpers import MODEL, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,7 +59,6 @@ def test_every_sample_is_scored_as_by_transformers(parity: dict[tuple[str, str],
     assert 0 < choice["accuracy"]["acc"] < 1 and choice["accuracy"]["acc"] != choice["accuracy"]["acc_norm"]
 
 
-@END_TOKEN_LEFT_OUT
 def test_a_continuation_the_model_would_end_after_is_scored(
         parity: dict[tuple[str, str], dict[str, Any]]) -> None:
     """lm-eval asks for one token beyond the continuation and drops it; when the model's next token is its EOS,

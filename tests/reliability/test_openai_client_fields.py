@@ -16,13 +16,15 @@ import jsonschema
 import openai
 import pytest
 from reliability_helpers import kit
-from serving_helpers import END_TOKEN_LEFT_OUT, MODEL, serve
+from serving_helpers import MODEL, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROMPT = "Once upon a time"
 # After this prompt the float32 tiny model's greedy next token is its end of sequence (tests/data/eval/last_word.jsonl).
 ENDING = "A few minutes later the train sighed and began to roll again"
+# A token-id prompt after which it is the end of sequence too.
+ENDING_IDS = [1, 38, 562, 603, 287, 498, 267, 422, 346, 266, 641, 651, 285, 769, 302, 447, 333, 734]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "m", "l"]}},
           "required": ["ok", "size"], "additionalProperties": False}
 
@@ -109,12 +111,32 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(api: openai.OpenAI) -> N
     assert streamed["tokens"] == found.tokens
 
 
-@END_TOKEN_LEFT_OUT
 def test_a_continuation_the_model_ends_after_keeps_its_token(api: openai.OpenAI) -> None:
     """What lm-eval's loglikelihood relies on: echo with max_tokens 1 gives prompt + 1 entries, the generated
-    token included even when it is the end of sequence."""
+    token included even when it is the end of sequence: scored, counted, and hidden from the text."""
     answer = complete(api, prompt=ENDING, echo=True, logprobs=1, max_tokens=1)
     assert len(answer.choices[0].logprobs.tokens) == answer.usage.prompt_tokens + 1
+
+
+def test_an_end_token_generated_with_logprobs_is_scored_counted_and_hidden(api: openai.OpenAI) -> None:
+    """The token-id prompt of ``ENDING_IDS`` ends on the end token at once: with echo and logprobs its entry comes
+    after the prompt's, with the logprob ``ignore_eos`` gives the same token; it counts as a completion token,
+    ``finish_reason`` stays ``stop``, and the text shows it only with ``skip_special_tokens`` false."""
+    fields = {"prompt": [ENDING_IDS], "echo": True, "logprobs": 1, "max_tokens": 1, "seed": 1234}
+    whole, streamed = whole_and_streamed(api, **fields)
+    found, choice = whole.choices[0].logprobs, whole.choices[0]
+    assert len(found.token_logprobs) == len(ENDING_IDS) + 1 and whole.usage.completion_tokens == 1
+    assert choice.finish_reason == "stop" and choice.text == streamed["text"] and "</s>" not in choice.text
+    assert found.tokens[-1] == "" and found.text_offset[-1] == len(choice.text)  # skipped, as the text skips it
+    forced = complete(api, **fields, ignore_eos=True)
+    assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 1
+    assert found.token_logprobs == pytest.approx(forced.choices[0].logprobs.token_logprobs, abs=1e-5)
+    assert found.top_logprobs[-1] == pytest.approx({"": found.token_logprobs[-1]}, abs=1e-5)  # the most likely
+    assert streamed["tokens"] == found.tokens
+    assert streamed["token_logprobs"][1:] == pytest.approx(found.token_logprobs[1:], abs=1e-5)
+    shown, shown_streamed = whole_and_streamed(api, **fields, skip_special_tokens=False)
+    assert shown.choices[0].text.endswith("</s>") and shown.choices[0].logprobs.tokens[-1] == "</s>"
+    assert shown_streamed["tokens"][-1] == "</s>" and shown.usage.completion_tokens == 1
 
 
 def test_several_prompts_text_and_token_ids(api: openai.OpenAI) -> None:

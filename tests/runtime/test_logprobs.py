@@ -107,3 +107,27 @@ def test_without_logprobs_nothing_is_kept(model):
         engine.step()
     assert seq.output_logprobs == [] and seq.prompt_logprobs == [None] and seq.context_logits == []
     assert seq.cum_logprob < 0
+
+
+# After this prompt the float32 tiny model's greedy next token is its end of sequence (id 2).
+ENDING = [1, 38, 562, 603, 287, 498, 267, 422, 346, 266, 641, 651, 285, 769, 302, 447, 333, 734]
+EOS = 2
+
+
+@pytest.mark.parametrize("max_tokens", [1, 4])
+def test_keep_end_token_keeps_it_with_its_logprob(model, hf_model, max_tokens):
+    """By default the end token is left out (TensorRT-LLM's executor); ``keep_end_token`` keeps it as the last
+    output token with its raw logprob, counted in ``cum_logprob``; either way the sequence ends on ``end_id``."""
+    engine = Engine(model, EngineConfig())
+    common = {"max_tokens": max_tokens, "end_id": EOS, "temperature": 0.0, "logprobs": 1}
+    left_out, kept = (engine.add_request(ENDING, SamplingParams(**common, keep_end_token=keep))
+                      for keep in (False, True))
+    while engine.has_work():
+        engine.step()
+    expected = float(hf_logprobs(hf_model, ENDING)[-1, EOS])
+    assert left_out.output_ids == [] and left_out.output_logprobs == [] and left_out.cum_logprob == 0.0
+    assert kept.output_ids == [EOS] and kept.finish_reason == left_out.finish_reason == "end_id"
+    [entry] = kept.output_logprobs
+    assert entry.token_id == EOS and entry.rank == 1 and entry.top_ids == (EOS,)
+    assert entry.logprob == pytest.approx(expected, abs=ATOL)
+    assert kept.cum_logprob == pytest.approx(expected, abs=ATOL)

@@ -1,6 +1,7 @@
 """What the frontend sends a ``tensorrt_llm`` model for the engine target's features, and how it reads the
-answers: the request tensors (``num_return_sequences``, ``stop_words_list``, ``return_context_logits``), prompt
-logprobs as the log-softmax of ``context_logits``, and whether an engine route has context logits."""
+answers: the request tensors (``num_return_sequences``, ``stop_words_list``, ``return_context_logits``,
+``keep_end_token``, which logprobs ask for), prompt logprobs as the log-softmax of ``context_logits``, and whether
+an engine route has context logits."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
 from trtllm_kit.serve.client import GenerationRequest, TextClient, word_list
 from trtllm_kit.serve.fleet.members import context_logits
+from trtllm_kit.serve.openai.logprobs import parse_scoring
+from trtllm_kit.serve.openai.prepare import engine_request
+from trtllm_kit.serve.openai.protocol import parse_sampling
+from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.scored import logits_scored
 
 
@@ -41,9 +46,20 @@ def test_an_engine_request_as_tensors() -> None:
     assert sent["return_log_probs"].tolist() == [[True]] and sent["return_context_logits"].tolist() == [[True]]
     assert "return_prompt_log_probs" not in sent  # the C++ backend has no prompt-logprob output
     plain = tensors(GenerationRequest((1, 5, 9), 4, top_k=1))
-    assert not {"num_return_sequences", "stop_words_list", "return_log_probs"} & set(plain)
+    assert not {"num_return_sequences", "stop_words_list", "return_log_probs", "keep_end_token"} & set(plain)
+    assert tensors(GenerationRequest((1, 5, 9), 4, keep_end_token=True))["keep_end_token"].tolist() == [[True]]
     ranked = tensors(GenerationRequest((1, 5, 9), 4, n=1, best_of=2))  # ranking needs the cumulative logprobs
     assert ranked["return_log_probs"].tolist() == [[True]] and "return_context_logits" not in ranked
+
+
+def test_logprobs_ask_for_the_end_token_back() -> None:
+    """A completion or chat request with logprobs asks the engine to keep the end token (scored and counted, as vLLM
+    and OpenAI answer); one without leaves upstream's default."""
+    route = Route("m", "tensorrt_llm_bls")
+    for kind, body, keep in (("text_completion", {"logprobs": 0}, True), ("text_completion", {"echo": True}, False),
+                             ("chat.completion", {"logprobs": True}, True), ("chat.completion", {}, False)):
+        gen = engine_request(route, body, (1, 5), parse_sampling(body, kind), parse_scoring(body, kind), "r")
+        assert gen.keep_end_token is keep, (kind, body)
 
 
 def test_a_word_list_of_one_word() -> None:

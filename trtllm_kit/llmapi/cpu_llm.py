@@ -157,7 +157,8 @@ class LLM:
             presence_penalty=float(p.presence_penalty or 0.0), frequency_penalty=float(p.frequency_penalty or 0.0),
             ignore_eos=bool(p.ignore_eos), n=int(p.n), best_of=None if p.best_of is None else int(p.best_of),
             logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, return_context_logits=p.return_context_logits,
-            return_generation_logits=p.return_generation_logits, guide=self._guide(p.guided_decoding))
+            return_generation_logits=p.return_generation_logits, guide=self._guide(p.guided_decoding),
+            keep_end_token=p.keep_end_token)
 
     def _guide(self, params: GuidedDecodingParams | None) -> Any:
         """The compiled guide of a request (None without one); needs ``guided_decoding_backend: xgrammar``."""

@@ -84,6 +84,9 @@ class SamplingParams:
     guided_decoding: GuidedDecodingParams | None = None
     exclude_input_from_output: bool = True
     return_perf_metrics: bool = False
+    # the kit's (tensorrt_llm has no such field): the token that ends the sequence is the last of ``token_ids``,
+    # with its logprob, as vLLM and OpenAI answer (runtime ``SamplingParams.keep_end_token``)
+    keep_end_token: bool = False
 
 
 @dataclass(frozen=True)

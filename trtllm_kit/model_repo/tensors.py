@@ -5,8 +5,8 @@ Each row is ``(name, data type, dims, required)``; dims exclude the Triton batch
 know which target they talk to. Multimodal, encoder-decoder and speculative-decoding tensors are left out: the kit
 builds decoder-only text models. The LoRA inputs (``lora_inputs``) are declared by models that take adapters.
 ``tensorrt_llm`` also declares the kit's own optional tensors for what upstream has no tensor for
-(``runtime_min_p``, top logprob alternatives, prompt logprobs); the C++ backend ignores them, the CPU runtime
-serves them (docs/openai-eval-engine.md).
+(``runtime_min_p``, top logprob alternatives, prompt logprobs, keeping the end token); the C++ backend ignores them,
+the CPU runtime serves them (docs/openai-eval-engine.md).
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ TRTLLM_INPUTS = (
     _t("runtime_min_p", "FP32"),
     _t("num_top_log_probs", "INT32"),
     _t("return_prompt_log_probs", "BOOL"),
+    # the token that ends the sequence (``end_id``) kept as its last output token, with its logprob, as vLLM and
+    # OpenAI answer (upstream's executor leaves it out, and so does the C++ backend, which ignores this input).
+    _t("keep_end_token", "BOOL"),
 )
 
 TRTLLM_OUTPUTS = (

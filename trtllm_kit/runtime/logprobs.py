@@ -47,7 +47,7 @@ def record_generated(logits: torch.Tensor, sampled: list[Sequence], kept: list[b
 
     Arguments:
         logits: [len(sampled), vocab] the raw logits each token was chosen from; sampled: the sequences;
-        kept: whether each one's token was appended (an ``end_id`` is not).
+        kept: whether each one's token was appended (an ``end_id`` is not, unless ``keep_end_token``).
     """
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     for row, (seq, is_kept) in enumerate(zip(sampled, kept, strict=True)):

@@ -47,7 +47,9 @@ class SamplingParams:
     highest cumulative logprob. ``logprobs`` (None: off) keeps each generated token's logprob and that many top
     alternatives, ``prompt_logprobs`` the same for the prompt tokens (``runtime/logprobs.py``);
     ``return_context_logits`` / ``return_generation_logits`` keep the raw logits. ``guide``: a compiled grammar
-    the output must match (``runtime/grammar.py``).
+    the output must match (``runtime/grammar.py``). ``keep_end_token`` keeps the token that ends the sequence
+    (``end_id``, or the stop token a grammar accepts) as its last output token, with its logprob: vLLM's and
+    OpenAI's answer; by default it is left out, as TensorRT-LLM's executor leaves it out.
     """
 
     max_tokens: int = 16
@@ -71,6 +73,7 @@ class SamplingParams:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     guide: CompiledGuide | None = None
+    keep_end_token: bool = False
 
     def __post_init__(self) -> None:
         wrong = extras_problem(top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
@@ -201,14 +204,15 @@ class Sequence:
         """Record a sampled token and finish the sequence if it ends it.
 
         Arguments:
-            token_id: the sampled token; an ``end_id`` is not kept in the output.
+            token_id: the sampled token; one that ends the sequence (``end_id``, or the stop token a complete
+            grammar took) is kept in the output only with ``params.keep_end_token``.
         """
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
-        if self.matcher is not None and self.matcher.accept(token_id) and self.matcher.is_terminated:
-            self.finish_reason = "end_id"  # the grammar is complete and took its stop token, which is not kept
-            return
-        if token_id == self.params.end_id and not self.params.ignore_eos:
+        grammar_done = self.matcher is not None and self.matcher.accept(token_id) and self.matcher.is_terminated
+        if grammar_done or (token_id == self.params.end_id and not self.params.ignore_eos):
+            if self.params.keep_end_token:
+                self.token_ids.append(token_id)
             self.finish_reason = "end_id"
             return
         self.token_ids.append(token_id)

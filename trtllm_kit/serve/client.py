@@ -54,6 +54,7 @@ class GenerationRequest:
     best_of: int | None = None  # sequences generated, when more than ``n``
     stop_words: tuple[tuple[int, ...], ...] = ()  # stop sequences as token ids (the engine's ``stop_words_list``)
     context_logits: bool = False  # prompt logprobs computed here from ``context_logits`` (the C++ backend's way)
+    keep_end_token: bool = False  # the end token comes back as the last token, with its logprob (the CPU runtime)
     lora: LoraInputs | None = None  # the adapter the request runs with (None: the base model)
     disaggregated_params: dict | None = None  # the OpenAI wire form of DisaggregatedParams (llmapi models)
 
@@ -176,6 +177,8 @@ class TextClient:
                 "prompt_logprobs", *REFUSED_WHEN_MISSING)}
             if "priority" in names:  # llmapi repositories built before the input existed do not declare it
                 sampling["priority"] = req.priority
+            if "keep_end_token" in names:  # the same
+                sampling["keep_end_token"] = True if req.keep_end_token else None
             # the LLM API picks the best of best_of only once all are done: such a request is answered whole
             streaming = req.num_sequences == (req.n or 1)
             llmapi = llmapi_values(req.prompt, req.max_tokens, streaming=streaming, **sampling) + _guide_values(req)
@@ -248,6 +251,8 @@ class TextClient:
             values.append(("num_return_sequences", "INT32", np.array([req.num_sequences], np.int32)))
         if req.stop_words:
             values.append(("stop_words_list", "INT32", word_list(req.stop_words)))
+        if req.keep_end_token:
+            values.append(("keep_end_token", "BOOL", np.array([True])))
         ranked = req.num_sequences > (req.n or 1)  # best_of: ranked by cumulative logprob
         if req.logprobs is not None or req.prompt_logprobs is not None or ranked:
             top = max(req.logprobs or 0, req.prompt_logprobs or 0)

@@ -27,7 +27,8 @@ SAMPLING = {"temperature": ("sampling_param_temperature", "FP32", np.float32),
             "n": ("sampling_param_n", "INT32", np.int32), "best_of": ("sampling_param_best_of", "INT32", np.int32),
             "logprobs": ("sampling_param_logprobs", "INT32", np.int32),
             "prompt_logprobs": ("sampling_param_prompt_logprobs", "INT32", np.int32),
-            "priority": ("priority", "FP32", np.float32)}  # only to a model that declares it (older repos do not)
+            "priority": ("priority", "FP32", np.float32),  # only to a model that declares it (older repos do not)
+            "keep_end_token": ("keep_end_token", "BOOL", np.bool_)}  # the same
 
 
 def speaks_llmapi(inputs: Iterable[str]) -> bool:

@@ -51,6 +51,8 @@ INPUTS = (
     # disaggregated serving: DisaggregatedParams as the OpenAI wire's JSON object (docs/disaggregation.md)
     Tensor("disaggregated_params", S, (1,)),
     Tensor("lora_name", S, (1,)),  # an adapter of the artifact's manifest: the request's LoRARequest (docs/lora.md)
+    # the end token kept with its logprob, where the LLM's SamplingParams has the kit's keep_end_token (CPU)
+    Tensor("keep_end_token", B, (1,)),
 )
 OUTPUTS = (
     Tensor("text_output", S, (-1,)), Tensor("finish_reason", S, (-1,)), Tensor("stop_reason", S, (-1,)),

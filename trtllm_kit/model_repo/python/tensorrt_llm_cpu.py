@@ -19,7 +19,8 @@ Beyond the basic tensors (docs/openai-eval-engine.md): the penalties, ``min_toke
 ``sequence_index``); ``return_log_probs`` → ``output_log_probs`` and ``cum_log_probs`` (raw logprobs), with
 ``num_top_log_probs`` → ``top_log_probs`` / ``top_log_prob_ids``; ``return_prompt_log_probs`` →
 ``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` (in each sequence's first response);
-``return_context_logits`` / ``return_generation_logits``; ``guided_decoding_guide_type`` / ``guided_decoding_guide``.
+``return_context_logits`` / ``return_generation_logits``; ``guided_decoding_guide_type`` / ``guided_decoding_guide``;
+``keep_end_token`` (the token that ends the sequence is the last of ``output_ids``, with its logprob).
 """
 
 from __future__ import annotations
@@ -232,7 +233,7 @@ class TritonPythonModel:
                 prompt_logprobs=wanted.num_top if wanted.prompt_log_probs else None,
                 return_context_logits=bool(_input(request, "return_context_logits", False)),
                 return_generation_logits=bool(_input(request, "return_generation_logits", False)),
-                guide=self._guide(request))
+                guide=self._guide(request), keep_end_token=bool(_input(request, "keep_end_token", False)))
             item.streaming = bool(_input(request, "streaming", False))
             if item.streaming and not self.decoupled:
                 raise KitUsageError("streaming needs the model's decoupled transaction policy; send streaming "

@@ -20,7 +20,9 @@ Evaluation extras (docs/openai-eval-engine.md): ``sampling_param_n`` / ``samplin
 ``sampling_param_min_p`` / ``sampling_param_repetition_penalty``, ``sampling_param_logprobs`` N →
 ``output_log_probs`` and ``top_log_probs`` / ``top_log_prob_ids`` [tokens, N], ``sampling_param_prompt_logprobs`` N
 → ``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` (first response of a completion;
-the first prompt token's row is 0 / -1), and ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (json,
+the first prompt token's row is 0 / -1), ``keep_end_token`` (the token that ends a completion is the last of
+``output_ids``, with its logprob, where the ``SamplingParams`` class has that field: the kit's CPU one; TensorRT-LLM's
+has none, and there the input is ignored), and ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (json,
 json_schema, regex, ebnf_grammar, choice: a JSON array of strings) → ``GuidedDecodingParams``.
 
 Disaggregated serving (docs/disaggregation.md): ``disaggregated_params``, a JSON object in the OpenAI wire form
@@ -301,6 +303,7 @@ class TritonPythonModel:
         self.thread.start()
         self.llm = LLM(**llm_args)
         self.takes_priority = "priority" in inspect.signature(self.llm.generate_async).parameters
+        self.keeps_end_token = "keep_end_token" in inspect.signature(self.SamplingParams).parameters
         self.priority_noted = False
         self.inflight: dict[str, list] = {}  # triton request id → running results (for the ``stop`` input)
         self.pending: set = set()
@@ -431,6 +434,8 @@ class TritonPythonModel:
             if value is not None:
                 kwargs[field] = cast(value.item() if hasattr(value, "item") else value)
         _check_sampling(kwargs)
+        if bool(_scalar(request, "keep_end_token", False)) and self.keeps_end_token:
+            kwargs["keep_end_token"] = True
         stops = _strings(request, "sampling_param_stop")
         if stops:
             kwargs["stop"] = stops

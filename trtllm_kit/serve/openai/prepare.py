@@ -42,7 +42,8 @@ def prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
 def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, ...], sampling: Sampling,
                    scoring: Scoring, request_id: str, **fields: Any) -> GenerationRequest:
     """The engine request of a prepared prompt: its sampling, logprobs, guide, and for token ids the end id and
-    the stop sequences as token ids (which the engine stops on; the frontend cuts the text).
+    the stop sequences as token ids (which the engine stops on; the frontend cuts the text). With logprobs the end
+    token is asked back (``keep_end_token``), as vLLM and OpenAI score it and count it as a completion token.
 
     Arguments:
         route: where it goes; body: the JSON request; prompt: from ``prepared``; sampling, scoring: the request's
@@ -54,7 +55,7 @@ def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, 
                              logprobs=scoring.logprobs, prompt_logprobs=scoring.logprobs if scoring.echo else None)
     stop_words = () if tokenizer is None else tokenizer.words(sampling.stops)
     return replace(gen, guide=guide(body, prompt), stop_words=stop_words, context_logits=bool(route.context_logits),
-                   **fields)
+                   keep_end_token=scoring.logprobs is not None, **fields)
 
 
 def guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:

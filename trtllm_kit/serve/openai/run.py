@@ -47,6 +47,7 @@ class Run:
         self.num_reported: int | None = None
         self.num_input_tokens: int | None = len(gen.prompt) if isinstance(gen.prompt, tuple) else None
         self.finish_reason = "stop"
+        self.last_token_id: int | None = None
         self.prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, when asked for
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
@@ -84,7 +85,7 @@ class Run:
             rest = matcher.flush() if decoder is None else matcher.feed(decoder.flush()) + matcher.flush()
             if rest:
                 yield Piece(rest, () if decoder is not None and self.show_ids else None)
-            if self.num_output_tokens >= self.gen.max_tokens:
+            if self.num_output_tokens >= self.gen.max_tokens and not self.ended_on_end_token:
                 self.finish_reason = "length"
         finally:
             await stream.aclose()
@@ -92,12 +93,19 @@ class Run:
     def _count(self, chunk: Chunk) -> None:
         if chunk.token_ids is not None:
             self.num_reported = (self.num_reported or 0) + len(chunk.token_ids)
+            self.last_token_id = chunk.token_ids[-1] if chunk.token_ids else self.last_token_id
             return
         if chunk.num_output_tokens is not None:  # reported counts are cumulative
             self.num_reported = max(self.num_reported or 0, chunk.num_output_tokens)
         self.num_responses += 1
         if chunk.num_input_tokens is not None:
             self.num_input_tokens = chunk.num_input_tokens
+
+    @property
+    def ended_on_end_token(self) -> bool:
+        """Whether the last token is the end token (sent back with ``keep_end_token``): the model ended the answer,
+        even when that token is the last ``max_tokens`` allows."""
+        return self.last_token_id is not None and self.last_token_id == self.gen.end_id
 
     @property
     def num_output_tokens(self) -> int:
