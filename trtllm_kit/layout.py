@@ -29,6 +29,8 @@ ROW_LINEARS = {"attention.dense": "attention.quantization_scaling_factor",
                "mlp.proj": "mlp.quantization_scaling_factor"}
 KV_SCALE_NAME = "attention.kv_cache_scaling_factor"
 SQ_PREFIX = "W8A8_SQ_"
+AWQ_GROUP_SIZE = 128  # input features per INT4 AWQ weight scale
+PACKED_ALGOS = ("NVFP4", "W4A16_AWQ")  # 4-bit weights, two per byte
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import torch
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.quant.algos import AWQ_GROUP_SIZE, QuantConfig
+from trtllm_kit.layout import AWQ_GROUP_SIZE
+from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.fp8 import FP8_MAX
 
 BLOCK_ELEMENTS = 1 << 18  # 512 KiB of bf16 per block: the division, the sum and the cast stay in cache

@@ -10,6 +10,7 @@ from typing import Any
 
 from trtllm_kit.enums import CalibDtype, KVCache, Quant
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE
 
 QUANT_CHOICES = Quant.values()
 KV_CACHE_CHOICES = KVCache.values()
@@ -32,7 +33,6 @@ VALID_COMBINATIONS: dict[str, tuple[str, ...]] = {
     "int4-awq": ("auto", "int8", "fp8"),
 }
 NVFP4_MIN_SM = (10, 0)  # FP4 tensor cores: Blackwell
-AWQ_GROUP_SIZE = 128  # input features per INT4 AWQ weight scale
 # --quant values some targets do not export: the targets that do, and why elsewhere they are refused
 TARGETS_OF = {"nvfp4": ("llmapi",), "int4-awq": ("llmapi", "engine")}
 REFUSED_TARGET = {
@@ -125,12 +125,16 @@ class QuantConfig:
         INT4 AWQ for its scale search), and so does any KV-cache quantization."""
         return self.quant in ("int8-sq", "fp8", "nvfp4", "int4-awq") or self.kv_cache_quant_algo is not None
 
+    @property
+    def searches_awq(self) -> bool:
+        """Whether calibration searches INT4 AWQ scales (``quant/awq.py``)."""
+        return self.quant == "int4-awq"
+
     def quantization_block(self) -> dict[str, Any]:
         """The ``quantization`` object of the checkpoint ``config.json`` (portable keys only,
         docs/trtllm-checkpoint.md §2.3)."""
-        is_awq = self.quant == "int4-awq"
         return {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo,
-                "group_size": AWQ_GROUP_SIZE, "has_zero_point": False, "pre_quant_scale": is_awq,
+                "group_size": AWQ_GROUP_SIZE, "has_zero_point": False, "pre_quant_scale": self.searches_awq,
                 "exclude_modules": ["lm_head"] if self.quant in ("fp8", "int4-awq") else None}
 
     def calibration_params(self) -> dict[str, Any]:

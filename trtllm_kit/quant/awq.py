@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from trtllm_kit.quant.algos import AWQ_GROUP_SIZE
+from trtllm_kit.layout import AWQ_GROUP_SIZE
 
 GROUP_SIZE = AWQ_GROUP_SIZE
 INT4_MAX = 7.0

@@ -102,22 +102,29 @@ class CalibMemory:
     layer_bytes: int       # one decoder layer's weights in the compute dtype
     activation_bytes: int  # every window's hidden state: samples x seq_len x hidden x dtype
     kv_bytes: int          # one layer's keys and values over one batch of windows
+    search_bytes: int = 0  # INT4 AWQ: the scale search's work on the largest linear (quant/awq.py)
 
     @property
     def total_bytes(self) -> int:
-        return self.layer_bytes + self.activation_bytes + self.kv_bytes
+        return self.layer_bytes + self.activation_bytes + self.kv_bytes + self.search_bytes
 
 
-def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str) -> CalibMemory:
-    """What a layer-streamed calibration of ``hf`` holds at its peak.
+def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bool = False) -> CalibMemory:
+    """What a layer-streamed calibration of ``hf`` holds at its peak. The AWQ search quantizes one scaled copy of
+    the largest linear at a time (the scaled weight and its result in the compute dtype, two float32 work copies)
+    and compares one batch's outputs (the quantized output in the compute dtype, the difference in float32).
 
     Arguments:
         hf: the model's config; size: the calibration size (its device decides the batch); dtype: the compute
-        dtype (``bfloat16`` or ``float32``).
+        dtype (``bfloat16`` or ``float32``); search_awq: whether the INT4 AWQ scale search runs.
     """
     per = DTYPE_BYTES[dtype]
     h, d = hf.hidden_size, hf.head_dim
     layer = h * d * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads) + 3 * h * hf.intermediate_size + 2 * h
     batch = 1 if size.device == "cpu" else min(size.samples, GPU_BATCH_SIZE)
     kv = 2 * batch * size.seq_len * hf.num_key_value_heads * d
-    return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per)
+    search = 0
+    if search_awq:
+        tokens = batch * size.seq_len * hf.intermediate_size
+        search = h * hf.intermediate_size * (2 * per + 2 * 4) + tokens * (per + 4)
+    return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per, search)

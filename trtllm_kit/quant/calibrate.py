@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,7 +198,7 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
     reporter.note(f"calibrate: {size.samples} windows x {size.seq_len} tokens on {device}: {size.reason}")
     windows = token_windows(model_path, config)
     stats = collect_stats(model_path, windows, reporter, device, CALIB_DTYPES[config.calib_dtype],
-                          search_awq=config.quant == "int4-awq")
+                          search_awq=config.searches_awq)
     source = config.calib_data or corpus_path()
     stats.params = {**config.calibration_params(), **stats.params, "size_reason": size.reason,
                     "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
@@ -275,7 +275,7 @@ def eta_note(done: int, total: int, seconds: float) -> str:
 
 
 @contextmanager
-def _hooks(hooks: list[tuple[torch.nn.Module, Callable[..., None]]]) -> Iterator[None]:
+def _hooks(hooks: Sequence[tuple[torch.nn.Module, Callable[..., None]]]) -> Iterator[None]:
     handles = [module.register_forward_hook(hook) for module, hook in hooks]
     try:
         yield

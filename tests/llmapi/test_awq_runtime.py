@@ -1,0 +1,54 @@
+"""An INT4 AWQ llmapi artifact runs on the CPU runtime (its loader dequantizes the weights and multiplies in the
+``pre_quant_scale`` where there is one) and generates, token for token, what transformers generates with the
+checkpoint's dequantized weights and its smoothed norms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from test_nvfp4_runtime import PROMPTS, greedy
+
+from trtllm_kit.cli import run
+from trtllm_kit.llmapi.load import load_unified
+from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.models.hf_model import load_causal_lm
+from trtllm_kit.quant.awq import int4_dequantize
+
+
+def dequantized_reference(name: str, ckpt: Path) -> torch.nn.Module:
+    """transformers' model of the source, float32, holding every tensor of the checkpoint: int4 linears
+    dequantized (times their ``pre_quant_scale``), the norms as smoothed."""
+    model = load_causal_lm(builtin_dir(name), torch.float32)
+    params = dict(model.named_parameters())
+    with safe_open(str(next(ckpt.glob("*.safetensors"))), framework="pt") as f:
+        names = set(f.keys())
+        for key in names:
+            if key.endswith(".weight_scale") or key.endswith(".pre_quant_scale"):
+                continue
+            tensor = f.get_tensor(key)
+            if tensor.dtype == torch.uint8:
+                module = key.removesuffix(".weight")
+                tensor = int4_dequantize(tensor, f.get_tensor(f"{module}.weight_scale"))
+                if f"{module}.pre_quant_scale" in names:
+                    tensor = tensor * f.get_tensor(f"{module}.pre_quant_scale").float()
+            if key in params:
+                params[key].data.copy_(tensor)
+    return model
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-phi3"])
+def test_awq_artifact_runs_token_exact_against_the_dequantized_reference(name: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert run(["build", f"builtin:{name}", "--target", "llmapi", "--quant", "int4-awq", "--calib-samples", "4",
+                "--calib-seq-len", "32", "--until", "checkpoint", "--no-verify", "--out", str(out)]) == 0
+    ckpt = out / "checkpoint"
+    runtime = load_unified(ckpt)
+    reference = dequantized_reference(name, ckpt)
+    for prompt in PROMPTS:
+        assert greedy(runtime.forward, prompt) == greedy(lambda ids: reference(ids).logits, prompt)
+    source = load_causal_lm(builtin_dir(name), torch.float32)
+    layer = "model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(dict(source.named_parameters())[layer], dict(reference.named_parameters())[layer])
