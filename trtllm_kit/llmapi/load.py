@@ -27,7 +27,7 @@ from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, default_quant
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
-from trtllm_kit.models.base import Split
+from trtllm_kit.models.base import Slice, Split
 from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import fp8_quantize
@@ -97,7 +97,8 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             return tensor
 
         for item in work_items(model, mapping):
-            parts = [read(name) for name in item.sources]
+            parts = [read(source.name)[source.start:source.stop] if isinstance(source, Slice) else read(source)
+                     for source in item.reads]  # Phi-3's fused qkv_proj and gate_up_proj: their row ranges
             module = item.rule.name.removeprefix("transformer.layers.{}.").removesuffix(".weight")
             is_fp8 = algo == "FP8" and item.rule.name.endswith(LINEAR_WEIGHTS)
             scales: dict[str, torch.Tensor] = {}
@@ -109,7 +110,7 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
                 if item.rule.split is Split.QKV:
                     local = qkv_parts(parts, hf.num_key_value_heads, mapping.tp_size, tp_rank)
                 else:
-                    local = [shard(parts[0], item.rule.split, mapping.tp_size, tp_rank)]
+                    local = [shard(part, item.rule.split, mapping.tp_size, tp_rank) for part in parts]
                 tensors = ranks[mapping.rank(tp_rank, item.pp_rank)]
                 if is_fp8:
                     prefix = item.target.removesuffix(".weight")

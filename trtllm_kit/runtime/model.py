@@ -170,7 +170,8 @@ class CheckpointModel:
                 tensors = load_file(path)
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{path} cannot be read as safetensors ({exc}).") from None
-            _check_rank(tensors, plain[rank], path)
+            # names from the plain layout, shapes from the quantized one (packed int4 halves a weight's rows)
+            _check_rank(tensors, {name: full[rank].get(name, spec) for name, spec in plain[rank].items()}, path)
             _check_quantized(tensors, full[rank], plain[rank], config.get("quantization") or {}, path)
             ranks.append(tensors)
         _check_replicas(ranks, config, dims, ckpt_dir)
