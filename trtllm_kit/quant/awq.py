@@ -12,6 +12,10 @@ The search, per linear, over the calibration windows (each window or batch one s
   linear's output and its output with inputs ``x / s`` and weights ``fake_int4(W · s)``, summed over the steps;
 * the scale of the alpha with the least loss (the first on a tie) is the linear's ``best_scale``.
 
+The steps' losses are summed in step order for each alpha, as ModelOpt sums them; the kit keeps a few steps'
+inputs and outputs and makes each alpha's quantized weight once for all of them, where ModelOpt makes it again
+at every step.
+
 The export divides each input channel of the weight by ``1 / best_scale`` (``pre_quant_scale`` is that
 ``1 / best_scale`` in the weight dtype) and quantizes groups of 128 with ``weight_scale = amax / 7`` (float32,
 ``[out, in/128]``): the codes are ``round(W / weight_scale)`` clamped to [-8, 7], packed two output rows per byte
@@ -26,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_kit.layout import AWQ_GROUP_SIZE
+from trtllm_kit.quant.calib_size import AWQ_PENDING_BYTES
 
 GROUP_SIZE = AWQ_GROUP_SIZE
 INT4_MAX = 7.0
@@ -98,6 +103,8 @@ class ScaleSearch:
     x_sum: torch.Tensor | None = None
     num_steps: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    pending_bytes: int = 0
     w_profile: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -120,21 +127,32 @@ class ScaleSearch:
         return self.x_sum / self.num_steps
 
     def search(self, x: torch.Tensor, output: torch.Tensor) -> None:
-        """Second pass: add one step's loss for every alpha.
+        """Second pass: one step's input and output, whose loss for every alpha is added in step order once
+        ``AWQ_PENDING_BYTES`` of steps wait (each alpha's quantized weight is then made once for all of them).
 
         Arguments:
             x: the linear's input for the step; output: the linear's unquantized output for it.
         """
+        self.pending.append((x, output))
+        self.pending_bytes += x.numel() * x.element_size() + output.numel() * output.element_size()
+        if self.pending_bytes >= AWQ_PENDING_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add the waiting steps' losses, step by step for each alpha (the sums are those of one step at a time)."""
         x_profile = self.x_profile
         for number, alpha in enumerate(ALPHAS):
             scale = smoothing_scale(x_profile, self.w_profile, alpha)
-            smoothed_x = x * (1 / scale).to(self.weight.dtype)
+            inverse = (1 / scale).to(self.weight.dtype)
             quantized = fake_int4(self.weight * scale.to(self.weight.dtype))
-            out = F.linear(smoothed_x, quantized, self.bias)
-            self.losses[number] += (out - output).float().pow(2).mean()
+            for x, output in self.pending:
+                out = F.linear(x * inverse, quantized, self.bias)
+                self.losses[number] += (out - output).float().pow(2).mean()
+        self.pending, self.pending_bytes = [], 0
 
     def best_scale(self) -> torch.Tensor:
         """The scale of the alpha with the least summed loss (float32 ``[in]``)."""
+        self.flush()
         losses = [float(loss) for loss in self.losses]
         best = losses.index(min(losses))
         return smoothing_scale(self.x_profile, self.w_profile, ALPHAS[best])
