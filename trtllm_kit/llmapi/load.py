@@ -72,8 +72,7 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
     algo, kv_algo = read_quantization(ckpt_dir)
     dtype = resolve_dtype("auto", hf)
-    runtime_algo = None if algo == "W4A16_AWQ" else algo  # dequantized AWQ weights are plain ones
-    quantization = {**default_quantization(), "quant_algo": runtime_algo, "kv_cache_quant_algo": kv_algo,
+    quantization = {**default_quantization(), "quant_algo": algo, "kv_cache_quant_algo": kv_algo,
                     "exclude_modules": ["lm_head"] if algo else None}  # the TensorRT-LLM checkpoint's spelling
     config = checkpoint_config(hf, model.family, mapping, dtype, quantization)
     ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(mapping.world_size)]

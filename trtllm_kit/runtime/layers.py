@@ -28,7 +28,7 @@ Weights = dict[str, torch.Tensor]
 QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
                "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
                "NVFP4",  # NVFP4: the loader dequantizes the weights, which then run as plain linears
-               "W4A16_AWQ")  # W4A16 AWQ: prepare_weights dequantizes them (code · scale · prequant scale)
+               "W4A16_AWQ")  # W4A16 AWQ: dequantized (code · scale · prequant scale) by prepare_weights or the loader
 KV_ALGOS = (None, "INT8", "FP8")
 LINEAR_WEIGHTS = tuple(f"{module}.weight" for module in LINEARS)
 AWQ_SCALES = (".weights_scaling_factor", ".prequant_scaling_factor")
@@ -142,7 +142,8 @@ def prepare_weights(tensors: Weights, quantization: dict[str, Any], compute_dtyp
     for name, tensor in tensors.items():
         if is_awq and name.endswith(AWQ_SCALES):
             continue
-        if is_awq and name.endswith(LINEAR_WEIGHTS):
+        if is_awq and name.endswith(LINEAR_WEIGHTS) and tensor.dtype == torch.int8:  # (the llmapi loader's are
+            # dequantized already)
             prefix = name.removesuffix(".weight")
             weight = int4_dequantize(tensor.view(torch.uint8), tensors[f"{prefix}.weights_scaling_factor"])
             prepared[name] = (weight * tensors[f"{prefix}.prequant_scaling_factor"].float()).to(compute_dtype)
