@@ -4,6 +4,7 @@ checkpoint's dequantized weights and its smoothed norms."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,21 @@ def test_awq_artifact_runs_token_exact_against_the_dequantized_reference(name: s
     source = load_causal_lm(builtin_dir(name), torch.float32)
     layer = "model.layers.0.mlp.down_proj.weight"
     assert not torch.equal(dict(source.named_parameters())[layer], dict(reference.named_parameters())[layer])
+
+
+def test_plan_describes_awq_and_its_search_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["plan", "builtin:tiny-llama", "--target", "llmapi", "--quant", "int4-awq", "--gpu", "H100-80GB",
+                "--out", str(tmp_path / "out"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert any(n.startswith("W4A16 AWQ: int4 weights in groups of 128") for n in report["llmapi"]["notes"])
+    calibration = report["calibration"]
+    assert calibration["search_bytes"] > 0
+    assert calibration["peak_bytes"] == sum(calibration[k] for k in ("layer_bytes", "activation_bytes", "kv_bytes",
+                                                                    "search_bytes"))
+    assert run(["plan", "builtin:tiny-llama", "--target", "engine", "--quant", "int4-awq", "--gpu", "H100-80GB",
+                "--out", str(tmp_path / "awq"), "--json"]) == 0
+    awq = json.loads(capsys.readouterr().out)["plan"]["ranks"][0]["weight_bytes"]
+    assert run(["plan", "builtin:tiny-llama", "--target", "engine", "--gpu", "H100-80GB", "--out",
+                str(tmp_path / "plain"), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["plan"]["ranks"][0]["weight_bytes"]
+    assert awq < plain

@@ -26,7 +26,6 @@ DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
 GPU_BATCH_SIZE = 8  # windows per forward pass on a GPU; one on a CPU, where batching gains little
 AWQ_PENDING_BYTES = 64 << 20  # inputs and outputs one linear's AWQ search keeps before it adds their losses
-NUM_LINEARS = 7  # q, k, v, o, gate, up, down: the linears of a decoder layer the AWQ search runs at once
 
 @dataclass(frozen=True)
 class CalibSize:
@@ -115,7 +114,7 @@ def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bo
     """What a layer-streamed calibration of ``hf`` holds at its peak. The AWQ search quantizes one scaled copy of
     the largest linear at a time (the scaled weight and its result in the compute dtype, two float32 work copies),
     compares one batch's outputs (the quantized output in the compute dtype, the difference in float32) and keeps
-    up to ``AWQ_PENDING_BYTES`` of steps per linear.
+    each linear's windows, at most ``AWQ_PENDING_BYTES`` of them.
 
     Arguments:
         hf: the model's config; size: the calibration size (its device decides the batch); dtype: the compute
@@ -129,5 +128,8 @@ def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bo
     search = 0
     if search_awq:
         tokens = batch * size.seq_len * hf.intermediate_size
-        search = h * hf.intermediate_size * (2 * per + 2 * 4) + tokens * (per + 4) + NUM_LINEARS * AWQ_PENDING_BYTES
+        q, k, inter = hf.num_attention_heads * d, hf.num_key_value_heads * d, hf.intermediate_size
+        features = [h + q, h + k, h + k, q + h, h + inter, h + inter, inter + h]  # in + out of each linear
+        kept = sum(min(AWQ_PENDING_BYTES, size.samples * size.seq_len * f * per) for f in features)
+        search = h * inter * (2 * per + 2 * 4) + tokens * (per + 4) + kept
     return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per, search)
