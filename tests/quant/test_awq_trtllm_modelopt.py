@@ -71,6 +71,7 @@ def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, tmp_pa
     ours = tmp_path / "kit"
     convert_checkpoint(model, ours, tp_size=tp_size, dtype="bfloat16", quant=config, stats=stats)
     ref = modelopt_trtllm(model, tmp_path / "modelopt", config, tp_size)
+    vocab = {name: ([], []) for name in PADDED}  # each side's vocabulary rows, rank after rank
     for rank in range(tp_size):
         with safe_open(str(ours / f"rank{rank}.safetensors"), framework="pt") as got, \
                 safe_open(str(ref / f"rank{rank}.safetensors"), framework="pt") as want:
@@ -80,9 +81,15 @@ def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, tmp_pa
             for name in got.keys():  # noqa: SIM118
                 mine, theirs = got.get_tensor(name), want.get_tensor(name)
                 if name in PADDED:
-                    assert not theirs[mine.shape[0]:].any(), name
-                    theirs = theirs[:mine.shape[0]]
+                    vocab[name][0].append(mine)
+                    vocab[name][1].append(theirs)
+                    continue
                 assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), name
+    num_rows = json.loads((resolve_model_path(model) / "config.json").read_text())["vocab_size"]
+    for name, (mine_parts, their_parts) in vocab.items():
+        mine, theirs = torch.cat(mine_parts), torch.cat(their_parts)
+        assert not mine[num_rows:].any() and not theirs[num_rows:].any(), name
+        assert torch.equal(mine[:num_rows], theirs[:num_rows]), name
     quantization = json.loads((ours / "config.json").read_text())["quantization"]
     assert quantization == json.loads((ref / "config.json").read_text())["quantization"]
     assert quantization["quant_algo"] == "W4A16_AWQ" and quantization["pre_quant_scale"] is True
