@@ -71,3 +71,22 @@ def test_plan_describes_awq_and_its_search_memory(tmp_path: Path, capsys: pytest
                 str(tmp_path / "plain"), "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["plan"]["ranks"][0]["weight_bytes"]
     assert awq < plain
+
+
+def test_a_modelopt_awq_checkpoint_is_served_as_it_is(tmp_path: Path) -> None:
+    """ModelOpt's own W4A16 AWQ export, built for llmapi (copied, not re-quantized), runs token-exact too."""
+    from test_fp8_modelopt import modelopt_export
+
+    pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed")
+    source = modelopt_export("builtin:tiny-llama", tmp_path / "modelopt", "INT4_AWQ_CFG", kv_fp8=False, samples=2,
+                             seq_len=16, per_batch=1)
+    for tokenizer_file in builtin_dir("tiny-llama").glob("tokenizer*"):
+        (source / tokenizer_file.name).write_bytes(tokenizer_file.read_bytes())
+    out = tmp_path / "out"
+    assert run(["build", str(source), "--target", "llmapi", "--until", "checkpoint", "--out", str(out)]) == 0
+    ckpt = out / "checkpoint"
+    assert (ckpt / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    runtime = load_unified(ckpt)
+    reference = dequantized_reference("tiny-llama", ckpt)
+    for prompt in PROMPTS:
+        assert greedy(runtime.forward, prompt) == greedy(lambda ids: reference(ids).logits, prompt)
