@@ -86,8 +86,14 @@ def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, tmp_pa
                     continue
                 assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), name
     num_rows = json.loads((resolve_model_path(model) / "config.json").read_text())["vocab_size"]
+    configs = [json.loads((side / "config.json").read_text()) for side in (ours, ref)]
+
+    def gathered(name: str, parts: list[torch.Tensor], config: dict) -> torch.Tensor:
+        is_split = name == "lm_head.weight" or config.get("use_parallel_embedding")
+        return torch.cat(parts) if is_split else parts[0]
+
     for name, (mine_parts, their_parts) in vocab.items():
-        mine, theirs = torch.cat(mine_parts), torch.cat(their_parts)
+        mine, theirs = gathered(name, mine_parts, configs[0]), gathered(name, their_parts, configs[1])
         assert not mine[num_rows:].any() and not theirs[num_rows:].any(), name
         assert torch.equal(mine[:num_rows], theirs[:num_rows]), name
     quantization = json.loads((ours / "config.json").read_text())["quantization"]

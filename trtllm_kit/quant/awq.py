@@ -84,10 +84,13 @@ def fake_int4(weight: torch.Tensor) -> torch.Tensor:
     amax = torch.maximum(groups.amax(1, keepdim=True).abs(), groups.amin(1, keepdim=True).abs()).float()
     scale = torch.tensor(INT4_MAX) / amax
     empty = amax <= ZERO_AMAX
-    scale[empty] = 0.0
-    codes = (groups.float() * scale).round_().clamp_(INT4_MIN, INT4_MAX)
-    scale[empty] = 1.0
-    return (codes / scale).to(weight.dtype).reshape(weight.shape)
+    has_empty = bool(empty.any())
+    if has_empty:
+        scale[empty] = 0.0
+    work = groups.float().mul_(scale).round_().clamp_(INT4_MIN, INT4_MAX)  # one float32 copy, worked in place
+    if has_empty:
+        scale[empty] = 1.0
+    return work.div_(scale).to(weight.dtype).reshape(weight.shape)
 
 
 @dataclass
