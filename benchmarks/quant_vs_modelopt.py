@@ -1,6 +1,6 @@
 """HF checkpoint → quantized unified checkpoint: the kit against NVIDIA ModelOpt, and the quantization kernels' rate.
 
-    python benchmarks/quant_vs_modelopt.py [--preset small] [--formats fp8,nvfp4] [--runs 3] [--json]
+    python benchmarks/quant_vs_modelopt.py [--preset small] [--formats fp8,nvfp4,int4-awq] [--runs 3] [--json]
 
 Writes a synthetic Llama-shaped bf16 checkpoint (``scripts/synthetic_checkpoint.py``, with the built-in tiny-llama's
 tokenizer beside it), then for each format runs the whole path, calibration included, ``--runs`` times with the two
@@ -9,7 +9,7 @@ producers' turns alternating, each in a fresh process:
 * kit:      ``trtllm-kit build DIR --target llmapi --quant FORMAT --until checkpoint --no-verify`` (layer-streamed
             calibration in bfloat16, then the export);
 * modelopt: ``AutoModelForCausalLM.from_pretrained(bfloat16)``, ``mtq.quantize`` with the format's default config
-            (max calibration) over the same token windows, ``export_hf_checkpoint``.
+            (max calibration; ``awq_lite`` for INT4 AWQ) over the same token windows, ``export_hf_checkpoint``.
 
 Both calibrate on ``--calib-samples`` windows of ``--calib-seq-len`` tokens (the kit's ``token_windows``, so the
 same tokens). Each run reports wall time, peak anonymous memory (``RssAnon`` sampled every 5 ms: what the process
@@ -38,7 +38,7 @@ from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FORMATS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
+FORMATS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG", "int4-awq": "INT4_AWQ_CFG"}
 
 RUNNER = """
 import json, resource, subprocess, sys, time
@@ -158,6 +158,7 @@ def kernel_rates(repeat: int = 5) -> list[KernelFigures]:
 
     import torch
 
+    from trtllm_kit.llmapi.awq_entries import awq_quantize
     from trtllm_kit.llmapi.quant_format import quantize_weight, weight_scale
     from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize_rows
 
@@ -174,6 +175,8 @@ def kernel_rates(repeat: int = 5) -> list[KernelFigures]:
             "fp8-cast": partial(quantize_weight, weight, weight_scale(amax), pool, threads),
             "nvfp4-block": partial(nvfp4_quantize_rows, weight, global_scale(amax), pool, threads),
         }
+        if threads == 1:
+            kernels["awq-pack"] = partial(awq_quantize, weight)
         for kernel, run in kernels.items():
             torch.set_num_threads(threads if kernel == "copy" else 1)  # the quantizers' threads are the pool's
             run()  # untimed warm-up

@@ -76,13 +76,15 @@ class Target(Choice):
 
 
 class Quant(Choice):
-    """Weight/activation quantization: none, INT8 weight-only (W8A16), INT8 SmoothQuant, FP8, NVFP4 (llmapi)."""
+    """Weight/activation quantization: none, INT8 weight-only (W8A16), INT8 SmoothQuant, FP8, NVFP4 (llmapi),
+    INT4 AWQ (W4A16, llmapi and engine)."""
 
     NONE = "none"
     INT8_WO = "int8-wo"
     INT8_SQ = "int8-sq"
     FP8 = "fp8"
     NVFP4 = "nvfp4"
+    INT4_AWQ = "int4-awq"
 
 
 class CalibDtype(Choice):

@@ -29,6 +29,8 @@ ROW_LINEARS = {"attention.dense": "attention.quantization_scaling_factor",
                "mlp.proj": "mlp.quantization_scaling_factor"}
 KV_SCALE_NAME = "attention.kv_cache_scaling_factor"
 SQ_PREFIX = "W8A8_SQ_"
+AWQ_GROUP_SIZE = 128  # input features per INT4 AWQ weight scale
+PACKED_ALGOS = ("NVFP4", "W4A16_AWQ")  # 4-bit weights, two per byte
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,10 @@ class QuantLayout:
         return self.quant_algo == "FP8"
 
     @property
+    def is_awq(self) -> bool:
+        return self.quant_algo == "W4A16_AWQ"
+
+    @property
     def is_smoothquant(self) -> bool:
         return (self.quant_algo or "").startswith(SQ_PREFIX)
 
@@ -218,6 +224,11 @@ def quant_entries(name: str, spec: TensorSpec, quant: QuantLayout) -> list[tuple
     if quant.is_fp8 and module in LINEARS:
         entries = [(name, TensorSpec(spec.shape, FP8)), (f"{prefix}.weights_scaling_factor", scalar),
                    (f"{prefix}.activation_scaling_factor", scalar)]
+    elif quant.is_awq and module in LINEARS:  # int4 two output rows per byte (ModelOpt's TensorRT-LLM export)
+        out_local, in_local = spec.shape
+        entries = [(name, TensorSpec((out_local // 2, in_local), "int8")),
+                   (f"{prefix}.weights_scaling_factor", TensorSpec((out_local, in_local // AWQ_GROUP_SIZE), F32)),
+                   (f"{prefix}.prequant_scaling_factor", TensorSpec((in_local,), spec.dtype))]
     elif quant.is_smoothquant and module in NORM_INPUTS:
         entries.append((f"{prefix}.scale_to_int", scalar))
     elif quant.is_smoothquant and module in LINEARS:

@@ -31,7 +31,9 @@ from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BL
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GIB, GPU
 from trtllm_kit.layout import (
+    AWQ_GROUP_SIZE,
     LINEAR_WEIGHTS,
+    PACKED_ALGOS,
     SQ_PREFIX,
     Mapping,
     QuantLayout,
@@ -185,7 +187,7 @@ def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision:
         hf: the model config; family: its weight table; mapping: the TP/PP layout; precision: dtype and quant.
     """
     algo = precision.quant_algo
-    if algo is not None and algo not in ("W8A16", "FP8", "NVFP4") and not (algo.startswith(SQ_PREFIX)
+    if algo is not None and algo not in ("W8A16", "FP8", *PACKED_ALGOS) and not (algo.startswith(SQ_PREFIX)
                                                                    and algo.endswith("_PLUGIN")):
         raise KitUsageError(f"the planner has no weight formula for quant_algo {algo}; plan without it.")
     quant = QuantLayout(algo, precision.kv_cache_quant_algo)
@@ -193,16 +195,21 @@ def rank_weight_bytes(hf: HFConfig, family: Family, mapping: Mapping, precision:
     stages = []
     for pp_rank in range(mapping.pp_size):  # every rank of a stage holds the same shapes
         tensors = rank_tensors(hf, family, mapping, mapping.rank(0, pp_rank), quant, precision.dtype)
-        stages.append(sum(_linear_bytes(algo, spec.shape, item) if algo in ("W8A16", "NVFP4")
+        stages.append(sum(_linear_bytes(algo, spec.shape, item) if algo in ("W8A16", *PACKED_ALGOS)
                           and name.endswith(LINEAR_WEIGHTS) else spec.nbytes for name, spec in tensors.items()))
     return [stages[mapping.pp_rank(rank)] for rank in mapping.ranks()]
 
 
 def _linear_bytes(algo: str, shape: tuple[int, ...], item: int) -> int:
     """W8A16: int8 weights and ``out`` scales in the model dtype; NVFP4: e2m1 two per byte, an e4m3 scale per 16
-    elements and two float32 scalars (``quant/nvfp4.py``)."""
+    elements and two float32 scalars (``quant/nvfp4.py``); W4A16 AWQ: int4 two per byte, a float32 scale per 128
+    elements and a ``pre_quant_scale`` per input feature (``quant/awq.py``)."""
     numel = math.prod(shape)
-    return numel + shape[0] * item if algo == "W8A16" else numel // 2 + numel // 16 + 8
+    if algo == "W8A16":
+        return numel + shape[0] * item
+    if algo == "W4A16_AWQ":
+        return numel // 2 + numel // AWQ_GROUP_SIZE * 4 + shape[-1] * item
+    return numel // 2 + numel // 16 + 8
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_bytes: int) -> int:

@@ -46,22 +46,25 @@ def tensors(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def modelopt_export(model: str, out: Path, config_name: str = "FP8_DEFAULT_CFG", kv_fp8: bool = True) -> Path:
-    """ModelOpt's ``mtq.quantize`` (max calibration on the kit's windows) and ``export_hf_checkpoint``."""
+def modelopt_export(model: str, out: Path, config_name: str = "FP8_DEFAULT_CFG", kv_fp8: bool = True,
+                    samples: int = SAMPLES, seq_len: int = SEQ_LEN, per_batch: int = 8,
+                    attention: str = "sdpa") -> Path:
+    """ModelOpt's ``mtq.quantize`` (its calibration on the kit's windows, ``per_batch`` per forward pass) and
+    ``export_hf_checkpoint``."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(model)
-    windows = token_windows(path, QuantConfig(quant="fp8", kv_cache="fp8", calib_samples=SAMPLES,
-                                              calib_seq_len=SEQ_LEN))
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16)
+    windows = token_windows(path, QuantConfig(quant="fp8", kv_cache="fp8", calib_samples=samples,
+                                              calib_seq_len=seq_len))
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, attn_implementation=attention)
     config = copy.deepcopy(getattr(mtq, config_name))
     if kv_fp8:
         config["quant_cfg"] = list(config["quant_cfg"]) + list(copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"])
 
     def forward_loop(module: torch.nn.Module) -> None:
         with torch.no_grad():
-            for start in range(0, len(windows), 8):
-                module(torch.tensor(windows[start:start + 8]))
+            for start in range(0, len(windows), per_batch):
+                module(torch.tensor(windows[start:start + per_batch]))
 
     mtq.quantize(hf, config, forward_loop)
     export.export_hf_checkpoint(hf, export_dir=str(out))

@@ -13,11 +13,11 @@ from trtllm_kit.cli import run
 
 torch.set_num_threads(1)
 FP8_INT8 = ("--quant fp8 cannot be combined with --kv-cache int8; with --quant fp8 use --kv-cache auto or fp8, or use "
-            "--kv-cache int8 with --quant none, int8-wo or int8-sq.")
+            "--kv-cache int8 with --quant none, int8-wo, int8-sq or int4-awq.")
 WO_FP8 = ("--quant int8-wo cannot be combined with --kv-cache fp8; with --quant int8-wo use --kv-cache auto or int8, "
-          "or use --kv-cache fp8 with --quant none, fp8 or nvfp4.")
+          "or use --kv-cache fp8 with --quant none, fp8, nvfp4 or int4-awq.")
 SQ_FP8 = ("--quant int8-sq cannot be combined with --kv-cache fp8; with --quant int8-sq use --kv-cache auto or int8, "
-          "or use --kv-cache fp8 with --quant none, fp8 or nvfp4.")
+          "or use --kv-cache fp8 with --quant none, fp8, nvfp4 or int4-awq.")
 SQ_TP4 = ("--quant int8-sq needs at least as many KV heads as --tp (the SmoothQuant plugin path cannot duplicate KV "
           "heads), but the model has 2 KV head(s) and tp is 4; use --tp 2 or less, or --quant int8-wo or fp8.")
 

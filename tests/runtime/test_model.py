@@ -182,7 +182,7 @@ def test_replicated_tensors_must_agree_across_tp_ranks(ckpt):
 
 @pytest.mark.parametrize("changes, message", [
     ({"rotary_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rotary_scaling of type 'yarn', which the CPU"),
-    ({"quantization": {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None}}, "is quantized with W4A16_AWQ"),
+    ({"quantization": {"quant_algo": "W4A8_AWQ", "kv_cache_quant_algo": None}}, "is quantized with W4A8_AWQ"),
     ({"architecture": "GPT2LMHeadModel"}, "architecture 'GPT2LMHeadModel'"),
     ({"hidden_act": "swiglu"}, "has hidden_act 'swiglu'; the CPU runtime needs 'silu'"),  # Llama: GatedMLP
     ({"architecture": "Phi3ForCausalLM"}, "has hidden_act 'silu'; the CPU runtime needs 'swiglu'"),

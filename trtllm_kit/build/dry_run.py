@@ -64,11 +64,12 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         report["lora"] = {**asdict(engine.lora), "cache": cache.to_dict()}
     if spec.quant_config().needs_calibration:
         size = choose_size(spec.quant_config(), calibration_device())
-        memory = calibration_memory(hf, size, spec.quant_config().calib_dtype)
+        memory = calibration_memory(hf, size, spec.quant_config().calib_dtype, spec.quant_config().searches_awq)
         report["calibration"] = {"samples": size.samples, "seq_len": size.seq_len, "device": size.device,
                                  "reason": size.reason, "dtype": spec.quant_config().calib_dtype,
                                  "peak_bytes": memory.total_bytes, "layer_bytes": memory.layer_bytes,
-                                 "activation_bytes": memory.activation_bytes, "kv_bytes": memory.kv_bytes}
+                                 "activation_bytes": memory.activation_bytes, "kv_bytes": memory.kv_bytes,
+                                 "search_bytes": memory.search_bytes}
     own = engine.target.own_plan(spec, hf, family, precision_of(spec, hf), engine.build_gpu, engine.lora)
     if own is not None:  # no engine: the target's recipe, memory and serve command (llmapi)
         report[engine.target.name] = own
@@ -158,7 +159,9 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
                       highlight=False, markup=False)
         console.print(f"Calibration peak memory on {c['device']}: {c['peak_bytes'] / GIB:.2f} GiB, one decoder layer "
                       f"at a time in {c['dtype']} (layer weights {c['layer_bytes'] / GIB:.2f} + activations "
-                      f"{c['activation_bytes'] / GIB:.2f} + one layer's KV {c['kv_bytes'] / GIB:.2f} GiB)",
+                      f"{c['activation_bytes'] / GIB:.2f} + one layer's KV {c['kv_bytes'] / GIB:.2f} GiB"
+                      + (f" + AWQ scale search {c['search_bytes'] / GIB:.2f} GiB" if c.get("search_bytes") else "")
+                      + ")",
                       highlight=False, markup=False)
     stages = Table("stage", "status", "why")
     for row in report["stages"]:

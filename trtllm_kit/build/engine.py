@@ -46,7 +46,9 @@ def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machi
         target, reason = choose_target(spec.build.target, machine, plan_only=plan_only or not compile_requested)
     else:
         target, reason = choose_target("cpu", machine)[0], "engine stage not run"
-    target.check_spec(spec)
+    # a checkpoint built for a named target (engine --until checkpoint) is checked against that target's needs
+    named = get_target(spec.build.target) if spec.build.target != "auto" else target
+    named.check_spec(spec)
     gpu = resolve_gpu(spec.build.gpu, spec.build.gpu_memory, list(machine.gpus))
     plan = None
     if gpu is not None:

@@ -4,8 +4,10 @@ The backend shards at load time (column/row splits of each HF tensor, KV heads d
 tp), fuses q/k/v and gate/up, and for FP8 gives a fused linear the largest of its parts' ``weight_scale`` and
 ``input_scale``, rescaling each part's e4m3 weights to it (``FP8QDQLinearMethod``); an FP8 KV cache runs with
 unit scales, whatever ``k_scale``/``v_scale`` say. NVFP4 weights are dequantized (``e2m1 · weight_scale ·
-weight_scale_2``, float32) and run as plain linears. The result here is the same per-rank tensors in the CPU
-runtime's layout (``CheckpointModel``), so its TP partial sums and PP stages run as the GPUs would.
+weight_scale_2``, float32) and run as plain linears; so are W4A16 AWQ weights (``code · weight_scale``,
+times ``pre_quant_scale`` per input channel where the checkpoint has one). The result here is the same per-rank
+tensors in the CPU runtime's layout (``CheckpointModel``), so its TP partial sums and PP stages run as the GPUs
+would.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, default_quant
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
-from trtllm_kit.models.base import Split
+from trtllm_kit.models.base import Slice, Split
 from trtllm_kit.models.inspect import ModelSpec, inspect_model
+from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import fp8_quantize
 from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
 from trtllm_kit.quant.prequantized import detect_prequantized
@@ -36,6 +39,7 @@ from trtllm_kit.runtime.model import CheckpointModel
 F32 = torch.float32
 # TensorRT-LLM modules whose HF parts share one FP8 scale when fused (gate_up: fc and gate read both)
 FUSED_PARTS = {"mlp.fc": ("gate_proj", "up_proj"), "mlp.gate": ("gate_proj", "up_proj")}
+DEQUANTIZED = ("NVFP4", "W4A16_AWQ")  # formats whose weights the loader dequantizes to float32 plain linears
 
 
 def read_quantization(ckpt_dir: Path) -> tuple[str | None, str | None]:
@@ -48,9 +52,9 @@ def read_quantization(ckpt_dir: Path) -> tuple[str | None, str | None]:
     fmt = detect_prequantized(ckpt_dir)
     if fmt is None:
         return None, None
-    if fmt.quant_algo not in ("FP8", "NVFP4") or fmt.strategy != "tensor":
+    if fmt.quant_algo not in DEQUANTIZED and (fmt.quant_algo != "FP8" or fmt.strategy != "tensor"):
         raise CheckpointError(f"{ckpt_dir} is {fmt.label} ({fmt.declared_in}); the CPU runtime runs unquantized, "
-                              "per-tensor FP8 and NVFP4 unified checkpoints.")
+                              "per-tensor FP8, NVFP4 and W4A16 AWQ unified checkpoints.")
     return fmt.quant_algo, fmt.kv_cache_quant_algo
 
 
@@ -83,22 +87,29 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             if algo == "NVFP4" and tensor.dtype == torch.uint8 and LAYER_LINEAR.match(name):
                 module = name.removesuffix(".weight")
                 return nvfp4_dequantize(tensor, read(f"{module}.weight_scale"), read(f"{module}.weight_scale_2"))
+            if algo == "W4A16_AWQ" and tensor.dtype == torch.uint8 and LAYER_LINEAR.match(name):
+                module = name.removesuffix(".weight")
+                weight = int4_dequantize(tensor, read(f"{module}.weight_scale"))
+                if f"{module}.pre_quant_scale" in model.tensors:  # x · s · W = x · (W · s)
+                    weight = weight * read(f"{module}.pre_quant_scale").float()
+                return weight
             return tensor
 
         for item in work_items(model, mapping):
-            parts = [read(name) for name in item.sources]
+            parts = [read(source.name)[source.start:source.stop] if isinstance(source, Slice) else read(source)
+                     for source in item.reads]  # Phi-3's fused qkv_proj and gate_up_proj: their row ranges
             module = item.rule.name.removeprefix("transformer.layers.{}.").removesuffix(".weight")
             is_fp8 = algo == "FP8" and item.rule.name.endswith(LINEAR_WEIGHTS)
             scales: dict[str, torch.Tensor] = {}
             if is_fp8:
                 parts, scales = _fp8_group(model, item.sources, module, read)
-            elif algo != "NVFP4" or not item.rule.name.endswith(LINEAR_WEIGHTS):
-                parts = [p.to(getattr(torch, dtype)) for p in parts]  # (dequantized NVFP4 stays float32)
+            elif algo not in DEQUANTIZED or not item.rule.name.endswith(LINEAR_WEIGHTS):
+                parts = [p.to(getattr(torch, dtype)) for p in parts]  # (dequantized weights stay float32)
             for tp_rank in range(mapping.tp_size):
                 if item.rule.split is Split.QKV:
                     local = qkv_parts(parts, hf.num_key_value_heads, mapping.tp_size, tp_rank)
                 else:
-                    local = [shard(parts[0], item.rule.split, mapping.tp_size, tp_rank)]
+                    local = [shard(part, item.rule.split, mapping.tp_size, tp_rank) for part in parts]
                 tensors = ranks[mapping.rank(tp_rank, item.pp_rank)]
                 if is_fp8:
                     prefix = item.target.removesuffix(".weight")

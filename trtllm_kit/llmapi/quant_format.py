@@ -16,6 +16,7 @@ import torch
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.fp8 import FP8_MAX
 
@@ -147,6 +148,8 @@ def hf_quant_config(config: QuantConfig) -> dict[str, Any]:
     quantization: dict[str, Any] = {"quant_algo": config.quant_algo, "kv_cache_quant_algo": config.kv_cache_quant_algo}
     if config.quant_algo == "NVFP4":
         quantization["group_size"] = NVFP4_GROUP_SIZE
+    if config.quant_algo == "W4A16_AWQ":
+        quantization.update({"group_size": AWQ_GROUP_SIZE, "has_zero_point": False, "pre_quant_scale": True})
     quantization["exclude_modules"] = list(EXCLUDED_MODULES) if config.quant_algo else None
     return {"producer": {"name": PRODUCER, "version": __version__}, "quantization": quantization}
 
@@ -161,7 +164,9 @@ def inline_quantization_config(config: QuantConfig) -> dict[str, Any]:
     scheme = fp8 if config.quant_algo == "FP8" else {"dynamic": False, "num_bits": 4, "type": "float",
                                                       "group_size": NVFP4_GROUP_SIZE}
     inline: dict[str, Any] = {}
-    if config.quant_algo:
+    if config.quant_algo == "W4A16_AWQ":  # ModelOpt writes no config_groups for it
+        inline["ignore"] = list(EXCLUDED_MODULES)
+    elif config.quant_algo:
         inline["config_groups"] = {"group_0": {"input_activations": dict(scheme), "weights": dict(scheme),
                                                "targets": ["Linear"]}}
         inline["ignore"] = list(EXCLUDED_MODULES)

@@ -6,7 +6,8 @@ Each input safetensors file becomes one output shard with the same tensors in th
 converter's ``SafetensorsWriter``); with ``--quant fp8`` every decoder linear becomes e4m3 weights plus
 float32 scalar ``weight_scale`` and ``input_scale`` (ModelOpt's unified format), with ``--quant nvfp4`` packed
 e2m1 weights plus e4m3 block ``weight_scale``, float32 ``weight_scale_2`` and ``input_scale``
-(``quant/nvfp4.py``), and ``--kv-cache fp8`` adds
+(``quant/nvfp4.py``), with ``--quant int4-awq`` packed int4 weights, float32 group ``weight_scale`` and
+``pre_quant_scale`` where no norm took it (``llmapi/awq_entries.py``), and ``--kv-cache fp8`` adds
 ``k_proj.k_scale`` / ``v_proj.v_scale``. ``config.json`` (dtype and ``quantization_config`` updated),
 ``generation_config.json``, ``hf_quant_config.json`` and the tokenizer files complete the directory.
 """
@@ -26,6 +27,7 @@ import torch
 from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
+from trtllm_kit.llmapi.awq_entries import AWQ_NORM, awq_entries, awq_quantize
 from trtllm_kit.llmapi.quant_format import (
     KV_SCALES,
     LAYER_LINEAR,
@@ -41,6 +43,7 @@ from trtllm_kit.llmapi.quant_format import (
 )
 from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.awq_fold import AwqFold
 from trtllm_kit.quant.blocks import default_workers
 from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize_rows
@@ -55,7 +58,7 @@ OnTensor = Any  # (name, bytes read) -> None
 class Entry:
     """One output tensor: its name, dtype and shape, the HF tensor it comes from and how (``copy``, ``fp8``,
     ``weight_scale``, ``input_scale``, ``k_scale``, ``v_scale``; NVFP4: ``nvfp4``, ``block_scale``,
-    ``weight_scale_2``, ``nvfp4_input_scale``)."""
+    ``weight_scale_2``, ``nvfp4_input_scale``; AWQ: ``int4``, ``int4_scale``, ``pre_quant_scale``, ``awq_norm``)."""
 
     name: str
     dtype: torch.dtype
@@ -98,10 +101,14 @@ def plan_entries(model: ModelSpec, dtype: torch.dtype, quant: QuantConfig) -> li
         if name in ignored:
             continue
         entries = by_file[info.path]
-        linear = LAYER_LINEAR.match(name) if quant.quant_algo in ("FP8", "NVFP4") else None
-        if linear is None:
+        linear = LAYER_LINEAR.match(name) if quant.quant_algo in ("FP8", "NVFP4", "W4A16_AWQ") else None
+        if linear is None and quant.quant_algo == "W4A16_AWQ" and AWQ_NORM.match(name):
+            entries.append(Entry(name, dtype, info.shape, name, "awq_norm"))
+        elif linear is None:
             keep = info.dtype if not info.dtype.is_floating_point else dtype
             entries.append(Entry(name, keep, info.shape, name, "copy"))
+        elif quant.quant_algo == "W4A16_AWQ":
+            entries += awq_entries(name, linear.group(1), info.shape, dtype)
         elif quant.quant_algo == "FP8":
             module = linear.group(1)
             entries += [Entry(name, torch.float8_e4m3fn, info.shape, name, "fp8"),
@@ -171,6 +178,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
     weight_map: dict[str, str] = {}
     total, quantized = 0, []
     workers = default_workers()
+    fold = AwqFold(stats, target) if quant.quant_algo == "W4A16_AWQ" and stats is not None else None
     with ExitStack() as stack:
         stack.enter_context(_torch_threads(1))  # the FP8 blocks run on their own threads, one intra-op thread each
         reader = TensorReader(model, stack)
@@ -197,17 +205,33 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                     while len(pending) > 2:
                         pending.pop(0).result()
 
-                block_scales: dict[str, torch.Tensor] = {}  # NVFP4: the weight's block scales, written next
+                block_scales: dict[str, torch.Tensor] = {}  # NVFP4, AWQ: the weight's scales, written next
                 try:
                     for entry in entries:
-                        if entry.kind == "block_scale":
+                        if entry.kind in ("block_scale", "int4_scale"):
                             write(entry.name, block_scales.pop(entry.source))
                             continue
-                        if entry.kind not in ("copy", "fp8", "nvfp4"):
+                        if entry.kind == "pre_quant_scale":
+                            assert fold is not None, "AWQ entries exist only with a fold"
+                            write(entry.name, fold.shared_scale(entry.source.removesuffix(".weight")))
+                            continue
+                        if entry.kind not in ("copy", "fp8", "nvfp4", "int4", "awq_norm"):
                             write(entry.name, _scale(entry, stats).reshape(entry.shape))
                             continue
                         original = reader.read(entry.source)
-                        if entry.kind == "nvfp4":
+                        if entry.kind == "awq_norm":
+                            assert fold is not None, "AWQ entries exist only with a fold"
+                            write(entry.name, fold.norm(entry.source.removesuffix(".weight"), original))
+                        elif entry.kind == "int4":
+                            assert fold is not None, "AWQ entries exist only with a fold"
+                            module = entry.source.removesuffix(".weight")
+                            weight = original.to(target)
+                            if not bool(weight.isfinite().all()):
+                                check_finite(entry.source, original, original, resolved)
+                            packed, block_scales[entry.source] = awq_quantize(fold.weight(module, weight))
+                            write(entry.name, packed)
+                            quantized.append(module)
+                        elif entry.kind == "nvfp4":
                             scale_2 = _scale(Entry(entry.name, F32, (), entry.source, "weight_scale_2"), stats)
                             weight = original.to(target)
                             if not bool(weight.isfinite().all()):

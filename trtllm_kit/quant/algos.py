@@ -10,6 +10,7 @@ from typing import Any
 
 from trtllm_kit.enums import CalibDtype, KVCache, Quant
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE
 
 QUANT_CHOICES = Quant.values()
 KV_CACHE_CHOICES = KVCache.values()
@@ -29,13 +30,18 @@ VALID_COMBINATIONS: dict[str, tuple[str, ...]] = {
     "int8-sq": ("auto", "int8"),
     "fp8": ("auto", "fp8"),
     "nvfp4": ("auto", "fp8"),
+    "int4-awq": ("auto", "int8", "fp8"),
 }
 NVFP4_MIN_SM = (10, 0)  # FP4 tensor cores: Blackwell
-# --quant values only the llmapi target exports (ModelOpt's unified format), and why elsewhere they are refused
-LLMAPI_ONLY = {
+# --quant values some targets do not export: the targets that do, and why elsewhere they are refused
+TARGETS_OF = {"nvfp4": ("llmapi",), "int4-awq": ("llmapi", "engine")}
+REFUSED_TARGET = {
     "nvfp4": "--quant nvfp4 is exported for --target llmapi only (ModelOpt's unified format, which TensorRT-LLM's "
              "PyTorch backend serves on Blackwell GPUs, compute capability >= 10.0); build with --target llmapi "
              "or choose --quant fp8 for the {target} target.",
+    "int4-awq": "--quant int4-awq is exported for --target llmapi and --target engine (TensorRT-LLM's W4A16 AWQ "
+                "kernels run on GPUs), not for the {target} target; build with one of those targets, or choose "
+                "--quant int8-wo for the {target} target.",
 }
 DEFAULT_CALIB_SEED = 1234
 DEFAULT_SMOOTHQUANT_ALPHA = 0.5
@@ -103,7 +109,7 @@ class QuantConfig:
             return "W8A16"
         if self.quant == "int8-sq":
             return SQ_ALGOS[(self.per_channel, self.per_token)]
-        return {"fp8": "FP8", "nvfp4": "NVFP4"}.get(self.quant)
+        return {"fp8": "FP8", "nvfp4": "NVFP4", "int4-awq": "W4A16_AWQ"}.get(self.quant)
 
     @property
     def kv_cache_quant_algo(self) -> str | None:
@@ -115,16 +121,21 @@ class QuantConfig:
 
     @property
     def needs_calibration(self) -> bool:
-        """Every algorithm except W8A16 needs activation ranges (NVFP4 for its global input and weight scales),
-        and so does any KV-cache quantization."""
-        return self.quant in ("int8-sq", "fp8", "nvfp4") or self.kv_cache_quant_algo is not None
+        """Every algorithm except W8A16 needs activation ranges (NVFP4 for its global input and weight scales,
+        INT4 AWQ for its scale search), and so does any KV-cache quantization."""
+        return self.quant in ("int8-sq", "fp8", "nvfp4", "int4-awq") or self.kv_cache_quant_algo is not None
+
+    @property
+    def searches_awq(self) -> bool:
+        """Whether calibration searches INT4 AWQ scales (``quant/awq.py``)."""
+        return self.quant == "int4-awq"
 
     def quantization_block(self) -> dict[str, Any]:
         """The ``quantization`` object of the checkpoint ``config.json`` (portable keys only,
         docs/trtllm-checkpoint.md §2.3)."""
-        return {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo, "group_size": 128,
-                "has_zero_point": False, "pre_quant_scale": False,
-                "exclude_modules": ["lm_head"] if self.quant == "fp8" else None}
+        return {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo,
+                "group_size": AWQ_GROUP_SIZE, "has_zero_point": False, "pre_quant_scale": self.searches_awq,
+                "exclude_modules": ["lm_head"] if self.quant in ("fp8", "int4-awq") else None}
 
     def calibration_params(self) -> dict[str, Any]:
         """What decides the calibration statistics (for the manifest and the stats' sidecar)."""
@@ -139,8 +150,8 @@ def check_target(config: QuantConfig, target: str) -> None:
     Arguments:
         config: the quantization; target: the build's target name.
     """
-    if config.quant in LLMAPI_ONLY and target != "llmapi":
-        raise KitUsageError(LLMAPI_ONLY[config.quant].format(target=target))
+    if config.quant in TARGETS_OF and target not in TARGETS_OF[config.quant]:
+        raise KitUsageError(REFUSED_TARGET[config.quant].format(target=target))
 
 
 def check_model(config: QuantConfig, num_kv_heads: int, tp_size: int) -> None:

@@ -25,6 +25,7 @@ CPU_SECONDS_PER_TOKEN_7B = 1.16  # benchmarks/calibration.py on the shared 2-cor
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
 GPU_BATCH_SIZE = 8  # windows per forward pass on a GPU; one on a CPU, where batching gains little
+AWQ_PENDING_BYTES = 64 << 20  # inputs and outputs one linear's AWQ search keeps before it adds their losses
 
 @dataclass(frozen=True)
 class CalibSize:
@@ -102,22 +103,33 @@ class CalibMemory:
     layer_bytes: int       # one decoder layer's weights in the compute dtype
     activation_bytes: int  # every window's hidden state: samples x seq_len x hidden x dtype
     kv_bytes: int          # one layer's keys and values over one batch of windows
+    search_bytes: int = 0  # INT4 AWQ: the scale search's work on the largest linear (quant/awq.py)
 
     @property
     def total_bytes(self) -> int:
-        return self.layer_bytes + self.activation_bytes + self.kv_bytes
+        return self.layer_bytes + self.activation_bytes + self.kv_bytes + self.search_bytes
 
 
-def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str) -> CalibMemory:
-    """What a layer-streamed calibration of ``hf`` holds at its peak.
+def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bool = False) -> CalibMemory:
+    """What a layer-streamed calibration of ``hf`` holds at its peak. The AWQ search quantizes one scaled copy of
+    the largest linear at a time (the scaled weight and its result in the compute dtype, two float32 work copies),
+    compares one batch's outputs (the quantized output in the compute dtype, the difference in float32) and keeps
+    each linear's windows, at most ``AWQ_PENDING_BYTES`` of them.
 
     Arguments:
         hf: the model's config; size: the calibration size (its device decides the batch); dtype: the compute
-        dtype (``bfloat16`` or ``float32``).
+        dtype (``bfloat16`` or ``float32``); search_awq: whether the INT4 AWQ scale search runs.
     """
     per = DTYPE_BYTES[dtype]
     h, d = hf.hidden_size, hf.head_dim
     layer = h * d * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads) + 3 * h * hf.intermediate_size + 2 * h
     batch = 1 if size.device == "cpu" else min(size.samples, GPU_BATCH_SIZE)
     kv = 2 * batch * size.seq_len * hf.num_key_value_heads * d
-    return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per)
+    search = 0
+    if search_awq:
+        tokens = batch * size.seq_len * hf.intermediate_size
+        q, k, inter = hf.num_attention_heads * d, hf.num_key_value_heads * d, hf.intermediate_size
+        features = [h + q, h + k, h + k, q + h, h + inter, h + inter, inter + h]  # in + out of each linear
+        kept = sum(min(AWQ_PENDING_BYTES, size.samples * size.seq_len * f * per) for f in features)
+        search = h * inter * (2 * per + 2 * 4) + tokens * (per + 4) + kept
+    return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per, search)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.awq import ScaleSearch
 from trtllm_kit.quant.blocks import col_amax, row_amax
 from trtllm_kit.quant.calib_size import GPU_BATCH_SIZE, calibration_device, choose_size, sized
 from trtllm_kit.quant.layer_stream import LAYER_PREFIX, LayerStream
@@ -35,6 +37,7 @@ from trtllm_kit.quant.layer_stream import LAYER_PREFIX, LayerStream
 STATS_FILE = "stats.safetensors"
 PARAMS_FILE = "calibration.json"
 KINDS = ("x", "y", "w", "wc")  # input per in-channel, output per out-channel, weight per row, weight per column
+AWQ_KEY = "awq_scale"  # the searched AWQ scale per in-channel (``quant/awq.py``), beside the amax kinds
 CALIB_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -46,13 +49,14 @@ class CalibrationStats:
     y: dict[str, torch.Tensor] = field(default_factory=dict)
     w: dict[str, torch.Tensor] = field(default_factory=dict)
     wc: dict[str, torch.Tensor] = field(default_factory=dict)
+    awq: dict[str, torch.Tensor] = field(default_factory=dict)  # INT4 AWQ: the best scale per input channel
     params: dict[str, Any] = field(default_factory=dict)
 
     def get(self, kind: str, module: str) -> torch.Tensor:
         """One statistic; a missing module is a stats file that does not belong to the model.
 
         Arguments:
-            kind: ``x``, ``y``, ``w`` or ``wc``; module: the HF module name.
+            kind: ``x``, ``y``, ``w``, ``wc`` or ``awq``; module: the HF module name.
         """
         table = getattr(self, kind)
         if module not in table:
@@ -78,6 +82,7 @@ class CalibrationStats:
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {f"{module}.{kind}_amax": t.contiguous()
                    for kind in KINDS for module, t in getattr(self, kind).items()}
+        tensors.update({f"{module}.{AWQ_KEY}": t.contiguous() for module, t in self.awq.items()})
         save_file(tensors, str(directory / STATS_FILE))
         (directory / PARAMS_FILE).write_text(json.dumps(self.params, indent=2) + "\n")
 
@@ -91,7 +96,7 @@ class CalibrationStats:
         stats = cls(params=json.loads((directory / PARAMS_FILE).read_text()))
         for key, tensor in load_file(str(directory / STATS_FILE)).items():
             module, kind = key.rsplit(".", 1)
-            getattr(stats, kind.removesuffix("_amax"))[module] = tensor
+            getattr(stats, "awq" if kind == AWQ_KEY else kind.removesuffix("_amax"))[module] = tensor
         return stats
 
 
@@ -192,7 +197,8 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
     config = sized(config, size)
     reporter.note(f"calibrate: {size.samples} windows x {size.seq_len} tokens on {device}: {size.reason}")
     windows = token_windows(model_path, config)
-    stats = collect_stats(model_path, windows, reporter, device, CALIB_DTYPES[config.calib_dtype])
+    stats = collect_stats(model_path, windows, reporter, device, CALIB_DTYPES[config.calib_dtype],
+                          search_awq=config.searches_awq)
     source = config.calib_data or corpus_path()
     stats.params = {**config.calibration_params(), **stats.params, "size_reason": size.reason,
                     "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
@@ -201,15 +207,18 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
 
 
 def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter | None = None,
-                  device: str | None = None, dtype: torch.dtype = torch.bfloat16) -> CalibrationStats:
+                  device: str | None = None, dtype: torch.dtype = torch.bfloat16,
+                  search_awq: bool = False) -> CalibrationStats:
     """Stream the model a decoder layer at a time (``layer_stream.py``) over the windows, with forward hooks on
     every linear layer of the layer; the weights' amax comes from the stored tensors (exact in any compute dtype).
-    ``lm_head`` is never run. Inference only, no grad.
+    ``lm_head`` is never run. Inference only, no grad. With ``search_awq`` each layer runs twice over the windows,
+    as ModelOpt's ``awq_lite`` runs the model twice: the first pass takes each linear's activation profile, the
+    second its AWQ losses (``quant/awq.py``); every linear sees the unquantized layer's inputs.
 
     Arguments:
         model_path: the HF model directory; windows: token-id lists (equal lengths batch together);
         reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``);
-        dtype: the compute dtype.
+        dtype: the compute dtype; search_awq: also search the INT4 AWQ scales.
     """
     from trtllm_kit.models.inspect import inspect_model
 
@@ -228,19 +237,23 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
             weights = stream.layer_weights(index)
             layer = stream.build_layer(index, weights)
             prefix = LAYER_PREFIX.format(index)
-            handles = []
-            for sub, module in layer.named_modules():
-                if isinstance(module, torch.nn.Linear):
-                    stats.add_weight(prefix + sub, weights[f"{sub}.weight"])
-                    handles.append(module.register_forward_hook(_recorder(stats, prefix + sub)))
+            linears = {sub: m for sub, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
+            for sub in linears:
+                stats.add_weight(prefix + sub, weights[f"{sub}.weight"])
             del weights
-            try:
+            recorders = [(m, _recorder(stats, prefix + sub)) for sub, m in linears.items()]
+            if search_awq:
+                searches = {sub: ScaleSearch(m.weight, m.bias) for sub, m in linears.items()}
+                with _hooks([(m, _observer(searches[sub])) for sub, m in linears.items()]):
+                    for batch in hidden:
+                        stream.run(layer, batch)
+                recorders += [(m, _searcher(searches[sub])) for sub, m in linears.items()]
+            with _hooks(recorders):
                 for number, batch in enumerate(hidden):
                     hidden[number] = stream.run(layer, batch)
                     advance(batch.shape[0] * batch.shape[1])
-            finally:
-                for handle in handles:
-                    handle.remove()
+            if search_awq:
+                stats.awq.update({prefix + sub: search.best_scale().cpu() for sub, search in searches.items()})
             del layer
             if index == 0 and stream.num_layers > 1:
                 reporter.note(eta_note(num_tokens, total, time.perf_counter() - started))
@@ -259,6 +272,28 @@ def eta_note(done: int, total: int, seconds: float) -> str:
     left = (total - done) / rate if rate > 0 else 0.0
     when = f"{left / 60:.1f} min" if left >= 90 else f"{left:.0f} s"
     return f"calibrate: {done}/{total} tokens in {seconds:.1f} s ({rate:.0f} tokens/s); about {when} left"
+
+
+@contextmanager
+def _hooks(hooks: Sequence[tuple[torch.nn.Module, Callable[..., None]]]) -> Iterator[None]:
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _observer(search: ScaleSearch) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        search.observe(inputs[0])
+    return hook
+
+
+def _searcher(search: ScaleSearch) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        search.search(inputs[0], output)
+    return hook
 
 
 def _recorder(stats: CalibrationStats, name: str) -> Callable[..., None]:

@@ -12,9 +12,12 @@ from typing import Any
 
 import torch
 
-from trtllm_kit.layout import KV_SCALE_NAME, LAYER_RULE_PREFIX, LINEARS, NORM_INPUTS, ROW_LINEARS
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE, KV_SCALE_NAME, LAYER_RULE_PREFIX, LINEARS, NORM_INPUTS, ROW_LINEARS
 from trtllm_kit.models.base import Place, Rule, Split, WorkItem
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.awq import group_scales, int4_pack
+from trtllm_kit.quant.awq_fold import TRTLLM, AwqFold
 from trtllm_kit.quant.blocks import BlockBuffer
 from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.quant.fp8 import fp8_quantize, fp8_scale
@@ -82,6 +85,8 @@ class QuantTransform:
         quant, layer = self.config.quant, item.layer
         if quant == "fp8" and module in LINEARS and param == "weight":
             outputs = self._fp8(item, module, shards)
+        elif quant == "int4-awq" and module in LINEARS and param == "weight":
+            outputs = self._awq(item, module, shards)
         elif quant == "int8-sq" and module in NORM_INPUTS and param == "weight":
             outputs = self._sq_norm(item, module, shards)
         elif quant == "int8-sq" and module in LINEARS and param == "weight":
@@ -113,6 +118,35 @@ class QuantTransform:
         scales = [(f"{prefix}.weights_scaling_factor", [torch.tensor([wsf], dtype=F32)]),
                   (f"{prefix}.activation_scaling_factor", [torch.tensor([asf], dtype=F32)])]
         return [[(item.target, [fp8_quantize(p, wsf, self.buffer) for p in parts]), *scales] for parts in shards]
+
+    def _awq(self, item: WorkItem, module: str, shards: list[list[torch.Tensor]]) -> Outputs:
+        """Packed int4 weights, group ``weights_scaling_factor`` and ``prequant_scaling_factor`` per rank, as
+        ModelOpt's TensorRT-LLM export writes them (``quant/awq_fold.py``: q/k/v share one scale, nothing is
+        folded into the norms). A row-parallel rank takes its input features' part of the scales."""
+        fold = AwqFold(self.stats, self.dtype, TRTLLM)
+        sources = self.hf_modules(module, item.layer)
+        is_row = item.rule.split is Split.ROW
+        prefix = item.target.rsplit(".", 1)[0]
+        outputs = []
+        for tp_rank, parts in enumerate(shards):
+            columns = slice(None)
+            if is_row:
+                width = parts[0].shape[1]
+                columns = slice(tp_rank * width, (tp_rank + 1) * width)
+            packed, scales = [], []
+            for source, part in zip(sources, parts, strict=True):
+                if part.shape[0] % 2 or part.shape[1] % AWQ_GROUP_SIZE:
+                    raise KitUsageError(f"--quant int4-awq packs two output rows per byte and scales groups of "
+                                        f"{AWQ_GROUP_SIZE} input features, but a rank's part of {item.target} is "
+                                        f"{part.shape[0]} x {part.shape[1]}; choose another --tp or --quant fp8.")
+                weight = fold.weight(source, part.to(self.dtype), columns)
+                scale = group_scales(weight)
+                packed.append(int4_pack(weight, scale).view(torch.int8))
+                scales.append(scale)
+            outputs.append([(item.target, [torch.cat(packed)]),
+                            (f"{prefix}.weights_scaling_factor", [torch.cat(scales)]),
+                            (f"{prefix}.prequant_scaling_factor", [fold.shared_scale(sources[0])[columns]])])
+        return outputs
 
     def _sq_norm(self, item: WorkItem, module: str, shards: list[list[torch.Tensor]]) -> Outputs:
         """The norm before qkv (or fc/gate) divided by the smoother, and its ``scale_to_int``."""

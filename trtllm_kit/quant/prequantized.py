@@ -24,7 +24,7 @@ HF_QUANT_CONFIG = "hf_quant_config.json"
 FORMAT_TENSORS: dict[str, dict[str, torch.dtype | None]] = {
     "FP8": {"weight": torch.float8_e4m3fn, "weight_scale": None},
     "NVFP4": {"weight": torch.uint8, "weight_scale": torch.float8_e4m3fn, "weight_scale_2": None},
-    "W4A16_AWQ": {"weight": torch.uint8, "weight_scale": torch.bfloat16},
+    "W4A16_AWQ": {"weight": torch.uint8, "weight_scale": None},
 }
 
 

@@ -18,6 +18,7 @@ import torch
 
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import LINEARS, NORM_INPUTS, ROW_LINEARS, split_name
+from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_round_trip
 from trtllm_kit.quant.int8 import quantize_activation_int8, quantize_per_token_int8, w8a16_round_trip
 from trtllm_kit.quant.kv import kv_round_trip
@@ -26,9 +27,11 @@ ROPE_TYPES = ("linear", "dynamic", "llama3")
 Weights = dict[str, torch.Tensor]
 QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
                "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
-               "NVFP4")  # NVFP4: the loader dequantizes the weights, which then run as plain linears
+               "NVFP4",  # NVFP4: the loader dequantizes the weights, which then run as plain linears
+               "W4A16_AWQ")  # W4A16 AWQ: dequantized (code · scale · prequant scale) by prepare_weights or the loader
 KV_ALGOS = (None, "INT8", "FP8")
 LINEAR_WEIGHTS = tuple(f"{module}.weight" for module in LINEARS)
+AWQ_SCALES = (".weights_scaling_factor", ".prequant_scaling_factor")
 SCALE_SUFFIXES = ("scale_to_int", "per_channel_scale", "act_scale", "smoother", "quantization_scaling_factor",
                   "weights_scaling_factor", "activation_scaling_factor", "kv_cache_scaling_factor")
 # where a SmoothQuant linear finds its static activation scale, relative to the layer
@@ -126,16 +129,25 @@ def _smoothquant_linear(x: torch.Tensor, weight: torch.Tensor, weights: Weights,
 
 def prepare_weights(tensors: Weights, quantization: dict[str, Any], compute_dtype: torch.dtype) -> Weights:
     """A rank's tensors ready to run: scales stay float32, int8/float8 weights stay as stored, W8A16 weights
-    become the dequantized int8 preview, everything else is cast to the compute dtype.
+    become the dequantized int8 preview, W4A16 AWQ weights their dequantized values times the prequant scale (the
+    scales then go), everything else is cast to the compute dtype.
 
     Arguments:
         tensors: the rank file's tensors; quantization: the config's ``quantization`` object; compute_dtype: the
         compute dtype.
     """
     is_w8a16 = quantization.get("quant_algo") == "W8A16"
+    is_awq = quantization.get("quant_algo") == "W4A16_AWQ"
     prepared = {}
     for name, tensor in tensors.items():
-        if tensor.dtype in (torch.int8, FP8_DTYPE):
+        if is_awq and name.endswith(AWQ_SCALES):
+            continue
+        if is_awq and name.endswith(LINEAR_WEIGHTS) and tensor.dtype == torch.int8:  # (the llmapi loader's are
+            # dequantized already)
+            prefix = name.removesuffix(".weight")
+            weight = int4_dequantize(tensor.view(torch.uint8), tensors[f"{prefix}.weights_scaling_factor"])
+            prepared[name] = (weight * tensors[f"{prefix}.prequant_scaling_factor"].float()).to(compute_dtype)
+        elif tensor.dtype in (torch.int8, FP8_DTYPE):
             prepared[name] = tensor
         elif name.endswith(SCALE_SUFFIXES):
             prepared[name] = tensor.float()

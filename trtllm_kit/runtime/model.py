@@ -168,7 +168,8 @@ class CheckpointModel:
                 tensors = load_file(path)
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{path} cannot be read as safetensors ({exc}).") from None
-            check_rank(tensors, plain[rank], path)
+            # names from the plain layout, shapes from the quantized one (packed int4 halves a weight's rows)
+            check_rank(tensors, {name: full[rank].get(name, spec) for name, spec in plain[rank].items()}, path)
             check_quantized(tensors, full[rank], plain[rank], config.get("quantization") or {}, path)
             ranks.append(tensors)
         check_replicas(ranks, config, dims.mapping, ckpt_dir)

@@ -1,0 +1,65 @@
+"""``--target llmapi --quant int4-awq`` against NVIDIA ModelOpt's ``INT4_AWQ_CFG`` (``awq_lite``) +
+``export_hf_checkpoint`` on every built-in family, both calibrating on the same token windows in bfloat16: the
+same tensor names, dtypes and shapes, and every tensor bitwise equal (packed int4 weights, float32 group
+``weight_scale``, ``pre_quant_scale``, the norms that took the shared q/k/v and gate/up scales, every other tensor);
+the same ``hf_quant_config.json`` and inline ``quantization_config`` fields (producer aside).
+
+Bitwise equality needs the same activations: ModelOpt runs here one window per forward pass with eager attention,
+as the kit's layer-streamed CPU calibration does. With ModelOpt's usual 8 windows per pass (sdpa), bfloat16 rounds
+the hidden states differently and a linear's searched scale can differ in the last bits (see
+docs/quantization-at-scale.md for the measured difference).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_fp8_modelopt import modelopt_export, tensors
+
+from trtllm_kit.cli import run
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.quant.algos import QuantConfig, check_target
+
+pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install -c "
+                    "constraints.txt -e '.[oracle]')")
+
+FAMILIES = ("builtin:tiny-llama", "builtin:tiny-mistral", "builtin:tiny-qwen2", "builtin:tiny-phi3")
+SAMPLES, SEQ_LEN = 4, 32
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_awq_export_matches_modelopt(model: str, tmp_path: Path) -> None:
+    out = tmp_path / "kit"
+    assert run(["build", model, "--target", "llmapi", "--quant", "int4-awq", "--calib-samples", str(SAMPLES),
+                "--calib-seq-len", str(SEQ_LEN), "--until", "checkpoint", "--no-verify", "--out", str(out)]) == 0
+    ours = out / "checkpoint"
+    ref_dir = modelopt_export(model, tmp_path / "modelopt", "INT4_AWQ_CFG", kv_fp8=False, samples=SAMPLES,
+                              seq_len=SEQ_LEN, per_batch=1, attention="eager")
+    got, want = tensors(ours), tensors(ref_dir)
+    assert sorted(got) == sorted(want)
+    assert {k: (t.dtype, t.shape) for k, t in got.items()} == {k: (t.dtype, t.shape) for k, t in want.items()}
+    packed = [k for k, t in got.items() if t.dtype == torch.uint8]
+    assert len(packed) == (4 if "phi3" in model else 7) * sum(1 for k in got if k.endswith("o_proj.weight"))
+    assert all(got[f"{k.removesuffix('.weight')}.weight_scale"].dtype == torch.float32 for k in packed)
+    for name in got:
+        assert torch.equal(got[name], want[name]), name
+    ours_q = json.loads((ours / "hf_quant_config.json").read_text())
+    ref_q = json.loads((ref_dir / "hf_quant_config.json").read_text())
+    assert ours_q["quantization"] == ref_q["quantization"]
+    assert ref_q["quantization"]["quant_algo"] == "W4A16_AWQ" and ref_q["quantization"]["group_size"] == 128
+    inline = json.loads((ours / "config.json").read_text())["quantization_config"]
+    ref_inline = json.loads((ref_dir / "config.json").read_text())["quantization_config"]
+    assert {k: v for k, v in inline.items() if k != "producer"} == \
+        {k: v for k, v in ref_inline.items() if k != "producer"}
+
+
+def test_awq_is_refused_for_the_cpu_target() -> None:
+    with pytest.raises(KitUsageError) as error:
+        check_target(QuantConfig(quant="int4-awq"), "cpu")
+    assert str(error.value) == (
+        "--quant int4-awq is exported for --target llmapi and --target engine (TensorRT-LLM's W4A16 AWQ kernels run "
+        "on GPUs), not for the cpu target; build with one of those targets, or choose --quant int8-wo for the cpu "
+        "target.")
