@@ -5,6 +5,7 @@ OpenAI with exact token counts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from trtllm_kit.profile.report import read_summary
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
+from trtllm_kit.serve.client import GenerationRequest, TextClient
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings
@@ -219,3 +221,32 @@ def test_openai_best_of_is_picked_by_the_llmapi_model(served: dict[str, Any]) ->
     sums = [sum(c["logprobs"]["token_logprobs"]) for c in answer["choices"]]
     assert sums == sorted(sums, reverse=True)  # best first
     assert answer["usage"]["completion_tokens"] == 8  # the LLM API returns the two it keeps
+
+
+def test_stop_strings_reach_the_llmapi_model_and_cut_the_text(served: dict[str, Any],
+                                                              greedy: tuple[list[int], list[int]]) -> None:
+    """Stop strings go to the engine as ``SamplingParams.stop`` (kept in its output, so that the frontend cuts the
+    text as the request asks), and the answer ends at the first one, with or without it."""
+    tokenizer = AutoTokenizer.from_pretrained(str(served["out"] / "checkpoint"))
+    text = tokenizer.decode(greedy[1], skip_special_tokens=True)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    stops = [stop, "never appears", "nor this", "nor that", "nor these five"]
+
+    async def tensors() -> dict[str, Any]:
+        client = TextClient(served["grpc"], "tensorrt_llm")
+        try:
+            request = await client._request(GenerationRequest(PROMPT, MAX_TOKENS, stop_strings=tuple(stops)))
+        finally:
+            await client.close()
+        return {t.name: raw for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)}
+
+    sent = asyncio.run(tensors())
+    assert all(s.encode() in sent["sampling_param_stop"] for s in stops)
+    assert sent["sampling_param_include_stop_str_in_output"] == b"\x01"
+    for include in (False, True):
+        body = {**GREEDY, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stop": stops,
+                "include_stop_str_in_output": include}
+        with post(served, body) as response:
+            choice = json.loads(response.read())["choices"][0]
+        cut = text.index(stop) + (len(stop) if include else 0)
+        assert choice["text"] == text[:cut] and choice["finish_reason"] == "stop", (choice, text, stop)

@@ -69,6 +69,7 @@ class SamplingParams:
     min_p: float | None = None
     seed: int | None = None
     stop: list[str] | str | None = None
+    include_stop_str_in_output: bool = False  # the CPU runtime keeps a matched stop in the output either way
     min_tokens: int | None = None
     end_id: int | None = None
     ignore_eos: bool = False

@@ -15,7 +15,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.compat import TEXT_MODELS
-from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
+from trtllm_kit.serve.llmapi_request import INCLUDE_STOP_INPUT, STOP_INPUT, llmapi_values, speaks_llmapi
 from trtllm_kit.serve.lora_wire import LORA_INPUTS, LoraInputs, weights_as
 from trtllm_kit.serve.scored import Scored, logits_scored, tensor_scored
 
@@ -53,6 +53,7 @@ class GenerationRequest:
     n: int | None = None  # sequences returned, each response tagged with its ``sequence_index`` (None: one, untagged)
     best_of: int | None = None  # sequences generated, when more than ``n``
     stop_words: tuple[tuple[int, ...], ...] = ()  # stop sequences as token ids (the engine's ``stop_words_list``)
+    stop_strings: tuple[str, ...] = ()  # the stop strings themselves (the LLM API's ``SamplingParams.stop``)
     context_logits: bool = False  # prompt logprobs computed here from ``context_logits`` (the C++ backend's way)
     keep_end_token: bool = False  # the end token comes back as the last token, with its logprob (the CPU runtime)
     lora: LoraInputs | None = None  # the adapter the request runs with (None: the base model)
@@ -182,6 +183,10 @@ class TextClient:
             # the LLM API picks the best of best_of only once all are done: such a request is answered whole
             streaming = req.num_sequences == (req.n or 1)
             llmapi = llmapi_values(req.prompt, req.max_tokens, streaming=streaming, **sampling) + _guide_values(req)
+            if req.stop_strings and {STOP_INPUT, INCLUDE_STOP_INPUT} <= names:  # the engine stops on them; the
+                # frontend still cuts the text, so the engine keeps each stop string in what it returns
+                llmapi += [(STOP_INPUT, "BYTES", np.array([s.encode() for s in req.stop_strings], dtype=np.object_)),
+                           (INCLUDE_STOP_INPUT, "BOOL", np.array([True]))]
             if req.lora is not None:
                 self._check_lora(names, ("lora_name",))
                 llmapi.append(("lora_name", "BYTES", np.array([req.lora.name.encode()], dtype=np.object_)))

@@ -37,6 +37,7 @@ INPUTS = (
     Tensor("sampling_param_top_k", "INT32", (1,)), Tensor("sampling_param_top_p", "FP32", (1,)),
     Tensor("sampling_param_frequency_penalty", "FP32", (1,)), Tensor("sampling_param_presence_penalty", "FP32", (1,)),
     Tensor("sampling_param_max_tokens", "INT32", (1,)), Tensor("sampling_param_stop", S, (-1,)),
+    Tensor("sampling_param_include_stop_str_in_output", B, (1,)),
     Tensor("sampling_param_seed", "UINT64", (1,)), Tensor("sampling_param_exclude_input_from_output", B, (1,)),
     Tensor("sampling_param_return_perf_metrics", B, (1,)), Tensor("sampling_param_min_tokens", "INT32", (1,)),
     Tensor("sampling_param_end_id", "INT32", (1,)), Tensor("sampling_param_ignore_eos", B, (1,)),

@@ -63,6 +63,7 @@ SAMPLING = {  # input → (SamplingParams field, numpy → python)
     "sampling_param_ignore_eos": ("ignore_eos", bool), "sampling_param_n": ("n", int),
     "sampling_param_min_p": ("min_p", float), "sampling_param_repetition_penalty": ("repetition_penalty", float),
     "sampling_param_logprobs": ("logprobs", int), "sampling_param_prompt_logprobs": ("prompt_logprobs", int),
+    "sampling_param_include_stop_str_in_output": ("include_stop_str_in_output", bool),
 }
 # guided_decoding_guide_type → GuidedDecodingParams field (choice becomes an EBNF grammar)
 GUIDES = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar",

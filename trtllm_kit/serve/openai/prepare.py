@@ -41,9 +41,10 @@ def prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
 
 def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, ...], sampling: Sampling,
                    scoring: Scoring, request_id: str, **fields: Any) -> GenerationRequest:
-    """The engine request of a prepared prompt: its sampling, logprobs, guide, and for token ids the end id and
-    the stop sequences as token ids (which the engine stops on; the frontend cuts the text). With logprobs the end
-    token is asked back (``keep_end_token``), as vLLM and OpenAI score it and count it as a completion token.
+    """The engine request of a prepared prompt: its sampling, logprobs, guide, the stop strings (which an llmapi
+    model stops on), and for token ids the end id and the stop sequences as token ids (which the engine stops on);
+    the frontend cuts the text. With logprobs the end token is asked back (``keep_end_token``), as vLLM and OpenAI
+    score it and count it as a completion token.
 
     Arguments:
         route: where it goes; body: the JSON request; prompt: from ``prepared``; sampling, scoring: the request's
@@ -54,7 +55,8 @@ def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, 
     gen = generation_request(prompt, sampling, request_id, None if tokenizer is None else tokenizer.eos_id,
                              logprobs=scoring.logprobs, prompt_logprobs=scoring.logprobs if scoring.echo else None)
     stop_words = () if tokenizer is None else tokenizer.words(sampling.stops)
-    return replace(gen, guide=guide(body, prompt), stop_words=stop_words, context_logits=bool(route.context_logits),
+    return replace(gen, guide=guide(body, prompt), stop_words=stop_words, stop_strings=tuple(sampling.stops),
+                   context_logits=bool(route.context_logits),
                    keep_end_token=scoring.logprobs is not None, **fields)
 
 
