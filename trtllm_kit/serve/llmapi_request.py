@@ -15,7 +15,8 @@ from trtllm_kit.model_repo.tensors import NEVER_END_ID
 MARKER = "sampling_param_max_tokens"
 # the stop strings, and whether the engine keeps a matched one in its output (``SamplingParams.stop`` and
 # ``include_stop_str_in_output``)
-STOP_INPUT, INCLUDE_STOP_INPUT = "sampling_param_stop", "sampling_param_include_stop_str_in_output"
+STOP_INPUT = "sampling_param_stop"
+INCLUDE_STOP_INPUT = "sampling_param_include_stop_str_in_output"
 # GenerationRequest field → (llmapi input, Triton datatype, numpy dtype)
 SAMPLING = {"temperature": ("sampling_param_temperature", "FP32", np.float32),
             "top_p": ("sampling_param_top_p", "FP32", np.float32),

@@ -33,9 +33,11 @@ class Watch:
         self.process.protect_shm()
         alive = self.process.stubs()
         dead = {pid: name for pid, name in self.stubs.items() if pid not in alive}
-        if self._server_exited(wait_s=1.0 if dead else 0.0):  # a killed server takes its stubs with it
+        if self._server_exited(wait_s=1.0 if dead else 0.0):
             assert self.process.proc is not None
-            return f"tritonserver exited with code {self.process.proc.returncode} while serving"
+            code = self.process.proc.returncode
+            if not dead or code < 0:  # a server killed by a signal takes its stubs with it; one that ended
+                return f"tritonserver exited with code {code} while serving"  # after a stub died is the stub's
         if dead:
             pid, name = next(iter(dead.items()))
             return f"the Python-backend stub of model {name} (pid {pid}) died while serving"
