@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -27,6 +27,7 @@ from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.launcher import check_ports_free, free_port
 from trtllm_kit.serve.server.state import claim_run_dir, clear_run, serving_pid, write_pid, write_state
+from trtllm_kit.serve.server.stop_signals import stop_requests
 from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, answers, launch_argv
 
 OPTIONS_FLAG = "--extra_llm_api_options"
@@ -110,17 +111,12 @@ def serve_disaggregated_trtllm(options: ServeOptions, on_ready: Callable[[dict[s
                                 str(int(settings.ready_timeout_s))], dict(os.environ)
     health = {**{role: f"http://{urls[role]}/health" for role in ROLES},
               "orchestrator": f"http://{client_host}:{settings.openai_port}/health"}
-    _run(options, state_dir, commands, health, on_ready)
+    with stop_requests() as stop:
+        _run(options, state_dir, commands, health, stop, on_ready)
 
 
 def _run(options: ServeOptions, state_dir: Path, commands: dict[str, tuple[list[str], dict[str, str]]],
-         health: dict[str, str], on_ready: Callable[[dict[str, Any]], None] | None) -> None:
-    stop = {"requested": False}
-
-    def request_stop(_sig: int, _frame: object) -> None:
-        stop["requested"] = True
-
-    saved = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+         health: dict[str, str], stop: threading.Event, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     write_pid(options.out)
     started = time.perf_counter()
     groups = {name: ProcessGroup(state_dir / f"trtllm-serve-{name}.log") for name in commands}
@@ -130,13 +126,13 @@ def _run(options: ServeOptions, state_dir: Path, commands: dict[str, tuple[list[
         for name, group in groups.items():
             url = health[name]
             not_ready = group.wait_ready(partial(answers, url), options.settings.ready_timeout_s, poll_s=0.2,
-                                         stop_requested=lambda: stop["requested"])
+                                         stop_requested=stop.is_set)
             if not_ready is not None:
                 exited = f"exited with code {not_ready.exit_code}" if not_ready.exit_code is not None else \
                     f"did not answer 200 on {url} within {options.settings.ready_timeout_s:g} s"
                 raise KitError(f"the {name} {SERVER} {exited} (log {group.log_path}); last lines:\n"
                                f"{group.log_tail()}")
-        if stop["requested"]:
+        if stop.is_set():
             return
         state = {"pid": os.getpid(), "server": SERVER, "disagg": True, "target": "llmapi",
                  "server_pid": groups["orchestrator"].pid, "openai": health["orchestrator"].split("/")[2],
@@ -147,7 +143,7 @@ def _run(options: ServeOptions, state_dir: Path, commands: dict[str, tuple[list[
         write_state([options.out], state)
         if on_ready is not None:
             on_ready(state)
-        while not stop["requested"]:
+        while not stop.is_set():
             for name, group in groups.items():
                 if group.proc is not None and group.proc.poll() is not None:
                     raise KitError(f"the {name} {SERVER} exited with code {group.proc.returncode} while serving "
@@ -156,6 +152,4 @@ def _run(options: ServeOptions, state_dir: Path, commands: dict[str, tuple[list[
     finally:
         for group in reversed(list(groups.values())):
             group.stop(options.settings.exit_timeout_s)
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
         clear_run([options.out])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +31,7 @@ from trtllm_kit.serve.server.state import (
     write_pid,
     write_state,
 )
+from trtllm_kit.serve.server.stop_signals import stop_requests
 
 SERVER = "trtllm-serve"
 INSTALL_HINT = ("install TensorRT-LLM 1.0 or later (pip install tensorrt_llm, or use NVIDIA's Triton TRT-LLM "
@@ -90,12 +91,13 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     check_ports_free(host, {SERVER: port})
     state_dir = claim_run_dir(options.out)
     log_path = state_dir / TRTLLM_SERVE_LOG
-    stop = {"requested": False}
+    with stop_requests() as stop:
+        _serve(options, argv, binary, port, log_path, stop, on_ready)
 
-    def request_stop(_sig: int, _frame: object) -> None:
-        stop["requested"] = True
 
-    saved = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+def _serve(options: ServeOptions, argv: list[str], binary: str, port: int, log_path: Path, stop: threading.Event,
+           on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+    """``serve_trtllm`` once its checks passed: ``argv`` run by ``binary`` on ``port``, until ``stop`` is set."""
     write_pid(options.out)
     started = time.perf_counter()
     log_path.unlink(missing_ok=True)
@@ -104,29 +106,28 @@ def serve_trtllm(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     try:
         health = f"http://{options.endpoints.client_host}:{port}/health"
         not_ready = server.wait_ready(lambda: answers(health), options.settings.ready_timeout_s, poll_s=0.2,
-                                      stop_requested=lambda: stop["requested"])
+                                      stop_requested=stop.is_set)
         if not_ready is not None and not_ready.exit_code is not None:
             raise KitError(f"{SERVER} exited with code {not_ready.exit_code} before it was ready (log {log_path}); "
                            f"last lines:\n{server.log_tail()}")
         if not_ready is not None:
             raise KitError(f"{SERVER} did not answer 200 on {health} within {options.settings.ready_timeout_s:g} s "
                            f"(log {log_path}); raise --ready-timeout or read the log.")
-        if stop["requested"]:
+        if stop.is_set():
             return
         state = {"pid": os.getpid(), "server_pid": child.pid, "server": SERVER, "model": "trtllm-serve",
-                 "target": "llmapi", "openai": f"{host}:{port}", "argv": argv, "log": str(log_path),
+                 "target": "llmapi", "openai": f"{options.endpoints.host}:{port}", "argv": argv,
+                 "log": str(log_path),
                  "ready_s": round(time.perf_counter() - started, 3), "ready": True}
         write_state([options.out], state)
         if on_ready is not None:
             on_ready(state)
-        while not stop["requested"]:
+        while not stop.is_set():
             if child.poll() is not None:
                 raise KitError(f"{SERVER} exited with code {child.returncode} while serving (log {log_path}).")
             time.sleep(0.1)
     finally:
         server.stop(options.settings.exit_timeout_s)
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
         clear_run([options.out])
 
 
