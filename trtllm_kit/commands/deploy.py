@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,32 @@ from trtllm_kit.errors import KitError, KitUsageError
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
+
+
+def _stacked(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The decorators as one, applied so that their options list in the order given."""
+    def apply(command: Any) -> Any:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+    return apply
+
+
+# what every writer of objects takes first: the artifact, where its objects go, their names, how pods get it
+_artifact_objects = _stacked(
+    click.argument("artifact", type=click.Path(path_type=Path)),
+    click.option("--out", type=click.Path(path_type=Path), required=True, help="The directory to write (kustomize)."),
+    click.option("--config", "config", type=click.Path(path_type=Path),
+                 help="A trtllm-kit.toml with a [deploy] table."),
+    click.option("--name", help="Object name (default: from the model)."),
+    click.option("--namespace", help="Namespace (default: default)."),
+    click.option("--artifact-url", help="A .tar of the build output, fetched by an init container."),
+    click.option("--pvc", help="A PersistentVolumeClaim holding the build output at its root."))
+# and last: replacing --out, the JSON listing, the click context (for which flags were given)
+_written = _stacked(
+    click.option("--force", is_flag=True, help="Replace an existing --out."),
+    click.option("--json", "as_json", is_flag=True, help="List what was written as JSON."),
+    click.pass_context)
 
 
 @click.group()
@@ -31,21 +58,15 @@ def deploy() -> None:
 
 
 @deploy.command(name="k8s")
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="The directory to write (kustomize).")
-@click.option("--config", "config", type=click.Path(path_type=Path), help="A trtllm-kit.toml with a [deploy] table.")
+@_artifact_objects
 @click.option("--image", help="The serving image built from docker/Dockerfile, in your registry, tagged "
               "NAME:KITVERSION-trtllmX.Y.Z (required).")
 @click.option("--image-trtllm-version", help="The image's TensorRT-LLM version when its tag does not say it.")
 @click.option("--gpu-product", help="Pin the pods to this nvidia.com/gpu.product (engines: must be their build GPU).")
-@click.option("--name", help="Object name (default: from the model).")
-@click.option("--namespace", help="Namespace (default: default).")
 @click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); more ranks span nodes.")
 @click.option("--min-replicas", type=int, help="Replicas (groups on several nodes) at least (default 1).")
 @click.option("--max-replicas", type=int, help="Replicas at most (default 4).")
 @click.option("--autoscaler", type=click.Choice(["keda", "hpa", "none"]), help="What scales (default keda).")
-@click.option("--artifact-url", help="A .tar of the build output, fetched by an init container.")
-@click.option("--pvc", help="A PersistentVolumeClaim holding the build output at its root.")
 @click.option("--openai-port", type=int, help="The OpenAI frontend's port (default 9000).")
 @click.option("--queue-target", type=float, help="Waiting requests per replica to scale at (default 4).")
 @click.option("--prometheus-url", help="Prometheus for KEDA (default: prometheus-operated.monitoring.svc:9090).")
@@ -67,9 +88,7 @@ def deploy() -> None:
               "--min-replicas; more running ones stay).")
 @click.option("--api-keys-secret", help="A Secret whose keys.json (trtllm-kit keys add ... --keys keys.json) the "
               "OpenAI API requires keys from; the usage log streams to a sidecar's stdout as JSON lines.")
-@click.option("--force", is_flag=True, help="Replace an existing --out.")
-@click.option("--json", "as_json", is_flag=True, help="List what was written as JSON.")
-@click.pass_context
+@_written
 def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, force: bool, as_json: bool,
         **flags: Any) -> None:
     """Write the Kubernetes objects serving ARTIFACT (a trtllm-kit build output) into a kustomize directory.
@@ -95,16 +114,10 @@ def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, forc
 
 
 @deploy.command(name="dynamo")
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="The directory to write (kustomize).")
-@click.option("--config", "config", type=click.Path(path_type=Path), help="A trtllm-kit.toml with a [deploy] table.")
+@_artifact_objects
 @click.option("--image", help="A Dynamo TensorRT-LLM runtime image (nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:TAG; "
               "required).")
-@click.option("--name", help="Object name (default: from the model).")
-@click.option("--namespace", help="Namespace (default: default).")
 @click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); a role with more ranks spans nodes.")
-@click.option("--artifact-url", help="A .tar of the build output, fetched by an init container.")
-@click.option("--pvc", help="A PersistentVolumeClaim holding the build output at its root.")
 @click.option("--monitor-labels", "monitor_labels", multiple=True, metavar="K=V", help="A label for the PodMonitor "
               "that the Prometheus operator selects (default release=prometheus); repeatable.")
 @click.option("--autoscaler", type=click.Choice(["keda", "none"]), help="What scales each worker role, through "
@@ -122,9 +135,7 @@ def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, forc
 @click.option("--decode-replicas", type=int, default=1, show_default=True, help="Decode workers (--disagg).")
 @click.option("--prefill-tp", type=int, help="Prefill TP (--disagg; default the artifact's).")
 @click.option("--decode-tp", type=int, help="Decode TP (--disagg; default the artifact's).")
-@click.option("--force", is_flag=True, help="Replace an existing --out.")
-@click.option("--json", "as_json", is_flag=True, help="List what was written as JSON.")
-@click.pass_context
+@_written
 def dynamo(ctx: click.Context, artifact: Path, out: Path, config: Path | None, worker_replicas: int, disagg: bool,
            prefill_replicas: int, decode_replicas: int, prefill_tp: int | None, decode_tp: int | None, force: bool,
            as_json: bool, **flags: Any) -> None:
