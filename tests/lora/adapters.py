@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 
@@ -24,3 +24,15 @@ def make_adapter(base_dir: Path, out: Path, *, rank: int, targets: list[str], al
                 param.copy_(torch.randn_like(param) * 0.5)
     peft_model.save_pretrained(out)
     return out
+
+
+def peft_greedy(base_dir: Path, source: Path | None, prompt: list[int], max_tokens: int) -> list[int]:
+    """The reference: ``max_tokens`` greedy tokens of the HF model at ``base_dir`` after ``prompt``, or of
+    ``PeftModel`` with the adapter at ``source`` on it."""
+    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32).eval()
+    if source is not None:
+        model = PeftModel.from_pretrained(model, source).eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

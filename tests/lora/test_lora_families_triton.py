@@ -5,7 +5,6 @@ adapter named in ``model``, decode greedily to the tokens of the HF model and of
 
 from __future__ import annotations
 
-import copy
 import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -13,10 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
-from tests.lora.adapters import make_adapter
+from tests.lora.adapters import make_adapter, peft_greedy
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
@@ -68,13 +65,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 def peft_tokens(family: str, source: Path | None) -> list[int]:
     """The greedy tokens of the family's HF model, or of PeftModel with the adapter at ``source`` on it."""
-    model = AutoModelForCausalLM.from_pretrained(builtin_dir(family), torch_dtype=torch.float32).eval()
-    if source is not None:
-        model = PeftModel.from_pretrained(copy.deepcopy(model), source).eval()
-    with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(PROMPT):].tolist()
+    return peft_greedy(builtin_dir(family), source, PROMPT, MAX_TOKENS)
 
 
 def served_tokens(url: str, model: str) -> list[int]:

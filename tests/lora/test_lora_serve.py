@@ -7,7 +7,6 @@ metrics per adapter; the BLS passes the LoRA inputs on; a reload serves the new 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import urllib.error
 import urllib.request
@@ -19,11 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from peft import PeftModel
 from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from tests.lora.adapters import make_adapter
+from tests.lora.adapters import make_adapter, peft_greedy
 from tests.lora.test_lora_triton import one_adapter_bytes
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
@@ -78,13 +76,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 
 def peft_tokens(source: Path | None, prompt: list[int] = PROMPT) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
-    if source is not None:
-        model = PeftModel.from_pretrained(copy.deepcopy(model), source).eval()
-    with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return peft_greedy(builtin_dir("tiny-llama"), source, prompt, MAX_TOKENS)
 
 
 def call(served: Served, path: str, key: str, body: dict[str, Any] | None = None) -> tuple[int, str]:

@@ -5,7 +5,6 @@ weights give exact outputs again."""
 
 from __future__ import annotations
 
-import copy
 import json
 import queue
 from pathlib import Path
@@ -14,13 +13,12 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
-from peft import PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tests.integration.test_tensorrt_llm_cpu import Streams, inputs
 from tests.integration.tritonserver import running_server
-from tests.lora.adapters import make_adapter
+from tests.lora.adapters import make_adapter, peft_greedy
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.cli import run
 from trtllm_kit.model_repo.configs import parse_config
@@ -59,13 +57,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 
 def peft_tokens(source: Path | None, prompt: list[int] = PROMPT) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
-    if source is not None:
-        model = PeftModel.from_pretrained(copy.deepcopy(model), source).eval()
-    with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return peft_greedy(builtin_dir("tiny-llama"), source, prompt, MAX_TOKENS)
 
 
 def lora_inputs(out: Path, name: str, task_id: int, with_weights: bool) -> list[grpcclient.InferInput]:
