@@ -1,7 +1,8 @@
 """OpenAI's logprobs: the request fields (completions ``logprobs`` 0-5 and ``echo``, chat ``logprobs`` and
 ``top_logprobs`` 0-20) and the response objects built from the engine's scored tokens.
 
-A completion's ``logprobs`` object holds ``tokens``, ``token_logprobs``, ``top_logprobs`` (token → logprob) and
+A completion's ``logprobs`` object holds ``tokens``, ``token_logprobs``, ``top_logprobs`` (token → logprob: the
+``logprobs`` most likely, and the scored token when it is not among them) and
 ``text_offset`` (where each token's text begins in the choice's text); with ``echo`` the prompt's tokens come first,
 and the first of them has no logprob (null). A chat choice's ``logprobs`` is ``{"content": [...]}``, one entry of
 ``token``, ``logprob``, ``bytes`` and ``top_logprobs`` per generated token.
@@ -80,9 +81,16 @@ class LogprobText:
             offsets.append(self.offset)
             self.offset += len(self.decoder.feed([token_id]))
         return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in scored],
-                "top_logprobs": [None if lp is None else {self.token(a): b for a, b in top}
-                                 for _, lp, top in scored],
+                "top_logprobs": [None if lp is None else self.top(token, lp, top)
+                                 for token, (_, lp, top) in zip(tokens, scored, strict=True)],
                 "text_offset": offsets}
+
+    def top(self, token: str, logprob: float, alternatives: tuple[tuple[int, float], ...]) -> dict[str, float]:
+        """A completion's ``top_logprobs`` entry: the alternatives, most likely first, then the scored token itself
+        when it is not among them (as OpenAI answers: up to ``logprobs`` + 1 entries)."""
+        found = {self.token(a): b for a, b in alternatives}
+        found.setdefault(token, logprob)
+        return found
 
     def chat(self, scored: tuple[Scored, ...]) -> dict[str, Any]:
         """A chat choice's ``logprobs`` object for ``scored``."""
