@@ -27,7 +27,8 @@ from trtllm_kit.profile.report import read_summary
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
-from trtllm_kit.serve.client import GenerationRequest, TextClient
+from trtllm_kit.serve.client import TextClient
+from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings

@@ -26,8 +26,9 @@ from tests.lora.test_lora_triton import one_adapter_bytes
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
-from trtllm_kit.serve.client import GenerationRequest, TextClient
+from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.gateway.keys import add_key
+from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.lora_wire import LoraInputs
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port, grpc_headers
 from trtllm_kit.serve.server.state import read_state, token_for

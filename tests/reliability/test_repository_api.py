@@ -21,8 +21,9 @@ from reliability_helpers import kit
 from serving_helpers import MODEL, post, serve
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from trtllm_kit.serve.client import GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.gateway.keys import add_key
+from trtllm_kit.serve.generation import GenerationError, GenerationRequest
 from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER, RESTRICTED_HEADER
 from trtllm_kit.serve.server.state import TOKEN_FILE
 

@@ -186,7 +186,8 @@ def test_with_an_api_key_no_port_serves_inference_without_it(keyed: dict[str, An
         assert response.status == 200  # health stays open for probes
 
     async def grpc_generate() -> str:
-        from trtllm_kit.serve.client import GenerationError, GenerationRequest, TextClient
+        from trtllm_kit.serve.client import TextClient
+        from trtllm_kit.serve.generation import GenerationError, GenerationRequest
 
         client = TextClient(keyed["grpc"], "tensorrt_llm_bls")
         try:

@@ -15,8 +15,9 @@ import torch
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
-from trtllm_kit.serve.client import GenerationRequest, TextClient, word_list
+from trtllm_kit.serve.client import TextClient, word_list
 from trtllm_kit.serve.fleet.members import context_logits
+from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.logprobs import parse_scoring
 from trtllm_kit.serve.openai.prepare import engine_request
 from trtllm_kit.serve.openai.protocol import parse_sampling

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtllm_kit.serve.client import GenerationRequest
+from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
 from trtllm_kit.serve.openai.protocol import (

@@ -140,7 +140,8 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
     """
     import asyncio
 
-    from trtllm_kit.serve.client import GenerationRequest, generate_to
+    from trtllm_kit.serve.client import generate_to
+    from trtllm_kit.serve.generation import GenerationRequest
     from trtllm_kit.serve.server.launcher import grpc_headers
     from trtllm_kit.serve.server.state import token_for
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 
-from trtllm_kit.serve.client import Chunk, GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.client import TextClient
+from trtllm_kit.serve.generation import Chunk, GenerationError, GenerationRequest
 
 CONTEXT_ONLY = {"request_type": "context_only"}
 

@@ -19,7 +19,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.client import Chunk, GenerationError, GenerationRequest, TextClient
+from trtllm_kit.serve.client import TextClient
+from trtllm_kit.serve.generation import Chunk, GenerationError, GenerationRequest
 from trtllm_kit.serve.lora_wire import LoraInputs
 
 NOT_CACHED = "not found in cache"  # the backend's "LoRA task <id> not found in cache. Please send LoRA weights ..."

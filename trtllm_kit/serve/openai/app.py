@@ -14,8 +14,8 @@ from prometheus_client import Counter
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.client import GenerationError
 from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
+from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.openai import prepare
 from trtllm_kit.serve.openai.adapter_admin import AdapterAdmin, serve_recorded
 from trtllm_kit.serve.openai.adapters import AdapterSet

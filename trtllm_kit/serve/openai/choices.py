@@ -19,8 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.client import Chunk, GenerationError
 from trtllm_kit.serve.gateway.middleware import ADMIT
+from trtllm_kit.serve.generation import Chunk, GenerationError
 from trtllm_kit.serve.openai import prepare
 from trtllm_kit.serve.openai.errors import generation_failure
 from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring

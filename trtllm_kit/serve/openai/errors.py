@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.client import GenerationError
+from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.openai.protocol import RequestError
 from trtllm_kit.serve.openai.request_limits import MAX_JSON_DEPTH, json_depth_problem
 

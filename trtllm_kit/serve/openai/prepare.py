@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trtllm_kit.serve.client import GenerationRequest
+from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scorer, Scoring
 from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling, generation_request

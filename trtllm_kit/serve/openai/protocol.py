@@ -7,7 +7,7 @@ from typing import Any
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.runtime.sampling_rules import extras_problem, is_greedy_temperature, sampling_problem
-from trtllm_kit.serve.client import GenerationRequest
+from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.request_limits import MAX_N, MAX_PROMPTS, MAX_STOPS, stops_problem
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.client import TOKEN_MODEL, Chunk, GenerationRequest, TextClient
+from trtllm_kit.serve.client import TOKEN_MODEL, TextClient
+from trtllm_kit.serve.generation import Chunk, GenerationRequest
 from trtllm_kit.serve.openai.adapters import Adapter, AdapterSet
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.serve.two_step import TwoStepClient

@@ -9,10 +9,11 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.client import Chunk, GenerationRequest, Scored
+from trtllm_kit.serve.generation import Chunk, GenerationRequest
 from trtllm_kit.serve.openai.protocol import RequestError, Sampling
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.text import StopMatcher
+from trtllm_kit.serve.scored import Scored
 
 
 async def send(response: web.StreamResponse, payload: dict[str, Any]) -> None:

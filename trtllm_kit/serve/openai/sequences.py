@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 
-from trtllm_kit.serve.client import Chunk, GenerationRequest
+from trtllm_kit.serve.generation import Chunk, GenerationRequest
 
 _END = None
 
