@@ -29,15 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import platformdirs  # noqa: E402
+from served import served_build  # noqa: E402
 
 from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
-from trtllm_kit.serve.server.state import read_state  # noqa: E402
 
 CLIENTS = {"guidellm": "guidellm==0.8.1", "aiperf": "aiperf==0.13.0"}
 MODEL = "builtin:tiny-llama"
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 16
-KIT = [sys.executable, "-m", "trtllm_kit"]
 
 
 @dataclass
@@ -106,24 +104,6 @@ def aiperf(base_url: str, tokenizer: Path, num_requests: int, work: Path) -> Cli
 
 
 @contextmanager
-def served(work: Path) -> Iterator[str]:
-    """The built-in model built for the cpu target and served on free loopback ports; its OpenAI base URL."""
-    out = work / "out"
-    subprocess.run([*KIT, "build", MODEL, "--target", "cpu", "--no-verify", "--instances", "1", "--out", str(out)],
-                   check=True, capture_output=True)
-    ep = free_endpoints()
-    subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-                    "--metrics-port", str(ep.metrics_port), "--openai-port", str(free_port()), "--detach"],
-                   check=True, capture_output=True)
-    try:
-        state = read_state(out)
-        assert state is not None, f"serve of {out} left no state"
-        yield f"http://{state['openai']}/v1"
-    finally:
-        subprocess.run([*KIT, "stop", str(out)], capture_output=True, timeout=120)
-
-
-@contextmanager
 def given(base_url: str) -> Iterator[str]:
     yield base_url.rstrip("/")
 
@@ -140,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
             print(install(client))
         return
     tokenizer = builtin_dir("tiny-llama")
-    with tempfile.TemporaryDirectory() as tmp, (given(args.base_url) if args.base_url else served(Path(tmp))) as url:
+    with tempfile.TemporaryDirectory() as tmp, \
+            (given(args.base_url) if args.base_url else served_build(MODEL, Path(tmp) / "out")) as url:
         figures = [run(url, tokenizer, args.requests, Path(tmp)) for run in (guidellm, aiperf)]
     if args.json:
         print(json.dumps([asdict(f) for f in figures], indent=2))

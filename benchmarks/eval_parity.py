@@ -28,14 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from served import served_build  # noqa: E402
+
 from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
-from trtllm_kit.serve.server.state import read_state  # noqa: E402
 
 TASKS_DIR = ROOT / "tests" / "data" / "eval"
 TASKS = ("kit_last_word", "kit_word_choice")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-KIT = [sys.executable, "-m", "trtllm_kit"]
 
 
 @dataclass
@@ -106,36 +105,20 @@ def compare(reference: Path, other: Path, run: str) -> list[TaskFigures]:
     return figures
 
 
-@contextmanager
-def served(hf_model: str, out: Path, *build_flags: str) -> Iterator[str]:
-    """``builtin:MODEL`` built for the cpu target in float32 with ``build_flags``, served; its OpenAI base URL."""
-    subprocess.run([*KIT, "build", f"builtin:{hf_model}", "--target", "cpu", "--dtype", "float32", "--no-verify",
-                    "--instances", "1", *build_flags, "--out", str(out)], check=True, capture_output=True)
-    ep = free_endpoints()
-    subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-                    "--metrics-port", str(ep.metrics_port), "--openai-port", str(free_port()), "--detach"],
-                   check=True, capture_output=True)
-    try:
-        state = read_state(out)
-        assert state is not None, f"serve of {out} left no state"
-        yield f"http://{state['openai']}/v1"
-    finally:
-        subprocess.run([*KIT, "stop", str(out)], capture_output=True, timeout=120)
-
-
 def evaluate(hf_model: str, work: Path, base_url: str | None, with_fp8: bool) -> list[TaskFigures]:
     """Both tasks through ``--model hf`` and through the server (float32, and FP8 when asked), compared."""
     hf_dir, served_name = builtin_dir(hf_model), f"builtin:{hf_model}"
     runs = {"hf": lm_eval_command("hf", hf_args(hf_dir), work / "hf")}
     reference = start(runs["hf"] + ["--device", "cpu", "--batch_size", "8"], work / "hf.log")
-    with served(hf_model, work / "f32") if base_url is None else _given(base_url) as url:
+    float32_build = served_build(served_name, work / "f32", "--dtype", "float32")
+    with float32_build if base_url is None else _given(base_url) as url:
         float32 = start(lm_eval_command("local-completions", served_args(hf_dir, url, served_name), work / "f32-eval"),
                         work / "f32.log")
         finish(float32, work / "f32.log")
     finish(reference, work / "hf.log")
     figures = compare(work / "hf", work / "hf", "hf") + compare(work / "hf", work / "f32-eval", "served float32")
     if with_fp8:
-        with served(hf_model, work / "fp8", "--quant", "fp8") as url:
+        with served_build(served_name, work / "fp8", "--dtype", "float32", "--quant", "fp8") as url:
             fp8 = start(lm_eval_command("local-completions", served_args(hf_dir, url, served_name), work / "fp8-eval"),
                         work / "fp8.log")
             finish(fp8, work / "fp8.log")
