@@ -28,6 +28,8 @@ from trtllm_kit.models.inspect import ModelSpec, TensorInfo, inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.quant.checkpoint import QuantTransform
+from trtllm_kit.quant.prequantized import detect_prequantized
+from trtllm_kit.quant.prequantized_trtllm import PreQuantizedTransform, check_trtllm_input
 from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -307,15 +309,20 @@ def convert_checkpoint(hf_dir: Path | str, out_dir: Path, *, tp_size: int = 1, p
 
 def quant_transform(model: ModelSpec, mapping: Mapping, dtype: str, quant: QuantConfig | None,
                     stats: CalibrationStats | None = None) -> TensorTransform | None:
-    """The quantization hook for ``convert`` (None when nothing is quantized), calibrating when needed.
+    """The quantization hook for ``convert`` (None when nothing is quantized), calibrating when needed; a
+    pre-quantized input's hook carries its quantization over instead (``quant/prequantized_trtllm.py``).
 
     Arguments:
         model: the inspected model; mapping: the layout; dtype: the requested dtype; quant: the quantization;
         stats: calibration statistics, or None to calibrate now when the quantization needs them.
     """
+    rules = model.family.rules(model.hf)
+    fmt = detect_prequantized(model.path)
+    if fmt is not None:
+        check_trtllm_input(fmt, model, quant or QuantConfig())
+        return PreQuantizedTransform(model, fmt, rules, TORCH_DTYPES[resolve_dtype(dtype, model.hf)])
     if quant is None or not quant.is_quantized:
         return None
-    rules = model.family.rules(model.hf)
     if quant.needs_calibration and any(isinstance(s, Slice) for rule in rules for s in rule.sources):
         raise KitUsageError(f"--quant {quant.quant} --kv-cache {quant.kv_cache} needs calibration statistics per "
                             f"q/k/v and gate/up projection, which {model.family.name}'s fused HF projections do not "

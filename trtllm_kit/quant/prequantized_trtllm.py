@@ -1,0 +1,173 @@
+"""A pre-quantized checkpoint (``quant/prequantized.py``) as the TensorRT-LLM checkpoint of the engine and cpu
+targets: what converts, what is refused (one sentence, before any heavy work), and the converter's hook.
+
+Per-tensor FP8 (ModelOpt unified, or compressed-tensors with static input scales) converts without de- and
+re-quantizing: each linear's e4m3 weights are carried over with ``weight_scale`` as ``weights_scaling_factor``
+and ``input_scale`` as ``activation_scaling_factor``; the KV cache's ``k_scale``/``v_scale`` give
+``kv_cache_scaling_factor``. TensorRT-LLM runs fused q/k/v and gate/up as one GEMM with ONE weight and one input
+scale; ModelOpt's unified export (0.47) and compressed-tensors both keep a weight scale per projection, so where a
+fused group's scales differ, its parts are rescaled to the group's largest scale exactly as TensorRT-LLM's own
+loader does for these checkpoints (``quant/fp8.py`` ``fp8_rescale``), and the input scale is the group's largest.
+The CPU runtime's loader for the llmapi target (``llmapi/load.py``) applies the same rule, so both targets run the
+same weights. NVFP4, W4A16 AWQ and per-channel (dynamic per-token) FP8 are refused, naming ``--target llmapi``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import KV_SCALE_NAME, LAYER_RULE_PREFIX, LINEARS
+from trtllm_kit.models.base import Place, Rule, WorkItem
+from trtllm_kit.models.inspect import ModelSpec
+from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.fp8 import fp8_rescale
+from trtllm_kit.quant.kv import fp8_kv_scale_of, kv_scale_tensor
+from trtllm_kit.quant.prequantized import PreQuantized, check_prequantized
+
+F32 = torch.float32
+FUSED = {"mlp.fc": ("mlp.fc", "mlp.gate"), "mlp.gate": ("mlp.fc", "mlp.gate")}  # q/k/v are one work item
+SCALE_SUFFIXES = ("weight_scale", "input_scale", "k_scale", "v_scale")
+LLMAPI = "build it with --target llmapi, which serves it as it is"
+REFUSED = {  # quant_algo → why the TensorRT-LLM checkpoint cannot take it, and what to do
+    "NVFP4": "the TensorRT-LLM checkpoint of --target engine and cpu takes no NVFP4 weights (the kit exports "
+             f"NVFP4 for TensorRT-LLM's PyTorch backend only): {LLMAPI}.",
+    "W4A16_AWQ": "the kit does not repack ModelOpt's int4 weights into the TensorRT-LLM checkpoint's W4A16 AWQ "
+                 f"layout: {LLMAPI}, or build the unquantized model with --target engine --quant int4-awq.",
+}
+PER_CHANNEL = ("its per-channel weight scales with dynamic per-token activation scales are TensorRT-LLM's "
+               "FP8_PER_CHANNEL_PER_TOKEN, which the kit's TensorRT-LLM checkpoint and CPU runtime do not take: "
+               f"{LLMAPI}, or start from the unquantized model with --quant fp8.")
+
+
+def check_trtllm_input(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig) -> None:
+    """Refuse, in one sentence, a pre-quantized input the TensorRT-LLM checkpoint cannot take as it is, or a
+    ``--quant``/``--kv-cache`` that names another format than the one it holds.
+
+    Arguments:
+        fmt: the detected format; model: the inspected (headers only) model; quant: the build's quantization.
+    """
+    found = f"{model.source} is a pre-quantized {fmt.label} checkpoint ({fmt.declared_in}); "
+    if fmt.quant_algo in REFUSED:
+        raise KitUsageError(found + REFUSED[fmt.quant_algo])
+    if fmt.strategy != "tensor":
+        raise KitUsageError(found + PER_CHANNEL)
+    own_kv = "fp8" if fmt.kv_cache_quant_algo == "FP8" else "auto"
+    if quant.quant not in ("none", "fp8") or quant.kv_cache not in ("auto", own_kv):
+        raise KitUsageError(f"{model.source} is already quantized ({fmt.label}, {fmt.declared_in}); --target "
+                            f"engine and cpu convert it as it is: drop --quant {quant.quant} and --kv-cache "
+                            f"{quant.kv_cache}, or name the format it holds (--quant fp8 --kv-cache {own_kv}).")
+    linears = [(module, name) for rule in model.family.rules(model.hf) if (module := _module(rule)) in LINEARS
+               for layer in range(model.hf.num_hidden_layers) for name in rule.source_names(layer)]
+    check_prequantized(fmt, model.tensors, sorted({name for _, name in linears}))
+    for module, name in linears:
+        scale = f"{name.removesuffix('.weight')}.input_scale"
+        if scale not in model.tensors:
+            raise KitUsageError(found + f"{scale} is missing (dynamic activation scales), and the TensorRT-LLM FP8 "
+                                "checkpoint needs a static activation scale per linear: "
+                                f"{LLMAPI}, or start from the unquantized model with --quant fp8.")
+        if module == "attention.qkv" and fmt.kv_cache_quant_algo == "FP8":
+            counts = {kind: len(names) for kind, names in kv_scale_names(model.tensors, name).items()}
+            if set(counts.values()) != {1}:
+                raise KitUsageError(found + f"it declares an FP8 KV cache, but {_attention(name)} holds "
+                                    f"{counts['k_scale']} k_scale and {counts['v_scale']} v_scale tensor(s) where "
+                                    "one each is needed: export it again.")
+
+
+def _attention(weight: str) -> str:
+    """``model.layers.0.self_attn`` of ``model.layers.0.self_attn.q_proj.weight``."""
+    return weight.rsplit(".", 2)[0]
+
+
+def kv_scale_names(tensors: Any, qkv_weight: str) -> dict[str, list[str]]:
+    """The ``k_scale`` and ``v_scale`` tensor names of a layer's attention (ModelOpt writes them under
+    ``k_proj``/``v_proj``, compressed-tensors under the attention module).
+
+    Arguments:
+        tensors: the checkpoint's tensor names (a dict or a set); qkv_weight: one of the layer's q/k/v weights.
+    """
+    attention = _attention(qkv_weight)
+    return {kind: sorted(n for n in tensors if n.startswith(f"{attention}.") and n.endswith(f".{kind}"))
+            for kind in ("k_scale", "v_scale")}
+
+
+def _module(rule: Rule) -> str:
+    """``attention.qkv`` for a layer rule's weight, else ""."""
+    if rule.place is not Place.LAYER or not rule.name.endswith(".weight"):
+        return ""
+    return rule.name.removeprefix(LAYER_RULE_PREFIX).removesuffix(".weight")
+
+
+class PreQuantizedTransform:
+    """The converter's hook (``checkpoint/convert.py`` ``TensorTransform``) for per-tensor FP8 input: the parts it
+    is given are the e4m3 values in the checkpoint dtype (exact), written back as e4m3 with the input's scales.
+
+    Arguments:
+        model: the inspected model; fmt: its format; rules: the family's weight table; dtype: the checkpoint dtype
+        (the model dtype TensorRT-LLM rescales in).
+    """
+
+    def __init__(self, model: ModelSpec, fmt: PreQuantized, rules: list[Rule], dtype: torch.dtype) -> None:
+        self.fmt = fmt
+        self.dtype = dtype
+        self.modules = {_module(r): r for r in rules if _module(r)}
+        self.scales = _read_scales(model)
+        self.num_rescaled = 0  # fused TensorRT-LLM modules whose parts were rescaled to one weight scale
+
+    @property
+    def quantization(self) -> dict[str, Any]:
+        """The checkpoint's ``quantization`` object: what ``--quant fp8`` writes, with the input's KV cache."""
+        kv = "fp8" if self.fmt.kv_cache_quant_algo == "FP8" else "auto"
+        return QuantConfig(quant="fp8", kv_cache=kv).quantization_block()
+
+    def apply(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> list[list[tuple[str, list[torch.Tensor]]]]:
+        """Per TP rank, (name, parts) in ``trtllm_kit.layout.quant_entries`` order.
+
+        Arguments:
+            item: the work item; shards: per TP rank the parts (one per HF source) of its tensor.
+        """
+        module = _module(item.rule)
+        if module not in LINEARS:
+            return [[(item.target, parts)] for parts in shards]
+        group = [name for kind in FUSED.get(module, (module,))
+                 for name in self.modules[kind].source_names(item.layer)]
+        weight_scales = [self.scale(name, "weight_scale") for name in item.sources]
+        max_weight = torch.stack([self.scale(name, "weight_scale") for name in group]).max()
+        max_input = torch.stack([self.scale(name, "input_scale") for name in group]).max()
+        is_rescaled = any(not torch.equal(s, max_weight) for s in weight_scales)
+        self.num_rescaled += int(is_rescaled)
+        prefix = item.target.removesuffix(".weight")
+        scales = [(f"{prefix}.weights_scaling_factor", [max_weight.reshape(1)]),
+                  (f"{prefix}.activation_scaling_factor", [max_input.reshape(1)])]
+        if module == "attention.qkv" and self.fmt.kv_cache_quant_algo == "FP8":
+            scales.append((item.target[: -len("attention.qkv.weight")] + KV_SCALE_NAME, [self.kv_scale(item)]))
+        outputs = []
+        for parts in shards:
+            weight = [fp8_rescale(part, scale, max_weight, self.dtype)
+                      for part, scale in zip(parts, weight_scales, strict=True)]
+            outputs.append([(item.target, weight), *scales])
+        return outputs
+
+    def scale(self, weight: str, kind: str) -> torch.Tensor:
+        """The float32 scalar ``kind`` scale of the HF linear whose weight is ``weight``."""
+        return self.scales[f"{weight.removesuffix('.weight')}.{kind}"].reshape(())
+
+    def kv_scale(self, item: WorkItem) -> torch.Tensor:
+        """``max(k_scale, v_scale, 1.0)`` of the item's layer (``quant/kv.py``)."""
+        names = kv_scale_names(self.scales, item.sources[0])
+        return kv_scale_tensor(fp8_kv_scale_of(float(self.scales[names["k_scale"][0]]),
+                                               float(self.scales[names["v_scale"][0]])))
+
+
+def _read_scales(model: ModelSpec) -> dict[str, torch.Tensor]:
+    """Every scale tensor of the checkpoint (a few bytes each), in float32."""
+    scales = {}
+    for path in model.weight_files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                if name.endswith(SCALE_SUFFIXES) and model.tensors[name].path == path:
+                    scales[name] = f.get_tensor(name).to(F32)
+    return scales
