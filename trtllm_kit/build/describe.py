@@ -21,6 +21,7 @@ from trtllm_kit.layout import (
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
 from trtllm_kit.quant.prequantized import detect_prequantized
+from trtllm_kit.quant.prequantized_trtllm import trtllm_input_problem
 
 
 def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_pickle: bool = False,
@@ -42,8 +43,13 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
     resolved = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
     prequantized = detect_prequantized(model.path)
+    trtllm_problem = None
     if prequantized is None:  # a pre-quantized model's tensors are the format's, not the table's
         check_sources(model, items)
+    else:  # the TensorRT-LLM checkpoint holds the input's quantization, where it can
+        trtllm_problem = trtllm_input_problem(prequantized, model, quant)
+        if trtllm_problem is None:
+            quant = QuantConfig(quant="fp8", kv_cache="fp8" if prequantized.kv_cache_quant_algo == "FP8" else "auto")
     quant = quant or QuantConfig()
     check_model(quant, hf.num_key_value_heads, tp)
     layout = QuantLayout(quant.quant_algo, quant.kv_cache_quant_algo)
@@ -70,7 +76,8 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
         "tokenizer_files": [p.name for p in model.tokenizer_files],
         "input_quantization": None if prequantized is None else {
             "format": prequantized.label, "quant_algo": prequantized.quant_algo,
-            "kv_cache_quant_algo": prequantized.kv_cache_quant_algo, "declared_in": prequantized.declared_in},
+            "kv_cache_quant_algo": prequantized.kv_cache_quant_algo, "declared_in": prequantized.declared_in,
+            "engine_and_cpu": trtllm_problem or "converted"},
         "config": {"hidden_size": hf.hidden_size, "intermediate_size": hf.intermediate_size,
                    "num_hidden_layers": hf.num_hidden_layers, "num_attention_heads": hf.num_attention_heads,
                    "num_key_value_heads": hf.num_key_value_heads, "head_dim": hf.head_dim,
@@ -81,7 +88,8 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
                   "kv_heads_per_rank": kv_heads_per_rank(hf.num_key_value_heads, tp),
                   "kv_heads_duplicated": hf.num_key_value_heads < tp,
                   "padded_vocab_size": pad_vocab_size(hf.vocab_size, tp), "ranks": ranks,
-                  "quantization": quant.quantization_block(), "needs_calibration": quant.needs_calibration},
+                  "quantization": quant.quantization_block(),
+                  "needs_calibration": quant.needs_calibration and prequantized is None},
         "unused_tensors": sorted(set(model.tensors) - used),
     }
 
@@ -102,8 +110,10 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
     console.print(f"  tokenizer: {', '.join(d['tokenizer_files']) or 'none found'}", highlight=False)
     if d["input_quantization"]:
         q = d["input_quantization"]
-        console.print(f"  pre-quantized: {q['format']} ({q['declared_in']}); --target llmapi serves it as it is",
-                      highlight=False)
+        trtllm = ("--target engine and cpu convert it" if q["engine_and_cpu"] == "converted"
+                  else f"--target engine and cpu refuse it: {q['engine_and_cpu']}")
+        console.print(f"  pre-quantized: {q['format']} ({q['declared_in']}); --target llmapi serves it as it is, "
+                      f"{trtllm}", highlight=False)
     console.print(f"Build: {b['dtype']}, tp={b['tp_size']} pp={b['pp_size']}, {b['kv_heads_per_rank']} KV "
                   f"head(s) per rank{' (duplicated)' if b['kv_heads_duplicated'] else ''}, lm_head vocab padded "
                   f"to {b['padded_vocab_size']}", highlight=False)

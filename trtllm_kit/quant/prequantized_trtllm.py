@@ -50,31 +50,49 @@ def check_trtllm_input(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig) 
     Arguments:
         fmt: the detected format; model: the inspected (headers only) model; quant: the build's quantization.
     """
+    problem = trtllm_input_problem(fmt, model, quant)
+    if problem is not None:
+        raise KitUsageError(problem)
+
+
+def trtllm_input_problem(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig | None = None) -> str | None:
+    """Why ``check_trtllm_input`` refuses the input (one sentence), or None when it converts.
+
+    Arguments:
+        fmt: the detected format; model: the inspected model; quant: the build's quantization (none: not given).
+    """
+    quant = quant or QuantConfig()
     found = f"{model.source} is a pre-quantized {fmt.label} checkpoint ({fmt.declared_in}); "
     if fmt.quant_algo in REFUSED:
-        raise KitUsageError(found + REFUSED[fmt.quant_algo])
+        return found + REFUSED[fmt.quant_algo]
     if fmt.strategy != "tensor":
-        raise KitUsageError(found + PER_CHANNEL)
+        return found + PER_CHANNEL
     own_kv = "fp8" if fmt.kv_cache_quant_algo == "FP8" else "auto"
-    if quant.quant not in ("none", "fp8") or quant.kv_cache not in ("auto", own_kv):
-        raise KitUsageError(f"{model.source} is already quantized ({fmt.label}, {fmt.declared_in}); --target "
-                            f"engine and cpu convert it as it is: drop --quant {quant.quant} and --kv-cache "
-                            f"{quant.kv_cache}, or name the format it holds (--quant fp8 --kv-cache {own_kv}).")
+    own = "--quant fp8" + (" --kv-cache fp8" if own_kv == "fp8" else "")
+    given = [f"--quant {quant.quant}"] if quant.quant not in ("none", "fp8") else []
+    given += [f"--kv-cache {quant.kv_cache}"] if quant.kv_cache not in ("auto", own_kv) else []
+    if given:
+        return (f"{model.source} is already quantized ({fmt.label}, {fmt.declared_in}); --target engine and cpu "
+                f"convert it as it is: drop {' and '.join(given)}, or name the format it holds ({own}).")
     linears = [(module, name) for rule in model.family.rules(model.hf) if (module := _module(rule)) in LINEARS
                for layer in range(model.hf.num_hidden_layers) for name in rule.source_names(layer)]
-    check_prequantized(fmt, model.tensors, sorted({name for _, name in linears}))
+    try:
+        check_prequantized(fmt, model.tensors, sorted({name for _, name in linears}))
+    except KitUsageError as exc:
+        return str(exc)
     for module, name in linears:
         scale = f"{name.removesuffix('.weight')}.input_scale"
         if scale not in model.tensors:
-            raise KitUsageError(found + f"{scale} is missing (dynamic activation scales), and the TensorRT-LLM FP8 "
-                                "checkpoint needs a static activation scale per linear: "
-                                f"{LLMAPI}, or start from the unquantized model with --quant fp8.")
+            return (found + f"{scale} is missing (dynamic activation scales), and the TensorRT-LLM FP8 checkpoint "
+                    f"needs a static activation scale per linear: {LLMAPI}, or start from the unquantized model "
+                    "with --quant fp8.")
         if module == "attention.qkv" and fmt.kv_cache_quant_algo == "FP8":
             counts = {kind: len(names) for kind, names in kv_scale_names(model.tensors, name).items()}
             if set(counts.values()) != {1}:
-                raise KitUsageError(found + f"it declares an FP8 KV cache, but {_attention(name)} holds "
-                                    f"{counts['k_scale']} k_scale and {counts['v_scale']} v_scale tensor(s) where "
-                                    "one each is needed: export it again.")
+                return (found + f"it declares an FP8 KV cache, but {_attention(name)} holds {counts['k_scale']} "
+                        f"k_scale and {counts['v_scale']} v_scale tensor(s) where one each is needed: export it "
+                        "again.")
+    return None
 
 
 def _attention(weight: str) -> str:
