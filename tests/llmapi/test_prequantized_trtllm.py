@@ -1,10 +1,12 @@
-"""Pre-quantized FP8 input for the TensorRT-LLM checkpoint (``--target engine`` and ``cpu``): a ModelOpt unified FP8
+"""Pre-quantized input for the TensorRT-LLM checkpoint (``--target engine`` and ``cpu``): a ModelOpt unified FP8
 checkpoint made by ModelOpt here (with an FP8 KV cache) and a compressed-tensors per-tensor FP8 one are converted
 without de- and re-quantizing (the e4m3 bytes carried over; fused q/k/v and gate/up parts rescaled to the group's
 largest weight scale as TensorRT-LLM's loader does), served by one tritonserver (the CPU runtime) token for token
 like transformers holding the converted weights dequantized (with the same FP8 activation and KV-cache round
-trips), and run the very weights the llmapi target's loader runs. The formats the TensorRT-LLM checkpoint cannot
-take, and a ``--quant`` that names another format, are refused in one sentence (exit 2)."""
+trips), and run the very weights the llmapi target's loader runs. A ModelOpt unified W4A16 AWQ checkpoint made by
+ModelOpt here is repacked losslessly for the engine target (tp 1 and 2) and run on the CPU runtime the same way.
+The inputs the TensorRT-LLM checkpoint cannot take, and a ``--quant`` that names another format, are refused in
+one sentence (exit 2)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from trtllm_kit.cli import run
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_model import load_causal_lm
+from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import fp8_round_trip
 from trtllm_kit.quant.kv import kv_round_trip
 from trtllm_kit.runtime.model import CheckpointModel
@@ -54,6 +57,14 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     compressed, _ = fp8_checkpoints(root)
     return {"modelopt": with_tokenizer(modelopt_export("builtin:tiny-llama", root / "modelopt")),
             "compressed": compressed}
+
+
+@pytest.fixture(scope="module")
+def awq(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ModelOpt unified W4A16 AWQ checkpoint of the tiny Llama, made by ModelOpt."""
+    out = tmp_path_factory.mktemp("awq") / "modelopt"
+    return with_tokenizer(modelopt_export("builtin:tiny-llama", out, "INT4_AWQ_CFG", kv_fp8=False, samples=4,
+                                          seq_len=32, per_batch=1, attention="eager"))
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +231,63 @@ def test_tensor_parallel_split(sources: dict[str, Path], built: dict[str, Path],
         assert greedy(tp2.forward, prompt) == greedy(lambda ids: reference(ids).logits, prompt)
 
 
+def awq_reference(ckpt: Path) -> torch.nn.Module:
+    """transformers' tiny Llama in float32 holding the converted W4A16 AWQ checkpoint: each linear's weight
+    dequantized (``code · weight_scale``) times its ``prequant_scaling_factor``, the norms as converted (ModelOpt
+    folded q/k/v's and gate/up's AWQ scale into them)."""
+    model = load_causal_lm(builtin_dir("tiny-llama"), torch.float32)
+    tensors = load_file(str(ckpt / "rank0.safetensors"))
+    for index, layer in enumerate(model.model.layers):
+        prefix = f"transformer.layers.{index}"
+        for module, hf_names in HF_LINEARS.items():
+            weight = int4_dequantize(tensors[f"{prefix}.{module}.weight"].view(torch.uint8),
+                                     tensors[f"{prefix}.{module}.weights_scaling_factor"]) * \
+                tensors[f"{prefix}.{module}.prequant_scaling_factor"].float()
+            sizes = [layer.get_submodule(name).weight.shape[0] for name in hf_names]
+            for name, part in zip(hf_names, torch.split(weight, sizes), strict=True):
+                layer.get_submodule(name).weight.data.copy_(part)
+        layer.input_layernorm.weight.data.copy_(tensors[f"{prefix}.input_layernorm.weight"])
+        layer.post_attention_layernorm.weight.data.copy_(tensors[f"{prefix}.post_layernorm.weight"])
+    return model
+
+
+@pytest.mark.integration
+def test_awq_checkpoint_is_repacked_losslessly(awq: Path, tmp_path: Path) -> None:
+    """The packed bytes and group scales as ModelOpt wrote them (split per rank at tp 2), ``pre_quant_scale`` as
+    the prequant scale where the export kept it and ones where it folded it into the norm; run on the CPU runtime
+    token for token like transformers on the dequantized weights, and like the llmapi target's loader."""
+    want = source_tensors(awq)
+    for tp in (1, 2):
+        out = tmp_path / f"tp{tp}"
+        assert run(["build", str(awq), "--target", "engine", "--tp", str(tp), "--until", "checkpoint", "--out",
+                    str(out)]) == 0
+        ranks = [load_file(str(out / "checkpoint" / f"rank{r}.safetensors")) for r in range(tp)]
+        hf = "model.layers.1"
+        for module, hf_name in (("attention.dense", "self_attn.o_proj"), ("mlp.proj", "mlp.down_proj")):  # row
+            got = [rank[f"transformer.layers.1.{module}.weight"].view(torch.uint8) for rank in ranks]
+            assert torch.equal(torch.cat(got, dim=1), want[f"{hf}.{hf_name}.weight"])
+            assert torch.equal(torch.cat([rank[f"transformer.layers.1.{module}.weights_scaling_factor"]
+                                          for rank in ranks], dim=1), want[f"{hf}.{hf_name}.weight_scale"])
+            assert torch.equal(torch.cat([rank[f"transformer.layers.1.{module}.prequant_scaling_factor"]
+                                          for rank in ranks]), want[f"{hf}.{hf_name}.pre_quant_scale"])
+        for module, hf_name in (("mlp.fc", "mlp.gate_proj"), ("mlp.gate", "mlp.up_proj")):  # column, folded
+            got = [rank[f"transformer.layers.1.{module}.weight"].view(torch.uint8) for rank in ranks]
+            assert torch.equal(torch.cat(got), want[f"{hf}.{hf_name}.weight"])
+            assert all(torch.equal(rank[f"transformer.layers.1.{module}.prequant_scaling_factor"],
+                                   torch.ones(256, dtype=torch.bfloat16)) for rank in ranks)
+        assert torch.equal(ranks[0]["transformer.layers.1.post_layernorm.weight"],
+                           want[f"{hf}.post_attention_layernorm.weight"])
+        config = json.loads((out / "checkpoint" / "config.json").read_text())["quantization"]
+        assert (config["quant_algo"], config["pre_quant_scale"], config["group_size"]) == ("W4A16_AWQ", True, 128)
+    converted = CheckpointModel.load(tmp_path / "tp1" / "checkpoint")
+    reference, llmapi = awq_reference(tmp_path / "tp1" / "checkpoint"), load_unified(awq)
+    tp2 = CheckpointModel.load(tmp_path / "tp2" / "checkpoint")
+    for prompt in PROMPTS:
+        want_ids = greedy(lambda ids: reference(ids).logits, prompt)
+        assert greedy(converted.forward, prompt) == want_ids == greedy(tp2.forward, prompt)
+        assert torch.equal(converted.forward(torch.tensor([prompt])), llmapi.forward(torch.tensor([prompt])))
+
+
 def refusal(model: Path, args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
     capsys.readouterr()
     assert run(["build", str(model), *args, "--until", "checkpoint", "--out", str(out)]) == 2
@@ -236,20 +304,19 @@ def relabelled(source: Path, into: Path, algo: str) -> Path:
     return into
 
 
-@pytest.mark.parametrize("algo, sentence", [
-    ("NVFP4", "the TensorRT-LLM checkpoint of --target engine and cpu takes no NVFP4 weights (the kit exports NVFP4 "
-              "for TensorRT-LLM's PyTorch backend only): build it with --target llmapi, which serves it as it is."),
-    ("W4A16_AWQ", "the kit does not repack ModelOpt's int4 weights into the TensorRT-LLM checkpoint's W4A16 AWQ "
-                  "layout: build it with --target llmapi, which serves it as it is, or build the unquantized model "
-                  "with --target engine --quant int4-awq."),
-])
-def test_formats_the_trtllm_checkpoint_cannot_take_are_refused(algo: str, sentence: str, sources: dict[str, Path],
-                                                               tmp_path: Path,
+def test_formats_the_trtllm_checkpoint_cannot_take_are_refused(sources: dict[str, Path], awq: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    model = relabelled(sources["modelopt"], tmp_path / algo, algo)
+    nvfp4 = relabelled(sources["modelopt"], tmp_path / "nvfp4", "NVFP4")
     for target in ("engine", "cpu"):
-        assert refusal(model, ["--target", target], tmp_path / target, capsys) == \
-            f"Error: {model} is a pre-quantized ModelOpt unified {algo} checkpoint (hf_quant_config.json); {sentence}"
+        assert refusal(nvfp4, ["--target", target], tmp_path / target, capsys) == (
+            f"Error: {nvfp4} is a pre-quantized ModelOpt unified NVFP4 checkpoint (hf_quant_config.json); the "
+            "TensorRT-LLM checkpoint of --target engine and cpu takes no NVFP4 weights (the kit exports NVFP4 for "
+            "TensorRT-LLM's PyTorch backend only): build it with --target llmapi, which serves it as it is.")
+    assert refusal(awq, ["--target", "cpu"], tmp_path / "awq-cpu", capsys) == (
+        f"Error: {awq} is a pre-quantized ModelOpt unified W4A16_AWQ checkpoint (hf_quant_config.json); the cpu "
+        "target does not take W4A16 AWQ, as it does not take --quant int4-awq (TensorRT-LLM's W4A16 AWQ kernels run "
+        "on GPUs): build it with --target engine, which converts it, or with --target llmapi, which serves it as it "
+        "is.")
 
 
 def compressed_variant(source: Path, into: Path, strategy: str, drop: str | None) -> Path:
@@ -299,8 +366,13 @@ def test_naming_the_format_it_holds_is_accepted(sources: dict[str, Path], built:
         (built["modelopt"] / "checkpoint" / "rank0.safetensors").read_bytes()
 
 
-def test_inspect_names_what_each_target_does(sources: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_names_what_each_target_does(sources: dict[str, Path], awq: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     assert run(["inspect", str(sources["compressed"])]) == 0
     assert "pre-quantized: compressed-tensors FP8 (per-tensor) (config.json); --target llmapi serves it as it is, " \
            "--target engine and cpu convert it" in " ".join(capsys.readouterr().out.split())
+    assert run(["inspect", str(awq)]) == 0
+    assert "pre-quantized: ModelOpt unified W4A16_AWQ (hf_quant_config.json); --target llmapi serves it as it is, " \
+           f"--target engine converts it; --target cpu refuses it: {awq} is a pre-quantized" in \
+           " ".join(capsys.readouterr().out.split())

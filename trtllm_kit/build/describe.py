@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trtllm_kit.checkpoint.convert import check_sources, work_items
+from trtllm_kit.checkpoint.prequantized import OWN_QUANT, trtllm_input_problem
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.layout import (
     Mapping,
@@ -21,7 +22,6 @@ from trtllm_kit.layout import (
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
 from trtllm_kit.quant.prequantized import detect_prequantized
-from trtllm_kit.quant.prequantized_trtllm import trtllm_input_problem
 
 
 def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_pickle: bool = False,
@@ -43,13 +43,15 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
     resolved = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
     prequantized = detect_prequantized(model.path)
-    trtllm_problem = None
+    trtllm = {}  # target → "converted" or why it refuses the input
     if prequantized is None:  # a pre-quantized model's tensors are the format's, not the table's
         check_sources(model, items)
     else:  # the TensorRT-LLM checkpoint holds the input's quantization, where it can
-        trtllm_problem = trtllm_input_problem(prequantized, model, quant)
-        if trtllm_problem is None:
-            quant = QuantConfig(quant="fp8", kv_cache="fp8" if prequantized.kv_cache_quant_algo == "FP8" else "auto")
+        trtllm = {target: trtllm_input_problem(prequantized, model, quant, target) or "converted"
+                  for target in ("engine", "cpu")}
+        if trtllm["engine"] == "converted":
+            quant = QuantConfig(quant=OWN_QUANT[prequantized.quant_algo],
+                                kv_cache="fp8" if prequantized.kv_cache_quant_algo == "FP8" else "auto")
     quant = quant or QuantConfig()
     check_model(quant, hf.num_key_value_heads, tp)
     layout = QuantLayout(quant.quant_algo, quant.kv_cache_quant_algo)
@@ -77,7 +79,7 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
         "input_quantization": None if prequantized is None else {
             "format": prequantized.label, "quant_algo": prequantized.quant_algo,
             "kv_cache_quant_algo": prequantized.kv_cache_quant_algo, "declared_in": prequantized.declared_in,
-            "engine_and_cpu": trtllm_problem or "converted"},
+            "trtllm_checkpoint": trtllm},
         "config": {"hidden_size": hf.hidden_size, "intermediate_size": hf.intermediate_size,
                    "num_hidden_layers": hf.num_hidden_layers, "num_attention_heads": hf.num_attention_heads,
                    "num_key_value_heads": hf.num_key_value_heads, "head_dim": hf.head_dim,
@@ -110,8 +112,11 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
     console.print(f"  tokenizer: {', '.join(d['tokenizer_files']) or 'none found'}", highlight=False)
     if d["input_quantization"]:
         q = d["input_quantization"]
-        trtllm = ("--target engine and cpu convert it" if q["engine_and_cpu"] == "converted"
-                  else f"--target engine and cpu refuse it: {q['engine_and_cpu']}")
+        done = q["trtllm_checkpoint"]
+        if done["engine"] == done["cpu"]:
+            trtllm = "--target engine and cpu " + _verdict(done["cpu"], plural=True)
+        else:
+            trtllm = f"--target engine {_verdict(done['engine'])}; --target cpu {_verdict(done['cpu'])}"
         console.print(f"  pre-quantized: {q['format']} ({q['declared_in']}); --target llmapi serves it as it is, "
                       f"{trtllm}", highlight=False)
     console.print(f"Build: {b['dtype']}, tp={b['tp_size']} pp={b['pp_size']}, {b['kv_heads_per_rank']} KV "
@@ -128,3 +133,10 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
     console.print(table)
     if d["unused_tensors"]:
         console.print(f"Not converted: {', '.join(d['unused_tensors'][:8])}", highlight=False)
+
+
+def _verdict(done: str, plural: bool = False) -> str:
+    """``convert(s) it`` or ``refuse(s) it: why``."""
+    if done == "converted":
+        return "convert it" if plural else "converts it"
+    return f"refuse it: {done}" if plural else f"refuses it: {done}"

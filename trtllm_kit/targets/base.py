@@ -111,16 +111,16 @@ class Target(ABC):
         Arguments:
             spec: the build spec.
         """
+        from trtllm_kit.checkpoint.prequantized import check_trtllm_input
         from trtllm_kit.models.inspect import inspect_model, resolve_model_path
         from trtllm_kit.quant.algos import check_target
         from trtllm_kit.quant.prequantized import detect_prequantized
-        from trtllm_kit.quant.prequantized_trtllm import check_trtllm_input
 
         check_target(spec.quant_config(), self.name)
         fmt = detect_prequantized(resolve_model_path(spec.model))
-        if fmt is not None:  # converted with its own scales (quant/prequantized_trtllm.py); headers only here
+        if fmt is not None:  # converted with its own scales (checkpoint/prequantized.py); headers only here
             check_trtllm_input(fmt, inspect_model(spec.model, allow_pickle=spec.build.allow_pickle),
-                               spec.quant_config())
+                               spec.quant_config(), self.name)
         if spec.repo.gpu_device_ids is not None:
             raise KitUsageError(f"--gpu-device-ids applies to --target llmapi only (one LLM per GPU group); the "
                                 f"{self.name} target's repository runs one tensorrt_llm instance, so drop the option "

@@ -47,11 +47,11 @@ def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
 
 def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     """HF weights → the TensorRT-LLM ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models. A
-    pre-quantized input is converted with its own scales (``quant/prequantized_trtllm.py``): no calibration, and
+    pre-quantized input is converted with its own scales (``checkpoint/prequantized.py``): no calibration, and
     no verify against transformers (which cannot load every such format)."""
     from trtllm_kit.checkpoint.convert import convert, quant_transform  # torch
+    from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
     from trtllm_kit.quant.prequantized import detect_prequantized
-    from trtllm_kit.quant.prequantized_trtllm import PreQuantizedTransform
 
     ckpt_dir = ctx.out / "checkpoint"
     ckpt_dir.mkdir()
@@ -66,9 +66,7 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     if isinstance(transform, PreQuantizedTransform):
         fmt = transform.fmt
         quantization = {**transform.quantization, "input": fmt.label, "rescaled_modules": transform.num_rescaled}
-        ctx.reporter.note(f"convert: {fmt.label} input ({fmt.declared_in}): e4m3 weights and scales carried over; "
-                          f"{transform.num_rescaled} fused q/k/v or gate/up module(s) with unequal weight scales "
-                          "rescaled to their largest, as TensorRT-LLM's loader does")
+        ctx.reporter.note(f"convert: {fmt.label} input ({fmt.declared_in}): {transform.summary}")
     ctx.records.checkpoint = CheckpointRecord(dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
                                               quantization=quantization)
     if fmt is None and should_verify(ctx.spec, ctx.model):
