@@ -317,6 +317,10 @@ def test_formats_the_trtllm_checkpoint_cannot_take_are_refused(sources: dict[str
         "target does not take W4A16 AWQ, as it does not take --quant int4-awq (TensorRT-LLM's W4A16 AWQ kernels run "
         "on GPUs): build it with --target engine, which converts it, or with --target llmapi, which serves it as it "
         "is.")
+    assert refusal(awq, ["--target", "engine", "--tp", "4"], tmp_path / "awq-tp4", capsys) == (
+        f"Error: {awq} is W4A16 AWQ, whose int4 weights are split in whole bytes of two rows and groups of 128 input "
+        "features, but at --tp 4 a rank's part of transformer.layers.0.attention.dense.weight is 256 x 64: choose "
+        "another --tp.")
 
 
 def compressed_variant(source: Path, into: Path, strategy: str, drop: str | None) -> Path:

@@ -26,7 +26,16 @@ from safetensors import safe_open
 
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import AWQ_GROUP_SIZE, KV_SCALE_NAME, LAYER_RULE_PREFIX, LINEARS
+from trtllm_kit.layout import (
+    AWQ_GROUP_SIZE,
+    KV_SCALE_NAME,
+    LAYER_RULE_PREFIX,
+    LINEARS,
+    Mapping,
+    check_tp,
+    rank_tensors,
+    split_name,
+)
 from trtllm_kit.models.base import Place, Rule, Slice, Split, WorkItem
 from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig
@@ -54,17 +63,33 @@ PER_CHANNEL = ("its per-channel weight scales with dynamic per-token activation 
 OWN_QUANT = {"FP8": "fp8", "W4A16_AWQ": "int4-awq"}  # the --quant that names a converted format
 
 
-def check_trtllm_input(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig, target: str | None = None) -> None:
+def check_trtllm_input(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig, target: str | None = None,
+                       tp_size: int = 1) -> None:
     """Refuse, in one sentence, a pre-quantized input the TensorRT-LLM checkpoint cannot take as it is, or a
     ``--quant``/``--kv-cache`` that names another format than the one it holds.
 
     Arguments:
         fmt: the detected format; model: the inspected (headers only) model; quant: the build's quantization;
-        target: the build's target (None: the checkpoint alone).
+        target: the build's target (None: the checkpoint alone); tp_size: the tensor-parallel size.
     """
     problem = trtllm_input_problem(fmt, model, quant, target)
+    if problem is None and fmt.quant_algo == "W4A16_AWQ":
+        problem = _awq_split_problem(model, tp_size)
     if problem is not None:
         raise KitUsageError(problem)
+
+
+def _awq_split_problem(model: ModelSpec, tp_size: int) -> str | None:
+    """Why packed int4 rows and groups of 128 input features cannot be split ``tp_size`` ways, or None."""
+    hf = model.hf
+    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, tp_size)
+    for name, spec in rank_tensors(hf, model.family, Mapping(tp_size, 1), 0).items():
+        if split_name(name)[1] in LINEARS and name.endswith(".weight") and \
+                (spec.shape[0] % 2 or spec.shape[1] % AWQ_GROUP_SIZE):
+            return (f"{model.source} is W4A16 AWQ, whose int4 weights are split in whole bytes of two rows and "
+                    f"groups of {AWQ_GROUP_SIZE} input features, but at --tp {tp_size} a rank's part of {name} is "
+                    f"{spec.shape[0]} x {spec.shape[1]}: choose another --tp.")
+    return None
 
 
 def trtllm_input_problem(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig | None = None,

@@ -120,7 +120,7 @@ class Target(ABC):
         fmt = detect_prequantized(resolve_model_path(spec.model))
         if fmt is not None:  # converted with its own scales (checkpoint/prequantized.py); headers only here
             check_trtllm_input(fmt, inspect_model(spec.model, allow_pickle=spec.build.allow_pickle),
-                               spec.quant_config(), self.name)
+                               spec.quant_config(), self.name, spec.build.tp)
         if spec.repo.gpu_device_ids is not None:
             raise KitUsageError(f"--gpu-device-ids applies to --target llmapi only (one LLM per GPU group); the "
                                 f"{self.name} target's repository runs one tensorrt_llm instance, so drop the option "
