@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trtllm_kit.checkpoint.convert import check_sources, work_items
-from trtllm_kit.checkpoint.prequantized import OWN_QUANT, trtllm_input_problem
+from trtllm_kit.checkpoint.prequantized_checks import OWN_QUANT, trtllm_input_problem
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.layout import (
     Mapping,

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from safetensors import safe_open
 
-from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform, check_trtllm_input
+from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
+from trtllm_kit.checkpoint.prequantized_checks import check_trtllm_input
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError

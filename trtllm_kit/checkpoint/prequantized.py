@@ -1,5 +1,5 @@
 """A pre-quantized checkpoint (``quant/prequantized.py``) as the TensorRT-LLM checkpoint of the engine and cpu
-targets: what converts, what is refused (one sentence, before any heavy work), and the converter's hook.
+targets: the converter's hook (what converts and what is refused: ``checkpoint/prequantized_checks.py``).
 
 Per-tensor FP8 (ModelOpt unified, or compressed-tensors with static input scales) converts without de- and
 re-quantizing: each linear's e4m3 weights are carried over with ``weight_scale`` as ``weights_scaling_factor`` and
@@ -13,8 +13,7 @@ same weights.
 
 ModelOpt's unified W4A16 AWQ converts losslessly for the engine target: both layouts pack two output rows per byte
 and scale groups of 128 input features, so the bytes and ``weight_scale`` are split as they are, and
-``pre_quant_scale`` becomes ``prequant_scaling_factor`` (ones where the export folded it into the norm). NVFP4,
-per-channel (dynamic per-token) FP8 and W4A16 AWQ for the cpu target are refused, naming what to do instead.
+``pre_quant_scale`` becomes ``prequant_scaling_factor`` (ones where the export folded it into the norm).
 """
 
 from __future__ import annotations
@@ -24,143 +23,21 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from trtllm_kit.checkpoint.prequantized_checks import OWN_QUANT, kv_scale_names, layer_module
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import (
-    AWQ_GROUP_SIZE,
-    KV_SCALE_NAME,
-    LAYER_RULE_PREFIX,
-    LINEARS,
-    Mapping,
-    check_tp,
-    rank_tensors,
-    split_name,
-)
-from trtllm_kit.models.base import Place, Rule, Slice, Split, WorkItem
+from trtllm_kit.layout import AWQ_GROUP_SIZE, KV_SCALE_NAME, LINEARS
+from trtllm_kit.models.base import Rule, Split, WorkItem
 from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.fp8 import fp8_rescale
 from trtllm_kit.quant.kv import fp8_kv_scale_of, kv_scale_tensor
-from trtllm_kit.quant.prequantized import PreQuantized, check_prequantized
+from trtllm_kit.quant.prequantized import PreQuantized
 
 F32 = torch.float32
 Outputs = list[list[tuple[str, list[torch.Tensor]]]]
 FUSED = {"mlp.fc": ("mlp.fc", "mlp.gate"), "mlp.gate": ("mlp.fc", "mlp.gate")}  # q/k/v are one work item
 SCALE_SUFFIXES = ("weight_scale", "input_scale", "pre_quant_scale", "k_scale", "v_scale")
-LLMAPI = "build it with --target llmapi, which serves it as it is"
-REFUSED = {  # quant_algo → why the TensorRT-LLM checkpoint cannot take it, and what to do
-    "NVFP4": "the TensorRT-LLM checkpoint of --target engine and cpu takes no NVFP4 weights (the kit exports "
-             f"NVFP4 for TensorRT-LLM's PyTorch backend only): {LLMAPI}.",
-}
-AWQ_ON_CPU = ("the cpu target does not take W4A16 AWQ, as it does not take --quant int4-awq (TensorRT-LLM's W4A16 "
-              "AWQ kernels run on GPUs): build it with --target engine, which converts it, or with --target llmapi, "
-              "which serves it as it is.")
-AWQ_FUSED = ("{family} fuses q/k/v and gate/up in one HF projection each, whose packed int4 rows the kit does not "
-             f"split: {LLMAPI}.")
-PER_CHANNEL = ("its per-channel weight scales with dynamic per-token activation scales are TensorRT-LLM's "
-               "FP8_PER_CHANNEL_PER_TOKEN, which the kit's TensorRT-LLM checkpoint and CPU runtime do not take: "
-               f"{LLMAPI}, or start from the unquantized model with --quant fp8.")
-OWN_QUANT = {"FP8": "fp8", "W4A16_AWQ": "int4-awq"}  # the --quant that names a converted format
-
-
-def check_trtllm_input(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig, target: str | None = None,
-                       tp_size: int = 1) -> None:
-    """Refuse, in one sentence, a pre-quantized input the TensorRT-LLM checkpoint cannot take as it is, or a
-    ``--quant``/``--kv-cache`` that names another format than the one it holds.
-
-    Arguments:
-        fmt: the detected format; model: the inspected (headers only) model; quant: the build's quantization;
-        target: the build's target (None: the checkpoint alone); tp_size: the tensor-parallel size.
-    """
-    problem = trtllm_input_problem(fmt, model, quant, target)
-    if problem is None and fmt.quant_algo == "W4A16_AWQ":
-        problem = _awq_split_problem(model, tp_size)
-    if problem is not None:
-        raise KitUsageError(problem)
-
-
-def _awq_split_problem(model: ModelSpec, tp_size: int) -> str | None:
-    """Why packed int4 rows and groups of 128 input features cannot be split ``tp_size`` ways, or None."""
-    hf = model.hf
-    check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, tp_size)
-    for name, spec in rank_tensors(hf, model.family, Mapping(tp_size, 1), 0).items():
-        if split_name(name)[1] in LINEARS and name.endswith(".weight") and \
-                (spec.shape[0] % 2 or spec.shape[1] % AWQ_GROUP_SIZE):
-            return (f"{model.source} is W4A16 AWQ, whose int4 weights are split in whole bytes of two rows and "
-                    f"groups of {AWQ_GROUP_SIZE} input features, but at --tp {tp_size} a rank's part of {name} is "
-                    f"{spec.shape[0]} x {spec.shape[1]}: choose another --tp.")
-    return None
-
-
-def trtllm_input_problem(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig | None = None,
-                         target: str | None = None) -> str | None:
-    """Why ``check_trtllm_input`` refuses the input (one sentence), or None when it converts.
-
-    Arguments:
-        fmt: the detected format; model: the inspected model; quant: the build's quantization (none: not given);
-        target: the build's target (None: the checkpoint alone).
-    """
-    quant = quant or QuantConfig()
-    found = f"{model.source} is a pre-quantized {fmt.label} checkpoint ({fmt.declared_in}); "
-    if fmt.quant_algo in REFUSED:
-        return found + REFUSED[fmt.quant_algo]
-    if fmt.strategy != "tensor":
-        return found + PER_CHANNEL
-    rules = model.family.rules(model.hf)
-    if fmt.quant_algo == "W4A16_AWQ" and target == "cpu":
-        return found + AWQ_ON_CPU
-    if fmt.quant_algo == "W4A16_AWQ" and any(isinstance(source, Slice) for rule in rules for source in rule.sources):
-        return found + AWQ_FUSED.format(family=model.family.name)
-    own_kv = "fp8" if fmt.kv_cache_quant_algo == "FP8" else "auto"
-    own = f"--quant {OWN_QUANT[fmt.quant_algo]}" + (" --kv-cache fp8" if own_kv == "fp8" else "")
-    given = [f"--quant {quant.quant}"] if quant.quant not in ("none", OWN_QUANT[fmt.quant_algo]) else []
-    given += [f"--kv-cache {quant.kv_cache}"] if quant.kv_cache not in ("auto", own_kv) else []
-    if given:
-        return (f"{model.source} is already quantized ({fmt.label}, {fmt.declared_in}); --target engine and cpu "
-                f"convert it as it is: drop {' and '.join(given)}, or name the format it holds ({own}).")
-    linears = [(module, name) for rule in rules if (module := _module(rule)) in LINEARS
-               for layer in range(model.hf.num_hidden_layers) for name in rule.source_names(layer)]
-    try:
-        check_prequantized(fmt, model.tensors, sorted({name for _, name in linears}))
-    except KitUsageError as exc:
-        return str(exc)
-    for module, name in linears:
-        scale = f"{name.removesuffix('.weight')}.input_scale"
-        if fmt.quant_algo == "FP8" and scale not in model.tensors:
-            return (found + f"{scale} is missing (dynamic activation scales), and the TensorRT-LLM FP8 checkpoint "
-                    f"needs a static activation scale per linear: {LLMAPI}, or start from the unquantized model "
-                    "with --quant fp8.")
-        if module == "attention.qkv" and fmt.kv_cache_quant_algo == "FP8":
-            counts = {kind: len(names) for kind, names in kv_scale_names(model.tensors, name).items()}
-            if set(counts.values()) != {1}:
-                return (found + f"it declares an FP8 KV cache, but {_attention(name)} holds {counts['k_scale']} "
-                        f"k_scale and {counts['v_scale']} v_scale tensor(s) where one each is needed: export it "
-                        "again.")
-    return None
-
-
-def _attention(weight: str) -> str:
-    """``model.layers.0.self_attn`` of ``model.layers.0.self_attn.q_proj.weight``."""
-    return weight.rsplit(".", 2)[0]
-
-
-def kv_scale_names(tensors: Any, qkv_weight: str) -> dict[str, list[str]]:
-    """The ``k_scale`` and ``v_scale`` tensor names of a layer's attention (ModelOpt writes them under
-    ``k_proj``/``v_proj``, compressed-tensors under the attention module).
-
-    Arguments:
-        tensors: the checkpoint's tensor names (a dict or a set); qkv_weight: one of the layer's q/k/v weights.
-    """
-    attention = _attention(qkv_weight)
-    return {kind: sorted(n for n in tensors if n.startswith(f"{attention}.") and n.endswith(f".{kind}"))
-            for kind in ("k_scale", "v_scale")}
-
-
-def _module(rule: Rule) -> str:
-    """``attention.qkv`` for a layer rule's weight, else ""."""
-    if rule.place is not Place.LAYER or not rule.name.endswith(".weight"):
-        return ""
-    return rule.name.removeprefix(LAYER_RULE_PREFIX).removesuffix(".weight")
 
 
 class PreQuantizedTransform:
@@ -177,7 +54,7 @@ class PreQuantizedTransform:
         self.fmt = fmt
         self.dtype = dtype
         self.num_kv_heads = model.hf.num_key_value_heads
-        self.modules = {_module(r): r for r in rules if _module(r)}
+        self.modules = {layer_module(r): r for r in rules if layer_module(r)}
         self.scales = _read_scales(model)
         self.num_rescaled = 0  # fused FP8 modules whose parts were rescaled to one weight scale
 
@@ -185,7 +62,7 @@ class PreQuantizedTransform:
     def quantization(self) -> dict[str, Any]:
         """The checkpoint's ``quantization`` object: what ``--quant fp8`` or ``int4-awq`` writes, with the input's
         KV cache."""
-        quant = "fp8" if self.fmt.quant_algo == "FP8" else "int4-awq"
+        quant = OWN_QUANT[self.fmt.quant_algo]
         kv = "fp8" if self.fmt.kv_cache_quant_algo == "FP8" else "auto"
         return QuantConfig(quant=quant, kv_cache=kv).quantization_block()
 
@@ -215,7 +92,7 @@ class PreQuantizedTransform:
         Arguments:
             item: the work item; shards: per TP rank the parts (one per HF source) of its tensor.
         """
-        module = _module(item.rule)
+        module = layer_module(item.rule)
         if module not in LINEARS:
             return [[(item.target, parts)] for parts in shards]
         outputs = self._fp8(item, module, shards) if self.fmt.quant_algo == "FP8" else self._awq(item, shards)
