@@ -360,6 +360,28 @@ def test_mismatched_encodings_are_refused(sources: dict[str, Path], tmp_path: Pa
         "and cpu convert it as it is: drop --kv-cache fp8, or name the format it holds (--quant fp8).")
 
 
+def test_compressed_tensors_kv_cache_scales(sources: dict[str, Path], tmp_path: Path) -> None:
+    """compressed-tensors keeps ``k_scale``/``v_scale`` on the attention module: ``max(k, v, 1)`` per layer."""
+    model = tmp_path / "kv"
+    shutil.copytree(sources["compressed"], model)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                                        "dynamic": False, "symmetric": True}
+    (model / "config.json").write_text(json.dumps(config))
+    scales = {0: (2.5, 3.0), 1: (0.02, 0.01), 2: (4.0, 0.5)}
+    tensors = source_tensors(sources["compressed"])
+    for layer, (k, v) in scales.items():
+        tensors[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor([k])
+        tensors[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor([v])
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "out"
+    assert run(["build", str(model), "--target", "cpu", "--until", "checkpoint", "--out", str(out)]) == 0
+    got = load_file(str(out / "checkpoint" / "rank0.safetensors"))
+    assert [float(got[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"]) for i in scales] == \
+        [3.0, 1.0, 4.0]
+    assert json.loads((out / "checkpoint" / "config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
+
+
 def test_naming_the_format_it_holds_is_accepted(sources: dict[str, Path], built: dict[str, Path],
                                                 tmp_path: Path) -> None:
     out = tmp_path / "named"
