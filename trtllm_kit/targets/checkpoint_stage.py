@@ -64,9 +64,9 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     copy_tokenizer(ctx.model, ctx.out / "tokenizer")
     quantization = transform.quantization if transform else None
     if isinstance(transform, PreQuantizedTransform):
-        fmt = transform.fmt
-        quantization = {**transform.quantization, "input": fmt.label, "rescaled_modules": transform.num_rescaled}
-        ctx.reporter.note(f"convert: {fmt.label} input ({fmt.declared_in}): {transform.summary}")
+        label = transform.fmt.label
+        quantization = {**transform.quantization, "input": label, "rescaled_modules": transform.num_rescaled}
+        ctx.reporter.note(f"convert: {label} input ({transform.fmt.declared_in}): {transform.summary}")
     ctx.records.checkpoint = CheckpointRecord(dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
                                               quantization=quantization)
     if fmt is None and should_verify(ctx.spec, ctx.model):
