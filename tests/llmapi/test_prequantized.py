@@ -1,13 +1,12 @@
 """Pre-quantized inputs: a ModelOpt unified FP8 checkpoint made by ModelOpt here and a compressed-tensors FP8 one
 written here from its documented layout are recognised from their configs (``inspect`` names the format), built for
-the llmapi target as they are (the same bytes), run on the CPU runtime token for token like their references, and
-refused for the engine target in one sentence."""
+the llmapi target as they are (the same bytes) and run on the CPU runtime token for token like their references
+(``test_prequantized_trtllm.py`` converts them for the engine and cpu targets)."""
 
 from __future__ import annotations
 
 import filecmp
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -52,15 +51,6 @@ def inspect_format(model: Path, capsys: pytest.CaptureFixture[str]) -> str:
     return json.loads(capsys.readouterr().out)["input_quantization"]["format"]
 
 
-def refused_for_engine(model: Path, label: str, declared_in: str, err: str) -> bool:
-    """--target engine refuses in one sentence (the target is named cpu where no GPU compiles engines)."""
-    return re.search(re.escape(f"Error: {model} is a pre-quantized {label} checkpoint ({declared_in}); the ")
-                     + "(engine|cpu)" + re.escape(
-                         " target converts unquantized weights only and would have to de- and re-quantize these: "
-                         "build it with --target llmapi, which serves it as it is, or start from the unquantized "
-                         "model with --quant fp8."), err) is not None
-
-
 def build_llmapi(model: Path, out: Path) -> Path:
     assert run(["build", str(model), "--target", "llmapi", "--until", "checkpoint", "--out", str(out)]) == 0
     return out / "checkpoint"
@@ -77,9 +67,6 @@ def test_modelopt_fp8_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[s
     for prompt in PROMPTS:
         assert greedy(ckpt, prompt) == greedy(source, prompt)
     capsys.readouterr()
-    assert run(["build", str(source), "--target", "engine", "--until", "checkpoint", "--out",
-                str(tmp_path / "engine")]) == 2
-    assert refused_for_engine(source, "ModelOpt unified FP8", "hf_quant_config.json", capsys.readouterr().err)
     assert run(["build", str(source), "--target", "llmapi", "--quant", "fp8", "--until", "checkpoint", "--out",
                 str(tmp_path / "again")]) == 2
     assert "is already quantized (ModelOpt unified FP8, hf_quant_config.json); the llmapi target serves it as it " \
@@ -135,10 +122,6 @@ def test_compressed_tensors_fp8_checkpoint(tmp_path: Path, capsys: pytest.Captur
     assert torch.equal(load_unified(ckpt).forward(ids), load_unified(modelopt).forward(ids))
     for prompt in PROMPTS:
         assert greedy(ckpt, prompt) == greedy(modelopt, prompt)
-    capsys.readouterr()
-    assert run(["build", str(compressed), "--target", "engine", "--until", "checkpoint", "--out",
-                str(tmp_path / "engine")]) == 2
-    assert refused_for_engine(compressed, "compressed-tensors FP8 (per-tensor)", "config.json", capsys.readouterr().err)
 
 
 def test_other_quantizations_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trtllm_kit.checkpoint.convert import check_sources, work_items
+from trtllm_kit.checkpoint.prequantized_checks import OWN_QUANT, trtllm_input_problem
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.layout import (
     Mapping,
@@ -42,8 +43,15 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
     resolved = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
     prequantized = detect_prequantized(model.path)
+    trtllm = {}  # target → "converted" or why it refuses the input
     if prequantized is None:  # a pre-quantized model's tensors are the format's, not the table's
         check_sources(model, items)
+    else:  # the TensorRT-LLM checkpoint holds the input's quantization, where it can
+        trtllm = {target: trtllm_input_problem(prequantized, model, quant, target) or "converted"
+                  for target in ("engine", "cpu")}
+        if trtllm["engine"] == "converted":
+            quant = QuantConfig(quant=OWN_QUANT[prequantized.quant_algo],
+                                kv_cache="fp8" if prequantized.kv_cache_quant_algo == "FP8" else "auto")
     quant = quant or QuantConfig()
     check_model(quant, hf.num_key_value_heads, tp)
     layout = QuantLayout(quant.quant_algo, quant.kv_cache_quant_algo)
@@ -70,7 +78,8 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
         "tokenizer_files": [p.name for p in model.tokenizer_files],
         "input_quantization": None if prequantized is None else {
             "format": prequantized.label, "quant_algo": prequantized.quant_algo,
-            "kv_cache_quant_algo": prequantized.kv_cache_quant_algo, "declared_in": prequantized.declared_in},
+            "kv_cache_quant_algo": prequantized.kv_cache_quant_algo, "declared_in": prequantized.declared_in,
+            "trtllm_checkpoint": trtllm},
         "config": {"hidden_size": hf.hidden_size, "intermediate_size": hf.intermediate_size,
                    "num_hidden_layers": hf.num_hidden_layers, "num_attention_heads": hf.num_attention_heads,
                    "num_key_value_heads": hf.num_key_value_heads, "head_dim": hf.head_dim,
@@ -81,7 +90,8 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
                   "kv_heads_per_rank": kv_heads_per_rank(hf.num_key_value_heads, tp),
                   "kv_heads_duplicated": hf.num_key_value_heads < tp,
                   "padded_vocab_size": pad_vocab_size(hf.vocab_size, tp), "ranks": ranks,
-                  "quantization": quant.quantization_block(), "needs_calibration": quant.needs_calibration},
+                  "quantization": quant.quantization_block(),
+                  "needs_calibration": quant.needs_calibration and prequantized is None},
         "unused_tensors": sorted(set(model.tensors) - used),
     }
 
@@ -102,8 +112,13 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
     console.print(f"  tokenizer: {', '.join(d['tokenizer_files']) or 'none found'}", highlight=False)
     if d["input_quantization"]:
         q = d["input_quantization"]
-        console.print(f"  pre-quantized: {q['format']} ({q['declared_in']}); --target llmapi serves it as it is",
-                      highlight=False)
+        done = q["trtllm_checkpoint"]
+        if done["engine"] == done["cpu"]:
+            trtllm = "--target engine and cpu " + _verdict(done["cpu"], plural=True)
+        else:
+            trtllm = f"--target engine {_verdict(done['engine'])}; --target cpu {_verdict(done['cpu'])}"
+        console.print(f"  pre-quantized: {q['format']} ({q['declared_in']}); --target llmapi serves it as it is, "
+                      f"{trtllm}", highlight=False)
     console.print(f"Build: {b['dtype']}, tp={b['tp_size']} pp={b['pp_size']}, {b['kv_heads_per_rank']} KV "
                   f"head(s) per rank{' (duplicated)' if b['kv_heads_duplicated'] else ''}, lm_head vocab padded "
                   f"to {b['padded_vocab_size']}", highlight=False)
@@ -118,3 +133,10 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
     console.print(table)
     if d["unused_tensors"]:
         console.print(f"Not converted: {', '.join(d['unused_tensors'][:8])}", highlight=False)
+
+
+def _verdict(done: str, plural: bool = False) -> str:
+    """``convert(s) it`` or ``refuse(s) it: why``."""
+    if done == "converted":
+        return "convert it" if plural else "converts it"
+    return f"refuse it: {done}" if plural else f"refuses it: {done}"

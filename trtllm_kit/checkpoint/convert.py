@@ -18,6 +18,8 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from safetensors import safe_open
 
+from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
+from trtllm_kit.checkpoint.prequantized_checks import check_trtllm_input
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
@@ -28,6 +30,7 @@ from trtllm_kit.models.inspect import ModelSpec, TensorInfo, inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.quant.checkpoint import QuantTransform
+from trtllm_kit.quant.prequantized import detect_prequantized
 from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -46,6 +49,9 @@ class TensorTransform(Protocol):
 
     def apply(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> list[list[tuple[str, list[torch.Tensor]]]]:
         """Per TP rank, (name, parts) in ``entries`` order, from the plain per-rank parts."""
+
+    def source_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The stored shape of a source whose values have ``shape`` (packed input holds fewer rows)."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,9 @@ def work_items(model: ModelSpec, mapping: Mapping) -> list[WorkItem]:
             for p in stage_rules(rules, model.hf.num_hidden_layers, mapping, pp_rank)]
 
 
-def check_sources(model: ModelSpec, items: list[WorkItem]) -> None:
-    """Every source exists with the shape the config implies; fails before anything is written."""
+def check_sources(model: ModelSpec, items: list[WorkItem], transform: TensorTransform | None = None) -> None:
+    """Every source exists with the shape the config implies (as ``transform`` stores it); fails before anything
+    is written."""
     shapes = model.family.hf_shapes(model.hf)
     for item in items:
         for pattern, name in zip(item.rule.sources, item.sources, strict=True):
@@ -76,6 +83,8 @@ def check_sources(model: ModelSpec, items: list[WorkItem]) -> None:
                 raise CheckpointError(f"{model.path}: tensor {name} is missing from the weights; the checkpoint is "
                                  "incomplete or does not match its config.json.")
             expected = shapes[source_name(pattern)]
+            if transform is not None:
+                expected = transform.source_shape(name, expected)
             if info.shape != expected:
                 raise CheckpointError(f"{info.path.name}: tensor {name} has shape {list(info.shape)}, but config.json "
                                  f"implies {list(expected)}; the weights and config do not match.")
@@ -249,7 +258,7 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
     dtype = resolve_dtype(dtype, hf)
     items = work_items(model, mapping)
-    check_sources(model, items)
+    check_sources(model, items, transform)
     entries = rank_entries(model, mapping, dtype, transform.quantization if transform else None)
     paths = tuple(out_dir / f"rank{rank}.safetensors" for rank in range(mapping.world_size))
     total = 0
@@ -307,15 +316,20 @@ def convert_checkpoint(hf_dir: Path | str, out_dir: Path, *, tp_size: int = 1, p
 
 def quant_transform(model: ModelSpec, mapping: Mapping, dtype: str, quant: QuantConfig | None,
                     stats: CalibrationStats | None = None) -> TensorTransform | None:
-    """The quantization hook for ``convert`` (None when nothing is quantized), calibrating when needed.
+    """The quantization hook for ``convert`` (None when nothing is quantized), calibrating when needed; a
+    pre-quantized input's hook carries its quantization over instead (``checkpoint/prequantized.py``).
 
     Arguments:
         model: the inspected model; mapping: the layout; dtype: the requested dtype; quant: the quantization;
         stats: calibration statistics, or None to calibrate now when the quantization needs them.
     """
+    rules = model.family.rules(model.hf)
+    fmt = detect_prequantized(model.path)
+    if fmt is not None:
+        check_trtllm_input(fmt, model, quant or QuantConfig())
+        return PreQuantizedTransform(model, fmt, rules, TORCH_DTYPES[resolve_dtype(dtype, model.hf)])
     if quant is None or not quant.is_quantized:
         return None
-    rules = model.family.rules(model.hf)
     if quant.needs_calibration and any(isinstance(s, Slice) for rule in rules for s in rule.sources):
         raise KitUsageError(f"--quant {quant.quant} --kv-cache {quant.kv_cache} needs calibration statistics per "
                             f"q/k/v and gate/up projection, which {model.family.name}'s fused HF projections do not "

@@ -71,11 +71,19 @@ def checkpoint_config(hf: HFConfig, family: Family, mapping: Mapping, dtype: str
 
 
 def precision_of(spec: BuildSpec, hf: HFConfig) -> Precision:
-    """The checkpoint dtype and quantization a spec asks for: the one place the engine stage reads them.
+    """The checkpoint dtype and quantization a spec asks for, or a pre-quantized input holds: the one place the
+    engine stage reads them.
 
     Arguments:
         spec: the build spec.
         hf: the model config (``auto`` dtype).
     """
+    from trtllm_kit.models.inspect import resolve_model_path
+    from trtllm_kit.quant.prequantized import detect_prequantized  # torch
+
+    dtype = resolve_dtype(spec.build.dtype, hf)
+    fmt = detect_prequantized(resolve_model_path(spec.model))
+    if fmt is not None:
+        return Precision(dtype, fmt.quant_algo, fmt.kv_cache_quant_algo)
     quant = spec.quant_config()
-    return Precision(resolve_dtype(spec.build.dtype, hf), quant.quant_algo, quant.kv_cache_quant_algo)
+    return Precision(dtype, quant.quant_algo, quant.kv_cache_quant_algo)

@@ -2,7 +2,8 @@
 
 The backend shards at load time (column/row splits of each HF tensor, KV heads duplicated when fewer than
 tp), fuses q/k/v and gate/up, and for FP8 gives a fused linear the largest of its parts' ``weight_scale`` and
-``input_scale``, rescaling each part's e4m3 weights to it (``FP8QDQLinearMethod``); an FP8 KV cache runs with
+``input_scale``, rescaling each part's e4m3 weights to it in the model dtype (``FP8QDQLinearMethod``,
+``quant/fp8.py`` ``fp8_rescale``); an FP8 KV cache runs with
 unit scales, whatever ``k_scale``/``v_scale`` say. NVFP4 weights are dequantized (``e2m1 · weight_scale ·
 weight_scale_2``, float32) and run as plain linears; so are W4A16 AWQ weights (``code · weight_scale``,
 times ``pre_quant_scale`` per input channel where the checkpoint has one). The result here is the same per-rank
@@ -28,9 +29,9 @@ from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
 from trtllm_kit.models.base import Slice, Split
-from trtllm_kit.models.inspect import ModelSpec, inspect_model
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.awq import int4_dequantize
-from trtllm_kit.quant.fp8 import fp8_quantize
+from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_rescale
 from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
 from trtllm_kit.quant.prequantized import detect_prequantized
 from trtllm_kit.runtime.layers import LINEAR_WEIGHTS, prepare_weights
@@ -102,7 +103,7 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             is_fp8 = algo == "FP8" and item.rule.name.endswith(LINEAR_WEIGHTS)
             scales: dict[str, torch.Tensor] = {}
             if is_fp8:
-                parts, scales = _fp8_group(model, item.sources, module, read)
+                parts, scales = _fp8_group(parts, item.sources, module, read, getattr(torch, dtype))
             elif algo not in DEQUANTIZED or not item.rule.name.endswith(LINEAR_WEIGHTS):
                 parts = [p.to(getattr(torch, dtype)) for p in parts]  # (dequantized weights stay float32)
             for tp_rank in range(mapping.tp_size):
@@ -113,7 +114,7 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
                 tensors = ranks[mapping.rank(tp_rank, item.pp_rank)]
                 if is_fp8:
                     prefix = item.target.removesuffix(".weight")
-                    tensors[item.target] = torch.cat([fp8_quantize(p, float(scales["w"])) for p in local])
+                    tensors[item.target] = torch.cat([p.to(FP8_DTYPE) for p in local])
                     tensors[f"{prefix}.weights_scaling_factor"] = scales["w"].reshape(1)
                     tensors[f"{prefix}.activation_scaling_factor"] = scales["x"].reshape(1)
                 else:
@@ -126,20 +127,23 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
     return CheckpointModel(config, ranks, compute_dtype, str(ckpt_dir))
 
 
-def _fp8_group(model: ModelSpec, sources: tuple[str, ...], module: str,
-               read: object) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """The parts dequantized to float32, and the fused group's largest weight and input scales."""
+def _fp8_group(parts: list[torch.Tensor], sources: tuple[str, ...], module: str, read: object,
+               dtype: torch.dtype) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The e4m3 parts rescaled to their fused group's largest weight scale as the backend does (``fp8_rescale``),
+    held in the model dtype (which holds e4m3 values exactly) for sharding, and the group's largest weight and
+    input scales."""
     def scale(name: str, kind: str) -> torch.Tensor:
-        return read(f"{name.removesuffix('.weight')}.{kind}").to(F32)  # type: ignore[operator]
+        return read(f"{name.removesuffix('.weight')}.{kind}").to(F32).reshape(())  # type: ignore[operator]
 
     group = list(sources)
     if module in FUSED_PARTS:  # fc and gate are one gate_up linear on the GPU: one scale for both
         layer_prefix = sources[0].rsplit(".", 2)[0]
         group = [f"{layer_prefix}.{part}.weight" for part in FUSED_PARTS[module]]
-    parts = [read(name).to(F32) * scale(name, "weight_scale") for name in sources]  # type: ignore[operator]
     w = torch.stack([scale(name, "weight_scale") for name in group]).max()
     x = torch.stack([scale(name, "input_scale") for name in group]).max()
-    return parts, {"w": w, "x": x}
+    rescaled = [fp8_rescale(part, scale(name, "weight_scale"), w, dtype).to(dtype)
+                for part, name in zip(parts, sources, strict=True)]
+    return rescaled, {"w": w, "x": x}
 
 
 def unified_loader(ckpt_dir: Path) -> Callable[[torch.dtype], CheckpointModel] | None:

@@ -49,6 +49,10 @@ class QuantTransform:
     def quantization(self) -> dict[str, Any]:
         return self.config.quantization_block()
 
+    def source_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Plain sources are stored as their values' shape."""
+        return shape
+
     def hf_modules(self, kind: str, layer: int | None) -> list[str]:
         """The HF module names behind a TensorRT-LLM layer module (three for qkv)."""
         assert layer is not None, "quantization statistics belong to decoder layers"

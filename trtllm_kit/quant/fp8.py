@@ -60,6 +60,21 @@ def fp8_dequantize(q: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor
     return q.float() * scale
 
 
+def fp8_rescale(weight: torch.Tensor, scale: torch.Tensor, max_scale: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """e4m3 values quantized with ``scale`` requantized to the larger ``max_scale`` of their fused group, as
+    TensorRT-LLM's loader does for a fused q/k/v or gate/up linear (``FP8QDQLinearMethod.rescale_fused_weights``):
+    ``W · scale / max_scale`` in the model dtype, each step rounded to it, then cast to e4m3 (never past ±448).
+
+    Arguments:
+        weight: e4m3 values (in e4m3 or any dtype that holds them exactly); scale: their float32 scale;
+        max_scale: the group's largest scale; dtype: the model dtype.
+    """
+    if torch.equal(scale.reshape(()), max_scale.reshape(())):  # the same values: the bytes are carried over
+        return weight.to(FP8_DTYPE)
+    return weight.to(dtype).mul(scale.reshape(())).div(max_scale.reshape(())).to(FP8_DTYPE)
+
+
 def fp8_round_trip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
     """Quantize ``x`` to e4m3 with ``scale`` (clamped) and back, in float32: activations and the KV cache.
 

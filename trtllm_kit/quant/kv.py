@@ -35,6 +35,16 @@ def fp8_kv_scale(k_amax: float, v_amax: float) -> float:
     return max(max(float(k_amax), float(v_amax)) / FP8_MAX, 1.0)
 
 
+def fp8_kv_scale_of(k_scale: float, v_scale: float) -> float:
+    """The same rule over a pre-quantized checkpoint's ``k_scale`` and ``v_scale`` (``amax / 448`` each):
+    ``max(k_scale, v_scale, 1.0)``.
+
+    Arguments:
+        k_scale: the layer's key scale; v_scale: its value scale.
+    """
+    return max(float(k_scale), float(v_scale), 1.0)
+
+
 def kv_scale_tensor(scale: float) -> torch.Tensor:
     """The float32 ``[1]`` tensor written as ``kv_cache_scaling_factor``.
 

@@ -111,17 +111,16 @@ class Target(ABC):
         Arguments:
             spec: the build spec.
         """
-        from trtllm_kit.models.inspect import resolve_model_path
+        from trtllm_kit.checkpoint.prequantized_checks import check_trtllm_input
+        from trtllm_kit.models.inspect import inspect_model, resolve_model_path
         from trtllm_kit.quant.algos import check_target
         from trtllm_kit.quant.prequantized import detect_prequantized
 
         check_target(spec.quant_config(), self.name)
         fmt = detect_prequantized(resolve_model_path(spec.model))
-        if fmt is not None:
-            raise KitUsageError(f"{spec.model} is a pre-quantized {fmt.label} checkpoint ({fmt.declared_in}); the "
-                                f"{self.name} target converts unquantized weights only and would have to de- and "
-                                "re-quantize these: build it with --target llmapi, which serves it as it is, or "
-                                "start from the unquantized model with --quant fp8.")
+        if fmt is not None:  # converted with its own scales (checkpoint/prequantized_checks.py); headers only here
+            check_trtllm_input(fmt, inspect_model(spec.model, allow_pickle=spec.build.allow_pickle),
+                               spec.quant_config(), self.name, spec.build.tp)
         if spec.repo.gpu_device_ids is not None:
             raise KitUsageError(f"--gpu-device-ids applies to --target llmapi only (one LLM per GPU group); the "
                                 f"{self.name} target's repository runs one tensorrt_llm instance, so drop the option "

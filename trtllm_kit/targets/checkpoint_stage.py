@@ -46,21 +46,30 @@ def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
 
 
 def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
-    """HF weights → the TensorRT-LLM ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models."""
+    """HF weights → the TensorRT-LLM ``checkpoint/`` (+ ``tokenizer/``), verified on the CPU for small models. A
+    pre-quantized input is converted with its own scales (``checkpoint/prequantized.py``): no calibration, and
+    no verify against transformers (which cannot load every such format)."""
     from trtllm_kit.checkpoint.convert import convert, quant_transform  # torch
+    from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
+    from trtllm_kit.quant.prequantized import detect_prequantized
 
     ckpt_dir = ctx.out / "checkpoint"
     ckpt_dir.mkdir()
-    quant, stats = ctx.spec.quant_config(), calibration_stats(ctx)
+    fmt = detect_prequantized(ctx.model.path)
+    quant, stats = ctx.spec.quant_config(), None if fmt else calibration_stats(ctx)
     transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.build.dtype, quant, stats)
     with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
         result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.build.dtype, lambda _name, n: advance(n),
                          transform)
     copy_tokenizer(ctx.model, ctx.out / "tokenizer")
-    ctx.records.checkpoint = CheckpointRecord(
-        dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
-        quantization=quant.quantization_block() if quant.is_quantized else None)
-    if should_verify(ctx.spec, ctx.model):
+    quantization = transform.quantization if transform else None
+    if isinstance(transform, PreQuantizedTransform):
+        label = transform.fmt.label
+        quantization = {**transform.quantization, "input": label, "rescaled_modules": transform.num_rescaled}
+        ctx.reporter.note(f"convert: {label} input ({transform.fmt.declared_in}): {transform.summary}")
+    ctx.records.checkpoint = CheckpointRecord(dir="checkpoint", dtype=result.dtype, **ctx.mapping.to_dict(),
+                                              quantization=quantization)
+    if fmt is None and should_verify(ctx.spec, ctx.model):
         t0 = time.perf_counter()
         ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter)
         ctx.timings["verify"] = time.perf_counter() - t0
