@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
+from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, check_finite
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.llmapi.awq_entries import AWQ_NORM, awq_entries, awq_quantize
@@ -44,7 +44,7 @@ from trtllm_kit.llmapi.quant_format import (
 from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq_fold import AwqFold
-from trtllm_kit.quant.blocks import default_workers
+from trtllm_kit.quant.blocks import default_workers, torch_threads
 from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize_rows
 from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
@@ -180,7 +180,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
     workers = default_workers()
     fold = AwqFold(stats, target) if quant.quant_algo == "W4A16_AWQ" and stats is not None else None
     with ExitStack() as stack:
-        stack.enter_context(_torch_threads(1))  # the FP8 blocks run on their own threads, one intra-op thread each
+        stack.enter_context(torch_threads(1))  # the FP8 blocks run on their own threads, one intra-op thread each
         reader = TensorReader(model, stack)
         checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8-block"))

@@ -24,20 +24,20 @@ The export divides each input channel of the weight by ``1 / best_scale`` (``pre
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from trtllm_kit.layout import AWQ_GROUP_SIZE
+from trtllm_kit.quant.blocks import default_workers, torch_threads
 from trtllm_kit.quant.calib_size import AWQ_PENDING_BYTES
+from trtllm_kit.quant.fake_int4 import INT4_MAX, INT4_MIN, FakeInt4
 
 GROUP_SIZE = AWQ_GROUP_SIZE
-INT4_MAX = 7.0
-INT4_MIN = -8.0
 ALPHAS = tuple(float(a) for a in torch.arange(0, 1.1, 0.1))  # float32 values, as ModelOpt's search grid
 SCALE_RANGE = (1e-4, 1e4)
-ZERO_AMAX = 1.0 / (1 << 24)  # a group whose amax is at most this quantizes to zeros in the search
 
 
 def weight_profile(weight: torch.Tensor) -> torch.Tensor:
@@ -71,26 +71,6 @@ def smoothing_scale(x_profile: torch.Tensor, w_profile: torch.Tensor, alpha: flo
     scale = x_profile.pow(alpha) / (w_profile.pow(1 - alpha) + torch.finfo(torch.float32).tiny)
     scale = scale.clamp(*SCALE_RANGE)
     return scale / (scale.max() * scale.min()).sqrt()
-
-
-def fake_int4(weight: torch.Tensor) -> torch.Tensor:
-    """The search's quantize-dequantize of a weight: per group of 128, ``round(W · 7/amax)`` clamped to [-8, 7],
-    times ``amax/7``, in float32, returned in the weight's dtype.
-
-    Arguments:
-        weight: ``[out, in]``.
-    """
-    groups = weight.reshape(-1, GROUP_SIZE)
-    amax = torch.maximum(groups.amax(1, keepdim=True).abs(), groups.amin(1, keepdim=True).abs()).float()
-    scale = torch.tensor(INT4_MAX) / amax
-    empty = amax <= ZERO_AMAX
-    has_empty = bool(empty.any())
-    if has_empty:
-        scale[empty] = 0.0
-    work = groups.float().mul_(scale).round_().clamp_(INT4_MIN, INT4_MAX)  # one float32 copy, worked in place
-    if has_empty:
-        scale[empty] = 1.0
-    return work.div_(scale).to(weight.dtype).reshape(weight.shape)
 
 
 @dataclass
@@ -142,16 +122,34 @@ class ScaleSearch:
             self.flush()
 
     def flush(self) -> None:
-        """Add the waiting steps' losses, step by step for each alpha (the sums are those of one step at a time)."""
+        """Add the waiting steps' losses, step by step for each alpha (the sums are those of one step at a time).
+
+        The steps' inputs go through one GEMM per alpha (an output row does not depend on the other rows) and
+        each step's loss is the mean over its own rows. The elementwise work runs on one intra-op thread (the
+        fake quantization on threads of its own): many small ops, each of which would otherwise wait at a
+        barrier for the slowest core. The GEMM and the means run on the process's threads, as ModelOpt's do
+        (a mean's rounding depends on how many threads share it)."""
+        if not self.pending:
+            return
         x_profile = self.x_profile
-        for number, alpha in enumerate(ALPHAS):
-            scale = smoothing_scale(x_profile, self.w_profile, alpha)
-            inverse = (1 / scale).to(self.weight.dtype)
-            quantized = fake_int4(self.weight * scale.to(self.weight.dtype))
-            for x, output in self.pending:
-                out = F.linear(x * inverse, quantized, self.bias)
-                self.losses[number] += (out - output).float().pow(2).mean()
+        inputs = torch.cat([x.reshape(-1, x.shape[-1]) for x, _ in self.pending])
+        outputs = torch.cat([output.reshape(-1, output.shape[-1]) for _, output in self.pending])
+        sizes = [output.numel() for _, output in self.pending]
         self.pending, self.pending_bytes = [], 0
+        scaled_inputs = torch.empty_like(inputs)
+        errors = torch.empty(outputs.shape, dtype=torch.float32)
+        workers = default_workers()
+        with ThreadPoolExecutor(workers, thread_name_prefix="awq-search") as pool:
+            fake_quantize = FakeInt4(self.weight, pool, workers)
+            for number, alpha in enumerate(ALPHAS):
+                scale = smoothing_scale(x_profile, self.w_profile, alpha)
+                with torch_threads(1):
+                    quantized = fake_quantize(scale)
+                    torch.mul(inputs, (1 / scale).to(self.weight.dtype), out=scaled_inputs)
+                out = F.linear(scaled_inputs, quantized, self.bias)
+                errors.copy_(out.sub_(outputs)).pow_(2)
+                for error in errors.view(-1).split(sizes):
+                    self.losses[number] += error.mean()
 
     def best_scale(self) -> torch.Tensor:
         """The scale of the alpha with the least summed loss (float32 ``[in]``)."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import torch
 
@@ -20,6 +21,21 @@ def default_workers() -> int:
     memory-bound)."""
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(4, available))
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` intra-op threads (the process's setting is restored after).
+
+    Arguments:
+        count: threads per torch op; 1 when the blocks run on threads of their own.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class BlockBuffer:
