@@ -19,6 +19,7 @@ import shutil
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
         stack.enter_context(torch_threads(1))  # the FP8 blocks run on their own threads, one intra-op thread each
         reader = TensorReader(model, stack)
         checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8-block"))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="quant-block"))
         writes = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-write"))
         checking: list[Future[None]] = []
         for source_file, file_name, entries in zip(model.weight_files, names, plans, strict=True):
@@ -225,10 +226,11 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                         elif entry.kind == "int4":
                             assert fold is not None, "AWQ entries exist only with a fold"
                             module = entry.source.removesuffix(".weight")
-                            weight = original.to(target)
-                            if not bool(weight.isfinite().all()):
+                            packed, scales = awq_quantize(original.to(target), partial(fold.weight, module), pool,
+                                                          workers)
+                            if not bool(scales.isfinite().all()):  # a NaN/Inf weight makes its group's scale one
                                 check_finite(entry.source, original, original, resolved)
-                            packed, block_scales[entry.source] = awq_quantize(fold.weight(module, weight))
+                            block_scales[entry.source] = scales
                             write(entry.name, packed)
                             quantized.append(module)
                         elif entry.kind == "nvfp4":

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from trtllm_kit.layout import AWQ_GROUP_SIZE
 from trtllm_kit.quant.blocks import default_workers, torch_threads
 from trtllm_kit.quant.calib_size import AWQ_PENDING_BYTES
-from trtllm_kit.quant.fake_int4 import INT4_MAX, INT4_MIN, FakeInt4
+from trtllm_kit.quant.fake_int4 import INT4_MAX, INT4_MIN, FakeInt4, group_amax
 
 GROUP_SIZE = AWQ_GROUP_SIZE
 ALPHAS = tuple(float(a) for a in torch.arange(0, 1.1, 0.1))  # float32 values, as ModelOpt's search grid
@@ -48,8 +48,7 @@ def weight_profile(weight: torch.Tensor) -> torch.Tensor:
     """
     magnitude = weight.reshape(-1, GROUP_SIZE).abs()
     amax = magnitude.amax(dim=1, keepdim=True)
-    ratio = magnitude / (amax + torch.finfo(weight.dtype).tiny)
-    return ratio.reshape(weight.shape).mean(0).to(torch.float32)
+    return magnitude.div_(amax + torch.finfo(weight.dtype).tiny).reshape(weight.shape).mean(0).to(torch.float32)
 
 
 def activation_profile(x: torch.Tensor) -> torch.Tensor:
@@ -173,11 +172,10 @@ def group_scales(weight: torch.Tensor) -> torch.Tensor:
     """``weight_scale``: each group's amax in the weight's dtype, divided by 7 in float32 (an all-zero group: 1).
 
     Arguments:
-        weight: ``[out, in]``, ``in`` a multiple of 128.
+        weight: ``[out, in]``, ``in`` a multiple of 128, contiguous.
     """
-    groups = weight.reshape(weight.shape[0], -1, GROUP_SIZE)
-    amax = torch.maximum(groups.amax(-1), groups.amin(-1).neg()).float()
-    return torch.where(amax == 0, torch.full_like(amax, INT4_MAX), amax) / INT4_MAX
+    amax = group_amax(weight.reshape(-1, GROUP_SIZE)).float().reshape(weight.shape[0], -1)
+    return amax.masked_fill_(amax == 0, INT4_MAX).div_(INT4_MAX)
 
 
 def int4_pack(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -188,10 +186,10 @@ def int4_pack(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         weight: ``[out, in]`` (``out`` even); scales: ``group_scales(weight)``.
     """
     rows, cols = weight.shape
-    divisor = scales.repeat_interleave(GROUP_SIZE, dim=1)
-    codes = (weight / divisor).round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8).view(torch.uint8)
+    quotients = weight.reshape(rows, -1, GROUP_SIZE) / scales[..., None]  # float32, as W / weight_scale
+    codes = quotients.round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8).view(torch.uint8)
     pairs = codes.reshape(rows // 2, 2, cols)
-    return (pairs[:, 0] & 0x0F) | ((pairs[:, 1] & 0x0F) << 4)
+    return pairs[:, 1].bitwise_left_shift(4).bitwise_or_(pairs[:, 0].bitwise_and(0x0F))
 
 
 def int4_unpack(packed: torch.Tensor) -> torch.Tensor:

@@ -28,15 +28,15 @@ MAGNITUDE_BITS = {torch.bfloat16: (torch.int16, 0x7FFF), torch.float16: (torch.i
                   torch.float32: (torch.int32, 0x7FFFFFFF)}
 
 
-def group_amax(groups: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+def group_amax(groups: torch.Tensor, bits: torch.Tensor | None = None) -> torch.Tensor:
     """max |v| of each row of ``groups``, in their dtype (``[n, 1]``).
 
     Arguments:
-        groups: ``[n, 128]`` floats (bfloat16, float16 or float32); bits: an integer scratch of the same shape
-        and element size.
+        groups: ``[n, 128]`` floats (bfloat16, float16 or float32), contiguous; bits: an integer scratch of the
+        same shape and element size (made when None).
     """
     integer, mask = MAGNITUDE_BITS[groups.dtype]
-    torch.bitwise_and(groups.view(integer), mask, out=bits)
+    bits = torch.bitwise_and(groups.view(integer), mask, out=bits)
     return bits.amax(1, keepdim=True).view(groups.dtype)
 
 
@@ -49,7 +49,7 @@ class FakeInt4:
     """
 
     def __init__(self, weight: torch.Tensor, pool: Executor | None = None, workers: int = 1) -> None:
-        self.weight = weight
+        self.weight = weight.detach()  # the pool's threads do not share the caller's no_grad
         self.pool = pool
         rows, cols = weight.shape
         self.rows_per_block = max(1, min(rows, BLOCK_ELEMENTS // cols))
