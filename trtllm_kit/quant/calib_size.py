@@ -111,10 +111,10 @@ class CalibMemory:
 
 
 def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bool = False) -> CalibMemory:
-    """What a layer-streamed calibration of ``hf`` holds at its peak. The AWQ search quantizes one scaled copy of
-    the largest linear at a time (the scaled weight and its result in the compute dtype, two float32 work copies),
-    compares one batch's outputs (the quantized output in the compute dtype, the difference in float32) and keeps
-    each linear's windows, at most ``AWQ_PENDING_BYTES`` of them.
+    """What a layer-streamed calibration of ``hf`` holds at its peak. The AWQ search keeps each linear's windows,
+    at most ``AWQ_PENDING_BYTES`` of them, and works on one linear at a time: its fake-quantized weight in the
+    compute dtype (the blocks it is made in are small), and for the kept windows one copy of their inputs and
+    outputs, the scaled inputs, the quantized output and the float32 difference.
 
     Arguments:
         hf: the model's config; size: the calibration size (its device decides the batch); dtype: the compute
@@ -127,9 +127,9 @@ def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bo
     kv = 2 * batch * size.seq_len * hf.num_key_value_heads * d
     search = 0
     if search_awq:
-        tokens = batch * size.seq_len * hf.intermediate_size
         q, k, inter = hf.num_attention_heads * d, hf.num_key_value_heads * d, hf.intermediate_size
         features = [h + q, h + k, h + k, q + h, h + inter, h + inter, inter + h]  # in + out of each linear
-        kept = sum(min(AWQ_PENDING_BYTES, size.samples * size.seq_len * f * per) for f in features)
-        search = h * inter * (2 * per + 2 * 4) + tokens * (per + 4) + kept
+        kept = [min(AWQ_PENDING_BYTES, size.samples * size.seq_len * f * per) for f in features]
+        flush = max(kept) * (2 + 4 // per)  # copies + scaled inputs and output + float32 difference, at most
+        search = h * inter * per + sum(kept) + flush
     return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per, search)

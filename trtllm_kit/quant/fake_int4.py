@@ -6,8 +6,7 @@ are the same.
 The search fake-quantizes every linear's weight once per alpha (11 times), so this is the search's hot loop. It
 runs a block of rows at a time: the block's scaled copy, its float32 work copy and its group amax stay in cache
 and no whole-weight float32 copy is made (allocating one costs more than its arithmetic). A group's amax is the
-largest of its magnitudes' bit patterns (a float's sign bit cleared; non-negative floats order as their bits do),
-one integer pass where ``amax`` and ``amin`` of a bfloat16 tensor are two slow ones. The row blocks are split over
+largest of its magnitudes' bit patterns (``blocks.magnitude_bits``). The row blocks are split over
 worker threads, each running its ops on one intra-op thread: no barrier per op, so a core taken by another
 process delays only its own rows.
 """
@@ -19,24 +18,24 @@ from concurrent.futures import Executor
 import torch
 
 from trtllm_kit.layout import AWQ_GROUP_SIZE
+from trtllm_kit.quant.blocks import MAGNITUDE_BITS, magnitude_bits
 
 INT4_MAX = 7.0
 INT4_MIN = -8.0
 ZERO_AMAX = 1.0 / (1 << 24)  # a group whose amax is at most this quantizes to zeros in the search
 BLOCK_ELEMENTS = 1 << 18  # weight elements per block: 1 MiB of float32 work
-MAGNITUDE_BITS = {torch.bfloat16: (torch.int16, 0x7FFF), torch.float16: (torch.int16, 0x7FFF),
-                  torch.float32: (torch.int32, 0x7FFFFFFF)}
 
 
 def group_amax(groups: torch.Tensor, bits: torch.Tensor | None = None) -> torch.Tensor:
     """max |v| of each row of ``groups``, in their dtype (``[n, 1]``).
 
     Arguments:
-        groups: ``[n, 128]`` floats (bfloat16, float16 or float32), contiguous; bits: an integer scratch of the
-        same shape and element size (made when None).
+        groups: ``[n, 128]`` floats, contiguous; bits: an integer scratch of the same shape and element size
+        (made when None; unused for float32).
     """
-    integer, mask = MAGNITUDE_BITS[groups.dtype]
-    bits = torch.bitwise_and(groups.view(integer), mask, out=bits)
+    bits = magnitude_bits(groups, bits)
+    if bits is None:
+        return torch.maximum(groups.amax(1, keepdim=True).abs_(), groups.amin(1, keepdim=True).abs_())
     return bits.amax(1, keepdim=True).view(groups.dtype)
 
 
@@ -79,7 +78,8 @@ class FakeInt4:
         rows, cols = self.weight.shape
         num_groups = self.rows_per_block * cols // AWQ_GROUP_SIZE
         scaled = torch.empty((num_groups, AWQ_GROUP_SIZE), dtype=self.weight.dtype)
-        bits = torch.empty(scaled.shape, dtype=MAGNITUDE_BITS[scaled.dtype][0])
+        integer = MAGNITUDE_BITS.get(scaled.dtype, (None,))[0]
+        bits = None if integer is None else torch.empty(scaled.shape, dtype=integer)
         work = torch.empty(scaled.shape, dtype=torch.float32)
         seven = torch.tensor(INT4_MAX)
         for start in starts:
@@ -87,7 +87,7 @@ class FakeInt4:
             count = (stop - start) * cols // AWQ_GROUP_SIZE
             groups = scaled[:count]
             torch.mul(self.weight[start:stop], factor, out=groups.view(stop - start, cols))
-            amax = group_amax(groups, bits[:count]).float()
+            amax = group_amax(groups, None if bits is None else bits[:count]).float()
             inverse = seven / amax
             empty = amax <= ZERO_AMAX
             has_empty = bool(empty.any())
