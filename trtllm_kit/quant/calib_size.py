@@ -24,7 +24,7 @@ CPU_SAMPLES, CPU_SEQ_LEN = 16, 64  # 1,024 tokens: about 20 min for a 7B model, 
 CPU_SECONDS_PER_TOKEN_7B = 1.16  # benchmarks/calibration.py on the shared 2-core reference machine (extrapolated)
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
-GPU_BATCH_SIZE = 8  # windows per forward pass on a GPU; one on a CPU, where batching gains little
+BATCH_SIZE = 8  # windows per forward pass (a CPU's batch gives each window's rows bitwise as one window alone)
 AWQ_PENDING_BYTES = 64 << 20  # inputs and outputs one linear's AWQ search keeps before it adds their losses
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bo
     per = DTYPE_BYTES[dtype]
     h, d = hf.hidden_size, hf.head_dim
     layer = h * d * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads) + 3 * h * hf.intermediate_size + 2 * h
-    batch = 1 if size.device == "cpu" else min(size.samples, GPU_BATCH_SIZE)
+    batch = min(size.samples, BATCH_SIZE)
     kv = 2 * batch * size.seq_len * hf.num_key_value_heads * d
     search = 0
     if search_awq:
