@@ -27,8 +27,8 @@ from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, default_quant
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
-from trtllm_kit.models.base import Slice, Split
-from trtllm_kit.models.inspect import ModelSpec, inspect_model
+from trtllm_kit.models.base import Slice, Source, Split
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import fp8_quantize
 from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
@@ -96,13 +96,23 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             return tensor
 
         for item in work_items(model, mapping):
-            parts = [read(source.name)[source.start:source.stop] if isinstance(source, Slice) else read(source)
-                     for source in item.reads]  # Phi-3's fused qkv_proj and gate_up_proj: their row ranges
+            fused: dict[str, torch.Tensor] = {}  # Phi-3's qkv_proj and gate_up_proj: read once for their parts
+
+            def read_part(source: Source, fused: dict[str, torch.Tensor] = fused) -> torch.Tensor:
+                if not isinstance(source, Slice):
+                    return read(source)
+                if source.name not in fused:
+                    fused[source.name] = read(source.name)
+                return fused[source.name][source.start:source.stop]
+
+            parts = [read_part(source) for source in item.reads]
             module = item.rule.name.removeprefix("transformer.layers.{}.").removesuffix(".weight")
             is_fp8 = algo == "FP8" and item.rule.name.endswith(LINEAR_WEIGHTS)
             scales: dict[str, torch.Tensor] = {}
             if is_fp8:
-                parts, scales = _fp8_group(model, item.sources, module, read)
+                scales = _fp8_scales(item.sources, module, read)
+                parts = [part.to(F32) * _read_scale(name, "weight_scale", read)
+                         for part, name in zip(parts, item.sources, strict=True)]
             elif algo not in DEQUANTIZED or not item.rule.name.endswith(LINEAR_WEIGHTS):
                 parts = [p.to(getattr(torch, dtype)) for p in parts]  # (dequantized weights stay float32)
             for tp_rank in range(mapping.tp_size):
@@ -126,20 +136,21 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
     return CheckpointModel(config, ranks, compute_dtype, str(ckpt_dir))
 
 
-def _fp8_group(model: ModelSpec, sources: tuple[str, ...], module: str,
-               read: object) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """The parts dequantized to float32, and the fused group's largest weight and input scales."""
-    def scale(name: str, kind: str) -> torch.Tensor:
-        return read(f"{name.removesuffix('.weight')}.{kind}").to(F32)  # type: ignore[operator]
+def _read_scale(name: str, kind: str, read: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    """A weight's ``weight_scale`` or ``input_scale`` in float32."""
+    return read(f"{name.removesuffix('.weight')}.{kind}").to(F32)
 
+
+def _fp8_scales(sources: tuple[str, ...], module: str,
+                read: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The fused group's largest weight and input scales."""
     group = list(sources)
     if module in FUSED_PARTS:  # fc and gate are one gate_up linear on the GPU: one scale for both
         layer_prefix = sources[0].rsplit(".", 2)[0]
         group = [f"{layer_prefix}.{part}.weight" for part in FUSED_PARTS[module]]
-    parts = [read(name).to(F32) * scale(name, "weight_scale") for name in sources]  # type: ignore[operator]
-    w = torch.stack([scale(name, "weight_scale") for name in group]).max()
-    x = torch.stack([scale(name, "input_scale") for name in group]).max()
-    return parts, {"w": w, "x": x}
+    w = torch.stack([_read_scale(name, "weight_scale", read) for name in group]).max()
+    x = torch.stack([_read_scale(name, "input_scale", read) for name in group]).max()
+    return {"w": w, "x": x}
 
 
 def unified_loader(ckpt_dir: Path) -> Callable[[torch.dtype], CheckpointModel] | None:

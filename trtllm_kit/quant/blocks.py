@@ -129,11 +129,12 @@ def _bits_amax(tensor: torch.Tensor, dim: int) -> torch.Tensor | None:
     per_block = max(1, BLOCK_ELEMENTS // max(1, cols))
     scratch = torch.empty((min(rows, per_block), cols), dtype=MAGNITUDE_BITS[tensor.dtype][0])
     parts = []
-    for start in range(0, rows, per_block):
-        bits = magnitude_bits(tensor[start:start + per_block], scratch[: min(rows - start, per_block)])
-        assert bits is not None, "a dtype of MAGNITUDE_BITS"
-        parts.append(bits.amax(dim))
-    amax = torch.cat(parts) if dim == 1 else torch.stack(parts).amax(0)
+    with torch_threads(1):  # small ops: a second thread would cost a barrier each, a long one on a busy machine
+        for start in range(0, rows, per_block):
+            bits = magnitude_bits(tensor[start:start + per_block], scratch[: min(rows - start, per_block)])
+            assert bits is not None, "a dtype of MAGNITUDE_BITS"
+            parts.append(bits.amax(dim))
+        amax = torch.cat(parts) if dim == 1 else torch.stack(parts).amax(0)
     return amax.view(tensor.dtype).float()
 
 
