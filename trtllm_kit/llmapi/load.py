@@ -13,7 +13,7 @@ would.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -110,7 +110,7 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             is_fp8 = algo == "FP8" and item.rule.name.endswith(LINEAR_WEIGHTS)
             scales: dict[str, torch.Tensor] = {}
             if is_fp8:
-                scales = _fp8_scales(item.sources, module, read)
+                scales = _fp8_scales(item.sources, module, read, model.tensors)
                 parts = [part.to(F32) * _read_scale(name, "weight_scale", read)
                          for part, name in zip(parts, item.sources, strict=True)]
             elif algo not in DEQUANTIZED or not item.rule.name.endswith(LINEAR_WEIGHTS):
@@ -141,13 +141,13 @@ def _read_scale(name: str, kind: str, read: Callable[[str], torch.Tensor]) -> to
     return read(f"{name.removesuffix('.weight')}.{kind}").to(F32)
 
 
-def _fp8_scales(sources: tuple[str, ...], module: str,
-                read: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
+def _fp8_scales(sources: tuple[str, ...], module: str, read: Callable[[str], torch.Tensor],
+                names: Container[str]) -> dict[str, torch.Tensor]:
     """The fused group's largest weight and input scales."""
-    group = list(sources)
-    if module in FUSED_PARTS:  # fc and gate are one gate_up linear on the GPU: one scale for both
-        layer_prefix = sources[0].rsplit(".", 2)[0]
-        group = [f"{layer_prefix}.{part}.weight" for part in FUSED_PARTS[module]]
+    group = list(dict.fromkeys(sources))  # Phi-3's fused gate_up_proj is its own group
+    parts = [f"{sources[0].rsplit('.', 2)[0]}.{part}.weight" for part in FUSED_PARTS.get(module, ())]
+    if parts and all(name in names for name in parts):  # fc and gate are one gate_up linear on the GPU
+        group = parts
     w = torch.stack([_read_scale(name, "weight_scale", read) for name in group]).max()
     x = torch.stack([_read_scale(name, "input_scale", read) for name in group]).max()
     return {"w": w, "x": x}
