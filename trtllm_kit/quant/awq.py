@@ -2,7 +2,8 @@
 the order and precision of ModelOpt's ``awq_lite`` and its export, so the searched scales and the packed bytes are
 the same.
 
-The search, per linear, over the calibration windows (each window or batch one step):
+The search, per linear, over the calibration windows (each window one step, as ModelOpt's steps are its forward
+passes):
 
 * ``weight_profile``: each weight element divided by the largest magnitude of its group of 128, averaged over the
   output rows (computed in the weight's dtype, kept in float32);
@@ -13,8 +14,8 @@ The search, per linear, over the calibration windows (each window or batch one s
 * the scale of the alpha with the least loss (the first on a tie) is the linear's ``best_scale``.
 
 The steps' losses are summed in step order for each alpha, as ModelOpt sums them; the kit keeps a few steps'
-inputs and outputs and makes each alpha's quantized weight once for all of them, where ModelOpt makes it again
-at every step.
+inputs and outputs and makes each alpha's quantized weight (``fake_int4.py``) once for all of them and runs them
+through one GEMM, where ModelOpt makes it again and runs one GEMM at every step.
 
 The export divides each input channel of the weight by ``1 / best_scale`` (``pre_quant_scale`` is that
 ``1 / best_scale`` in the weight dtype) and quantizes groups of 128 with ``weight_scale = amax / 7`` (float32,
