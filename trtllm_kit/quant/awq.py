@@ -125,10 +125,10 @@ class ScaleSearch:
         """Add the waiting steps' losses, step by step for each alpha (the sums are those of one step at a time).
 
         The steps' inputs go through one GEMM per alpha (an output row does not depend on the other rows) and
-        each step's loss is the mean over its own rows. The elementwise work runs on one intra-op thread (the
-        fake quantization on threads of its own): many small ops, each of which would otherwise wait at a
-        barrier for the slowest core. The GEMM and the means run on the process's threads, as ModelOpt's do
-        (a mean's rounding depends on how many threads share it)."""
+        each step's loss is the mean over its own rows. The fake quantization runs on threads of its own with
+        one intra-op thread each (many small ops, each of which would otherwise wait at a barrier for the
+        slowest core); the GEMM and the means run on the process's threads, as ModelOpt's do (a mean's rounding
+        depends on how many threads share it)."""
         if not self.pending:
             return
         x_profile = self.x_profile
@@ -137,7 +137,7 @@ class ScaleSearch:
         sizes = [output.numel() for _, output in self.pending]
         self.pending, self.pending_bytes = [], 0
         scaled_inputs = torch.empty_like(inputs)
-        errors = torch.empty(outputs.shape, dtype=torch.float32)
+        errors = torch.empty(outputs.shape, dtype=torch.float32, device=outputs.device)
         workers = default_workers()
         with ThreadPoolExecutor(workers, thread_name_prefix="awq-search") as pool:
             fake_quantize = FakeInt4(self.weight, pool, workers)

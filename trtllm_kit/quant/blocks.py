@@ -127,7 +127,7 @@ def _bits_amax(tensor: torch.Tensor, dim: int) -> torch.Tensor | None:
         return None
     rows, cols = tensor.shape
     per_block = max(1, BLOCK_ELEMENTS // max(1, cols))
-    scratch = torch.empty((min(rows, per_block), cols), dtype=MAGNITUDE_BITS[tensor.dtype][0])
+    scratch = torch.empty((min(rows, per_block), cols), dtype=MAGNITUDE_BITS[tensor.dtype][0], device=tensor.device)
     parts = []
     with torch_threads(1):  # small ops: a second thread would cost a barrier each, a long one on a busy machine
         for start in range(0, rows, per_block):

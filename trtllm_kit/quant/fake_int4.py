@@ -77,10 +77,10 @@ class FakeInt4:
     def _run(self, factor: torch.Tensor, starts: list[int]) -> None:
         rows, cols = self.weight.shape
         num_groups = self.rows_per_block * cols // AWQ_GROUP_SIZE
-        scaled = torch.empty((num_groups, AWQ_GROUP_SIZE), dtype=self.weight.dtype)
+        scaled = torch.empty((num_groups, AWQ_GROUP_SIZE), dtype=self.weight.dtype, device=self.weight.device)
         integer = MAGNITUDE_BITS.get(scaled.dtype, (None,))[0]
-        bits = None if integer is None else torch.empty(scaled.shape, dtype=integer)
-        work = torch.empty(scaled.shape, dtype=torch.float32)
+        bits = None if integer is None else torch.empty_like(scaled, dtype=integer)
+        work = torch.empty_like(scaled, dtype=torch.float32)
         seven = torch.tensor(INT4_MAX)
         for start in starts:
             stop = min(rows, start + self.rows_per_block)
