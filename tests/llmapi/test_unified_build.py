@@ -106,3 +106,14 @@ def test_llm_args_typo_is_refused_with_the_nearest_key() -> None:
 
 def test_field_table_in_docs_is_the_one_the_kit_checks_against() -> None:
     assert (DOCS / "llmapi-llm-args.md").read_text() == render_table()
+
+
+def test_a_phi3_fp8_checkpoint_runs_with_its_fused_parts_read_by_rows(tmp_path: Path) -> None:
+    """Phi-3's fused qkv_proj and gate_up_proj are one FP8 linear each: the loader cuts q/k/v and gate/up out of
+    them by rows, one scale per fused tensor, and the build's verify runs the result against transformers."""
+    out = tmp_path / "out"
+    assert run(["build", "builtin:tiny-phi3", "--target", "llmapi", "--quant", "fp8", "--calib-samples", "4",
+                "--calib-seq-len", "32", "--until", "checkpoint", "--out", str(out)]) == 0
+    qkv = load_unified(out / "checkpoint").ranks[0]["transformer.layers.0.attention.qkv.weight"]
+    hf = inspect_model("builtin:tiny-phi3").hf
+    assert qkv.shape[0] == (hf.num_attention_heads + 2 * hf.num_key_value_heads) * hf.head_dim

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -25,8 +27,11 @@ def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, st
     """sha256 of every file under ``root``, keyed by the path relative to it (``known`` digests are taken as is:
     files of a reused stage)."""
     known = known or {}
-    names = (str(p.relative_to(root)) for p in sorted(root.rglob("*")) if p.is_file())
-    return {name: known[name] if name in known else sha256_file(root / name) for name in names}
+    names = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if p.is_file()]
+    fresh = [name for name in names if name not in known]
+    with ThreadPoolExecutor(max(1, min(len(fresh), os.cpu_count() or 1))) as pool:  # hashlib releases the GIL
+        digests = dict(zip(fresh, pool.map(lambda name: sha256_file(root / name), fresh), strict=True))
+    return {name: known[name] if name in known else digests[name] for name in names}
 
 
 def tool_versions() -> dict[str, str | None]:

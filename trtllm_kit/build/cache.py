@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,13 +120,12 @@ def input_digests(paths: list[Path], previous: Previous) -> dict[str, str]:
         previous: the old artifact.
     """
     old_prints, old_inputs = previous.fingerprints(), previous.inputs()
-    digests = {}
-    for path in paths:
-        if old_prints.get(path.name) == fingerprint(path) and path.name in old_inputs:
-            digests[path.name] = old_inputs[path.name]
-        else:
-            digests[path.name] = sha256_file(path)
-    return digests
+    digests = {path.name: old_inputs[path.name] for path in paths
+               if old_prints.get(path.name) == fingerprint(path) and path.name in old_inputs}
+    fresh = [path for path in paths if path.name not in digests]
+    with ThreadPoolExecutor(max(1, min(len(fresh), os.cpu_count() or 1))) as pool:  # hashlib releases the GIL
+        digests.update(zip((path.name for path in fresh), pool.map(sha256_file, fresh), strict=True))
+    return {path.name: digests[path.name] for path in paths}
 
 
 def stage_key(stage: str, parts: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -28,6 +28,7 @@ from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stag
 from trtllm_kit.models.base import Slice, Split, WorkItem, source_name
 from trtllm_kit.models.inspect import ModelSpec, TensorInfo, inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
+from trtllm_kit.quant.blocks import torch_threads
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.quant.checkpoint import QuantTransform
 from trtllm_kit.quant.prequantized import detect_prequantized
@@ -232,16 +233,6 @@ def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype
         yield item, nbytes, shards, sources
 
 
-@contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "auto",
             on_tensor: OnTensor | None = None, transform: TensorTransform | None = None) -> ConvertResult:
     """Write ``config.json`` and ``rank{N}.safetensors`` for ``model`` into ``out_dir``.
@@ -263,7 +254,7 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
     paths = tuple(out_dir / f"rank{rank}.safetensors" for rank in range(mapping.world_size))
     total = 0
     with ExitStack() as stack:
-        stack.enter_context(_torch_threads(1))  # memory-bound work: a second intra-op thread only contends
+        stack.enter_context(torch_threads(1))  # memory-bound work: a second intra-op thread only contends
         writers = [stack.enter_context(SafetensorsWriter(path, layout))
                    for path, layout in zip(paths, entries, strict=True)]
         reader = TensorReader(model, stack)

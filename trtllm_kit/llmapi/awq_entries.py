@@ -7,6 +7,8 @@ shared scale (``quant/awq_fold.py``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 AWQ_NORM = re.compile(r"^model\.layers\.\d+\.(?:input|post_attention)_layernorm\.weight$")
 F32 = torch.float32
+BLOCK_ELEMENTS = 1 << 18  # weight elements per block: its float32 quotients (1 MiB) stay in cache
 
 
 def awq_entries(name: str, module: str, shape: tuple[int, ...], dtype: torch.dtype) -> list[Entry]:
@@ -41,11 +44,36 @@ def awq_entries(name: str, module: str, shape: tuple[int, ...], dtype: torch.dty
     return entries
 
 
-def awq_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(packed, weight_scale)`` of a smoothed weight.
+def awq_quantize(weight: torch.Tensor, fold: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 pool: Executor | None = None, workers: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed, weight_scale)`` of a weight with its AWQ scale folded in, a block of rows at a time (the fold
+    and the quantization are per row, so the bytes are those of the whole weight at once), the blocks split into
+    ``workers`` ranges run on ``pool``.
 
     Arguments:
-        weight: ``[out, in]`` with its AWQ scale folded in (``AwqFold.weight``).
+        weight: ``[out, in]`` in the checkpoint dtype; fold: the rows with their scale folded in
+        (``AwqFold.weight``), None when ``weight`` already is; pool: threads (None: the calling thread);
+        workers: how many ranges.
     """
-    scales = group_scales(weight)
-    return int4_pack(weight, scales), scales
+    rows, cols = weight.shape
+    packed = torch.empty((rows // 2, cols), dtype=torch.uint8)
+    scales = torch.empty((rows, cols // GROUP_SIZE), dtype=F32)
+    per_block = max(2, BLOCK_ELEMENTS // cols // 2 * 2)  # an even number of rows: two per packed byte row
+    starts = list(range(0, rows, per_block))
+
+    def run(chunk: list[int]) -> None:
+        for start in chunk:
+            stop = min(rows, start + per_block)
+            smoothed = weight[start:stop] if fold is None else fold(weight[start:stop])
+            scales[start:stop] = group_scales(smoothed)
+            packed[start // 2:stop // 2] = int4_pack(smoothed, scales[start:stop])
+
+    count = max(1, min(workers, len(starts))) if pool is not None else 1
+    size = -(-len(starts) // count)
+    if count == 1:
+        run(starts)
+    else:
+        assert pool is not None, "count > 1 needs a pool"
+        for done in [pool.submit(run, starts[i:i + size]) for i in range(0, len(starts), size)]:
+            done.result()
+    return packed, scales

@@ -14,7 +14,7 @@ would.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, default_quant
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
-from trtllm_kit.models.base import Slice, Split
+from trtllm_kit.models.base import Slice, Source, Split
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_rescale
@@ -97,13 +97,21 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
             return tensor
 
         for item in work_items(model, mapping):
-            parts = [read(source.name)[source.start:source.stop] if isinstance(source, Slice) else read(source)
-                     for source in item.reads]  # Phi-3's fused qkv_proj and gate_up_proj: their row ranges
+            fused: dict[str, torch.Tensor] = {}  # Phi-3's qkv_proj and gate_up_proj: read once for their parts
+
+            def read_part(source: Source, fused: dict[str, torch.Tensor] = fused) -> torch.Tensor:
+                if not isinstance(source, Slice):
+                    return read(source)
+                if source.name not in fused:
+                    fused[source.name] = read(source.name)
+                return fused[source.name][source.start:source.stop]
+
+            parts = [read_part(source) for source in item.reads]
             module = item.rule.name.removeprefix("transformer.layers.{}.").removesuffix(".weight")
             is_fp8 = algo == "FP8" and item.rule.name.endswith(LINEAR_WEIGHTS)
             scales: dict[str, torch.Tensor] = {}
             if is_fp8:
-                parts, scales = _fp8_group(parts, item.sources, module, read, getattr(torch, dtype))
+                parts, scales = _fp8_group(parts, item.sources, module, read, model.tensors, getattr(torch, dtype))
             elif algo not in DEQUANTIZED or not item.rule.name.endswith(LINEAR_WEIGHTS):
                 parts = [p.to(getattr(torch, dtype)) for p in parts]  # (dequantized weights stay float32)
             for tp_rank in range(mapping.tp_size):
@@ -127,18 +135,19 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
     return CheckpointModel(config, ranks, compute_dtype, str(ckpt_dir))
 
 
-def _fp8_group(parts: list[torch.Tensor], sources: tuple[str, ...], module: str, read: object,
+def _fp8_group(parts: list[torch.Tensor], sources: tuple[str, ...], module: str,
+               read: Callable[[str], torch.Tensor], names: Container[str],
                dtype: torch.dtype) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """The e4m3 parts rescaled to their fused group's largest weight scale as the backend does (``fp8_rescale``),
     held in the model dtype (which holds e4m3 values exactly) for sharding, and the group's largest weight and
     input scales."""
     def scale(name: str, kind: str) -> torch.Tensor:
-        return read(f"{name.removesuffix('.weight')}.{kind}").to(F32).reshape(())  # type: ignore[operator]
+        return read(f"{name.removesuffix('.weight')}.{kind}").to(F32).reshape(())
 
-    group = list(sources)
-    if module in FUSED_PARTS:  # fc and gate are one gate_up linear on the GPU: one scale for both
-        layer_prefix = sources[0].rsplit(".", 2)[0]
-        group = [f"{layer_prefix}.{part}.weight" for part in FUSED_PARTS[module]]
+    group = list(dict.fromkeys(sources))  # Phi-3's fused gate_up_proj is its own group
+    fused = [f"{sources[0].rsplit('.', 2)[0]}.{part}.weight" for part in FUSED_PARTS.get(module, ())]
+    if fused and all(name in names for name in fused):  # fc and gate are one gate_up linear on the GPU
+        group = fused
     w = torch.stack([scale(name, "weight_scale") for name in group]).max()
     x = torch.stack([scale(name, "input_scale") for name in group]).max()
     rescaled = [fp8_rescale(part, scale(name, "weight_scale"), w, dtype).to(dtype)

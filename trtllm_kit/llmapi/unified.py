@@ -19,12 +19,13 @@ import shutil
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, _torch_threads, check_finite
+from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, check_finite
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.llmapi.awq_entries import AWQ_NORM, awq_entries, awq_quantize
@@ -44,7 +45,7 @@ from trtllm_kit.llmapi.quant_format import (
 from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq_fold import AwqFold
-from trtllm_kit.quant.blocks import default_workers
+from trtllm_kit.quant.blocks import default_workers, torch_threads
 from trtllm_kit.quant.calibrate import CalibrationStats
 from trtllm_kit.quant.nvfp4 import global_scale, nvfp4_quantize_rows
 from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, read_layout, write_all
@@ -180,10 +181,10 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
     workers = default_workers()
     fold = AwqFold(stats, target) if quant.quant_algo == "W4A16_AWQ" and stats is not None else None
     with ExitStack() as stack:
-        stack.enter_context(_torch_threads(1))  # the FP8 blocks run on their own threads, one intra-op thread each
+        stack.enter_context(torch_threads(1))  # the FP8 blocks run on their own threads, one intra-op thread each
         reader = TensorReader(model, stack)
         checker = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check"))
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8-block"))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="quant-block"))
         writes = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-write"))
         checking: list[Future[None]] = []
         for source_file, file_name, entries in zip(model.weight_files, names, plans, strict=True):
@@ -225,10 +226,11 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                         elif entry.kind == "int4":
                             assert fold is not None, "AWQ entries exist only with a fold"
                             module = entry.source.removesuffix(".weight")
-                            weight = original.to(target)
-                            if not bool(weight.isfinite().all()):
+                            packed, scales = awq_quantize(original.to(target), partial(fold.weight, module), pool,
+                                                          workers)
+                            if not bool(scales.isfinite().all()):  # a NaN/Inf weight makes its group's scale one
                                 check_finite(entry.source, original, original, resolved)
-                            packed, block_scales[entry.source] = awq_quantize(fold.weight(module, weight))
+                            block_scales[entry.source] = scales
                             write(entry.name, packed)
                             quantized.append(module)
                         elif entry.kind == "nvfp4":

@@ -2,7 +2,8 @@
 the order and precision of ModelOpt's ``awq_lite`` and its export, so the searched scales and the packed bytes are
 the same.
 
-The search, per linear, over the calibration windows (each window or batch one step):
+The search, per linear, over the calibration windows (each window one step, as ModelOpt's steps are its forward
+passes):
 
 * ``weight_profile``: each weight element divided by the largest magnitude of its group of 128, averaged over the
   output rows (computed in the weight's dtype, kept in float32);
@@ -13,8 +14,8 @@ The search, per linear, over the calibration windows (each window or batch one s
 * the scale of the alpha with the least loss (the first on a tie) is the linear's ``best_scale``.
 
 The steps' losses are summed in step order for each alpha, as ModelOpt sums them; the kit keeps a few steps'
-inputs and outputs and makes each alpha's quantized weight once for all of them, where ModelOpt makes it again
-at every step.
+inputs and outputs and makes each alpha's quantized weight (``fake_int4.py``) once for all of them and runs them
+through one GEMM, where ModelOpt makes it again and runs one GEMM at every step.
 
 The export divides each input channel of the weight by ``1 / best_scale`` (``pre_quant_scale`` is that
 ``1 / best_scale`` in the weight dtype) and quantizes groups of 128 with ``weight_scale = amax / 7`` (float32,
@@ -24,20 +25,20 @@ The export divides each input channel of the weight by ``1 / best_scale`` (``pre
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from trtllm_kit.layout import AWQ_GROUP_SIZE
+from trtllm_kit.quant.blocks import default_workers, torch_threads
 from trtllm_kit.quant.calib_size import AWQ_PENDING_BYTES
+from trtllm_kit.quant.fake_int4 import INT4_MAX, INT4_MIN, FakeInt4, group_amax
 
 GROUP_SIZE = AWQ_GROUP_SIZE
-INT4_MAX = 7.0
-INT4_MIN = -8.0
 ALPHAS = tuple(float(a) for a in torch.arange(0, 1.1, 0.1))  # float32 values, as ModelOpt's search grid
 SCALE_RANGE = (1e-4, 1e4)
-ZERO_AMAX = 1.0 / (1 << 24)  # a group whose amax is at most this quantizes to zeros in the search
 
 
 def weight_profile(weight: torch.Tensor) -> torch.Tensor:
@@ -48,8 +49,7 @@ def weight_profile(weight: torch.Tensor) -> torch.Tensor:
     """
     magnitude = weight.reshape(-1, GROUP_SIZE).abs()
     amax = magnitude.amax(dim=1, keepdim=True)
-    ratio = magnitude / (amax + torch.finfo(weight.dtype).tiny)
-    return ratio.reshape(weight.shape).mean(0).to(torch.float32)
+    return magnitude.div_(amax + torch.finfo(weight.dtype).tiny).reshape(weight.shape).mean(0).to(torch.float32)
 
 
 def activation_profile(x: torch.Tensor) -> torch.Tensor:
@@ -71,26 +71,6 @@ def smoothing_scale(x_profile: torch.Tensor, w_profile: torch.Tensor, alpha: flo
     scale = x_profile.pow(alpha) / (w_profile.pow(1 - alpha) + torch.finfo(torch.float32).tiny)
     scale = scale.clamp(*SCALE_RANGE)
     return scale / (scale.max() * scale.min()).sqrt()
-
-
-def fake_int4(weight: torch.Tensor) -> torch.Tensor:
-    """The search's quantize-dequantize of a weight: per group of 128, ``round(W · 7/amax)`` clamped to [-8, 7],
-    times ``amax/7``, in float32, returned in the weight's dtype.
-
-    Arguments:
-        weight: ``[out, in]``.
-    """
-    groups = weight.reshape(-1, GROUP_SIZE)
-    amax = torch.maximum(groups.amax(1, keepdim=True).abs(), groups.amin(1, keepdim=True).abs()).float()
-    scale = torch.tensor(INT4_MAX) / amax
-    empty = amax <= ZERO_AMAX
-    has_empty = bool(empty.any())
-    if has_empty:
-        scale[empty] = 0.0
-    work = groups.float().mul_(scale).round_().clamp_(INT4_MIN, INT4_MAX)  # one float32 copy, worked in place
-    if has_empty:
-        scale[empty] = 1.0
-    return work.div_(scale).to(weight.dtype).reshape(weight.shape)
 
 
 @dataclass
@@ -142,16 +122,34 @@ class ScaleSearch:
             self.flush()
 
     def flush(self) -> None:
-        """Add the waiting steps' losses, step by step for each alpha (the sums are those of one step at a time)."""
+        """Add the waiting steps' losses, step by step for each alpha (the sums are those of one step at a time).
+
+        The steps' inputs go through one GEMM per alpha (an output row does not depend on the other rows) and
+        each step's loss is the mean over its own rows. The fake quantization runs on threads of its own with
+        one intra-op thread each (many small ops, each of which would otherwise wait at a barrier for the
+        slowest core); the GEMM and the means run on the process's threads, as ModelOpt's do (a mean's rounding
+        depends on how many threads share it)."""
+        if not self.pending:
+            return
         x_profile = self.x_profile
-        for number, alpha in enumerate(ALPHAS):
-            scale = smoothing_scale(x_profile, self.w_profile, alpha)
-            inverse = (1 / scale).to(self.weight.dtype)
-            quantized = fake_int4(self.weight * scale.to(self.weight.dtype))
-            for x, output in self.pending:
-                out = F.linear(x * inverse, quantized, self.bias)
-                self.losses[number] += (out - output).float().pow(2).mean()
+        inputs = torch.cat([x.reshape(-1, x.shape[-1]) for x, _ in self.pending])
+        outputs = torch.cat([output.reshape(-1, output.shape[-1]) for _, output in self.pending])
+        sizes = [output.numel() for _, output in self.pending]
         self.pending, self.pending_bytes = [], 0
+        scaled_inputs = torch.empty_like(inputs)
+        errors = torch.empty(outputs.shape, dtype=torch.float32, device=outputs.device)
+        workers = default_workers()
+        with ThreadPoolExecutor(workers, thread_name_prefix="awq-search") as pool:
+            fake_quantize = FakeInt4(self.weight, pool, workers)
+            for number, alpha in enumerate(ALPHAS):
+                scale = smoothing_scale(x_profile, self.w_profile, alpha)
+                with torch_threads(1):
+                    quantized = fake_quantize(scale)
+                    torch.mul(inputs, (1 / scale).to(self.weight.dtype), out=scaled_inputs)
+                out = F.linear(scaled_inputs, quantized, self.bias)
+                errors.copy_(out.sub_(outputs)).pow_(2)
+                for error in errors.view(-1).split(sizes):
+                    self.losses[number] += error.mean()
 
     def best_scale(self) -> torch.Tensor:
         """The scale of the alpha with the least summed loss (float32 ``[in]``)."""
@@ -175,11 +173,10 @@ def group_scales(weight: torch.Tensor) -> torch.Tensor:
     """``weight_scale``: each group's amax in the weight's dtype, divided by 7 in float32 (an all-zero group: 1).
 
     Arguments:
-        weight: ``[out, in]``, ``in`` a multiple of 128.
+        weight: ``[out, in]``, ``in`` a multiple of 128, contiguous.
     """
-    groups = weight.reshape(weight.shape[0], -1, GROUP_SIZE)
-    amax = torch.maximum(groups.amax(-1), groups.amin(-1).neg()).float()
-    return torch.where(amax == 0, torch.full_like(amax, INT4_MAX), amax) / INT4_MAX
+    amax = group_amax(weight.reshape(-1, GROUP_SIZE)).float().reshape(weight.shape[0], -1)
+    return amax.masked_fill_(amax == 0, INT4_MAX).div_(INT4_MAX)
 
 
 def int4_pack(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -190,10 +187,10 @@ def int4_pack(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         weight: ``[out, in]`` (``out`` even); scales: ``group_scales(weight)``.
     """
     rows, cols = weight.shape
-    divisor = scales.repeat_interleave(GROUP_SIZE, dim=1)
-    codes = (weight / divisor).round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8).view(torch.uint8)
+    quotients = weight.reshape(rows, -1, GROUP_SIZE) / scales[..., None]  # float32, as W / weight_scale
+    codes = quotients.round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8).view(torch.uint8)
     pairs = codes.reshape(rows // 2, 2, cols)
-    return (pairs[:, 0] & 0x0F) | ((pairs[:, 1] & 0x0F) << 4)
+    return pairs[:, 1].bitwise_left_shift(4).bitwise_or_(pairs[:, 0].bitwise_and(0x0F))
 
 
 def int4_unpack(packed: torch.Tensor) -> torch.Tensor:

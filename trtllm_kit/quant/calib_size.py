@@ -24,7 +24,7 @@ CPU_SAMPLES, CPU_SEQ_LEN = 16, 64  # 1,024 tokens: about 20 min for a 7B model, 
 CPU_SECONDS_PER_TOKEN_7B = 1.16  # benchmarks/calibration.py on the shared 2-core reference machine (extrapolated)
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
-GPU_BATCH_SIZE = 8  # windows per forward pass on a GPU; one on a CPU, where batching gains little
+BATCH_SIZE = 8  # windows per forward pass (a CPU's batch gives each window's rows bitwise as one window alone)
 AWQ_PENDING_BYTES = 64 << 20  # inputs and outputs one linear's AWQ search keeps before it adds their losses
 
 @dataclass(frozen=True)
@@ -111,10 +111,10 @@ class CalibMemory:
 
 
 def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bool = False) -> CalibMemory:
-    """What a layer-streamed calibration of ``hf`` holds at its peak. The AWQ search quantizes one scaled copy of
-    the largest linear at a time (the scaled weight and its result in the compute dtype, two float32 work copies),
-    compares one batch's outputs (the quantized output in the compute dtype, the difference in float32) and keeps
-    each linear's windows, at most ``AWQ_PENDING_BYTES`` of them.
+    """What a layer-streamed calibration of ``hf`` holds at its peak. The AWQ search keeps each linear's windows,
+    at most ``AWQ_PENDING_BYTES`` of them, and works on one linear at a time: its fake-quantized weight in the
+    compute dtype (the blocks it is made in are small), and for the kept windows one copy of their inputs and
+    outputs, the scaled inputs, the quantized output and the float32 difference.
 
     Arguments:
         hf: the model's config; size: the calibration size (its device decides the batch); dtype: the compute
@@ -123,13 +123,13 @@ def calibration_memory(hf: HFConfig, size: CalibSize, dtype: str, search_awq: bo
     per = DTYPE_BYTES[dtype]
     h, d = hf.hidden_size, hf.head_dim
     layer = h * d * (2 * hf.num_attention_heads + 2 * hf.num_key_value_heads) + 3 * h * hf.intermediate_size + 2 * h
-    batch = 1 if size.device == "cpu" else min(size.samples, GPU_BATCH_SIZE)
+    batch = min(size.samples, BATCH_SIZE)
     kv = 2 * batch * size.seq_len * hf.num_key_value_heads * d
     search = 0
     if search_awq:
-        tokens = batch * size.seq_len * hf.intermediate_size
         q, k, inter = hf.num_attention_heads * d, hf.num_key_value_heads * d, hf.intermediate_size
         features = [h + q, h + k, h + k, q + h, h + inter, h + inter, inter + h]  # in + out of each linear
-        kept = sum(min(AWQ_PENDING_BYTES, size.samples * size.seq_len * f * per) for f in features)
-        search = h * inter * (2 * per + 2 * 4) + tokens * (per + 4) + kept
+        kept = [min(AWQ_PENDING_BYTES, size.samples * size.seq_len * f * per) for f in features]
+        flush = max(kept) * (2 + 4 // per)  # copies + scaled inputs and output + float32 difference, at most
+        search = h * inter * per + sum(kept) + flush
     return CalibMemory(layer * per, size.samples * size.seq_len * h * per, kv * per, search)

@@ -31,7 +31,7 @@ from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import ScaleSearch
 from trtllm_kit.quant.blocks import col_amax, row_amax
-from trtllm_kit.quant.calib_size import GPU_BATCH_SIZE, calibration_device, choose_size, sized
+from trtllm_kit.quant.calib_size import BATCH_SIZE, calibration_device, choose_size, sized
 from trtllm_kit.quant.layer_stream import LAYER_PREFIX, LayerStream
 
 STATS_FILE = "stats.safetensors"
@@ -225,8 +225,7 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
     reporter = reporter or Reporter()
     device = device or calibration_device()
     stream = LayerStream(inspect_model(str(model_path), allow_pickle=True), dtype, device)
-    per_batch = 1 if device == "cpu" else GPU_BATCH_SIZE
-    batches = [windows[i:i + per_batch] for i in range(0, len(windows), per_batch)]
+    batches = [windows[i:i + BATCH_SIZE] for i in range(0, len(windows), BATCH_SIZE)]
     stats = CalibrationStats()
     num_tokens = sum(len(w) for w in windows)
     total = num_tokens * stream.num_layers
@@ -286,20 +285,22 @@ def _hooks(hooks: Sequence[tuple[torch.nn.Module, Callable[..., None]]]) -> Iter
 
 def _observer(search: ScaleSearch) -> Callable[..., None]:
     def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        search.observe(inputs[0])
+        for x in inputs[0]:  # one step per window, whatever the batch
+            search.observe(x)
     return hook
 
 
 def _searcher(search: ScaleSearch) -> Callable[..., None]:
     def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        search.search(inputs[0], output)
+        for x, y in zip(inputs[0], output, strict=True):
+            search.search(x, y)
     return hook
 
 
 def _recorder(stats: CalibrationStats, name: str) -> Callable[..., None]:
     def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        x = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0).float().cpu()
-        y = output.detach().abs().reshape(-1, output.shape[-1]).amax(0).float().cpu()
+        x = col_amax(inputs[0].detach().reshape(-1, inputs[0].shape[-1])).cpu()
+        y = col_amax(output.detach().reshape(-1, output.shape[-1])).cpu()
         stats.x[name] = torch.maximum(stats.x[name], x) if name in stats.x else x
         stats.y[name] = torch.maximum(stats.y[name], y) if name in stats.y else y
     return hook
