@@ -1,4 +1,5 @@
-"""Fixtures of the llmapi tests: one llmapi build of the tiny Llama on a real tritonserver, shared by the session."""
+"""Fixtures of the llmapi tests: tiny llmapi builds shared by the session (one served by a real tritonserver), and
+a fake ``trtllm-serve`` on PATH, which needs a GPU, that records how it was started."""
 
 from __future__ import annotations
 
@@ -7,12 +8,33 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_trtllm_serve import TrtllmServePath, trtllm_serve_path
 
 from trtllm_kit.cli import run
 from trtllm_kit.serve.server.process import TritonProcess
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 from tritonserver import running_server
+
+
+@pytest.fixture
+def fake_trtllm_serve(tmp_path: Path) -> TrtllmServePath:
+    return trtllm_serve_path(tmp_path / "bin", with_fake=True)
+
+
+@pytest.fixture
+def without_trtllm_serve(tmp_path: Path) -> TrtllmServePath:
+    return trtllm_serve_path(tmp_path / "bin", with_fake=False)
+
+
+@pytest.fixture(scope="session")
+def engine_stage_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``builtin:tiny-llama`` built for the llmapi target up to its engine stage (verify off): what trtllm-serve
+    is started on. Every test that serves it stops its serve, which removes the run's state."""
+    out = tmp_path_factory.mktemp("llmapi-engine-stage") / "out"
+    assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--until", "engine",
+                "--out", str(out)]) == 0
+    return out
 
 
 @pytest.fixture(scope="session")
