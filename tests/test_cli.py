@@ -422,3 +422,13 @@ def test_debug_shows_the_traceback_of_an_expected_error_too(tmp_path: Path) -> N
                                           "repo id present in the local HF cache, or a built-in model (see "
                                           "`trtllm-kit models`)."]
 
+
+
+def test_serving_and_reading_an_artifact_import_no_torch() -> None:
+    """serve, stop, artifact verify, validate and deploy start without torch (seconds to import): only what computes
+    with it loads it, e.g. the first adapter a running frontend is asked to load."""
+    modules = ("trtllm_kit.cli", "trtllm_kit.targets", "trtllm_kit.serve.service", "trtllm_kit.deploy.render",
+               "trtllm_kit.artifact.integrity", "trtllm_kit.lora.store")
+    code = f"import sys, {', '.join(modules)}; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "False"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import queue
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -14,29 +13,16 @@ import numpy as np
 import pytest
 import yaml
 
-from trtllm_kit.cli import run
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import running_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 PROMPT = [1, 415, 565, 37, 902, 11]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "m", "l"]}},
           "required": ["ok", "size"], "additionalProperties": False}
 DTYPES = {np.int32: "INT32", np.bool_: "BOOL", np.float32: "FP32", np.object_: "BYTES", np.uint64: "UINT64"}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    work = tmp_path_factory.mktemp("llmapi-eval")
-    out = work / "out"
-    assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
-    with running_server(out / "repo", work) as process:
-        yield out, process
 
 
 def infer(process, values: dict[str, object]) -> list[dict[str, np.ndarray]]:
@@ -78,15 +64,15 @@ def runtime(out: Path, params: SamplingParams):
     return first
 
 
-def test_the_recorded_options_name_xgrammar(server):
-    out, _ = server
+def test_the_recorded_options_name_xgrammar(llmapi_server):
+    out, _ = llmapi_server
     assert yaml.safe_load((out / "repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())[
         "guided_decoding_backend"] == "xgrammar"
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_n_completions_are_indexed_responses(server, streaming):
-    out, process = server
+def test_n_completions_are_indexed_responses(llmapi_server, streaming):
+    out, process = llmapi_server
     responses = infer(process, {"sampling_param_max_tokens": 6, "sampling_param_temperature": 1.0,
                                 "sampling_param_top_p": 1.0, "sampling_param_seed": 3, "sampling_param_n": 3,
                                 "sampling_param_ignore_eos": True, "streaming": streaming,
@@ -98,8 +84,8 @@ def test_n_completions_are_indexed_responses(server, streaming):
     assert tokens == {seq.index: seq.output_ids for seq in group}
 
 
-def test_logprob_tensors(server):
-    out, process = server
+def test_logprob_tensors(llmapi_server):
+    out, process = llmapi_server
     [response] = infer(process, {"sampling_param_max_tokens": 5, "sampling_param_temperature": 0.0,
                                  "sampling_param_ignore_eos": True, "sampling_param_logprobs": 2,
                                  "sampling_param_prompt_logprobs": 1, "streaming": False})
@@ -113,8 +99,8 @@ def test_logprob_tensors(server):
     assert response["prompt_top_log_prob_ids"][0, 0] == -1
 
 
-def test_guided_decoding_gives_schema_valid_json(server):
-    _, process = server
+def test_guided_decoding_gives_schema_valid_json(llmapi_server):
+    _, process = llmapi_server
     responses = infer(process, {"sampling_param_max_tokens": 60, "sampling_param_temperature": 1.0,
                                 "sampling_param_top_p": 1.0, "sampling_param_n": 4, "streaming": False,
                                 "guided_decoding_guide_type": "json_schema",
@@ -127,8 +113,8 @@ def test_guided_decoding_gives_schema_valid_json(server):
     assert choice["text_output"][0].decode() in ("yes", "no")
 
 
-def test_unknown_guide_type_is_refused(server):
-    _, process = server
+def test_unknown_guide_type_is_refused(llmapi_server):
+    _, process = llmapi_server
     with pytest.raises(RuntimeError, match="guided_decoding_guide_type is 'xml'"):
         infer(process, {"sampling_param_max_tokens": 4, "guided_decoding_guide_type": "xml",
                         "guided_decoding_guide": "<a/>"})

@@ -12,27 +12,17 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from trtllm_kit.cli import run
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import grpc_inputs, metrics, running_server
+from tritonserver import grpc_inputs, metrics
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MAX_TOKENS = 8
 PROMPT = "The capital of France is"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    work = tmp_path_factory.mktemp("llmapi-serve")
-    out = work / "out"
-    assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
-    with running_server(out / "repo", work) as process:
-        yield out, process
 
 
 def expected(out: Path, ids: list[int]) -> list[int]:
@@ -65,8 +55,8 @@ def infer(process, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]
 
 @pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize("as_ids", [False, True])
-def test_tokens_match_the_cpu_runtime(server, streaming: bool, as_ids: bool) -> None:
-    out, process = server
+def test_tokens_match_the_cpu_runtime(llmapi_server, streaming: bool, as_ids: bool) -> None:
+    out, process = llmapi_server
     ids = AutoTokenizer.from_pretrained(str(out / "checkpoint")).encode(PROMPT)
     inputs = {"input_ids": np.array(ids, np.int32)} if as_ids else {"text_input": np.array([PROMPT], np.object_)}
     inputs.update(sampling_param_max_tokens=np.array([MAX_TOKENS], np.int32), streaming=np.array([streaming]),
@@ -83,8 +73,8 @@ def test_tokens_match_the_cpu_runtime(server, streaming: bool, as_ids: bool) -> 
         assert len(responses) == 1 and responses[0]["finish_reason"][0].decode() in ("length", "stop")
 
 
-def test_gauges_are_published(server) -> None:
-    _, process = server
+def test_gauges_are_published(llmapi_server) -> None:
+    _, process = llmapi_server
     infer(process, {"text_input": np.array([PROMPT], np.object_),
                     "sampling_param_max_tokens": np.array([MAX_TOKENS], np.int32)})
     blocks = metrics(process, "nv_trt_llm_kv_cache_block_metrics")

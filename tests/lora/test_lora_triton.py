@@ -23,7 +23,8 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.cli import run
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, module_shapes, to_rows
+from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
+from trtllm_kit.runtime.lora_modules import module_shapes
 
 pytestmark = pytest.mark.integration
 MAX_TOKENS = 8

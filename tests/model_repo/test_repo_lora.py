@@ -16,7 +16,8 @@ from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.model_repo.lora import LoraServing
 from trtllm_kit.model_repo.repository import write_repository
 from trtllm_kit.model_repo.validate import validate_repository
-from trtllm_kit.runtime.lora import cache_capacity, module_shapes
+from trtllm_kit.runtime.lora import cache_capacity
+from trtllm_kit.runtime.lora_modules import module_shapes
 from trtllm_kit.spec import build_spec
 from trtllm_kit.spec.repo_options import RepoOptions
 from trtllm_kit.targets import get_target, limits_from_dir

@@ -1,4 +1,5 @@
-"""Fixtures of the reliability tests: a tiny built artifact, private copies of it, and a serve of one."""
+"""Fixtures of the reliability tests: a tiny built artifact, private copies of it, and a serve of one; a float32
+build served for the session."""
 
 from __future__ import annotations
 
@@ -37,5 +38,18 @@ def served(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     out = tmp_path_factory.mktemp("served") / "out"
     shutil.copytree(tiny_artifact, out)
     state = serve(out, "--ensemble")
+    yield state
+    kit("stop", str(out), timeout=60)
+
+
+@pytest.fixture(scope="session")
+def served32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``builtin:tiny-llama`` built in float32 for the cpu target (verify off, one instance per text model), served
+    for the session; its state. For tests that compare what it answers with ``transformers``: none changes it."""
+    out = tmp_path_factory.mktemp("f32") / "out"
+    done = kit("build", MODEL, "--target", "cpu", "--dtype", "float32", "--no-verify", "--instances", "1",
+               "--out", str(out), timeout=600)
+    assert done.returncode == 0, done.stderr
+    state = serve(out)
     yield state
     kit("stop", str(out), timeout=60)

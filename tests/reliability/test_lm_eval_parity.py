@@ -7,29 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_helpers import kit
-from serving_helpers import MODEL, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "eval"
-
-
-@pytest.fixture(scope="module")
-def served32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("f32") / "out"
-    done = kit("build", MODEL, "--target", "cpu", "--dtype", "float32", "--no-verify", "--instances", "1",
-               "--out", str(out), timeout=600)
-    assert done.returncode == 0, done.stderr
-    state = serve(out)
-    yield state
-    kit("stop", str(out), timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
-from reliability_helpers import kit
-from serving_helpers import MODEL, serve
+from serving_helpers import MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,15 +28,9 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    """An ``openai`` client of the tiny model built in float32 for the cpu target, served."""
-    out = tmp_path_factory.mktemp("fields") / "out"
-    done = kit("build", MODEL, "--target", "cpu", "--dtype", "float32", "--no-verify", "--instances", "1",
-               "--out", str(out), timeout=600)
-    assert done.returncode == 0, done.stderr
-    state = serve(out)
-    yield openai.OpenAI(base_url=f"http://{state['openai']}/v1", api_key="none", max_retries=0)
-    kit("stop", str(out), timeout=60)
+def api(served32: dict[str, Any]) -> openai.OpenAI:
+    """An ``openai`` client of the session's float32 serve of the tiny model (cpu target)."""
+    return openai.OpenAI(base_url=f"http://{served32['openai']}/v1", api_key="none", max_retries=0)
 
 
 def complete(api: openai.OpenAI, **fields: Any) -> Any:

@@ -10,7 +10,7 @@ import random
 import re
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -18,8 +18,7 @@ import openai
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
-from reliability_helpers import kit
-from serving_helpers import MODEL, post, serve, wait_idle
+from serving_helpers import MODEL, post, wait_idle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.models.builtin import builtin_dir
@@ -76,18 +75,6 @@ def test_an_extra_out_of_range_is_a_400_naming_it(served: dict[str, Any], field:
     with pytest.raises(openai.BadRequestError) as info:
         greedy(served, **{field: value})
     assert info.value.body == {"message": message, "type": "invalid_request_error", "param": field, "code": None}
-
-
-@pytest.fixture(scope="module")
-def served32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The tiny model built in float32 for the cpu target, served."""
-    out = tmp_path_factory.mktemp("f32") / "out"
-    done = kit("build", MODEL, "--dtype", "float32", "--no-verify", "--instances", "1", "--out", str(out),
-               timeout=600)
-    assert done.returncode == 0, done.stderr
-    state = serve(out)
-    yield state
-    kit("stop", str(out), timeout=60)
 
 
 def reference_logprobs(ids: list[int]) -> tuple[list[float], list[int]]:

@@ -115,6 +115,24 @@ def test_fake_mpirun_on_path_receives_the_argv_and_readiness_timeout_shows_the_l
     assert not group_alive(process.pid)
 
 
+def test_a_group_of_only_zombies_is_gone_and_one_that_runs_is_not() -> None:
+    """A member that exited but is not collected yet (a zombie) holds nothing: stop need not wait for its parent."""
+    running = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    exited = subprocess.Popen(["true"], start_new_session=True)
+    try:
+        assert group_alive(running.pid)
+        deadline = time.monotonic() + 30  # a hang guard only
+        while Path(f"/proc/{exited.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline, "`true` never exited"
+            time.sleep(0.01)
+        assert not group_alive(exited.pid)  # a zombie until waited for
+    finally:
+        running.kill()
+        running.wait(10)
+        exited.wait(10)
+    assert not group_alive(running.pid) and not group_alive(exited.pid)
+
+
 def test_server_dying_during_start_is_reported_with_its_log(tmp_path: Path) -> None:
     server = fake_bin(tmp_path / "bin", "tritonserver", 'echo "error: creating server: Internal - boom"; exit 1')
     config = LaunchConfig(tmp_path / "repo", free_endpoints(), shm_prefix=f"kit{os.getpid()}_")

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.lora import FUSED_GATE_UP, module_shapes
+from trtllm_kit.runtime.lora_modules import FUSED_GATE_UP, module_shapes
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"

@@ -18,7 +18,7 @@ from typing import Any
 from trtllm_kit.artifact import LoraRecord
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.runtime.lora import TRTLLM_MODULES, module_shapes
+from trtllm_kit.runtime.lora_modules import TRTLLM_MODULES, module_shapes
 from trtllm_kit.spec.tables import BuildOptions
 
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

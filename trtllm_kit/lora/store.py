@@ -14,18 +14,19 @@ import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import MANIFEST, AdapterRecord, Artifact
 from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.artifact.integrity import file_stats
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.lora.formats import FORMATS
-from trtllm_kit.lora.peft_adapter import PeftAdapter, read_adapter
 from trtllm_kit.lora.settings import base_config
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.names import CHECKPOINT_DIR, LORA_DIR
+
+if TYPE_CHECKING:
+    from trtllm_kit.lora.peft_adapter import PeftAdapter
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a directory name and an OpenAI model id
 
@@ -43,6 +44,8 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
         raise KitUsageError(f"{out} already has an adapter named {name!r}; remove it first (trtllm-kit lora remove "
                             f"{out} {name}).")
     adapter = check_adapter(artifact, source)
+    from trtllm_kit.lora.formats import FORMATS  # torch (check_adapter has loaded it)
+
     fmt = FORMATS[artifact.target]
     rel = f"{LORA_DIR}/{name}"
     staging = out / LORA_DIR / f".{name}.{os.getpid()}.tmp"
@@ -76,6 +79,9 @@ def check_adapter(artifact: Artifact, source: Path) -> PeftAdapter:
     Arguments:
         artifact: the base artifact; source: a PEFT adapter directory.
     """
+    from trtllm_kit.lora.formats import FORMATS  # torch: a served frontend loads it on its first adapter load
+    from trtllm_kit.lora.peft_adapter import read_adapter
+
     adapter = read_adapter(source, _base_sizes(artifact.path), artifact.spec.build.max_lora_rank)
     if FORMATS[artifact.target].fixed_modules:
         _check_modules(artifact, adapter.target_modules, source)

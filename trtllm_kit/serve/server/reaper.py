@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
+PROC_DIR = Path("/proc")
 
 
 def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0) -> None:
@@ -40,15 +41,28 @@ def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0) -> None:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still exists."""
+    """Whether any process of group ``pgid`` still runs. A zombie counts as gone: it has exited and holds no memory,
+    file or port, only an entry its parent has not collected yet (stubs whose server is gone are collected by
+    init, which may take seconds)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
-    return True
+    if not PROC_DIR.is_dir():  # no /proc to tell zombies apart
+        return True
+    return any(_runs_in_group(stat, pgid) for stat in PROC_DIR.glob("[0-9]*/stat"))
+
+
+def _runs_in_group(stat: Path, pgid: int) -> bool:
+    """Whether ``/proc/PID/stat`` is of a process of group ``pgid`` that is not a zombie (False once it is gone)."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return False
+    state, _ppid, group = text[text.rindex(")") + 2:].split(" ", 3)[:3]  # after "PID (COMMAND) "
+    return int(group) == pgid and state != "Z"
 
 
 def main(argv: list[str]) -> int:
