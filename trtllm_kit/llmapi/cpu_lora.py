@@ -17,7 +17,8 @@ import torch
 from trtllm_kit.defaults import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from trtllm_kit.llmapi.cpu_types import LoRARequest
 from trtllm_kit.lora.peft_adapter import read_adapter
-from trtllm_kit.runtime.lora import TRTLLM_MODULES, LoraRequest, Pair
+from trtllm_kit.runtime.lora import LoraRequest, Pair
+from trtllm_kit.runtime.lora_modules import TRTLLM_MODULES
 
 
 class CpuLoraManager:

@@ -17,7 +17,6 @@ from safetensors.torch import load_file
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.lora_modules import FUSED_GATE_UP, MODULE_IDS, module_shapes
-from trtllm_kit.runtime.lora_modules import TRTLLM_MODULES as TRTLLM_MODULES  # where the llmapi model reads it
 
 ADAPTER_FILE = "adapter.safetensors"  # the converted adapter, in OUT/lora/NAME/
 
