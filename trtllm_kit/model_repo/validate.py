@@ -271,8 +271,9 @@ def print_report(report: ValidationReport) -> None:
     if not report.findings:
         console.print(f"{report.repo}: no findings; the repository is consistent.")
         return
-    table = Table(title=f"{report.repo}: {len(report.errors)} error(s), "
-                  f"{len(report.findings) - len(report.errors)} warning(s)")
+    console.print(f"{report.repo}: {len(report.errors)} error(s), {len(report.findings) - len(report.errors)} "
+                  "warning(s)", soft_wrap=True)  # one line however long the path, for grep
+    table = Table()
     for column in ("severity", "model", "rule", "finding"):
         table.add_column(column, overflow="fold")
     for f in report.findings:
