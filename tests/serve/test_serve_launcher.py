@@ -19,6 +19,7 @@ from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, free_endpoints, launch_argv
 from trtllm_kit.serve.server.locate import TritonInstall, locate_tritonserver
 from trtllm_kit.serve.server.process import TritonProcess, group_alive
+from trtllm_kit.serve.server.reaper import SHM_DIR
 
 OPT = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), "/opt/tritonserver",
                     backend_dir=Path("/opt/tritonserver/backends"))
@@ -134,10 +135,19 @@ def test_a_group_of_only_zombies_is_gone_and_one_that_runs_is_not() -> None:
 
 
 def test_server_dying_during_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    """Also: a region of the launch's prefix that a killed launch left behind (its mutex's owner is dead, and the
+    Python backend would abort on it) is removed before the server starts; another prefix's region stays."""
     server = fake_bin(tmp_path / "bin", "tritonserver", 'echo "error: creating server: Internal - boom"; exit 1')
     config = LaunchConfig(tmp_path / "repo", free_endpoints(), shm_prefix=f"kit{os.getpid()}_")
+    stale, other = SHM_DIR / f"{config.rank_shm_prefix(0)}tensorrt_llm_0_0", SHM_DIR / f"kit{os.getpid()}x_0_"
+    stale.write_bytes(b"left by a killed launch")
+    other.write_bytes(b"another launch's")
     process = TritonProcess(TritonInstall(server, "--tritonserver"), config, tmp_path / "log.txt")
-    process.start()
+    try:
+        process.start()
+        assert not stale.exists() and other.exists()
+    finally:
+        other.unlink(missing_ok=True)
     with pytest.raises(KitError, match=r"exited with code 1 while starting .*\n.*boom"):
         process.wait_ready(timeout_s=10)
 

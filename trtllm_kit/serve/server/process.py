@@ -20,9 +20,8 @@ from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
 from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, launch_argv
 from trtllm_kit.serve.server.locate import TritonInstall
-from trtllm_kit.serve.server.reaper import group_alive
+from trtllm_kit.serve.server.reaper import SHM_DIR, group_alive
 
-SHM_DIR = Path("/dev/shm")
 # Triton's error lines: E<MMDD> <time> <thread> <file:line>] <message>
 ERROR_LINE = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] (.+)$", re.MULTILINE)
 # Error lines every start on a machine without a GPU logs; they are never the cause of a failure.
@@ -93,6 +92,9 @@ class TritonProcess:
             die_with_parent: end the server when this process dies (off for a detached server's launcher).
         """
         check_ports_free(self.config.endpoints.host, self.config.endpoints.ports())
+        # a region of this prefix left by a killed launch holds a mutex whose owner is dead, and the Python
+        # backend aborts on it (boost::interprocess::lock_exception): the prefix is this launch's alone
+        self.remove_shm()
         env = {**kit_environment(self.install.environment()), **self.env}
         self.log_from = self.group.log_size()
         prepare = _die_with_parent if die_with_parent else _private
