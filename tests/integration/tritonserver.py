@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import urllib.request
 from collections.abc import Iterator
@@ -18,8 +17,6 @@ from trtllm_kit.serve.server.launcher import LaunchConfig, free_endpoints
 from trtllm_kit.serve.server.locate import pytriton_install
 from trtllm_kit.serve.server.process import TritonProcess
 
-_LAUNCHES = itertools.count()
-
 
 @contextmanager
 def running_server(repo: Path, workdir: Path, timeout_s: float = 90.0) -> Iterator[TritonProcess]:
@@ -31,8 +28,7 @@ def running_server(repo: Path, workdir: Path, timeout_s: float = 90.0) -> Iterat
     install = pytriton_install(workdir / "cache")
     if install is None:
         pytest.skip("nvidia-pytriton's tritonserver is not installed (pip install 'trtllm-kit[serve-cpu]')")
-    launch = next(_LAUNCHES)  # a prefix per launch: a killed server's regions never meet the next one
-    config = LaunchConfig(repo=repo, endpoints=free_endpoints(), shm_prefix=f"trtllmkit_test{os.getpid()}_{launch}_")
+    config = LaunchConfig(repo=repo, endpoints=free_endpoints(), shm_prefix=f"trtllmkit_test{os.getpid()}_")
     server = TritonProcess(install, config, workdir / "server.log")
     server.start()
     server.wait_ready(timeout_s)
