@@ -1,11 +1,13 @@
-"""Layer-streamed calibration: the statistics equal a whole-model forward pass with hooks on every family and in
-both compute dtypes (exactly: the streamed layers run the same kernels on the same values), the plan states the
-peak memory, and a model four times larger than the memory the process may use calibrates."""
+"""Layer-streamed calibration: the statistics equal a whole-model transformers forward pass with hooks on every
+family and in both compute dtypes (exactly: the streamed layers run the same kernels on the same values), also for
+configs the kit's layer math leaves to transformers' classes; the plan states the peak memory, and a model four
+times larger than the memory the process may use calibrates."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,9 @@ from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calib_size import CalibSize, calibration_memory
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.calibrate import CALIB_DTYPES, CalibrationStats, calibrate, token_windows
+from trtllm_kit.quant.layer_stream import LayerStream
 
 FAMILIES = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-phi3")
 ROOT = Path(__file__).parents[2]
@@ -63,6 +67,49 @@ def test_streamed_statistics_equal_the_whole_model(name: str, dtype: str) -> Non
         for module, tensor in want.items():
             assert torch.equal(got[module], tensor), (kind, module)
     assert streamed.params["dtype"] == dtype and streamed.params["calib_dtype"] == dtype
+
+
+def assert_stats_equal(streamed: CalibrationStats, reference: CalibrationStats) -> None:
+    for kind in ("x", "y", "w", "wc"):
+        got, want = getattr(streamed, kind), getattr(reference, kind)
+        assert sorted(got) == sorted(want)
+        for module, tensor in want.items():
+            assert torch.equal(got[module], tensor), (kind, module)
+
+
+# config edits: a sliding window shorter than the windows, linear rope scaling (the kit's math), and configs it
+# leaves to transformers' classes (dynamic NTK rope, per-layer attention types)
+VARIANTS = {
+    "mistral-window-16": ("tiny-mistral", {"sliding_window": 16}, False),
+    "llama-linear-rope": ("tiny-llama", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, False),
+    "llama-dynamic-rope": ("tiny-llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, True),
+    "qwen2-layer-windows": ("tiny-qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
+                            True),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_config_variants_equal_the_whole_model(variant: str, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    name, edits, by_transformers = VARIANTS[variant]
+    path = tmp_path / name
+    shutil.copytree(builtin_dir(name), path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **edits}))
+    assert LayerStream(inspect_model(str(path)), torch.bfloat16, "cpu").runs_transformers is by_transformers
+    quant = QuantConfig(quant="fp8", calib_samples=4, calib_seq_len=48, calib_dtype="bfloat16")
+    assert_stats_equal(calibrate(path, quant, device="cpu"),
+                       whole_model_stats(path, token_windows(path, quant), torch.bfloat16))
+
+
+def test_the_kit_families_calibrate_without_transformers() -> None:
+    code = ("import sys, torch; from trtllm_kit.models.builtin import builtin_dir; "
+            "from trtllm_kit.quant.calibrate import collect_stats; "
+            "collect_stats(builtin_dir('tiny-phi3'), [[5, 6, 7, 8]], device='cpu'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_plan_prints_the_calibration_peak_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

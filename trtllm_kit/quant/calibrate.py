@@ -16,9 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ STATS_FILE = "stats.safetensors"
 PARAMS_FILE = "calibration.json"
 KINDS = ("x", "y", "w", "wc")  # input per in-channel, output per out-channel, weight per row, weight per column
 AWQ_KEY = "awq_scale"  # the searched AWQ scale per in-channel (``quant/awq.py``), beside the amax kinds
+Recorder = Callable[[torch.Tensor, torch.Tensor], None]  # (a linear's input, its output) -> None
 CALIB_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -236,21 +237,18 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
             weights = stream.layer_weights(index)
             layer = stream.build_layer(index, weights)
             prefix = LAYER_PREFIX.format(index)
-            linears = {sub: m for sub, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
-            for sub in linears:
+            for sub in layer.linears:
                 stats.add_weight(prefix + sub, weights[f"{sub}.weight"])
             del weights
-            recorders = [(m, _recorder(stats, prefix + sub)) for sub, m in linears.items()]
+            recorders = {sub: _recorder(stats, prefix + sub) for sub in layer.linears}
             if search_awq:
-                searches = {sub: ScaleSearch(m.weight, m.bias) for sub, m in linears.items()}
-                with _hooks([(m, _observer(searches[sub])) for sub, m in linears.items()]):
-                    for batch in hidden:
-                        stream.run(layer, batch)
-                recorders += [(m, _searcher(searches[sub])) for sub, m in linears.items()]
-            with _hooks(recorders):
-                for number, batch in enumerate(hidden):
-                    hidden[number] = stream.run(layer, batch)
-                    advance(batch.shape[0] * batch.shape[1])
+                searches = {sub: ScaleSearch(weight, bias) for sub, (weight, bias) in layer.linears.items()}
+                for batch in hidden:
+                    layer.forward(batch, partial(_observe, searches))
+                recorders = {sub: _both(recorders[sub], partial(_search, searches[sub])) for sub in recorders}
+            for number, batch in enumerate(hidden):
+                hidden[number] = layer.forward(batch, partial(_dispatch, recorders))
+                advance(batch.shape[0] * batch.shape[1])
             if search_awq:
                 stats.awq.update({prefix + sub: search.best_scale().cpu() for sub, search in searches.items()})
             del layer
@@ -273,34 +271,31 @@ def eta_note(done: int, total: int, seconds: float) -> str:
     return f"calibrate: {done}/{total} tokens in {seconds:.1f} s ({rate:.0f} tokens/s); about {when} left"
 
 
-@contextmanager
-def _hooks(hooks: Sequence[tuple[torch.nn.Module, Callable[..., None]]]) -> Iterator[None]:
-    handles = [module.register_forward_hook(hook) for module, hook in hooks]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+def _dispatch(recorders: dict[str, Recorder], name: str, x: torch.Tensor, y: torch.Tensor) -> None:
+    recorders[name](x, y)
 
 
-def _observer(search: ScaleSearch) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        for x in inputs[0]:  # one step per window, whatever the batch
-            search.observe(x)
-    return hook
+def _observe(searches: dict[str, ScaleSearch], name: str, x: torch.Tensor, y: torch.Tensor) -> None:
+    for window in x:  # one step per window, whatever the batch
+        searches[name].observe(window)
 
 
-def _searcher(search: ScaleSearch) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        for x, y in zip(inputs[0], output, strict=True):
-            search.search(x, y)
-    return hook
+def _search(search: ScaleSearch, x: torch.Tensor, y: torch.Tensor) -> None:
+    for window_x, window_y in zip(x, y, strict=True):
+        search.search(window_x, window_y)
 
 
-def _recorder(stats: CalibrationStats, name: str) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        x = col_amax(inputs[0].detach().reshape(-1, inputs[0].shape[-1])).cpu()
-        y = col_amax(output.detach().reshape(-1, output.shape[-1])).cpu()
-        stats.x[name] = torch.maximum(stats.x[name], x) if name in stats.x else x
-        stats.y[name] = torch.maximum(stats.y[name], y) if name in stats.y else y
-    return hook
+def _both(first: Recorder, second: Recorder) -> Recorder:
+    def both(x: torch.Tensor, y: torch.Tensor) -> None:
+        first(x, y)
+        second(x, y)
+    return both
+
+
+def _recorder(stats: CalibrationStats, name: str) -> Recorder:
+    def record(x: torch.Tensor, y: torch.Tensor) -> None:
+        x_amax = col_amax(x.detach().reshape(-1, x.shape[-1])).cpu()
+        y_amax = col_amax(y.detach().reshape(-1, y.shape[-1])).cpu()
+        stats.x[name] = torch.maximum(stats.x[name], x_amax) if name in stats.x else x_amax
+        stats.y[name] = torch.maximum(stats.y[name], y_amax) if name in stats.y else y_amax
+    return record

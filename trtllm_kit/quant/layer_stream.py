@@ -1,14 +1,18 @@
 """The model run one decoder layer at a time, as llm-compressor's sequential pipeline and AutoAWQ do: the embedding
-runs once over the calibration windows; then each decoder layer is built from ``transformers``' own class for the
-family, its weights read from the safetensors files (``pread`` of their byte ranges, nothing else of the file is
-touched), run over every window, and freed; its outputs are the next layer's inputs. Memory follows one layer's
-weights in the compute dtype plus the windows' hidden states, never the model, so one GPU or a plain CPU box
-calibrates a model of any size.
+runs once over the calibration windows; then each decoder layer is built, its weights read from the safetensors
+files (``pread`` of their byte ranges, nothing else of the file is touched), run over every window, and freed; its
+outputs are the next layer's inputs. Memory follows one layer's weights in the compute dtype plus the windows'
+hidden states, never the model, so one GPU or a plain CPU box calibrates a model of any size.
+
+A layer of the kit's families is ``decoder_layer.py``'s math; any other config runs ``transformers``' own class
+for its family (``Layer`` is either, with the same calls).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +20,7 @@ import torch
 
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.models.inspect import ModelSpec, TensorInfo
+from trtllm_kit.quant.decoder_layer import DecoderLayer, LinearHook, rotary_tables, unsupported
 
 EMBEDDING = "model.embed_tokens.weight"
 LAYER_PREFIX = "model.layers.{}."
@@ -55,6 +60,20 @@ def read_tensor(name: str, info: TensorInfo, rows: tuple[int, int] | None = None
 
 
 @dataclass
+class Layer:
+    """A decoder layer ready to run.
+
+    Arguments:
+        linears: each linear's ``(weight, bias)`` by name relative to the layer (``self_attn.q_proj``, ...);
+        forward: ``(hidden, on_linear) -> hidden`` over [windows, tokens, hidden], ``on_linear`` called with every
+        linear's name, input and output.
+    """
+
+    linears: dict[str, tuple[torch.Tensor, torch.Tensor | None]]
+    forward: Callable[[torch.Tensor, LinearHook], torch.Tensor]
+
+
+@dataclass
 class LayerStream:
     """Builds the model's pieces one at a time on ``device`` in ``dtype``.
 
@@ -65,26 +84,30 @@ class LayerStream:
     model: ModelSpec
     dtype: torch.dtype
     device: str
-    _config: Any = field(init=False, repr=False)
-    _layer_class: type = field(init=False, repr=False)
-    _rotary: torch.nn.Module = field(init=False, repr=False)
+    _hf_classes: Any = field(init=False, default=None, repr=False)  # transformers' (config, layer, rotary)
+    _rotary: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False, repr=False)
     _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if unsupported(self.model.hf) is None:
+            return
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(str(self.model.path), trust_remote_code=False)
         config._attn_implementation = "eager"  # the explicit mask below; sdpa would pick its own kernel
         with torch.device("meta"):  # the classes the family's model is made of; no weights exist
             skeleton = AutoModelForCausalLM.from_config(config)
-        self._config = config
-        self._layer_class = type(skeleton.model.layers[0])
-        rotary_class = type(skeleton.model.rotary_emb)
-        self._rotary = rotary_class(config=config).to(self.device)
+        rotary = type(skeleton.model.rotary_emb)(config=config).to(self.device)
+        self._hf_classes = (config, type(skeleton.model.layers[0]), rotary)
 
     @property
     def num_layers(self) -> int:
         return self.model.hf.num_hidden_layers
+
+    @property
+    def runs_transformers(self) -> bool:
+        """Whether the layers are transformers' classes (a config ``decoder_layer.py`` does not compute)."""
+        return self._hf_classes is not None
 
     def embed(self, windows: list[list[int]]) -> torch.Tensor:
         """The embedding of each window's tokens ([windows, tokens, hidden], all windows of one length), its
@@ -116,35 +139,51 @@ class LayerStream:
         return {name.removeprefix(prefix): read_tensor(name, info) for name, info in self.model.tensors.items()
                 if name.startswith(prefix) and name not in ignored}
 
-    def build_layer(self, index: int, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
-        """``transformers``' decoder layer ``index`` holding ``weights`` in the compute dtype, on the device, eval.
+    def build_layer(self, index: int, weights: dict[str, torch.Tensor]) -> Layer:
+        """Decoder layer ``index`` holding ``weights`` in the compute dtype, on the device.
 
         Arguments:
             index: the decoder layer; weights: from ``layer_weights``.
         """
-        with torch.device("meta"):
-            layer = self._layer_class(self._config, index)
         state = {name: t.to(self.device, self.dtype) for name, t in weights.items()}
+        if self._hf_classes is None:
+            layer = DecoderLayer(self.model.hf, state)
+            missing = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
+                       "mlp.down_proj.weight"} - set(state)
+            if missing:
+                raise CheckpointError(f"layer {index} of {self.model.path} lacks {', '.join(sorted(missing))}; the "
+                                      "checkpoint is incomplete or of another model.")
+            return Layer(layer.linears, lambda hidden, on_linear: layer(
+                hidden, self._rotary_tables(hidden.shape[1]), self._mask(hidden.shape[1], self.model.hf.sliding_window),
+                on_linear))
+        return self._transformers_layer(index, state)
+
+    def _transformers_layer(self, index: int, state: dict[str, torch.Tensor]) -> Layer:
+        config, layer_class, rotary = self._hf_classes
+        with torch.device("meta"):
+            module = layer_class(config, index)
         try:
-            layer.load_state_dict(state, strict=True, assign=True)
+            module.load_state_dict(state, strict=True, assign=True)
         except RuntimeError as exc:
             raise CheckpointError(f"layer {index} of {self.model.path} does not match its config.json "
                                   f"({str(exc).splitlines()[0]}); the checkpoint is incomplete or of another "
                                   "model.") from None
-        return layer.eval()
+        module.eval()
+        linears = {sub: m for sub, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+        window = getattr(module.self_attn, "sliding_window", getattr(config, "sliding_window", None))
 
-    def run(self, layer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """One layer over a batch of windows, causal (and sliding-window where the layer has one).
+        def forward(hidden: torch.Tensor, on_linear: LinearHook) -> torch.Tensor:
+            positions = torch.arange(hidden.shape[1], device=self.device).unsqueeze(0)
+            with _hooks({m: _forward_hook(sub, on_linear) for sub, m in linears.items()}):
+                return module(hidden, attention_mask=self._mask(hidden.shape[1], window), position_ids=positions,
+                              position_embeddings=rotary(hidden, positions))
 
-        Arguments:
-            layer: from ``build_layer``; hidden: [windows, tokens, hidden] on the device.
-        """
-        tokens = hidden.shape[1]
-        positions = torch.arange(tokens, device=self.device).unsqueeze(0)
-        position_embeddings = self._rotary(hidden, positions)
-        window = getattr(layer.self_attn, "sliding_window", getattr(self._config, "sliding_window", None))
-        mask = self._mask(tokens, window)
-        return layer(hidden, attention_mask=mask, position_ids=positions, position_embeddings=position_embeddings)
+        return Layer({sub: (m.weight, m.bias) for sub, m in linears.items()}, forward)
+
+    def _rotary_tables(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if tokens not in self._rotary:
+            self._rotary[tokens] = rotary_tables(self.model.hf, tokens, self.dtype, self.device)
+        return self._rotary[tokens]
 
     def _mask(self, tokens: int, window: int | None) -> torch.Tensor:
         key = (tokens, window)
@@ -157,3 +196,19 @@ class LayerStream:
             mask = torch.zeros((tokens, tokens), dtype=self.dtype, device=self.device)
             self._masks[key] = mask.masked_fill_(hidden, torch.finfo(self.dtype).min)[None, None]
         return self._masks[key]
+
+
+def _forward_hook(name: str, on_linear: LinearHook) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        on_linear(name, inputs[0], output)
+    return hook
+
+
+@contextmanager
+def _hooks(hooks: dict[torch.nn.Module, Callable[..., None]]) -> Iterator[None]:
+    handles = [module.register_forward_hook(hook) for module, hook in hooks.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -18,12 +18,12 @@ import torch
 
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import LINEARS, NORM_INPUTS, ROW_LINEARS, split_name
+from trtllm_kit.models.rope import ROPE_TYPES, inv_freq, rope_type
 from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_round_trip
 from trtllm_kit.quant.int8 import quantize_activation_int8, quantize_per_token_int8, w8a16_round_trip
 from trtllm_kit.quant.kv import kv_round_trip
 
-ROPE_TYPES = ("linear", "dynamic", "llama3")
 Weights = dict[str, torch.Tensor]
 QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
                "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
@@ -50,34 +50,18 @@ class Rope:
         self.base = float(config.get("rotary_base", 10000.0))
         self.max_positions = int(config.get("max_position_embeddings") or 2048)
         self.scaling = dict(config.get("rotary_scaling") or {})
-        self.rope_type = self.scaling.get("rope_type", self.scaling.get("type", "default"))
-        if self.rope_type not in ("default", *ROPE_TYPES):
+        self.rope_type = rope_type(self.scaling)
+        if self.rope_type not in ROPE_TYPES:
             raise CheckpointError(f"{source} has rotary_scaling of type {self.rope_type!r}, which the CPU "
-                                  f"runtime does not implement (it supports none, {', '.join(ROPE_TYPES)}).")
+                                  f"runtime does not implement (it supports {', '.join(ROPE_TYPES)}).")
 
     def inv_freq(self, seq_len: int) -> torch.Tensor:
-        """Inverse frequencies [dim/2] in float32, computed as transformers computes them.
+        """Inverse frequencies [dim/2] in float32, computed as transformers computes them (``models/rope.py``).
 
         Arguments:
             seq_len: tokens in the sequence; only "dynamic" scaling depends on it.
         """
-        base, s = self.base, self.scaling
-        if self.rope_type == "dynamic" and seq_len > self.max_positions:
-            factor = float(s["factor"])
-            base *= (factor * seq_len / self.max_positions - (factor - 1)) ** (self.dim / (self.dim - 2))
-        inv_freq = 1.0 / (base ** (torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim))
-        if self.rope_type == "linear":
-            return inv_freq / float(s["factor"])
-        if self.rope_type != "llama3":
-            return inv_freq
-        factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
-        old_len = int(s.get("original_max_position_embeddings") or self.max_positions)
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
-        return torch.where(is_medium, smoothed, scaled)
+        return inv_freq(self.dim, self.base, self.scaling, self.max_positions, seq_len)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
         """Rotate ``x`` [B, heads, T, dim] in float32 (as the attention kernel does), rounded back to its dtype.
