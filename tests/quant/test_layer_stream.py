@@ -19,9 +19,9 @@ from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.hf_model import load_causal_lm
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calib_size import CalibSize, calibration_memory
-from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.calibrate import CALIB_DTYPES, CalibrationStats, calibrate, token_windows
 from trtllm_kit.quant.layer_stream import LayerStream
 
@@ -179,3 +179,26 @@ def test_a_model_four_times_the_memory_cap_calibrates(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result == {"whole": "refused", "modules": 16 * 7, "weight_bytes": weight_bytes, "finite": True}
+
+
+@pytest.mark.parametrize("edit", ["drop", "reshape"])
+def test_a_layer_that_does_not_match_its_config_is_refused(edit: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from trtllm_kit.errors import CheckpointError
+
+    path = tmp_path / "model"
+    shutil.copytree(builtin_dir("tiny-llama"), path)
+    weights = load_file(path / "model.safetensors")
+    name = "model.layers.1.mlp.up_proj.weight"
+    if edit == "drop":
+        del weights[name]
+    else:
+        weights[name] = weights[name][:-8].clone()
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    quant = QuantConfig(quant="fp8", calib_samples=2, calib_seq_len=16)
+    with pytest.raises(CheckpointError) as refused:
+        calibrate(path, quant, device="cpu")
+    shape = "no mlp.up_proj.weight" if edit == "drop" else "mlp.up_proj.weight (504, 256)"
+    assert str(refused.value) == (f"layer 1 of {path} does not match its config.json ({shape}); the checkpoint is "
+                                  "incomplete or of another model.")

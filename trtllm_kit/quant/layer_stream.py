@@ -147,16 +147,24 @@ class LayerStream:
         """
         state = {name: t.to(self.device, self.dtype) for name, t in weights.items()}
         if self._hf_classes is None:
+            self._check_layer(index, state)
             layer = DecoderLayer(self.model.hf, state)
-            missing = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
-                       "mlp.down_proj.weight"} - set(state)
-            if missing:
-                raise CheckpointError(f"layer {index} of {self.model.path} lacks {', '.join(sorted(missing))}; the "
-                                      "checkpoint is incomplete or of another model.")
             return Layer(layer.linears, lambda hidden, on_linear: layer(
                 hidden, self._rotary_tables(hidden.shape[1]), self._mask(hidden.shape[1], self.model.hf.sliding_window),
                 on_linear))
         return self._transformers_layer(index, state)
+
+    def _check_layer(self, index: int, state: dict[str, torch.Tensor]) -> None:
+        """Every weight the family's layer has, and nothing of another shape or name (as a strict load checks)."""
+        slot = LAYER_PREFIX.format("{}")
+        expected = {name.removeprefix(slot): shape for name, shape in self.model.family.hf_shapes(self.model.hf).items()
+                    if name.startswith(slot)}
+        wrong = [f"{name} {tuple(t.shape)}" for name, t in state.items() if expected.get(name) != tuple(t.shape)]
+        missing = [f"no {name}" for name in expected if name.endswith(".weight") and name not in state]
+        if wrong or missing:
+            raise CheckpointError(f"layer {index} of {self.model.path} does not match its config.json "
+                                  f"({', '.join(sorted(missing + wrong))}); the checkpoint is incomplete or of "
+                                  "another model.")
 
     def _transformers_layer(self, index: int, state: dict[str, torch.Tensor]) -> Layer:
         config, layer_class, rotary = self._hf_classes
