@@ -4,7 +4,9 @@ A build into an existing artifact reuses every stage whose key is unchanged and 
 the sha256 the old manifest records: its directories are hard-linked (or copied) from the old artifact into
 the new staging directory, and its stage records are carried over from the old artifact. ``--force``
 rebuilds everything. Input files are identified by their sha256; the old manifest's digest is reused when a
-file's size and mtime have not changed, so a re-run does not hash a large model again.
+file's size and mtime have not changed, so a re-run does not hash a large model again. The hashing runs in a
+thread of its own (``BackgroundDigests``): where nothing can be reused, the manifest is the first to need the
+digests and the stages run meanwhile.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import hashlib
 import json
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,20 +115,48 @@ def fingerprint(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def input_digests(paths: list[Path], previous: Previous) -> dict[str, str]:
+def input_digests(paths: list[Path], previous: Previous, stop: threading.Event | None = None) -> dict[str, str]:
     """sha256 of each input file, reusing the old manifest's digest when size and mtime match.
 
     Arguments:
         paths: the model's config and weight files.
         previous: the old artifact.
+        stop: when set, the files not yet begun are not hashed (CancelledError).
     """
     old_prints, old_inputs = previous.fingerprints(), previous.inputs()
     digests = {path.name: old_inputs[path.name] for path in paths
                if old_prints.get(path.name) == fingerprint(path) and path.name in old_inputs}
     fresh = [path for path in paths if path.name not in digests]
+
+    def digest(path: Path) -> str:
+        if stop is not None and stop.is_set():
+            raise CancelledError
+        return sha256_file(path)
+
     with ThreadPoolExecutor(max(1, min(len(fresh), os.cpu_count() or 1))) as pool:  # hashlib releases the GIL
-        digests.update(zip((path.name for path in fresh), pool.map(sha256_file, fresh), strict=True))
+        digests.update(zip((path.name for path in fresh), pool.map(digest, fresh), strict=True))
     return {path.name: digests[path.name] for path in paths}
+
+
+class BackgroundDigests:
+    """``input_digests`` started in a thread of its own; ``result`` waits for them (raising what the hashing
+    raised), and leaving the ``with`` block, however it is left, stops the hashing after the files under way and
+    joins the thread."""
+
+    def __init__(self, paths: list[Path], previous: Previous) -> None:
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="input-digests")
+        self._digests = self._pool.submit(input_digests, paths, previous, self._stop)
+
+    def __enter__(self) -> BackgroundDigests:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=True)
+
+    def result(self) -> dict[str, str]:
+        return self._digests.result()
 
 
 def stage_key(stage: str, parts: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.models.text_tokenizer import load_text_tokenizer
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
@@ -163,24 +164,22 @@ def token_windows(model_path: Path, config: QuantConfig) -> list[list[int]]:
     Arguments:
         model_path: the HF model directory (its tokenizer is used); config: samples, seq_len, seed, data.
     """
-    from transformers import AutoTokenizer
-
     texts = read_texts(config.calib_data)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        tokenizer = load_text_tokenizer(model_path)
     except (OSError, ValueError) as exc:
         raise KitUsageError(f"{model_path} has no usable tokenizer ({exc}); calibration tokenizes text with the "
                             "model's own tokenizer.") from None
     stream: list[int] = []
     for text in texts:
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"]
-        if tokenizer.eos_token_id is not None:
-            stream.append(tokenizer.eos_token_id)
+        stream += tokenizer.encode(text)
+        if tokenizer.eos_id is not None:
+            stream.append(tokenizer.eos_id)
     if not stream:
         raise KitUsageError("the calibration texts tokenize to nothing; pass text with content in --calib-data.")
     assert config.calib_samples is not None and config.calib_seq_len is not None, "size it first (sized)"
     return sample_windows(stream, config.calib_samples, config.calib_seq_len, config.calib_seed,
-                          tokenizer.bos_token_id)
+                          tokenizer.bos_id)
 
 
 def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None = None,

@@ -1,0 +1,80 @@
+"""A model directory's tokenizer as text → ids plus its ``<bos>`` and ``<eos>`` ids.
+
+``tokenizer.json`` is read with ``tokenizers`` alone (importing ``transformers`` and building its tokenizer costs
+more than a second); the special tokens are named by ``tokenizer_config.json``, else ``special_tokens_map.json``,
+as a string or as an object with a ``content``. Only a directory without ``tokenizer.json`` loads
+``transformers.AutoTokenizer``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # the first that names a token wins
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    """Encodes text without special tokens; ``bos_id`` and ``eos_id`` are None where the tokenizer has none."""
+
+    encode: Callable[[str], list[int]]
+    bos_id: int | None
+    eos_id: int | None
+
+
+def load_text_tokenizer(model_dir: Path) -> TextTokenizer:
+    """The tokenizer of ``model_dir``; raises OSError or ValueError (with the reason) when it cannot be used.
+
+    Arguments:
+        model_dir: a Hugging Face model or tokenizer directory.
+    """
+    if not (model_dir / "tokenizer.json").is_file():
+        return _auto_tokenizer(model_dir)
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    except Exception as exc:  # tokenizers raises plain Exceptions for malformed files
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"its tokenizer.json cannot be read: {reason}") from None
+    tokenizer.no_truncation()  # as transformers does: a file's truncation or padding would cut the texts
+    tokenizer.no_padding()
+    configs = [_json_file(model_dir / name) for name in SPECIAL_TOKEN_FILES]
+
+    def special_id(key: str) -> int | None:
+        text = next((t for t in (_token_text(c.get(key)) for c in configs) if t is not None), None)
+        return None if text is None else tokenizer.token_to_id(text)
+
+    return TextTokenizer(lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+                         special_id("bos_token"), special_id("eos_token"))
+
+
+def _auto_tokenizer(model_dir: Path) -> TextTokenizer:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return TextTokenizer(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                         tokenizer.bos_token_id, tokenizer.eos_token_id)
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    """The object in ``path``, empty when there is no such file; ValueError names a file that is not one."""
+    if not path.is_file():
+        return {}
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"its {path.name} is not JSON: {exc}") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"its {path.name} holds a {type(content).__name__}, not an object")
+    return content
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
