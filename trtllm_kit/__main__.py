@@ -2,11 +2,13 @@
 
 Importing the CLI takes a few hundred milliseconds (click, rich); a Ctrl-C meanwhile must end the command
 like any other, with exit code 130 and one line, not a traceback from the middle of an import. Once the
-command has returned, further signals are ignored: its work is done and its exit code says how it went.
+command has returned, further signals are ignored: its work is done and its exit code says how it went, and
+the objects it leaves are frozen out of the garbage collector's last passes (finalizers and ``atexit`` still run).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -34,6 +36,7 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    gc.freeze()  # the interpreter's collections at exit would walk every object torch made: 0.3 s for nothing
     sys.exit(code)
 
 

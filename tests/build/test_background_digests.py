@@ -1,16 +1,20 @@
-"""The inputs' sha256 computed beside the stages: exact digests in the manifest, reuse unchanged, and a failed
-build (or a failed hash) leaves no thread running and nothing at the output path."""
+"""The inputs' sha256 begun in a child process before the build loads torch: exact digests in the manifest, reuse
+unchanged, a failed build leaves no process and nothing at the output path, and a file the child could not hash
+is hashed (or refused) as before."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from trtllm_kit.build.cache import BackgroundDigests, Previous, input_digests
+from trtllm_kit.build.cache import BackgroundDigests, Previous, input_digests, likely_inputs
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
 
@@ -28,6 +32,20 @@ def sha256(path: Path) -> str:
 
 def non_daemon_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()}
+
+
+def hash_children() -> list[int]:
+    """This process's children that run the hashing (alive or not yet reaped)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"hash_child" in cmdline:
+            found.append(int(entry.name))
+    return found
 
 
 def test_manifest_digests_are_the_files_sha256_fresh_forced_and_reused(tmp_path: Path) -> None:
@@ -48,33 +66,66 @@ def test_manifest_digests_are_the_files_sha256_fresh_forced_and_reused(tmp_path:
     assert non_daemon_threads() == set()
 
 
-def test_a_failing_stage_stops_the_hashing_and_leaves_nothing(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """The calibration text is an input (hashed) that the checkpoint stage refuses: a bad first byte, then 256 MB,
-    so the stage fails while the hash is still under way."""
-    data = tmp_path / "calib.txt"
-    with data.open("wb") as f:
-        f.write(b"\xff")
-        f.truncate(256 * 1024 * 1024)
+def test_a_failing_build_ends_the_hashing_and_leaves_nothing(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A model directory whose 2 GB weight file is still being hashed when the build refuses it (its header is
+    not safetensors): the child is ended, and nothing is written."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((builtin_dir("tiny-llama") / "config.json").read_text())
+    with (model / "model.safetensors").open("wb") as f:
+        f.write(b"\xff" * 8)
+        f.truncate(2 * 1024**3)
     out = tmp_path / "out"
-    before = non_daemon_threads()
-    assert run([*BUILD, "--calib-data", str(data), "--out", str(out)]) == 2
-    assert "--calib-data " + str(data) + " cannot be read ('utf-8' codec can't decode byte 0xff" in \
-        capsys.readouterr().err
-    assert non_daemon_threads() == before == set()
+    assert run([*BUILD[:1], str(model), *BUILD[2:], "--out", str(out)]) == 1
+    assert "model.safetensors is truncated or not a safetensors file" in capsys.readouterr().err
+    assert hash_children() == [] and non_daemon_threads() == set()
     assert not out.exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name != "calib.txt"] == []  # no staging directory either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no staging directory either
 
 
-def test_a_failed_hash_raises_what_hashing_raises(tmp_path: Path) -> None:
-    present, missing = tmp_path / "present.bin", tmp_path / "missing.bin"
-    present.write_bytes(b"weights")
+def test_the_child_digests_equal_hashlib_and_unreadable_files_are_left_out(tmp_path: Path) -> None:
+    present, missing, empty = tmp_path / "present.bin", tmp_path / "missing.bin", tmp_path / "empty.bin"
+    present.write_bytes(b"weights" * 1000)
+    empty.write_bytes(b"")
     previous = Previous(tmp_path, None)
-    with pytest.raises(FileNotFoundError) as direct:
-        input_digests([present, missing], previous)
-    with BackgroundDigests([present, missing], previous) as digests, pytest.raises(FileNotFoundError) as background:
-        digests.result()
-    assert str(background.value) == str(direct.value)
-    assert non_daemon_threads() == set()
-    with BackgroundDigests([present], previous) as digests:
-        assert digests.result() == {"present.bin": sha256(present)}
+    with BackgroundDigests([present, missing, empty], previous) as digests:
+        known = digests.result()
+    assert known == {"present.bin": ([7000, present.stat().st_mtime_ns], sha256(present)),
+                     "empty.bin": ([0, empty.stat().st_mtime_ns], sha256(empty))}
+    with pytest.raises(FileNotFoundError) as refused:  # the missing file: refused as without the child
+        input_digests([present, missing], previous, known)
+    assert "missing.bin" in str(refused.value)
+    assert hash_children() == []
+
+
+def test_a_file_changed_after_its_early_digest_is_hashed_again(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"one")
+    previous = Previous(tmp_path, None)
+    with BackgroundDigests([path], previous) as digests:
+        known = digests.result()
+    time.sleep(0.01)
+    path.write_bytes(b"two")
+    os.utime(path, ns=(time.time_ns(), known[path.name][0][1] + 1_000_000))
+    assert input_digests([path], previous, known) == {path.name: sha256(path)}
+
+
+def test_likely_inputs_are_a_directory_s_config_and_safetensors(tmp_path: Path) -> None:
+    for name in ("config.json", "b.safetensors", "a.safetensors", "pytorch_model.bin", "tokenizer.json"):
+        (tmp_path / name).write_text("{}")
+    calib = tmp_path / "calib.txt"
+    calib.write_text("text")
+    assert likely_inputs(str(tmp_path), str(calib)) == \
+        [tmp_path / "config.json", tmp_path / "a.safetensors", tmp_path / "b.safetensors", calib]
+    assert likely_inputs("builtin:tiny-llama", None) == []
+
+
+def test_leaving_the_block_kills_a_child_still_hashing(tmp_path: Path) -> None:
+    big = tmp_path / "model.safetensors"
+    with big.open("wb") as f:
+        f.truncate(64 * 1024**3)  # sparse: tens of seconds of hashing
+    with BackgroundDigests([big], Previous(tmp_path, None)) as digests:
+        assert len(hash_children()) == 1
+    assert digests._child is not None and digests._child.returncode == -signal.SIGKILL
+    assert hash_children() == []

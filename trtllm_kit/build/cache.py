@@ -4,9 +4,8 @@ A build into an existing artifact reuses every stage whose key is unchanged and 
 the sha256 the old manifest records: its directories are hard-linked (or copied) from the old artifact into
 the new staging directory, and its stage records are carried over from the old artifact. ``--force``
 rebuilds everything. Input files are identified by their sha256; the old manifest's digest is reused when a
-file's size and mtime have not changed, so a re-run does not hash a large model again. The hashing runs in a
-thread of its own (``BackgroundDigests``): where nothing can be reused, the manifest is the first to need the
-digests and the stages run meanwhile.
+file's size and mtime have not changed, so a re-run does not hash a large model again. ``trtllm-kit build`` begins
+the hashing in a child process (``BackgroundDigests``) before it loads torch, which takes a second on one core.
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ import hashlib
 import json
 import os
 import shutil
-import threading
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,48 +115,77 @@ def fingerprint(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def input_digests(paths: list[Path], previous: Previous, stop: threading.Event | None = None) -> dict[str, str]:
-    """sha256 of each input file, reusing the old manifest's digest when size and mtime match.
+Known = dict[str, tuple[list[int], str]]  # file name -> (its size and mtime when hashed, its sha256)
+
+
+def input_digests(paths: list[Path], previous: Previous, known: Known | None = None) -> dict[str, str]:
+    """sha256 of each input file, reusing a digest taken before (the old manifest's, or ``known``) when the file's
+    size and mtime are still those it had then.
 
     Arguments:
         paths: the model's config and weight files.
         previous: the old artifact.
-        stop: when set, the files not yet begun are not hashed (CancelledError).
+        known: digests taken earlier in this run (``BackgroundDigests``).
     """
-    old_prints, old_inputs = previous.fingerprints(), previous.inputs()
-    digests = {path.name: old_inputs[path.name] for path in paths
-               if old_prints.get(path.name) == fingerprint(path) and path.name in old_inputs}
+    old_inputs = previous.inputs()
+    before: Known = {name: (prints, old_inputs[name]) for name, prints in previous.fingerprints().items()
+                     if name in old_inputs}
+    before.update(known or {})
+    digests = {path.name: before[path.name][1] for path in paths
+               if path.name in before and before[path.name][0] == fingerprint(path)}
     fresh = [path for path in paths if path.name not in digests]
-
-    def digest(path: Path) -> str:
-        if stop is not None and stop.is_set():
-            raise CancelledError
-        return sha256_file(path)
-
     with ThreadPoolExecutor(max(1, min(len(fresh), os.cpu_count() or 1))) as pool:  # hashlib releases the GIL
-        digests.update(zip((path.name for path in fresh), pool.map(digest, fresh), strict=True))
+        digests.update(zip((path.name for path in fresh), pool.map(sha256_file, fresh), strict=True))
     return {path.name: digests[path.name] for path in paths}
 
 
+def likely_inputs(model: str, calib_data: str | None) -> list[Path]:
+    """The files a build of ``model`` will hash, as far as a look at the directory tells (its config.json and
+    safetensors files, the calibration text); a builtin or hub name gives none here.
+
+    Arguments:
+        model: the build's model argument; calib_data: ``--calib-data`` or None.
+    """
+    directory = Path(model)
+    found = [directory / "config.json", *sorted(directory.glob("*.safetensors"))] if directory.is_dir() else []
+    return [path for path in [*found, *([Path(calib_data)] if calib_data else [])] if path.is_file()]
+
+
 class BackgroundDigests:
-    """``input_digests`` started in a thread of its own; ``result`` waits for them (raising what the hashing
-    raised), and leaving the ``with`` block, however it is left, stops the hashing after the files under way and
-    joins the thread."""
+    """The sha256 of ``paths`` taken by a child process (``hash_child.py``) while the build loads its libraries,
+    for ``input_digests`` to reuse; ``result`` waits for it. Best effort: a file it could not read (or a child that
+    could not start) is left to ``input_digests``, which says why. Leaving the ``with`` block, however it is left,
+    ends the child.
+
+    Arguments:
+        paths: the files; previous: the old artifact (files it already has digests for are not hashed).
+    """
 
     def __init__(self, paths: list[Path], previous: Previous) -> None:
-        self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="input-digests")
-        self._digests = self._pool.submit(input_digests, paths, previous, self._stop)
+        old = previous.fingerprints()
+        todo = [str(path) for path in paths if path.is_file() and old.get(path.name) != fingerprint(path)]
+        self._child = subprocess.Popen([sys.executable, "-m", "trtllm_kit.build.hash_child", *todo],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) if todo else None
 
     def __enter__(self) -> BackgroundDigests:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._pool.shutdown(wait=True)
+        if self._child is None:
+            return
+        if self._child.poll() is None:
+            self._child.kill()
+        self._child.wait()
+        assert self._child.stdout is not None, "started with a pipe"
+        self._child.stdout.close()
 
-    def result(self) -> dict[str, str]:
-        return self._digests.result()
+    def result(self) -> Known:
+        if self._child is None:
+            return {}
+        assert self._child.stdout is not None, "started with a pipe"
+        lines = [json.loads(line) for line in self._child.stdout if line.startswith("{")]
+        self._child.wait()
+        return {line["name"]: (line["fingerprint"], line["sha256"]) for line in lines}
 
 
 def stage_key(stage: str, parts: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from trtllm_kit.artifact.archive import pack_archive
 from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.artifact.files import file_hashes, tool_versions
 from trtllm_kit.artifact.integrity import file_stats
-from trtllm_kit.build.cache import BackgroundDigests, Previous, fingerprint, stage_key
+from trtllm_kit.build.cache import BackgroundDigests, Previous, fingerprint, input_digests, stage_key
 from trtllm_kit.build.engine import engine_stage, prepare_engine
 from trtllm_kit.build.repo_stage import repo_key_parts, repo_stage
 from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
@@ -85,12 +85,15 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
             "repo": stage_key("repo", {"engine": engine_key, **repo_key_parts(spec)})}
 
 
-def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
+def run_build(spec: BuildSpec, reporter: Reporter | None = None, early: BackgroundDigests | None = None,
+              ) -> BuildResult:
     """Run the stages up to ``spec.build.until`` into ``spec.out``; nothing is left behind on failure.
 
     Arguments:
         spec: the validated build spec.
         reporter: progress and notes (silent when omitted).
+        early: the inputs' digests begun before the libraries loaded (``commands/build.py``), taken where the
+        files have not changed since.
     """
     reporter = reporter or Reporter()
     started = time.perf_counter()
@@ -110,51 +113,43 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None) -> BuildResult:
     if spec.quant.calib_data is not None and Path(spec.quant.calib_data).is_file():
         input_paths.append(Path(spec.quant.calib_data))  # the calibration text decides the scales: key on it
     previous = Previous.load(spec.out, force=spec.build.force)
-    with BackgroundDigests(input_paths, previous) as digests:
-        # An old artifact's stages are reused by their keys, so they come first; else the manifest is the first to
-        # need them, and the hashing runs beside the stages.
-        keys = stage_keys(spec, model, digests.result(), engine) if previous.artifact else None
-
-        def can_reuse(name: str) -> bool:
-            return keys is not None and previous.can_reuse(name, keys[name])
-
-        reused = []
-        for path, size in reclaim_stale(spec.out):
-            reporter.note(f"removed {path.name} ({size / 1e6:.1f} MB), left by a build that was killed")
-        needed = 0 if can_reuse("checkpoint") else expected_bytes(spec, model)
-        with staged_dir(spec.out, force=spec.build.force, needed_bytes=needed) as stage_dir:
-            ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
-            ctx.records.lora = engine.lora
-            ctx.records.model = ModelRecord(source=model.source, path=str(model.path), family=model.family.name,
-                                            architecture=model.hf.architecture,
-                                            num_parameters=model.hf.num_parameters)
-            for name in stages:
-                t0 = time.perf_counter()
-                if can_reuse(name):
-                    previous.reuse(name, stage_dir, ctx.records)
-                    reused.append(name)
-                    reporter.note(f"{name}: unchanged (cache key {previous.key(name)}), reused")
-                else:
-                    if keys is not None and previous.key(name) == keys[name]:
-                        reporter.note(f"{name}: {previous.damage(name)}; building it again")
-                    STAGE_FUNCTIONS[name](ctx)
-                ctx.timings[name] = time.perf_counter() - t0
-            keys = keys or stage_keys(spec, model, digests.result(), engine)
-            ctx.timings["total"] = time.perf_counter() - started
-            ctx.records.stages = list(stages)
-            artifact = Artifact(
-                path=stage_dir, spec=spec, target=_served_target(ctx), layout=mapping,
-                precision=precision_of(spec, model.hf), records=ctx.records, inputs=digests.result(),
-                tools=tool_versions(), machine=engine.machine.to_dict(),
-                cache=CacheRecord(stages={name: keys[name] for name in stages}, reused=reused,
-                                  fingerprints={p.name: fingerprint(p) for p in input_paths}),
-                timings_s={k: round(v, 3) for k, v in ctx.timings.items()},
-                files=file_hashes(stage_dir, previous.outputs_of(reused)), file_stats=file_stats(stage_dir))
-            artifact.write()
-            for name, source in spec.build.lora.items():  # in the staging dir: the build and its adapters land at once
-                add_adapter(stage_dir, name, Path(source))
-            if spec.build.lora:
-                artifact = Artifact.read(stage_dir)
+    digests = input_digests(input_paths, previous, known=early.result() if early is not None else None)
+    keys = stage_keys(spec, model, digests, engine)
+    reused = []
+    for path, size in reclaim_stale(spec.out):
+        reporter.note(f"removed {path.name} ({size / 1e6:.1f} MB), left by a build that was killed")
+    needed = 0 if previous.can_reuse("checkpoint", keys["checkpoint"]) else expected_bytes(spec, model)
+    with staged_dir(spec.out, force=spec.build.force, needed_bytes=needed) as stage_dir:
+        ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
+        ctx.records.lora = engine.lora
+        ctx.records.model = ModelRecord(source=model.source, path=str(model.path), family=model.family.name,
+                                        architecture=model.hf.architecture, num_parameters=model.hf.num_parameters)
+        for name in stages:
+            t0 = time.perf_counter()
+            if previous.can_reuse(name, keys[name]):
+                previous.reuse(name, stage_dir, ctx.records)
+                reused.append(name)
+                reporter.note(f"{name}: unchanged (cache key {keys[name]}), reused")
+            else:
+                if previous.key(name) == keys[name]:
+                    reporter.note(f"{name}: {previous.damage(name)}; building it again")
+                STAGE_FUNCTIONS[name](ctx)
+            ctx.timings[name] = time.perf_counter() - t0
+        ctx.timings["total"] = time.perf_counter() - started
+        ctx.records.stages = list(stages)
+        artifact = Artifact(
+            path=stage_dir, spec=spec, target=_served_target(ctx), layout=mapping,
+            precision=precision_of(spec, model.hf), records=ctx.records, inputs=digests, tools=tool_versions(),
+            machine=engine.machine.to_dict(),
+            cache=CacheRecord(stages={name: keys[name] for name in stages}, reused=reused,
+                              fingerprints={p.name: fingerprint(p) for p in input_paths}),
+            timings_s={k: round(v, 3) for k, v in ctx.timings.items()},
+            files=file_hashes(stage_dir, previous.outputs_of(reused)), file_stats=file_stats(stage_dir))
+        artifact.write()
+        for name, source in spec.build.lora.items():  # inside the staging dir: the build and its adapters land at once
+            add_adapter(stage_dir, name, Path(source))
+        if spec.build.lora:
+            artifact = Artifact.read(stage_dir)
     artifact = artifact.moved(spec.out.absolute())
     summary = {"manifest": str(artifact.manifest_path), **artifact.records.to_dict(), "reused": reused}
     if spec.build.archive:

@@ -41,7 +41,7 @@ def build(ctx: click.Context, config_file: Path | None, as_json: bool, dry_run: 
       trtllm-kit build builtin:tiny-llama --tp 2 --pp 2 --until checkpoint --out out/
       trtllm-kit build builtin:tiny-llama --quant fp8 --kv-cache fp8 --tp 2 --until checkpoint --out out-fp8/
     """
-    from trtllm_kit.build.pipeline import run_build
+    from trtllm_kit.build.cache import BackgroundDigests, Previous, likely_inputs
     from trtllm_kit.spec import build_spec
 
     file_values, flags = spec_sources(ctx, config_file)
@@ -50,7 +50,11 @@ def build(ctx: click.Context, config_file: Path | None, as_json: bool, dry_run: 
         _print_plan(build_spec(file_values, flags), None, as_json)
         return
     spec = build_spec(file_values, flags)
-    result = run_build(spec, reporter_for(as_json))
+    inputs = likely_inputs(spec.model, spec.quant.calib_data)
+    with BackgroundDigests(inputs, Previous.load(spec.out, force=spec.build.force)) as early:
+        from trtllm_kit.build.pipeline import run_build  # torch, while the inputs hash
+
+        result = run_build(spec, reporter_for(as_json), early)
     if as_json:
         emit_json(result.summary)
     else:
