@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trtllm_kit.quant.blocks import BlockBuffer, round_half_away_
+from trtllm_kit.quant.blocks import BlockBuffer, col_amax, round_half_away_, row_amax, row_col_amax
 from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_quantize, fp8_round_trip, fp8_scale
 from trtllm_kit.quant.int8 import (
     quantize_per_token_int8,
@@ -146,3 +146,15 @@ def test_kv_scales() -> None:
     k = torch.tensor([1.0, -0.05, 20.0])
     assert kv_round_trip(k, 0.1, "INT8").tolist() == pytest.approx([1.0, -0.0, 12.7])  # clipped at 127 steps
     assert kv_round_trip(k, 1.0, "FP8").tolist() == [1.0, -0.05078125, 20.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_row_and_column_amax_equal_abs_amax_in_one_pass_or_two(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(3)
+    weight = (torch.randn((700, 96), generator=generator) * 0.02).to(dtype)  # several row blocks of the scratch
+    weight[5, 9], weight[600, 0] = -7.5, float("-inf")
+    rows, cols = row_col_amax(weight)
+    want_rows, want_cols = weight.float().abs().amax(1), weight.float().abs().amax(0)
+    assert torch.equal(rows, want_rows) and torch.equal(cols, want_cols)
+    assert torch.equal(row_amax(weight), want_rows) and torch.equal(col_amax(weight), want_cols)
+    assert rows.dtype == cols.dtype == torch.float32

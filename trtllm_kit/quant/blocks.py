@@ -120,22 +120,24 @@ def magnitude_bits(tensor: torch.Tensor, out: torch.Tensor | None = None) -> tor
     return torch.bitwise_and(tensor.view(integer), mask, out=out)
 
 
-def _bits_amax(tensor: torch.Tensor, dim: int) -> torch.Tensor | None:
-    """max |x| of a 2-D 16-bit float tensor along ``dim`` in float32, from its magnitude bits a block of rows at
-    a time (one block-sized integer scratch, no weight-sized copy); None for another dtype."""
+def _bits_amax(tensor: torch.Tensor, dims: tuple[int, ...]) -> list[torch.Tensor] | None:
+    """max |x| of a 2-D 16-bit float tensor along each of ``dims`` in float32, from its magnitude bits a block of
+    rows at a time (one block-sized integer scratch, no weight-sized copy, one pass for every dim); None for
+    another dtype."""
     if tensor.dtype not in MAGNITUDE_BITS or tensor.dim() != 2 or tensor.numel() == 0:
         return None
     rows, cols = tensor.shape
     per_block = max(1, BLOCK_ELEMENTS // max(1, cols))
     scratch = torch.empty((min(rows, per_block), cols), dtype=MAGNITUDE_BITS[tensor.dtype][0], device=tensor.device)
-    parts = []
+    parts: dict[int, list[torch.Tensor]] = {dim: [] for dim in dims}
     with torch_threads(1):  # small ops: a second thread would cost a barrier each, a long one on a busy machine
         for start in range(0, rows, per_block):
             bits = magnitude_bits(tensor[start:start + per_block], scratch[: min(rows - start, per_block)])
             assert bits is not None, "a dtype of MAGNITUDE_BITS"
-            parts.append(bits.amax(dim))
-        amax = torch.cat(parts) if dim == 1 else torch.stack(parts).amax(0)
-    return amax.view(tensor.dtype).float()
+            for dim in dims:
+                parts[dim].append(bits.amax(dim))
+        amax = [torch.cat(parts[dim]) if dim == 1 else torch.stack(parts[dim]).amax(0) for dim in dims]
+    return [a.view(tensor.dtype).float() for a in amax]
 
 
 def row_amax(tensor: torch.Tensor) -> torch.Tensor:
@@ -144,9 +146,9 @@ def row_amax(tensor: torch.Tensor) -> torch.Tensor:
     Arguments:
         tensor: [rows, cols] in any float dtype.
     """
-    amax = _bits_amax(tensor, 1)
+    amax = _bits_amax(tensor, (1,))
     if amax is not None:
-        return amax
+        return amax[0]
     return torch.maximum(tensor.amax(-1).float(), tensor.amin(-1).float().neg_())  # aminmax(dim) is 5x slower
 
 
@@ -156,10 +158,22 @@ def col_amax(tensor: torch.Tensor) -> torch.Tensor:
     Arguments:
         tensor: [rows, cols] in any float dtype.
     """
-    amax = _bits_amax(tensor, 0)
+    amax = _bits_amax(tensor, (0,))
     if amax is not None:
-        return amax
+        return amax[0]
     return torch.maximum(tensor.amax(0).float(), tensor.amin(0).float().neg_())
+
+
+def row_col_amax(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row_amax, col_amax)`` of a 2-D tensor, in one pass over it where its dtype allows.
+
+    Arguments:
+        tensor: [rows, cols] in any float dtype.
+    """
+    amax = _bits_amax(tensor, (1, 0))
+    if amax is not None:
+        return amax[0], amax[1]
+    return row_amax(tensor), col_amax(tensor)
 
 
 def tensor_amax(tensor: torch.Tensor) -> float:

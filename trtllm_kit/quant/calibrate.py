@@ -31,7 +31,7 @@ from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import ScaleSearch
-from trtllm_kit.quant.blocks import col_amax, row_amax
+from trtllm_kit.quant.blocks import col_amax, row_col_amax
 from trtllm_kit.quant.calib_size import BATCH_SIZE, calibration_device, choose_size, sized
 from trtllm_kit.quant.layer_stream import LAYER_PREFIX, LayerStream
 
@@ -72,8 +72,8 @@ class CalibrationStats:
         Arguments:
             module: the HF module name; weight: its [out, in] weight.
         """
-        self.w[module] = row_amax(weight.detach()).cpu()
-        self.wc[module] = col_amax(weight.detach()).cpu()
+        rows, cols = row_col_amax(weight.detach())
+        self.w[module], self.wc[module] = rows.cpu(), cols.cpu()
 
     def save(self, directory: Path) -> None:
         """Write ``stats.safetensors`` and ``calibration.json`` into ``directory`` (created if needed).
