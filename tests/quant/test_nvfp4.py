@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import pytest
 import torch
 
 from trtllm_kit.quant.nvfp4 import (
     E2M1_VALUES,
+    block_amax,
     block_scales,
     e2m1_codes,
     global_scale,
@@ -33,6 +35,25 @@ def test_codes_round_to_the_nearest_grid_value_ties_to_even() -> None:
     decoded = E2M1_VALUES[e2m1_codes(values).long()]
     assert decoded.tolist() == [nearest_even(v) for v in values.tolist()]
     assert e2m1_codes(torch.tensor([-0.1])).item() == 8  # a negative value that rounds to 0 keeps its sign bit
+
+
+def test_codes_one_step_either_side_of_every_midpoint_and_beyond_the_grid() -> None:
+    midpoints = torch.tensor([(a + b) / 2 for a, b in pairwise(GRID)])
+    near = torch.cat([torch.nextafter(midpoints, torch.tensor(0.0)), torch.nextafter(midpoints, torch.tensor(9.0)),
+                      torch.tensor([1e-30, 2.0 ** -126, 5.999, 6.0001, 3.4e38, 1.9999, 3.9999])])
+    values = torch.cat([near, -near])
+    decoded = E2M1_VALUES[e2m1_codes(values).long()]
+    assert decoded.tolist() == [nearest_even(v) for v in values.tolist()]
+    assert e2m1_codes(torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0])).tolist() == [0, 7, 15, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_block_amax_is_the_max_magnitude_of_each_16_columns(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(4)
+    weight = (torch.randn(24, 96, generator=generator) * 0.1).to(dtype)
+    weight[2, 17], weight[5, :16] = -9.0, 0.0
+    want = weight.float().abs().reshape(24, 6, 16).amax(-1)
+    assert torch.equal(block_amax(weight), want)
 
 
 def test_packing_puts_the_even_column_in_the_low_nibble() -> None:

@@ -16,8 +16,11 @@ Every step is computed in the order and precision ModelOpt's export uses, so the
 from __future__ import annotations
 
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import torch
+
+from trtllm_kit.quant.blocks import magnitude_bits
 
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -25,8 +28,6 @@ GROUP_SIZE = 16
 MIN_BLOCK_SCALE = 2.0 ** -9
 MIN_ROWS_PER_WORKER = 64  # fewer rows per thread cost more in hand-off than they save
 BLOCK_ELEMENTS = 1 << 18  # rows per pass of the quantizer: its float32 buffers stay in cache
-E2M1_BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # midpoints between grid values
-E2M1_TIES_UP = torch.tensor([0.75, 1.75, 3.5])  # midpoints that round up to the even code
 E2M1_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float32)
 
 
@@ -39,43 +40,90 @@ def global_scale(amax: torch.Tensor | float) -> torch.Tensor:
     return (torch.as_tensor(amax, dtype=torch.float32) / (E2M1_MAX * E4M3_MAX)).reshape(())
 
 
+def block_amax(weight: torch.Tensor) -> torch.Tensor:
+    """max |x| of each block of 16 columns ([out, in/16], float32). A 16-bit float's magnitude bits are halved
+    four times with an elementwise max (a reduction over 16 elements is several times slower in torch).
+
+    Arguments:
+        weight: [out, in] (in a multiple of 16).
+    """
+    bits = magnitude_bits(weight)
+    if bits is None:
+        blocks = weight.reshape(weight.shape[0], -1, GROUP_SIZE)
+        return torch.maximum(blocks.amax(-1).float(), blocks.amin(-1).float().neg_())
+    width = GROUP_SIZE
+    bits = bits.view(-1, width)
+    while width > 1:
+        width //= 2
+        bits = torch.maximum(bits[:, :width], bits[:, width:])
+    return bits.view(weight.dtype).float().view(weight.shape[0], -1)
+
+
 def block_scales(weight: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
     """The e4m3 ``weight_scale`` of each block of 16 columns ([out, in/16]).
 
     Arguments:
         weight: [out, in] in the checkpoint dtype (in a multiple of 16); scale_2: its ``weight_scale_2``.
     """
-    blocks = weight.reshape(weight.shape[0], -1, GROUP_SIZE)
-    block_amax = torch.maximum(blocks.amax(-1).float(), blocks.amin(-1).float().neg_())
-    scale = block_amax / (E2M1_MAX * scale_2)
+    scale = block_amax(weight) / (E2M1_MAX * scale_2)
     scale[scale == 0] = 1.0
     return scale.clamp_(MIN_BLOCK_SCALE, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+@dataclass
+class _Scratch:
+    """The quantizer's per-block buffers, made once per weight and reused for each block of rows."""
+
+    magnitude: torch.Tensor  # float32: |x|, then the rounded |x|
+    rounded: torch.Tensor  # float32
+    ints: torch.Tensor  # int32
+    sign: torch.Tensor  # bool
+    half: torch.Tensor  # bool
+    codes: torch.Tensor  # uint8
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...]) -> _Scratch:
+        return cls(torch.empty(shape), torch.empty(shape), torch.empty(shape, dtype=torch.int32),
+                   torch.empty(shape, dtype=torch.bool), torch.empty(shape, dtype=torch.bool),
+                   torch.empty(shape, dtype=torch.uint8))
+
+    def rows(self, n: int) -> _Scratch:
+        return _Scratch(*(t[:n] for t in vars(self).values()))
+
+
 def e2m1_codes(scaled: torch.Tensor) -> torch.Tensor:
-    """The 4-bit e2m1 code of each value (uint8, 0..15), ties to even, saturating at ±6.
+    """The 4-bit e2m1 code of each value (uint8, 0..15), ties to even, saturating at ±6 (NaN: 0).
 
     Arguments:
         scaled: float32 values already divided by their scales.
     """
-    codes = torch.empty(scaled.shape, dtype=torch.uint8)
-    _codes_into(scaled, torch.empty_like(scaled), torch.empty(scaled.shape, dtype=torch.bool), codes)
-    return codes
+    scratch = _Scratch.of(tuple(scaled.shape))
+    _codes_into(scaled, scratch)
+    return scratch.codes
 
 
-def _codes_into(scaled: torch.Tensor, magnitude: torch.Tensor, flag: torch.Tensor, codes: torch.Tensor) -> None:
-    """``e2m1_codes`` into preallocated buffers: the code is the number of midpoints below |x|, plus one on the
-    midpoints that round up to an even code (comparisons on uint8 run several times faster than a bucketize)."""
-    torch.abs(scaled, out=magnitude)
-    codes.zero_()
-    for bound in E2M1_BOUNDS.tolist():
-        torch.gt(magnitude, bound, out=flag)
-        codes += flag.view(torch.uint8)
-    for bound in E2M1_TIES_UP.tolist():
-        torch.eq(magnitude, bound, out=flag)
-        codes += flag.view(torch.uint8)
-    torch.lt(scaled, 0, out=flag)
-    codes |= flag.view(torch.uint8) << 3
+def _codes_into(scaled: torch.Tensor, scratch: _Scratch) -> None:
+    """``e2m1_codes`` into ``scratch.codes``. The magnitude is rounded half to even onto the grid by adding and
+    subtracting 2²², 2²³ or 2²⁴ (whose float32 spacing is the grid's step of ½, 1 or 2 below 2, 4 and beyond), the
+    power picked from the magnitude's exponent bits; the code of a rounded value from 1 up is its exponent and
+    first mantissa bit (``bits >> 22`` less 252), and ½ is code 1."""
+    s = scratch
+    torch.lt(scaled, 0, out=s.sign)  # a negative value that rounds to 0 keeps its sign
+    torch.abs(scaled, out=s.magnitude).nan_to_num_(nan=0.0, posinf=float("inf"))
+    torch.bitwise_right_shift(s.magnitude.view(torch.int32), 23, out=s.ints)
+    magic = s.ints.clamp_(127, 129).add_(22).bitwise_left_shift_(23).view(torch.float32)
+    torch.add(s.magnitude, magic, out=s.rounded).sub_(magic).clamp_(max=E2M1_MAX)
+    torch.eq(s.rounded, 0.5, out=s.half)
+    torch.bitwise_right_shift(s.rounded.view(torch.int32), 22, out=s.ints).sub_(252).clamp_(min=0)
+    s.codes.copy_(s.ints).add_(s.half.view(torch.uint8)).add_(s.sign.view(torch.uint8), alpha=8)
+
+
+def _pack_into(codes: torch.Tensor, pairs: torch.Tensor, packed: torch.Tensor) -> None:
+    """Two codes per byte, the even column in the low nibble: each pair of codes read as one little-endian
+    int16 (even code in its low byte), OR-ed with itself shifted right by 4, whose low byte is the packed one."""
+    both = codes.view(torch.int16)
+    torch.bitwise_right_shift(both, 4, out=pairs).bitwise_or_(both)
+    packed.copy_(pairs)  # int16 -> uint8 keeps the low byte
 
 
 def nvfp4_quantize(weight: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,24 +131,25 @@ def nvfp4_quantize(weight: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.T
     time through reused buffers.
 
     Arguments:
-        weight: [out, in] in the checkpoint dtype; scale_2: its float32 scalar ``weight_scale_2``.
+        weight: [out, in] in the checkpoint dtype (in a multiple of 16); scale_2: its float32 scalar ``weight_scale_2``.
     """
     rows, cols = weight.shape
     if cols % GROUP_SIZE:
         raise ValueError(f"NVFP4 needs input features in multiples of {GROUP_SIZE}, got {cols}")
-    scales = block_scales(weight, scale_2)
-    divisor = (scales.float() * scale_2).unsqueeze(-1)
+    scales = torch.empty((rows, cols // GROUP_SIZE), dtype=torch.float8_e4m3fn)
     packed = torch.empty((rows, cols // 2), dtype=torch.uint8)
     per_block = max(1, BLOCK_ELEMENTS // cols)
-    scaled, magnitude = torch.empty((per_block, cols)), torch.empty((per_block, cols))
-    flag, codes = torch.empty((per_block, cols), dtype=torch.bool), torch.empty((per_block, cols), dtype=torch.uint8)
+    scaled, scratch = torch.empty((per_block, cols)), _Scratch.of((per_block, cols))
+    pairs = torch.empty((per_block, cols // 2), dtype=torch.int16)
     for start in range(0, rows, per_block):
         stop = min(rows, start + per_block)
         n = stop - start
-        torch.div(weight[start:stop].reshape(n, -1, GROUP_SIZE), divisor[start:stop],
-                  out=scaled[:n].view(n, -1, GROUP_SIZE))
-        _codes_into(scaled[:n], magnitude[:n], flag[:n], codes[:n])
-        torch.bitwise_or(codes[:n, 1::2] << 4, codes[:n, 0::2], out=packed[start:stop])
+        scales[start:stop] = block_scales(weight[start:stop], scale_2)  # the rows are in cache for the division
+        divisor = (scales[start:stop].float() * scale_2).unsqueeze(-1)
+        torch.div(weight[start:stop].reshape(n, -1, GROUP_SIZE), divisor, out=scaled[:n].view(n, -1, GROUP_SIZE))
+        block = scratch.rows(n)
+        _codes_into(scaled[:n], block)
+        _pack_into(block.codes, pairs[:n], packed[start:stop])
     return packed, scales
 
 
