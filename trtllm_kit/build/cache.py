@@ -10,6 +10,7 @@ the hashing in a child process (``BackgroundDigests``) before it loads torch, wh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -139,6 +140,13 @@ def input_digests(paths: list[Path], previous: Previous, known: Known | None = N
     return {path.name: digests[path.name] for path in paths}
 
 
+def _fingerprint_or_none(path: Path) -> list[int] | None:
+    try:
+        return fingerprint(path)
+    except OSError:
+        return None
+
+
 def likely_inputs(model: str, calib_data: str | None) -> list[Path]:
     """The files a build of ``model`` will hash, as far as a look at the directory tells (its config.json and
     safetensors files, the calibration text); a builtin or hub name gives none here.
@@ -163,9 +171,12 @@ class BackgroundDigests:
 
     def __init__(self, paths: list[Path], previous: Previous) -> None:
         old = previous.fingerprints()
-        todo = [str(path) for path in paths if path.is_file() and old.get(path.name) != fingerprint(path)]
-        self._child = subprocess.Popen([sys.executable, "-m", "trtllm_kit.build.hash_child", *todo],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) if todo else None
+        todo = [str(path) for path in paths if old.get(path.name) != _fingerprint_or_none(path)]
+        self._child: subprocess.Popen[str] | None = None
+        if todo:
+            with contextlib.suppress(OSError):  # no child: input_digests hashes them itself
+                self._child = subprocess.Popen([sys.executable, "-m", "trtllm_kit.build.hash_child", *todo],
+                                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def __enter__(self) -> BackgroundDigests:
         return self

@@ -1,6 +1,6 @@
 """Calibration (``docs/trtllm-checkpoint.md`` §6): the model runs one decoder layer at a time
-(``layer_stream.py``), and forward hooks on each layer's linears record per-channel amax of their input and output
-over seeded samples of a text corpus; the weights' per-row and per-column amax come along. The compute dtype is
+(``layer_stream.py``), and every linear of each layer gives the per-channel amax of its input and output over
+seeded samples of a text corpus; the weights' per-row and per-column amax come along. The compute dtype is
 bfloat16 unless ``--calib-dtype float32`` (as ModelOpt, which calibrates in the model's dtype).
 
 The text is the corpus shipped with the package (``trtllm_kit/data/corpus.txt``) or ``--calib-data FILE``
@@ -209,8 +209,8 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
 def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter | None = None,
                   device: str | None = None, dtype: torch.dtype = torch.bfloat16,
                   search_awq: bool = False) -> CalibrationStats:
-    """Stream the model a decoder layer at a time (``layer_stream.py``) over the windows, with forward hooks on
-    every linear layer of the layer; the weights' amax comes from the stored tensors (exact in any compute dtype).
+    """Stream the model a decoder layer at a time (``layer_stream.py``) over the windows, each linear's input and
+    output going to its recorder; the weights' amax comes from the stored tensors (exact in any compute dtype).
     ``lm_head`` is never run. Inference only, no grad. With ``search_awq`` each layer runs twice over the windows,
     as ModelOpt's ``awq_lite`` runs the model twice: the first pass takes each linear's activation profile, the
     second its AWQ losses (``quant/awq.py``); every linear sees the unquantized layer's inputs.

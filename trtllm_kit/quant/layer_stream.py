@@ -148,10 +148,13 @@ class LayerStream:
         state = {name: t.to(self.device, self.dtype) for name, t in weights.items()}
         if self._hf_classes is None:
             self._check_layer(index, state)
-            layer = DecoderLayer(self.model.hf, state)
-            return Layer(layer.linears, lambda hidden, on_linear: layer(
-                hidden, self._rotary_tables(hidden.shape[1]), self._mask(hidden.shape[1], self.model.hf.sliding_window),
-                on_linear))
+            layer, window = DecoderLayer(self.model.hf, state), self.model.hf.sliding_window
+
+            def forward(hidden: torch.Tensor, on_linear: LinearHook) -> torch.Tensor:
+                tokens = hidden.shape[1]
+                return layer(hidden, self._rotary_tables(tokens), self._mask(tokens, window), on_linear)
+
+            return Layer(layer.linears, forward)
         return self._transformers_layer(index, state)
 
     def _check_layer(self, index: int, state: dict[str, torch.Tensor]) -> None:
