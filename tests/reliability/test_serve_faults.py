@@ -77,6 +77,7 @@ def test_a_killed_tritonserver_ends_serve_and_everything_it_started(artifact_cop
     state = serve(artifact_copy)
     os.kill(state["server_pid"], signal.SIGKILL)
     wait_gone(state, timeout_s=HANG_S)
+    assert serve_exits(state["pid"], timeout_s=HANG_S)  # its last line is written before it exits
     assert "Error: tritonserver exited with code -9 while serving" in (run_dir(artifact_copy) / "serve.log").read_text()
 
 
