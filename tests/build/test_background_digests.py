@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -129,3 +131,47 @@ def test_leaving_the_block_kills_a_child_still_hashing(tmp_path: Path) -> None:
         assert len(hash_children()) == 1
     assert digests._child is not None and digests._child.returncode == -signal.SIGKILL
     assert hash_children() == []
+
+
+def test_a_killed_build_s_hash_child_ends_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves the build no chance to end its child: the child sees its parent gone and stops. The one file
+    is a large one, so the child has nothing to print (a print to the dead parent's pipe would end it too)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    with (model / "model.safetensors").open("wb") as f:
+        f.truncate(64 * 1024**3)  # sparse: tens of seconds of hashing
+    build = subprocess.Popen([sys.executable, "-m", "trtllm_kit", *BUILD[:1], str(model), *BUILD[2:], "--out",
+                              str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not children_hashing(build.pid, model) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = children_hashing(build.pid, model)
+    assert child, "the build started no hash child"
+    build.kill()
+    assert build.wait(timeout=60) == -signal.SIGKILL
+    while running(child[0]) and time.monotonic() < deadline:  # a hang guard, not a speed bound
+        time.sleep(0.05)
+    assert not running(child[0])
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie waits only to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def children_hashing(parent: int, model: Path) -> list[int]:
+    """Pids of ``parent``'s children hashing files of ``model``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"hash_child" in cmdline \
+                and str(model).encode() in cmdline:
+            found.append(int(entry.name))
+    return found

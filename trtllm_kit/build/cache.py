@@ -175,8 +175,8 @@ class BackgroundDigests:
         self._child: subprocess.Popen[str] | None = None
         if todo:
             with contextlib.suppress(OSError):  # no child: input_digests hashes them itself
-                self._child = subprocess.Popen([sys.executable, "-m", "trtllm_kit.build.hash_child", *todo],
-                                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                argv = [sys.executable, "-m", "trtllm_kit.build.hash_child", str(os.getpid()), *todo]
+                self._child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def __enter__(self) -> BackgroundDigests:
         return self

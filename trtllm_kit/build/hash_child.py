@@ -1,7 +1,8 @@
-"""``python -m trtllm_kit.build.hash_child FILE...``: the sha256 of each file, printed as one JSON line per file as
-soon as it is done (``{"name", "fingerprint": [size, mtime_ns], "sha256"}``); a file that cannot be read is left
-out. ``BackgroundDigests`` runs it while the build loads torch: in a process of its own the hashing never waits for
-the interpreter lock that the imports hold. It stops when its parent is gone.
+"""``python -m trtllm_kit.build.hash_child PARENT_PID FILE...``: the sha256 of each file, printed as one JSON line
+per file as soon as it is done (``{"name", "fingerprint": [size, mtime_ns], "sha256"}``); a file that cannot be read
+is left out. ``BackgroundDigests`` runs it while the build loads torch: in a process of its own the hashing never
+waits for the interpreter lock that the imports hold. It stops when its parent is gone (``PARENT_PID`` is given so
+that a parent gone before the child has started is seen too).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import sys
 CHUNK = 16 * 1024 * 1024  # bytes per read
 
 
-def main(paths: list[str]) -> None:
-    parent = os.getppid()
+def main(parent: int, paths: list[str]) -> None:
     for path in paths:
         try:
             stat, digest = os.stat(path), hashlib.sha256()
@@ -31,4 +31,4 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(int(sys.argv[1]), sys.argv[2:])
