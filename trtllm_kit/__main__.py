@@ -36,7 +36,7 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    gc.freeze()  # the interpreter's collections at exit would walk every object torch made: 0.3 s for nothing
+    gc.freeze()  # the interpreter's collections at exit would walk every object torch made, for nothing
     sys.exit(code)
 
 

@@ -36,8 +36,10 @@ def non_daemon_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()}
 
 
-def hash_children() -> list[int]:
-    """This process's children that run the hashing (alive or not yet reaped)."""
+def hash_children(parent: int | None = None, hashing: Path | None = None) -> list[int]:
+    """Pids of ``parent``'s children (this process's by default) that run the hashing, alive or not yet reaped,
+    of files under ``hashing`` when given."""
+    parent = os.getpid() if parent is None else parent
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -45,7 +47,8 @@ def hash_children() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"hash_child" in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"hash_child" in cmdline \
+                and (hashing is None or str(hashing).encode() in cmdline):
             found.append(int(entry.name))
     return found
 
@@ -143,9 +146,9 @@ def test_a_killed_build_s_hash_child_ends_with_it(tmp_path: Path) -> None:
     build = subprocess.Popen([sys.executable, "-m", "trtllm_kit", *BUILD[:1], str(model), *BUILD[2:], "--out",
                               str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not children_hashing(build.pid, model) and time.monotonic() < deadline:
+    while not hash_children(build.pid, model) and time.monotonic() < deadline:
         time.sleep(0.02)
-    child = children_hashing(build.pid, model)
+    child = hash_children(build.pid, model)
     assert child, "the build started no hash child"
     build.kill()
     assert build.wait(timeout=60) == -signal.SIGKILL
@@ -161,17 +164,3 @@ def running(pid: int) -> bool:
     except OSError:
         return False
 
-
-def children_hashing(parent: int, model: Path) -> list[int]:
-    """Pids of ``parent``'s children hashing files of ``model``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"hash_child" in cmdline \
-                and str(model).encode() in cmdline:
-            found.append(int(entry.name))
-    return found

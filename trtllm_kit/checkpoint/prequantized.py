@@ -7,7 +7,7 @@ re-quantizing: each linear's e4m3 weights are carried over with ``weight_scale``
 ``kv_cache_scaling_factor``. TensorRT-LLM runs fused q/k/v and gate/up as one GEMM with ONE weight and one input
 scale; ModelOpt's unified export (0.47) and compressed-tensors both keep a weight scale per projection, so where a
 fused group's scales differ, its parts are rescaled to the group's largest scale exactly as TensorRT-LLM's own
-loader does for these checkpoints (``quant/fp8.py`` ``fp8_rescale``), and the input scale is the group's largest.
+loader does for these checkpoints (``quant/fp8.py`` ``fp8_fused``), and the input scale is the group's largest.
 The CPU runtime's loader for the llmapi target (``llmapi/load.py``) applies the same rule, so both targets run the
 same weights.
 
@@ -30,7 +30,7 @@ from trtllm_kit.layout import AWQ_GROUP_SIZE, KV_SCALE_NAME, LINEARS
 from trtllm_kit.models.base import Rule, Split, WorkItem
 from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig
-from trtllm_kit.quant.fp8 import fp8_rescale
+from trtllm_kit.quant.fp8 import fp8_fused
 from trtllm_kit.quant.kv import fp8_kv_scale_of, kv_scale_tensor
 from trtllm_kit.quant.prequantized import PreQuantized
 
@@ -103,19 +103,21 @@ class PreQuantizedTransform:
         return outputs
 
     def _fp8(self, item: WorkItem, module: str, shards: list[list[torch.Tensor]]) -> Outputs:
-        """The e4m3 bytes, each fused group at its largest weight scale (``fp8_rescale``) and input scale."""
+        """The e4m3 bytes, each fused group at its largest weight scale and input scale (``fp8_fused``)."""
         group = [name for kind in FUSED.get(module, (module,))
                  for name in self.modules[kind].source_names(item.layer)]
         weight_scales = [self.scale(name, "weight_scale") for name in item.sources]
-        max_weight = torch.stack([self.scale(name, "weight_scale") for name in group]).max()
-        max_input = torch.stack([self.scale(name, "input_scale") for name in group]).max()
-        self.num_rescaled += int(any(not torch.equal(s, max_weight) for s in weight_scales))
+        group_weight = [self.scale(name, "weight_scale") for name in group]
+        group_input = [self.scale(name, "input_scale") for name in group]
         prefix = item.target.removesuffix(".weight")
-        scales = [(f"{prefix}.weights_scaling_factor", [max_weight.reshape(1)]),
-                  (f"{prefix}.activation_scaling_factor", [max_input.reshape(1)])]
-        return [[(item.target, [fp8_rescale(part, scale, max_weight, self.dtype)
-                                for part, scale in zip(parts, weight_scales, strict=True)]), *scales]
-                for parts in shards]
+        outputs = []
+        for parts in shards:
+            rescaled, max_weight, max_input = fp8_fused(parts, weight_scales, group_weight, group_input, self.dtype)
+            outputs.append([(item.target, rescaled),
+                            (f"{prefix}.weights_scaling_factor", [max_weight.reshape(1)]),
+                            (f"{prefix}.activation_scaling_factor", [max_input.reshape(1)])])
+        self.num_rescaled += int(any(not torch.equal(s, max_weight) for s in weight_scales))
+        return outputs
 
     def _awq(self, item: WorkItem, shards: list[list[torch.Tensor]]) -> Outputs:
         """The packed bytes, the group ``weight_scale`` rows (or columns, row-parallel) of the rank's part, and

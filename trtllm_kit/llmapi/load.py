@@ -3,7 +3,7 @@
 The backend shards at load time (column/row splits of each HF tensor, KV heads duplicated when fewer than
 tp), fuses q/k/v and gate/up, and for FP8 gives a fused linear the largest of its parts' ``weight_scale`` and
 ``input_scale``, rescaling each part's e4m3 weights to it in the model dtype (``FP8QDQLinearMethod``,
-``quant/fp8.py`` ``fp8_rescale``); an FP8 KV cache runs with
+``quant/fp8.py`` ``fp8_fused``); an FP8 KV cache runs with
 unit scales, whatever ``k_scale``/``v_scale`` say. NVFP4 weights are dequantized (``e2m1 · weight_scale ·
 weight_scale_2``, float32) and run as plain linears; so are W4A16 AWQ weights (``code · weight_scale``,
 times ``pre_quant_scale`` per input channel where the checkpoint has one). The result here is the same per-rank
@@ -31,7 +31,7 @@ from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
 from trtllm_kit.models.base import Slice, Source, Split
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.awq import int4_dequantize
-from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_rescale
+from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_fused
 from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
 from trtllm_kit.quant.prequantized import detect_prequantized
 from trtllm_kit.runtime.layers import LINEAR_WEIGHTS, prepare_weights
@@ -138,7 +138,7 @@ def load_unified(ckpt_dir: Path, mapping: Mapping | None = None,
 def _fp8_group(parts: list[torch.Tensor], sources: tuple[str, ...], module: str,
                read: Callable[[str], torch.Tensor], names: Container[str],
                dtype: torch.dtype) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """The e4m3 parts rescaled to their fused group's largest weight scale as the backend does (``fp8_rescale``),
+    """The e4m3 parts rescaled to their fused group's largest weight scale as the backend does (``fp8_fused``),
     held in the model dtype (which holds e4m3 values exactly) for sharding, and the group's largest weight and
     input scales."""
     def scale(name: str, kind: str) -> torch.Tensor:
@@ -148,11 +148,10 @@ def _fp8_group(parts: list[torch.Tensor], sources: tuple[str, ...], module: str,
     fused = [f"{sources[0].rsplit('.', 2)[0]}.{part}.weight" for part in FUSED_PARTS.get(module, ())]
     if fused and all(name in names for name in fused):  # fc and gate are one gate_up linear on the GPU
         group = fused
-    w = torch.stack([scale(name, "weight_scale") for name in group]).max()
-    x = torch.stack([scale(name, "input_scale") for name in group]).max()
-    rescaled = [fp8_rescale(part, scale(name, "weight_scale"), w, dtype).to(dtype)
-                for part, name in zip(parts, sources, strict=True)]
-    return rescaled, {"w": w, "x": x}
+    rescaled, w, x = fp8_fused(parts, [scale(name, "weight_scale") for name in sources],
+                               [scale(name, "weight_scale") for name in group],
+                               [scale(name, "input_scale") for name in group], dtype)
+    return [part.to(dtype) for part in rescaled], {"w": w, "x": x}
 
 
 def unified_loader(ckpt_dir: Path) -> Callable[[torch.dtype], CheckpointModel] | None:

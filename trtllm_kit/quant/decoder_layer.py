@@ -1,7 +1,7 @@
 """One decoder layer of the kit's families (Llama, Mistral, Qwen2, Phi-3) computed over its Hugging Face weights,
 operation for operation as transformers' eager code computes it: the same kernels on the same values in the same
 order and dtypes, so calibration statistics equal a transformers forward bit for bit
-(``tests/quant/test_layer_stream.py``) without importing transformers, which costs a build 2 to 3 s.
+(``tests/quant/test_layer_stream.py``) without importing transformers, whose modeling modules take seconds to import.
 
 ``unsupported`` names what a config needs that this does not compute (another family or activation, a rope type
 other than default, linear and llama3, a partial rotary, per-layer attention patterns); calibration then runs

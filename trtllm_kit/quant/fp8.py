@@ -75,6 +75,21 @@ def fp8_rescale(weight: torch.Tensor, scale: torch.Tensor, max_scale: torch.Tens
     return weight.to(dtype).mul(scale.reshape(())).div(max_scale.reshape(())).to(FP8_DTYPE)
 
 
+def fp8_fused(parts: list[torch.Tensor], scales: list[torch.Tensor], group_weight_scales: list[torch.Tensor],
+              group_input_scales: list[torch.Tensor],
+              dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A fused q/k/v or gate/up linear as TensorRT-LLM runs it, with one weight and one input scale: the group's
+    largest of each, and every part rescaled to that weight scale (``fp8_rescale``).
+
+    Arguments:
+        parts: e4m3 parts of the fused linear; scales: their float32 weight scales; group_weight_scales,
+        group_input_scales: the scales of every linear of the group; dtype: the model dtype.
+    """
+    max_weight, max_input = torch.stack(group_weight_scales).max(), torch.stack(group_input_scales).max()
+    rescaled = [fp8_rescale(part, scale, max_weight, dtype) for part, scale in zip(parts, scales, strict=True)]
+    return rescaled, max_weight, max_input
+
+
 def fp8_round_trip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
     """Quantize ``x`` to e4m3 with ``scale`` (clamped) and back, in float32: activations and the KV cache.
 

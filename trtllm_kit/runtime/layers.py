@@ -1,5 +1,5 @@
 """The per-layer math of the CPU runtime: rotary embedding, linear layers (plain or quantized with simulated
-numerics), RMSNorm, the TP reduction, the causal mask and attention.
+numerics), the TP reduction, the causal mask and attention.
 
 Quantized linears follow the checkpoint's tensors, one line of math each: int8 weights are SmoothQuant (the
 activation is divided by ``smoother`` when present, quantized to int8 statically with the preceding norm's
@@ -166,16 +166,6 @@ def kv_cache(weights: Weights, layer_prefix: str, algo: str | None,
         return k, v
     scale = weights[f"{layer_prefix}.attention.kv_cache_scaling_factor"]
     return kv_round_trip(k, scale, algo), kv_round_trip(v, scale, algo)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, rounded to ``x.dtype`` before the scale (as transformers does).
-
-    Arguments:
-        x: hidden states; weight: the scale; eps: ``norm_epsilon``.
-    """
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def reduce(partials: list[torch.Tensor], bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -27,6 +27,7 @@ from trtllm_kit.layout import (
 )
 from trtllm_kit.models.base import Activation, Family, Norm
 from trtllm_kit.models.registry import family_of_checkpoint
+from trtllm_kit.quant.decoder_layer import rms_norm  # transformers' arithmetic, as calibration runs it
 from trtllm_kit.runtime.checkpoint_checks import check_quantized, check_rank, check_replicas, expected_tensors
 from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
     LINEAR_WEIGHTS,
@@ -40,7 +41,6 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
     linear,
     prepare_weights,
     reduce,
-    rms_norm,
 )
 from trtllm_kit.runtime.lora import LoraBatch, rank_parts
 
