@@ -23,14 +23,23 @@ def sha256_file(path: Path, chunk: int = 16 * 1024 * 1024) -> str:
     return digest.hexdigest()
 
 
+def sha256_files(paths: list[Path]) -> list[str]:
+    """``sha256_file`` of each path, a file per core at a time (hashlib releases the GIL).
+
+    Arguments:
+        paths: the files.
+    """
+    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        return list(pool.map(sha256_file, paths))
+
+
 def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
     """sha256 of every file under ``root``, keyed by the path relative to it (``known`` digests are taken as is:
     files of a reused stage)."""
     known = known or {}
     names = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if p.is_file()]
     fresh = [name for name in names if name not in known]
-    with ThreadPoolExecutor(max(1, min(len(fresh), os.cpu_count() or 1))) as pool:  # hashlib releases the GIL
-        digests = dict(zip(fresh, pool.map(lambda name: sha256_file(root / name), fresh), strict=True))
+    digests = dict(zip(fresh, sha256_files([root / name for name in fresh]), strict=True))
     return {name: known[name] if name in known else digests[name] for name in names}
 
 

@@ -17,13 +17,12 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import MANIFEST, Artifact, StageRecords
-from trtllm_kit.artifact.files import sha256_file
+from trtllm_kit.artifact.files import sha256_file, sha256_files
 from trtllm_kit.errors import KitError
 
 STAGE_DIRS = {"checkpoint": ("checkpoint", "tokenizer", "calibration"), "engine": ("engines", "logs"),
@@ -135,8 +134,7 @@ def input_digests(paths: list[Path], previous: Previous, known: Known | None = N
     digests = {path.name: before[path.name][1] for path in paths
                if path.name in before and before[path.name][0] == fingerprint(path)}
     fresh = [path for path in paths if path.name not in digests]
-    with ThreadPoolExecutor(max(1, min(len(fresh), os.cpu_count() or 1))) as pool:  # hashlib releases the GIL
-        digests.update(zip((path.name for path in fresh), pool.map(sha256_file, fresh), strict=True))
+    digests.update(zip((path.name for path in fresh), sha256_files(fresh), strict=True))
     return {path.name: digests[path.name] for path in paths}
 
 
