@@ -17,8 +17,13 @@ INTERRUPTED = "Error: interrupted; nothing was written."
 
 
 def main() -> None:
-    """Install the kit's SIGINT/SIGTERM handling, run the CLI, and exit with its code (130 when interrupted)."""
+    """Hide secrets given as arguments from other users, install the kit's SIGINT/SIGTERM handling, run the
+    CLI, and exit with its code (130 when interrupted)."""
+    from trtllm_kit.argv_secrets import SECRET_FLAGS, hide_own_secrets
     from trtllm_kit.interrupts import INTERRUPTS
+
+    if any(arg.split("=", 1)[0] in SECRET_FLAGS for arg in sys.argv[1:]):
+        hide_own_secrets()
 
     INTERRUPTS.install()
     try:

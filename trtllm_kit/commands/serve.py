@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,11 @@ if TYPE_CHECKING:
 @config_option("trtllm-kit.toml: its [serve] table, and its out when OUT is not given; flags override it.")
 @spec_options(declared_fields("serve", top_level=False), config=False)
 @click.option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on the OpenAI "
-              f"API (env {API_KEY_ENV}; never read from a config file).")
+              f"API. Prefer env {API_KEY_ENV} or --api-key-file: a value given here is hidden from the process's "
+              "command line once the command starts, but other users can read it until then (and in your shell "
+              "history). Never read from a config file.")
+@click.option("--api-key-file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Read the --api-key KEY from the first line of FILE (keep it mode 0600).")
 @click.option("--name", "names", multiple=True, metavar="NAME=OUT", help="Serve OUT under the model name NAME "
               "(default: its model source, made unique); repeatable.")
 @click.option("--alias", "aliases", multiple=True, metavar="NAME=A:W,B:W", help="An A/B alias: requests for NAME "
@@ -34,7 +40,8 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print the server's state as JSON when ready.")
 @click.pass_context
 def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, api_key: str | None,
-          names: tuple[str, ...], aliases: tuple[str, ...], detach: bool, as_json: bool, **_flags: Any) -> None:
+          api_key_file: Path | None, names: tuple[str, ...], aliases: tuple[str, ...], detach: bool, as_json: bool,
+          **_flags: Any) -> None:
     """Serve a build's OUT/repo with tritonserver (under mpirun when tp x pp > 1); return only when ready.
     Several OUTs share one server, each under its own model name; the OpenAI frontend routes by 'model'.
 
@@ -48,6 +55,10 @@ def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, 
     from trtllm_kit.serve.service import serve as serve_out
     from trtllm_kit.serve.service import serve_detached
 
+    if api_key_file is not None:
+        if api_key:
+            raise KitUsageError(f"--api-key-file and --api-key (or {API_KEY_ENV}) both give the key; pass one.")
+        api_key = read_key_file(api_key_file)
     options = serve_options(ctx, outs[0] if outs else None, config_file, api_key, more=outs[1:], names=names,
                             aliases=aliases)
 
@@ -74,6 +85,33 @@ def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, 
         serve_out(options, ready)
     finally:  # everything is stopped: spare the exit a full collection of every module's objects (seconds)
         gc.freeze()
+
+
+MAX_KEY_FILE_BYTES = 4096
+
+
+def read_key_file(path: Path) -> str:
+    """The API key on the first line of ``path``: a regular file of at most 4 KiB (a FIFO or a device is
+    refused, not read).
+
+    Arguments:
+        path: the key file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise KitUsageError(f"--api-key-file {path} cannot be opened ({exc.strerror}); give a readable file "
+                            "whose first line is the key.") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEY_FILE_BYTES:
+            raise KitUsageError(f"--api-key-file {path} is not a regular file of at most {MAX_KEY_FILE_BYTES} "
+                                "bytes; give a file whose first line is the key.")
+        lines = f.read(MAX_KEY_FILE_BYTES).decode(errors="replace").splitlines()
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise KitUsageError(f"--api-key-file {path} has no key on its first line; write the key there.")
+    return key
 
 
 def serve_options(ctx: click.Context, out: Path | None, config_file: Path | None, api_key: str | None, *,
