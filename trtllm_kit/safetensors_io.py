@@ -29,6 +29,11 @@ DTYPE_CODES: dict[torch.dtype, str] = {
 }
 DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
+# The largest header the kit parses. A real shard's header holds a few thousand entries of about 120 bytes
+# (a 671B MoE checkpoint: under 1,000 per file); 16 MiB holds over 100,000 of them. Past it, parsing the JSON
+# into Python objects would take seconds and hundreds of MB before any entry could be checked.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+
 
 def read_header(path: Path) -> dict[str, dict]:
     """The tensor entries of a safetensors file (name → dtype, shape, data_offsets), checked against its size.
@@ -52,9 +57,13 @@ def read_layout(path: Path) -> tuple[dict[str, dict], int]:
         if len(head) < 8:
             raise CheckpointError(f"{path} is truncated ({size} bytes): not a safetensors file.")
         (length,) = struct.unpack("<Q", head)
-        if length > min(size - 8, 100 * 1024 * 1024):
+        if length > size - 8:
             raise CheckpointError(f"{path} is truncated or not a safetensors file (header of {length} bytes "
                                   f"in a file of {size}).")
+        if length > MAX_HEADER_BYTES:
+            raise CheckpointError(f"{path} has a safetensors header of {length:,} bytes, over the kit's bound of "
+                                  f"{MAX_HEADER_BYTES:,} (real shards hold a few thousand entries); it is not read. "
+                                  "Re-save the checkpoint in smaller shards.")
         try:
             header = json.loads(f.read(length))
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):

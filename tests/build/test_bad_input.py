@@ -149,9 +149,23 @@ def huge_header_length(model: Path, tmp: Path) -> Case:
                             f"{len(data)}).")
 
 
+def entry_bomb(model: Path, tmp: Path) -> Case:
+    """400,000 entries (36 MB of header): refused by its length, before any JSON is parsed."""
+    path = model / "model.safetensors"
+    data = path.read_bytes()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    entry = '"t{}":{{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    head = ("{" + ",".join(entry.format(i) for i in range(400_000)) + "}").encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data[8 + header_len:])
+    return str(model), [], (f"{path} has a safetensors header of {len(head):,} bytes, over the kit's bound of "
+                            "16,777,216 (real shards hold a few thousand entries); it is not read. Re-save the "
+                            "checkpoint in smaller shards.")
+
+
 CRAFTED = "{path} has a corrupt safetensors header: "
 CRAFTED_HEADERS = [
     ("header-length-beyond-the-file", huge_header_length),
+    ("header-of-400k-entries", entry_bomb),
     ("header-not-json", crafted_header(lambda h: b"{not json" + b" " * 40,
                                        CRAFTED + "it is not JSON.")),
     ("header-a-list", crafted_header(lambda h: b"[1, 2, 3]", CRAFTED + "a JSON list, not an object of tensors.")),
