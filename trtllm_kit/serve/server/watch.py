@@ -4,6 +4,7 @@ that no engine hangs (``runtime/heartbeat.py``) and no stub stays stopped."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,10 @@ from pathlib import Path
 from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S
 from trtllm_kit.runtime.heartbeat import silent_for
 from trtllm_kit.serve.server.process import TritonProcess
+
+# Signals that only come from outside (a user, an OOM killer, a supervisor): a server that died of one was killed;
+# one that died otherwise (an abort, a crash, an exit code) after a stub died ended because of the stub.
+SENT_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 
 
 @dataclass
@@ -33,14 +38,16 @@ class Watch:
         self.process.protect_shm()
         alive = self.process.stubs()
         dead = {pid: name for pid, name in self.stubs.items() if pid not in alive}
+        code = None
         if self._server_exited(wait_s=1.0 if dead else 0.0):
             assert self.process.proc is not None
             code = self.process.proc.returncode
-            if not dead or code < 0:  # a server killed by a signal takes its stubs with it; one that ended
-                return f"tritonserver exited with code {code} while serving"  # after a stub died is the stub's
-        if dead:
+            if not dead or -code in SENT_SIGNALS:  # a server that was killed takes its stubs with it
+                return f"tritonserver exited with code {code} while serving"
+        if dead:  # whatever else ended after it (the server may abort when a stub's shared memory goes)
             pid, name = next(iter(dead.items()))
-            return f"the Python-backend stub of model {name} (pid {pid}) died while serving"
+            then = "" if code is None else f" (tritonserver exited after it, with code {code})"
+            return f"the Python-backend stub of model {name} (pid {pid}) died while serving{then}"
         return self._hung()
 
     def engines_idle(self) -> bool:
