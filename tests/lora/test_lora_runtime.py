@@ -89,7 +89,7 @@ def references(artifact: tuple[Path, dict[str, Path]], prompts: list[list[int]],
 
 def _request(out: Path, name: str, task_id: int, with_weights: bool) -> LoraRequest:
     record = Artifact.read(out).records.adapters[name]
-    pairs = load_adapter(out / record.dir / ADAPTER_FILE, torch.float32) if with_weights else None
+    pairs = load_adapter(out / record.dir / ADAPTER_FILE, torch.float32, 1 << 30) if with_weights else None
     return LoraRequest(task_id, pairs)
 
 
@@ -136,7 +136,7 @@ def test_eviction_keeps_outputs_exact_and_an_uncached_id_fails_alone(artifact, p
 def test_backend_rows_round_trip_and_bad_rows_are_refused(artifact) -> None:
     out, _ = artifact
     record = Artifact.read(out).records.adapters["mlp16"]
-    pairs = load_adapter(out / record.dir / ADAPTER_FILE, torch.float32)
+    pairs = load_adapter(out / record.dir / ADAPTER_FILE, torch.float32, 1 << 30)
     config = CheckpointModel.load(out / "checkpoint").config
     weights, keys = to_rows(pairs)
     assert keys[:, 0].unique().tolist() == [2, 4, 5, 6, 7]  # k_proj, o_proj, gate_proj (5), down_proj, up_proj (7)

@@ -160,7 +160,7 @@ def test_the_bls_passes_the_lora_inputs_through(served: Served) -> None:
     state = read_state(served.out)
     assert state is not None
     adapter_dir = served.out / "lora" / "mlp16"
-    weights, config = to_rows(load_adapter(adapter_dir / ADAPTER_FILE, torch.float32))
+    weights, config = to_rows(load_adapter(adapter_dir / ADAPTER_FILE, torch.float32, 1 << 30))
     async def rows() -> tuple[np.ndarray, np.ndarray]:
         return weights.numpy(), config.numpy()
 

@@ -65,7 +65,7 @@ def lora_inputs(out: Path, name: str, task_id: int, with_weights: bool) -> list[
     values = [("lora_task_id", np.array([[task_id]], np.uint64), "UINT64")]
     if with_weights:
         record = Artifact.read(out).records.adapters[name]
-        weights, config = to_rows(load_adapter(out / record.dir / ADAPTER_FILE, torch.float32))
+        weights, config = to_rows(load_adapter(out / record.dir / ADAPTER_FILE, torch.float32, 1 << 30))
         values += [("lora_weights", weights.numpy()[None], "FP32"), ("lora_config", config.numpy()[None], "INT32")]
     made = []
     for tensor_name, array, dtype in values:

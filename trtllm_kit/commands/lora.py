@@ -13,6 +13,8 @@ from trtllm_kit.commands.common import emit_json
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
 
 OUT = click.argument("out", type=click.Path(path_type=Path, file_okay=False))
+FORCE = click.option("--force", is_flag=True, help="Take the adapter even when the base model its adapter_config.json "
+                     "records (base_model_name_or_path) is not OUT's model by name.")
 
 
 @click.group()
@@ -23,6 +25,7 @@ def lora() -> None:
     Example:
       trtllm-kit build builtin:tiny-llama --target cpu --dtype float32 --out out/
       trtllm-kit lora add out/ support ./my-peft-adapter    # adapter_config.json + adapter_model.safetensors
+      trtllm-kit lora add out/ other ./renamed-base-adapter --force   # its recorded base is this model, renamed
       trtllm-kit lora list out/
       trtllm-kit lora remove out/ support
       trtllm-kit lora load out/ billing ./billing-adapter   # on the running serve of out/ (not kept in out/)
@@ -34,11 +37,12 @@ def lora() -> None:
 @OUT
 @click.argument("name")
 @click.argument("adapter_dir", type=click.Path(path_type=Path))
-def add(out: Path, name: str, adapter_dir: Path) -> None:
+@FORCE
+def add(out: Path, name: str, adapter_dir: Path, force: bool) -> None:
     """Check the PEFT adapter ADAPTER_DIR against OUT's model, convert it and record it as NAME."""
     from trtllm_kit.lora.store import add_adapter
 
-    record = add_adapter(out, name, adapter_dir)
+    record = add_adapter(out, name, adapter_dir, force=force)
     click.echo(f"added adapter {record.name!r} (rank {record.rank}, {', '.join(record.target_modules)}) to {out}.")
 
 
@@ -86,7 +90,8 @@ def _split(served: tuple[str, ...], url: str | None, names: str) -> tuple[Path |
 @click.argument("served", nargs=-1, required=True, metavar="[OUT] NAME DIR")
 @URL
 @API_KEY
-def load(served: tuple[str, ...], url: str | None, api_key: str | None) -> None:
+@FORCE
+def load(served: tuple[str, ...], url: str | None, api_key: str | None, force: bool) -> None:
     """Serve the PEFT adapter DIR as NAME on the running serve of OUT (or of --url, without OUT).
 
     The adapter is checked as lora add checks it; it is served until unloaded or the serve stops (OUT is not changed).
@@ -94,7 +99,7 @@ def load(served: tuple[str, ...], url: str | None, api_key: str | None) -> None:
     from trtllm_kit.serve.lora_admin import call_adapter_endpoint, frontend_url
 
     out, (name, adapter_dir) = _split(served, url, "NAME DIR")
-    body = {"lora_name": name, "lora_path": str(Path(adapter_dir).absolute())}
+    body = {"lora_name": name, "lora_path": str(Path(adapter_dir).absolute()), **({"force": True} if force else {})}
     click.echo(call_adapter_endpoint(frontend_url(out, url), "/v1/load_lora_adapter", body, api_key))
 
 

@@ -8,7 +8,8 @@
   numpy has no bfloat16, so a bfloat16 engine's weights are float32 values that are exactly bfloat16 (sent as
   Triton ``BF16``, which keeps them bit for bit).
 - ``llmapi``: the PEFT directory itself (``adapter_config.json`` and ``adapter_model.safetensors``, byte for
-  byte), which ``LoRARequest(lora_path=...)`` loads; TensorRT-LLM's loader applies the scale.
+  byte as they were read and checked), which ``LoRARequest(lora_path=...)`` loads; TensorRT-LLM's loader applies
+  the scale.
 
 The targets whose LoRA modules are fixed at build time (an engine's LoRA plugin, the llmapi ``LoraConfig``) take
 only adapters of those modules.
@@ -16,7 +17,6 @@ only adapters of those modules.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +50,9 @@ def write_engine(adapter: PeftAdapter, into: Path, dtype: str) -> None:
 
 
 def write_peft(adapter: PeftAdapter, into: Path, dtype: str) -> None:
-    """The PEFT directory, as it was checked."""
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
-        shutil.copyfile(adapter.path / name, into / name)
+    """The PEFT directory, as it was checked: the bytes read, not the source read again."""
+    (into / CONFIG_NAME).write_bytes(adapter.config_bytes)
+    (into / WEIGHTS_NAME).write_bytes(adapter.weights_bytes)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ an interrupted ``lora add`` or ``lora remove`` leaves the artifact as it was or 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -31,19 +32,20 @@ if TYPE_CHECKING:
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a directory name and an OpenAI model id
 
 
-def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
+def add_adapter(out: Path, name: str, source: Path, *, force: bool = False) -> AdapterRecord:
     """Check the PEFT adapter at ``source`` against the artifact ``out``, convert it for the artifact's target
     (``formats.py``) and record it as ``name``.
 
     Arguments:
-        out: an artifact; name: the adapter's name in it; source: a PEFT adapter directory.
+        out: an artifact; name: the adapter's name in it; source: a PEFT adapter directory;
+        force: take it even when the base model it records is not the artifact's.
     """
     check_name(name)
     artifact = Artifact.read(out)
     if name in artifact.records.adapters:
         raise KitUsageError(f"{out} already has an adapter named {name!r}; remove it first (trtllm-kit lora remove "
                             f"{out} {name}).")
-    adapter = check_adapter(artifact, source)
+    adapter = check_adapter(artifact, source, force=force)
     from trtllm_kit.lora.formats import FORMATS  # torch (check_adapter has loaded it)
 
     fmt = FORMATS[artifact.target]
@@ -55,7 +57,8 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
         staging.rename(out / rel)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    record = AdapterRecord(name=name, source=str(source.resolve()), sha256=sha256_file(adapter.weights_path),
+    sha256 = hashlib.sha256(adapter.weights_bytes).hexdigest()  # of the bytes checked, not the path read again
+    record = AdapterRecord(name=name, source=str(source.resolve()), sha256=sha256,
                            rank=adapter.rank, alpha=adapter.alpha, target_modules=adapter.target_modules, dir=rel)
     try:
         _write(artifact, {**artifact.records.adapters, name: record})
@@ -68,27 +71,31 @@ def add_adapter(out: Path, name: str, source: Path) -> AdapterRecord:
 def check_name(name: str) -> None:
     """Refuse an adapter name that is not a directory name and an OpenAI model id."""
     if not NAME.fullmatch(name):
-        raise KitUsageError(f"adapter name {name!r} is not valid; use letters, digits, '.', '_' and '-' (at most 64, "
-                            "starting with a letter or digit).")
+        raise KitUsageError(f"adapter name {name!r:.80} is not valid; use letters, digits, '.', '_' and '-' (at most "
+                            "64, starting with a letter or digit).")
 
 
-def check_adapter(artifact: Artifact, source: Path) -> PeftAdapter:
-    """Read the PEFT adapter at ``source`` and check it against ``artifact``: its base model, ``max_lora_rank``
-    and, where the target fixes them at build time, its LoRA modules.
+def check_adapter(artifact: Artifact, source: Path, *, force: bool = False) -> PeftAdapter:
+    """Read the PEFT adapter at ``source`` and check it against ``artifact``: its base model's sizes and name,
+    ``max_lora_rank`` and, where the target fixes them at build time, its LoRA modules.
 
     Arguments:
-        artifact: the base artifact; source: a PEFT adapter directory.
+        artifact: the base artifact; source: a PEFT adapter directory; force: take it even when the base model it
+        records is not the artifact's (``base_model.py``).
     """
-    from trtllm_kit.lora.formats import FORMATS  # torch: a served frontend loads it on its first adapter load
+    from trtllm_kit.lora.base_model import check_base  # torch: a served frontend loads it on its first adapter load
+    from trtllm_kit.lora.formats import FORMATS
     from trtllm_kit.lora.peft_adapter import read_adapter
 
-    adapter = read_adapter(source, _base_sizes(artifact.path), artifact.spec.build.max_lora_rank)
+    adapter = read_adapter(source, base_sizes(artifact.path), artifact.spec.build.max_lora_rank)
+    if not force:
+        check_base(adapter, artifact)
     if FORMATS[artifact.target].fixed_modules:
         _check_modules(artifact, adapter.target_modules, source)
     return adapter
 
 
-def _base_sizes(out: Path) -> dict[str, Any]:
+def base_sizes(out: Path) -> dict[str, Any]:
     """The base's sizes: the TensorRT-LLM checkpoint's ``config.json``, or (llmapi) the unified checkpoint's HF one."""
     checkpoint = read_json(out / CHECKPOINT_DIR / "config.json", f"{out} has no checkpoint/config.json; rebuild it.",
                            KitUsageError)

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.lora_modules import FUSED_GATE_UP, MODULE_IDS, module_shapes
+from trtllm_kit.safe_files import read_bounded
 
 ADAPTER_FILE = "adapter.safetensors"  # the converted adapter, in OUT/lora/NAME/
 
@@ -46,15 +47,17 @@ def tensor_names(layer: int, module: str) -> tuple[str, str]:
     return f"layers.{layer}.{module}.lora_A", f"layers.{layer}.{module}.lora_B"
 
 
-def load_adapter(path: Path, dtype: torch.dtype) -> dict[tuple[int, str], Pair]:
-    """Read a converted adapter file into its (layer, module) → (A, B) pairs in the compute dtype.
+def load_adapter(path: Path, dtype: torch.dtype, max_bytes: int) -> dict[tuple[int, str], Pair]:
+    """Read a converted adapter file (a regular file in its directory, at most ``max_bytes``) into its
+    (layer, module) → (A, B) pairs in the compute dtype.
 
     Arguments:
-        path: ``OUT/lora/NAME/adapter.safetensors``; dtype: the runtime's compute dtype.
+        path: ``OUT/lora/NAME/adapter.safetensors``; dtype: the runtime's compute dtype;
+        max_bytes: the file's bound (``lora.adapter_files.weights_bound``).
     """
     try:
-        tensors = load_file(path)
-    except (SafetensorError, OSError) as exc:
+        tensors = load(read_bounded(path, root=path.parent, max_bytes=max_bytes))
+    except SafetensorError as exc:
         raise KitUsageError(f"{path} cannot be read as a converted LoRA adapter ({exc}); add the adapter again "
                             "(trtllm-kit lora add).") from None
     return adapter_pairs(tensors, dtype)
@@ -71,8 +74,21 @@ def adapter_pairs(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
         if name.endswith(".lora_A"):
             _, layer, module, _ = name.split(".")
             a_name, b_name = tensor_names(int(layer), module)
-            pairs[(int(layer), module)] = (tensors[a_name].to(dtype), tensors[b_name].to(dtype))
+            pairs[(int(layer), module)] = finite_pair((tensors[a_name].to(dtype), tensors[b_name].to(dtype)),
+                                                      f"the adapter's {module} of layer {layer}")
     return pairs
+
+
+def finite_pair(pair: Pair, what: str) -> Pair:
+    """``pair`` if every value of A and B is finite; NaN or infinity would make every logit of the request NaN.
+
+    Arguments:
+        pair: (A, B) in the compute dtype; what: the module and layer, for the refusal.
+    """
+    if not all(bool(torch.isfinite(t).all()) for t in pair):
+        raise KitUsageError(f"{what} holds NaN or infinite values in {str(pair[0].dtype).removeprefix('torch.')}; "
+                            "send an adapter whose weights are finite in the model's dtype.")
+    return pair
 
 
 def delta(x: torch.Tensor, pair: Pair) -> torch.Tensor:
@@ -278,5 +294,5 @@ def from_rows(weights: torch.Tensor, config: torch.Tensor, model_config: dict[st
                                 f"{rank * (fan_in + fan_out)} at rank {rank}.")
         a = row[: rank * fan_in].reshape(rank, fan_in)
         b = row[rank * fan_in: rank * (fan_in + fan_out)].reshape(fan_out, rank)
-        pairs[(layer, module)] = (a.to(dtype), b.to(dtype))
+        pairs[(layer, module)] = finite_pair((a.to(dtype), b.to(dtype)), f"lora_weights for {module} of layer {layer}")
     return pairs

@@ -1,7 +1,9 @@
 """Which adapters a frontend serves: those recorded in each served artifact (``trtllm-kit lora add``), and those
 loaded and unloaded while it runs through vLLM's ``POST /v1/load_lora_adapter`` {lora_name, lora_path} and
 ``POST /v1/unload_lora_adapter`` {lora_name}. A loaded adapter is checked and converted exactly as ``lora add`` does
-it, in memory (the artifact is not changed). With gateway keys, only an admin key may load or unload."""
+it, in memory (the artifact is not changed), its files read as ``lora.adapter_files`` bounds them; an adapter
+whose recorded base model is not the served one is refused unless the body says ``"force": true``. With gateway
+keys, only an admin key may load or unload."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from aiohttp import web
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.lora.store import check_adapter, check_name
+from trtllm_kit.lora.store import base_sizes, check_adapter, check_name
 from trtllm_kit.serve.gateway.middleware import KEY
 from trtllm_kit.serve.openai.adapters import AdapterSet, Rows
 from trtllm_kit.serve.openai.protocol import RequestError
@@ -21,6 +23,7 @@ from trtllm_kit.serve.openai.request_body import json_body
 from trtllm_kit.serve.openai.routes import Route, RouteTable
 
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+MAX_PATH_CHARS = 4096  # PATH_MAX: the longest path Linux opens
 
 
 def serve_recorded(adapters: AdapterSet, table: RouteTable, routes: list[Route] | None = None) -> None:
@@ -43,32 +46,38 @@ def serve_recorded(adapters: AdapterSet, table: RouteTable, routes: list[Route] 
         for old in [a for a in adapters.adapters.values() if a.parent == route.name and a.is_recorded]:
             adapters.remove(old.name)
         for name, record in records:
-            adapters.add(name, route.name, record.source, partial(_file_rows, out / record.dir),
+            adapters.add(name, route.name, record.source, partial(_file_rows, out, record.dir, record.rank),
                          is_recorded=True)
 
 
-def _file_rows(adapter_dir: Path) -> Rows:
+def _file_rows(out: Path, adapter_dir: str, rank: int) -> Rows:
     """The backend's rows of an adapter stored in an artifact: an engine's ``.npy`` files as they are, a cpu
-    artifact's converted pairs made into rows."""
+    artifact's converted pairs made into rows; each file read within the bounds of an adapter of its rank."""
+    import io
+
     import numpy as np
     import torch
 
+    from trtllm_kit.lora.adapter_files import read_rows, weights_bound
     from trtllm_kit.lora.formats import ENGINE_CONFIG, ENGINE_WEIGHTS
     from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
 
-    if (adapter_dir / ENGINE_WEIGHTS).is_file():
-        return np.load(adapter_dir / ENGINE_WEIGHTS)[0], np.load(adapter_dir / ENGINE_CONFIG)[0]
-    weights, config = to_rows(load_adapter(adapter_dir / ADAPTER_FILE, torch.float32))
-    return weights.numpy(), config.numpy()
+    where, bound = out / adapter_dir, weights_bound(base_sizes(out), rank)
+    if (where / ENGINE_WEIGHTS).is_file():
+        weights = np.load(io.BytesIO(read_rows(where / ENGINE_WEIGHTS, bound)))
+        config = np.load(io.BytesIO(read_rows(where / ENGINE_CONFIG, bound)))
+        return weights[0], config[0]
+    rows, keys = to_rows(load_adapter(where / ADAPTER_FILE, torch.float32, bound.file_bytes))
+    return rows.numpy(), keys.numpy()
 
 
-def _converted_rows(artifact: Artifact, source: Path) -> Rows:
+def _converted_rows(artifact: Artifact, source: Path, force: bool) -> Rows:
     """The rows of the PEFT adapter at ``source``, checked against ``artifact`` and converted as ``lora add`` does."""
     import torch
 
     from trtllm_kit.runtime.lora import to_rows
 
-    weights, config = to_rows(check_adapter(artifact, source).converted(torch.float32))
+    weights, config = to_rows(check_adapter(artifact, source, force=force).converted(torch.float32))
     return weights.numpy(), config.numpy()
 
 
@@ -96,15 +105,21 @@ class AdapterAdmin:
 
     async def load(self, request: web.Request) -> web.Response:
         """Check, convert and serve the PEFT adapter at ``lora_path`` as ``lora_name`` (of ``base_model_name``,
-        needed when the frontend serves several models)."""
+        needed when the frontend serves several models; ``force``: take it whatever base model it records)."""
         self._check_admin(request)
         body = await json_body(request)
-        name, path = body.get("lora_name"), body.get("lora_path")
+        name, path, force = body.get("lora_name"), body.get("lora_path"), body.get("force", False)
         if not isinstance(name, str) or not isinstance(path, str):
             raise RequestError("load_lora_adapter needs 'lora_name' and 'lora_path' strings (the adapter's name and "
                                "its PEFT directory on the server).", param="lora_name" if not isinstance(
                                    name, str) else "lora_path")
-        check_name(name)
+        _check_path(path)
+        if not isinstance(force, bool):
+            raise RequestError(f"force must be true or false, got {force!r:.40}.", param="force")
+        try:
+            check_name(name)
+        except KitUsageError as exc:
+            raise RequestError(str(exc), param="lora_name") from None
         if name in self.table.names or self.adapters.get(name) is not None:
             raise RequestError(f"The lora adapter {name!r} has already been loaded (or names a served model); unload "
                                "it first or choose another name.", param="lora_name")
@@ -117,7 +132,10 @@ class AdapterAdmin:
             raise RequestError(f"{route.name!r} is an llmapi artifact, whose model reads its adapters from the "
                                f"artifact; add the adapter with trtllm-kit lora add {route.out} {name} DIR and start "
                                "the serve again.", param="lora_path")
-        rows = await asyncio.to_thread(_converted_rows, artifact, source)
+        try:
+            rows = await asyncio.to_thread(_converted_rows, artifact, source, force)
+        except KitUsageError as exc:
+            raise RequestError(str(exc), param="lora_path") from None
         if self.adapters.get(name) is not None:  # loaded meanwhile by a concurrent request
             raise RequestError(f"The lora adapter {name!r} has already been loaded.", param="lora_name")
         self.adapters.add(name, route.name, str(source.resolve()), lambda: rows)  # converted already
@@ -146,3 +164,13 @@ class AdapterAdmin:
                                f"{base!r:.80}.", param="base_model_name")
         return routes[base]
 
+
+
+def _check_path(path: str) -> None:
+    """Refuse a ``lora_path`` no file system opens: longer than ``MAX_PATH_CHARS`` or holding a NUL."""
+    if len(path) > MAX_PATH_CHARS:
+        raise RequestError(f"lora_path is {len(path)} characters, above the bound of {MAX_PATH_CHARS} (the longest "
+                           "path Linux opens); pass the adapter directory's path.", param="lora_path")
+    if "\0" in path:
+        raise RequestError("lora_path holds a NUL character, which no path can; pass the adapter directory's path.",
+                           param="lora_path")
