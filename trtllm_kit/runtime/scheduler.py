@@ -18,11 +18,17 @@ Each step spends at most ``max_num_tokens`` tokens: one per generating sequence,
 A request sampling several sequences (``SamplingParams.num_sequences``) is admitted as its first sequence, with
 room for its forks' blocks; once that sequence's prompt is computed, ``fork`` starts the others on its blocks.
 A fork that finds no batch slot or no blocks then waits in the queue and computes its prompt itself.
+Fairness across requests: among waiting sequences of one priority, the next to start is one of the request
+holding the fewest running sequences (a newly arrived request goes before another request's queued choices), and
+under ``max_utilization`` and ``guaranteed_no_evict`` a waiting sequence that cannot start preempts the most
+recently admitted sequence of the request holding the most of the batch, while that request holds at least two
+more running sequences than its own (never one of a higher priority). So one request's ``n`` choices never keep
+a newly arrived request of its priority out of the batch: it starts at the next step.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.runtime.block_manager import BlockManager
@@ -107,16 +113,47 @@ class Scheduler:
         return len(self.running) < self.config.max_batch_size and self.block_manager.can_allocate(
             seq, self._reserve(seq), self._fork_blocks(seq))
 
-    def _preempt_for_priority(self) -> None:
-        """Preempt lower-priority running sequences while the first waiting one outranks them and cannot start."""
+    def _running_per_request(self) -> Counter[int]:
+        """Running sequences of each request, by the id of its first sequence."""
+        return Counter(seq.group[0].seq_id for seq in self.running)
+
+    def _head(self) -> Sequence:
+        """The waiting sequence to start next: the highest priority, then the request with the fewest running
+        sequences, then the queue's order."""
+        running = self._running_per_request()
+        return min(self.waiting, key=lambda seq: (-seq.params.priority, running[seq.group[0].seq_id]))
+
+    def _preempt_for_waiting(self) -> None:
+        """While the next waiting sequence cannot start, preempt for it: a lower-priority running sequence, else one
+        of the request of its priority holding at least two more running sequences than its own."""
         if self.config.batch_scheduler_policy == "static":
             return
-        while self.waiting and not self._admissible(head := self.waiting[0]):
-            lower = [s for s in self.running if s.params.priority < head.params.priority]
-            if not lower:
+        while self.waiting and not self._admissible(head := self._head()):
+            victim = self._lower_priority(head) or self._over_share(head)
+            if victim is None:
                 return
-            lowest = min(s.params.priority for s in lower)
-            self._preempt([s for s in lower if s.params.priority == lowest][-1])
+            self._preempt(victim)
+
+    def _lower_priority(self, head: Sequence) -> Sequence | None:
+        """The most recently admitted running sequence of the lowest priority below ``head``'s, if any."""
+        lower = [s for s in self.running if s.params.priority < head.params.priority]
+        lowest = min((s.params.priority for s in lower), default=None)
+        return next((s for s in reversed(lower) if s.params.priority == lowest), None)
+
+    def _over_share(self, head: Sequence) -> Sequence | None:
+        """The most recently admitted sequence of the request holding the most running sequences of ``head``'s
+        priority, when it holds at least two more than ``head``'s request (None otherwise). A sequence that could
+        not compute its tokens again in one step (no chunked context) is never taken."""
+        config, running = self.config, self._running_per_request()
+        movable = [s for s in self.running if s.params.priority <= head.params.priority
+                   and (config.enable_chunked_context or len(s) <= config.max_num_tokens)
+                   and not any(other.fork_of is s for other in s.group)]
+        if not movable:
+            return None
+        request = max((s.group[0].seq_id for s in movable), key=running.__getitem__)
+        if running[request] < running[head.group[0].seq_id] + 2:
+            return None
+        return next(s for s in reversed(movable) if s.group[0].seq_id == request)
 
     def _chunk(self, seq: Sequence, num_uncomputed: int, budget: int) -> int:
         """Tokens of ``seq`` to compute within ``budget``: all of them, a chunk, or 0 (wait)."""
@@ -127,7 +164,7 @@ class Scheduler:
     def schedule(self) -> list[Sequence]:
         """Pick this step's sequences and set their ``num_scheduled_tokens``; blocks are allocated here."""
         policy, manager = self.config.batch_scheduler_policy, self.block_manager
-        self._preempt_for_priority()
+        self._preempt_for_waiting()
         budget, scheduled, num_preempted = self.config.max_num_tokens, [], self.num_preemptions
         running = list(self.running)
         while running:
@@ -158,14 +195,14 @@ class Scheduler:
         if self.num_preemptions > num_preempted:
             return scheduled  # a pool too full to admit anyone this step
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
-            seq = self.waiting[0]
+            seq = self._head()
             computed = max(len(manager.prefix_hits(seq)) * manager.tokens_per_block, seq.num_imported_tokens)
             num_tokens = self._chunk(seq, len(seq) - computed, budget)
             first = computed + num_tokens
             reserve = first if policy == "max_utilization" else max(seq.max_num_tokens, first)
             if num_tokens == 0 or not manager.can_allocate(seq, reserve, self._fork_blocks(seq)):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             manager.allocate(seq, reserve)
             seq.status, seq.num_scheduled_tokens = SequenceStatus.RUNNING, num_tokens
             self.running.append(seq)
