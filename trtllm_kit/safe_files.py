@@ -33,10 +33,12 @@ class BoundedFile:
 
     Arguments:
         path: the file; root: the directory it and every link on its way must stay inside;
-        max_bytes: its largest allowed size; deadline_s: the time its reads may take, from the open.
+        max_bytes: its largest allowed size; deadline_s: the time its reads may take, from the open;
+        bounded_as: what ``max_bytes`` is the bound of, for the refusal.
     """
 
-    def __init__(self, path: Path, *, root: Path, max_bytes: int, deadline_s: float = READ_DEADLINE_S) -> None:
+    def __init__(self, path: Path, *, root: Path, max_bytes: int, deadline_s: float = READ_DEADLINE_S,
+                 bounded_as: str = "this file") -> None:
         self.path, self.max_bytes, self.deadline_s = path, max_bytes, deadline_s
         self.deadline = time.monotonic() + deadline_s
         self.fd = _open_inside(path, root)
@@ -44,8 +46,8 @@ class BoundedFile:
             info = os.fstat(self.fd)
             _check_regular(path, info.st_mode)
             if info.st_size > max_bytes:
-                raise UnsafeFileError(f"{path} is {info.st_size} bytes, above the bound of {max_bytes} bytes for this "
-                                      "file; it is not the file the kit expects there: replace it.")
+                raise UnsafeFileError(f"{path} is {info.st_size} bytes, above the bound of {max_bytes} bytes for "
+                                      f"{bounded_as}; it is not the file the kit expects there: replace it.")
         except BaseException:
             os.close(self.fd)
             raise
@@ -64,7 +66,7 @@ class BoundedFile:
         parts = []
         left = num_bytes
         while left > 0:
-            if time.monotonic() > self.deadline:
+            if time.monotonic() >= self.deadline:
                 raise UnsafeFileError(f"{self.path} took more than {self.deadline_s:g} s to read ({self.offset} of "
                                       f"{self.size} bytes); copy it to a local disk.")
             part = os.read(self.fd, min(left, CHUNK_BYTES))
@@ -93,14 +95,15 @@ class BoundedFile:
         self.close()
 
 
-def read_bounded(path: Path, *, root: Path, max_bytes: int, deadline_s: float = READ_DEADLINE_S) -> bytes:
+def read_bounded(path: Path, *, root: Path, max_bytes: int, deadline_s: float = READ_DEADLINE_S,
+                 bounded_as: str = "this file") -> bytes:
     """The bytes of the regular file ``path``, inside ``root`` and at most ``max_bytes`` long, read before a deadline.
 
     Arguments:
         path: the file; root: the directory it must stay inside (links included); max_bytes: its largest size;
-        deadline_s: the time the read may take.
+        deadline_s: the time the read may take; bounded_as: what ``max_bytes`` is the bound of, for the refusal.
     """
-    with BoundedFile(path, root=root, max_bytes=max_bytes, deadline_s=deadline_s) as file:
+    with BoundedFile(path, root=root, max_bytes=max_bytes, deadline_s=deadline_s, bounded_as=bounded_as) as file:
         return file.read_all()
 
 

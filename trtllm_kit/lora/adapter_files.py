@@ -35,10 +35,15 @@ class WeightsBound:
     """The most an adapter of one rank on one base may hold: tensors, header bytes, file bytes (safetensors) and
     row bytes (the engine's ``.npy`` rows, padded to the widest module)."""
 
+    rank: int
     num_tensors: int
     header_bytes: int
     file_bytes: int
     rows_bytes: int
+
+    @property
+    def bounded_as(self) -> str:
+        return f"a rank-{self.rank} adapter of this base (float32 A and B on every module of every layer)"
 
 
 def weights_bound(base: dict[str, Any], rank: int) -> WeightsBound:
@@ -53,7 +58,7 @@ def weights_bound(base: dict[str, Any], rank: int) -> WeightsBound:
     header = HEADER_BASE_BYTES + HEADER_BYTES_PER_TENSOR * num_tensors
     data = 4 * rank * layers * sum(fan_in + fan_out for fan_in, fan_out in shapes.values())
     rows = ROWS_HEADER_BYTES + 4 * rank * layers * len(shapes) * max(i + o for i, o in shapes.values())
-    return WeightsBound(num_tensors, header, 8 + header + data, rows)
+    return WeightsBound(rank, num_tensors, header, 8 + header + data, rows)
 
 
 def adapter_root(adapter_dir: Path) -> Path:
@@ -68,7 +73,8 @@ def read_config(path: Path) -> bytes:
     Arguments:
         path: ``DIR/adapter_config.json``.
     """
-    return read_bounded(path, root=adapter_root(path.parent), max_bytes=CONFIG_MAX_BYTES)
+    return read_bounded(path, root=adapter_root(path.parent), max_bytes=CONFIG_MAX_BYTES,
+                        bounded_as=f"a PEFT {path.name}")
 
 
 def read_weights(path: Path, bound: WeightsBound) -> tuple[bytes, dict[str, torch.Tensor]]:
@@ -78,7 +84,8 @@ def read_weights(path: Path, bound: WeightsBound) -> tuple[bytes, dict[str, torc
     Arguments:
         path: an adapter's safetensors file; bound: what it may hold (``weights_bound``).
     """
-    with BoundedFile(path, root=adapter_root(path.parent), max_bytes=bound.file_bytes) as file:
+    with BoundedFile(path, root=adapter_root(path.parent), max_bytes=bound.file_bytes,
+                     bounded_as=bound.bounded_as) as file:
         head = file.read(8)
         header_size = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 0 <= header_size <= bound.header_bytes:
@@ -104,7 +111,7 @@ def read_rows(path: Path, bound: WeightsBound) -> bytes:
     Arguments:
         path: ``OUT/lora/NAME/model.lora_*.npy``; bound: the adapter's bounds.
     """
-    return read_bounded(path, root=path.parent, max_bytes=bound.rows_bytes)
+    return read_bounded(path, root=path.parent, max_bytes=bound.rows_bytes, bounded_as=bound.bounded_as)
 
 
 def _count_tensors(path: Path, header: bytes) -> int:
