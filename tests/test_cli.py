@@ -183,8 +183,8 @@ def test_models_json_lists_builtins_and_families() -> None:
     result = invoke("models", "--json")
     assert result.exit_code == 0
     listing = json.loads(result.stdout)
-    assert sorted(listing["builtin"]) == ["builtin:tiny-llama", "builtin:tiny-mistral", "builtin:tiny-phi3",
-                                          "builtin:tiny-qwen2"]
+    assert sorted(listing["builtin"]) == ["builtin:smollm2-135m-instruct", "builtin:tiny-llama",
+                                          "builtin:tiny-mistral", "builtin:tiny-phi3", "builtin:tiny-qwen2"]
     assert all(isinstance(d, str) and d for d in listing["builtin"].values())
     assert listing["families"] == {"llama": ["LlamaForCausalLM"], "mistral": ["MistralForCausalLM"],
                                    "qwen2": ["Qwen2ForCausalLM"], "phi3": ["Phi3ForCausalLM"]}

@@ -147,13 +147,14 @@ def _fingerprint_or_none(path: Path) -> list[int] | None:
 
 def likely_inputs(model: str, calib_data: str | None) -> list[Path]:
     """The files a build of ``model`` will hash, as far as a look at the directory tells (its config.json and
-    safetensors files, the calibration text); a builtin or hub name gives none here.
+    safetensors files, the calibration text; a GGUF file itself); a builtin or hub name gives none here.
 
     Arguments:
         model: the build's model argument; calib_data: ``--calib-data`` or None.
     """
     directory = Path(model)
-    found = [directory / "config.json", *sorted(directory.glob("*.safetensors"))] if directory.is_dir() else []
+    found = [directory / "config.json", *sorted(directory.glob("*.safetensors"))] if directory.is_dir() else \
+        [directory] if directory.suffix.lower() == ".gguf" else []
     return [path for path in [*found, *([Path(calib_data)] if calib_data else [])] if path.is_file()]
 
 

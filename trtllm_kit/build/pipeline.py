@@ -109,7 +109,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None, early: Backgrou
     engine = prepare_engine(spec, model.hf, model.family, detect_machine(), compile_requested="engine" in stages)
     if "engine" in stages:
         reporter.note(engine.reason)
-    input_paths = [model.path / "config.json", *model.weight_files]
+    input_paths = [*([model.origin] if model.origin else []), model.path / "config.json", *model.weight_files]
     if spec.quant.calib_data is not None and Path(spec.quant.calib_data).is_file():
         input_paths.append(Path(spec.quant.calib_data))  # the calibration text decides the scales: key on it
     previous = Previous.load(spec.out, force=spec.build.force)

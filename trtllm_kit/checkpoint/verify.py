@@ -118,7 +118,8 @@ def recorded_source(path: Path) -> str:
                             "with the HF model it was converted from.")
     model = Artifact.read(out).records.model
     for candidate in (model.source, model.path) if model else ():
-        if candidate.startswith("builtin:") or Path(candidate).expanduser().is_dir():
+        path = Path(candidate).expanduser()
+        if candidate.startswith("builtin:") or path.is_dir() or (path.suffix.lower() == ".gguf" and path.is_file()):
             return candidate
     raise KitUsageError(f"{out / MANIFEST} records the source model {model.source if model else None!r}, which is "
                         "not found here; pass --against with the HF model it was converted from.")

@@ -178,23 +178,24 @@ def inspect_command(ctx: click.Context, model: str, as_json: bool, **_flags: Any
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def models(as_json: bool) -> None:
-    """List the built-in tiny models and the supported families.
+    """List the built-in models (tiny random ones, trained ones from the package index) and the supported families.
 
     \b
     Example:
       trtllm-kit models --json
     """
-    from trtllm_kit.models.builtin import BUILTIN_MODELS
+    from trtllm_kit.models.builtin import builtin_descriptions
     from trtllm_kit.models.registry import FAMILIES
 
     listing: dict[str, dict[str, Any]] = {
-        "builtin": {f"builtin:{name}": m.description for name, m in BUILTIN_MODELS.items()},
+        "builtin": builtin_descriptions(),
         "families": {f.name: list(f.architectures) for f in FAMILIES},
     }
     if as_json:
         emit_json(listing)
         return
-    click.echo("Built-in models (generated locally on first use):")
+    click.echo("Built-in models (tiny ones generated locally, trained ones fetched from the package index, on first "
+               "use):")
     for name, description in listing["builtin"].items():
         click.echo(f"  {name:<22} {description}")
     click.echo("Families:")

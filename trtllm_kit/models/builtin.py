@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 import tokenizers
 import torch
 from safetensors.torch import save_file
 
-from trtllm_kit.errors import KitError, ModelError
+from trtllm_kit.errors import ModelError
+from trtllm_kit.models.cache_dir import STALE_TMP_SECONDS as STALE_TMP_SECONDS  # re-exported for its tests
+from trtllm_kit.models.cache_dir import cache_root, cached_dir
+from trtllm_kit.models.gguf.importer import import_gguf
+from trtllm_kit.models.packaged import PACKAGED_MODELS, packaged_gguf
 from trtllm_kit.models.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -37,7 +36,6 @@ from trtllm_kit.models.tokenizer import (
 BUILTIN_PREFIX = "builtin:"
 GENERATOR_VERSION = 1  # bump whenever the recipe below changes what is written
 QK_GAIN = 2.0  # q and k weights are this many times N(0, 1/in): attention scores of std ~QK_GAIN**2
-STALE_TMP_SECONDS = 3600  # temporary directories older than this were left by a killed process
 
 ATTN, MLP = "model.layers.{}.self_attn", "model.layers.{}.mlp"
 
@@ -117,12 +115,6 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {m.name: m for m in (
         seed=1004,
     ),
 )}
-
-
-def cache_root() -> Path:
-    """The kit's cache directory: ``$TRTLLM_KIT_CACHE`` if set, else the platform's user cache."""
-    override = os.environ.get("TRTLLM_KIT_CACHE")
-    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("trtllm-kit"))
 
 
 def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -212,52 +204,36 @@ def write_model(model: BuiltinModel, model_dir: Path) -> None:
         path.chmod(0o644)
 
 
-def _remove_stale_tmp(parent: Path, final_name: str) -> None:
-    """Remove temporary directories that a killed process left behind for this model."""
-    for stale in parent.glob(f".{final_name}.*.tmp"):
-        try:
-            age = time.time() - stale.stat().st_mtime
-        except FileNotFoundError:  # its owner renamed or removed it meanwhile
-            continue
-        if age > STALE_TMP_SECONDS:
-            shutil.rmtree(stale, ignore_errors=True)
+def builtin_descriptions() -> dict[str, str]:
+    """Every built-in model's name (with ``builtin:``) and description: the tiny random ones, then the trained ones
+    fetched from the package index."""
+    return {BUILTIN_PREFIX + name: m.description for models in (BUILTIN_MODELS, PACKAGED_MODELS)
+            for name, m in models.items()}
+
+
+def builtin_origin(name: str) -> Path | None:
+    """The GGUF file a built-in model is imported from (None for the generated tiny models).
+
+    Arguments:
+        name: the model's name without the ``builtin:`` prefix.
+    """
+    return packaged_gguf(PACKAGED_MODELS[name]) if name in PACKAGED_MODELS else None
 
 
 def builtin_dir(name: str) -> Path:
-    """The HF directory of a built-in model, generated into the cache on first use.
+    """The HF directory of a built-in model, generated (or fetched and imported) into the cache on first use.
 
-    Generation writes a temporary sibling directory and renames it into place, so the cache only ever
-    holds complete models; when two processes race, the loser discards its copy and uses the winner's.
+    Generation writes a temporary sibling directory and renames it into place (``cache_dir.cached_dir``), so the
+    cache only ever holds complete models.
 
     Arguments:
         name: the model's name without the ``builtin:`` prefix, e.g. ``"tiny-llama"``.
     """
+    if name in PACKAGED_MODELS:
+        return import_gguf(packaged_gguf(PACKAGED_MODELS[name])).model_dir
     model = BUILTIN_MODELS.get(name)
     if model is None:
         raise ModelError(f"there is no built-in model {name!r}; the built-in models are "
-                         f"{', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)}.")
-    parent = cache_root() / "builtin"
-    final = parent / f"{name}-{model.cache_key()}"
-    if final.is_dir():
-        return final
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(parent, final.name)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=parent))
-    except OSError as exc:
-        raise KitError(f"cannot create the model cache in {parent} ({exc.strerror}); "
-                       "set TRTLLM_KIT_CACHE to a writable directory.") from None
-    try:
-        write_model(model, tmp)
-        tmp.chmod(0o755)
-        os.rename(tmp, final)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if final.is_dir():  # another process finished first: its copy is as good as ours
-            return final
-        raise KitError(f"could not write {BUILTIN_PREFIX}{name} into {parent} ({exc}); "
-                       "set TRTLLM_KIT_CACHE to a writable directory.") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+                         f"{', '.join(builtin_descriptions())}.")
+    final = cache_root() / "builtin" / f"{name}-{model.cache_key()}"
+    return cached_dir(final, lambda directory: write_model(model, directory), f"{BUILTIN_PREFIX}{name}")

@@ -12,7 +12,8 @@ import torch
 
 from trtllm_kit.errors import ModelError
 from trtllm_kit.models.base import Family
-from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.models.builtin import builtin_dir, builtin_origin
+from trtllm_kit.models.gguf.importer import import_gguf, is_gguf_file
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.names import TOKENIZER_FILES
@@ -49,6 +50,7 @@ class ModelSpec:
     weight_format: str  # "safetensors" or "pickle"
     tensors: dict[str, TensorInfo]
     tokenizer_files: tuple[Path, ...]
+    origin: Path | None = None  # the GGUF file ``path`` was imported from (hashed with the build's inputs)
 
     @property
     def weight_files(self) -> tuple[Path, ...]:
@@ -68,22 +70,38 @@ def hf_cache_dir() -> Path:
 
 
 def resolve_model_path(source: str) -> Path:
-    """The local directory of a model: ``builtin:NAME``, a directory, or an HF repo id in the local cache.
+    """The local directory of a model: ``builtin:NAME``, a directory, a GGUF file (imported into the cache) or an
+    HF repo id in the local cache.
 
     Arguments:
-        source: what the user typed. Nothing is ever downloaded.
+        source: what the user typed. Nothing is downloaded from a model hub.
     """
     if source.startswith("builtin:"):
         return builtin_dir(source.removeprefix("builtin:"))
     path = Path(source).expanduser()
     if path.is_dir():
         return path
+    if is_gguf_file(path):
+        return import_gguf(path).model_dir
     if path.exists():
-        raise ModelError(f"{source} is a file; point the kit at the model directory that holds config.json.")
+        raise ModelError(f"{source} is a file; point the kit at the model directory that holds config.json, or at "
+                         "a .gguf file.")
     if REPO_ID.match(source) and not source.startswith((".", "/")):
         return _cached_snapshot(source)
     raise ModelError(f"{source} does not exist; give a Hugging Face model directory, a repo id present in the "
                      "local HF cache, or a built-in model (see `trtllm-kit models`).")
+
+
+def model_origin(source: str) -> Path | None:
+    """The GGUF file a model is imported from (a ``.gguf`` path, or a built-in model shipped as one), else None.
+
+    Arguments:
+        source: what the user typed.
+    """
+    if source.startswith("builtin:"):
+        return builtin_origin(source.removeprefix("builtin:"))
+    path = Path(source).expanduser()
+    return path if not path.is_dir() and is_gguf_file(path) else None
 
 
 def _cached_snapshot(repo_id: str) -> Path:
@@ -168,7 +186,7 @@ def inspect_model(source: str, *, allow_pickle: bool = False) -> ModelSpec:
     """Resolve, read and check a model without loading its weights.
 
     Arguments:
-        source: a directory, ``builtin:NAME`` or an HF repo id in the local cache.
+        source: a directory, a GGUF file, ``builtin:NAME`` or an HF repo id in the local cache.
         allow_pickle: accept ``.bin``/``.pt`` checkpoints (loaded with ``weights_only=True``).
     """
     path = resolve_model_path(source)
@@ -186,4 +204,4 @@ def inspect_model(source: str, *, allow_pickle: bool = False) -> ModelSpec:
                              "loaded, so the kit refuses it: convert to safetensors or pass --allow-pickle.")
         tensors, weight_format = _pickle_index([check_inside(p, path) for p in pickles]), "pickle"
     tokenizer = tuple(check_inside(path / name, path) for name in TOKENIZER_FILES if (path / name).exists())
-    return ModelSpec(source, path, hf, family, weight_format, tensors, tokenizer)
+    return ModelSpec(source, path, hf, family, weight_format, tensors, tokenizer, origin=model_origin(source))
