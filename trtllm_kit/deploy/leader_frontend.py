@@ -11,7 +11,7 @@ from aiohttp import web
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.deploy.leader_plan import FrontendPlan
 from trtllm_kit.serve.fleet.members import context_logits
-from trtllm_kit.serve.limits import max_seq_len
+from trtllm_kit.serve.limits import max_batch_size, max_seq_len
 from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
@@ -31,7 +31,7 @@ def frontend(plan: FrontendPlan, token: str) -> OpenAIFrontend:
     models = tuple(sorted(p.parent.name for p in repo.glob("*/config.pbtxt")))
     route = Route(plan.served_name, plan.text_model, tokenizer_dir=tokenizer if tokenizer.is_dir() else None,
                   max_seq_len=max_seq_len(repo), models=models, out=out,
-                  context_logits=context_logits(Artifact.read(out)))
+                  context_logits=context_logits(Artifact.read(out)), max_batch_size=max_batch_size(repo))
     config = OpenAIConfig(grpc_url=plan.grpc_url, served_name=plan.served_name, triton_model=plan.text_model,
                           api_keys=Path(plan.api_keys) if plan.api_keys else None,
                           usage_log=Path(plan.usage_log) if plan.usage_log else None, routes=(route,),

@@ -17,7 +17,7 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.compat import Servable
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL, Copied, copy_models, slug
-from trtllm_kit.serve.limits import max_seq_len
+from trtllm_kit.serve.limits import max_batch_size, max_seq_len
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.targets import get_target
 
@@ -103,7 +103,8 @@ def route(member: Member, copied: Copied, text_model: str) -> Route:
     token_model = copied.names.get(TRTLLM_MODEL, TRTLLM_MODEL)
     return Route(member.name, copied.name(text_model), token_model, member.target.tokenizer_dir,
                  max_seq_len(member.target.repo), member.version, tuple(copied.ordered()), member.target.out,
-                 context_logits=context_logits(member.target.artifact))
+                 context_logits=context_logits(member.target.artifact),
+                 max_batch_size=max_batch_size(member.target.repo))
 
 
 def context_logits(artifact: Artifact) -> bool | None:

@@ -211,6 +211,7 @@ class OpenAIFrontend:
         route.in_flight += 1  # a reload waits for this route's requests before it unloads its models
         try:
             sampling = parse_sampling(body, kind, route.max_seq_len)
+            prepare.check_logprob_entries(route, prompts, sampling, parse_scoring(body, kind), kind)
             if len(prompts) * sampling.n > 1 or sampling.best_of is not None:
                 return await generate_choices(self.metrics, request, body, sampling, prompts, kind, route, alias)
             return await self._generate(request, body, sampling, prompts[0], kind, route, alias)

@@ -4,7 +4,8 @@
 A prompt sent as token ids (the direct path, and the llmapi target) is one engine request for all its choices:
 the engine's ``n`` computes the prompt once (``sequences.py``). A text prompt to the BLS or ensemble is one engine
 request per choice, choice ``j`` sampling with the seed ``seed + j`` (the engines' own rule for their sequences).
-Streamed, each choice's chunks carry its ``index`` and come as they are made, the choices interleaved.
+Streamed, each choice's chunks carry its ``index`` and come as they are made, the choices interleaved. The engine
+requests of one request are admitted as one unit, a window of them at a time (``fanout.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +25,7 @@ from trtllm_kit.serve.gateway.middleware import ADMIT
 from trtllm_kit.serve.generation import Chunk, GenerationError
 from trtllm_kit.serve.openai import prepare
 from trtllm_kit.serve.openai.errors import generation_failure
+from trtllm_kit.serve.openai.fanout import FanOut
 from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
 from trtllm_kit.serve.openai.metrics import FrontendMetrics
 from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling
@@ -53,6 +56,8 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
     base = random.getrandbits(63) if sampling.seed is None else sampling.seed
     jobs: list[Job] = []
     shared: list[SharedSequences] = []
+    direct = any(isinstance(prompt, tuple) for prompt, _ in prepared)
+    fanout = FanOut(route.max_batch_size, num_sequences if direct else 1)  # its engine requests as one unit
     for i, (prompt, prompt_text) in enumerate(prepared):
         scorers = [Scorer(scoring, kind, route.tokenizer, sampling.skip_special_tokens, prompt_text)
                    for _ in range(sampling.n)]
@@ -61,7 +66,7 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
             many = num_sequences > 1
             gen = prepare.engine_request(route, body, prompt, replace(sampling, seed=base), scoring, f"{ident}-{i}",
                                          n=sampling.n if many else None, best_of=sampling.best_of)
-            sequences = SharedSequences(route.stream, gen)
+            sequences = SharedSequences(partial(fanout.stream, route.stream), gen)
             shared.append(sequences)
             jobs += [(Run(route, gen, sampling, show_ids=False, chunks=_source(sequences, j)), scorers[j])
                      for j in range(sampling.n)]
@@ -72,7 +77,8 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
         for j in range(sampling.n):
             own = replace(sampling, seed=(base + j) % 2**64)
             gen = prepare.engine_request(route, body, prompt, own, scoring, f"{ident}-{i}-{j}")
-            jobs.append((Run(route, gen, own, show_ids=False), scorers[j]))
+            jobs.append((Run(route, gen, own, show_ids=False, chunks=partial(fanout.stream, route.stream, gen)),
+                         scorers[j]))
 
     def usage() -> dict[str, int]:  # every prompt counted once, every completion (best_of's left-out ones too)
         each = [run.usage() for run, _ in jobs]

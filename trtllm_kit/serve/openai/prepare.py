@@ -1,6 +1,7 @@
 """What a request's prompt becomes before it reaches the engine: the prompt as sent (text tokenized on the direct
 path to ``tensorrt_llm``) and as ``echo`` shows it, the structured-output guide, the token counts the gateway
-reserves and the length check against the model; and a whole choice from the pieces of its run."""
+reserves, the length check against the model and the bound on a response's logprob entries; and a whole choice
+from the pieces of its run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scorer, Scoring
 from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling, generation_request
+from trtllm_kit.serve.openai.request_limits import logprob_entries_problem
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Piece, Run
 
@@ -100,6 +102,25 @@ def check_length(route: Route, prompt: str | tuple[int, ...], sampling: Sampling
         raise RequestError(f"this model's maximum context length is {limit} tokens; the request asks for "
                            f"{num_prompt} prompt + {sampling.max_tokens} completion tokens: shorten the prompt "
                            "or lower max_tokens.", param="max_tokens", code="context_length_exceeded")
+
+
+def check_logprob_entries(route: Route, prompts: list[str | tuple[int, ...]], sampling: Sampling,
+                          scoring: Scoring, kind: str) -> None:
+    """Refuse a request whose response could hold more logprob entries than ``MAX_LOGPROB_ENTRIES``.
+
+    Arguments:
+        route: where it goes; prompts: its prompts as sent; sampling, scoring: its fields; kind:
+        ``text_completion`` or ``chat.completion``.
+    """
+    if scoring.logprobs is None:
+        return
+    num_scored = len(prompts) * sampling.max_tokens
+    if scoring.echo:
+        num_scored += sum(most_prompt_tokens(route, prompt) for prompt in prompts)
+    top_name = "logprobs" if kind == "text_completion" else "top_logprobs"
+    problem = logprob_entries_problem(sampling.n, num_scored, scoring.logprobs, top_name)
+    if problem is not None:
+        raise RequestError(problem, param=top_name)
 
 
 def route_headers(route: Route, alias: Alias | None) -> dict[str, str]:

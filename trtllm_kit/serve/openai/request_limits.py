@@ -1,5 +1,6 @@
 """Bounds on the size of one OpenAI request, each refused with an error that names the bound
-(docs/request-limits.md lists them): the body, its JSON nesting, the stop sequences and the prompt."""
+(docs/request-limits.md lists them): the body, its JSON nesting, the stop sequences, the prompt, and the logprob
+entries its response can hold."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ MAX_STOP_CHARS = 1000  # characters of one stop sequence
 MAX_STOP_TOTAL_CHARS = 16384  # characters of all stop sequences together
 MAX_PROMPTS = 64  # prompts in one completion request
 MAX_N = 16  # choices per prompt (``n``)
+MAX_LOGPROB_ENTRIES = 131072  # logprob entries of one response: scored tokens and their alternatives (~10 MB)
 
 
 def json_depth_problem(value: Any) -> str | None:
@@ -48,3 +50,20 @@ def stops_problem(stops: list[str]) -> str | None:
     if total > MAX_STOP_TOTAL_CHARS:
         return f"the stop sequences have {total} characters together; at most {MAX_STOP_TOTAL_CHARS} are allowed."
     return None
+
+
+def logprob_entries_problem(num_choices: int, num_scored_tokens: int, num_top: int, top_name: str) -> str | None:
+    """A sentence when a response could hold more than ``MAX_LOGPROB_ENTRIES`` logprob entries, else None: every
+    choice's scored tokens (``max_tokens``, and with ``echo`` its prompt's), each with ``num_top`` alternatives.
+
+    Arguments:
+        num_choices: choices per prompt (``n``); num_scored_tokens: tokens scored for one choice of each prompt,
+        summed over the prompts; num_top: alternatives per token; top_name: the field that asks for them
+        (``top_logprobs`` or ``logprobs``).
+    """
+    entries = num_choices * num_scored_tokens * (num_top + 1)
+    if entries <= MAX_LOGPROB_ENTRIES:
+        return None
+    return (f"the response could hold {entries} logprob entries (n {num_choices} x {num_scored_tokens} scored tokens "
+            f"x ({top_name} {num_top} + 1)), more than the {MAX_LOGPROB_ENTRIES} allowed in one response; lower n, "
+            f"max_tokens or {top_name}, or split the request.")

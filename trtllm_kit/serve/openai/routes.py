@@ -42,6 +42,7 @@ class Route:
     context_logits: bool | None = None
     adapter: Adapter | None = None  # the LoRA adapter this view of a base model's route runs with
     context_grpc_url: str | None = None  # a disaggregated serve's context server (``serve/two_step.py``)
+    max_batch_size: int | None = None  # sequences the engine runs at once (None: not stated)
 
     @property
     def fingerprint(self) -> str:
