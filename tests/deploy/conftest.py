@@ -30,12 +30,14 @@ LLMAPI_COMMAND = ["trtllm-serve", "/models/llama70b/checkpoint", "--host", "127.
 
 
 def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 1,
-                   rank_bytes: int = 17 * 10**9, quant_algo: str | None = None) -> Path:
+                   rank_bytes: int = 17 * 10**9, quant_algo: str | None = None, record_sizes: bool = True) -> Path:
     """A build output's manifest (and its small files) for ``target`` at tp x pp, written by the kit's ``Artifact``.
+    The rank files stay on the GPU host: the manifest records their sizes as a build does (``output_stats``).
 
     Arguments:
         out: the directory; target: engine, cpu or llmapi; tp, pp: the layout; rank_bytes: weight bytes per rank;
-        quant_algo: the checkpoint's quantization (weights and KV cache), e.g. FP8.
+        quant_algo: the checkpoint's quantization (weights and KV cache), e.g. FP8; record_sizes: record the sizes
+        (False: a manifest without them).
     """
     (out / "repo" / "tensorrt_llm").mkdir(parents=True)
     config = out / "repo" / "tensorrt_llm" / "config.pbtxt"
@@ -72,7 +74,9 @@ def write_artifact(out: Path, *, target: str = "engine", tp: int = 8, pp: int = 
         stages=["checkpoint", "engine", "repo"])
     Artifact(path=out, spec=BuildSpec(model=source, out=out, build=BuildOptions(tp=tp, pp=pp, target=target)),
              target=target,
-             layout=Mapping(tp, pp), precision=Precision("bfloat16"), records=records, files=files).write()
+             layout=Mapping(tp, pp), precision=Precision("bfloat16"), records=records, files=files,
+             file_stats={name: [rank_bytes if "/rank" in name else 64, 0] for name in files} if record_sizes
+             else {}).write()
     return out
 
 

@@ -45,7 +45,7 @@ def test_one_node_deployment(artifact, tmp_path, capsys):
     server = pod["containers"][0]
     assert server["command"][:3] == ["trtllm-kit", "serve", "/models/llama70b"]  # where config.pbtxt expects it
     assert {p["containerPort"] for p in server["ports"]} == {8000, 8001, 8002, 9000}  # in-pod: probes, frontend
-    routed = found["Service/llama-3-1-70b-instruct"]["spec"]["ports"]
+    routed = found["Service/llama-3-1-70b-instruct-api"]["spec"]["ports"]
     assert {(p["port"], p["targetPort"]) for p in routed} == {(9000, "openai"), (8002, "metrics")}
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
     startup = server["startupProbe"]
@@ -102,9 +102,9 @@ def test_tp8_on_two_nodes_of_four_gpus(artifact, tmp_path, capsys):
     key = tmp_path / "k8s" / "ssh" / "id_ed25519"
     assert key.stat().st_mode & 0o777 == 0o600 and "OPENSSH PRIVATE KEY" in key.read_text()
     assert (tmp_path / "k8s" / "ssh" / "id_ed25519.pub").read_text().startswith("ssh-ed25519 ")
-    assert {p["targetPort"] for p in found["Service/llama70b"]["spec"]["ports"]} == {"openai", "metrics"}
-    for kind in ("Service", "PodMonitor"):
-        spec = found[f"{kind}/llama70b"]["spec"]
+    assert {p["targetPort"] for p in found["Service/llama70b-api"]["spec"]["ports"]} == {"openai", "metrics"}
+    for key in ("Service/llama70b-api", "PodMonitor/llama70b"):
+        spec = found[key]["spec"]
         assert (spec.get("selector", {}).get("matchLabels") or spec["selector"]) == {"app": "llama70b",
                                                                                      "role": "leader"}
     scaled = found["ScaledObject/llama70b"]["spec"]

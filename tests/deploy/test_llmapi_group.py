@@ -31,7 +31,10 @@ def test_llmapi_tp8_on_two_nodes(artifact, tmp_path, capsys):
     monitor = found[f"PodMonitor/{NAME}"]["spec"]["podMetricsEndpoints"]
     assert [(e["port"], e["path"]) for e in monitor] == [("openai", "/prometheus/metrics")]
     query = found[f"ScaledObject/{NAME}"]["spec"]["triggers"][0]["metadata"]["query"]
-    assert query == f'sum(trtllm_num_requests_waiting{{namespace="default",app="{NAME}"}})'
+    # the image is TensorRT-LLM 1.2.1, whose trtllm-serve has no queue gauge: the queue time's rate (Little's law)
+    sel = f'namespace="default",app="{NAME}"'
+    assert query == (f'sum(rate({{__name__=~"(trtllm_)?request_queue_time_seconds_sum",{sel}}}[1m])) '
+                     f'or (0 * count(up{{{sel}}} == 1))')
     launch = found[f"ConfigMap/{NAME}-launch"]["data"]
     plan = yaml.safe_load(launch["plan.json"])
     assert plan["ranks"] == [

@@ -37,6 +37,19 @@ _artifact_objects = _stacked(
     click.option("--namespace", help="Namespace (default: default)."),
     click.option("--artifact-url", help="A .tar of the build output, fetched by an init container."),
     click.option("--pvc", help="A PersistentVolumeClaim holding the build output at its root."))
+# what the cluster is and needs on every serving pod
+_cluster = _stacked(
+    click.option("--k8s-version", help="The cluster's Kubernetes version (default 1.33): the schemas, the preStop "
+                 "sleep action (1.30+), native sidecars (1.29+)."),
+    click.option("--keda-version", help="The cluster's KEDA version (default 2.17): fallback.behavior needs 2.17+."),
+    click.option("--toleration", "tolerations", multiple=True, metavar="KEY[=VALUE][:EFFECT]",
+                 help="A toleration for every serving pod; repeatable."),
+    click.option("--network", "networks", multiple=True, metavar="[NS/]NAME[@IF]", help="A Multus "
+                 "NetworkAttachmentDefinition attached to every serving pod (k8s.v1.cni.cncf.io/networks); "
+                 "repeatable."),
+    click.option("--add-capability", "capabilities", multiple=True, type=click.Choice(["IPC_LOCK"]),
+                 help="A capability for the server containers (IPC_LOCK: RDMA memory registration); they then run "
+                 "as uid 0 with every other capability dropped."))
 # and last: replacing --out, the JSON listing, the click context (for which flags were given)
 _written = _stacked(
     click.option("--force", is_flag=True, help="Replace an existing --out."),
@@ -74,8 +87,8 @@ def deploy() -> None:
               "shared by every rank reading it at once (default 0.5); sets the startup budget.")
 @click.option("--worker-wait", "worker_wait_s", type=int, help="Seconds a multi-node leader waits for its workers, "
               "inside its startup budget (default 600).")
-@click.option("--topology-key", help="Node label whose domain holds a whole multi-node group (default "
-              "topology.kubernetes.io/zone; '' to place groups freely).")
+@click.option("--topology-key", help="A node label whose domain holds a whole multi-node group, one group per "
+              "domain; every node must carry it (default: none, groups placed freely).")
 @click.option("--rdma-resource", "rdma_resources", multiple=True, metavar="NAME=N", help="An extended resource every "
               "pod of a multi-node group requests (rdma/ib=1, vpc.amazonaws.com/efa=32); repeatable.")
 @click.option("--nccl-env", "nccl_env", multiple=True, metavar="K=V", help="An environment variable for every "
@@ -88,6 +101,7 @@ def deploy() -> None:
               "--min-replicas; more running ones stay).")
 @click.option("--api-keys-secret", help="A Secret whose keys.json (trtllm-kit keys add ... --keys keys.json) the "
               "OpenAI API requires keys from; the usage log streams to a sidecar's stdout as JSON lines.")
+@_cluster
 @_written
 def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, force: bool, as_json: bool,
         **flags: Any) -> None:
@@ -135,6 +149,7 @@ def k8s(ctx: click.Context, artifact: Path, out: Path, config: Path | None, forc
 @click.option("--decode-replicas", type=int, default=1, show_default=True, help="Decode workers (--disagg).")
 @click.option("--prefill-tp", type=int, help="Prefill TP (--disagg; default the artifact's).")
 @click.option("--decode-tp", type=int, help="Decode TP (--disagg; default the artifact's).")
+@_cluster
 @_written
 def dynamo(ctx: click.Context, artifact: Path, out: Path, config: Path | None, worker_replicas: int, disagg: bool,
            prefill_replicas: int, decode_replicas: int, prefill_tp: int | None, decode_tp: int | None, force: bool,
@@ -170,25 +185,32 @@ def dynamo(ctx: click.Context, artifact: Path, out: Path, config: Path | None, w
 
 @deploy.command(name="check")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--kubernetes", "version", default="1.33", show_default=True, help="Kubernetes version of the schemas.")
+@click.option("--kubernetes", "--k8s-version", "kubernetes", help="The cluster's Kubernetes version (default: the one "
+              "DIRECTORY was written for, else 1.33): its schemas, and the features it runs.")
+@click.option("--keda-version", help="The cluster's KEDA version (default: the one DIRECTORY was written for, else "
+              "2.17).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-def check(directory: Path, version: str, as_json: bool) -> None:
-    """Re-validate a deploy directory after hand edits: strict schemas for every object and the kit's lints.
+def check(directory: Path, kubernetes: str | None, keda_version: str | None, as_json: bool) -> None:
+    """Re-validate a deploy directory after hand edits: strict schemas for every object, the kit's lints, and the
+    features the cluster's Kubernetes and KEDA versions cannot run.
 
     \b
     Example:
-      trtllm-kit deploy check k8s/
+      trtllm-kit deploy check k8s/ --k8s-version 1.29 --keda-version 2.16
     """
-    from trtllm_kit.deploy.render import check_dir
+    from trtllm_kit.deploy.render import check_dir, dir_versions
 
-    num_objects, findings = check_dir(directory, version)
+    versions = dir_versions(directory, kubernetes, keda_version)
+    num_objects, findings = check_dir(directory, kubernetes, keda_version)
+    keda = f"{versions.keda[0]}.{versions.keda[1]}"
     if as_json:
-        emit_json({"objects": num_objects, "kubernetes": version, "findings": [str(f) for f in findings]})
+        emit_json({"objects": num_objects, "kubernetes": versions.kubernetes_text, "keda": keda,
+                   "findings": [str(f) for f in findings]})
     else:
         for finding in findings:
             click.echo(str(finding), err=True)
-        click.echo(f"{num_objects} objects checked against Kubernetes {version} and the saved CRDs: "
-                   f"{len(findings)} problem(s)")
+        click.echo(f"{num_objects} objects checked against Kubernetes {versions.kubernetes_text}, KEDA {keda} and "
+                   f"the saved CRDs: {len(findings)} problem(s)")
     if findings:
         raise KitError(f"{directory} has {len(findings)} problem(s), the first: {findings[0]}")
 

@@ -19,6 +19,7 @@ from trtllm_kit.deploy.monitoring import ADAPTER_METRIC, waiting_query
 from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
+from trtllm_kit.deploy.versions import FALLBACK_BEHAVIOR
 
 Obj = dict[str, Any]
 BEHAVIOR: Obj = {
@@ -41,6 +42,21 @@ def _target(settings: DeploySettings) -> str:
     return f"{settings.queue_target:g}"
 
 
+def fallback(settings: DeploySettings) -> Obj:
+    """KEDA's ``fallback``: after ``FALLBACK_FAILURES`` failed polls keep the running replicas, at least
+    ``fallback_replicas`` (``currentReplicasIfHigher``, KEDA 2.17+); before 2.17 KEDA knows only the static
+    fallback, which holds ``fallback_replicas`` exactly.
+
+    Arguments:
+        settings: the replicas and the cluster's KEDA version.
+    """
+    found: Obj = {"failureThreshold": FALLBACK_FAILURES,
+                  "replicas": settings.fallback_replicas or settings.min_replicas}
+    if settings.versions.has(FALLBACK_BEHAVIOR):
+        found["behavior"] = "currentReplicasIfHigher"
+    return found
+
+
 def scaled_object(names: Names, settings: DeploySettings, multi_node: bool, serving: Serving) -> Obj:
     """KEDA: the queue query against Prometheus, ``AverageValue`` per replica, the behaviour above.
 
@@ -50,12 +66,10 @@ def scaled_object(names: Names, settings: DeploySettings, multi_node: bool, serv
     trigger = {"type": "prometheus", "metricType": "AverageValue", "name": "requests-waiting",
                "metadata": {"serverAddress": settings.prometheus_url, "query": waiting_query(names, serving),
                             "threshold": _target(settings), "ignoreNullValues": "false"}}
-    fallback = {"failureThreshold": FALLBACK_FAILURES, "behavior": "currentReplicasIfHigher",
-                "replicas": settings.fallback_replicas or settings.min_replicas}
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": names.meta(),
             "spec": {"scaleTargetRef": target_ref(names, multi_node), "pollingInterval": POLLING_S,
                      "cooldownPeriod": 300, "minReplicaCount": settings.min_replicas,
-                     "maxReplicaCount": settings.max_replicas, "fallback": fallback,
+                     "maxReplicaCount": settings.max_replicas, "fallback": fallback(settings),
                      "advanced": {"horizontalPodAutoscalerConfig": {"behavior": BEHAVIOR}},
                      "triggers": [trigger]}}
 

@@ -21,7 +21,7 @@ from trtllm_kit.deploy import dynamo_scaling, monitoring, objects
 from trtllm_kit.deploy.dynamo_dashboard import dashboard
 from trtllm_kit.deploy.dynamo_roles import OPTIONS_DIR, WORKER_MODULE, Role, engine_options, worker_args
 from trtllm_kit.deploy.objects import Names
-from trtllm_kit.deploy.pod import fetch_container, resources, volumes
+from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, volumes
 from trtllm_kit.deploy.render import check, names_for
 from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
@@ -36,7 +36,7 @@ DASHBOARD = "dashboard.json"  # Grafana import; not a resource
 MAIN = "main"  # the container the operator fills in
 MULTINODE_ENV = (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"))
 DYNAMO = Serving("dynamo", "/health", "/live", "system", ("http", "system"),
-                 (("http", "/metrics"), ("system", "/metrics")), "dynamo_frontend_queued_requests")
+                 (("http", "/metrics"), ("system", "/metrics")), "dynamo_frontend_queued_requests{$sel}")
 
 
 @dataclass(frozen=True)
@@ -81,14 +81,17 @@ def worker_component(names: Names, source: DeploySource, settings: DeploySetting
     container = {"name": MAIN, "image": settings.image, "command": list(WORKER_MODULE),
                  "args": worker_args(source, role, model_path(source)),
                  "resources": resources(source, gpus, gpus, settings),
-                 "volumeMounts": [{"name": "artifact", "mountPath": source.mount_path},
+                 "volumeMounts": [*artifact_mounts(source, settings),
                                   {"name": "engine", "mountPath": OPTIONS_DIR, "readOnly": True}]}
     pod_volumes = [v for v in volumes(names.name, source, settings, gpus) if v["name"] != "dshm"]
     pod_volumes.append({"name": "engine", "configMap": {"name": f"{names.name}-engine"}})
     spec = {"initContainers": [fetch_container(source, settings)], "volumes": pod_volumes,
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
-    component: Obj = {"name": role.name, "type": role.type, "replicas": role.replicas,
-                      "podTemplate": _template(names, container, spec)}
+    settings.extras.apply(spec, [container])
+    template = _template(names, container, spec)
+    if settings.extras.annotations():
+        template["metadata"]["annotations"] = settings.extras.annotations()
+    component: Obj = {"name": role.name, "type": role.type, "replicas": role.replicas, "podTemplate": template}
     nodes = role.num_nodes(settings.gpus_per_node)
     if nodes > 1:
         component["multinode"] = {"nodeCount": nodes}
@@ -130,7 +133,7 @@ def render_graph(source: DeploySource, settings: DeploySettings, roles: tuple[Ro
         "podmonitor.yaml": [monitoring.pod_monitor(names, settings.monitor_labels, DYNAMO)]}
     if dynamo_scaling.check_autoscaler(settings):
         files["scaledobjects.yaml"] = [dynamo_scaling.scaled_object(names, source, settings, role) for role in roles]
-    found = check([(name, doc) for name, group in files.items() for doc in group])
+    found = check([(name, doc) for name, group in files.items() for doc in group], settings.versions)
     if found:  # an internal invariant: the kit must never write an object its schemas refuse
         raise KitError(f"the generated objects fail validation: {found[0]}")
     with staged_dir(out, force=force) as staging:

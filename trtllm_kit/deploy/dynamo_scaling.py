@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtllm_kit.deploy.autoscale import BEHAVIOR, FALLBACK_FAILURES, POLLING_S
+from trtllm_kit.deploy.autoscale import BEHAVIOR, POLLING_S, fallback
 from trtllm_kit.deploy.dynamo_roles import Role
 from trtllm_kit.deploy.monitoring import selector
 from trtllm_kit.deploy.objects import Names
@@ -50,12 +50,10 @@ def scaled_object(names: Names, source: DeploySource, settings: DeploySettings, 
                "metadata": {"serverAddress": settings.prometheus_url,
                             "query": f"sum({series}{{{selector(names)}}})", "threshold": f"{per_worker:g}",
                             "ignoreNullValues": "false"}}
-    fallback = {"failureThreshold": FALLBACK_FAILURES, "behavior": "currentReplicasIfHigher",
-                "replicas": settings.fallback_replicas or settings.min_replicas}
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
             "metadata": names.meta(f"-{role.name.lower()}"),
             "spec": {"scaleTargetRef": {**ADAPTER, "name": adapter_name(names, role)}, "pollingInterval": POLLING_S,
                      "cooldownPeriod": 300, "minReplicaCount": settings.min_replicas,
-                     "maxReplicaCount": settings.max_replicas, "fallback": fallback,
+                     "maxReplicaCount": settings.max_replicas, "fallback": fallback(settings),
                      "advanced": {"horizontalPodAutoscalerConfig": {"behavior": BEHAVIOR}},
                      "triggers": [trigger]}}

@@ -18,7 +18,7 @@ import yaml
 
 from trtllm_kit.deploy import gateway
 from trtllm_kit.deploy.leader_plan import TOKEN_SLOT, FrontendPlan, LeaderPlan
-from trtllm_kit.deploy.serving import TRITON, serving_of
+from trtllm_kit.deploy.serving import TRITON, serving_for
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import OPTIONS_FLAG, DeploySource
 from trtllm_kit.enums import GroupLaunch
@@ -109,7 +109,7 @@ def leader_plan(source: DeploySource, settings: DeploySettings, num_nodes: int, 
     """
     group_launch = get_target(source.target).group_launch
     assert group_launch is not None, f"target {source.target} runs in one pod, so it never spans nodes"
-    serving = serving_of(source.target, num_nodes)
+    serving = serving_for(source, settings, num_nodes)
     port = settings.openai_port if serving.health_port == "openai" else PORTS[serving.health_port]
     frontend = None
     if serving is TRITON:

@@ -84,18 +84,67 @@ def _startup(file: str, doc: Obj, template: Obj) -> list[Finding]:
     return found
 
 
+def _drain_s(pre_stop: Obj) -> int:
+    """Seconds a preStop handler waits: the ``sleep`` action, or ``sleep N`` run in the container."""
+    if "sleep" in pre_stop:
+        return int((pre_stop.get("sleep") or {}).get("seconds", 0))
+    command = [str(a) for a in (pre_stop.get("exec") or {}).get("command") or []]
+    return int(command[1]) if len(command) == 2 and command[0] == "sleep" and command[1].isdigit() else 0
+
+
 def _grace(file: str, doc: Obj, template: Obj) -> list[Finding]:
     spec = template.get("spec") or {}
     grace = spec.get("terminationGracePeriodSeconds", 30)
     found = []
     for container in spec.get("containers") or []:
         timeout = _exit_timeout(container)
-        drain = (((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds", 0)
+        drain = _drain_s((container.get("lifecycle") or {}).get("preStop") or {})
         if timeout is not None and grace <= timeout + drain:
             found.append(Finding(file, doc["kind"], doc["metadata"]["name"], "terminationGracePeriodSeconds",
                                  f"{grace} s does not cover the preStop drain ({drain} s) plus the server's exit "
                                  f"timeout ({timeout} s); raise it above {timeout + drain} s"))
     return found
+
+
+LINKED_COPY = re.compile(r"\b(?:cp\s+-\w*s\w*|ln\s+-\w*s\w*)\s+(/\S+)")  # cp -rs SRC, ln -s SRC
+
+
+def _mounts(container: Obj) -> list[Obj]:
+    return list(container.get("volumeMounts") or [])
+
+
+def _dangling_links(file: str, doc: Obj, template: Obj) -> list[Finding]:
+    """A container reading a volume that an init container filled with links into another volume, without that
+    other volume mounted at the same path: every link dangles in it (``--pvc``: links into the claim)."""
+    spec = template.get("spec") or {}
+    found = []
+    for init in spec.get("initContainers") or []:
+        text = " ".join(str(a) for a in [*(init.get("command") or []), *(init.get("args") or [])])
+        sources = LINKED_COPY.findall(text)
+        targets = {(m.get("name"), m.get("mountPath")) for m in _mounts(init) if m.get("readOnly")
+                   and any(str(src).startswith(str(m.get("mountPath")).rstrip("/") + "/") for src in sources)}
+        written = {m.get("name") for m in _mounts(init) if not m.get("readOnly")}
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            if container is init or not written & {m.get("name") for m in _mounts(container)}:
+                continue
+            has = {(m.get("name"), m.get("mountPath")) for m in _mounts(container)}
+            for name, path in sorted(targets - has):
+                found.append(Finding(file, doc["kind"], doc["metadata"]["name"],
+                                     f"containers/{container.get('name')}/volumeMounts",
+                                     f"reads what init container {init.get('name')} linked into volume {name} at "
+                                     f"{path}, but does not mount {name} there, so every link dangles; mount it "
+                                     f"read-only at {path}"))
+    return found
+
+
+def _headless_service(file: str, name: str, workloads: dict[tuple[Any, Any], tuple[str, Obj]]) -> list[Finding]:
+    """A Service named like a LeaderWorkerSet: its controller then creates no headless Service, and the group's
+    DNS names (``<lws>-<group>-<index>.<lws>``) never resolve."""
+    if ("LeaderWorkerSet", name) not in workloads:
+        return []
+    return [Finding(file, "Service", name, "metadata/name", "has the LeaderWorkerSet's name, so the LeaderWorkerSet "
+                    "controller creates no headless Service and the workers' DNS names never resolve; give this "
+                    "Service another name (trtllm-kit names it <name>-api)")]
 
 
 def _fails_safe(file: str, name: str, spec: Obj) -> list[Finding]:
@@ -136,7 +185,7 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
         templates = _pod_templates(doc)
         for template in templates:
             found += _grace(file, doc, template) + _startup(file, doc, template) + \
-                check_compute_capability(file, doc, template)
+                check_compute_capability(file, doc, template) + _dangling_links(file, doc, template)
         serving = templates if kind == "DynamoGraphDeployment" else templates[:1]  # each Dynamo component serves
         serving_labels += [((template.get("metadata") or {}).get("labels")) or {} for template in serving]
         if kind == "LeaderWorkerSet" and (doc.get("spec") or {}).get("startupPolicy", "LeaderCreated") != \
@@ -149,6 +198,7 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
         wanted = None
         if kind == "Service":
             wanted = spec.get("selector") or {}
+            found += _headless_service(file, name, workloads)
         elif kind == "PodMonitor":
             wanted = (spec.get("selector") or {}).get("matchLabels") or {}
         if wanted is not None and not any(wanted.items() <= labels.items() for labels in serving_labels):

@@ -14,7 +14,7 @@ from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.serving import TRITON, Serving
 
 Obj = dict[str, Any]
-WAITING = TRITON.waiting
+WAITING = "nv_trt_llm_request_metrics"  # the C++ backend's request gauges (the kit's Python models too)
 RULE_INTERVAL = "15s"
 SCRAPE_INTERVAL = "5s"
 RECORDED_PER_POD = "trtllm_kit:requests_waiting:per_pod"
@@ -29,12 +29,17 @@ def selector(names: Names, **extra: str) -> str:
 
 def waiting_series(names: Names, serving: Serving = TRITON) -> str:
     """The queue gauge of a deployment's serving pods, with its matchers."""
-    return f"{serving.waiting}{{{selector(names, **serving.waiting_labels)}}}"
+    return serving.queue(selector(names))
 
 
 def waiting_query(names: Names, serving: Serving = TRITON) -> str:
-    """The autoscaler's query: requests waiting in every replica's scheduler, summed."""
-    return f"sum({waiting_series(names, serving)})"
+    """The autoscaler's query: requests waiting in every replica's scheduler, summed. A queue whose series appear
+    only after the first finished request reads 0 while the serving pods are scraped (``up == 1``), and nothing,
+    which KEDA counts as a failed poll, while none is."""
+    query = f"sum({waiting_series(names, serving)})"
+    if serving.appears_late:
+        query += f" or (0 * count(up{{{selector(names)}}} == 1))"
+    return query
 
 
 def load_query(names: Names) -> str:

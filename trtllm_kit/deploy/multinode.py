@@ -30,7 +30,7 @@ from trtllm_kit.deploy.launch import (
 )
 from trtllm_kit.deploy.objects import Names, replicas
 from trtllm_kit.deploy.pod import pod_spec, resources, server_container, template_annotations
-from trtllm_kit.deploy.serving import TRTLLM_SERVE, serving_of
+from trtllm_kit.deploy.serving import TRITON, serving_for
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import budgets
@@ -64,7 +64,7 @@ def launch_config(names: Names, source: DeploySource, settings: DeploySettings, 
     """The ConfigMap with the leader's plan (JSON) and the workers' sshd script."""
     plan = leader_plan(source, settings, nodes, budgets(source, settings, nodes).startup_s)
     data = {PLAN_FILE: json.dumps(plan.to_dict(), indent=2) + "\n", "worker.sh": WORKER_SCRIPT}
-    if serving_of(source.target, nodes) is TRTLLM_SERVE:
+    if serving_for(source, settings, nodes) is not TRITON:
         data[OPTIONS_FILE] = llmapi_options(source)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta(LAUNCH_SUFFIX), "data": data}
 
@@ -88,7 +88,7 @@ def leader_worker_set(names: Names, source: DeploySource, settings: DeploySettin
     budget = budgets(source, settings, nodes)
     gpus = settings.gpus_per_node
     leader = server_container(settings, source, LEADER_COMMAND, budget, resources(source, gpus, gpus, settings),
-                              serving=serving_of(source.target, nodes), scripts=True)
+                              serving=serving_for(source, settings, nodes), scripts=True)
     worker = server_container(settings, source, WORKER_COMMAND, budget, resources(source, gpus, gpus, settings),
                               serves=False, scripts=True)
     worker.update(ports=[{"name": "ssh", "containerPort": SSH_PORT}],
@@ -110,10 +110,10 @@ def leader_worker_set(names: Names, source: DeploySource, settings: DeploySettin
                      "leaderWorkerTemplate": {
                          "size": nodes, "restartPolicy": "RecreateGroupOnPodRestart",
                          "leaderTemplate": {"metadata": {"labels": {**names.labels, **names.serving},
-                                                         "annotations": template_annotations(source, budget)},
+                                                         "annotations": template_annotations(source, budget, settings)},
                                             "spec": leader_spec},
                          "workerTemplate": {"metadata": {"labels": {**names.labels, **worker_labels},
-                                                         "annotations": template_annotations(source, budget)},
+                                                         "annotations": template_annotations(source, budget, settings)},
                                             "spec": worker_spec}}}}
 
 

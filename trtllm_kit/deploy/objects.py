@@ -14,6 +14,7 @@ from trtllm_kit.deploy.startup import budgets
 from trtllm_kit.targets import get_target
 
 Obj = dict[str, Any]
+SERVICE_SUFFIX = "-api"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ class Names:
         """Labels of the pods that serve (every pod on one node; only leaders on several)."""
         return {"app": self.name, "role": "leader"}
 
+    @property
+    def service(self) -> str:
+        """The clients' Service: never the workload's own name, which the LeaderWorkerSet controller needs free for
+        the group's headless Service (it creates that Service only if none of the LeaderWorkerSet's name exists,
+        and the workers' DNS names ``<lws>-<group>-<index>.<lws>`` live in it)."""
+        return f"{self.name}{SERVICE_SUFFIX}"
+
     def meta(self, suffix: str = "", **extra: Any) -> Obj:
         return {"name": f"{self.name}{suffix}", "namespace": self.namespace, "labels": dict(self.labels), **extra}
 
@@ -47,7 +55,7 @@ def service(names: Names, settings: DeploySettings) -> Obj:
     stay inside the pod (its probes and the frontend reach them there), so no client can go around the API keys."""
     ports = [{"name": "openai", "port": settings.openai_port, "targetPort": "openai"},
              {"name": "metrics", "port": PORTS["metrics"], "targetPort": "metrics"}]
-    return {"apiVersion": "v1", "kind": "Service", "metadata": names.meta(),
+    return {"apiVersion": "v1", "kind": "Service", "metadata": names.meta(SERVICE_SUFFIX),
             "spec": {"type": "ClusterIP", "selector": names.serving, "ports": ports}}
 
 
@@ -75,7 +83,7 @@ def deployment(names: Names, source: DeploySource, settings: DeploySettings) -> 
             "spec": {**replicas(settings), "selector": {"matchLabels": names.serving},
                      "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                      "template": {"metadata": {"labels": labels,
-                                               "annotations": template_annotations(source, budget)},
+                                               "annotations": template_annotations(source, budget, settings)},
                                   "spec": spec}}}
 
 

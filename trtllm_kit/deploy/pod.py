@@ -16,6 +16,7 @@ from trtllm_kit.deploy.serving import TRITON, Serving
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import BUDGET_ANNOTATION, PROBE_PERIOD_S, Budgets
+from trtllm_kit.deploy.versions import SIDECARS, SLEEP_ACTION
 
 Obj = dict[str, Any]
 SUMS_DIR = "/etc/trtllm-kit"
@@ -68,11 +69,25 @@ def security() -> tuple[Obj, Obj]:
     return pod, container
 
 
+def artifact_mounts(source: DeploySource, settings: DeploySettings) -> list[Obj]:
+    """The mounts of a container that reads the artifact: its directory, and with ``--pvc`` the claim too, at the
+    same path as in the fetch container, since the directory holds links into it.
+
+    Arguments:
+        source: the artifact (its mount path); settings: the delivery.
+    """
+    mounts: list[Obj] = [{"name": "artifact", "mountPath": source.mount_path}]
+    if settings.pvc is not None:
+        mounts.append({"name": "pvc", "mountPath": PVC_DIR, "readOnly": True})
+    return mounts
+
+
 def fetch_container(source: DeploySource, settings: DeploySettings) -> Obj:
     """The init container that puts the artifact at its mount path and checks every file's sha256.
 
     From a URL: a tar of the build output, streamed and unpacked. From a PVC: a tree of links into the read-only
-    claim (the server writes its run state beside the artifact). Either way ``sha256sum -c`` against the list
+    claim (the server writes its run state beside the artifact), which is why every container that reads the
+    artifact mounts the claim at the same path (``artifact_mounts``). Either way ``sha256sum -c`` against the list
     taken from the manifest at deploy time must pass before the server starts.
 
     Arguments:
@@ -86,9 +101,7 @@ def fetch_container(source: DeploySource, settings: DeploySettings) -> Obj:
         env = [{"name": "ARTIFACT_URL", "value": settings.artifact_url}]
     else:
         get, env = f"cp -rs {PVC_DIR}/. {mount}/", []
-    mounts = [{"name": "artifact", "mountPath": mount}, {"name": "sums", "mountPath": SUMS_DIR, "readOnly": True}]
-    if settings.pvc is not None:
-        mounts.append({"name": "pvc", "mountPath": PVC_DIR, "readOnly": True})
+    mounts = [*artifact_mounts(source, settings), {"name": "sums", "mountPath": SUMS_DIR, "readOnly": True}]
     _, container_security = security()
     return {"name": "fetch-artifact", "image": settings.image, "command": ["/bin/sh", "-c"],
             "args": [f"set -eu; {get}; cd {mount}; sha256sum --check --quiet --strict {SUMS_DIR}/SHA256SUMS"],
@@ -131,17 +144,23 @@ def server_container(settings: DeploySettings, source: DeploySource, command: li
     ports = [{"name": kind, "containerPort": numbers[kind]} for kind in serving.ports]
     env: list[Obj] = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}}
            for n, f in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))]
-    mounts: list[Obj] = [{"name": "artifact", "mountPath": source.mount_path},
-                         {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[Obj] = [*artifact_mounts(source, settings), {"name": "dshm", "mountPath": "/dev/shm"}]
     if scripts:
         mounts.append({"name": "launch", "mountPath": SCRIPTS_DIR, "readOnly": True})
     container: Obj = {"name": CONTAINER, "image": settings.image, "command": command, "env": env,
                       "resources": resource, "volumeMounts": mounts, "securityContext": container_security}
     if serves:
         mounts += gateway.mounts(settings)
-        container.update({"ports": ports, **probes(budget, serving),
-                          "lifecycle": {"preStop": {"sleep": {"seconds": settings.drain_s}}}})
+        container.update({"ports": ports, **probes(budget, serving), "lifecycle": {"preStop": drain(settings)}})
     return container
+
+
+def drain(settings: DeploySettings) -> Obj:
+    """The preStop handler that waits ``drain_s`` while the Service stops routing to the pod: the ``sleep`` action
+    (Kubernetes 1.30+), else ``sleep`` run in the container."""
+    if settings.versions.has(SLEEP_ACTION):
+        return {"sleep": {"seconds": settings.drain_s}}
+    return {"exec": {"command": ["sleep", str(settings.drain_s)]}}
 
 
 def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containers: list[Obj], budget: Budgets,
@@ -157,12 +176,15 @@ def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containe
         usage-log sidecar).
     """
     pod_security, container_security = security()
+    sidecars = gateway.usage_sidecar(settings, container_security) if serves else []
+    native = settings.versions.has(SIDECARS)
+    if not native:  # before 1.29: an ordinary container beside the server
+        sidecars = [{k: v for k, v in sidecar.items() if k != "restartPolicy"} for sidecar in sidecars]
     spec: Obj = {
         "terminationGracePeriodSeconds": budget.grace_s, "securityContext": pod_security,
         "automountServiceAccountToken": False,
-        "initContainers": [fetch_container(source, settings),
-                           *(gateway.usage_sidecar(settings, container_security) if serves else [])],
-        "containers": containers,
+        "initContainers": [fetch_container(source, settings), *(sidecars if native else [])],
+        "containers": [*containers, *([] if native else sidecars)],
         "volumes": volumes(name, source, settings, num_ranks, scripts=scripts) +
         (gateway.volumes(settings) if serves else []),
     }
@@ -175,13 +197,15 @@ def pod_spec(name: str, source: DeploySource, settings: DeploySettings, containe
         affinity = node_affinity(source, settings)
         if affinity is not None:
             spec["affinity"] = affinity
+    settings.extras.apply(spec, containers)
     return spec
 
 
-def template_annotations(source: DeploySource, budget: Budgets) -> dict[str, str]:
-    """What a serving pod template says about itself for ``deploy check``: its startup budget, and the compute
-    capability its checkpoint needs (FP8)."""
-    found = {BUDGET_ANNOTATION: str(budget.startup_s)}
+def template_annotations(source: DeploySource, budget: Budgets,
+                         settings: DeploySettings) -> dict[str, str]:
+    """What a serving pod template says about itself for ``deploy check`` (its startup budget, the compute
+    capability its checkpoint needs), and the secondary networks the cluster attaches (Multus)."""
+    found = {BUDGET_ANNOTATION: str(budget.startup_s), **settings.extras.annotations()}
     needed = min_compute_capability(source)
     if needed is not None:
         found[MIN_CC_ANNOTATION] = f"{needed[0]}.{needed[1]}"

@@ -16,11 +16,12 @@ from trtllm_kit.deploy.dashboard import dashboard
 from trtllm_kit.deploy.image import check_image
 from trtllm_kit.deploy.lints import lint
 from trtllm_kit.deploy.objects import Names
-from trtllm_kit.deploy.serving import serving_of
+from trtllm_kit.deploy.serving import serving_for
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.deploy.startup import budgets
-from trtllm_kit.deploy.validate import KUBERNETES_VERSION, Finding, check_object, load_dir
+from trtllm_kit.deploy.validate import Finding, check_object, load_dir
+from trtllm_kit.deploy.versions import KEDA_DEFAULT, KUBERNETES_DEFAULT, Versions, version_findings
 from trtllm_kit.errors import KitError
 
 Obj = dict[str, Any]
@@ -71,7 +72,7 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
         files["launch-configmap.yaml"] = [multinode.launch_config(names, source, settings, nodes)]
     files["service.yaml"] = [objects.service(names, settings)]
     files["poddisruptionbudget.yaml"] = [objects.disruption_budget(names)]
-    serving = serving_of(source.target, nodes)
+    serving = serving_for(source, settings, nodes)
     files["podmonitor.yaml"] = [monitoring.pod_monitor(names, settings.monitor_labels, serving)]
     files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels, serving)]
     extras: dict[str, Any] = {"dashboard.json": dashboard(names, settings)}
@@ -83,14 +84,15 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
     return files, extras, nodes
 
 
-def check(docs: list[tuple[str, Obj]], version: str = KUBERNETES_VERSION) -> list[Finding]:
-    """Schema findings of every object, then the lints.
+def check(docs: list[tuple[str, Obj]], versions: Versions | None = None) -> list[Finding]:
+    """Schema findings of every object, then the lints, then the features the cluster's versions cannot run.
 
     Arguments:
-        docs: (file, object) pairs; version: the Kubernetes version for core kinds.
+        docs: (file, object) pairs; versions: the cluster's Kubernetes (schemas of core kinds) and KEDA versions.
     """
-    found = [f for file, doc in docs for f in check_object(doc, file, version)]
-    return found + lint(docs)
+    versions = versions or Versions.parse(KUBERNETES_DEFAULT, KEDA_DEFAULT)
+    found = [f for file, doc in docs for f in check_object(doc, file, versions.kubernetes_text)]
+    return found + lint(docs) + version_findings(docs, versions)
 
 
 def render(source: DeploySource, settings: DeploySettings, out: Path, *, force: bool = False) -> Rendered:
@@ -101,13 +103,14 @@ def render(source: DeploySource, settings: DeploySettings, out: Path, *, force: 
     """
     files, extras, nodes = objects_for(source, settings)
     docs = [(name, doc) for name, group in files.items() for doc in group]
-    found = check(docs)
+    found = check(docs, settings.versions)
     if found:  # an internal invariant: the kit must never write an object its schemas refuse
         raise KitError(f"the generated objects fail validation: {found[0]}")
     budget = budgets(source, settings, nodes)
     names = names_for(source, settings)
-    record = {"name": names.name, "namespace": names.namespace,
-              "kubernetes": KUBERNETES_VERSION, "target": source.target, "world_size": source.world_size,
+    record = {"name": names.name, "namespace": names.namespace, "service": names.service,
+              "kubernetes": settings.versions.kubernetes_text, "keda": settings.keda_version,
+              "target": source.target, "world_size": source.world_size,
               "tp_size": source.tp_size, "pp_size": source.pp_size, "startup_budget_s": budget.startup_s,
               "startup": {"read_s": budget.read_s, "fixed_s": budget.fixed_s, "wait_s": budget.wait_s},
               "grace_period_s": budget.grace_s, "settings": settings.to_dict()}
@@ -130,11 +133,32 @@ def render(source: DeploySource, settings: DeploySettings, out: Path, *, force: 
     return Rendered(out.absolute(), ("kustomization.yaml", *files), (*extras, RECORD, *generated), nodes, record)
 
 
-def check_dir(directory: Path, version: str = KUBERNETES_VERSION) -> tuple[int, list[Finding]]:
+def check_dir(directory: Path, kubernetes: str | None = None, keda: str | None = None) -> tuple[int, list[Finding]]:
     """(objects checked, findings) of a deploy directory after hand edits.
 
     Arguments:
-        directory: a ``deploy k8s`` output; version: the Kubernetes version for core kinds.
+        directory: a ``deploy k8s`` output; kubernetes, keda: the cluster's versions (``dir_versions``).
     """
     docs = load_dir(directory)
-    return len(docs), check(docs, version)
+    return len(docs), check(docs, dir_versions(directory, kubernetes, keda))
+
+
+def dir_versions(directory: Path, kubernetes: str | None = None, keda: str | None = None) -> Versions:
+    """The versions a deploy directory is checked against: those given, else those it was written for, else the
+    kit's defaults.
+
+    Arguments:
+        directory: a deploy output; kubernetes, keda: versions the user states (None: not stated).
+    """
+    record = _record(directory)
+    return Versions.parse(kubernetes or record.get("kubernetes") or KUBERNETES_DEFAULT,
+                          keda or record.get("keda") or KEDA_DEFAULT)
+
+
+def _record(directory: Path) -> Obj:
+    """The directory's ``RECORD`` (what ``deploy k8s`` wrote it for), or nothing when absent or unreadable."""
+    try:
+        found = json.loads((directory / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}

@@ -9,10 +9,13 @@ from typing import Any
 
 from trtllm_kit import __version__
 from trtllm_kit.deploy.image import TAG_CONVENTION
+from trtllm_kit.deploy.pod_extras import PodExtras
+from trtllm_kit.deploy.versions import KEDA_DEFAULT, KUBERNETES_DEFAULT, Versions
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.spec import load_table
 
 AUTOSCALERS = ("keda", "hpa", "none")
+LISTS = ("tolerations", "networks", "capabilities")  # repeatable flags, TOML arrays
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -44,8 +47,14 @@ class DeploySettings:
     ``api_keys_secret`` names a Secret whose ``keys.json`` (a ``trtllm-kit keys`` file) the OpenAI gateway
     requires keys from (``deploy/gateway.py``).
 
-    Across nodes: ``topology_key`` is the node label whose domain holds a whole group (LeaderWorkerSet's
-    exclusive topology: one group per domain; empty to place groups freely); ``rdma_resources`` are extended
+    ``k8s_version`` and ``keda_version`` are the target cluster's (``deploy/versions.py``): they decide what is
+    emitted (the preStop sleep action, native sidecars, KEDA's fallback behaviour) and what ``deploy check``
+    refuses. ``tolerations``, ``networks`` (Multus) and ``capabilities`` (``IPC_LOCK``) are added to every serving
+    pod (``deploy/pod_extras.py``).
+
+    Across nodes: ``topology_key`` is a node label whose domain holds a whole group (LeaderWorkerSet's
+    exclusive topology: a required affinity, so every node must carry the label, and one group per domain; empty,
+    the default, places groups freely); ``rdma_resources`` are extended
     resources every pod of a group requests (``rdma/ib: 1``, ``vpc.amazonaws.com/efa: 32``); ``nccl_env`` are
     environment variables set in every pod and forwarded by ``mpirun`` to every rank; ``ssh_secret`` names a
     Secret holding ``id_ed25519`` and ``id_ed25519.pub`` for the group's ssh (default: a fresh pair written
@@ -72,13 +81,18 @@ class DeploySettings:
     queue_target: float = 4.0
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     run_as_user: int = 1000
-    topology_key: str = "topology.kubernetes.io/zone"
+    topology_key: str = ""
     rdma_resources: dict[str, int] = field(default_factory=dict)
     nccl_env: dict[str, str] = field(default_factory=dict)
     ssh_secret: str | None = None
     monitor_labels: dict[str, str] = field(default_factory=lambda: {"release": "prometheus"})
     fallback_replicas: int | None = None
     api_keys_secret: str | None = None
+    k8s_version: str = KUBERNETES_DEFAULT
+    keda_version: str = KEDA_DEFAULT
+    tolerations: tuple[str, ...] = ()
+    networks: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -125,6 +139,17 @@ class DeploySettings:
                                     "in capitals, e.g. NCCL_IB_HCA=mlx5.")
         if not 0 < self.openai_port < 65536 or self.openai_port in (8000, 8001, 8002):
             raise KitUsageError(f"--openai-port {self.openai_port} must be a free TCP port other than 8000-8002.")
+        _ = self.versions, self.extras  # a bad version, toleration, network or capability is refused here
+
+    @property
+    def versions(self) -> Versions:
+        """The cluster's Kubernetes and KEDA versions."""
+        return Versions.parse(self.k8s_version, self.keda_version)
+
+    @property
+    def extras(self) -> PodExtras:
+        """Tolerations, networks and capabilities for every serving pod."""
+        return PodExtras(tuple(self.tolerations), tuple(self.networks), tuple(self.capabilities))
 
     @property
     def grace_period_s(self) -> int:
@@ -162,6 +187,11 @@ def deploy_settings(table: dict[str, Any], flags: dict[str, Any]) -> DeploySetti
         if isinstance(given.get(key), tuple):
             given[key] = _pairs(flag, given[key], kind)
     values = {**table, **given}
+    for key in LISTS:
+        if isinstance(values.get(key), list):
+            values[key] = tuple(values[key])
+        if key in values and not all(isinstance(v, str) for v in values[key]):
+            raise KitUsageError(f"[deploy] {key} must be a list of strings, got {values[key]!r}.")
     try:
         return DeploySettings(**values)
     except TypeError as exc:

@@ -20,7 +20,8 @@ OPTIONS_FLAG = "--extra_llm_api_options"
 
 @dataclass(frozen=True)
 class ArtifactFile:
-    """One file of the artifact: its path relative to the artifact, sha256 and size (0 when not on this disk)."""
+    """One file of the artifact: its path relative to the artifact, sha256 and size (on this disk, else as the
+    manifest recorded it when the build wrote it)."""
 
     path: str
     sha256: str
@@ -86,7 +87,8 @@ def read_source(out: Path) -> DeploySource:
     if repo is None:
         raise KitUsageError(f"{out} has no model repository in its manifest; build it with the repo stage "
                             f"(trtllm-kit build ... --out {out}).")
-    files = tuple(ArtifactFile(name, digest, _size(out / name)) for name, digest in sorted(artifact.files.items()))
+    sizes = _sizes(out, artifact)
+    files = tuple(ArtifactFile(name, digest, sizes[name]) for name, digest in sorted(artifact.files.items()))
     plan = engine.plan if engine else None
     built = engine.built if engine else None
     rank_bytes = [r.weight_bytes for r in plan.ranks] if plan else []
@@ -105,11 +107,28 @@ def read_source(out: Path) -> DeploySource:
         serve_command=tuple(engine.command or ()) if engine else (), serve_options=_serve_options(out, engine))
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+def _sizes(out: Path, artifact: Artifact) -> dict[str, int]:
+    """Every artifact file's size: on this disk, else as the manifest recorded it; refused when neither is known,
+    since the storage limits and the startup budget are computed from the sizes.
+
+    Arguments:
+        out: the build output; artifact: its manifest (files, and ``[size, mtime_ns]`` by file when recorded).
+    """
+    sizes, missing = {}, []
+    for name in sorted(artifact.files):
+        try:
+            sizes[name] = (out / name).stat().st_size
+        except OSError:
+            stats = artifact.file_stats.get(name) or []
+            if stats and isinstance(stats[0], int):
+                sizes[name] = stats[0]
+            else:
+                missing.append(name)
+    if missing:
+        raise KitUsageError(f"{len(missing)} of {len(artifact.files)} artifact files are not in {out} and the "
+                            f"manifest records no size for them (the first: {missing[0]}), so the storage limit "
+                            "and the startup budget cannot be computed; run deploy on the complete build output.")
+    return sizes
 
 
 def _mount_path(model_dir: str) -> str:
