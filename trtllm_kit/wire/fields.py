@@ -1,0 +1,120 @@
+"""The field table: each field of the generation request declared once, in its dataclass, with what it means when
+absent, its rule and its tensor in each dialect.
+
+A field is declared where the record declares it::
+
+    min_p: float | None = field(default=None, metadata=wire(
+        "vLLM's min_p (0 = off).", 0.0, Rule(float, 0, 1), "FP32",
+        trtllm="runtime_min_p", llmapi="sampling_param_min_p", strict=True))
+
+``rows(cls)`` reads the declarations back. A row with a ``dtype`` is a scalar: one tensor of that type per dialect
+that has a name for it, encoded and decoded by the table alone (``scalars.py``); a row without one is structured
+(the prompt, stop words, logprobs, guide, LoRA, disaggregation), its tensor names listed for the record and its
+codec written in each dialect's module. The dialects: ``trtllm`` (the ``tensorrt_llm`` model's tensors, on both
+the engine and cpu targets), ``llmapi`` (the llmapi target's model) and ``text`` (the text interface of
+``ensemble`` and ``tensorrt_llm_bls``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from trtllm_kit.wire.rules import Rule
+
+WIRE_KEY = "trtllm_kit.wire"
+Dialect = Literal["trtllm", "llmapi", "text"]
+DIALECTS: tuple[Dialect, ...] = ("trtllm", "llmapi", "text")
+Names = str | tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How one field travels.
+
+    Arguments:
+        help: what the field means; default: what an absent value means to the engine (None: the model's own,
+        said in ``help``); rule: the values it accepts (None: a structured field, checked by the record);
+        dtype: the Triton data type of its tensor (None: structured); trtllm, llmapi, text: its tensor in each
+        dialect (a tuple for a structured field; None: the dialect cannot carry it); strict: a request that sets it
+        is refused where its tensor is missing (the dialect has none, or the model does not declare it), rather
+        than sent without it.
+    """
+
+    help: str
+    default: Any
+    rule: Rule | None
+    dtype: str | None
+    trtllm: Names = None
+    llmapi: Names = None
+    text: Names = None
+    strict: bool = False
+
+
+def wire(help: str, default: Any = None, rule: Rule | None = None, dtype: str | None = None, *,
+         trtllm: Names = None, llmapi: Names = None, text: Names = None, strict: bool = False) -> dict[str, Wire]:
+    """Field metadata declaring a field of the wire.
+
+    Arguments:
+        help, default, rule, dtype, trtllm, llmapi, text, strict: the ``Wire`` fields.
+    """
+    return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict)}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A declared field, as the codecs and tests see it."""
+
+    name: str
+    wire: Wire
+
+    @property
+    def is_scalar(self) -> bool:
+        """Whether the field is one tensor of ``dtype`` in every dialect that carries it."""
+        return self.wire.dtype is not None
+
+    @property
+    def rule(self) -> Rule | None:
+        """The field's rule with its tensor type's integer bounds."""
+        return None if self.wire.rule is None else self.wire.rule.bounded(self.wire.dtype)
+
+    def tensors(self, dialect: Dialect) -> tuple[str, ...]:
+        """The field's tensors in ``dialect`` (empty: the dialect cannot carry it).
+
+        Arguments:
+            dialect: ``trtllm``, ``llmapi`` or ``text``.
+        """
+        names: Names = getattr(self.wire, dialect)
+        return () if names is None else (names,) if isinstance(names, str) else names
+
+    def tensor(self, dialect: Dialect) -> str | None:
+        """A scalar field's tensor in ``dialect`` (None: the dialect cannot carry it).
+
+        Arguments:
+            dialect: ``trtllm``, ``llmapi`` or ``text``.
+        """
+        assert self.is_scalar, f"{self.name} is a structured field"
+        names = self.tensors(dialect)
+        return names[0] if names else None
+
+
+@functools.cache
+def rows(cls: type) -> tuple[Row, ...]:
+    """The declared fields of a record, in order.
+
+    Arguments:
+        cls: the record's dataclass.
+    """
+    return tuple(Row(f.name, f.metadata[WIRE_KEY]) for f in fields(cls) if WIRE_KEY in f.metadata)
+
+
+def row(cls: type, name: str) -> Row:
+    """One declared field.
+
+    Arguments:
+        cls: the record's dataclass; name: the field.
+    """
+    found = [r for r in rows(cls) if r.name == name]
+    assert found, f"{cls.__name__} declares no wire field {name!r}"
+    return found[0]
