@@ -12,7 +12,6 @@ from tests.lora.adapters import make_adapter
 from tests.lora.hostile import with_config
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.cli import run
-from trtllm_kit.lora.base_model import model_name
 from trtllm_kit.models.builtin import builtin_dir
 
 NAMES = [  # what a model source or directory says → the name compared
@@ -29,6 +28,8 @@ NAMES = [  # what a model source or directory says → the name compared
 
 @pytest.mark.parametrize(("text", "name"), NAMES)
 def test_model_names(text: str, name: str) -> None:
+    from trtllm_kit.lora.base_model import model_name
+
     assert model_name(text) == name
 
 

@@ -97,7 +97,7 @@ def generates(served: Served, model: str) -> bool:
 def test_hostile_files_are_400s_and_valid_loads_go_on(served: Served) -> None:
     good, root = served.good, served.root
     for number in range(NUM_FIFOS):
-        fifo = with_fifo(good, root / f"fifo{number}", CONFIG if number % 2 else WEIGHTS)
+        fifo = with_fifo(good, root / f"fifo{number}", CONFIG if number % 2 == 0 else WEIGHTS)
         refused(served, {"lora_name": f"fifo{number}", "lora_path": str(fifo)}, "lora_path",
                 "is a FIFO, not a regular file")
     attacks = {"zero-config": (with_link(good, root / "zero-config", CONFIG, Path("/dev/zero")), "/dev/zero, outside"),
