@@ -132,5 +132,8 @@ def test_a_response_of_too_many_logprob_entries_is_a_400_naming_the_field(served
     echoed = {"model": MODEL, "prompt": ["word " * 200] * 8, "n": 16, "echo": True, "logprobs": 5, "max_tokens": 1}
     status, answer = completion(served, echoed)  # the echoed prompts' tokens count: 16 x 8 x ~201 x 6
     assert status == 400 and answer["error"]["param"] == "logprobs", str(answer)[:300]
+    best = {"model": MODEL, "prompt": ["Hello"] * 2, "best_of": 16, "logprobs": 5, "max_tokens": 1000}
+    status, answer = completion(served, best)  # best_of's sequences are all held: 16 x 2000 x 6
+    assert status == 400 and "192000 logprob entries" in answer["error"]["message"], str(answer)[:300]
     status, answer = completion(served, {**echoed, "n": 2})  # within the bound: answered
     assert status == 200 and len(answer["choices"]) == 16, str(answer)[:300]

@@ -118,7 +118,7 @@ def check_logprob_entries(route: Route, prompts: list[str | tuple[int, ...]], sa
     if scoring.echo:
         num_scored += sum(most_prompt_tokens(route, prompt) for prompt in prompts)
     top_name = "logprobs" if kind == "text_completion" else "top_logprobs"
-    problem = logprob_entries_problem(sampling.n, num_scored, scoring.logprobs, top_name)
+    problem = logprob_entries_problem(sampling.best_of or sampling.n, num_scored, scoring.logprobs, top_name)
     if problem is not None:
         raise RequestError(problem, param=top_name)
 

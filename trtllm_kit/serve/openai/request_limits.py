@@ -52,18 +52,18 @@ def stops_problem(stops: list[str]) -> str | None:
     return None
 
 
-def logprob_entries_problem(num_choices: int, num_scored_tokens: int, num_top: int, top_name: str) -> str | None:
+def logprob_entries_problem(num_sequences: int, num_scored_tokens: int, num_top: int, top_name: str) -> str | None:
     """A sentence when a response could hold more than ``MAX_LOGPROB_ENTRIES`` logprob entries, else None: every
-    choice's scored tokens (``max_tokens``, and with ``echo`` its prompt's), each with ``num_top`` alternatives.
+    sequence's scored tokens (``max_tokens``, and with ``echo`` its prompt's), each with ``num_top`` alternatives.
 
     Arguments:
-        num_choices: choices per prompt (``n``); num_scored_tokens: tokens scored for one choice of each prompt,
-        summed over the prompts; num_top: alternatives per token; top_name: the field that asks for them
-        (``top_logprobs`` or ``logprobs``).
+        num_sequences: sequences per prompt (``best_of``, else ``n``: the frontend holds them all);
+        num_scored_tokens: tokens scored for one sequence of each prompt, summed over the prompts; num_top:
+        alternatives per token; top_name: the field that asks for them (``top_logprobs`` or ``logprobs``).
     """
-    entries = num_choices * num_scored_tokens * (num_top + 1)
+    entries = num_sequences * num_scored_tokens * (num_top + 1)
     if entries <= MAX_LOGPROB_ENTRIES:
         return None
-    return (f"the response could hold {entries} logprob entries (n {num_choices} x {num_scored_tokens} scored tokens "
-            f"x ({top_name} {num_top} + 1)), more than the {MAX_LOGPROB_ENTRIES} allowed in one response; lower n, "
-            f"max_tokens or {top_name}, or split the request.")
+    return (f"the response could hold {entries} logprob entries ({num_sequences} sequences per prompt x "
+            f"{num_scored_tokens} scored tokens x ({top_name} {num_top} + 1)), more than the {MAX_LOGPROB_ENTRIES} "
+            f"allowed in one response; lower n (or best_of), max_tokens or {top_name}, or split the request.")
