@@ -108,6 +108,10 @@ def test_what_the_llmapi_model_cannot_carry(values: dict, message: str | None) -
                       "sampling_param_best_of out."),
     ({"text_input": np.array([b"\xc3("], object)}, "text_input is not UTF-8 text (byte 0xc3 at offset 0); send "
                                                     "UTF-8."),
+    ({"text_input": np.array([b""], object)}, "text_input is empty; send a prompt of at least one character or token "
+                                               "id."),
+    ({"input_ids": np.array([], np.int32)}, "input_ids is empty; send a prompt of at least one character or token "
+                                            "id."),
     ({"input_ids": np.array([3]), "disaggregated_params": np.array([b'{"request_type": "later"}'], object)},
      "disaggregated_params.request_type must be one of context_only, generation_only, context_and_generation, got "
      "'later'; send the handle a context-only response returned."),

@@ -108,13 +108,3 @@ def rows(cls: type) -> tuple[Row, ...]:
     """
     return tuple(Row(f.name, f.metadata[WIRE_KEY]) for f in fields(cls) if WIRE_KEY in f.metadata)
 
-
-def row(cls: type, name: str) -> Row:
-    """One declared field.
-
-    Arguments:
-        cls: the record's dataclass; name: the field.
-    """
-    found = [r for r in rows(cls) if r.name == name]
-    assert found, f"{cls.__name__} declares no wire field {name!r}"
-    return found[0]

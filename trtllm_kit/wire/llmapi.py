@@ -98,8 +98,12 @@ def decode_llmapi_request(arrays: Mapping[str, np.ndarray]) -> GenerationRequest
     if ids is None and not texts:
         raise WireError("text_input", "text_input and input_ids are both missing; send text_input (a prompt) or "
                                       "input_ids (token ids).")
+    prompt = ids if ids is not None else (texts or ("",))[0]
+    if not prompt:
+        name = "input_ids" if ids is not None else "text_input"
+        raise WireError(name, f"{name} is empty; send a prompt of at least one character or token id.")
     values: dict[str, Any] = decode_scalars(arrays, "llmapi")
-    values["prompt"] = ids if ids is not None else (texts or ("",))[0]
+    values["prompt"] = prompt
     values.setdefault("max_tokens", None)  # absent: the LLM API's default
     if read_scalar(arrays, IGNORE_EOS, FLAG):
         values["end_id"] = NEVER_END_ID
