@@ -19,11 +19,13 @@ import pytest
 import torch
 
 from trtllm_kit.llmapi.cpu_llm import LLM, DisaggregatedParams, RequestError, SamplingParams
+from trtllm_kit.llmapi.kv_state import KV_KEY_ENV
 from trtllm_kit.llmapi.unified import write_unified
 from trtllm_kit.models.inspect import inspect_model
 
 torch.set_num_threads(1)
 TIMEOUT_MS = 1500
+KEY = "a transfer key both processes share"
 PROMPTS = [[1, 415, 565], list(range(3, 70)), list(range(100, 164)), [7] * 31, list(range(200, 390))]
 # The generation process: one JSON request per stdin line → one JSON line of output ids.
 GENERATION = """
@@ -57,14 +59,16 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ctx(ckpt: Path):
-    made = LLM(model=str(ckpt), max_seq_len=512, cache_transceiver_config={"kv_transfer_timeout_ms": TIMEOUT_MS})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(KV_KEY_ENV, KEY)
+        made = LLM(model=str(ckpt), max_seq_len=512, cache_transceiver_config={"kv_transfer_timeout_ms": TIMEOUT_MS})
     yield made
     made.shutdown()
 
 
 @pytest.fixture(scope="module")
 def generation(ckpt: Path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), KV_KEY_ENV: KEY}
     proc = subprocess.Popen([sys.executable, "-c", GENERATION, str(ckpt)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -158,7 +162,7 @@ def test_the_parameters_and_the_wire_refuse_what_cannot_run(ctx):
     with pytest.raises(ValueError, match="needs the context-only response's first_gen_tokens"):
         whole(ctx, PROMPTS[0], 4, DisaggregatedParams(request_type="generation_only"))
     forged = DisaggregatedParams(request_type="generation_only", first_gen_tokens=[5], opaque_state=b"nonsense")
-    with pytest.raises(RequestError, match="does not come from a CPU context server"):
+    with pytest.raises(ValueError, match="was not made by a context server of this serve"):
         whole(ctx, PROMPTS[0], 4, forged)
     with socket.socket(socket.AF_UNIX) as probe:  # the socket lives in a directory only its owner can enter
         endpoint = json.loads(context_only(ctx, PROMPTS[0]).opaque_state)["endpoint"]

@@ -4,9 +4,12 @@ generation-only requests fetch them (``kv_transceiver.py``) and continue.
 A ``context_only`` request runs with ``max_tokens`` 1; when its one token ends it by length, its blocks stay
 held and its completion carries ``DisaggregatedParams(request_type="context_only", first_gen_tokens,
 ctx_request_id, opaque_state)`` (without ``opaque_state`` when it ended otherwise, e.g. on the end token: there is
-nothing to continue). A ``generation_only`` request fetches the blocks in a thread of its own, then joins the
-engine with its prompt's K/V installed and the first tokens appended, and generates the rest: greedy output is
-token-exact against one engine running the whole request. ``context_and_generation`` runs as a plain request.
+nothing to continue). A ``generation_only`` request's ``opaque_state`` must carry the signature of a context
+peer (``kv_state.py``: the transfer key both roles share), else ``generate_async`` refuses it before anything
+connects anywhere; it then fetches the blocks in a thread of its own, then joins the engine with its prompt's K/V
+installed and the first tokens appended, and generates the rest: greedy output is token-exact against one engine
+running the whole request. Every failure of the fetch ends that request alone, with the reason.
+``context_and_generation`` runs as a plain request.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from typing import Any, Protocol
 
 from trtllm_kit.llmapi.cpu_result import ERROR, RequestOutput, Update
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
+from trtllm_kit.llmapi.kv_dirs import dir_tag
+from trtllm_kit.llmapi.kv_state import transfer_key, verify
 from trtllm_kit.llmapi.kv_transceiver import DEFAULT_TIMEOUT_S, KvTransceiver, TransferError, fetch
 from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.kv_transfer import KvLayout
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.sequence import Sequence
 
@@ -38,9 +44,9 @@ class Disaggregation:
 
     def __init__(self, engine: Engine, inbox: Inbox, cache_transceiver_config: dict[str, Any] | None) -> None:
         timeout_ms = (cache_transceiver_config or {}).get("kv_transfer_timeout_ms")
-        self.engine, self.inbox = engine, inbox
-        self.transceiver = KvTransceiver(engine.export_kv, lambda seq: inbox.put(("release", seq)),
-                                         DEFAULT_TIMEOUT_S if timeout_ms is None else int(timeout_ms) / 1000)
+        self.engine, self.inbox, self.layout = engine, inbox, KvLayout.of(engine.k_cache)
+        self.transceiver = KvTransceiver(engine.export_kv, lambda seq: inbox.put(("release", seq)), transfer_key(),
+                                         dir_tag(), DEFAULT_TIMEOUT_S if timeout_ms is None else int(timeout_ms) / 1000)
         self.num_transfers, self.transfer_s = 0, 0.0  # generation side: KV blocks received, seconds spent
         self._lock = threading.Lock()
 
@@ -59,16 +65,23 @@ class Disaggregation:
             if not disagg.first_gen_tokens or disagg.opaque_state is None:
                 raise ValueError("a generation_only request needs the context-only response's first_gen_tokens "
                                  "and opaque_state")
-            threading.Thread(target=self._fetch_then_add, args=(output, params, disagg), daemon=True).start()
+            endpoint, handle = verify(self.transceiver.key, disagg.opaque_state)
+            threading.Thread(target=self._fetch_then_add, args=(output, params, disagg, endpoint, handle),
+                             daemon=True).start()
         else:
             self.inbox.put(("add", (output, params, {})))
 
-    def _fetch_then_add(self, output: RequestOutput, params: RuntimeParams, disagg: DisaggregatedParams) -> None:
-        assert disagg.opaque_state is not None and disagg.first_gen_tokens
+    def _fetch_then_add(self, output: RequestOutput, params: RuntimeParams, disagg: DisaggregatedParams,
+                        endpoint: str, handle: str) -> None:
+        assert disagg.first_gen_tokens
         try:
-            kv, seconds = fetch(disagg.opaque_state)
+            kv, seconds = fetch(endpoint, handle, self.layout, len(output.prompt_token_ids))
         except TransferError as exc:
             output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
+            return
+        except Exception as exc:  # the request is answered whatever the transfer raised
+            output._push(Update(0, [], f"{ERROR}the KV blocks could not be received ({type(exc).__name__}); send "
+                                "the request again", 0.0))
             return
         with self._lock:
             self.num_transfers += 1
