@@ -5,8 +5,11 @@ working copy of OUT's llmapi repository, behind one OpenAI frontend whose route 
 The generation server takes the serve's ``--http-port``/``--grpc-port``/``--metrics-port``; the context server
 free loopback ports (both in the state as ``context``/``generation``). Both demand the same per-launch token, and
 each role's ``model.yaml`` gets ``cache_transceiver_config.kv_transfer_timeout_ms`` from
-``--kv-transfer-timeout``. On the CPU this checks the wiring of disaggregated serving; it is not a production
-engine (docs/disaggregation.md).
+``--kv-transfer-timeout``. Both get, in their environment, a transfer key drawn per launch (the generation server
+fetches KV blocks only from endpoints a context server signed with it, ``llmapi/kv_state.py``) and a KV socket
+directory tag under the launch's shared-memory prefix: the launch removes such directories before it starts and
+after it stops, and its reaper when the serve is killed. On the CPU this checks the wiring of disaggregated
+serving; it is not a production engine (docs/disaggregation.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.llmapi.kv_dirs import KV_DIR_TAG_ENV, remove_tagged, tagged_glob
+from trtllm_kit.llmapi.kv_state import KV_KEY_ENV
 from trtllm_kit.names import API_KEY_ENV, TRTLLM_MODEL
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.compat import servable
@@ -66,7 +71,8 @@ def serve_disaggregated_cpu(options: ServeOptions, on_ready: Callable[[dict[str,
     check_ports_free(options.endpoints.host, {"OpenAI": settings.openai_port})
     os.environ.pop(API_KEY_ENV, None)
     state_dir = fresh_run_dir(out)
-    token, shm_prefix = secrets.token_urlsafe(24), f"trtllmkit_{os.getpid()}_"
+    token, shm_prefix, kv_key = secrets.token_urlsafe(24), f"trtllmkit_{os.getpid()}_", secrets.token_hex(32)
+    remove_tagged(shm_prefix)  # a killed launch of the same pid left them
     endpoints = {"context": free_endpoints(options.endpoints.client_host), "generation": options.endpoints}
     members = plan_members([target], {})
     processes: dict[str, TritonProcess] = {}
@@ -77,12 +83,13 @@ def serve_disaggregated_cpu(options: ServeOptions, on_ready: Callable[[dict[str,
                               log_verbose=settings.log_verbose, exit_timeout_s=settings.exit_timeout_s,
                               restricted_token=token, restrict_inference=bool(options.api_key or settings.api_keys))
         processes[role] = TritonProcess(install, config, state_dir / f"triton-{role}.log",
-                                        env={HEARTBEAT_ENV: str(state_dir / HEARTBEAT_DIR)})
+                                        env={HEARTBEAT_ENV: str(state_dir / HEARTBEAT_DIR), KV_KEY_ENV: kv_key,
+                                             KV_DIR_TAG_ENV: f"{shm_prefix}{role[0]}-"})
     served = replace(route(members[0], copies[0], target.models[0]),
                      context_grpc_url=endpoints["context"].url("grpc"))
     write_token(state_dir, token)
     write_pid(out)
-    reaper = Reaper(shm_prefix)
+    reaper = Reaper(shm_prefix, (tagged_glob(shm_prefix),))
     watches = {role: Watch(process, state_dir / HEARTBEAT_DIR, settings.engine_watchdog_s)
                for role, process in processes.items()}
     try:
@@ -111,6 +118,7 @@ def serve_disaggregated_cpu(options: ServeOptions, on_ready: Callable[[dict[str,
     finally:
         for role, process in processes.items():
             process.stop(stubs=watches[role].stubs, is_idle=watches[role].engines_idle)
+        remove_tagged(shm_prefix)
         reaper.close()
         clear_run([out])
 

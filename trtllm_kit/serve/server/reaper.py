@@ -4,15 +4,19 @@
 reaper's stdin, and writes the process-group id of every server it starts to it. Whatever ends ``serve``
 (SIGKILL included), the kernel closes that pipe: the reaper reads end-of-file, SIGKILLs each group it was given
 (tritonserver and every Python-backend stub it forked) and deletes the ``/dev/shm`` regions of the launch's
-prefix. A graceful stop does all of this itself first, so the reaper then finds nothing left.
+prefix and the directories its servers made that match the globs it was given (a disaggregated serve's KV socket
+directories). A graceful stop does all of this itself first, so the reaper then finds nothing left.
 
-Run as ``python -m trtllm_kit.serve.server.reaper SHM_PREFIX``; it imports nothing of the kit, so it starts at once.
+Run as ``python -m trtllm_kit.serve.server.reaper SHM_PREFIX [DIR_GLOB ...]``; it imports nothing of the kit, so it
+starts at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,11 +27,13 @@ SHM_DIR = Path("/dev/shm")
 PROC_DIR = Path("/proc")
 
 
-def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0) -> None:
-    """SIGKILL every process of ``pgids``, wait until they are gone (``wait_s`` at most), remove the shm regions.
+def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0, dir_globs: tuple[str, ...] = ()) -> None:
+    """SIGKILL every process of ``pgids``, wait until they are gone (``wait_s`` at most), remove the shm regions
+    and this user's directories that match ``dir_globs``.
 
     Arguments:
-        pgids: process groups to end; shm_prefix: the launch's ``/dev/shm`` region prefix (empty: none).
+        pgids: process groups to end; shm_prefix: the launch's ``/dev/shm`` region prefix (empty: none);
+        wait_s: how long to wait for them; dir_globs: patterns of directories the servers made.
     """
     for pgid in pgids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -38,6 +44,11 @@ def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0) -> None:
     if shm_prefix:
         for region in SHM_DIR.glob(f"{shm_prefix}*"):
             region.unlink(missing_ok=True)
+    for pattern in dir_globs:
+        for path in glob.glob(pattern):
+            with contextlib.suppress(OSError):
+                if os.path.isdir(path) and not os.path.islink(path) and os.lstat(path).st_uid == os.geteuid():
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def group_alive(pgid: int) -> bool:
@@ -69,7 +80,7 @@ def main(argv: list[str]) -> int:
     """Read process-group ids from stdin until end-of-file, then reap them.
 
     Arguments:
-        argv: ``[SHM_PREFIX]``.
+        argv: ``[SHM_PREFIX, DIR_GLOB ...]``.
     """
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only the pipe's end ends the reaper
@@ -78,7 +89,7 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         if line.strip().isdigit():
             pgids.append(int(line))
-    reap(pgids, shm_prefix)
+    reap(pgids, shm_prefix, dir_globs=tuple(argv[1:]))
     return 0
 
 
@@ -86,11 +97,12 @@ class Reaper:
     """The reaper of one ``serve``: start it, tell it each server's process group; closing it (or dying) reaps.
 
     Arguments:
-        shm_prefix: the launch's shared-memory prefix.
+        shm_prefix: the launch's shared-memory prefix; dir_globs: patterns of directories its servers make.
     """
 
-    def __init__(self, shm_prefix: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "trtllm_kit.serve.server.reaper", shm_prefix],
+    def __init__(self, shm_prefix: str, dir_globs: tuple[str, ...] = ()) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "trtllm_kit.serve.server.reaper", shm_prefix,
+                                      *dir_globs],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
 
