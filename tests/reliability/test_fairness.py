@@ -107,7 +107,8 @@ def test_a_full_queue_is_a_429_only_when_a_retry_succeeds(served):
     others = [Background(served, {**NEIGHBOUR, "max_tokens": 100, "ignore_eos": True}) for _ in range(48)]
     for other in others:
         other.start()
-    wait_for(served, lambda now: now["active"] + now["waiting"] >= 40)  # 8 running, the queue of 32 full
+    # every other request running, queued (8 run, 32 queue) or already answered (refused when the queue was full)
+    wait_for(served, lambda now: now["active"] + now["waiting"] + sum(o.answer is not None for o in others) >= 48)
     request = {"model": MODEL, "prompt": PROMPTS, "n": 2, "max_tokens": 8}
     status, answer = completion(served, request)
     assert status in (200, 429), answer
