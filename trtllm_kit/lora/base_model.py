@@ -63,8 +63,9 @@ def check_base(adapter: PeftAdapter, artifact: Artifact) -> None:
         return
     raise AdapterError(f"{adapter.path / CONFIG_NAME} records base_model_name_or_path {recorded!r:.200}, but "
                        f"{artifact.path} is built from {source!r}; an adapter trained on another model gives wrong "
-                       "output even when its shapes fit: use an adapter trained on this model, or pass --force if "
-                       "it is this model under another name.")
+                       "output even when its shapes fit: use one trained on this model, or if it is this model under "
+                       "another name, take it with lora add/load --force (\"force\": true in a load_lora_adapter "
+                       "body).")
 
 
 def _is_directory_of(recorded: str, directories: list[str]) -> bool:
