@@ -60,11 +60,11 @@ def check_err(directory: Path, capsys: pytest.CaptureFixture[str], *args: str) -
     return code, capsys.readouterr().err
 
 
-# 1. --pvc: the fetch container links the claim's files into the artifact directory; whoever reads them needs the claim
+# 1. --pvc: links into the claim dangle wherever the claim is not mounted (and serve refuses symlinked artifacts)
 
 
 @pytest.mark.parametrize("layout", ["deployment", "leaderworkerset", "dynamo"])
-def test_every_container_that_reads_the_links_mounts_the_claim(artifacts, tmp_path, capsys, layout):
+def test_every_container_that_reads_the_artifact_mounts_the_claim_there(artifacts, tmp_path, capsys, layout):
     out = tmp_path / "k8s"
     if layout == "dynamo":
         code = run(["deploy", "dynamo", str(artifacts["llmapi"]), "--out", str(out), "--image", DYNAMO_IMAGE,
@@ -78,29 +78,47 @@ def test_every_container_that_reads_the_links_mounts_the_claim(artifacts, tmp_pa
         fetch = next((c for c in spec.get("initContainers") or [] if c["name"] == "fetch-artifact"), None)
         if fetch is None:
             continue  # the Dynamo frontend reads no artifact
-        assert "cp -rs /pvc/. " in fetch["args"][0]
-        for container in spec["containers"]:
-            mounts = {(m["name"], m["mountPath"]): m for m in container["volumeMounts"]}
-            if any(name == "artifact" for name, _ in mounts):
-                assert mounts[("pvc", "/pvc")].get("readOnly") is True, where
+        assert fetch["args"][0] == ("set -eu; cd /models/llama70b; sha256sum --check --quiet --strict "
+                                    "/etc/trtllm-kit/SHA256SUMS")  # the files themselves: nothing is linked
+        assert {v["name"]: v for v in spec["volumes"]}["pvc"]["persistentVolumeClaim"] == {
+            "claimName": "models", "readOnly": True}
+        for container in [fetch, *spec["containers"]]:
+            if container["name"] in ("server", "main", "fetch-artifact"):
+                assert {"name": "pvc", "mountPath": "/models/llama70b", "readOnly": True} in \
+                    container["volumeMounts"], where
                 checked += 1
-    assert checked == {"deployment": 1, "leaderworkerset": 2, "dynamo": 1}[layout]
+    assert checked == {"deployment": 2, "leaderworkerset": 4, "dynamo": 2}[layout]
     assert check_dir(out)[1] == []
 
 
-def test_check_refuses_a_server_that_cannot_follow_the_links(artifacts, tmp_path, capsys):
+def test_check_refuses_links_a_container_cannot_follow(artifacts, tmp_path, capsys):
+    """A directory of the old shape (the claim linked into an emptyDir the server reads, the claim mounted in the
+    fetch container only), as an older kit wrote it or a hand edit makes it."""
     out = tmp_path / "k8s"
     deploy(artifacts["engine"], out, capsys, "--pvc", "models", "--gpus-per-node", "4")
-
-    def drop_claim(doc: dict) -> None:
-        worker = doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
-        worker["volumeMounts"] = [m for m in worker["volumeMounts"] if m["name"] != "pvc"]
-
-    rewrite(out / "leaderworkerset.yaml", drop_claim)
+    rewrite(out / "leaderworkerset.yaml", lambda doc: [
+        link_the_claim(doc["spec"]["leaderWorkerTemplate"][t]["spec"], "/models/llama70b")
+        for t in ("leaderTemplate", "workerTemplate")])
     code, err = check_err(out, capsys)
     assert code == 1
     assert ("containers/server/volumeMounts: reads what init container fetch-artifact linked into volume pvc at /pvc, "
             "but does not mount pvc there, so every link dangles") in err
+
+
+def link_the_claim(spec: dict, mount: str) -> None:
+    """Rewrite a pod spec to the shape before the fix: the fetch container links the claim (at /pvc) into an
+    emptyDir at ``mount``, and the other containers mount that emptyDir only."""
+    spec["volumes"].append({"name": "artifact", "emptyDir": {}})
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        mounts = container.get("volumeMounts") or []
+        if not any(m["name"] == "pvc" for m in mounts):
+            continue
+        is_fetch = container["name"] == "fetch-artifact"
+        container["volumeMounts"] = [m for m in mounts if m["name"] != "pvc"] + [{"name": "artifact",
+                                                                                  "mountPath": mount}]
+        if is_fetch:
+            container["volumeMounts"].append({"name": "pvc", "mountPath": "/pvc", "readOnly": True})
+            container["args"] = [container["args"][0].replace("set -eu; ", f"set -eu; cp -rs /pvc/. {mount}/; ")]
 
 
 # 2. the LeaderWorkerSet controller makes its headless Service only if no Service has the LeaderWorkerSet's name

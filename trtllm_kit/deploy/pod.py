@@ -20,7 +20,6 @@ from trtllm_kit.deploy.versions import SIDECARS, SLEEP_ACTION
 
 Obj = dict[str, Any]
 SUMS_DIR = "/etc/trtllm-kit"
-PVC_DIR = "/pvc"
 GIB = 1024**3
 
 
@@ -70,25 +69,25 @@ def security() -> tuple[Obj, Obj]:
 
 
 def artifact_mounts(source: DeploySource, settings: DeploySettings) -> list[Obj]:
-    """The mounts of a container that reads the artifact: its directory, and with ``--pvc`` the claim too, at the
-    same path as in the fetch container, since the directory holds links into it.
+    """How every container that reads the artifact sees it, at its mount path: the claim itself, read-only
+    (``--pvc``), or the ``emptyDir`` the tar was unpacked into (``--artifact-url``).
+
+    The claim is not linked into another directory: links dangle in every container that does not mount the
+    claim at the links' target, and ``trtllm-kit serve`` refuses an artifact that holds symlinks
+    (``artifact/integrity.py``); the server keeps its run state outside the artifact, so read-only is enough.
 
     Arguments:
         source: the artifact (its mount path); settings: the delivery.
     """
-    mounts: list[Obj] = [{"name": "artifact", "mountPath": source.mount_path}]
     if settings.pvc is not None:
-        mounts.append({"name": "pvc", "mountPath": PVC_DIR, "readOnly": True})
-    return mounts
+        return [{"name": "pvc", "mountPath": source.mount_path, "readOnly": True}]
+    return [{"name": "artifact", "mountPath": source.mount_path}]
 
 
 def fetch_container(source: DeploySource, settings: DeploySettings) -> Obj:
-    """The init container that puts the artifact at its mount path and checks every file's sha256.
-
-    From a URL: a tar of the build output, streamed and unpacked. From a PVC: a tree of links into the read-only
-    claim (the server writes its run state beside the artifact), which is why every container that reads the
-    artifact mounts the claim at the same path (``artifact_mounts``). Either way ``sha256sum -c`` against the list
-    taken from the manifest at deploy time must pass before the server starts.
+    """The init container that puts the artifact at its mount path (a tar from a URL, streamed and unpacked; a
+    claim is there already) and checks every file's sha256 against the list taken from the manifest at deploy
+    time: ``sha256sum -c`` must pass before the server starts.
 
     Arguments:
         source: the artifact; settings: the delivery (``artifact_url`` or ``pvc``).
@@ -99,32 +98,33 @@ def fetch_container(source: DeploySource, settings: DeploySettings) -> Obj:
                "shutil.copyfileobj(urllib.request.urlopen(sys.argv[1]), sys.stdout.buffer)' \"$ARTIFACT_URL\" | "
                f"tar -x -C {mount}")
         env = [{"name": "ARTIFACT_URL", "value": settings.artifact_url}]
+        get = f"{get}; "
     else:
-        get, env = f"cp -rs {PVC_DIR}/. {mount}/", []
+        get, env = "", []
     mounts = [*artifact_mounts(source, settings), {"name": "sums", "mountPath": SUMS_DIR, "readOnly": True}]
     _, container_security = security()
     return {"name": "fetch-artifact", "image": settings.image, "command": ["/bin/sh", "-c"],
-            "args": [f"set -eu; {get}; cd {mount}; sha256sum --check --quiet --strict {SUMS_DIR}/SHA256SUMS"],
+            "args": [f"set -eu; {get}cd {mount}; sha256sum --check --quiet --strict {SUMS_DIR}/SHA256SUMS"],
             "env": env, "volumeMounts": mounts, "securityContext": container_security,
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}}
 
 
 def volumes(name: str, source: DeploySource, settings: DeploySettings, num_ranks: int, *,
             scripts: bool = False) -> list[Obj]:
-    """The artifact, the sha256 list, ``/dev/shm`` in memory (``shm_per_rank`` per rank), and the launch scripts.
+    """The artifact (the claim, or an ``emptyDir`` sized for the tar), the sha256 list, ``/dev/shm`` in memory
+    (``shm_per_rank`` per rank), and the launch scripts.
 
     Arguments:
         name: the deployment's name (ConfigMap prefix); source: the artifact; settings: delivery and shm size;
         num_ranks: server processes in the pod; scripts: mount the multi-node launch scripts.
     """
-    artifact: Obj = {"name": "artifact", "emptyDir": {}}
-    if settings.artifact_url is not None:
-        artifact["emptyDir"] = {"sizeLimit": f"{math.ceil(source.total_bytes * 1.1 / GIB) + 1}Gi"}
+    if settings.pvc is not None:
+        artifact: Obj = {"name": "pvc", "persistentVolumeClaim": {"claimName": settings.pvc, "readOnly": True}}
+    else:
+        artifact = {"name": "artifact", "emptyDir": {"sizeLimit": f"{math.ceil(source.total_bytes * 1.1 / GIB) + 1}Gi"}}
     shm_gib = max(1, math.ceil(num_ranks * _gib(settings.shm_per_rank)))
     found = [artifact, {"name": "sums", "configMap": {"name": f"{name}-sha256"}},
              {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
-    if settings.pvc is not None:
-        found.append({"name": "pvc", "persistentVolumeClaim": {"claimName": settings.pvc, "readOnly": True}})
     if scripts:
         found.append({"name": "launch", "configMap": {"name": f"{name}{LAUNCH_SUFFIX}", "defaultMode": 0o555}})
     return found
