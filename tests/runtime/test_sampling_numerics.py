@@ -15,7 +15,7 @@ from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.model import CheckpointModel
-from trtllm_kit.runtime.sampling import sample
+from trtllm_kit.runtime.sampling import GREEDY_NUMERICS_ERROR, sample, sampling_error
 from trtllm_kit.runtime.sampling_rules import MIN_TEMPERATURE
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 
@@ -63,6 +63,15 @@ def test_one_bad_sequence_ends_alone_with_an_error(model: CheckpointModel) -> No
     assert first.output_ids == alone.output_ids and first.finish_reason == "length"
     assert last.finish_reason in ("length", "end_id") and last.output_ids
     assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_nan_logits_under_greedy_decoding_blame_the_weights_not_the_temperature() -> None:
+    greedy = Sequence(0, [1], SamplingParams(temperature=0.0))
+    assert sample(torch.full((1, 11), float("nan")), [greedy]) == [None]
+    assert sampling_error(greedy) == GREEDY_NUMERICS_ERROR
+    assert "temperature" not in sampling_error(greedy)
+    sampled = Sequence(1, [1], SamplingParams(temperature=0.7, top_p=0.9))
+    assert "send a temperature of at least 1e-5" in sampling_error(sampled)
 
 
 def test_a_temperature_below_the_floor_is_greedy(model: CheckpointModel) -> None:

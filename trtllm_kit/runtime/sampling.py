@@ -15,6 +15,10 @@ from trtllm_kit.runtime.sequence import Sequence
 
 NUMERICS_ERROR = ("the sampling probabilities of this request are not finite (NaN or inf) or all zero "
                   "(temperature {temperature}, top_p {top_p}); send a temperature of at least 1e-5, or 0 for greedy.")
+# Greedy decoding takes the largest logit whatever the temperature: NaN logits come from the weights (the base's or
+# an adapter's) overflowing in the served dtype, not from the request's sampling values.
+GREEDY_NUMERICS_ERROR = ("the model's logits for this request are NaN under greedy decoding: its weights (or its "
+                         "LoRA adapter's) overflow in the served dtype; serve a float32 build or check the adapter.")
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
@@ -33,6 +37,8 @@ def sampling_error(seq: Sequence) -> str:
     Arguments:
         seq: the sequence.
     """
+    if seq.params.is_greedy:
+        return GREEDY_NUMERICS_ERROR
     return NUMERICS_ERROR.format(temperature=seq.params.temperature, top_p=seq.params.top_p)
 
 
