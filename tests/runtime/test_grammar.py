@@ -100,8 +100,9 @@ def test_any_json_guide_gives_json_objects(model, tokenizer, compiler):
 
 
 @pytest.mark.parametrize(("guide", "message"), [
-    (Guide("json_schema", "{not json"), r"^the json_schema guide cannot be compiled: "),
-    (Guide("choice", "[]"), r"^a choice guide must be a JSON array of strings"),
+    (Guide("json_schema", "{not json"), r"^guided_decoding_guide \(json_schema\) cannot be compiled: Failed to parse "
+                                        r"JSON: syntax error at line 1 near: not json; fix the guide\.$"),
+    (Guide("choice", "[]"), r"^guided_decoding_guide \(choice\) must be a JSON array of strings"),
 ])
 def test_malformed_guides_are_refused(compiler, guide, message):
     with pytest.raises(KitUsageError, match=message):

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,8 @@ from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
-from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
+from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
+from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
@@ -81,7 +85,7 @@ class LLM:
             raise ValueError(f"guided_decoding_backend {guided_decoding_backend!r} is not available on the CPU "
                              "runtime; use xgrammar")
         self.guided_decoding_backend = guided_decoding_backend
-        self._grammar: GrammarCompiler | None = None  # made on the first guided request
+        self._guides: GuideService | None = None  # made on the first guided request
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._active: dict[int, tuple[RequestOutput, int]] = {}  # seq_id → (output, tokens sent)
         self._stats: list[dict[str, Any]] = []
@@ -106,6 +110,7 @@ class LLM:
         params = sampling_params or SamplingParams()
         ids = list(inputs) if isinstance(inputs, list) else self._encode(str(inputs), add_special_tokens=True)
         runtime_params = self._runtime_params(params, float(priority))  # refuses bad values before anything runs
+        guide = self._guide(params.guided_decoding)
         lora = None
         if lora_request is not None:
             if self.lora is None:
@@ -113,13 +118,17 @@ class LLM:
                                  "artifact with --lora NAME=DIR or --lora-target-modules")
             lora = self.lora.resolve(lora_request)
         output = RequestOutput(self, ids, streaming, params)
-        if disaggregated_params is not None:
-            if lora is not None:
-                raise ValueError("the CPU runtime does not run a LoRA adapter in a disaggregated request; send "
-                                 "lora_request or disaggregated_params, not both")
-            self.disagg.submit(output, runtime_params, disaggregated_params)
-        else:
-            self._inbox.put(("add", (output, runtime_params, {} if lora is None else {"lora": lora})))
+        if disaggregated_params is not None and lora is not None:
+            raise ValueError("the CPU runtime does not run a LoRA adapter in a disaggregated request; send "
+                             "lora_request or disaggregated_params, not both")
+
+        def submit(ready: RuntimeParams) -> None:
+            if disaggregated_params is not None:
+                self.disagg.submit(output, ready, disaggregated_params)
+            else:
+                self._inbox.put(("add", (output, ready, {} if lora is None else {"lora": lora})))
+
+        self._when_compiled(guide, output, runtime_params, submit)
         return output
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
@@ -137,6 +146,8 @@ class LLM:
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
         self.disagg.transceiver.close()
+        if self._guides is not None:
+            self._guides.close()
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if self.tokenizer is None:
@@ -157,11 +168,11 @@ class LLM:
             presence_penalty=float(p.presence_penalty or 0.0), frequency_penalty=float(p.frequency_penalty or 0.0),
             ignore_eos=bool(p.ignore_eos), n=int(p.n), best_of=None if p.best_of is None else int(p.best_of),
             logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, return_context_logits=p.return_context_logits,
-            return_generation_logits=p.return_generation_logits, guide=self._guide(p.guided_decoding),
-            keep_end_token=p.keep_end_token)
+            return_generation_logits=p.return_generation_logits, keep_end_token=p.keep_end_token)
 
-    def _guide(self, params: GuidedDecodingParams | None) -> Any:
-        """The compiled guide of a request (None without one); needs ``guided_decoding_backend: xgrammar``."""
+    def _guide(self, params: GuidedDecodingParams | None) -> Future[CompiledGuide] | None:
+        """The request's guide, compiling in the guide service's process (None without one); needs
+        ``guided_decoding_backend: xgrammar``."""
         guide = params.guide() if params is not None else None
         if guide is None:
             return None
@@ -170,10 +181,27 @@ class LLM:
                              "(model.yaml)")
         if self.tokenizer is None:
             raise ValueError("guided decoding needs the checkpoint's tokenizer files")
-        if self._grammar is None:
-            self._grammar = GrammarCompiler(self.tokenizer, self.engine.model.dims.vocab_size,
-                                            [self.eos_token_id] if self.eos_token_id is not None else [])
-        return self._grammar.compile(Guide(*guide))
+        if self._guides is None:
+            tokenizer, vocab_size = self.tokenizer, self.engine.model.dims.vocab_size
+            stops = [self.eos_token_id] if self.eos_token_id is not None else []
+            self._guides = GuideService(lambda: tokenizer_info(tokenizer, vocab_size, stops))
+        return self._guides.compile(Guide(*guide))
+
+    def _when_compiled(self, guide: Future[CompiledGuide] | None, output: RequestOutput, params: RuntimeParams,
+                       submit: Callable[[RuntimeParams], None]) -> None:
+        """``submit(params)`` now without a guide; with one, once it has compiled (off the caller's loop), with the
+        compiled guide in ``params``. A refused guide finishes the request with the refusal."""
+        if guide is None:
+            submit(params)
+            return
+
+        def compiled(done: Future[CompiledGuide]) -> None:
+            try:
+                submit(replace(params, guide=done.result()))
+            except Exception as exc:  # the request is answered whatever its guide or its submission raised
+                output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
+
+        guide.add_done_callback(compiled)
 
     def _cancel(self, output: RequestOutput) -> None:
         self._inbox.put(("cancel", output))

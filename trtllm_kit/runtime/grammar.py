@@ -12,6 +12,7 @@ The tokenizer comes from ``xgrammar_tokenizer_info.json`` (``trtllm_kit.model_re
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,14 @@ from typing import Any
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.guide_limits import GuideRefused, guide_field, guide_problem
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "choice")
 ANY_OBJECT = '{"type": "object"}'  # the ``json`` guide: any JSON object, as OpenAI's json_object promises
+# "[06:07:18] /project/cpp/grammar_parser.cc:820: " and "Check failed: (error.empty()) is false: " begin its messages
+XGRAMMAR_PREFIX = re.compile(r"^(\[[\d:]+\] \S+:\d+: )?(Check failed: .*? is false: )?")
+XGRAMMAR_QUOTE = ". The JSON string is:"  # what follows is the whole guide
+MAX_REASON_CHARS = 300
 
 
 def _xgrammar() -> Any:
@@ -85,22 +91,62 @@ class CompiledGuide:
     def __init__(self, compiled: Any, vocab_size: int) -> None:
         self._compiled, self.vocab_size = compiled, vocab_size
 
+    @classmethod
+    def from_json(cls, text: str, info: Any) -> CompiledGuide:
+        """A guide compiled elsewhere (``to_json``), for the tokenizer described by ``info``.
+
+        Arguments:
+            text: the compiled guide as JSON; info: xgrammar's ``TokenizerInfo`` it was compiled for.
+        """
+        return cls(_xgrammar().CompiledGrammar.deserialize_json(text, info), info.vocab_size)
+
+    def to_json(self) -> str:
+        return str(self._compiled.serialize_json())
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self._compiled.memory_size_bytes)
+
     def matcher(self) -> GuideMatcher:
         return GuideMatcher(self._compiled, self.vocab_size)
 
 
-class GrammarCompiler:
-    """Compiles guides for one tokenizer and model vocabulary (xgrammar caches compiled grammars)."""
+def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> Any:
+    """xgrammar's ``TokenizerInfo`` of a Hugging Face tokenizer.
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        """Arguments:
-        tokenizer: a Hugging Face fast tokenizer; vocab_size: the model's (padded) vocabulary size, the width of
-        its logits; stop_token_ids: tokens that end a finished grammar (the EOS token).
-        """
-        xgr = _xgrammar()
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(info)
+    Arguments:
+        tokenizer: a Hugging Face fast tokenizer; vocab_size: the model's (padded) vocabulary size, the width of its
+        logits; stop_token_ids: tokens that end a finished grammar (the EOS token).
+    """
+    return _xgrammar().TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                      stop_token_ids=stop_token_ids)
+
+
+def tokenizer_info_file(path: Path, vocab_size: int) -> Any:
+    """xgrammar's ``TokenizerInfo`` of the tokenizer an ``xgrammar_tokenizer_info.json`` file describes.
+
+    Arguments:
+        path: the file; vocab_size: the model's vocabulary size.
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        info = json.loads(Path(path).read_text())
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(info["tokenizer_str"]))
+    except (OSError, ValueError, KeyError) as exc:
+        raise KitUsageError(f"xgrammar_tokenizer_info_path {path} is not a readable tokenizer info file "
+                            f"({exc}); rebuild the repository to write it.") from None
+    return tokenizer_info(tokenizer, vocab_size, [int(t) for t in info.get("stop_token_ids", [])])
+
+
+class GrammarCompiler:
+    """Compiles guides, in this process, for one tokenizer and model vocabulary (xgrammar's ``TokenizerInfo``).
+    Serving compiles them in a process of their own (``guide_service.py``), which runs this class."""
+
+    def __init__(self, info: Any) -> None:
+        self.info, self.vocab_size = info, int(info.vocab_size)
+        self._compiler = _xgrammar().GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
     @classmethod
     def from_tokenizer_info(cls, path: Path, vocab_size: int) -> GrammarCompiler:
@@ -109,23 +155,18 @@ class GrammarCompiler:
         Arguments:
             path: the file; vocab_size: the model's vocabulary size.
         """
-        from tokenizers import Tokenizer
-        from transformers import PreTrainedTokenizerFast
-
-        try:
-            info = json.loads(Path(path).read_text())
-            tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(info["tokenizer_str"]))
-        except (OSError, ValueError, KeyError) as exc:
-            raise KitUsageError(f"xgrammar_tokenizer_info_path {path} is not a readable tokenizer info file "
-                                f"({exc}); rebuild the repository to write it.") from None
-        return cls(tokenizer, vocab_size, [int(t) for t in info.get("stop_token_ids", [])])
+        return cls(tokenizer_info_file(path, vocab_size))
 
     def compile(self, guide: Guide) -> CompiledGuide:
-        """Compile a guide; a malformed one raises ``KitUsageError`` naming its type.
+        """Compile a guide; one past the bounds of ``guide_limits`` or malformed raises ``GuideRefused`` naming it.
 
         Arguments:
             guide: what the output must match.
         """
+        field = guide_field(guide.guide_type)
+        problem = guide_problem(field, guide.guide_type, guide.guide)
+        if problem is not None:
+            raise GuideRefused(problem)
         try:
             if guide.guide_type == "json":
                 compiled = self._compiler.compile_json_schema(ANY_OBJECT, any_whitespace=False)
@@ -139,9 +180,17 @@ class GrammarCompiler:
                 compiled = self._compiler.compile_grammar(guide.guide)
         except KitUsageError:
             raise
+        except RecursionError:
+            raise GuideRefused(f"{field} nests too deep to compile; flatten it.") from None
         except Exception as exc:  # xgrammar reports malformed schemas, regexes and grammars as RuntimeError
-            raise KitUsageError(f"the {guide.guide_type} guide cannot be compiled: {exc}".rstrip(".") + ".") from None
+            raise GuideRefused(f"{field} cannot be compiled: {_reason(exc)}; fix the guide.") from None
         return CompiledGuide(compiled, self.vocab_size)
+
+
+def _reason(exc: Exception) -> str:
+    """xgrammar's message without the time, source location and check it begins with, nor the guide it quotes."""
+    reason = XGRAMMAR_PREFIX.sub("", str(exc)).split(XGRAMMAR_QUOTE)[0].strip().rstrip(".")
+    return (reason[:MAX_REASON_CHARS] + "..." if len(reason) > MAX_REASON_CHARS else reason) or type(exc).__name__
 
 
 def _choice_grammar(choices_json: str) -> str:
@@ -151,5 +200,5 @@ def _choice_grammar(choices_json: str) -> str:
     except ValueError:
         choices = None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-        raise KitUsageError(f"a choice guide must be a JSON array of strings, got {choices_json[:80]!r}.")
+        raise GuideRefused(f"{guide_field('choice')} must be a JSON array of strings, got {choices_json[:80]!r}.")
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)

@@ -19,7 +19,8 @@ Beyond the basic tensors (docs/openai-eval-engine.md): the penalties, ``min_toke
 ``sequence_index``); ``return_log_probs`` → ``output_log_probs`` and ``cum_log_probs`` (raw logprobs), with
 ``num_top_log_probs`` → ``top_log_probs`` / ``top_log_prob_ids``; ``return_prompt_log_probs`` →
 ``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` (in each sequence's first response);
-``return_context_logits`` / ``return_generation_logits``; ``guided_decoding_guide_type`` / ``guided_decoding_guide``;
+``return_context_logits`` / ``return_generation_logits``; ``guided_decoding_guide_type`` / ``guided_decoding_guide``
+(compiled in a process of its own, ``runtime/guide_service.py``: the request waits aside, the loop goes on);
 ``keep_end_token`` (the token that ends the sequence is the last of ``output_ids``, with its logprob).
 """
 
@@ -29,6 +30,7 @@ import json
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 
@@ -39,7 +41,8 @@ import triton_python_backend_utils as pb_utils
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
-from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
+from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info_file
+from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.heartbeat import Heartbeat
 from trtllm_kit.runtime.lora import LoraRequest, cache_capacity, from_rows
 from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
@@ -101,6 +104,7 @@ class _Pending:
         self.logprobs = LogprobRequest()
         self.with_index = False
         self.num_sent: dict[int, int] = {}  # sequence index → output tokens sent
+        self.guide: Future[CompiledGuide] | None = None  # its guide, compiling or compiled
         self.response = None
         self.done = threading.Event()
 
@@ -130,8 +134,10 @@ class TritonPythonModel:
             parameters["lora_cache_max_adapters"] = str(cache_capacity(checkpoint, int(max_rank), int(host_bytes)))
         self.engine = Engine.from_checkpoint(ckpt, EngineConfig.from_parameters(parameters))
         info = parameters.get("xgrammar_tokenizer_info_path", "")
-        self.tokenizer_info = Path(args["model_repository"]) / info if info and "${" not in info else None
-        self.grammar: GrammarCompiler | None = None  # compiled on the first guided request
+        info_path, vocab_size = Path(args["model_repository"]) / info, self.engine.model.dims.vocab_size
+        self.guides = GuideService(lambda: tokenizer_info_file(info_path, vocab_size)) \
+            if info and "${" not in info else None
+        self.parked: set[_Pending] = set()  # requests whose guide compiles
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
         self.exclude_input = parameters.get("exclude_input_in_output", "false").lower() == "true"
         labels = {"model": args["model_name"], "version": args["model_version"]}
@@ -165,6 +171,8 @@ class TritonPythonModel:
         self.stopping.set()
         self.inbox.put(None)
         self.thread.join(timeout=30)
+        if self.guides is not None:
+            self.guides.close()
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
@@ -193,7 +201,7 @@ class TritonPythonModel:
                         self._progress(self.active[seq.seq_id], seq)
             self._publish()
             self.heartbeat.beat(len(self.active) + self.inbox.qsize())
-        for item in {id(p): p for p in self.active.values()}.values():
+        for item in [*{id(p): p for p in self.active.values()}.values(), *self.parked]:
             self._finish(item, pb_utils.TritonError("the server is shutting down", pb_utils.TritonError.UNAVAILABLE))
 
     def _admit(self, item: _Pending | None) -> None:
@@ -205,6 +213,8 @@ class TritonPythonModel:
             self._stop(item)
             return
         try:
+            if self._compiling(item):
+                return
             for name, default in UNSUPPORTED.items():
                 if _input(request, name, default) != default:
                     raise KitUsageError(f"input {name} = {_input(request, name)} is not supported by the CPU "
@@ -233,7 +243,8 @@ class TritonPythonModel:
                 prompt_logprobs=wanted.num_top if wanted.prompt_log_probs else None,
                 return_context_logits=bool(_input(request, "return_context_logits", False)),
                 return_generation_logits=bool(_input(request, "return_generation_logits", False)),
-                guide=self._guide(request), keep_end_token=bool(_input(request, "keep_end_token", False)))
+                guide=None if item.guide is None else item.guide.result(),
+                keep_end_token=bool(_input(request, "keep_end_token", False)))
             item.streaming = bool(_input(request, "streaming", False))
             if item.streaming and not self.decoupled:
                 raise KitUsageError("streaming needs the model's decoupled transaction policy; send streaming "
@@ -270,17 +281,23 @@ class TritonPythonModel:
         return LoraRequest(int(task_id), from_rows(rows.reshape(-1, rows.shape[-1]), keys.reshape(-1, 3),
                                                    model.config, model.dtype))
 
-    def _guide(self, request):
-        """The compiled guide of a request with ``guided_decoding_guide_type``, else None."""
-        guide_type = _string(request, "guided_decoding_guide_type")
-        if guide_type is None:
-            return None
-        if self.tokenizer_info is None:
-            raise KitUsageError("guided decoding needs the xgrammar_tokenizer_info_path parameter; rebuild the "
-                                "repository from a model with a tokenizer.json.")
-        if self.grammar is None:
-            self.grammar = GrammarCompiler.from_tokenizer_info(self.tokenizer_info, self.engine.model.dims.vocab_size)
-        return self.grammar.compile(Guide(guide_type, _string(request, "guided_decoding_guide") or ""))
+    def _compiling(self, item: _Pending) -> bool:
+        """Start compiling the request's guide (``guided_decoding_guide_type``), once; True while it compiles: the
+        request waits aside and comes back through the inbox when its guide is ready (or refused)."""
+        if item.guide is None:
+            guide_type = _string(item.request, "guided_decoding_guide_type")
+            if guide_type is None:
+                return False
+            if self.guides is None:
+                raise KitUsageError("guided decoding needs the xgrammar_tokenizer_info_path parameter; rebuild the "
+                                    "repository from a model with a tokenizer.json.")
+            item.guide = self.guides.compile(Guide(guide_type, _string(item.request, "guided_decoding_guide") or ""))
+        if item.guide.done():
+            self.parked.discard(item)
+            return False
+        self.parked.add(item)
+        item.guide.add_done_callback(lambda _: self.inbox.put(item))
+        return True
 
     def _cancel(self, item: _Pending) -> None:
         for seq in item.admitted.group:

@@ -32,7 +32,7 @@ from trtllm_kit.serve.openai.protocol import (
     parse_prompts,
     parse_sampling,
 )
-from trtllm_kit.serve.openai.request_body import json_body
+from trtllm_kit.serve.openai.request_body import BODY, json_body
 from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Run, send
@@ -101,7 +101,7 @@ class OpenAIFrontend:
         except RequestError as exc:
             return error_response(exc)
         except GenerationError as exc:
-            return error_response(generation_failure(exc))
+            return error_response(generation_failure(exc, request.get(BODY)))
         except KitUsageError as exc:
             return error_response(RequestError(str(exc)))
         except web.HTTPException as exc:

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.serve.openai.guided import model_refusal
 from trtllm_kit.serve.openai.protocol import RequestError
 from trtllm_kit.serve.openai.request_limits import MAX_JSON_DEPTH, json_depth_problem
 
@@ -31,16 +32,20 @@ def error_response(exc: RequestError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status, headers=headers)
 
 
-def generation_failure(exc: GenerationError) -> RequestError:
-    """What the client is told of a failed generation: a full queue is 429, a refusal 4xx, the rest 5xx.
+def generation_failure(exc: GenerationError, body: dict[str, Any] | None = None) -> RequestError:
+    """What the client is told of a failed generation: a full queue is 429, a refusal 4xx (a refused guide a 400
+    naming the request's field), the rest 5xx.
 
     Arguments:
-        exc: the error the Triton client raised.
+        exc: the error the Triton client raised; body: the request's JSON body, when it has one.
     """
     message = first_line(str(exc))
     if any(marker in message for marker in QUEUE_FULL):
         return RequestError(f"the server's request queue is full; retry after {RETRY_AFTER_S} s. ({message})", 429,
                             kind="rate_limit_error", code="queue_full")
+    refused = model_refusal(message, body)
+    if refused is not None:
+        return refused
     return RequestError(message, exc.status, kind="server_error" if exc.status >= 500 else "invalid_request_error")
 
 

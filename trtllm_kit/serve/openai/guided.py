@@ -1,16 +1,23 @@
 """Structured output: OpenAI's ``response_format`` (``json_object``, ``json_schema``) and vLLM's ``guided_json``,
 ``guided_regex``, ``guided_choice`` and ``guided_grammar``, as the engine's guide (``guided_decoding_guide_type``
-and ``guided_decoding_guide``: ``json``, ``json_schema``, ``regex``, ``choice``, ``ebnf_grammar``)."""
+and ``guided_decoding_guide``: ``json``, ``json_schema``, ``regex``, ``choice``, ``ebnf_grammar``).
+
+A guide longer or deeper than ``runtime/guide_limits.py`` allows is refused here, before it reaches Triton; one the
+model refuses (malformed, or past its compile time or memory) comes back as a 400 naming the field that carried it.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+from trtllm_kit.runtime.guide_limits import GUIDE_INPUT, guide_problem
 from trtllm_kit.serve.openai.protocol import RequestError
 
 GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 Guide = tuple[str, str]  # (guide type, guide)
+MODEL_REFUSAL = re.compile(re.escape(GUIDE_INPUT) + r" \((\w+)\) (.+)")  # "guided_decoding_guide (regex) ..."
 
 
 def parse_guide(body: dict[str, Any]) -> Guide | None:
@@ -19,24 +26,61 @@ def parse_guide(body: dict[str, Any]) -> Guide | None:
     Arguments:
         body: the JSON request body.
     """
+    name = structured_field(body)
+    if name is None:
+        return None
+    guide = _guide(name, body[name])
+    problem = guide_problem(name, *guide)
+    if problem is not None:
+        raise RequestError(problem, param=name)
+    return guide
+
+
+def structured_field(body: dict[str, Any]) -> str | None:
+    """The field that asks for structured output (None: none does); two such fields are refused.
+
+    Arguments:
+        body: the JSON request body.
+    """
     given = [name for name in GUIDED_FIELDS if body.get(name) is not None
              and not (name == "response_format" and body[name] == {"type": "text"})]
-    if not given:
-        return None
     if len(given) > 1:
         raise RequestError(f"{given[0]} and {given[1]} both ask for structured output; send one of them.",
                            param=given[1])
-    name = given[0]
-    value = body[name]
+    return given[0] if given else None
+
+
+def model_refusal(message: str, body: dict[str, Any] | None) -> RequestError | None:
+    """The 400 of a guide the model refused (``message`` names ``guided_decoding_guide``), naming the request's own
+    field instead; None for any other failure.
+
+    Arguments:
+        message: the model's error; body: the JSON request body, when there is one.
+    """
+    found = MODEL_REFUSAL.search(message)
+    if found is None:
+        return None
+    try:
+        name = structured_field(body or {}) or "response_format"
+    except RequestError:
+        name = "response_format"
+    return RequestError(f"{name} {found.group(2)}", param=name)
+
+
+def _guide(name: str, value: Any) -> Guide:
+    """The guide of the structured-output field ``name``."""
     if name == "response_format":
         return _response_format(value)
     if name == "guided_json":
         if isinstance(value, dict):
             return "json_schema", json.dumps(value)
         if isinstance(value, str):
+            problem = guide_problem(name, "json_schema", value)  # before parsing: json.loads recurses
+            if problem is not None:
+                raise RequestError(problem, param=name)
             try:
                 json.loads(value)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise RequestError("guided_json must be a JSON schema (an object, or its JSON text).",
                                    param=name) from None
             return "json_schema", value
