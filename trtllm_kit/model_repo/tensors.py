@@ -1,6 +1,6 @@
 """The tensors of the five repository models, as data (``docs/triton-repo.md`` §3.4–§7).
 
-Each row is ``(name, data type, dims, required)``; dims exclude the Triton batch dimension. The
+Each row is a ``wire.tensor.Tensor`` ``(name, data type, dims, required)``; dims exclude the Triton batch dimension. The
 ``tensorrt_llm`` tables are the upstream names and types on both targets, so clients and the ensemble never
 know which target they talk to. Multimodal, encoder-decoder and speculative-decoding tensors are left out: the kit
 builds decoder-only text models. The LoRA inputs (``lora_inputs``) are declared by models that take adapters.
@@ -11,23 +11,15 @@ the CPU runtime serves them (docs/openai-eval-engine.md).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-
-class Tensor(NamedTuple):
-    """One input or output of a model."""
-
-    name: str
-    data_type: str  # the ``DataType`` enum name without ``TYPE_``, e.g. "INT32"
-    dims: tuple[int, ...]
-    required: bool = False
+from trtllm_kit.wire.lora import lora_tensors
+from trtllm_kit.wire.request import NEVER_END_ID as NEVER_END_ID  # an end_id no token equals
+from trtllm_kit.wire.tensor import Tensor
+from trtllm_kit.wire.tensor import by_name as by_name
 
 
 def _t(name: str, data_type: str, dims: tuple[int, ...] = (1,), required: bool = False) -> Tensor:
     return Tensor(name, data_type, dims, required)
 
-
-NEVER_END_ID = -1  # an ``end_id`` no token equals: generation stops only at ``request_output_len``
 
 # Inputs of ``tensorrt_llm`` with a [-1] or wider shape are ragged (``allow_ragged_batch``).
 TRTLLM_INPUTS = (
@@ -202,21 +194,4 @@ PASSTHROUGH_OUTPUTS = tuple(t for t in TRTLLM_OUTPUTS if t.name not in ("output_
 TEXT_OUTPUTS = (_t("text_output", "STRING", (-1,)), *PASSTHROUGH_OUTPUTS)
 
 
-def lora_inputs(weights_type: str) -> tuple[Tensor, ...]:
-    """Upstream's LoRA inputs of ``tensorrt_llm`` (and of the ensemble and BLS, which pass them through unchanged):
-    the task id (the cache key), and on a task's first request, or after its eviction, the adapter's rows.
-
-    Arguments:
-        weights_type: ``lora_weights``' data type, the model's own (``FP16``, ``BF16``, ``FP32``).
-    """
-    return (_t("lora_task_id", "UINT64"), _t("lora_weights", weights_type, (-1, -1)),
-            _t("lora_config", "INT32", (-1, 3)))
-
-
-def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:
-    """Index a table by tensor name.
-
-    Arguments:
-        tensors: one of the tables above.
-    """
-    return {t.name: t for t in tensors}
+lora_inputs = lora_tensors  # upstream's LoRA inputs of tensorrt_llm, and of the ensemble and BLS that pass them on

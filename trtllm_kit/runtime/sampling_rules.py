@@ -13,9 +13,11 @@ off, ``min_p`` in [0, 1], ``repetition_penalty`` > 0 (1 = off), ``presence_penal
 
 from __future__ import annotations
 
+from trtllm_kit.wire.request import MAX_LOGPROBS
+from trtllm_kit.wire.rules import INT_RANGES
+
 MIN_TEMPERATURE = 1e-5
-MAX_SEED = 2**64 - 1
-MAX_LOGPROBS = 20  # top alternatives per token: OpenAI chat's top_logprobs bound and vLLM's default max_logprobs
+MAX_SEED = INT_RANGES["UINT64"][1]
 EXTRA_DEFAULTS = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
                   "frequency_penalty": 0.0, "min_tokens": 0, "ignore_eos": False, "n": 1}
 

@@ -11,13 +11,12 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.sampling_rules import MAX_SEED, extras_problem, is_greedy_temperature
+from trtllm_kit.wire.request import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:
     from trtllm_kit.runtime.grammar import CompiledGuide
     from trtllm_kit.runtime.kv_transfer import KvBlocks
     from trtllm_kit.runtime.lora import Adapter
-
-DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's default request priority
 
 
 @dataclass(frozen=True)

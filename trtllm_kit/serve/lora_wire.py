@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trtllm_kit.wire.lora import weights_as as weights_as  # float32 rows in a model's lora_weights type
+
 LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")  # upstream's inputs of tensorrt_llm
 
 
@@ -20,16 +22,3 @@ class LoraInputs:
     name: str
     task_id: int
     rows: Callable[[], Awaitable[tuple[np.ndarray, np.ndarray]]] | None = None
-
-
-def weights_as(weights: np.ndarray, datatype: str) -> np.ndarray:
-    """float32 ``lora_weights`` in the model's type: FP32, FP16, or BF16 as its 16-bit patterns (numpy has no
-    bfloat16; Triton reads the raw bytes), rounded to nearest even.
-
-    Arguments:
-        weights: the rows as float32; datatype: the model's ``lora_weights`` type (``FP32``, ``FP16``, ``BF16``).
-    """
-    if datatype == "BF16":
-        bits = np.ascontiguousarray(weights, np.float32).view(np.uint32)
-        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return weights.astype({"FP32": np.float32, "FP16": np.float16}[datatype])
