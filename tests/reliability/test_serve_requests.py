@@ -133,8 +133,8 @@ def test_a_full_queue_is_429_with_retry_after_and_not_retried(served: dict[str, 
 
 def test_a_non_utf8_prompt_fails_alone_without_a_traceback(served: dict[str, Any]) -> None:
     async def one(stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str, text: bytes) -> str | bytes:
-        request = _infer_request(model, "", [("text_input", "BYTES", np.array([text], dtype=np.object_)),
-                                             ("max_tokens", "INT32", np.array([4], np.int32))], batched=True)
+        request = _infer_request(model, "", {"text_input": np.array([text], dtype=np.object_),
+                                             "max_tokens": np.array([4], np.int32)}, batched=True)
 
         async def requests() -> Any:
             yield request

@@ -15,7 +15,6 @@ import torch
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
-from trtllm_kit.serve.client import TextClient, word_list
 from trtllm_kit.serve.fleet.members import context_logits
 from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.logprobs import parse_scoring
@@ -23,20 +22,12 @@ from trtllm_kit.serve.openai.prepare import engine_request
 from trtllm_kit.serve.openai.protocol import parse_sampling
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.scored import logits_scored
+from trtllm_kit.wire.trtllm import encode_trtllm_request, word_list
 
 
 def tensors(req: GenerationRequest) -> dict[str, np.ndarray]:
-    async def build() -> dict[str, np.ndarray]:
-        client = TextClient("127.0.0.1:1", "tensorrt_llm_bls")
-        try:
-            request = client._token_request(req)
-        finally:
-            await client.close()
-        dtypes = {"INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
-        return {t.name: np.frombuffer(raw, dtypes[t.datatype]).reshape(t.shape)
-                for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)}
-
-    return asyncio.run(build())
+    """The request's ``tensorrt_llm`` tensors, with Triton's batch dimension."""
+    return {name: array[None] for name, array in encode_trtllm_request(asyncio.run(req.to_wire())).items()}
 
 
 def test_an_engine_request_as_tensors() -> None:

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.model_repo import tensors as T
-from trtllm_kit.serve import client as text_client
-from trtllm_kit.serve import llmapi_request
 from trtllm_kit.targets import llmapi_repo
 from trtllm_kit.wire import llmapi, llmapi_response, text, trtllm, trtllm_response
 from trtllm_kit.wire.fields import rows
@@ -86,18 +84,3 @@ def test_every_tensorrt_llm_tensor_the_code_spells_is_on_the_wire(source: str) -
                  "bad_words_list", "embedding_bias", "pad_id"}
     spelled = _constants(PACKAGE / source) & dialect
     assert spelled - passed_on <= wire
-
-
-def test_the_clients_tables_agree_with_the_wire() -> None:
-    """The client's per-field tables (text input, tensorrt_llm input, type; llmapi input, type) say what the wire's
-    rows say."""
-    by_field = {r.name: r for r in rows(GenerationRequest)}
-    for text_name, trtllm_name, datatype, _, name in text_client.SAMPLING_INPUTS:
-        row = by_field[name]
-        assert (row.tensor("trtllm"), row.wire.dtype) == (trtllm_name, datatype), name
-        assert row.tensor("text") in (text_name, None), name
-    llmapi_types = {t.name: t.data_type for t in llmapi.request_tensors()}
-    for name, (llmapi_name, datatype, _) in llmapi_request.SAMPLING.items():
-        assert by_field[name].tensors("llmapi")[0] == llmapi_name, name
-        assert llmapi_types[llmapi_name] == datatype, name
-    assert set(text_client.REFUSED_WHEN_MISSING) <= {r.name for r in rows(GenerationRequest) if r.wire.strict}

@@ -1,5 +1,5 @@
-"""The llmapi request codec: every field round-trips through the tensors; the tensors are what the client sends
-today; a bad tensor is refused naming it; what the dialect cannot carry is refused or left out by its row."""
+"""The llmapi request codec: every field round-trips through the tensors; a bad tensor is refused naming it; what
+the dialect cannot carry is refused or left out by its row."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ import numpy as np
 import pytest
 
 from tests.wire.values import VALUES
-from trtllm_kit.serve.client import _guide_values
-from trtllm_kit.serve.generation import GenerationRequest as ClientRequest
-from trtllm_kit.serve.llmapi_request import llmapi_values
 from trtllm_kit.wire import DisaggHandle, GenerationRequest, LoraAdapter, WireError
 from trtllm_kit.wire.fields import rows
 from trtllm_kit.wire.llmapi import decode_llmapi_request, encode_llmapi_request, request_tensors, speaks_llmapi
@@ -44,21 +41,6 @@ def test_the_structured_fields_round_trip() -> None:
     assert arrays["sampling_param_stop"].tolist() == [b"\n", b"END"]
     assert round_trip(req) == req
     assert round_trip(GenerationRequest(PROMPT, max_tokens=None)).max_tokens is None  # the LLM API's default
-
-
-def test_the_tensors_are_what_the_client_sends_today() -> None:
-    sampling = {"temperature": 0.5, "top_p": 0.75, "top_k": 3, "seed": 7, "min_tokens": 1, "end_id": NEVER_END_ID,
-                "n": 2, "best_of": 3, "logprobs": 1, "prompt_logprobs": 2, "min_p": 0.125, "repetition_penalty": 1.5,
-                "presence_penalty": 0.5, "frequency_penalty": -1.0, "priority": 0.75, "keep_end_token": True}
-    client = ClientRequest(PROMPT, 6, guide=("regex", "a+"), **sampling)
-    expected = llmapi_values(PROMPT, 6, streaming=False, **sampling) + _guide_values(client)
-    got = encode_llmapi_request(GenerationRequest(PROMPT, 6, streaming=False, return_finish_reason=True,
-                                                  guide=("regex", "a+"), **sampling))
-    assert set(got) == {name for name, _, _ in expected}
-    for name, datatype, array in expected:
-        assert grpc_datatype(got[name]) == datatype and got[name].tolist() == array.tolist(), name
-    text = encode_llmapi_request(GenerationRequest("Hi", 3, streaming=True, return_finish_reason=True))
-    assert {n: a.tolist() for n, a in text.items()} == {n: a.tolist() for n, _, a in llmapi_values("Hi", 3)}
 
 
 def test_a_model_without_an_input_gets_strict_fields_refused_and_the_others_left_out() -> None:

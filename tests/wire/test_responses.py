@@ -1,6 +1,6 @@
 """The response codecs: every output round-trips in both dialects; what the CPU model sends today (the runtime's
-``logprob_arrays``) reads back as the sequence's own logprobs, and the scored tokens are the ones the client reads
-today (``serve/scored.py``)."""
+``logprob_arrays``) reads back as the sequence's own logprobs, and the scored tokens are the ones the client read
+before it decoded with the wire (``old_reading`` below)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 from tests.wire.values import batched
 from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, TokenLogprob
-from trtllm_kit.serve.scored import tensor_scored
 from trtllm_kit.wire import DisaggHandle, GenerationResponse, Perf, WireError
 from trtllm_kit.wire.llmapi_response import decode_llmapi_response, encode_llmapi_response
 from trtllm_kit.wire.trtllm_response import decode_trtllm_response, encode_trtllm_response
@@ -91,18 +90,21 @@ def test_what_the_cpu_model_sends_reads_back_as_the_sequence() -> None:
         assert np.array_equal(written[name][None], array), name
 
 
-class Result:
-    """What ``tensor_scored`` reads of a gRPC result."""
+def old_reading(arrays: dict[str, np.ndarray], prefix: str, token_ids: tuple[int, ...]) -> tuple:
+    """How the client read the logprob outputs before the wire: the last ``len(token_ids)`` rows, every alternative
+    kept, the first prompt token unscored."""
+    logprobs = arrays[f"{prefix or 'output_'}log_probs"].reshape(-1)[-len(token_ids):]
+    top_ids, top_logprobs = arrays[f"{prefix}top_log_prob_ids"], arrays[f"{prefix}top_log_probs"]
+    width = top_ids.shape[-1]
+    top_ids, top_logprobs = (a.reshape(-1, width)[-len(token_ids):] for a in (top_ids, top_logprobs))
+    return tuple((token, None, ()) if prefix and i == 0 else
+                 (token, float(logprobs[i]), tuple((int(a), float(b)) for a, b in zip(top_ids[i], top_logprobs[i],
+                                                                                       strict=True)))
+                 for i, token in enumerate(token_ids))
 
-    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        self.arrays = arrays
 
-    def as_numpy(self, name: str) -> np.ndarray | None:
-        return self.arrays.get(name)
-
-
-def test_the_scored_tokens_are_the_ones_the_client_reads_today() -> None:
+def test_the_scored_tokens_are_the_ones_the_client_read_before_the_wire() -> None:
     arrays = batched(encode_trtllm_response(full()))
     response = decode_trtllm_response(arrays, PROMPT)
-    assert response.scored == tensor_scored(Result(arrays), "", response.token_ids)
-    assert response.prompt_scored == tensor_scored(Result(arrays), "prompt_", PROMPT)
+    assert response.scored == old_reading(arrays, "", response.token_ids)
+    assert response.prompt_scored == old_reading(arrays, "prompt_", PROMPT)

@@ -1,5 +1,5 @@
-"""The text interface's request codec (``ensemble``, ``tensorrt_llm_bls``): the client's tensors for a text
-prompt, inputs a model lacks left out, and what the interface cannot carry refused."""
+"""The text interface's request codec (``ensemble``, ``tensorrt_llm_bls``): each field as its declared input,
+inputs a model lacks left out, and what the interface cannot carry refused."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import pytest
 
 from tests.wire.values import VALUES
 from trtllm_kit.model_repo import tensors as T
-from trtllm_kit.serve.client import SAMPLING_INPUTS
 from trtllm_kit.wire import GenerationRequest, LoraAdapter, WireError
 from trtllm_kit.wire.fields import rows
 from trtllm_kit.wire.tensor import grpc_datatype
-from trtllm_kit.wire.text import encode_text_request, request_tensors
+from trtllm_kit.wire.text import encode_text_request
 
 TEXT_SCALARS = [r for r in rows(GenerationRequest) if r.is_scalar and r.tensor("text")]
 
@@ -23,21 +22,6 @@ def test_each_scalar_field_goes_as_its_declared_input(row) -> None:
     declared = {t.name: t.data_type for t, _ in T.TEXT_INPUTS}
     name = row.tensor("text")
     assert grpc_datatype(arrays[name]) == declared[name] and arrays[name].tolist() == [VALUES[row.name]]
-
-
-def test_the_tensors_are_what_the_client_sends_a_bls_today() -> None:
-    """The client's text path: the prompt, max_tokens, stream, the sampling inputs the model declares and the three
-    flags it always sets."""
-    sampling = {"temperature": 0.5, "top_p": 0.75, "top_k": 3, "seed": 7, "min_tokens": 1, "end_id": -1,
-                "priority": 0.75, "repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": -1.0}
-    declared = {t.name: t.data_type for t in request_tensors()}
-    got = encode_text_request(GenerationRequest("Hi", 6, streaming=True, exclude_input_in_output=True,
-                                                return_num_input_tokens=True, return_num_output_tokens=True,
-                                                **sampling), declared)
-    expected = {"text_input": [b"Hi"], "max_tokens": [6], "stream": [True], "exclude_input_in_output": [True],
-                "return_num_input_tokens": [True], "return_num_output_tokens": [True]}
-    expected |= {name: [sampling[field]] for name, _, _, _, field in SAMPLING_INPUTS if field in sampling}
-    assert {n: a.tolist() for n, a in got.items()} == expected
 
 
 def test_inputs_the_model_lacks_are_left_out_and_strict_ones_refused() -> None:

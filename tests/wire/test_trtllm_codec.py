@@ -1,22 +1,18 @@
 """The ``tensorrt_llm`` request codec: every field round-trips through the tensors (with and without the batch
-dimension); the tensors are what the client sends today; a bad tensor is refused naming it; a model that lacks
-an input gets a strict field refused and the others left out."""
+dimension); a bad tensor is refused naming it; a model that lacks an input gets a strict field refused and the
+others left out."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from tritonclient.utils import deserialize_bytes_tensor
 
 from tests.wire.values import VALUES, batched
-from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.generation import GenerationRequest as ClientRequest
 from trtllm_kit.wire import DisaggHandle, GenerationRequest, LoraAdapter, WireError
 from trtllm_kit.wire.fields import rows
-from trtllm_kit.wire.tensor import grpc_datatype, is_stop_request
+from trtllm_kit.wire.tensor import is_stop_request
 from trtllm_kit.wire.trtllm import decode_trtllm_request, encode_trtllm_request, request_tensors, word_list, words_of
 
 PROMPT = (1, 5, 9, 2)
@@ -56,48 +52,6 @@ def test_what_the_dialect_cannot_say_comes_back_as_the_engine_runs_it() -> None:
     by_logits = round_trip(GenerationRequest(PROMPT, prompt_logprobs=2, return_context_logits=True))
     assert (by_logits.prompt_logprobs, by_logits.return_context_logits) == (None, True)
     assert round_trip(GenerationRequest(PROMPT, stop_strings=("x",))).stop_strings == ()  # the frontend cuts them
-
-
-def client_tensors(req: ClientRequest) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The tensors ``TextClient`` sends ``tensorrt_llm`` today, without the batch dimension, and their gRPC types."""
-    async def build():
-        client = TextClient("127.0.0.1:1", "tensorrt_llm_bls")
-        try:
-            return client._token_request(req)
-        finally:
-            await client.close()
-
-    request = asyncio.run(build())
-    dtypes = {"INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
-    arrays = {t.name: (deserialize_bytes_tensor(raw) if t.datatype == "BYTES" else np.frombuffer(raw, dtypes[
-        t.datatype])).reshape(t.shape[1:]) for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)}
-    return arrays, {t.name: t.datatype for t in request.inputs}
-
-
-CLIENT_CASES = [  # (the client's request, the same as a wire request: the flags the client always sets)
-    ({"max_tokens": 4, "top_k": 1}, {"max_tokens": 4, "top_k": 1}),
-    ({"max_tokens": 6, "temperature": 0.5, "top_p": 0.75, "seed": 2**64 - 1, "min_tokens": 2, "end_id": 3,
-      "priority": 0.25, "min_p": 0.125, "repetition_penalty": 1.5, "presence_penalty": -0.5, "frequency_penalty": 1.0},
-     {"max_tokens": 6, "temperature": 0.5, "top_p": 0.75, "seed": 2**64 - 1, "min_tokens": 2, "end_id": 3,
-      "priority": 0.25, "min_p": 0.125, "repetition_penalty": 1.5, "presence_penalty": -0.5, "frequency_penalty": 1.0}),
-    ({"n": 2, "best_of": 3, "stop_words": ((7, 8), (), (9,)), "logprobs": 1, "prompt_logprobs": 1,
-      "context_logits": True},
-     {"n": 2, "best_of": 3, "stop_words": ((7, 8), (), (9,)), "logprobs": 1, "prompt_logprobs": 1,
-      "return_context_logits": True}),
-    ({"n": 1, "best_of": 2}, {"n": 1, "best_of": 2}),
-    ({"logprobs": 0, "prompt_logprobs": 5, "keep_end_token": True, "guide": ("regex", "[ab]+")},
-     {"logprobs": 0, "prompt_logprobs": 5, "keep_end_token": True, "guide": ("regex", "[ab]+")}),
-]
-
-
-@pytest.mark.parametrize(("sent", "wire"), CLIENT_CASES)
-def test_the_tensors_are_what_the_client_sends_today(sent: dict, wire: dict) -> None:
-    expected, datatypes = client_tensors(ClientRequest(PROMPT, **sent))
-    got = encode_trtllm_request(GenerationRequest(PROMPT, streaming=True, exclude_input_in_output=True, **wire))
-    assert set(got) == set(expected)
-    for name in expected:
-        assert got[name].dtype == expected[name].dtype and got[name].tolist() == expected[name].tolist(), name
-        assert grpc_datatype(got[name]) == datatypes[name], name
 
 
 @pytest.mark.parametrize(("arrays", "message"), [

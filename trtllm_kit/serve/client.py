@@ -3,35 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import replace
 
 import grpc
 import numpy as np
 from tritonclient.grpc import InferResult, model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
+from trtllm_kit import wire
 from trtllm_kit.serve.compat import TEXT_MODELS
 from trtllm_kit.serve.generation import Chunk, GenerationError, GenerationRequest
-from trtllm_kit.serve.llmapi_request import INCLUDE_STOP_INPUT, STOP_INPUT, llmapi_values, speaks_llmapi
-from trtllm_kit.serve.lora_wire import LORA_INPUTS, weights_as
-from trtllm_kit.serve.scored import Scored, logits_scored, tensor_scored
+from trtllm_kit.serve.scored import logits_scored
+from trtllm_kit.wire.llmapi import encode_llmapi_request, speaks_llmapi
+from trtllm_kit.wire.llmapi_response import decode_llmapi_response
+from trtllm_kit.wire.lora import lora_tensors
+from trtllm_kit.wire.tensor import grpc_datatype
+from trtllm_kit.wire.text import encode_text_request
+from trtllm_kit.wire.trtllm import encode_trtllm_request, request_tensors
+from trtllm_kit.wire.trtllm_response import decode_trtllm_response
 
-# (text interface input, tensorrt_llm input, Triton datatype, numpy dtype, GenerationRequest field)
-SAMPLING_INPUTS = (("temperature", "temperature", "FP32", np.float32, "temperature"),
-                   ("top_p", "runtime_top_p", "FP32", np.float32, "top_p"),
-                   ("top_k", "runtime_top_k", "INT32", np.int32, "top_k"),
-                   ("seed", "seed", "UINT64", np.uint64, "seed"),
-                   ("min_tokens", "min_tokens", "INT32", np.int32, "min_tokens"),
-                   ("end_id", "end_id", "INT32", np.int32, "end_id"),
-                   ("priority", "priority", "FP32", np.float32, "priority"),
-                   ("repetition_penalty", "repetition_penalty", "FP32", np.float32, "repetition_penalty"),
-                   ("presence_penalty", "presence_penalty", "FP32", np.float32, "presence_penalty"),
-                   ("frequency_penalty", "frequency_penalty", "FP32", np.float32, "frequency_penalty"),
-                   ("runtime_min_p", "runtime_min_p", "FP32", np.float32, "min_p"))
-# fields a model must declare to be sent: the others are left to the model's default when it lacks them
-REFUSED_WHEN_MISSING = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
+LORA_INPUTS = tuple(t.name for t in lora_tensors("FP32"))  # upstream's LoRA inputs of tensorrt_llm
 TOKEN_MODEL = "tensorrt_llm"
 
 
@@ -106,104 +99,81 @@ class TextClient:
         return self._inputs
 
     async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
+        try:
+            return await self._encoded(req)
+        except wire.WireError as exc:
+            raise GenerationError(str(exc), status=400) from None
+
+    async def _encoded(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
+        """The request in the dialect of the model it goes to: ``tensorrt_llm`` for token ids (unless the model is an
+        llmapi one), the llmapi model's, or the text interface's; with the flags this transport reads by."""
         if isinstance(req.prompt, tuple) and self.model not in (None, self.token_model):
-            return self._token_request(req, await self._lora_values(req))
+            return await self._token_request(req)
         names = await self.model_inputs()
-        if speaks_llmapi(names):  # the llmapi target's model: text and token ids alike
-            sampling = {field: getattr(req, field) for field in (
-                "temperature", "top_p", "top_k", "seed", "min_tokens", "end_id", "n", "best_of", "logprobs",
-                "prompt_logprobs", *REFUSED_WHEN_MISSING)}
-            if "priority" in names:  # llmapi repositories built before the input existed do not declare it
-                sampling["priority"] = req.priority
-            if "keep_end_token" in names:  # the same
-                sampling["keep_end_token"] = True if req.keep_end_token else None
-            # the LLM API picks the best of best_of only once all are done: such a request is answered whole
-            streaming = req.num_sequences == (req.n or 1)
-            llmapi = llmapi_values(req.prompt, req.max_tokens, streaming=streaming, **sampling) + _guide_values(req)
-            if req.stop_strings and {STOP_INPUT, INCLUDE_STOP_INPUT} <= names:  # the engine stops on them; the
-                # frontend still cuts the text, so the engine keeps each stop string in what it returns
-                llmapi += [(STOP_INPUT, "BYTES", np.array([s.encode() for s in req.stop_strings], dtype=np.object_)),
-                           (INCLUDE_STOP_INPUT, "BOOL", np.array([True]))]
+        if speaks_llmapi(self._types):  # the llmapi target's model: text and token ids alike
             if req.lora is not None:
                 self._check_lora(names, ("lora_name",))
-                llmapi.append(("lora_name", "BYTES", np.array([req.lora.name.encode()], dtype=np.object_)))
-            if req.disaggregated_params is not None:
-                if "disaggregated_params" not in names:
-                    raise GenerationError(f"the model {self.model!r} at {self.url} takes no disaggregated_params "
-                                          "(built before disaggregated serving); rebuild the llmapi artifact.")
-                wire = json.dumps(req.disaggregated_params).encode()
-                llmapi.append(("disaggregated_params", "BYTES", np.array([wire], dtype=np.object_)))
-            return _infer_request(await self.resolve_model(), req.request_id, llmapi, self._batched)
+            gen = await req.to_wire(with_rows=False)
+            # the LLM API picks the best of best_of only once all are done: such a request is answered whole; the
+            # frontend cuts the text at a stop string, so the engine keeps the one it stops on
+            gen = replace(gen, streaming=gen.num_sequences == (gen.n or 1), return_finish_reason=True,
+                          include_stop_str_in_output=True if gen.stop_strings else None)
+            arrays = encode_llmapi_request(gen, declared=self._types)
+            return _infer_request(await self.resolve_model(), req.request_id, arrays, self._batched)
         if isinstance(req.prompt, tuple):
-            return self._token_request(req, await self._lora_values(req))
+            return await self._token_request(req)
         if self.model == self.token_model:
             raise GenerationError(f"the server at {self.url} has none of {', '.join(TEXT_MODELS)} ready.", status=404)
-        values: list[tuple[str, str, np.ndarray]] = [
-            ("text_input", "BYTES", np.array([req.prompt.encode()], dtype=np.object_)),
-            ("max_tokens", "INT32", np.array([req.max_tokens], dtype=np.int32)),
-            ("stream", "BOOL", np.array([True])),
-        ]
-        for name, _, datatype, dtype, field in SAMPLING_INPUTS:
-            value = getattr(req, field)
-            if value is not None and name in names:
-                values.append((name, datatype, np.array([value], dtype=dtype)))
-            elif value is not None and field in REFUSED_WHEN_MISSING:
-                raise GenerationError(f"{field} is not served by the model {self.model!r} (it has no {name} "
-                                      "input); leave it out.", status=400)
-        for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
-            if flag in names:
-                values.append((flag, "BOOL", np.array([True])))
-        values += await self._lora_values(req)
-        return _infer_request(await self.resolve_model(), req.request_id, values, self._batched)
+        if req.lora is not None:
+            self._check_lora(names, LORA_INPUTS)
+        gen = replace(await req.to_wire(), streaming=True, exclude_input_in_output=True, return_num_input_tokens=True,
+                      return_num_output_tokens=True)
+        arrays = encode_text_request(gen, declared=self._types)
+        return _infer_request(await self.resolve_model(), req.request_id, arrays, self._batched)
 
-    async def _lora_values(self, req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
-        """The LoRA inputs of a request to ``tensorrt_llm`` (or the ensemble or BLS, which pass them on): the task id,
-        and the rows in the model's ``lora_weights`` type when the request carries them."""
-        if req.lora is None:
-            return []
-        names = await self.model_inputs()
-        self._check_lora(names, LORA_INPUTS)
-        values = [("lora_task_id", "UINT64", np.array([req.lora.task_id], np.uint64))]
-        if req.lora.rows is not None:
-            weights, config = await req.lora.rows()
-            datatype = self._types["lora_weights"]
-            values += [("lora_weights", datatype, weights_as(weights, datatype)),
-                       ("lora_config", "INT32", config.astype(np.int32))]
-        return values
+    async def _token_request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
+        """A token-id request to ``tensorrt_llm``, every input sent as set (the model is not asked for its
+        config); the adapter's rows go in the ``lora_weights`` type of the model this client reads."""
+        weights_type = "FP32"
+        if req.lora is not None:
+            self._check_lora(await self.model_inputs(), LORA_INPUTS)
+            weights_type = self._types["lora_weights"]
+        gen = replace(await req.to_wire(), streaming=True, exclude_input_in_output=True)
+        arrays = encode_trtllm_request(gen, declared=_every_input(weights_type))
+        return _infer_request(self.token_model, req.request_id, arrays, batched=True)
+
+    def _chunk(self, req: GenerationRequest, request: service_pb2.ModelInferRequest,
+               result: InferResult) -> Chunk | None:
+        """One response as a chunk: token ids for a token-id prompt (or a model that sends no text), else text; None
+        when it carries neither."""
+        arrays = {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
+        is_llmapi = request.model_name == self.model and speaks_llmapi(self._types)
+        by_logits = req.context_logits and "context_logits" in arrays
+        prompt_ids = req.prompt if isinstance(req.prompt, tuple) and req.prompt_logprobs is not None else None
+        try:
+            if is_llmapi:
+                response = decode_llmapi_response(arrays, prompt_ids)
+            else:
+                response = decode_trtllm_response(arrays, None if by_logits else prompt_ids)
+        except wire.WireError as exc:
+            raise GenerationError(f"{request.model_name} answered what the kit cannot read: {exc}") from None
+        if "output_ids" in arrays and (isinstance(req.prompt, tuple) or "text_output" not in arrays):
+            prompt_scored = response.prompt_scored or ()
+            logits = response.context_logits
+            if by_logits and prompt_ids is not None and logits is not None and logits.size:
+                prompt_scored = logits_scored(logits, prompt_ids, req.prompt_logprobs or 0)
+            handle = response.disaggregated
+            return Chunk("", token_ids=response.token_ids, scored=response.scored or (), prompt_scored=prompt_scored,
+                         sequence_index=response.sequence_index or 0, cum_logprob=response.cum_logprob,
+                         disaggregated_params=None if handle is None else handle.to_wire())
+        if "text_output" in arrays:
+            return Chunk(response.text, response.num_input_tokens, response.num_output_tokens)
+        return None
 
     def _check_lora(self, names: set[str], needed: tuple[str, ...]) -> None:
         if not set(needed) <= names:
             raise GenerationError(f"the model {self.model!r} takes no LoRA adapters (it has no {needed[0]} input); "
                                   "serve an artifact built for adapters, or name the base model.", status=400)
-
-    def _token_request(self, req: GenerationRequest,
-                       lora: list[tuple[str, str, np.ndarray]] | None = None) -> service_pb2.ModelInferRequest:
-        ids = np.asarray(req.prompt, dtype=np.int32)
-        values: list[tuple[str, str, np.ndarray]] = [
-            ("input_ids", "INT32", ids), ("input_lengths", "INT32", np.array([ids.size], np.int32)),
-            ("request_output_len", "INT32", np.array([req.max_tokens], np.int32)),
-        ]
-        for _, name, datatype, dtype, field in SAMPLING_INPUTS:
-            value = getattr(req, field)
-            if value is not None:
-                values.append((name, datatype, np.array([value], dtype=dtype)))
-        values += [(flag, "BOOL", np.array([True])) for flag in ("streaming", "exclude_input_in_output")]
-        values += _guide_values(req) + (lora or [])
-        if req.n is not None:  # one request for every sequence: the prompt is computed once
-            values.append(("num_return_sequences", "INT32", np.array([req.num_sequences], np.int32)))
-        if req.stop_words:
-            values.append(("stop_words_list", "INT32", word_list(req.stop_words)))
-        if req.keep_end_token:
-            values.append(("keep_end_token", "BOOL", np.array([True])))
-        ranked = req.num_sequences > (req.n or 1)  # best_of: ranked by cumulative logprob
-        if req.logprobs is not None or req.prompt_logprobs is not None or ranked:
-            top = max(req.logprobs or 0, req.prompt_logprobs or 0)
-            values.append(("num_top_log_probs", "INT32", np.array([top], np.int32)))
-            prompt_flag = "return_context_logits" if req.context_logits else "return_prompt_log_probs"
-            values += [(flag, "BOOL", np.array([True])) for flag, asked in
-                       (("return_log_probs", req.logprobs is not None or ranked),
-                        (prompt_flag, req.prompt_logprobs is not None)) if asked]
-        return _infer_request(self.token_model, req.request_id, values, batched=True)
 
     async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         """Yield each response (text, or token ids for a token-id prompt) until the final one; leaving early
@@ -224,19 +194,9 @@ class TextClient:
             async for response in call:
                 if response.error_message:
                     raise _generation_error(request.model_name, response.error_message)
-                result = InferResult(response.infer_response)
-                text, ids = result.as_numpy("text_output"), result.as_numpy("output_ids")
-                if ids is not None and (isinstance(req.prompt, tuple) or text is None):  # llmapi sends text too
-                    token_ids = tuple(int(t) for t in ids.reshape(-1))
-                    cum_logprob = result.as_numpy("cum_log_probs")
-                    yield Chunk("", token_ids=token_ids, scored=tensor_scored(result, "", token_ids),
-                                prompt_scored=_prompt_scored(result, req),
-                                disaggregated_params=_disaggregated(result),
-                                sequence_index=_scalar(result, "sequence_index") or 0,
-                                cum_logprob=None if cum_logprob is None else float(cum_logprob.reshape(-1)[0]))
-                elif text is not None:
-                    yield Chunk(b"".join(np.asarray(text).reshape(-1)).decode(errors="replace"),
-                                _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
+                chunk = self._chunk(req, request, InferResult(response.infer_response))
+                if chunk is not None:
+                    yield chunk
                 if response.infer_response.parameters["triton_final_response"].bool_param:
                     break
         except grpc.aio.AioRpcError as exc:
@@ -256,56 +216,27 @@ def _generation_error(model: str, message: str) -> GenerationError:
     return GenerationError(f"{model}: {message}", status=404 if unknown else 400 if "INVALID_ARG" in message else 500)
 
 
-def _infer_request(model: str, request_id: str, values: list[tuple[str, str, np.ndarray]],
+def _infer_request(model: str, request_id: str, arrays: Mapping[str, np.ndarray],
                    batched: bool) -> service_pb2.ModelInferRequest:
+    """A gRPC request of encoded tensors, with Triton's batch dimension for a batched model.
+
+    Arguments:
+        model: the model called; request_id: its id ("": one is made); arrays: the tensors by name; batched: the
+        model's ``max_batch_size`` is above 0.
+    """
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id or uuid.uuid4().hex)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
-    for name, datatype, array in values:
-        shape = [1, *array.shape] if batched else list(array.shape)
-        request.inputs.add(name=name, datatype=datatype, shape=shape)
-        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
-        request.raw_input_contents.append(raw)
+    for name, array in arrays.items():
+        datatype = grpc_datatype(array)
+        request.inputs.add(name=name, datatype=datatype, shape=[1, *array.shape] if batched else list(array.shape))
+        request.raw_input_contents.append(serialize_byte_tensor(array).item() if datatype == "BYTES"
+                                          else array.tobytes())
     return request
 
 
-def _guide_values(req: GenerationRequest) -> list[tuple[str, str, np.ndarray]]:
-    if req.guide is None:
-        return []
-    return [(name, "BYTES", np.array([value.encode()], dtype=np.object_)) for name, value in
-            zip(("guided_decoding_guide_type", "guided_decoding_guide"), req.guide, strict=True)]
-
-
-def _prompt_scored(result: InferResult, req: GenerationRequest) -> tuple[Scored, ...]:
-    """The prompt's logprobs in this response, when asked for: from the prompt outputs, or from the context logits."""
-    if req.prompt_logprobs is None or isinstance(req.prompt, str):
-        return ()
-    logits = result.as_numpy("context_logits") if req.context_logits else None
-    if logits is not None and logits.size:
-        return logits_scored(logits, req.prompt, req.prompt_logprobs)
-    return tensor_scored(result, "prompt_", req.prompt)
-
-
-def word_list(words: tuple[tuple[int, ...], ...]) -> np.ndarray:
-    """Token-id words as TensorRT-LLM's ``[2, N]`` word list: the ids concatenated, then the cumulative end
-    offsets padded with -1.
-
-    Arguments:
-        words: each word's token ids (empty ones are left out).
-    """
-    kept = [word for word in words if word]
-    ids = [t for word in kept for t in word]
-    ends = np.cumsum([len(word) for word in kept]).tolist()
-    return np.array([ids, ends + [-1] * (len(ids) - len(ends))], np.int32)
-
-
-def _disaggregated(result: InferResult) -> dict | None:
-    value = result.as_numpy("disaggregated_params")
-    return json.loads(value.reshape(-1)[0]) if value is not None and value.size else None
-
-
-def _scalar(result: InferResult, name: str) -> int | None:
-    value = result.as_numpy(name)
-    return int(value.reshape(-1)[0]) if value is not None and value.size else None
+def _every_input(weights_type: str) -> dict[str, str]:
+    """Every ``tensorrt_llm`` input of the wire, name → type, with ``lora_weights`` in ``weights_type``."""
+    return {t.name: t.data_type for t in request_tensors(weights_type)}
 
 
 async def generate_to(url: str, model: str | None, req: GenerationRequest, write: Callable[[str], object],

@@ -1,10 +1,12 @@
 """What a generation request asks and what comes back: the request, one streamed chunk, and the error a server's
-refusal becomes. The client (``serve/client.py``) sends them to Triton; the frontends build and read them."""
+refusal becomes. The frontends build and read them; ``to_wire`` is the request as the wire carries it, which the
+client (``serve/client.py``) encodes for Triton."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trtllm_kit import wire
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.lora_wire import LoraInputs
 from trtllm_kit.serve.scored import Scored
@@ -53,6 +55,29 @@ class GenerationRequest:
     def num_sequences(self) -> int:
         """Sequences the engine generates: ``best_of``, else ``n``, else one."""
         return max(self.n or 1, self.best_of or 1)
+
+    async def to_wire(self, with_rows: bool = True) -> wire.GenerationRequest:
+        """The request as the wire carries it (a value the wire refuses raises ``WireError`` naming the field).
+
+        Arguments:
+            with_rows: read the adapter's rows, when it has them (``tensorrt_llm`` takes them; an llmapi model
+            takes the adapter's name alone).
+        """
+        lora = None
+        if self.lora is not None:
+            rows = await self.lora.rows() if with_rows and self.lora.rows is not None else (None, None)
+            lora = wire.LoraAdapter(self.lora.name, self.lora.task_id, *rows)
+        handle = self.disaggregated_params
+        return wire.GenerationRequest(
+            self.prompt, self.max_tokens, self.request_id, temperature=self.temperature, top_k=self.top_k,
+            top_p=self.top_p, min_p=self.min_p, seed=self.seed, min_tokens=self.min_tokens, end_id=self.end_id,
+            priority=self.priority, repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty, n=self.n,
+            best_of=self.best_of, logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            stop_words=self.stop_words, stop_strings=self.stop_strings, guide=self.guide,
+            keep_end_token=self.keep_end_token or None,
+            return_context_logits=True if self.context_logits and self.prompt_logprobs is not None else None,
+            lora=lora, disaggregated=None if handle is None else wire.DisaggHandle.from_wire(handle))
 
 
 @dataclass(frozen=True)
