@@ -24,24 +24,29 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is 
 TIMEOUT_S = 300  # the pods' readiness, on a loaded machine
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``builtin:tiny-llama`` for the cpu target, built once for the module."""
-    out = tmp_path_factory.mktemp("tiny") / "out"
-    assert run(["build", "builtin:tiny-llama", "--no-verify", "--out", str(out)]) == 0
+def build(root: Path, target: str) -> Path:
+    out = root / target
+    assert run(["build", "builtin:tiny-llama", "--target", target, "--no-verify", "--out", str(out)]) == 0
     return out
 
 
 @pytest.fixture(scope="module")
-def served(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> TryReport:
-    """The generated cpu Deployment (the artifact on a claim) run once, its answer and records shared."""
-    out = tmp_path_factory.mktemp("k8s") / "k8s"
-    assert run(["deploy", "k8s", str(tiny), "--out", str(out), "--pvc", "models",
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``builtin:tiny-llama`` for the cpu target, built once for the module."""
+    return build(tmp_path_factory.mktemp("tiny"), "cpu")
+
+
+@pytest.fixture(scope="module", params=["cpu", "llmapi"])
+def served(request: pytest.FixtureRequest, tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> TryReport:
+    """The generated Deployment of a cpu and an llmapi build (the artifact on a claim), each run once."""
+    out = tiny if request.param == "cpu" else build(tmp_path_factory.mktemp("tiny"), "llmapi")
+    k8s = tmp_path_factory.mktemp("k8s") / "k8s"
+    assert run(["deploy", "k8s", str(out), "--out", str(k8s), "--pvc", "models",
                 "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0
-    return try_directory(out, {"models": tiny}, timeout_s=TIMEOUT_S)
+    return try_directory(k8s, {"models": out}, timeout_s=TIMEOUT_S)
 
 
-def test_the_cpu_deployment_answers_through_its_service(served):
+def test_the_deployment_answers_through_its_service(served):
     assert served.failure is None
     assert served.service == "tiny-llama-api" and served.answer
     [pod] = served.pods

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +61,12 @@ class NetNamespace:
                            "unshare; run it as root on a Linux machine.")
         self.holder = subprocess.Popen([unshare, "--net", "--", "sleep", "infinity"], start_new_session=True)
         self.path = Path(f"/proc/{self.holder.pid}/ns/net")
+        own = os.readlink(f"/proc/{os.getpid()}/ns/net")
+        deadline = time.monotonic() + 30
+        while os.readlink(self.path) == own:  # until unshare has left this machine's namespace
+            if self.holder.poll() is not None or time.monotonic() > deadline:
+                raise KitError(f"unshare --net did not make a network namespace (exit {self.holder.poll()}).")
+            time.sleep(0.01)
 
     def ip(self, *args: str) -> None:
         """Run ``ip ARGS`` inside the namespace; its failure is raised with ip's message."""
