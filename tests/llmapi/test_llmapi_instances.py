@@ -151,8 +151,10 @@ def test_priority_reaches_the_cpu_runtime(tmp_path: Path) -> None:
 
 
 def test_clients_send_priority_to_an_llmapi_model() -> None:
-    from trtllm_kit.serve.llmapi_request import llmapi_values
+    from trtllm_kit.wire import GenerationRequest
+    from trtllm_kit.wire.llmapi import encode_llmapi_request
+    from trtllm_kit.wire.tensor import grpc_datatype
 
-    values = {name: (datatype, array) for name, datatype, array in llmapi_values([1, 415], 4, priority=0.75)}
-    assert values["priority"][0] == "FP32" and values["priority"][1].tolist() == [0.75]
-    assert "priority" not in {name for name, _, _ in llmapi_values([1, 415], 4, priority=None)}
+    values = encode_llmapi_request(GenerationRequest((1, 415), 4, priority=0.75))
+    assert grpc_datatype(values["priority"]) == "FP32" and values["priority"].tolist() == [0.75]
+    assert "priority" not in encode_llmapi_request(GenerationRequest((1, 415), 4, priority=None))

@@ -25,7 +25,9 @@ from reliability_helpers import kit
 from serving_helpers import MODEL, post, serve
 from tritonclient import grpc as grpcclient
 
-from trtllm_kit.serve.llmapi_request import llmapi_values
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.llmapi import encode_llmapi_request
+from trtllm_kit.wire.tensor import grpc_datatype
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NEIGHBOUR = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 400, "temperature": 0,
@@ -160,13 +162,19 @@ def test_deep_json_and_an_oversized_body_are_refused(target: dict[str, Any]) -> 
         413, "the request body is larger than this server's limit of 4194304 bytes; send a shorter prompt.")
 
 
-def direct(state: dict[str, Any], values: list[tuple[str, str, np.ndarray]]) -> str:
+def llmapi_values(prompt: str | list[int], max_tokens: int, **sampling: Any) -> dict[str, np.ndarray]:
+    """The llmapi model's tensors of a streamed request, as the kit's clients send them."""
+    return encode_llmapi_request(GenerationRequest(prompt, max_tokens, streaming=True, return_finish_reason=True,
+                                                   **sampling))
+
+
+def direct(state: dict[str, Any], values: dict[str, np.ndarray]) -> str:
     """One streamed request straight to Triton's ``tensorrt_llm`` model: ``ok`` or the error's message."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(state["grpc"])
     inputs = []
-    for name, datatype, array in values:
-        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+    for name, array in values.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), grpc_datatype(array))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     client.start_stream(callback=lambda result, error: results.put((result, error)))

@@ -16,18 +16,36 @@ from typing import Any, Protocol
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import serialize_byte_tensor
 
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.workload import Prompt
-from trtllm_kit.serve.llmapi_request import llmapi_values, speaks_llmapi
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.llmapi import encode_llmapi_request, speaks_llmapi
+from trtllm_kit.wire.request import NEVER_END_ID
+from trtllm_kit.wire.scalars import field_row
+from trtllm_kit.wire.tensor import grpc_datatype
 
 PERF_OUTPUTS = {"arrival_time_ns": "arrival_ns", "first_scheduled_time_ns": "first_scheduled_ns",
                 "first_token_time_ns": "first_token_ns", "last_token_time_ns": "last_token_ns",
                 "kv_cache_reused_blocks": "kv_reused_blocks", "kv_cache_alloc_new_blocks": "kv_new_blocks"}
 NUMPY_TYPES = {"INT32": np.int32, "INT64": np.int64}
+
+
+def _trtllm(field: str) -> str:
+    name = field_row(field).tensor("trtllm")
+    assert name is not None, f"{field} has no tensorrt_llm input"
+    return name
+
+
+# the tensorrt_llm inputs of a benchmark request, named by the wire and written here as raw bytes (the load
+# generator's hot loop): the forced length is request_output_len = min_tokens
+LENGTHS = (_trtllm("max_tokens"), _trtllm("min_tokens"))
+END_ID = _trtllm("end_id")
+FLAGS = tuple(_trtllm(name) for name in (
+    "streaming", "exclude_input_in_output", "return_num_output_tokens", "return_perf_metrics"))
 
 
 class StreamClient(Protocol):
@@ -93,21 +111,22 @@ class TritonStreamClient:
     def request(self, prompt: Prompt, request_id: str | None = None) -> service_pb2.ModelInferRequest:
         """The streaming request: forced OSL (``min_tokens = request_output_len``), counts and perf metrics on."""
         one = np.array([[1]], np.int32).tobytes()
-        scalar = {"input_lengths": prompt.isl, "request_output_len": prompt.osl, "min_tokens": prompt.osl,
-                  "end_id": self.end_id}
-        flags = ("streaming", "exclude_input_in_output", "return_num_output_tokens", "return_perf_metrics")
+        scalar = {"input_lengths": prompt.isl, **{name: prompt.osl for name in LENGTHS}, END_ID: self.end_id}
         req = service_pb2.ModelInferRequest(model_name=self.model, id=request_id or prompt.request_id)
         req.parameters["triton_enable_empty_final_response"].bool_param = True
         if self.llmapi:  # the llmapi target's model: the forced length is max_tokens = min_tokens
-            values = llmapi_values(prompt.input_ids, prompt.osl, min_tokens=prompt.osl, end_id=self.end_id)
-            for name, datatype, array in values:
+            gen = GenerationRequest(tuple(prompt.input_ids), prompt.osl, min_tokens=prompt.osl, end_id=self.end_id,
+                                    streaming=True, return_finish_reason=True)
+            for name, array in encode_llmapi_request(gen).items():
+                datatype = grpc_datatype(array)
                 req.inputs.append(service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype,
                                                                                  shape=list(array.shape)))
-                req.raw_input_contents.append(array.tobytes())
+                req.raw_input_contents.append(serialize_byte_tensor(array).item() if datatype == "BYTES"
+                                              else array.tobytes())
             return req
         tensors = [_tensor("input_ids", "INT32", [1, prompt.isl], np.asarray(prompt.input_ids, np.int32).tobytes())]
         tensors += [_tensor(k, "INT32", [1, 1], np.array([[v]], np.int32).tobytes()) for k, v in scalar.items()]
-        tensors += [_tensor(k, "BOOL", [1, 1], one[:1]) for k in flags]
+        tensors += [_tensor(k, "BOOL", [1, 1], one[:1]) for k in FLAGS]
         for tensor, contents in tensors:
             req.inputs.append(tensor)
             req.raw_input_contents.append(contents)
@@ -126,7 +145,7 @@ class TritonStreamClient:
             raise KitError(f"model {self.model!r} is not ready at {self.target} (ready: {names}); "
                            "pass --model NAME.")
         config = await self.stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model), timeout=10)
-        self.llmapi = speaks_llmapi(tensor.name for tensor in config.config.input)
+        self.llmapi = speaks_llmapi({tensor.name for tensor in config.config.input})
 
     def _stream(self) -> _Stream:
         self.streams = [s for s in self.streams if s.failure is None and not s.reader.done()]
