@@ -183,6 +183,8 @@ class GrammarCompiler:
         except RecursionError:
             raise GuideRefused(f"{field} nests too deep to compile; flatten it.") from None
         except Exception as exc:  # xgrammar reports malformed schemas, regexes and grammars as RuntimeError
+            if "bad_alloc" in str(exc):  # and running out of memory too
+                raise MemoryError(str(exc)) from None
             raise GuideRefused(f"{field} cannot be compiled: {_reason(exc)}; fix the guide.") from None
         return CompiledGuide(compiled, self.vocab_size)
 
