@@ -6,7 +6,9 @@ sequence when it terminates (it accepted a stop token at the end of the grammar)
 TensorRT-LLM backend's ``guided_decoding_guide_type`` values (``json`` = any JSON object, ``json_schema``,
 ``regex``, ``ebnf_grammar``) plus ``choice`` (one of a list of strings, given as a JSON array). JSON is compact
 (xgrammar's ``any_whitespace=False``): a model cannot pad it with whitespace until it runs out of tokens.
-The tokenizer comes from ``xgrammar_tokenizer_info.json`` (``trtllm_kit.model_repo.xgrammar_info``).
+The tokenizer comes from ``xgrammar_tokenizer_info.json`` (``trtllm_kit.model_repo.xgrammar_info``). A guide past
+the bounds of ``guide_limits.py``, or one xgrammar cannot read, raises ``GuideRefused``; served models compile
+through ``guide_service.py``, which runs this module's compiler in a process of its own.
 """
 
 from __future__ import annotations
