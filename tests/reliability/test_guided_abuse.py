@@ -11,19 +11,18 @@ until it compiled, and a 100,000-string enum compiled for minutes.
 
 from __future__ import annotations
 
-import asyncio
 import json
+import queue
 import shutil
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from reliability_helpers import kit
 from serving_helpers import MODEL, post, serve
-
-from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.generation import GenerationError, GenerationRequest
+from tritonclient import grpc as grpcclient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HANG_GUARD_S = 180  # generous: a loaded machine is slow, a stalled server never answers
@@ -49,6 +48,9 @@ HOSTILE = {
 }
 
 
+PROMPT = [1, 415, 565, 37]
+
+
 @pytest.fixture(scope="module", params=["cpu", "llmapi"])
 def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A serve of the tiny model built for the target; its state."""
@@ -59,7 +61,7 @@ def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         done = kit("build", MODEL, "--target", "llmapi", "--no-verify", "--out", str(out), timeout=600)
         assert done.returncode == 0, done.stderr
     state = serve(out)
-    yield state
+    yield {**state, "target": request.param}
     kit("stop", str(out), timeout=60)
 
 
@@ -68,6 +70,35 @@ def completion(state: dict[str, Any], **fields: Any) -> tuple[int, dict[str, Any
     status, _, body = post(f"http://{state['openai']}/v1/completions", json.dumps({
         "model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, **fields}).encode())
     return status, json.loads(body)
+
+
+def straight_to_triton(state: dict[str, Any], guide_type: str, guide: str) -> str:
+    """A guided request of four tokens sent to Triton's ``tensorrt_llm`` model itself, past the frontend (the cpu
+    target's batched tensors, or the llmapi model's); its error's message, or ``answered``."""
+    batched = state["target"] == "cpu"
+    arrays = {"input_ids": np.array(PROMPT, np.int32), "guided_decoding_guide_type": np.array([guide_type], object),
+              "guided_decoding_guide": np.array([guide], object)}
+    arrays.update({"input_lengths": np.array([len(PROMPT)], np.int32), "request_output_len": np.array([4], np.int32)}
+                  if batched else {"sampling_param_max_tokens": np.array([4], np.int32)})
+    inputs = []
+    for name, array in arrays.items():
+        array = array[None] if batched else array
+        inputs.append(grpcclient.InferInput(name, list(array.shape), "BYTES" if array.dtype == object else "INT32"))
+        inputs[-1].set_data_from_numpy(array)
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(state["grpc"])
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=HANG_GUARD_S)
+            if error is not None:
+                return str(error)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return "answered"
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 class Guided(threading.Thread):
@@ -101,20 +132,8 @@ def test_an_oversized_guide_is_refused_before_it_compiles(target: dict[str, Any]
     assert body["error"]["message"] == ("guided_json has 2000010 characters; a structured-output guide may have at "
                                         "most 65536: send a smaller one.")
 
-    async def straight_to_triton() -> str:  # past the frontend: the model's own bound
-        client = TextClient(target["grpc"], token_model="tensorrt_llm")
-        request = GenerationRequest((1, 415, 565, 37), max_tokens=4, guide=("json_schema", HUGE))
-        try:
-            async for _ in client.stream(request):
-                pass
-        except GenerationError as exc:
-            return str(exc)
-        finally:
-            await client.close()
-        raise AssertionError("the oversized guide was answered")
-
     assert ("guided_decoding_guide (json_schema) has 2000010 characters; a structured-output guide may have at most "
-            "65536: send a smaller one.") in asyncio.run(asyncio.wait_for(straight_to_triton(), HANG_GUARD_S))
+            "65536: send a smaller one.") in straight_to_triton(target, "json_schema", HUGE)
 
 def test_a_slow_guide_delays_only_its_own_request(target: dict[str, Any]) -> None:
     slow = Guided(target, SLOW_FIELDS)
