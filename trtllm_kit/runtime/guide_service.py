@@ -54,6 +54,7 @@ class GuideService:
         self._ids = itertools.count()
         self._process: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def compile(self, guide: Guide) -> Future[CompiledGuide]:
         """The compiled guide, as a future: done at once when the guide is kept or past a size bound, else when the
@@ -75,6 +76,9 @@ class GuideService:
         with self._lock:
             if guide in self._kept:  # sent by another thread meanwhile
                 return _fresh(self._kept[guide])
+            if self._closed:
+                future.set_exception(KitError("the guide compiler is stopped: the model is shutting down."))
+                return future
             self._kept[guide] = future
             request_id = next(self._ids)
             self._sent[request_id] = (guide, future)
@@ -87,6 +91,8 @@ class GuideService:
 
     def close(self) -> None:
         """Stop the worker (its compiles are killed) and fail the guides still compiling."""
+        with self._lock:
+            self._closed = True
         self._outbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -104,7 +110,7 @@ class GuideService:
                 process.stdin.write(encode_frame({"id": request_id, "guide_type": guide.guide_type,
                                                   "guide": guide.guide}))
                 process.stdin.flush()
-            except (OSError, KitError) as exc:
+            except Exception as exc:  # the thread must live on: this guide fails, the next one tries again
                 self._resolve(request_id, KitError(f"the guide compiler could not take the guide ({exc})."))
 
     def _worker(self) -> subprocess.Popen[bytes]:
@@ -124,22 +130,28 @@ class GuideService:
     def _read(self, process: subprocess.Popen[bytes]) -> None:
         """Resolve each guide the worker answers; when it ends, fail the guides it held."""
         assert process.stdout is not None
-        while (answer := read_frame(process.stdout)) is not None:
-            request_id = int(answer["id"])
-            if "compiled" in answer:
-                try:
-                    self._resolve(request_id, CompiledGuide.from_json(answer["compiled"], self._info))
-                except Exception as exc:  # a compiled guide that cannot be read back fails its request alone
-                    self._resolve(request_id, KitError(f"the compiled guide could not be read ({exc!r})."))
-            elif "refused" in answer:
-                self._resolve(request_id, GuideRefused(answer["refused"]))
-            else:
-                self._resolve(request_id, KitError(f"{answer.get('failed', 'the guide did not compile')}."))
+        try:
+            while (answer := read_frame(process.stdout)) is not None:
+                self._answer(answer)
+        except (OSError, ValueError, KeyError):  # a broken answer: this worker is not trusted further
+            process.kill()
         code = process.wait()
         with self._lock:
             held = [request_id for request_id, holder in self._holder.items() if holder is process]
         for request_id in held:
             self._resolve(request_id, KitError(f"the guide compiler process ended (exit code {code})."))
+
+    def _answer(self, answer: dict[str, Any]) -> None:
+        request_id = int(answer["id"])
+        if "compiled" in answer:
+            try:
+                self._resolve(request_id, CompiledGuide.from_json(answer["compiled"], self._info))
+            except Exception as exc:  # a compiled guide that cannot be read back fails its request alone
+                self._resolve(request_id, KitError(f"the compiled guide could not be read ({exc!r})."))
+        elif "refused" in answer:
+            self._resolve(request_id, GuideRefused(answer["refused"]))
+        else:
+            self._resolve(request_id, KitError(f"{answer.get('failed', 'the guide did not compile')}."))
 
     def _resolve(self, request_id: int, outcome: CompiledGuide | KitError) -> None:
         """Settle a sent guide; failures of the server, and time-outs, are not kept."""
