@@ -432,3 +432,15 @@ def test_serving_and_reading_an_artifact_import_no_torch() -> None:
     code = f"import sys, {', '.join(modules)}; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.strip() == "False"
+
+
+def test_a_command_ends_without_the_compiler_modules_exit_listing() -> None:
+    """torch._dynamo imports OpenAI Triton where it is installed; its module lists its live objects when the
+    interpreter ends, after the command's own output."""
+    pytest.importorskip("triton")
+    code = ("import sys, torch._dynamo, trtllm_kit.__main__ as entry; sys.argv = ['trtllm-kit', 'models']; "
+            "entry.main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "builtin:tiny-llama" in done.stdout
+    assert "nanobind" not in done.stderr and "leaked" not in done.stderr, done.stderr[-2000:]
