@@ -28,10 +28,10 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings
+from trtllm_kit.wire import GenerationRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KIT = [sys.executable, "-m", "trtllm_kit"]

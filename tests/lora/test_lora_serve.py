@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,12 +27,11 @@ from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
 from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.generation import GenerationRequest
-from trtllm_kit.serve.lora_wire import LoraInputs
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port, grpc_headers
 from trtllm_kit.serve.server.state import read_state, token_for
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings
+from trtllm_kit.wire import GenerationRequest, LoraAdapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "builtin:tiny-llama"
@@ -161,10 +159,7 @@ def test_the_bls_passes_the_lora_inputs_through(served: Served) -> None:
     assert state is not None
     adapter_dir = served.out / "lora" / "mlp16"
     weights, config = to_rows(load_adapter(adapter_dir / ADAPTER_FILE, torch.float32, 1 << 30))
-    async def rows() -> tuple[np.ndarray, np.ndarray]:
-        return weights.numpy(), config.numpy()
-
-    lora = LoraInputs("mlp16", 99, rows)
+    lora = LoraAdapter("mlp16", 99, weights.numpy(), config.numpy())
     text = "The kit serves adapters"
     gen = GenerationRequest(text, max_tokens=MAX_TOKENS, temperature=0.0, end_id=-1, lora=lora)
 

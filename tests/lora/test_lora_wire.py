@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtllm_kit.serve.lora_wire import weights_as
+from trtllm_kit.wire.lora import weights_as
 
 VALUES = np.array([[0.0, -0.0, 1.0, -2.5, 3.14159, 1e-8, 65504.0, 1.00390625, 1.01171875, -7.3e5]], np.float32)
 

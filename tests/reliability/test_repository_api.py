@@ -23,9 +23,10 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.generation import GenerationError, GenerationRequest
+from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER, RESTRICTED_HEADER
 from trtllm_kit.serve.server.state import TOKEN_FILE
+from trtllm_kit.wire import GenerationRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KEY = "sk-repository-test-key"

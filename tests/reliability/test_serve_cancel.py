@@ -15,7 +15,7 @@ import pytest
 from serving_helpers import MODEL, counters, open_stream, wait_idle
 
 from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.generation import GenerationRequest
+from trtllm_kit.wire import GenerationRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LONG = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, "temperature": 0}

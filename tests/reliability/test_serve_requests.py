@@ -187,7 +187,8 @@ def test_with_an_api_key_no_port_serves_inference_without_it(keyed: dict[str, An
 
     async def grpc_generate() -> str:
         from trtllm_kit.serve.client import TextClient
-        from trtllm_kit.serve.generation import GenerationError, GenerationRequest
+        from trtllm_kit.serve.generation import GenerationError
+        from trtllm_kit.wire import GenerationRequest
 
         client = TextClient(keyed["grpc"], "tensorrt_llm_bls")
         try:

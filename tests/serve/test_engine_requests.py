@@ -5,7 +5,6 @@ an engine route has context logits."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,23 +15,23 @@ import torch
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
 from trtllm_kit.serve.fleet.members import context_logits
-from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.logprobs import parse_scoring
 from trtllm_kit.serve.openai.prepare import engine_request
 from trtllm_kit.serve.openai.protocol import parse_sampling
 from trtllm_kit.serve.openai.routes import Route
-from trtllm_kit.serve.scored import logits_scored
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.logprobs import logits_scored
 from trtllm_kit.wire.trtllm import encode_trtllm_request, word_list
 
 
 def tensors(req: GenerationRequest) -> dict[str, np.ndarray]:
     """The request's ``tensorrt_llm`` tensors, with Triton's batch dimension."""
-    return {name: array[None] for name, array in encode_trtllm_request(asyncio.run(req.to_wire())).items()}
+    return {name: array[None] for name, array in encode_trtllm_request(req).items()}
 
 
 def test_an_engine_request_as_tensors() -> None:
     sent = tensors(GenerationRequest((1, 5, 9), 4, top_k=1, n=2, best_of=3, stop_words=((7, 8), (), (9,)),
-                                     logprobs=1, prompt_logprobs=1, context_logits=True))
+                                     logprobs=1, prompt_logprobs=1, return_context_logits=True))
     assert sent["num_return_sequences"].tolist() == [[3]]  # best_of generated, the frontend keeps the n best
     assert sent["stop_words_list"].tolist() == [[[7, 8, 9], [2, 3, -1]]]  # [1, 2, N]: ids, then end offsets
     assert sent["return_log_probs"].tolist() == [[True]] and sent["return_context_logits"].tolist() == [[True]]
@@ -51,7 +50,7 @@ def test_logprobs_ask_for_the_end_token_back() -> None:
     for kind, body, keep in (("text_completion", {"logprobs": 0}, True), ("text_completion", {"echo": True}, False),
                              ("chat.completion", {"logprobs": True}, True), ("chat.completion", {}, False)):
         gen = engine_request(route, body, (1, 5), parse_sampling(body, kind), parse_scoring(body, kind), "r")
-        assert gen.keep_end_token is keep, (kind, body)
+        assert gen.keep_end_token is (True if keep else None), (kind, body)
 
 
 def test_a_word_list_of_one_word() -> None:

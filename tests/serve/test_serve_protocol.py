@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
 from trtllm_kit.serve.openai.protocol import (
@@ -14,18 +13,21 @@ from trtllm_kit.serve.openai.protocol import (
     parse_prompts,
     parse_sampling,
 )
+from trtllm_kit.wire import GenerationRequest
 
 
 @pytest.mark.parametrize(("body", "expected"), [
     ({"temperature": 0}, GenerationRequest("p", 16, top_k=1, request_id="r")),  # greedy
     ({"temperature": 1e-45}, GenerationRequest("p", 16, top_k=1, request_id="r")),  # below 1e-5: greedy
     ({"temperature": 0.99e-5, "top_p": 0.5}, GenerationRequest("p", 16, top_k=1, request_id="r")),
-    ({"temperature": 1e-5}, GenerationRequest("p", 16, 1e-5, 1.0, request_id="r")),  # the smallest sampled
+    ({"temperature": 1e-5},  # the smallest sampled
+     GenerationRequest("p", 16, temperature=1e-5, top_p=1.0, request_id="r")),
     ({"temperature": 2, "top_p": 1e-30, "seed": 2**64 - 1},
-     GenerationRequest("p", 16, 2.0, 1e-30, seed=2**64 - 1, request_id="r")),
-    ({}, GenerationRequest("p", 16, 1.0, 1.0, request_id="r")),  # OpenAI's defaults: sample the whole distribution
+     GenerationRequest("p", 16, temperature=2.0, top_p=1e-30, seed=2**64 - 1, request_id="r")),
+    ({},  # OpenAI's defaults: sample the whole distribution
+     GenerationRequest("p", 16, temperature=1.0, top_p=1.0, request_id="r")),
     ({"temperature": 0.5, "top_p": 0.9, "seed": 3, "max_tokens": 4},
-     GenerationRequest("p", 4, 0.5, 0.9, seed=3, request_id="r")),
+     GenerationRequest("p", 4, temperature=0.5, top_p=0.9, seed=3, request_id="r")),
     ({"temperature": 0, "max_tokens": 9, "min_tokens": 9, "ignore_eos": True},  # a forced output length
      GenerationRequest("p", 9, top_k=1, min_tokens=9, end_id=-1, request_id="r")),
 ])

@@ -179,11 +179,12 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
     import asyncio
 
     from trtllm_kit.serve.client import generate_to
-    from trtllm_kit.serve.generation import GenerationRequest
     from trtllm_kit.serve.server.launcher import grpc_headers
     from trtllm_kit.serve.server.state import token_for
+    from trtllm_kit.wire import GenerationRequest
 
-    request = GenerationRequest(prompt, max_tokens, temperature or None, top_p, top_k, seed)
+    request = GenerationRequest(prompt, max_tokens, temperature=temperature or None, top_p=top_p, top_k=top_k,
+                                seed=seed)
     headers = grpc_headers(token_for(url))  # the owner's own serve: its token, from the run directory
     asyncio.run(generate_to(url, model, request, lambda text: click.echo(text, nl=False), headers))
     click.echo()

@@ -12,12 +12,12 @@ import numpy as np
 from tritonclient.grpc import InferResult, model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
-from trtllm_kit import wire
 from trtllm_kit.serve.compat import TEXT_MODELS
-from trtllm_kit.serve.generation import Chunk, GenerationError, GenerationRequest
-from trtllm_kit.serve.scored import logits_scored
+from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.wire import GenerationRequest, GenerationResponse, WireError
 from trtllm_kit.wire.llmapi import encode_llmapi_request, speaks_llmapi
 from trtllm_kit.wire.llmapi_response import decode_llmapi_response
+from trtllm_kit.wire.logprobs import logits_scored
 from trtllm_kit.wire.lora import lora_tensors
 from trtllm_kit.wire.tensor import grpc_datatype
 from trtllm_kit.wire.text import encode_text_request
@@ -101,7 +101,7 @@ class TextClient:
     async def _request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
         try:
             return await self._encoded(req)
-        except wire.WireError as exc:
+        except WireError as exc:
             raise GenerationError(str(exc), status=400) from None
 
     async def _encoded(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
@@ -113,11 +113,10 @@ class TextClient:
         if speaks_llmapi(self._types):  # the llmapi target's model: text and token ids alike
             if req.lora is not None:
                 self._check_lora(names, ("lora_name",))
-            gen = await req.to_wire(with_rows=False)
             # the LLM API picks the best of best_of only once all are done: such a request is answered whole; the
             # frontend cuts the text at a stop string, so the engine keeps the one it stops on
-            gen = replace(gen, streaming=gen.num_sequences == (gen.n or 1), return_finish_reason=True,
-                          include_stop_str_in_output=True if gen.stop_strings else None)
+            gen = replace(req, streaming=req.num_sequences == (req.n or 1), return_finish_reason=True,
+                          include_stop_str_in_output=True if req.stop_strings else None)
             arrays = encode_llmapi_request(gen, declared=self._types)
             return _infer_request(await self.resolve_model(), req.request_id, arrays, self._batched)
         if isinstance(req.prompt, tuple):
@@ -126,7 +125,7 @@ class TextClient:
             raise GenerationError(f"the server at {self.url} has none of {', '.join(TEXT_MODELS)} ready.", status=404)
         if req.lora is not None:
             self._check_lora(names, LORA_INPUTS)
-        gen = replace(await req.to_wire(), streaming=True, exclude_input_in_output=True, return_num_input_tokens=True,
+        gen = replace(req, streaming=True, exclude_input_in_output=True, return_num_input_tokens=True,
                       return_num_output_tokens=True)
         arrays = encode_text_request(gen, declared=self._types)
         return _infer_request(await self.resolve_model(), req.request_id, arrays, self._batched)
@@ -138,36 +137,39 @@ class TextClient:
         if req.lora is not None:
             self._check_lora(await self.model_inputs(), LORA_INPUTS)
             weights_type = self._types["lora_weights"]
-        gen = replace(await req.to_wire(), streaming=True, exclude_input_in_output=True)
+        gen = replace(req, streaming=True, exclude_input_in_output=True)
         arrays = encode_trtllm_request(gen, declared=_every_input(weights_type))
         return _infer_request(self.token_model, req.request_id, arrays, batched=True)
 
-    def _chunk(self, req: GenerationRequest, request: service_pb2.ModelInferRequest,
-               result: InferResult) -> Chunk | None:
-        """One response as a chunk: token ids for a token-id prompt (or a model that sends no text), else text; None
-        when it carries neither."""
+    async def takes_lora_rows(self) -> bool:
+        """Whether the model takes an adapter's rows (``tensorrt_llm`` and the text interface, when built for
+        adapters) rather than its name alone (an llmapi model)."""
+        names = await self.model_inputs()
+        return not speaks_llmapi(self._types) and "lora_weights" in names
+
+    def _response(self, req: GenerationRequest, request: service_pb2.ModelInferRequest,
+                  result: InferResult) -> GenerationResponse | None:
+        """One response, as the frontends read it: token ids and what scores them, with no text, for a token-id
+        prompt (or a model that sends no text); else the text and the counts alone; None when it carries neither."""
         arrays = {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
         is_llmapi = request.model_name == self.model and speaks_llmapi(self._types)
-        by_logits = req.context_logits and "context_logits" in arrays
+        by_logits = bool(req.return_context_logits) and "context_logits" in arrays
         prompt_ids = req.prompt if isinstance(req.prompt, tuple) and req.prompt_logprobs is not None else None
         try:
             if is_llmapi:
                 response = decode_llmapi_response(arrays, prompt_ids)
             else:
                 response = decode_trtllm_response(arrays, None if by_logits else prompt_ids)
-        except wire.WireError as exc:
+        except WireError as exc:
             raise GenerationError(f"{request.model_name} answered what the kit cannot read: {exc}") from None
         if "output_ids" in arrays and (isinstance(req.prompt, tuple) or "text_output" not in arrays):
-            prompt_scored = response.prompt_scored or ()
             logits = response.context_logits
             if by_logits and prompt_ids is not None and logits is not None and logits.size:
-                prompt_scored = logits_scored(logits, prompt_ids, req.prompt_logprobs or 0)
-            handle = response.disaggregated
-            return Chunk("", token_ids=response.token_ids, scored=response.scored or (), prompt_scored=prompt_scored,
-                         sequence_index=response.sequence_index or 0, cum_logprob=response.cum_logprob,
-                         disaggregated_params=None if handle is None else handle.to_wire())
+                response = replace(response, prompt_scored=logits_scored(logits, prompt_ids, req.prompt_logprobs or 0))
+            return replace(response, texts=())
         if "text_output" in arrays:
-            return Chunk(response.text, response.num_input_tokens, response.num_output_tokens)
+            return GenerationResponse(texts=(response.text,), num_input_tokens=response.num_input_tokens,
+                                      num_output_tokens=response.num_output_tokens)
         return None
 
     def _check_lora(self, names: set[str], needed: tuple[str, ...]) -> None:
@@ -175,7 +177,7 @@ class TextClient:
             raise GenerationError(f"the model {self.model!r} takes no LoRA adapters (it has no {needed[0]} input); "
                                   "serve an artifact built for adapters, or name the base model.", status=400)
 
-    async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+    async def stream(self, req: GenerationRequest) -> AsyncGenerator[GenerationResponse, None]:
         """Yield each response (text, or token ids for a token-id prompt) until the final one; leaving early
         cancels the request.
 
@@ -194,9 +196,9 @@ class TextClient:
             async for response in call:
                 if response.error_message:
                     raise _generation_error(request.model_name, response.error_message)
-                chunk = self._chunk(req, request, InferResult(response.infer_response))
-                if chunk is not None:
-                    yield chunk
+                answer = self._response(req, request, InferResult(response.infer_response))
+                if answer is not None:
+                    yield answer
                 if response.infer_response.parameters["triton_final_response"].bool_param:
                     break
         except grpc.aio.AioRpcError as exc:

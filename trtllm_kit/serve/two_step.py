@@ -16,9 +16,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.generation import Chunk, GenerationError, GenerationRequest
-
-CONTEXT_ONLY = {"request_type": "context_only"}
+from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.wire import DisaggHandle, GenerationRequest, GenerationResponse
 
 
 class TwoStepClient(TextClient):
@@ -41,23 +40,23 @@ class TwoStepClient(TextClient):
     async def ready(self) -> bool:
         return await self.context.ready() and await super().ready()
 
-    async def stream(self, req: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+    async def stream(self, req: GenerationRequest) -> AsyncGenerator[GenerationResponse, None]:
         """The two steps; leaving early cancels the step running.
 
         Arguments:
             req: the request as the client sent it.
         """
-        context = replace(req, max_tokens=1, disaggregated_params=CONTEXT_ONLY,
+        context = replace(req, max_tokens=1, disaggregated=DisaggHandle(request_type="context_only"),
                           min_tokens=None if req.min_tokens is None else min(req.min_tokens, 1))
         chunks = [chunk async for chunk in self.context.stream(context)]
-        params = next((c.disaggregated_params for c in chunks if c.disaggregated_params is not None), None)
-        if params is None:
+        handle = next((c.disaggregated for c in chunks if c.disaggregated is not None), None)
+        if handle is None:
             raise GenerationError(f"the context server at {self.context.url} returned no disaggregated_params; "
                                   "serve an llmapi artifact that supports them on both roles.")
-        if params.get("encoded_opaque_state") is None:
+        if handle.opaque_state is None:
             for chunk in chunks:
                 yield chunk
             return
-        generation = replace(req, disaggregated_params={**params, "request_type": "generation_only"})
+        generation = replace(req, disaggregated=replace(handle, request_type="generation_only"))
         async for chunk in super().stream(generation):
             yield chunk

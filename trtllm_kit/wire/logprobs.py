@@ -3,6 +3,9 @@
 
 A position without a logprob (the first prompt token) is 0 with alternatives 0 and id -1; shorter alternative
 rows are padded the same way, and a reader drops the ids -1 (no token has it).
+
+The engine target's C++ backend has no prompt-logprob output: its prompt's scored tokens are computed from
+``context_logits`` (``logits_scored``), where row ``i`` scores prompt token ``i + 1``.
 """
 
 from __future__ import annotations
@@ -67,3 +70,22 @@ def read_scored(arrays: Mapping[str, np.ndarray], prefix: str, token_ids: tuple[
         alternatives = tuple((int(t), float(v)) for t, v in zip(top_ids[i], top_values[i], strict=True) if t >= 0)
         scored.append((token, float(logprobs[i]), alternatives))
     return tuple(scored), k
+
+
+def logits_scored(logits: np.ndarray, prompt_ids: tuple[int, ...], num_top: int) -> tuple[Scored, ...]:
+    """The prompt's logprobs from its context logits: the log-softmax of row ``i`` scores token ``i + 1``, with the
+    ``num_top`` most likely tokens of that row, most likely first.
+
+    Arguments:
+        logits: ``[P, V]`` raw logits (any float type; computed in float64); prompt_ids: the P prompt tokens;
+        num_top: alternatives per token (0 to 20).
+    """
+    rows = logits.reshape(len(prompt_ids), -1).astype(np.float64)
+    shifted = rows - rows.max(axis=-1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    scored: list[Scored] = [(prompt_ids[0], None, ())]
+    for i, token in enumerate(prompt_ids[1:]):
+        row = logprobs[i]
+        best = np.argsort(-row, kind="stable")[:num_top]
+        scored.append((token, float(row[token]), tuple((int(t), float(row[t])) for t in best)))
+    return tuple(scored)

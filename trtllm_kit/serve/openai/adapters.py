@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.generation import Chunk, GenerationError, GenerationRequest
-from trtllm_kit.serve.lora_wire import LoraInputs
+from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.wire import GenerationRequest, GenerationResponse, LoraAdapter
 
 NOT_CACHED = "not found in cache"  # the backend's "LoRA task <id> not found in cache. Please send LoRA weights ..."
 Rows = tuple[np.ndarray, np.ndarray]  # lora_weights [N, W] float32, lora_config [N, 3]
@@ -48,10 +48,13 @@ class Adapter:
             self._rows = await asyncio.to_thread(self.read_rows)
         return self._rows
 
-    def inputs(self, with_rows: bool) -> LoraInputs:
-        return LoraInputs(self.name, self.task_id, self.rows if with_rows else None)
+    async def adapter(self, client: TextClient, with_rows: bool) -> LoraAdapter:
+        """The adapter as a request carries it: its name and task id, and its rows when they are to be sent and the
+        model takes rows (an llmapi model takes the name alone)."""
+        rows = await self.rows() if with_rows and await client.takes_lora_rows() else (None, None)
+        return LoraAdapter(self.name, self.task_id, *rows)
 
-    async def stream(self, client: TextClient, gen: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+    async def stream(self, client: TextClient, gen: GenerationRequest) -> AsyncGenerator[GenerationResponse, None]:
         """``client.stream`` of ``gen`` with this adapter: the rows on the task's first request, and again when the
         backend has evicted the task.
 
@@ -63,7 +66,7 @@ class Adapter:
             self.uploads("first")
         started = False
         try:
-            async for chunk in client.stream(replace(gen, lora=self.inputs(with_rows))):
+            async for chunk in client.stream(replace(gen, lora=await self.adapter(client, with_rows))):
                 started = self.is_sent = True
                 yield chunk
             self.is_sent = True
@@ -72,7 +75,7 @@ class Adapter:
             if started or with_rows or NOT_CACHED not in str(exc):
                 raise
         self.uploads("evicted")
-        async for chunk in client.stream(replace(gen, lora=self.inputs(True))):
+        async for chunk in client.stream(replace(gen, lora=await self.adapter(client, True))):
             self.is_sent = True
             yield chunk
 

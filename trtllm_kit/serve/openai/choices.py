@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.serve.gateway.middleware import ADMIT
-from trtllm_kit.serve.generation import Chunk, GenerationError
+from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.openai import prepare
 from trtllm_kit.serve.openai.errors import generation_failure
 from trtllm_kit.serve.openai.fanout import FanOut
@@ -32,6 +32,7 @@ from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Run, send
 from trtllm_kit.serve.openai.sequences import SharedSequences
+from trtllm_kit.wire import GenerationResponse
 
 Job = tuple[Run, Scorer]
 
@@ -99,7 +100,7 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
             sequences.close()
 
 
-def _source(sequences: SharedSequences, index: int) -> Callable[[], AsyncGenerator[Chunk, None]]:
+def _source(sequences: SharedSequences, index: int) -> Callable[[], AsyncGenerator[GenerationResponse, None]]:
     return lambda: sequences.stream(index)
 
 

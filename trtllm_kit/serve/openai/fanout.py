@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 
-from trtllm_kit.serve.generation import Chunk, GenerationError, GenerationRequest
+from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.openai.errors import QUEUE_FULL, RETRY_AFTER_S
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
 DEFAULT_MAX_SEQUENCES = 8  # the window in sequences of a model that states no max_batch_size (the CPU default)
-Send = Callable[[GenerationRequest], AsyncGenerator[Chunk, None]]
+Responses = AsyncGenerator[GenerationResponse, None]
+Send = Callable[[GenerationRequest], Responses]
 
 
 class FanOut:
@@ -36,7 +38,7 @@ class FanOut:
         self._num_accepted = 0  # parts that got a first response
         self._ended = asyncio.Event()  # replaced each time a part ends
 
-    async def stream(self, send: Send, gen: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+    async def stream(self, send: Send, gen: GenerationRequest) -> Responses:
         """The chunks of one part, sent once the window has room (and sent again while the queue is full).
 
         Arguments:
@@ -55,7 +57,7 @@ class FanOut:
                 self._ended.set()
                 self._ended = asyncio.Event()
 
-    async def _open(self, send: Send, gen: GenerationRequest) -> tuple[Chunk | None, AsyncGenerator[Chunk, None]]:
+    async def _open(self, send: Send, gen: GenerationRequest) -> tuple[GenerationResponse | None, Responses]:
         """The part's first chunk and its stream, once the server accepted it."""
         while True:
             chunks = send(gen)

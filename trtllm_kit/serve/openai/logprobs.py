@@ -15,7 +15,7 @@ from typing import Any
 
 from trtllm_kit.serve.openai.protocol import RequestError
 from trtllm_kit.serve.openai.text import Tokenizer
-from trtllm_kit.serve.scored import Scored
+from trtllm_kit.wire import Scored
 
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on completions ``logprobs``
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on chat ``top_logprobs``

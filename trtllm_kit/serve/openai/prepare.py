@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scorer, Scoring
 from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling, generation_request
 from trtllm_kit.serve.openai.request_limits import logprob_entries_problem
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Piece, Run
+from trtllm_kit.wire import GenerationRequest, WireError
 
 MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
 
@@ -46,7 +46,8 @@ def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, 
     """The engine request of a prepared prompt: its sampling, logprobs, guide, the stop strings (which an llmapi
     model stops on), and for token ids the end id and the stop sequences as token ids (which the engine stops on);
     the frontend cuts the text. With logprobs the end token is asked back (``keep_end_token``), as vLLM and OpenAI
-    score it and count it as a completion token.
+    score it and count it as a completion token; prompt logprobs of an engine built with context logits are
+    computed from them (``return_context_logits``). A value the wire refuses is a 400 naming its field.
 
     Arguments:
         route: where it goes; body: the JSON request; prompt: from ``prepared``; sampling, scoring: the request's
@@ -54,12 +55,16 @@ def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, 
         ``best_of``).
     """
     tokenizer = route.tokenizer if isinstance(prompt, tuple) else None
-    gen = generation_request(prompt, sampling, request_id, None if tokenizer is None else tokenizer.eos_id,
-                             logprobs=scoring.logprobs, prompt_logprobs=scoring.logprobs if scoring.echo else None)
     stop_words = () if tokenizer is None else tokenizer.words(sampling.stops)
-    return replace(gen, guide=guide(body, prompt), stop_words=stop_words, stop_strings=tuple(sampling.stops),
-                   context_logits=bool(route.context_logits),
-                   keep_end_token=scoring.logprobs is not None, **fields)
+    prompt_logprobs = scoring.logprobs if scoring.echo else None
+    try:
+        gen = generation_request(prompt, sampling, request_id, None if tokenizer is None else tokenizer.eos_id,
+                                 logprobs=scoring.logprobs, prompt_logprobs=prompt_logprobs)
+        return replace(gen, guide=guide(body, prompt), stop_words=stop_words, stop_strings=tuple(sampling.stops),
+                       return_context_logits=True if route.context_logits and prompt_logprobs is not None else None,
+                       keep_end_token=True if scoring.logprobs is not None else None, **fields)
+    except WireError as exc:
+        raise RequestError(str(exc), param=exc.field) from None
 
 
 def guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.runtime.sampling_rules import extras_problem, is_greedy_temperature, sampling_problem
-from trtllm_kit.serve.generation import GenerationRequest
 from trtllm_kit.serve.openai.request_limits import MAX_N, MAX_PROMPTS, MAX_STOPS, stops_problem
+from trtllm_kit.wire import GenerationRequest
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
 PRIORITY_RANGE = 100  # OpenAI ``priority`` (vLLM's: lower first, default 0) spans -100..100
@@ -260,7 +260,8 @@ def generation_request(prompt: str | tuple[int, ...], sampling: Sampling, reques
         extras.pop("top_k", None)  # greedy is top_k 1, and min_p keeps the most likely token
         return GenerationRequest(prompt, max(1, sampling.max_tokens), top_k=1, **common, **extras)
     top_p = 1.0 if sampling.top_p is None else sampling.top_p
-    return GenerationRequest(prompt, max(1, sampling.max_tokens), temperature, top_p, **common, **extras)
+    return GenerationRequest(prompt, max(1, sampling.max_tokens), temperature=temperature, top_p=top_p, **common,
+                             **extras)
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import TOKEN_MODEL, TextClient
-from trtllm_kit.serve.generation import Chunk, GenerationRequest
 from trtllm_kit.serve.openai.adapters import Adapter, AdapterSet
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.serve.two_step import TwoStepClient
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
 
 @dataclass(eq=False)
@@ -63,7 +63,7 @@ class Route:
         else:
             self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)
 
-    def stream(self, gen: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+    def stream(self, gen: GenerationRequest) -> AsyncGenerator[GenerationResponse, None]:
         """The client's stream of ``gen``, with the route's adapter when it has one."""
         assert self.client is not None, "the application is not started"
         return self.client.stream(gen) if self.adapter is None else self.adapter.stream(self.client, gen)

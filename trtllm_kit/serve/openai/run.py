@@ -9,11 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.generation import Chunk, GenerationRequest
 from trtllm_kit.serve.openai.protocol import RequestError, Sampling
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.text import StopMatcher
-from trtllm_kit.serve.scored import Scored
+from trtllm_kit.wire import GenerationRequest, GenerationResponse, Scored
 
 
 async def send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
@@ -41,7 +40,7 @@ class Run:
     """
 
     def __init__(self, route: Route, gen: GenerationRequest, sampling: Sampling, *, show_ids: bool = True,
-                 chunks: Callable[[], AsyncGenerator[Chunk, None]] | None = None) -> None:
+                 chunks: Callable[[], AsyncGenerator[GenerationResponse, None]] | None = None) -> None:
         self.route, self.gen, self.sampling, self.show_ids = route, gen, sampling, show_ids
         self.chunks = chunks
         self.num_responses = 0  # one token each unless the model reports its count
@@ -71,12 +70,13 @@ class Run:
                     self.num_reported, self.finish_reason = 0, "length"
                     return
                 self._count(chunk)
-                if decoder is not None and chunk.token_ids is not None:
+                if decoder is not None and not chunk.texts:  # token ids
+                    scored = chunk.scored or ()
                     shown = matcher.feed(decoder.feed(chunk.token_ids))
                     if self.show_ids:
-                        yield Piece(shown, chunk.token_ids, chunk.scored)
-                    elif shown or chunk.scored:
-                        yield Piece(shown, None, chunk.scored)
+                        yield Piece(shown, chunk.token_ids, scored)
+                    elif shown or scored:
+                        yield Piece(shown, None, scored)
                 else:
                     shown = matcher.feed(chunk.text)
                     if shown:
@@ -86,13 +86,14 @@ class Run:
             rest = matcher.flush() if decoder is None else matcher.feed(decoder.flush()) + matcher.flush()
             if rest:
                 yield Piece(rest, () if decoder is not None and self.show_ids else None)
-            if self.num_output_tokens >= self.gen.max_tokens and not self.ended_on_end_token:
+            limit = self.gen.max_tokens
+            if limit is not None and self.num_output_tokens >= limit and not self.ended_on_end_token:
                 self.finish_reason = "length"
         finally:
             await stream.aclose()
 
-    def _count(self, chunk: Chunk) -> None:
-        if chunk.token_ids is not None:
+    def _count(self, chunk: GenerationResponse) -> None:
+        if not chunk.texts:  # token ids (the client leaves a token-id answer's text out)
             self.num_reported = (self.num_reported or 0) + len(chunk.token_ids)
             self.last_token_id = chunk.token_ids[-1] if chunk.token_ids else self.last_token_id
             return

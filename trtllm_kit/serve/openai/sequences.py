@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 
-from trtllm_kit.serve.generation import Chunk, GenerationRequest
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
 _END = None
+Item = GenerationResponse | BaseException | None  # a response, the request's failure, or the end
 
 
 class SharedSequences:
@@ -24,15 +25,15 @@ class SharedSequences:
         (``n``, and ``best_of`` when more are generated).
     """
 
-    def __init__(self, send: Callable[[GenerationRequest], AsyncGenerator[Chunk, None]],
+    def __init__(self, send: Callable[[GenerationRequest], AsyncGenerator[GenerationResponse, None]],
                  gen: GenerationRequest) -> None:
         self.send, self.gen = send, gen
         self.n = gen.n or 1
-        self.queues: list[asyncio.Queue[Chunk | BaseException | None]] = [asyncio.Queue() for _ in range(self.n)]
+        self.queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(self.n)]
         self.task: asyncio.Future[None] | None = None
         self.num_dropped_tokens = 0  # generated tokens of the sequences best_of left out
 
-    def stream(self, index: int) -> AsyncGenerator[Chunk, None]:
+    def stream(self, index: int) -> AsyncGenerator[GenerationResponse, None]:
         """The chunks of returned sequence ``index`` (the engine request starts with the first stream asked for)."""
         if self.task is None:
             self.task = asyncio.ensure_future(self._pump())
@@ -44,7 +45,7 @@ class SharedSequences:
             self.task.cancel()
 
     @staticmethod
-    async def _read(queue: asyncio.Queue[Chunk | BaseException | None]) -> AsyncGenerator[Chunk, None]:
+    async def _read(queue: asyncio.Queue[Item]) -> AsyncGenerator[GenerationResponse, None]:
         while (item := await queue.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
@@ -56,7 +57,7 @@ class SharedSequences:
                 await self._best()
             else:
                 async for chunk in self.send(self.gen):
-                    self.queues[chunk.sequence_index].put_nowait(chunk)
+                    self.queues[chunk.sequence_index or 0].put_nowait(chunk)
         except Exception as exc:  # every choice fails with the request
             for queue in self.queues:
                 queue.put_nowait(exc)
@@ -66,9 +67,9 @@ class SharedSequences:
 
     async def _best(self) -> None:
         """Every sequence to its end, then the ``n`` of highest cumulative logprob, best first."""
-        by_index: dict[int, list[Chunk]] = {}
+        by_index: dict[int, list[GenerationResponse]] = {}
         async for chunk in self.send(self.gen):
-            by_index.setdefault(chunk.sequence_index, []).append(chunk)
+            by_index.setdefault(chunk.sequence_index or 0, []).append(chunk)
         ranked = sorted(by_index)  # a model that picked the n itself sent them in order
         if len(ranked) > self.n:
             ranked.sort(key=lambda i: (-cumulative_logprob(by_index[i]), i))
@@ -79,7 +80,7 @@ class SharedSequences:
                                       for chunk in by_index[index])
 
 
-def cumulative_logprob(chunks: list[Chunk]) -> float:
+def cumulative_logprob(chunks: list[GenerationResponse]) -> float:
     """A sequence's cumulative logprob: the last one its responses report, else the sum of its tokens' logprobs.
 
     Arguments:
@@ -88,4 +89,4 @@ def cumulative_logprob(chunks: list[Chunk]) -> float:
     reported = [chunk.cum_logprob for chunk in chunks if chunk.cum_logprob is not None]
     if reported:
         return reported[-1]
-    return sum(logprob for chunk in chunks for _, logprob, _ in chunk.scored if logprob is not None)
+    return sum(logprob for chunk in chunks for _, logprob, _ in chunk.scored or () if logprob is not None)
