@@ -1,0 +1,93 @@
+"""Chat that is right, on the real model: served through a real tritonserver and the OpenAI frontend, each answer
+is transformers' greedy generation (both in float32) from the same chat template, token for token, ending at the
+model's own end-of-turn token (``<|im_end|>``), system messages and an earlier turn included."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+from conftest import SMOLLM2
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.state import read_state
+from trtllm_kit.spec import build_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
+MAX_TOKENS = 40
+CHATS: list[list[dict[str, str]]] = [
+    *([{"role": "user", "content": question}] for question in (
+        "What is the capital of France?", "Name three primary colors.", "What is 12 plus 7?",
+        "Write one sentence about the sea.", "Who wrote Romeo and Juliet?", "What do bees make?",
+        "Give me a synonym for happy.", "How many days are in a week?", "What is the boiling point of water?",
+        "Translate 'thank you' into French.", "What is the largest planet in our solar system?",
+        "Suggest a name for a pet goldfish.", "What color is the sky on a clear day?",
+        "List two fruits that are yellow.", "Why do we need sleep?")),
+    [{"role": "system", "content": "You are a pirate. Answer like one."}, {"role": "user", "content": "Say hello."}],
+    [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "What animal barks?"}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help you today?"},
+     {"role": "user", "content": "What is 2 times 3?"}],
+    [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is rain?"}],
+    [{"role": "user", "content": "Complete the phrase: an apple a day"}],
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("smollm2") / "out"
+    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
+    build = {"verify": False, "target": "cpu", "dtype": "float32"}  # transformers' precision below
+    run_build(build_spec({}, {"model": SMOLLM2, "out": out, "build": build, "repo": one_each}))
+    ep, openai_port = free_endpoints(), free_port()
+    done = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
+                           str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",
+                           str(openai_port), "--detach"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    state = read_state(out)
+    assert state is not None
+    yield {**state, "out": out}
+    subprocess.run([*KIT, "stop", str(out)], capture_output=True, timeout=120)
+
+
+def greedy(model: torch.nn.Module, tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """transformers' greedy continuation of the chat prompt, up to and without the end-of-turn token."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                        return_dict=True)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    return new[:new.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in new else new
+
+
+def test_served_chat_answers_are_transformers_greedy_answers(served: dict[str, Any], smollm2_dir: Path) -> None:
+    torch.set_num_threads(1)  # the server runs beside it on the same cores
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    client = openai.OpenAI(base_url=f"http://{served['openai']}/v1", api_key="unused", timeout=300)
+    name = client.models.list().data[0].id
+    stopped = 0
+    for messages in CHATS:
+        want = greedy(model, tokenizer, messages)
+        answer = client.chat.completions.create(model=name, messages=messages,  # type: ignore[arg-type]
+                                                max_tokens=MAX_TOKENS, temperature=0.0)
+        choice = answer.choices[0]
+        assert choice.message.content == tokenizer.decode(want, skip_special_tokens=True), messages
+        assert answer.usage is not None and answer.usage.prompt_tokens == len(tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        ended = len(want) < MAX_TOKENS
+        assert choice.finish_reason == ("stop" if ended else "length"), messages
+        stopped += ended
+    assert stopped >= len(CHATS) // 2  # most answers end at <|im_end|>, not at the token limit
+    first = client.chat.completions.create(model=name, messages=CHATS[0], max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+                                           temperature=0.0)
+    assert first.choices[0].message.content == "The capital of France is Paris."
