@@ -11,9 +11,11 @@ from typing import Any
 import torch
 
 from trtllm_kit.artifact import MANIFEST, Artifact
+from trtllm_kit.checkpoint.quality import choice_scores, load_questions
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.hf_model import load_causal_lm
+from trtllm_kit.models.text_tokenizer import load_text_tokenizer
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.runtime.model import CheckpointModel
 
@@ -78,6 +80,9 @@ class VerifyReport:
     top1_bound: float | None = None            # the smallest agreement that passes
     vocab_size: int | None = None
     perplexity_gated: bool | None = None       # whether the reference beats uniform/e, so the change is gated
+    choice_accuracy: float | None = None       # of the checkpoint on the shipped multiple-choice set (reported)
+    reference_choice_accuracy: float | None = None  # of the unquantized HF model on the same questions
+    choice_agreement: float | None = None      # share of questions both models pick the same option for
 
     def quality_summary(self) -> str:
         """One line on a quantized checkpoint's perplexity, KL divergence and top-1 agreement against the
@@ -90,7 +95,9 @@ class VerifyReport:
         return (f"{self.quantization}: perplexity {self.perplexity:.4g} vs {self.reference_perplexity:.4g} "
                 f"unquantized ({self.perplexity_change:+.2%}, {gate}), KL divergence {self.kl_divergence:.3g} "
                 f"(bound {self.kl_bound:.3g}), top-1 agreement {self.corpus_top1_agreement:.1%} (bound "
-                f"{self.top1_bound:.0%}) on the shipped corpus")
+                f"{self.top1_bound:.0%}) on the shipped corpus; multiple-choice accuracy {self.choice_accuracy:.1%} "
+                f"vs {self.reference_choice_accuracy:.1%} unquantized (same pick on {self.choice_agreement:.0%} of "
+                "the questions, reported)")
 
     def quality_failure(self) -> str:
         """The sentence for a quantized checkpoint that exceeded a bound."""
@@ -220,6 +227,9 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] 
         return report
     scores = corpus_scores(runtime.forward, lambda ids: reference(ids).logits.float(), corpus_windows(Path(hf_dir)))
     ppl, ppl_ref, kl, top1 = scores
+    questions, encode = load_questions(), load_text_tokenizer(Path(hf_dir)).encode
+    picks = choice_scores(runtime.forward, encode, questions)
+    reference_picks = choice_scores(lambda ids: reference(ids).logits, encode, questions)
     change = ppl / ppl_ref - 1.0
     bound, kl_bound = quality_bounds(algo)
     top1_bound = TOP1_BOUNDS[_bound_key(algo)]
@@ -229,7 +239,9 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] 
     return replace(report, quantization=f"{algo}/{kv_algo}", perplexity=ppl, reference_perplexity=ppl_ref,
                    perplexity_change=change, perplexity_bound=bound, kl_divergence=kl, kl_bound=kl_bound,
                    corpus_top1_agreement=top1, top1_bound=top1_bound, vocab_size=vocab_size,
-                   perplexity_gated=gated, passed=passed)
+                   perplexity_gated=gated, passed=passed, choice_accuracy=picks.accuracy,
+                   reference_choice_accuracy=reference_picks.accuracy,
+                   choice_agreement=picks.agreement(reference_picks))
 
 
 def perplexity_is_meaningful(reference_perplexity: float, vocab_size: int) -> bool:
