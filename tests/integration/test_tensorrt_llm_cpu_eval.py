@@ -158,9 +158,15 @@ def test_json_schema_guide_gives_valid_json(served):
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"runtime_min_p": 1.5}, "min_p must be in [0, 1], got 1.5."),
-    ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than 0 (1 = off), got 0.0."),
-    ({"guided_decoding_guide_type": "xml", "guided_decoding_guide": "<a/>"}, "guided_decoding_guide_type is 'xml'"),
+    ({"runtime_min_p": 1.5}, "runtime_min_p must be a number in [0, 1], got 1.5; send one that is, or leave "
+                             "runtime_min_p out."),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be a number greater than 0, got 0.0; send one that is, or "
+                                  "leave repetition_penalty out."),
+    ({"guided_decoding_guide_type": "xml", "guided_decoding_guide": "<a/>"}, "guided_decoding_guide_type must be one "
+     "of json, json_schema, regex, ebnf_grammar, choice, got 'xml'; send one of them, or no guide."),
+    ({"input_lengths": 99}, f"input_lengths must be an integer from 1 to {len(PROMPT)} (the ids in input_ids), got "
+                            "99; send one that is, or leave input_lengths out."),
+    ({"end_id": -2}, "end_id must be an integer from -1 to 2**31 - 1, got -2; send one that is, or leave end_id out."),
 ])
 def test_bad_values_are_refused_naming_the_field(served, values, message):
     client, _ = served

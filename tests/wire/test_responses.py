@@ -1,5 +1,5 @@
-"""The response codecs: every output round-trips in both dialects; what the CPU model sends today (the runtime's
-``logprob_arrays``) reads back as the sequence's own logprobs, and the scored tokens are the ones the client read
+"""The response codecs: every output round-trips in both dialects; what the CPU model sends (the runtime's
+``response_of``, encoded) reads back as the sequence's own logprobs, and the scored tokens are the ones the client read
 before it decoded with the wire (``old_reading`` below)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.wire.values import batched
-from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
+from trtllm_kit.runtime.response import response_of
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, TokenLogprob
-from trtllm_kit.wire import DisaggHandle, GenerationResponse, Perf, WireError
+from trtllm_kit.wire import DisaggHandle, GenerationRequest, GenerationResponse, Perf, WireError
 from trtllm_kit.wire.llmapi_response import decode_llmapi_response, encode_llmapi_response
 from trtllm_kit.wire.trtllm_response import decode_trtllm_response, encode_trtllm_response
 
@@ -66,7 +66,7 @@ def _entry(token: int, logprob: float, alternatives: tuple[tuple[int, float], ..
 
 
 def test_what_the_cpu_model_sends_reads_back_as_the_sequence() -> None:
-    """``logprob_arrays`` (the CPU model's logprob outputs, batch dimension included) decode to the sequence's
+    """``response_of`` (the CPU model's response), encoded with the batch dimension, decodes to the sequence's
     logprobs, alternatives and logits."""
     params = SamplingParams(max_tokens=4, logprobs=2, prompt_logprobs=2, return_context_logits=True,
                             return_generation_logits=True)
@@ -77,17 +77,15 @@ def test_what_the_cpu_model_sends_reads_back_as_the_sequence() -> None:
     seq.cum_logprob = -2.5
     seq.context_logits = [torch.full((4,), float(i)) for i in range(3)]
     seq.generation_logits = [torch.full((4,), 9.0) for _ in range(2)]
-    arrays = {"output_ids": np.array([[[11, 12]]], np.int32), "sequence_length": np.array([[2]], np.int32),
-              **logprob_arrays(seq, LogprobRequest(True, True, 2), 0, True)}
-    response = decode_trtllm_response(arrays, PROMPT)
+    req = GenerationRequest(PROMPT, 4, logprobs=2, prompt_logprobs=2, return_context_logits=True,
+                            return_generation_logits=True)
+    sent = response_of(seq, req, [11, 12], 0, with_prompt=True)
+    response = decode_trtllm_response(batched(encode_trtllm_response(sent)), PROMPT)
     assert response.scored == SCORED and response.prompt_scored == PROMPT_SCORED
     assert response.cum_logprobs == (-2.5,) and response.num_top == 2
     assert response.context_logits is not None and response.context_logits[:, 0].tolist() == [0.0, 1.0, 2.0]
     assert response.generation_logits is not None and response.generation_logits.shape == (2, 4)
-    # and the CPU model's arrays are what the wire writes for that response, batch dimension aside
-    written = encode_trtllm_response(response)
-    for name, array in logprob_arrays(seq, LogprobRequest(True, True, 2), 0, True).items():
-        assert np.array_equal(written[name][None], array), name
+    assert response == sent  # nothing lost on the way
 
 
 def old_reading(arrays: dict[str, np.ndarray], prefix: str, token_ids: tuple[int, ...]) -> tuple:

@@ -22,6 +22,10 @@ Beyond the basic tensors (docs/openai-eval-engine.md): the penalties, ``min_toke
 ``return_context_logits`` / ``return_generation_logits``; ``guided_decoding_guide_type`` / ``guided_decoding_guide``
 (compiled in a process of its own, ``runtime/guide_service.py``: the request waits aside, the loop goes on);
 ``keep_end_token`` (the token that ends the sequence is the last of ``output_ids``, with its logprob).
+
+Requests and responses go through the wire's ``tensorrt_llm`` codec (``trtllm_kit.wire.trtllm``,
+``trtllm_response``): a value out of its field's rule is refused naming its tensor; the runtime's settings come from
+``runtime/request.py``, the response's tensors from ``runtime/response.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from __future__ import annotations
 import json
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
@@ -45,13 +48,17 @@ from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info_file
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.heartbeat import Heartbeat
 from trtllm_kit.runtime.lora import LoraRequest, cache_capacity, from_rows
-from trtllm_kit.runtime.outputs import LogprobRequest, logprob_arrays
+from trtllm_kit.runtime.request import sampling_params
+from trtllm_kit.runtime.response import perf_of, response_of
 from trtllm_kit.runtime.scheduler import QueueFullError
-from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, SamplingParams, Sequence
+from trtllm_kit.runtime.sequence import Sequence
+from trtllm_kit.wire import GenerationRequest, LoraAdapter
+from trtllm_kit.wire.tensor import is_stop_request
+from trtllm_kit.wire.trtllm import decode_trtllm_request, request_tensors
+from trtllm_kit.wire.trtllm_response import encode_trtllm_response
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# Inputs whose non-default values the CPU runtime cannot honour: refusing beats answering differently.
-UNSUPPORTED = {"beam_width": 1, "len_penalty": 1.0}
+INPUTS = tuple(t.name for t in request_tensors())  # every input the wire reads
 METRICS = {  # family → (label name, EngineStats field per label value)
     "nv_trt_llm_request_metrics": ("request_type", {"active": "active", "max": "max", "scheduled": "scheduled",
                                                     "context": "context", "waiting": "waiting"}),
@@ -68,29 +75,21 @@ METRICS = {  # family → (label name, EngineStats field per label value)
 }
 
 
-def _input(request, name: str, default=None):
-    """The first element of an optional scalar input, or ``default``."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return default if tensor is None else tensor.as_numpy().reshape(-1)[0].item()
-
-
-def _string(request, name: str) -> str | None:
-    """The first element of an optional STRING input, decoded, or None."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    value = tensor.as_numpy().reshape(-1)[0]
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _words(request, name: str) -> list[list[int]]:
-    """``stop_words_list`` [1, 2, N]: row 0 the concatenated ids, row 1 the end offsets (padded with -1)."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return []
-    ids, offsets = tensor.as_numpy().reshape(2, -1).tolist()
-    ends = [o for o in offsets if o >= 0]
-    return [ids[start:end] for start, end in zip([0, *ends], ends, strict=False) if end > start]
+def _arrays(request) -> dict[str, np.ndarray]:
+    """The request's inputs as numpy arrays; ``lora_weights`` through dlpack (numpy has no bfloat16: BF16 rows come
+    as their bit patterns in a ``uint16`` array)."""
+    arrays = {}
+    for name in INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            continue
+        if name == "lora_weights":
+            rows = torch.from_dlpack(tensor.to_dlpack())
+            is_bf16 = rows.dtype == torch.bfloat16
+            arrays[name] = rows.view(torch.int16).numpy().view(np.uint16) if is_bf16 else rows.numpy()
+        else:
+            arrays[name] = tensor.as_numpy()
+    return arrays
 
 
 class _Pending:
@@ -99,10 +98,8 @@ class _Pending:
     def __init__(self, request, sender=None) -> None:
         self.request, self.sender = request, sender
         self.seq: Sequence | None = None
-        self.streaming = self.exclude_input = self.perf = False
-        self.counts = (False, False)  # return_num_input_tokens, return_num_output_tokens
-        self.logprobs = LogprobRequest()
-        self.with_index = False
+        self.wire: GenerationRequest | None = None  # the request as decoded, once
+        self.streaming = self.exclude_input = False
         self.num_sent: dict[int, int] = {}  # sequence index → output tokens sent
         self.guide: Future[CompiledGuide] | None = None  # its guide, compiling or compiled
         self.response = None
@@ -208,52 +205,28 @@ class TritonPythonModel:
         """Turn a Triton request into a sequence; a bad or unqueueable request is answered with its error."""
         if item is None:
             return
-        request = item.request
-        if _input(request, "stop", False):
-            self._stop(item)
-            return
         try:
+            if item.wire is None:
+                arrays = _arrays(item.request)
+                if is_stop_request(arrays):
+                    self._stop(item)
+                    return
+                item.wire = decode_trtllm_request(arrays)
             if self._compiling(item):
                 return
-            for name, default in UNSUPPORTED.items():
-                if _input(request, name, default) != default:
-                    raise KitUsageError(f"input {name} = {_input(request, name)} is not supported by the CPU "
-                                        f"runtime (only {default}); leave it out.")
-            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
-            length = int(_input(request, "input_lengths", len(ids)))
-            item.logprobs = wanted = LogprobRequest(bool(_input(request, "return_log_probs", False)),
-                                                    bool(_input(request, "return_prompt_log_probs", False)),
-                                                    int(_input(request, "num_top_log_probs", 0)))
-            num_sequences = int(_input(request, "num_return_sequences", 1))
-            item.with_index = _input(request, "num_return_sequences") is not None
-            if num_sequences > 1 and not self.decoupled:
+            req = item.wire
+            if (req.n or 1) > 1 and not self.decoupled:
                 raise KitUsageError("num_return_sequences > 1 needs the model's decoupled transaction policy (one "
                                     "response per sequence); send 1 or regenerate the repository with decoupled mode.")
-            params = SamplingParams(
-                max_tokens=int(_input(request, "request_output_len")), min_tokens=int(_input(request, "min_tokens", 0)),
-                end_id=_input(request, "end_id"), temperature=float(_input(request, "temperature", 1.0)),
-                top_k=int(_input(request, "runtime_top_k", 0)), top_p=float(_input(request, "runtime_top_p", 0.0)),
-                seed=int(_input(request, "seed", 0)), stop_words=_words(request, "stop_words_list"),
-                priority=float(_input(request, "priority", DEFAULT_PRIORITY)),
-                min_p=float(_input(request, "runtime_min_p", 0.0)),
-                repetition_penalty=float(_input(request, "repetition_penalty", 1.0)),
-                presence_penalty=float(_input(request, "presence_penalty", 0.0)),
-                frequency_penalty=float(_input(request, "frequency_penalty", 0.0)), n=num_sequences,
-                logprobs=wanted.num_top if wanted.log_probs else None,
-                prompt_logprobs=wanted.num_top if wanted.prompt_log_probs else None,
-                return_context_logits=bool(_input(request, "return_context_logits", False)),
-                return_generation_logits=bool(_input(request, "return_generation_logits", False)),
-                guide=None if item.guide is None else item.guide.result(),
-                keep_end_token=bool(_input(request, "keep_end_token", False)))
-            item.streaming = bool(_input(request, "streaming", False))
+            params = sampling_params(req, guide=None if item.guide is None else item.guide.result())
+            item.streaming = bool(req.streaming)
             if item.streaming and not self.decoupled:
                 raise KitUsageError("streaming needs the model's decoupled transaction policy; send streaming "
                                     "false or regenerate the repository with decoupled mode.")
-            item.exclude_input = bool(_input(request, "exclude_input_in_output", self.exclude_input))
-            item.perf = bool(_input(request, "return_perf_metrics", False))
-            item.counts = (bool(_input(request, "return_num_input_tokens", False)),
-                           bool(_input(request, "return_num_output_tokens", False)))
-            item.seq = self.engine.add_request([int(t) for t in ids[:length]], params, lora=self._lora(request))
+            exclude = req.exclude_input_in_output
+            item.exclude_input = self.exclude_input if exclude is None else exclude
+            assert isinstance(req.prompt, tuple), "tensorrt_llm prompts are token ids"
+            item.seq = self.engine.add_request(list(req.prompt), params, lora=self._lora(req.lora))
         except Exception as exc:  # any bad request is answered with its error; the engine loop goes on
             full = isinstance(exc, QueueFullError)
             self._finish(item, pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE if full
@@ -262,36 +235,29 @@ class TritonPythonModel:
         for seq in item.seq.group:
             self.active[seq.seq_id] = item
 
-    def _lora(self, request) -> LoraRequest | None:
-        """The request's ``lora_task_id`` and, when sent, its ``lora_weights`` / ``lora_config`` (None: no LoRA)."""
-        task_id = _input(request, "lora_task_id")
-        weights = pb_utils.get_input_tensor_by_name(request, "lora_weights")
-        config = pb_utils.get_input_tensor_by_name(request, "lora_config")
-        if task_id is None:
-            if weights is not None or config is not None:
-                raise KitUsageError("lora_task_id must be set for LoRA inference.")
+    def _lora(self, lora: LoraAdapter | None) -> LoraRequest | None:
+        """The request's adapter as the runtime takes it: its task id and, when sent, its rows (None: no LoRA)."""
+        if lora is None:
             return None
-        if (weights is None) != (config is None):
-            raise KitUsageError("Request for LoRA inference must have both lora_weights and lora_config.")
-        if weights is None:
-            return LoraRequest(int(task_id))
-        rows = torch.from_dlpack(weights.to_dlpack()).to(torch.float32, copy=True)  # dlpack: numpy has no bfloat16
-        keys = torch.from_numpy(config.as_numpy().astype(np.int64))
+        assert lora.task_id is not None, "a tensorrt_llm adapter has a task id"
+        if lora.weights is None or lora.config is None:
+            return LoraRequest(lora.task_id)
         model = self.engine.model
-        return LoraRequest(int(task_id), from_rows(rows.reshape(-1, rows.shape[-1]), keys.reshape(-1, 3),
+        return LoraRequest(lora.task_id, from_rows(torch.from_numpy(lora.weights),
+                                                   torch.from_numpy(lora.config.astype(np.int64)),
                                                    model.config, model.dtype))
 
     def _compiling(self, item: _Pending) -> bool:
         """Start compiling the request's guide (``guided_decoding_guide_type``), once; True while it compiles: the
         request waits aside and comes back through the inbox when its guide is ready (or refused)."""
         if item.guide is None:
-            guide_type = _string(item.request, "guided_decoding_guide_type")
-            if guide_type is None:
+            assert item.wire is not None, "the request is decoded"
+            if item.wire.guide is None:
                 return False
             if self.guides is None:
                 raise KitUsageError("guided decoding needs the xgrammar_tokenizer_info_path parameter; rebuild the "
                                     "repository from a model with a tokenizer.json.")
-            item.guide = self.guides.compile(Guide(guide_type, _string(item.request, "guided_decoding_guide") or ""))
+            item.guide = self.guides.compile(Guide(*item.wire.guide))
         if item.guide.done():
             self.parked.discard(item)
             return False
@@ -314,27 +280,11 @@ class TritonPythonModel:
 
     def _outputs(self, item: _Pending, seq: Sequence, token_ids: list[int], first: int) -> list:
         """The response tensors of ``token_ids``, whose generated tokens begin at output position ``first``."""
-        tensors = [pb_utils.Tensor("output_ids", np.array([[token_ids]], np.int32)),
-                   pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], np.int32))]
-        if item.with_index:
-            tensors.append(pb_utils.Tensor("sequence_index", np.array([[seq.index]], np.int32)))
-        for wanted, name, value in zip(item.counts, ("num_input_tokens", "num_output_tokens"),
-                                       (seq.num_prompt_tokens, seq.num_output_tokens), strict=True):
-            if wanted:
-                tensors.append(pb_utils.Tensor(name, np.array([[value]], np.int32)))
-        tensors += [pb_utils.Tensor(name, array)
-                    for name, array in logprob_arrays(seq, item.logprobs, first, first == 0).items()]
-        if item.perf:
-            tpb = self.engine.config.tokens_per_block
-            reused, total = seq.num_cached_tokens // tpb, -(-len(seq) // tpb)
-            offset = time.time_ns() - time.perf_counter_ns()
-            ns = {"arrival_time_ns": seq.arrival_time, "first_token_time_ns": seq.first_token_time or 0.0,
-                  "last_token_time_ns": time.perf_counter()}
-            tensors += [pb_utils.Tensor(n, np.array([[int(v * 1e9) + offset]], np.int64)) for n, v in ns.items()]
-            tensors += [pb_utils.Tensor(n, np.array([[v]], np.int32)) for n, v in (
-                ("kv_cache_reused_blocks", reused), ("kv_cache_alloc_new_blocks", total - reused),
-                ("kv_cache_alloc_total_blocks", total))]
-        return tensors
+        req = item.wire
+        assert req is not None, "the request is decoded"
+        perf = perf_of(seq, self.engine.config.tokens_per_block) if req.return_perf_metrics else None
+        response = response_of(seq, req, token_ids, first, with_prompt=first == 0, perf=perf)
+        return [pb_utils.Tensor(name, array[None]) for name, array in encode_trtllm_response(response).items()]
 
     def _progress(self, item: _Pending, seq: Sequence) -> None:
         """Stream the new tokens of ``seq``, or answer it in full when it finished; the request's last sequence to
