@@ -98,7 +98,8 @@ def test_unknown_name_lists_the_models() -> None:
     with pytest.raises(ModelError) as info:
         builtin_dir("tiny-gpt")
     assert str(info.value) == ("there is no built-in model 'tiny-gpt'; the built-in models are "
-                               "builtin:tiny-llama, builtin:tiny-mistral, builtin:tiny-qwen2, builtin:tiny-phi3.")
+                               "builtin:tiny-llama, builtin:tiny-mistral, builtin:tiny-qwen2, builtin:tiny-phi3, "
+                               "builtin:smollm2-135m-instruct.")
 
 
 def test_an_interrupted_generation_leaves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -50,7 +50,14 @@ DEFAULT_PROMPT_LENGTHS = (1, 5, 16, 37)
 # measured -1.8 % to +1.5 %) held to 5 %.
 # W4A16 AWQ (int4 groups of 128, dequantized on the CPU; engine checkpoints, 4 windows x 32 tokens): KL 0.34-0.39
 # and top-1 0.102-0.107 on tiny-llama/mistral/qwen2; bounds by the same rule (KL 0.8, top-1 0.05, perplexity 5 %).
-PERPLEXITY_BOUNDS = {"W8A16": 0.01, "FP8": 0.02, "SQ": 0.05, "NVFP4": 0.05, "W4A16_AWQ": 0.05, None: 0.01}
+# The perplexity bounds are set on real weights (SmolLM2-135M-Instruct, builtin:smollm2-135m-instruct, on the shipped
+# corpus, against the unquantized model in the checkpoint's dtype; benchmarks/quant_quality.py, docs/quant-quality.md):
+# W8A16 +0.22 % (bound 1 %), SmoothQuant per channel and per token +0.91 % (bound 3 %), FP8 +2.88 % and with an FP8
+# KV cache +2.72 % (bound 4 %; ModelOpt's FP8 fake quantization of the same model measures +1.95 % and +2.81 %: a
+# 135M model loses more than the near-zero published for large ones), NVFP4 +25.6 % (bound 32 %; 4-bit weights
+# on 576-wide layers). INT4 AWQ could not be measured there (its groups of 128 do not divide the hidden size 576);
+# its bound stays the random-weight one.
+PERPLEXITY_BOUNDS = {"W8A16": 0.01, "FP8": 0.04, "SQ": 0.03, "NVFP4": 0.32, "W4A16_AWQ": 0.05, None: 0.01}
 KL_BOUNDS = {"W8A16": 0.02, "FP8": 0.2, "SQ": 0.1, "NVFP4": 0.65, "W4A16_AWQ": 0.8, None: 0.05}
 TOP1_BOUNDS = {"W8A16": 0.6, "FP8": 0.25, "SQ": 0.5, "NVFP4": 0.07, "W4A16_AWQ": 0.05, None: 0.6}
 PERPLEXITY_MARGIN_NATS = 1.0
@@ -102,7 +109,8 @@ class VerifyReport:
     def quality_failure(self) -> str:
         """The sentence for a quantized checkpoint that exceeded a bound."""
         return (f"the quantized checkpoint strays too far from the unquantized model: {self.quality_summary()}; "
-                "calibrate on more or other data (--calib-data, --calib-samples) or choose another --quant.")
+                "calibrate on more or other data (--calib-data, --calib-samples), choose another --quant, or build "
+                "with --no-verify to ship it as measured.")
 
     def to_dict(self) -> dict[str, Any]:
         """All fields; the perplexity and KL fields only for a quantized checkpoint."""

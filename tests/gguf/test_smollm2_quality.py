@@ -1,0 +1,44 @@
+"""The quality gate set on real weights: the real model built in FP8 and in INT8 SmoothQuant (per channel, per
+token) passes verify with its perplexity change on the shipped corpus within the bound ``checkpoint/verify.py``
+documents for the format (the build refuses past it), and the quantized model still answers the shipped
+multiple-choice set as the unquantized one does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SMOLLM2
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.checkpoint.verify import PERPLEXITY_BOUNDS, VerifyReport
+from trtllm_kit.spec import build_spec
+
+pytestmark = pytest.mark.slow
+FORMATS = {"FP8": {"quant": "fp8"}, "SQ": {"quant": "int8-sq", "per_channel": True, "per_token": True}}
+
+
+@pytest.mark.parametrize("bound_key", FORMATS)
+def test_the_real_model_quantizes_within_the_documented_bound(smollm2_dir: Path, tmp_path: Path,
+                                                              bound_key: str) -> None:
+    result = run_build(build_spec({}, {"model": SMOLLM2, "out": tmp_path / "out", "quant": FORMATS[bound_key],
+                                       "build": {"target": "cpu", "until": "checkpoint", "verify": True}}))
+    verify: dict[str, Any] | None = result.artifact.records.verify
+    assert verify is not None and verify["passed"]
+    assert verify["perplexity_gated"]  # a trained model: the change is meaningful, so it is held to the bound
+    assert abs(verify["perplexity_change"]) <= PERPLEXITY_BOUNDS[bound_key] == verify["perplexity_bound"]
+    assert verify["reference_choice_accuracy"] >= 0.6 and verify["choice_accuracy"] >= 0.6
+    assert verify["choice_agreement"] >= 0.85
+
+
+def test_a_refusal_states_the_figure_and_the_flag_that_accepts_it() -> None:
+    report = VerifyReport(max_abs_err=1.0, max_rel_err=0.1, top1_agreement=0.9, num_tokens=59, compute_dtype="float32",
+                          tolerance=1e-4, passed=False, quantization="NVFP4/None", perplexity=43.9,
+                          reference_perplexity=35.0, perplexity_change=0.254, perplexity_bound=0.05,
+                          kl_divergence=0.3, kl_bound=0.65, corpus_top1_agreement=0.7, top1_bound=0.07,
+                          vocab_size=49152, perplexity_gated=True, choice_accuracy=0.6,
+                          reference_choice_accuracy=0.7, choice_agreement=0.8)
+    message = report.quality_failure()
+    assert "perplexity 43.9 vs 35 unquantized (+25.40%, bound ±5%)" in message
+    assert message.endswith("or build with --no-verify to ship it as measured.")
