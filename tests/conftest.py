@@ -23,3 +23,16 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The summary line is the run's last: OpenAI Triton's compiler module (torch._dynamo imports it where xgrammar
+    installed it) lists its live objects on stderr when the interpreter ends."""
+    import sys
+
+    if "triton._C.libtriton" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
