@@ -14,6 +14,7 @@ import pytest
 import torch
 from gguf_files import GGUF_NAMES, TYPES, interleave_rows, write_gguf
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.build.pipeline import run_build
@@ -88,8 +89,11 @@ def test_an_f32_file_gives_back_the_model(gguf_dir: Path, name: str) -> None:
 def test_the_tokenizer_and_chat_template_come_back(gguf_dir: Path) -> None:
     original = AutoTokenizer.from_pretrained(builtin_dir("tiny-qwen2"))
     imported = AutoTokenizer.from_pretrained(import_gguf(gguf_file(gguf_dir, "tiny-qwen2", "Q8_0")).model_dir)
-    text = corpus_path().read_text(encoding="utf-8")[:6000] + " café ｃａｆé 2024 <|user|> </s>"
+    text = corpus_path().read_text(encoding="utf-8")[:6000] + " café cafe\u0301 ｃａｆé 2024 <|user|> </s>"
     assert imported(text).input_ids == original(text).input_ids
+    files = [Tokenizer.from_file(str(Path(d) / "tokenizer.json"))
+             for d in (builtin_dir("tiny-qwen2"), imported.name_or_path)]
+    assert files[1].encode(text).ids == files[0].encode(text).ids  # the file itself, as serving and tokenizers read it
     assert imported.chat_template == CHAT_TEMPLATE
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, 42?"}]
     assert imported.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
