@@ -13,6 +13,7 @@ docs/quantization-at-scale.md for the measured difference).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,19 @@ from trtllm_kit.quant.algos import QuantConfig, check_target
 
 pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install -c "
                     "constraints.txt -e '.[oracle]')")
+
+# The kit and ModelOpt reduce in different orders, so the AWQ search's losses tie differently at another thread
+# count: the equality holds at the 2 threads these oracles were written on, whatever an earlier test set.
+ORACLE_THREADS = 2
+
+
+@pytest.fixture(autouse=True)
+def oracle_threads() -> Iterator[None]:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(ORACLE_THREADS)
+    yield
+    torch.set_num_threads(saved)
+
 
 FAMILIES = ("builtin:tiny-llama", "builtin:tiny-mistral", "builtin:tiny-qwen2", "builtin:tiny-phi3")
 SAMPLES, SEQ_LEN = 4, 32
