@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -93,11 +94,13 @@ def llama3_divisors(scaling: dict, theta: float, head_dim: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(hf_dir: Path, path: Path, type_name: str = "F32", arch: str | None = None) -> Path:
+def write_gguf(hf_dir: Path, path: Path, type_name: str = "F32", arch: str | None = None,
+               tokenizer: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
     """``hf_dir`` (a built-in tiny model) as a GGUF file at ``path``, its matrices in ``type_name``.
 
     Arguments:
-        hf_dir: the model; path: the file to write; type_name: one of ``TYPES``; arch: override general.architecture.
+        hf_dir: the model; path: the file to write; type_name: one of ``TYPES``; arch: override general.architecture;
+        tokenizer: writes the tokenizer metadata (default: the model's own byte-level BPE).
     """
     config = json.loads((hf_dir / "config.json").read_text())
     arch = arch or ARCH[config["model_type"]]
@@ -111,7 +114,7 @@ def write_gguf(hf_dir: Path, path: Path, type_name: str = "F32", arch: str | Non
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_dimension_count(config["head_dim"])
-    add_tokenizer(writer, hf_dir)
+    (tokenizer or (lambda w: add_tokenizer(w, hf_dir)))(writer)
     weights = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
     scaling = config.get("rope_scaling")
     if scaling and scaling.get("rope_type") == "llama3":
@@ -150,3 +153,46 @@ def add_tokenizer(writer: gguf.GGUFWriter, hf_dir: Path) -> None:
     writer.add_pad_token_id(vocab[settings["pad_token"]])
     writer.add_add_bos_token(True)
     writer.add_chat_template(settings["chat_template"])
+
+
+def spm_vocabulary(num_learned: int) -> tuple[list[str], list[float], list[int], object]:
+    """A SentencePiece-style BPE vocabulary learned on the shipped corpus, as llama.cpp stores one: ``<unk>``,
+    ``<s>``, ``</s>``, the 256 byte pieces, then the learned pieces scored by merge order (earlier merges higher);
+    also the trained ``tokenizers`` model itself (spaces as ``▁``), the reference for its splits."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from trtllm_kit.models.tokenizer import corpus_path
+
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    lines = [line for line in corpus_path().read_text(encoding="utf-8").splitlines() if line.strip()]
+    trained.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=num_learned, show_progress=False))
+    state = json.loads(trained.to_str())["model"]
+    rank = {"".join(m if isinstance(m, list) else m.split(" ")): i for i, m in enumerate(state["merges"])}
+    learned = [t for t, _ in sorted(state["vocab"].items(), key=lambda item: item[1])]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *learned]
+    scores = [0.0, 0.0, 0.0, *([0.0] * 256), *(-float(rank[t]) if t in rank else -1e6 for t in learned)]
+    types = [2, 3, 3, *([6] * 256), *([1] * len(learned))]
+    return tokens, scores, types, trained
+
+
+def write_spm_gguf(hf_dir: Path, path: Path) -> Path:
+    """``hf_dir``'s weights (F16) with a SentencePiece vocabulary (``tokenizer.ggml.model`` llama) that fills its
+    embedding, as llama.cpp writes Llama 2 and Mistral files."""
+    config = json.loads((hf_dir / "config.json").read_text())
+    tokens, scores, types, _ = spm_vocabulary(config["vocab_size"] - 259)
+    assert len(tokens) == config["vocab_size"], len(tokens)
+    write_gguf(hf_dir, path, "F16", tokenizer=lambda writer: add_spm_tokenizer(writer, tokens, scores, types))
+    return path
+
+
+def add_spm_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], scores: list[float], types: list[int]) -> None:
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(True)

@@ -2,8 +2,8 @@
 
 GGUF keeps the vocabulary, merges, token kinds, special ids and chat template as ``tokenizer.*`` metadata; the
 text splitting before BPE is named, not stored (``tokenizer.ggml.pre``), so each name the kit imports is one
-``Pretokenization`` entry, the regular expressions llama.cpp gives that name. Byte-level BPE (``gpt2``) is
-imported; other tokenizer models are refused by name.
+``Pretokenization`` entry, the regular expressions llama.cpp gives that name. Byte-level BPE (``gpt2``) and
+SentencePiece BPE (``llama``, ``spm.py``) are imported; other tokenizer models are refused by name.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from trtllm_kit.errors import ModelError
 from trtllm_kit.models.gguf.header import GGUFHeader
+from trtllm_kit.models.gguf.spm import spm_tokenizer
 
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -50,6 +51,7 @@ PRETOKENIZATIONS: dict[str, Pretokenization] = {
 class GGUFTokenizer:
     """What the metadata says, checked: tokens, merges, kinds, special ids, flags and the chat template."""
 
+    kind: str  # tokenizer.ggml.model: gpt2 (byte-level BPE) or llama (SentencePiece BPE)
     tokens: list[str]
     merges: list[str]
     token_types: list[int]
@@ -58,6 +60,8 @@ class GGUFTokenizer:
     eos_ids: list[int]                  # every id that ends generation
     add_bos: bool
     chat_template: str | None
+    scores: list[float] | None = None  # SentencePiece: each piece's score, which orders the merges
+    add_space_prefix: bool = True      # SentencePiece: a ▁ in front of the text
 
     def added(self) -> list[tuple[int, str, bool]]:
         """(id, token, is special) of each token matched whole in text: control tokens (special) and user-defined
@@ -78,17 +82,23 @@ def read_tokenizer(header: GGUFHeader) -> GGUFTokenizer:
     """
     meta, path = header.metadata, header.path
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelError(f"{path}: tokenizer.ggml.model is {kind!r}; the kit imports byte-level BPE ('gpt2') "
-                         "tokenizers only, so give the model as a Hugging Face directory instead.")
-    pre = meta.get("tokenizer.ggml.pre", "gpt-2")
+    if kind not in ("gpt2", "llama"):
+        raise ModelError(f"{path}: tokenizer.ggml.model is {kind!r}; the kit imports byte-level BPE ('gpt2') and "
+                         "SentencePiece BPE ('llama') tokenizers, so give the model as a Hugging Face directory "
+                         "instead.")
+    pre = meta.get("tokenizer.ggml.pre", "gpt-2") if kind == "gpt2" else "gpt-2"  # SentencePiece splits nothing
     if pre not in PRETOKENIZATIONS:
         raise ModelError(f"{path}: tokenizer.ggml.pre is {pre!r}, a text splitting the kit does not know; it knows "
                          f"{', '.join(PRETOKENIZATIONS)}.")
-    tokens, merges = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    merges = meta.get("tokenizer.ggml.merges", [] if kind == "llama" else None)  # SentencePiece: from the scores
+    scores = meta.get("tokenizer.ggml.scores")
     if not isinstance(tokens, list) or not isinstance(merges, list) or not tokens:
         raise ModelError(f"{path} has no tokenizer.ggml.tokens or tokenizer.ggml.merges string arrays; the file "
                          "holds no usable tokenizer.")
+    if kind == "llama" and (scores is None or isinstance(scores, list) or len(scores) != len(tokens)):
+        raise ModelError(f"{path}: a SentencePiece vocabulary needs tokenizer.ggml.scores, one number per token; the "
+                         "file holds no usable tokenizer.")
     if len(set(tokens)) != len(tokens):
         raise ModelError(f"{path}: tokenizer.ggml.tokens lists a token twice; the file is damaged.")
     types = meta.get("tokenizer.ggml.token_type")
@@ -104,9 +114,11 @@ def read_tokenizer(header: GGUFHeader) -> GGUFTokenizer:
     if eot is not None:  # chat serving stops at the end of a turn
         ids["eos_token_id"] = eot
     template = meta.get("tokenizer.chat_template")
-    return GGUFTokenizer(tokens, merges, token_types, PRETOKENIZATIONS[pre], ids, list(dict.fromkeys(eos_ids)),
-                         bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                         template if isinstance(template, str) else None)
+    return GGUFTokenizer(kind, tokens, merges, token_types, PRETOKENIZATIONS[pre], ids, list(dict.fromkeys(eos_ids)),
+                         bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
+                         template if isinstance(template, str) else None,
+                         [float(x) for x in scores] if kind == "llama" and scores is not None else None,
+                         bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
 
 
 def _token_id(header: GGUFHeader, key: str, vocab_size: int) -> int | None:
@@ -125,6 +137,22 @@ def build_tokenizer(spec: GGUFTokenizer) -> Tokenizer:
         spec: the file's tokenizer.
     """
     vocab = {token: index for index, token in enumerate(spec.tokens)}
+    tokenizer = _sentencepiece(spec) if spec.kind == "llama" else _byte_level(spec, vocab)
+    bos = spec.token("bos_token_id")
+    if spec.add_bos and bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+            special_tokens=[(bos, vocab[bos])])
+    elif spec.kind == "gpt2":
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t, special in spec.added()
+                                  if special])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for _, t, special in spec.added()
+                          if not special])
+    return tokenizer
+
+
+def _byte_level(spec: GGUFTokenizer, vocab: dict[str, int]) -> Tokenizer:
     pairs = []
     for merge in spec.merges:
         left, _, right = merge.partition(" ")
@@ -140,18 +168,12 @@ def build_tokenizer(spec: GGUFTokenizer) -> Tokenizer:
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tokenizer.decoder = decoders.ByteLevel()
-    bos = spec.token("bos_token_id")
-    if spec.add_bos and bos is not None:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-            special_tokens=[(bos, vocab[bos])])
-    else:
-        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t, special in spec.added()
-                                  if special])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for _, t, special in spec.added()
-                          if not special])
     return tokenizer
+
+
+def _sentencepiece(spec: GGUFTokenizer) -> Tokenizer:
+    assert spec.scores is not None, "read_tokenizer requires them"
+    return spm_tokenizer(spec.tokens, spec.scores, spec.token_types, spec.token("unk_token_id"), spec.add_space_prefix)
 
 
 def write_tokenizer_files(spec: GGUFTokenizer, model_dir: Path, model_max_length: int) -> None:
