@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 import gguf
@@ -19,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.models.gguf import importer
 from trtllm_kit.models.gguf.importer import IMPORT_RECORD, import_gguf
 from trtllm_kit.models.gguf.weights import NAMES
 from trtllm_kit.models.tokenizer import CHAT_TEMPLATE, corpus_path
@@ -101,16 +104,24 @@ def test_the_tokenizer_and_chat_template_come_back(gguf_dir: Path) -> None:
     assert (imported.bos_token, imported.eos_token, imported.pad_token) == ("<s>", "</s>", "<pad>")
 
 
-def test_the_import_is_cached_by_the_files_sha256(gguf_dir: Path) -> None:
-    path = gguf_file(gguf_dir, "tiny-qwen2", "Q4_0")
+def test_the_import_is_cached_by_the_files_sha256(gguf_dir: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "model.gguf"
+    shutil.copy(gguf_file(gguf_dir, "tiny-qwen2", "Q4_0"), path)
     first = import_gguf(path)
     stamp = (first.model_dir / "model.safetensors").stat().st_mtime_ns
-    again = import_gguf(path)
-    assert again.model_dir == first.model_dir
+    with monkeypatch.context() as patch:  # an unchanged file: neither read nor hashed again
+        patch.setattr(importer, "read_header", lambda *_: pytest.fail("the header was read again"))
+        patch.setattr(importer, "sha256_of", lambda *_: pytest.fail("the file was hashed again"))
+        again = import_gguf(path)
+    assert again == first
     assert (again.model_dir / "model.safetensors").stat().st_mtime_ns == stamp
     assert again.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert json.loads((first.model_dir / IMPORT_RECORD).read_text())["sha256"] == again.sha256
-    assert import_gguf(gguf_file(gguf_dir, "tiny-qwen2", "Q4_1")).model_dir != first.model_dir
+    os.utime(path, ns=(1, 1))  # touched, same bytes: hashed again, the same import
+    assert import_gguf(path).model_dir == first.model_dir
+    shutil.copy(gguf_file(gguf_dir, "tiny-qwen2", "Q4_1"), path)  # other bytes: another import
+    assert import_gguf(path).model_dir != first.model_dir
 
 
 @pytest.mark.parametrize("type_name", TYPES)

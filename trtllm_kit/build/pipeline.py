@@ -103,6 +103,9 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None, early: Backgrou
     check_tp(model.hf.num_attention_heads, model.hf.num_key_value_heads, model.hf.intermediate_size, spec.build.tp)
     check_model(spec.quant_config(), model.hf.num_key_value_heads, spec.build.tp)
     work_items(model, mapping)  # refuses pp larger than the layer count before any work
+    if model.origin is not None:
+        reporter.note(f"{model.origin.name}: imported from GGUF into {model.path} (the file's sha256 is among the "
+                      "manifest's inputs)")
     reporter.note(f"{model.source}: {model.family.name} ({model.hf.architecture}), "
                   f"{model.hf.num_parameters / 1e6:.1f}M parameters, tp={spec.build.tp} pp={spec.build.pp}")
     stages = STAGES[: STAGES.index(spec.build.until) + 1]

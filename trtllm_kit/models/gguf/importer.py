@@ -1,13 +1,15 @@
 """The import stage: a GGUF file to a Hugging Face model directory in the kit's cache, written once per file.
 
 The directory is named by the file's sha256 and the import's own version, so a changed file or a changed import
-writes a new one and an unchanged one is reused. The header is read and checked (architecture, tensor types,
+writes a new one and an unchanged one is reused; the digest is remembered with the file's size, mtime and inode, so
+an unchanged file is not hashed again. The header is read and checked (architecture, tensor types,
 tokenizer) before the file is hashed or anything is written; the weights are then written tensor by tensor, so
 memory follows the largest tensor. ``gguf_import.json`` in the directory records where it came from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -73,16 +75,54 @@ def import_gguf(path: Path) -> GGUFImport:
     except ImportError:
         raise ModelError(f"{path} is a GGUF file, and reading GGUF needs the gguf package: pip install "
                          "'trtllm-kit[gguf]'.") from None
+    known = known_digest(path)
+    if known is not None and import_dir(path, known).is_dir():
+        return GGUFImport(path, known, import_dir(path, known))
     header = read_header(path)
     gguf_architecture(header)
     check_types(header)
     tokenizer = read_tokenizer(header)
     digest = sha256_of(path)
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem)[:64] or "model"
-    final = cache_root() / "gguf" / f"{stem}-{digest[:16]}-v{IMPORT_VERSION}"
-    cached_dir(final, lambda directory: write_import(header, tokenizer, directory, digest),
-               f"the import of {path.name}")
+    final = cached_dir(import_dir(path, digest), lambda directory: write_import(header, tokenizer, directory, digest),
+                       f"the import of {path.name}")
+    remember_digest(path, digest)
     return GGUFImport(path, digest, final)
+
+
+def import_dir(path: Path, digest: str) -> Path:
+    """Where the import of the file ``path`` with sha256 ``digest`` lives in the cache."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem)[:64] or "model"
+    return cache_root() / "gguf" / f"{stem}-{digest[:16]}-v{IMPORT_VERSION}"
+
+
+def _fingerprint_file(path: Path) -> tuple[Path, list[int]]:
+    """The cache file remembering ``path``'s digest, and the file's size, mtime and inode now."""
+    resolved = path.resolve()
+    info = resolved.stat()
+    name = hashlib.sha256(str(resolved).encode()).hexdigest()[:24]
+    return cache_root() / "gguf" / "digests" / f"{name}.json", [info.st_size, info.st_mtime_ns, info.st_ino]
+
+
+def known_digest(path: Path) -> str | None:
+    """The sha256 an earlier import took of ``path``, when the file's size, mtime and inode are still those it had
+    then (as the build reuses its inputs' digests); None otherwise."""
+    try:
+        memo, now = _fingerprint_file(path)
+        recorded = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded.get("sha256") if recorded.get("fingerprint") == now else None
+
+
+def remember_digest(path: Path, digest: str) -> None:
+    """Record ``path``'s sha256 with its fingerprint for ``known_digest`` (best effort: a read-only cache only
+    costs the next import a hash)."""
+    with contextlib.suppress(OSError):
+        memo, now = _fingerprint_file(path)
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"path": str(path.resolve()), "fingerprint": now, "sha256": digest}) + "\n")
+        os.replace(tmp, memo)
 
 
 def write_import(header: GGUFHeader, tokenizer: GGUFTokenizer, model_dir: Path, digest: str) -> None:
