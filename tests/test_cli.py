@@ -419,8 +419,8 @@ def test_debug_shows_the_traceback_of_an_expected_error_too(tmp_path: Path) -> N
     assert "Traceback (most recent call last)" in result.stderr
     assert "trtllm_kit.errors.ModelError" in result.stderr
     assert error_lines(result.stderr) == [f"Error: {missing} does not exist; give a Hugging Face model directory, a "
-                                          "repo id present in the local HF cache, or a built-in model (see "
-                                          "`trtllm-kit models`)."]
+                                          "GGUF file, a repo id present in the local HF cache, or a built-in model "
+                                          "(see `trtllm-kit models`)."]
 
 
 

@@ -93,13 +93,14 @@ Case = tuple[str, list[str], str]
 
 def missing_path(model: Path, tmp: Path) -> Case:
     path = tmp / "no-such-model"
-    return str(path), [], (f"{path} does not exist; give a Hugging Face model directory, a repo id present in the "
-                           "local HF cache, or a built-in model (see `trtllm-kit models`).")
+    return str(path), [], (f"{path} does not exist; give a Hugging Face model directory, a GGUF file, a repo id "
+                           "present in the local HF cache, or a built-in model (see `trtllm-kit models`).")
 
 
 def model_is_a_file(model: Path, tmp: Path) -> Case:
     path = model / "config.json"
-    return str(path), [], f"{path} is a file; point the kit at the model directory that holds config.json."
+    return str(path), [], (f"{path} is a file; point the kit at the model directory that holds config.json, or at "
+                           "a .gguf file.")
 
 
 def no_config(model: Path, tmp: Path) -> Case:

@@ -88,8 +88,8 @@ def resolve_model_path(source: str) -> Path:
                          "a .gguf file.")
     if REPO_ID.match(source) and not source.startswith((".", "/")):
         return _cached_snapshot(source)
-    raise ModelError(f"{source} does not exist; give a Hugging Face model directory, a repo id present in the "
-                     "local HF cache, or a built-in model (see `trtllm-kit models`).")
+    raise ModelError(f"{source} does not exist; give a Hugging Face model directory, a GGUF file, a repo id present "
+                     "in the local HF cache, or a built-in model (see `trtllm-kit models`).")
 
 
 def model_origin(source: str) -> Path | None:
