@@ -125,3 +125,13 @@ def test_the_whole_header_is_bounded(tmp_path: Path) -> None:
     path.write_bytes(raw_header(struct.pack("<QQ", 0, 64), entries))
     with pytest.raises(ModelError, match=r"the header runs past 16384 bytes at k15; no llama-family GGUF"):
         read_header(path, HeaderBounds(max_header_bytes=16384))
+
+
+def test_a_head_count_of_zero_is_refused(tmp_path: Path) -> None:
+    path = write_gguf(builtin_dir("tiny-mistral"), tmp_path / "m.gguf", "F16")
+    data = path.read_bytes()
+    key = b"llama.attention.head_count"
+    at = data.index(key) + len(key) + 4  # past the key and its value type: the uint32 value
+    path.write_bytes(data[:at] + struct.pack("<I", 0) + data[at + 4:])
+    assert inspect_error(path) == (f"{path}: llama.attention.head_count is 0, not a whole number from 1 to 16777216; "
+                                   "the file is damaged.")

@@ -17,6 +17,8 @@ from trtllm_kit.errors import ModelError
 from trtllm_kit.models.gguf.header import GGUFHeader
 from trtllm_kit.models.gguf.rope_freqs import llama3_rope_scaling
 
+MAX_COUNT = 1 << 24  # no layer, head, width or context count of a real model comes near
+
 
 @dataclass(frozen=True)
 class GGUFArchitecture:
@@ -59,6 +61,15 @@ def _number(header: GGUFHeader, key: str, default: float | None = None) -> Any:
     return float(str(np.float32(value))) if isinstance(value, float) else value  # 1e-05, not 9.99999974e-06
 
 
+def _count(header: GGUFHeader, key: str, default: int | None = None) -> int:
+    """A positive whole number of the metadata (a layer, head or width count), at most ``MAX_COUNT``."""
+    value = _number(header, key, default)
+    if not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise ModelError(f"{header.path}: {key} is {value!r}, not a whole number from 1 to {MAX_COUNT}; the file is "
+                         "damaged.")
+    return value
+
+
 def hf_config(header: GGUFHeader, torch_dtype: torch.dtype, special_ids: dict[str, int | None]) -> dict[str, Any]:
     """The ``config.json`` content.
 
@@ -73,20 +84,23 @@ def hf_config(header: GGUFHeader, torch_dtype: torch.dtype, special_ids: dict[st
     if embed is None or len(embed.dims) != 2:
         raise ModelError(f"{header.path} has no two-dimensional token_embd.weight; it is not a llama-family model.")
     hidden, vocab = embed.dims
-    heads = int(_number(header, f"{prefix}.attention.head_count"))
-    kv_heads = int(_number(header, f"{prefix}.attention.head_count_kv", heads))
-    head_dim = int(_number(header, f"{prefix}.attention.key_length", hidden // heads))
-    rotary = int(_number(header, f"{prefix}.rope.dimension_count", head_dim))
+    heads = _count(header, f"{prefix}.attention.head_count")
+    kv_heads = _count(header, f"{prefix}.attention.head_count_kv", heads)
+    if heads % kv_heads:
+        raise ModelError(f"{header.path}: {heads} attention heads do not share {kv_heads} KV heads evenly; the file "
+                         "is damaged.")
+    head_dim = _count(header, f"{prefix}.attention.key_length", hidden // heads or 1)
+    rotary = _count(header, f"{prefix}.rope.dimension_count", head_dim)
     if rotary != head_dim:
         raise ModelError(f"{header.path} rotates {rotary} of its {head_dim} head dimensions; the kit's llama-family "
                          "models rotate all of them, so it cannot import this file.")
     config: dict[str, Any] = {
         "architectures": [arch.hf_architecture], "model_type": arch.model_type,
         "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": int(_number(header, f"{prefix}.feed_forward_length")),
-        "num_hidden_layers": int(_number(header, f"{prefix}.block_count")),
+        "intermediate_size": _count(header, f"{prefix}.feed_forward_length"),
+        "num_hidden_layers": _count(header, f"{prefix}.block_count"),
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-        "max_position_embeddings": int(_number(header, f"{prefix}.context_length", 2048)),
+        "max_position_embeddings": _count(header, f"{prefix}.context_length", 2048),
         "rms_norm_eps": float(_number(header, f"{prefix}.attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": float(_number(header, f"{prefix}.rope.freq_base", 10000.0)),
         "rope_scaling": _rope_scaling(header, prefix, head_dim),

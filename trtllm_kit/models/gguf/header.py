@@ -114,6 +114,14 @@ class _Cursor:
         except UnicodeDecodeError:
             raise ModelError(f"{self.path}: {what} is not UTF-8 text; the file is damaged.") from None
 
+    def name(self, what: str) -> str:
+        """A key or tensor name: a string of printable characters (messages quote it as it is)."""
+        text = self.string(what)
+        if not text.isprintable():
+            raise ModelError(f"{self.path}: {what} is {text[:80]!r}, which holds control characters; the file is "
+                             "damaged.")
+        return text
+
     def value(self, type_code: int, what: str) -> Any:
         if type_code == STRING:
             return self.string(what)
@@ -166,7 +174,7 @@ def read_header(path: Path, bounds: HeaderBounds | None = None) -> GGUFHeader:
         num_entries = cur.count(bounds.max_metadata_entries, "the metadata entry count")
         metadata: dict[str, Any] = {}
         for index in range(num_entries):
-            key = cur.string(f"the key of metadata entry {index}")
+            key = cur.name(f"the key of metadata entry {index}")
             metadata[key] = cur.value(int(cur.scalar("<I", f"the type of {key}")), key)
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1) or alignment > 1 << 20:
@@ -195,7 +203,7 @@ def read_header(path: Path, bounds: HeaderBounds | None = None) -> GGUFHeader:
 
 
 def _tensor_entry(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], int, int]:
-    name = cur.string(f"the name of tensor {index}")
+    name = cur.name(f"the name of tensor {index}")
     num_dims = int(cur.scalar("<I", f"the dimension count of {name}"))
     if not 1 <= num_dims <= cur.bounds.max_dims:
         raise ModelError(f"{cur.path}: tensor {name} has {num_dims} dimensions; the kit reads 1 to "

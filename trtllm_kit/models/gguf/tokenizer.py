@@ -137,7 +137,13 @@ def build_tokenizer(spec: GGUFTokenizer) -> Tokenizer:
         spec: the file's tokenizer.
     """
     vocab = {token: index for index, token in enumerate(spec.tokens)}
-    tokenizer = _sentencepiece(spec) if spec.kind == "llama" else _byte_level(spec, vocab)
+    try:
+        tokenizer = _sentencepiece(spec) if spec.kind == "llama" else _byte_level(spec, vocab)
+    except Exception as exc:  # tokenizers raises plain Exceptions (a merge of unknown tokens, ...)
+        if isinstance(exc, ModelError):
+            raise
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(f"the GGUF file's tokenizer cannot be built ({reason}); the file is damaged.") from None
     bos = spec.token("bos_token_id")
     if spec.add_bos and bos is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
