@@ -25,7 +25,7 @@ GGUF_NAMES = {  # the test's own copy of llama.cpp's names (the kit's table is c
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
-TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K")
 
 
 def gguf_name(hf_name: str) -> str:

@@ -61,12 +61,13 @@ def test_each_tensor_is_what_gguf_dequantizes(gguf_dir: Path, type_name: str) ->
         layer, _, rest = tensor.name.removeprefix("blk.").partition(".")
         hf = next(k for k, v in GGUF_NAMES.items() if v == (rest if tensor.name.startswith("blk.") else tensor.name))
         got = imported[f"model.layers.{layer}.{hf}" if tensor.name.startswith("blk.") else hf]
+        assert got.dtype == {"F16": torch.float16, "BF16": torch.bfloat16}.get(tensor.tensor_type.name, torch.float32)
+        got = got.float()
         if hf.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config["num_attention_heads" if "q_proj" in hf else "num_key_value_heads"]
             got = torch.from_numpy(interleave_rows(got.numpy(), heads))
         want = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(got.shape)
-        assert got.dtype == (torch.float16 if tensor.tensor_type.name == "F16" else torch.float32)
-        assert torch.equal(got.float(), torch.from_numpy(np.array(want, dtype=np.float32))), tensor.name
+        assert torch.equal(got, torch.from_numpy(np.array(want, dtype=np.float32))), tensor.name
 
 
 @pytest.mark.parametrize("name", FAMILIES)
