@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from trtllm_kit.errors import ModelError
@@ -96,12 +97,14 @@ def read_tokenizer(header: GGUFHeader) -> GGUFTokenizer:
     if not isinstance(tokens, list) or not isinstance(merges, list) or not tokens:
         raise ModelError(f"{path} has no tokenizer.ggml.tokens or tokenizer.ggml.merges string arrays; the file "
                          "holds no usable tokenizer.")
-    if kind == "llama" and (scores is None or isinstance(scores, list) or len(scores) != len(tokens)):
+    if kind == "llama" and (not isinstance(scores, np.ndarray) or len(scores) != len(tokens)):
         raise ModelError(f"{path}: a SentencePiece vocabulary needs tokenizer.ggml.scores, one number per token; the "
                          "file holds no usable tokenizer.")
     if len(set(tokens)) != len(tokens):
         raise ModelError(f"{path}: tokenizer.ggml.tokens lists a token twice; the file is damaged.")
     types = meta.get("tokenizer.ggml.token_type")
+    if types is not None and not isinstance(types, np.ndarray):  # strings or one value where numbers belong
+        raise ModelError(f"{path}: tokenizer.ggml.token_type is not an array of numbers; the file is damaged.")
     token_types = [int(t) for t in types] if types is not None else [1] * len(tokens)
     if len(token_types) != len(tokens):
         raise ModelError(f"{path}: tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens; "
