@@ -134,4 +134,4 @@ def test_a_head_count_of_zero_is_refused(tmp_path: Path) -> None:
     at = data.index(key) + len(key) + 4  # past the key and its value type: the uint32 value
     path.write_bytes(data[:at] + struct.pack("<I", 0) + data[at + 4:])
     assert inspect_error(path) == (f"{path}: llama.attention.head_count is 0, not a whole number from 1 to 16777216; "
-                                   "the file is damaged.")
+                                   "the file is damaged: download or convert it again.")

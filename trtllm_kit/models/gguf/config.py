@@ -57,7 +57,8 @@ def _number(header: GGUFHeader, key: str, default: float | None = None) -> Any:
     if value is None:
         raise ModelError(f"{header.path} has no {key}; the file is incomplete: convert the model again.")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelError(f"{header.path}: {key} is {value!r}, not a number; the file is damaged.")
+        raise ModelError(f"{header.path}: {key} is {value!r}, not a number; the file is damaged: "
+                         "download or convert it again.")
     return float(str(np.float32(value))) if isinstance(value, float) else value  # 1e-05, not 9.99999974e-06
 
 
@@ -66,7 +67,7 @@ def _count(header: GGUFHeader, key: str, default: int | None = None) -> int:
     value = _number(header, key, default)
     if not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
         raise ModelError(f"{header.path}: {key} is {value!r}, not a whole number from 1 to {MAX_COUNT}; the file is "
-                         "damaged.")
+                         "damaged: download or convert it again.")
     return value
 
 
@@ -88,7 +89,7 @@ def hf_config(header: GGUFHeader, torch_dtype: torch.dtype, special_ids: dict[st
     kv_heads = _count(header, f"{prefix}.attention.head_count_kv", heads)
     if heads % kv_heads:
         raise ModelError(f"{header.path}: {heads} attention heads do not share {kv_heads} KV heads evenly; the file "
-                         "is damaged.")
+                         "is damaged: download or convert it again.")
     head_dim = _count(header, f"{prefix}.attention.key_length", hidden // heads or 1)
     rotary = _count(header, f"{prefix}.rope.dimension_count", head_dim)
     if rotary != head_dim:

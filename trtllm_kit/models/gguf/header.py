@@ -90,7 +90,8 @@ class _Cursor:
         if self.pos + size > self.end:
             if self.end < len(self.data):
                 raise ModelError(f"{self.path}: the header runs past {self.bounds.max_header_bytes} bytes at {what}; "
-                                 "no llama-family GGUF has a header that large: the file is damaged or hostile.")
+                                 "no llama-family GGUF has a header that large: the file is damaged or hostile: "
+                                 "use one from a source you trust.")
             raise ModelError(f"{self.path} is truncated: {what} needs {size} bytes at offset {self.pos}, past the "
                              f"file's {len(self.data)} bytes; download the file again.")
         start, self.pos = self.pos, self.pos + size
@@ -103,7 +104,7 @@ class _Cursor:
         value = int(self.scalar("<Q", what))
         if value > bound:
             raise ModelError(f"{self.path}: {what} is {value}, above the bound of {bound}; no llama-family GGUF "
-                             "has that many: the file is damaged or hostile.")
+                             "has that many: the file is damaged or hostile: use one from a source you trust.")
         return value
 
     def string(self, what: str) -> str:
@@ -112,14 +113,15 @@ class _Cursor:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ModelError(f"{self.path}: {what} is not UTF-8 text; the file is damaged.") from None
+            raise ModelError(f"{self.path}: {what} is not UTF-8 text; the file is damaged: "
+                             "download or convert it again.") from None
 
     def name(self, what: str) -> str:
         """A key or tensor name: a string of printable characters (messages quote it as it is)."""
         text = self.string(what)
         if not text.isprintable():
             raise ModelError(f"{self.path}: {what} is {text[:80]!r}, which holds control characters; the file is "
-                             "damaged.")
+                             "damaged: download or convert it again.")
         return text
 
     def value(self, type_code: int, what: str) -> Any:
@@ -129,7 +131,7 @@ class _Cursor:
             return self.scalar(SCALARS[type_code], what)
         if type_code != ARRAY:
             raise ModelError(f"{self.path}: {what} has value type {type_code}, which GGUF does not define; the file "
-                             "is damaged.")
+                             "is damaged: download or convert it again.")
         item_type = int(self.scalar("<I", f"the item type of {what}"))
         num_items = self.count(self.bounds.max_array_items, f"the item count of {what}")
         if item_type == STRING:
@@ -179,7 +181,7 @@ def read_header(path: Path, bounds: HeaderBounds | None = None) -> GGUFHeader:
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1) or alignment > 1 << 20:
             raise ModelError(f"{path}: general.alignment is {alignment!r}, not a power of two up to 1 MiB; the file "
-                             "is damaged.")
+                             "is damaged: download or convert it again.")
         table = [_tensor_entry(cur, index) for index in range(num_tensors)]
         data_start = cur.pos + (-cur.pos % alignment)
     tensors: dict[str, GGUFTensor] = {}
@@ -190,14 +192,15 @@ def read_header(path: Path, bounds: HeaderBounds | None = None) -> GGUFHeader:
         block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(type_code)]
         if dims[0] % block:
             raise ModelError(f"{path}: tensor {name} has rows of {dims[0]} values, not a multiple of the {block}-value "
-                             f"blocks of type {GGMLQuantizationType(type_code).name}; the file is damaged.")
+                             f"blocks of type {GGMLQuantizationType(type_code).name}; the file is damaged: "
+                             "download or convert it again.")
         nbytes = int(np.prod(dims, dtype=object)) // block * block_bytes
         start = data_start + relative
         if relative % alignment or start + nbytes > size:
             raise ModelError(f"{path} is truncated or damaged: tensor {name} ({nbytes} bytes at offset {start}) "
                              f"does not lie within the file's {size} bytes; download the file again.")
         if name in tensors:
-            raise ModelError(f"{path} holds tensor {name} twice; the file is damaged.")
+            raise ModelError(f"{path} holds tensor {name} twice; the file is damaged: download or convert it again.")
         tensors[name] = GGUFTensor(name, dims, type_code, start, nbytes)
     return GGUFHeader(path, version, metadata, tensors, size)
 

@@ -137,7 +137,7 @@ def write_import(header: GGUFHeader, tokenizer: GGUFTokenizer, model_dir: Path, 
                                                                ("bos_token_id", "eos_token_id", "pad_token_id")})
     if len(tokenizer.tokens) > config["vocab_size"]:
         raise ModelError(f"{header.path} has {len(tokenizer.tokens)} tokens but an embedding of {config['vocab_size']} "
-                         "rows; the file is damaged.")
+                         "rows; the file is damaged: download or convert it again.")
     planned = planned_tensors(header, config)
     entries = [(name, output_dtype(t.type_code), t.shape) for t, name in planned]
     fd = os.open(header.path, os.O_RDONLY)

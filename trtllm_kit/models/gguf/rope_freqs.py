@@ -53,7 +53,7 @@ def llama3_rope_scaling(header: GGUFHeader, head_dim: int) -> dict[str, Any] | N
         os.close(fd)
     if divisors.shape != (head_dim // 2,):
         raise ModelError(f"{header.path}: rope_freqs.weight has shape {list(divisors.shape)}, not [{head_dim // 2}] "
-                         "(one divisor per rotary frequency); the file is damaged.")
+                         "(one divisor per rotary frequency); the file is damaged: download or convert it again.")
     theta = float(header.metadata.get(f"{header.architecture}.rope.freq_base", 10000.0))
     factor = float(divisors.max())
     if math.isclose(factor, 1.0) and math.isclose(float(divisors.min()), 1.0):

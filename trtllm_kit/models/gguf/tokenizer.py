@@ -101,14 +101,16 @@ def read_tokenizer(header: GGUFHeader) -> GGUFTokenizer:
         raise ModelError(f"{path}: a SentencePiece vocabulary needs tokenizer.ggml.scores, one number per token; the "
                          "file holds no usable tokenizer.")
     if len(set(tokens)) != len(tokens):
-        raise ModelError(f"{path}: tokenizer.ggml.tokens lists a token twice; the file is damaged.")
+        raise ModelError(f"{path}: tokenizer.ggml.tokens lists a token twice; the file is damaged: "
+                         "download or convert it again.")
     types = meta.get("tokenizer.ggml.token_type")
     if types is not None and not isinstance(types, np.ndarray):  # strings or one value where numbers belong
-        raise ModelError(f"{path}: tokenizer.ggml.token_type is not an array of numbers; the file is damaged.")
+        raise ModelError(f"{path}: tokenizer.ggml.token_type is not an array of numbers; the file is damaged: "
+                         "download or convert it again.")
     token_types = [int(t) for t in types] if types is not None else [1] * len(tokens)
     if len(token_types) != len(tokens):
         raise ModelError(f"{path}: tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens; "
-                         "the file is damaged.")
+                         "the file is damaged: download or convert it again.")
     ids = {key: _token_id(header, f"tokenizer.ggml.{name}", len(tokens)) for key, name in
            (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"), ("unk_token_id", "unknown_token_id"),
             ("pad_token_id", "padding_token_id"))}
@@ -129,7 +131,8 @@ def _token_id(header: GGUFHeader, key: str, vocab_size: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
-        raise ModelError(f"{header.path}: {key} is {value!r}, not a token id below {vocab_size}; the file is damaged.")
+        raise ModelError(f"{header.path}: {key} is {value!r}, not a token id below {vocab_size}; the file is damaged: "
+                         "download or convert it again.")
     return value
 
 
@@ -146,7 +149,8 @@ def build_tokenizer(spec: GGUFTokenizer) -> Tokenizer:
         if isinstance(exc, ModelError):
             raise
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelError(f"the GGUF file's tokenizer cannot be built ({reason}); the file is damaged.") from None
+        raise ModelError(f"the GGUF file's tokenizer cannot be built ({reason}); the file is damaged: "
+                         "download or convert it again.") from None
     bos = spec.token("bos_token_id")
     if spec.add_bos and bos is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
@@ -166,7 +170,8 @@ def _byte_level(spec: GGUFTokenizer, vocab: dict[str, int]) -> Tokenizer:
     for merge in spec.merges:
         left, _, right = merge.partition(" ")
         if not left or not right:
-            raise ModelError(f"the GGUF merge {merge!r} is not two tokens separated by a space; the file is damaged.")
+            raise ModelError(f"the GGUF merge {merge!r} is not two tokens separated by a space; the file is damaged: "
+                             "download or convert it again.")
         pairs.append((left, right))
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=spec.pretokenization.ignore_merges))
     pre = spec.pretokenization

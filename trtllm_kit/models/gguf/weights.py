@@ -83,7 +83,7 @@ def planned_tensors(header: GGUFHeader, config: dict[str, int]) -> list[tuple[GG
         match = LAYER.match(tensor.name)
         if match and int(match.group(1)) >= config["num_hidden_layers"]:
             raise ModelError(f"{header.path} holds {tensor.name}, but its block_count is "
-                             f"{config['num_hidden_layers']}; the file is damaged.")
+                             f"{config['num_hidden_layers']}; the file is damaged: download or convert it again.")
         if name is not None:
             planned.append((tensor, name))
     return planned
