@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gguf_files import SMOLLM2
 
 from trtllm_kit.models.builtin import builtin_dir
-
-SMOLLM2 = "builtin:smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="session")

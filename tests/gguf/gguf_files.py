@@ -25,6 +25,7 @@ GGUF_NAMES = {  # the test's own copy of llama.cpp's names (the kit's table is c
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+SMOLLM2 = "builtin:smollm2-135m-instruct"  # the real model the tests fetch once per session (conftest.py)
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K")
 
 

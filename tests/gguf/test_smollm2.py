@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMOLLM2
+from gguf_files import SMOLLM2
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

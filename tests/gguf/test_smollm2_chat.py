@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 import torch
-from conftest import SMOLLM2
+from gguf_files import SMOLLM2
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.build.pipeline import run_build

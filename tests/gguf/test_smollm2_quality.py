@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMOLLM2
+from gguf_files import SMOLLM2
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.checkpoint.verify import PERPLEXITY_BOUNDS, VerifyReport
