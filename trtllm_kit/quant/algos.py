@@ -154,6 +154,27 @@ def check_target(config: QuantConfig, target: str) -> None:
         raise KitUsageError(REFUSED_TARGET[config.quant].format(target=target))
 
 
+def check_groups(config: QuantConfig, hidden_size: int, attention_width: int, intermediate_size: int,
+                 tp_size: int) -> None:
+    """Refuse INT4 AWQ when a quantized linear's input features on one rank are not whole groups of
+    ``AWQ_GROUP_SIZE``, in one sentence (before calibration, instead of a reshape error after it).
+
+    Arguments:
+        config: the quantization; hidden_size, attention_width (heads x head size), intermediate_size: the model's
+        widths; tp_size: tensor-parallel size (the attention output and the MLP's down projection are split by it).
+    """
+    if config.quant != "int4-awq":
+        return
+    widths = {"hidden size (q/k/v, gate/up inputs)": hidden_size,
+              "attention output per rank (o_proj input)": attention_width // tp_size,
+              "intermediate size per rank (down_proj input)": intermediate_size // tp_size}
+    for what, width in widths.items():
+        if width % AWQ_GROUP_SIZE:
+            raise KitUsageError(f"--quant int4-awq quantizes groups of {AWQ_GROUP_SIZE} input features, but the "
+                                f"model's {what} is {width}, not a multiple of {AWQ_GROUP_SIZE}; use --quant fp8 "
+                                "or int8-wo for this model (or another --tp).")
+
+
 def check_model(config: QuantConfig, num_kv_heads: int, tp_size: int) -> None:
     """Refuse a quantization the model cannot take at this layout.
 
