@@ -53,7 +53,7 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
             quant = QuantConfig(quant=OWN_QUANT[prequantized.quant_algo],
                                 kv_cache="fp8" if prequantized.kv_cache_quant_algo == "FP8" else "auto")
     quant = quant or QuantConfig()
-    check_model(quant, hf.num_key_value_heads, tp)
+    check_model(quant, hf, tp)
     layout = QuantLayout(quant.quant_algo, quant.kv_cache_quant_algo)
     ranks = []
     for rank in mapping.ranks():

@@ -28,7 +28,7 @@ from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.lora.store import add_adapter
 from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.progress import Reporter
-from trtllm_kit.quant.algos import check_groups, check_model
+from trtllm_kit.quant.algos import check_model
 from trtllm_kit.quant.calib_size import calibration_device, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
 from trtllm_kit.targets.base import BuildContext, EngineSetup
@@ -101,9 +101,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None, early: Backgrou
     model = inspect_model(spec.model, allow_pickle=spec.build.allow_pickle)
     mapping = Mapping(spec.build.tp, spec.build.pp)
     check_tp(model.hf.num_attention_heads, model.hf.num_key_value_heads, model.hf.intermediate_size, spec.build.tp)
-    check_model(spec.quant_config(), model.hf.num_key_value_heads, spec.build.tp)
-    check_groups(spec.quant_config(), model.hf.hidden_size, model.hf.num_attention_heads * model.hf.head_dim,
-                 model.hf.intermediate_size, spec.build.tp)
+    check_model(spec.quant_config(), model.hf, spec.build.tp)
     work_items(model, mapping)  # refuses pp larger than the layer count before any work
     if model.origin is not None:
         reporter.note(f"{model.origin.name}: imported from GGUF into {model.path} (the file's sha256 is among the "

@@ -325,7 +325,7 @@ def quant_transform(model: ModelSpec, mapping: Mapping, dtype: str, quant: Quant
         raise KitUsageError(f"--quant {quant.quant} --kv-cache {quant.kv_cache} needs calibration statistics per "
                             f"q/k/v and gate/up projection, which {model.family.name}'s fused HF projections do not "
                             "give; use --quant int8-wo or none with --kv-cache auto.")
-    check_model(quant, model.hf.num_key_value_heads, mapping.tp_size)
+    check_model(quant, model.hf, mapping.tp_size)
     if quant.needs_calibration and stats is None:
         stats = calibrate(model.path, quant)
     target = TORCH_DTYPES[resolve_dtype(dtype, model.hf)]

@@ -11,6 +11,7 @@ from typing import Any
 from trtllm_kit.enums import CalibDtype, KVCache, Quant
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import AWQ_GROUP_SIZE
+from trtllm_kit.models.hf_config import HFConfig
 
 QUANT_CHOICES = Quant.values()
 KV_CACHE_CHOICES = KVCache.values()
@@ -175,12 +176,14 @@ def check_groups(config: QuantConfig, hidden_size: int, attention_width: int, in
                                 "or int8-wo for this model (or another --tp).")
 
 
-def check_model(config: QuantConfig, num_kv_heads: int, tp_size: int) -> None:
+def check_model(config: QuantConfig, hf: HFConfig, tp_size: int) -> None:
     """Refuse a quantization the model cannot take at this layout.
 
     Arguments:
-        config: the quantization; num_kv_heads: the model's KV heads; tp_size: tensor-parallel size.
+        config: the quantization; hf: the model's config; tp_size: tensor-parallel size.
     """
+    check_groups(config, hf.hidden_size, hf.num_attention_heads * hf.head_dim, hf.intermediate_size, tp_size)
+    num_kv_heads = hf.num_key_value_heads
     if config.quant == "int8-sq" and num_kv_heads < tp_size:
         raise KitUsageError(f"--quant int8-sq needs at least as many KV heads as --tp (the SmoothQuant plugin path "
                             f"cannot duplicate KV heads), but the model has {num_kv_heads} KV head(s) and tp is "
