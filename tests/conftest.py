@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +29,12 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The summary line is the run's last: OpenAI Triton's compiler module (torch._dynamo imports it where xgrammar
-    installed it) lists its live objects on stderr when the interpreter ends."""
-    import sys
+    installed it) lists its live objects on stderr when the interpreter ends, after pytest has given its stderr
+    back; an exit function, which runs after that, sends what remains to /dev/null."""
+    atexit.register(_quiet_end)
 
+
+def _quiet_end() -> None:
     if "triton._C.libtriton" in sys.modules:
         sys.stdout.flush()
         sys.stderr.flush()
