@@ -22,7 +22,7 @@ from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 
 pytestmark = pytest.mark.integration
-MODEL_PY = Path(__file__).parents[2] / "trtllm_kit" / "model_repo" / "python" / "tensorrt_llm_cpu.py"
+MODEL_PY = Path(__file__).parents[2] / "trtllm_kit" / "triton_models" / "tensorrt_llm_cpu.py"
 INPUTS = [("input_ids", "INT32", [-1]), ("input_lengths", "INT32", [1]), ("request_output_len", "INT32", [1]),
           ("end_id", "INT32", [1]), ("pad_id", "INT32", [1]), ("streaming", "BOOL", [1]),
           ("runtime_top_k", "INT32", [1]), ("temperature", "FP32", [1]), ("seed", "UINT64", [1]),

@@ -41,7 +41,7 @@ def test_build_ends_with_a_cached_repository_stage(tmp_path: Path) -> None:
     assert trt.parameters["gpt_model_path"].string_value == str(out.absolute() / "checkpoint")
     assert config(out, "tensorrt_llm_bls").instance_group[0].count == 2
     assert (out / "repo" / "tensorrt_llm" / "1" / "model.py").read_bytes() == (
-        Path(__file__).parents[2] / "trtllm_kit" / "model_repo" / "python" / "tensorrt_llm_cpu.py").read_bytes()
+        Path(__file__).parents[2] / "trtllm_kit" / "triton_models" / "tensorrt_llm_cpu.py").read_bytes()
     info = out.absolute() / "repo" / "tensorrt_llm" / "xgrammar_tokenizer_info.json"  # guided decoding
     assert trt.parameters["guided_decoding_backend"].string_value == "xgrammar"
     assert trt.parameters["xgrammar_tokenizer_info_path"].string_value == str(info)

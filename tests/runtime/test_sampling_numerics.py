@@ -94,6 +94,6 @@ def test_values_no_engine_can_run_are_refused(fields: dict, message: str) -> Non
 
 def test_the_llmapi_model_file_states_the_same_temperature_floor() -> None:
     """The llmapi model runs where the kit may not be installed, so it states the floor itself: the same value."""
-    source = Path(__file__).parents[2] / "trtllm_kit" / "model_repo" / "python" / "tensorrt_llm_llmapi.py"
+    source = Path(__file__).parents[2] / "trtllm_kit" / "triton_models" / "tensorrt_llm_llmapi.py"
     stated = re.search(r"^MIN_TEMPERATURE = (\S+)$", source.read_text(), re.MULTILINE)
     assert stated is not None and float(stated.group(1)) == MIN_TEMPERATURE

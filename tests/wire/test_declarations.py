@@ -72,8 +72,8 @@ def _constants(path: Path) -> set[str]:
             and isinstance(node.value, str)}
 
 
-@pytest.mark.parametrize("source", ["model_repo/python/tensorrt_llm_cpu.py", "runtime/response.py",
-                                    "serve/client.py", "model_repo/python/tensorrt_llm_bls.py"])
+@pytest.mark.parametrize("source", ["triton_models/tensorrt_llm_cpu.py", "runtime/response.py",
+                                    "serve/client.py", "triton_models/tensorrt_llm_bls.py"])
 def test_every_tensorrt_llm_tensor_the_code_spells_is_on_the_wire(source: str) -> None:
     """Each tensorrt_llm tensor the model file, the runtime's outputs, the client or the BLS names is one the wire
     reads or writes: the switch loses none."""

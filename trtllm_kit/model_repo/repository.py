@@ -16,7 +16,7 @@ from trtllm_kit.model_repo.xgrammar_info import write_xgrammar_tokenizer_info
 from trtllm_kit.names import TOKENIZER_CORE_FILES, TOKENIZER_DIR, TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
 
-# model → (source file in trtllm_kit/model_repo/python, helper files shipped next to it)
+# model → (source file in trtllm_kit/triton_models, helper files shipped next to it)
 PYTHON_MODELS = {
     "preprocessing": ("preprocessing.py", ("text_codec.py",)),
     "postprocessing": ("postprocessing.py", ("text_codec.py",)),
@@ -28,9 +28,9 @@ def python_source(name: str) -> Path:
     """A file of the kit's shipped Python models.
 
     Arguments:
-        name: its file name in ``trtllm_kit/model_repo/python``.
+        name: its file name in ``trtllm_kit/triton_models``.
     """
-    return Path(str(resources.files("trtllm_kit.model_repo") / "python" / name))
+    return Path(str(resources.files("trtllm_kit.triton_models") / name))
 
 
 def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions, *, model_path: Path,
