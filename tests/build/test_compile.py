@@ -17,8 +17,6 @@ from fakes import FakeTrtllmBuild, h100_machine
 from trtllm_kit.artifact.compat import Machine, engine_problem, version_tuple
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config
 from trtllm_kit.cli import run
-from trtllm_kit.engine.compile import effective_settings, run_trtllm_build, validate_engine_dir
-from trtllm_kit.engine.recipe import build_command
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
@@ -28,6 +26,8 @@ from trtllm_kit.models.registry import family_for
 from trtllm_kit.plan import Limits, Precision, make_plan
 from trtllm_kit.spec.build_flags import FLAGS_1_2, check_flag, parse_overrides
 from trtllm_kit.targets import choose_target
+from trtllm_kit.trtllm_build.compile import effective_settings, run_trtllm_build, validate_engine_dir
+from trtllm_kit.trtllm_build.recipe import build_command
 
 # shared/ lies beside the checkout (in CI too); the spec's flag table is the contract the recipe is checked against
 SPEC = Path(__file__).resolve().parents[3] / "shared" / "specs" / "trtllm-checkpoint.md"

@@ -11,12 +11,12 @@ from onnx import TensorProto, helper
 
 from trtllm_kit.checkpoint.fusion_graph import FUSED, PLUGIN, fusion_table, layer_graph, to_onnx, write_graph
 from trtllm_kit.cli import run
-from trtllm_kit.engine.recipe import build_command
 from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.plan import Limits, Precision, make_plan
+from trtllm_kit.trtllm_build.recipe import build_command
 
 LLAMA3_8B = Path(__file__).parents[1] / "data" / "hf-configs" / "meta-llama--Meta-Llama-3-8B"
 LIMITS = Limits(max_batch_size=16, max_seq_len=4096, max_num_tokens=4096)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_kit.engine.fit import check_plan
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GIB, GPU_TABLE, MIB, gpu_from_table, resolve_gpu
 from trtllm_kit.layout import Mapping
@@ -23,6 +22,7 @@ from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.plan import Limits, Precision, make_plan, rank_weight_bytes
+from trtllm_kit.trtllm_build.fit import check_plan
 
 CONFIGS = Path(__file__).parents[1] / "data" / "hf-configs"
 LLAMA3_8B, LLAMA3_70B = "meta-llama--Meta-Llama-3-8B", "meta-llama--Meta-Llama-3-70B"

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.build.cache import Previous, input_digests
-from trtllm_kit.build.engine import prepare_engine
+from trtllm_kit.build.compile_stage import prepare_compile
 from trtllm_kit.build.pipeline import stage_keys
 from trtllm_kit.checkpoint.fusion_graph import fusion_table, layer_graph, write_graph
 from trtllm_kit.checkpoint.trtllm_config import precision_of
@@ -48,7 +48,7 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, spec.build.tp)
     layers_for_rank(hf.num_hidden_layers, spec.build.pp, 0)
     stages = STAGES[: STAGES.index(spec.build.until) + 1]
-    engine = prepare_engine(spec, hf, family, detect_machine(), compile_requested="engine" in stages,
+    engine = prepare_compile(spec, hf, family, detect_machine(), compile_requested="engine" in stages,
                             plan_only=True)
     report: dict[str, Any] = {
         "model": {"source": spec.model, "path": str(path), "architecture": hf.architecture,

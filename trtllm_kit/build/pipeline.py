@@ -19,7 +19,7 @@ from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.artifact.files import file_hashes, tool_versions
 from trtllm_kit.artifact.integrity import file_stats
 from trtllm_kit.build.cache import BackgroundDigests, Previous, fingerprint, input_digests, stage_key
-from trtllm_kit.build.engine import engine_stage, prepare_engine
+from trtllm_kit.build.compile_stage import compile_stage, prepare_compile
 from trtllm_kit.build.repo_stage import repo_key_parts, repo_stage
 from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.checkpoint.convert import work_items
@@ -59,7 +59,7 @@ def checkpoint_stage(ctx: BuildContext) -> None:
     ctx.engine.target.write_checkpoint(ctx)
 
 
-STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": checkpoint_stage, "engine": engine_stage,
+STAGE_FUNCTIONS: dict[str, Callable[[BuildContext], None]] = {"checkpoint": checkpoint_stage, "engine": compile_stage,
                                                               "repo": repo_stage}
 # [build] fields that do not change the checkpoint (the others and every [quant] field are in its key)
 NOT_CHECKPOINT_FIELDS = ("until", "target", "force", "archive", "gpu", "gpu_memory", "kv_cache_fraction",
@@ -109,7 +109,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None, early: Backgrou
     reporter.note(f"{model.source}: {model.family.name} ({model.hf.architecture}), "
                   f"{model.hf.num_parameters / 1e6:.1f}M parameters, tp={spec.build.tp} pp={spec.build.pp}")
     stages = STAGES[: STAGES.index(spec.build.until) + 1]
-    engine = prepare_engine(spec, model.hf, model.family, detect_machine(), compile_requested="engine" in stages)
+    engine = prepare_compile(spec, model.hf, model.family, detect_machine(), compile_requested="engine" in stages)
     if "engine" in stages:
         reporter.note(engine.reason)
     input_paths = [*([model.origin] if model.origin else []), model.path / "config.json", *model.weight_files]

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.engine.config_file import read_engine_config
 from trtllm_kit.errors import KitError
 from trtllm_kit.names import LLM_ARGS_FILE, TRTLLM_MODEL
+from trtllm_kit.trtllm_build.config_file import read_engine_config
 
 
 def max_seq_len(repo: Path) -> int | None:

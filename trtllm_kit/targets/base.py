@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord, LoraRecord, RepoRecord, StageRecords
 from trtllm_kit.artifact.compat import Machine
-from trtllm_kit.engine.recipe import BuildCommand
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
@@ -20,6 +19,7 @@ from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Precision
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.trtllm_build.recipe import BuildCommand
 
 if TYPE_CHECKING:  # the inspection imports torch; the registry stays torch-free for a fast CLI start
     from trtllm_kit.model_repo.lora import LoraServing

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 from trtllm_kit.artifact import Artifact, EngineBuild, EngineLimits, EngineRecord
 from trtllm_kit.artifact.compat import Machine, compatibility, detect_machine, engine_problem
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
-from trtllm_kit.engine.compile import effective_settings, run_trtllm_build
-from trtllm_kit.engine.config_file import read_engine_config
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitError
 from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
+from trtllm_kit.trtllm_build.compile import effective_settings, run_trtllm_build
+from trtllm_kit.trtllm_build.config_file import read_engine_config
 
 if TYPE_CHECKING:
     from trtllm_kit.model_repo.lora import LoraServing

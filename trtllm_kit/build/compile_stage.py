@@ -1,7 +1,7 @@
 """The engine stage: target choice, memory plan, the ``trtllm-build`` command, and the target's compile.
 
-``prepare_engine`` does everything that must happen before heavy work (choose the target, plan memory and
-refuse a plan that does not fit, settle the command line); ``engine_stage`` hands the staged checkpoint to the
+``prepare_compile`` does everything that must happen before heavy work (choose the target, plan memory and
+refuse a plan that does not fit, settle the command line); ``compile_stage`` hands the staged checkpoint to the
 target's compile step. Target ``cpu`` compiles nothing and records the command the engine target would run.
 """
 
@@ -12,8 +12,6 @@ from pathlib import Path
 
 from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.checkpoint.trtllm_config import precision_of
-from trtllm_kit.engine.fit import check_plan
-from trtllm_kit.engine.recipe import LoraPlugin, build_command
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, resolve_gpu
 from trtllm_kit.layout import Mapping
@@ -27,9 +25,11 @@ from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
+from trtllm_kit.trtllm_build.fit import check_plan
+from trtllm_kit.trtllm_build.recipe import LoraPlugin, build_command
 
 
-def prepare_engine(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machine, *,
+def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Machine, *,
                    compile_requested: bool, plan_only: bool = False) -> EngineSetup:
     """Choose the target, plan memory (refusing a plan that does not fit) and settle the command.
 
@@ -93,7 +93,7 @@ def timing_cache_path(gpu: GPU, machine: Machine) -> Path:
     return cache_root() / "timing-cache" / f"{slug}-sm{gpu.sm or 'unknown'}-trt{machine.tensorrt or 'none'}.cache"
 
 
-def engine_stage(ctx: BuildContext) -> None:
+def compile_stage(ctx: BuildContext) -> None:
     """checkpoint/ → the target's compile step (engines/ with trtllm-build, or a record of the command)."""
     setup = ctx.engine
     assert setup is not None, "run_build prepares the engine stage"

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.engine.config_file import read_engine_config
-from trtllm_kit.engine.recipe import BuildCommand
 from trtllm_kit.errors import KitError
+from trtllm_kit.trtllm_build.config_file import read_engine_config
+from trtllm_kit.trtllm_build.recipe import BuildCommand
 
 STDERR_TAIL_LINES = 12
 ENGINE_FILE = re.compile(r"^rank(\d+)\.engine$")
