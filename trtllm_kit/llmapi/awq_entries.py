@@ -9,16 +9,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
 
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.llmapi.entry import Entry
 from trtllm_kit.quant.awq import GROUP_SIZE, group_scales, int4_pack
 from trtllm_kit.quant.awq_fold import shares_input
-
-if TYPE_CHECKING:
-    from trtllm_kit.llmapi.unified import Entry
 
 AWQ_NORM = re.compile(r"^model\.layers\.\d+\.(?:input|post_attention)_layernorm\.weight$")
 F32 = torch.float32
@@ -31,8 +28,6 @@ def awq_entries(name: str, module: str, shape: tuple[int, ...], dtype: torch.dty
     Arguments:
         name: the HF weight name; module: its module; shape: ``[out, in]``; dtype: the checkpoint dtype.
     """
-    from trtllm_kit.llmapi.unified import Entry
-
     rows, cols = shape
     if cols % GROUP_SIZE or rows % 2:
         raise KitUsageError(f"--quant int4-awq packs two output rows per byte and scales groups of {GROUP_SIZE} "

@@ -29,6 +29,7 @@ from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.llmapi.awq_entries import AWQ_NORM, awq_entries, awq_quantize
+from trtllm_kit.llmapi.entry import Entry
 from trtllm_kit.llmapi.quant_format import (
     KV_SCALES,
     LAYER_LINEAR,
@@ -53,20 +54,6 @@ from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter, copy_slice, 
 INDEX_FILE = "model.safetensors.index.json"
 F32 = torch.float32
 OnTensor = Any  # (name, bytes read) -> None
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One output tensor: its name, dtype and shape, the HF tensor it comes from and how (``copy``, ``fp8``,
-    ``weight_scale``, ``input_scale``, ``k_scale``, ``v_scale``; NVFP4: ``nvfp4``, ``block_scale``,
-    ``weight_scale_2``, ``nvfp4_input_scale``; AWQ: ``int4``, ``int4_scale``, ``pre_quant_scale``, ``awq_norm``)."""
-
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    source: str
-    kind: str
-    rows: tuple[int, int] | None = None  # the output rows a k_scale / v_scale reads (of a fused qkv_proj)
 
 
 @dataclass(frozen=True)
