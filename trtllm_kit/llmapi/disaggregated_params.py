@@ -4,18 +4,19 @@ A ``context_only`` request runs the prefill and returns one token and the parame
 server continue it (``first_gen_tokens``, ``ctx_request_id``, ``opaque_state``); the caller sets
 ``request_type="generation_only"`` on them and sends the same prompt to the generation server. On the wire
 (``disaggregated_params`` in an OpenAI request body or response choice, and the llmapi Triton model's tensor of
-that name) ``opaque_state`` travels base64-encoded as ``encoded_opaque_state``.
+that name) ``opaque_state`` travels base64-encoded as ``encoded_opaque_state``: the wire's ``DisaggHandle`` reads and
+writes that form, and these parameters are its fields as upstream's mutable class.
 """
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-REQUEST_TYPES = ("context_only", "generation_only", "context_and_generation")
-WIRE_LISTS = ("first_gen_tokens", "draft_tokens")
-WIRE_INTS = ("ctx_request_id", "disagg_request_id")
+from trtllm_kit.wire.disagg import REQUEST_TYPES, DisaggHandle
+from trtllm_kit.wire.rules import WireError
+
+FIELDS = tuple(f.name for f in fields(DisaggHandle))  # upstream's fields, the same on both
 
 
 @dataclass(kw_only=True)
@@ -44,12 +45,7 @@ class DisaggregatedParams:
 
     def to_wire(self) -> dict[str, Any]:
         """The OpenAI wire object (``opaque_state`` base64 in ``encoded_opaque_state``), without unset fields."""
-        wire: dict[str, Any] = {"request_type": self.request_type}
-        wire.update({name: getattr(self, name) for name in (*WIRE_LISTS, *WIRE_INTS)
-                     if getattr(self, name) is not None})
-        if self.opaque_state is not None:
-            wire["encoded_opaque_state"] = base64.b64encode(self.opaque_state).decode()
-        return wire
+        return handle_of(self).to_wire()
 
     @classmethod
     def from_wire(cls, wire: Any) -> DisaggregatedParams:
@@ -58,23 +54,30 @@ class DisaggregatedParams:
         Arguments:
             wire: the decoded JSON object.
         """
-        if not isinstance(wire, dict):
-            raise ValueError(f"disaggregated_params must be an object, got {type(wire).__name__}")
-        values: dict[str, Any] = {"request_type": wire.get("request_type")}
-        for name in WIRE_LISTS:
-            value = wire.get(name)
-            if value is not None and (not isinstance(value, list) or not all(type(t) is int for t in value)):
-                raise ValueError(f"disaggregated_params.{name} must be a list of token ids, got {value!r}")
-            values[name] = value
-        for name in WIRE_INTS:
-            value = wire.get(name)
-            if value is not None and type(value) is not int:
-                raise ValueError(f"disaggregated_params.{name} must be an integer, got {value!r}")
-            values[name] = value
-        encoded = wire.get("encoded_opaque_state")
-        if encoded is not None:
-            try:
-                values["opaque_state"] = base64.b64decode(str(encoded), validate=True)
-            except ValueError:
-                raise ValueError("disaggregated_params.encoded_opaque_state is not base64") from None
-        return cls(**values)
+        try:
+            return params_of(DisaggHandle.from_wire(wire), cls)
+        except WireError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def handle_of(params: Any) -> DisaggHandle:
+    """The wire's handle of a ``DisaggregatedParams`` (the kit's or TensorRT-LLM's); a wrong type raises
+    ``ValueError`` naming the field.
+
+    Arguments:
+        params: the parameters (fields it lacks are unset).
+    """
+    try:
+        return DisaggHandle(**{name: getattr(params, name, None) for name in FIELDS})
+    except WireError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def params_of(handle: DisaggHandle, params_class: Any = DisaggregatedParams) -> Any:
+    """The ``DisaggregatedParams`` of a wire handle (token lists as lists, unset fields left out).
+
+    Arguments:
+        handle: the decoded handle; params_class: the kit's class or TensorRT-LLM's.
+    """
+    values = {name: getattr(handle, name) for name in FIELDS if getattr(handle, name) is not None}
+    return params_class(**{name: list(v) if isinstance(v, tuple) else v for name, v in values.items()})
