@@ -14,8 +14,8 @@ from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.handle import QueueFullError
 from trtllm_kit.runtime.model import CheckpointModel
-from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import SamplingParams
 
 torch.set_num_threads(1)

@@ -30,14 +30,11 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.block_manager import BlockManager
 from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.handle import QueueFullError
 from trtllm_kit.runtime.sequence import Sequence, SequenceStatus
-
-
-class QueueFullError(KitError):
-    """The waiting queue holds ``max_queue_size`` requests; the request was not accepted."""
 
 
 class Scheduler:

@@ -46,11 +46,11 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info_file
 from trtllm_kit.runtime.guide_service import GuideService
+from trtllm_kit.runtime.handle import QueueFullError
 from trtllm_kit.runtime.heartbeat import Heartbeat
 from trtllm_kit.runtime.lora import LoraRequest, cache_capacity, from_rows
 from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.response import perf_of, response_of
-from trtllm_kit.runtime.scheduler import QueueFullError
 from trtllm_kit.runtime.sequence import Sequence
 from trtllm_kit.wire import GenerationRequest, LoraAdapter
 from trtllm_kit.wire.tensor import is_stop_request
