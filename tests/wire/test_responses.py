@@ -49,6 +49,16 @@ def test_an_llmapi_response_round_trips() -> None:
     assert set(bare) == {"text_output", "output_ids"} and bare["output_ids"].shape == (0,)
 
 
+def test_an_llmapi_response_counts_prompt_alternatives_apart() -> None:
+    """The LLM API asks for logprobs and prompt_logprobs apart: each table has its own count of alternatives."""
+    prompt_one = tuple((t, v, alternatives[:1]) for t, v, alternatives in PROMPT_SCORED)
+    response = full(num_prompt_top=1, prompt_scored=prompt_one)
+    arrays = encode_llmapi_response(response)
+    assert arrays["top_log_prob_ids"].shape == (2, 2) and arrays["prompt_top_log_prob_ids"].shape == (3, 1)
+    assert decode_llmapi_response(arrays, PROMPT) == response
+    assert decode_llmapi_response(encode_llmapi_response(full()), PROMPT).num_prompt_top is None
+
+
 def test_sequence_length_cuts_padded_output_ids() -> None:
     arrays = {"output_ids": np.array([[[5, 6, 0, 0]]], np.int32), "sequence_length": np.array([[2]], np.int32)}
     assert decode_trtllm_response(arrays).token_ids == (5, 6)

@@ -3,8 +3,9 @@
 Every response carries ``text_output`` (one text per completion it reports), ``output_ids`` (the first
 completion's tokens: streamed, the new ones), ``num_input_tokens`` and ``num_output_tokens`` (the completion's
 tokens so far); on request ``finish_reason``, ``stop_reason`` and ``cumulative_logprob`` per completion,
-``sequence_index``, the logprob outputs ([T] and [T, k]; per prompt token [P] and [P, k], in a completion's first
-response) and, from a context-only request, ``disaggregated_params``.
+``sequence_index``, the logprob outputs ([T] and [T, k]; per prompt token [P] and [P, k'], in a completion's first
+response: the LLM API counts the two kinds of alternatives apart) and, from a context-only request,
+``disaggregated_params``.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def encode_llmapi_response(response: GenerationResponse) -> dict[str, np.ndarray
         arrays["cumulative_logprob"] = np.array(response.cum_logprobs, np.float32)
     if response.disaggregated is not None:
         arrays["disaggregated_params"] = strings_array([response.disaggregated.to_json()])
-    k = response.num_top
-    for prefix, top, scored in (("output_", "top_", response.scored),
-                                ("prompt_", "prompt_top_", response.prompt_scored)):
+    prompt_k = response.num_top if response.num_prompt_top is None else response.num_prompt_top
+    for prefix, top, scored, k in (("output_", "top_", response.scored, response.num_top),
+                                   ("prompt_", "prompt_top_", response.prompt_scored, prompt_k)):
         if scored is not None:
             logprobs, values, ids = scored_arrays(scored, k)
             arrays[f"{prefix}log_probs"] = logprobs
@@ -78,7 +79,8 @@ def decode_llmapi_response(arrays: Mapping[str, np.ndarray],
         sequence_index=read_scalar(arrays, "sequence_index"), num_input_tokens=read_scalar(arrays, "num_input_tokens"),
         num_output_tokens=read_scalar(arrays, "num_output_tokens"),
         cum_logprobs=() if cum is None else tuple(float(v) for v in np.asarray(cum).reshape(-1)),
-        num_top=max(scored[1] if scored else 0, prompt[1] if prompt else 0),
+        num_top=scored[1] if scored else prompt[1] if prompt else 0,
+        num_prompt_top=prompt[1] if scored and prompt and prompt[1] != scored[1] else None,
         scored=None if scored is None else scored[0], prompt_scored=None if prompt is None else prompt[0],
         finish_reasons=read_strings(arrays, "finish_reason") or (),
         stop_reasons=read_strings(arrays, "stop_reason") or (),

@@ -38,11 +38,12 @@ class GenerationResponse:
         token_ids: the tokens it carries (streamed: the new ones); texts: ``text_output``, one per completion
         (llmapi, and the text interface); sequence_index: which of the request's sequences it continues (None:
         untagged); num_input_tokens, num_output_tokens: the counts the model reports; cum_logprobs: each
-        completion's cumulative logprob so far; num_top: alternatives per position in ``scored`` and
-        ``prompt_scored``; scored: the carried tokens' logprobs (None: not asked for); prompt_scored: the prompt's
-        (None: not in this response); context_logits [P, V], generation_logits [T, V]: raw logits; finish_reasons,
-        stop_reasons: per completion (llmapi); perf: timing and KV blocks; disaggregated: the handle a
-        context-only request returned.
+        completion's cumulative logprob so far; num_top: alternatives per position in ``scored`` (and in
+        ``prompt_scored`` without ``num_prompt_top``); num_prompt_top: alternatives per prompt position where the
+        dialect counts them apart (llmapi; None: ``num_top``); scored: the carried tokens' logprobs (None: not
+        asked for); prompt_scored: the prompt's (None: not in this response); context_logits [P, V],
+        generation_logits [T, V]: raw logits; finish_reasons, stop_reasons: per completion (llmapi); perf: timing
+        and KV blocks; disaggregated: the handle a context-only request returned.
     """
 
     token_ids: tuple[int, ...] = ()
@@ -52,6 +53,7 @@ class GenerationResponse:
     num_output_tokens: int | None = None
     cum_logprobs: tuple[float, ...] = ()
     num_top: int = 0
+    num_prompt_top: int | None = None
     scored: tuple[Scored, ...] | None = None
     prompt_scored: tuple[Scored, ...] | None = None
     context_logits: np.ndarray | None = None
