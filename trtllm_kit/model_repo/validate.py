@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtllm_kit.artifact import MANIFEST, Artifact, EngineLimits
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import parse_config
-from trtllm_kit.model_repo.limits import LimitsReader
+from trtllm_kit.model_repo.model_dir_limits import LimitsReader
 from trtllm_kit.model_repo.report import ValidationReport
 from trtllm_kit.model_repo.wiring import check_ensemble
 from trtllm_kit.names import MODEL_NAMES, TOKENIZER_CORE_FILES, TRTLLM_MODEL

@@ -11,7 +11,7 @@ from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.layout import Mapping
-from trtllm_kit.model_repo.limits import (
+from trtllm_kit.model_repo.model_dir_limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,

@@ -17,7 +17,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.llmapi.plan_report import llmapi_plan
-from trtllm_kit.model_repo.limits import (
+from trtllm_kit.model_repo.model_dir_limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,
     CPU_MAX_SEQ_LEN,
