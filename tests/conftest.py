@@ -1,13 +1,19 @@
-"""Test isolation: the kit's cache and the HF cache point into a per-session temporary directory."""
+"""Test isolation: the kit's cache and the HF cache point into a per-session temporary directory; the session's
+builds and the servers modules share (``kit_server.py``)."""
 
 from __future__ import annotations
 
 import atexit
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # imported by the fixtures: a module that serves nothing does not import the serving stack
+    from kit_server import Builds, Servers
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,6 +31,24 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def kit_builds(isolated_caches: Path, tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    """Build outputs made once per session, keyed by what they are built of."""
+    from kit_server import Builds
+
+    return Builds(tmp_path_factory.mktemp("builds"))
+
+
+@pytest.fixture(scope="session")
+def kit_servers(kit_builds: Builds) -> Iterator[Servers]:
+    """Servers of the session's builds, one per build and serve settings, shared by every module that asks."""
+    from kit_server import Servers
+
+    servers = Servers(kit_builds)
+    yield servers
+    servers.stop_all()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
