@@ -15,15 +15,12 @@ import openai
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from kit_server import BuildKey, Servers
 from transformers import AutoTokenizer
 
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.server.state import read_state
-from trtllm_kit.spec import build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
@@ -32,19 +29,10 @@ MODEL = "builtin:tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def served(kit_servers: Servers) -> dict[str, Any]:
     torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("quickstart") / "out"
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}  # fast start/stop
-    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False}, "repo": one_each}))
-    ep, openai_port = free_endpoints(), free_port()
-    done = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
-                           str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",
-                           str(openai_port), "--detach", "--ensemble"], capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    state = read_state(out)
-    yield {**state, "out": out}
-    subprocess.run([*KIT, "stop", str(out)], capture_output=True, timeout=60)
+    server = kit_servers.get(BuildKey.of(), ensemble=True)  # one instance of each text model: fast start/stop
+    return {**server.state, "out": server.out}
 
 
 @pytest.fixture(scope="module")
