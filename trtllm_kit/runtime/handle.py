@@ -1,10 +1,10 @@
 """What the engine loop (``runtime/loop.py``) asks of whoever submitted a request, and how a request fails.
 
 A ``Handle`` is the submitter's side of one request: the loop hands it each step's progress of the request's
-sequences, tells it once why the request ended without finishing (``failed``), and asks it whether its client has
-gone (``is_cancelled``). A Triton model's handle wraps a ``pb_utils`` request and its sender; the CPU ``LLM``'s
-pushes updates to an asyncio loop. A ``Failure`` says what kind of end it was, so each transport names it its own
-way (a Triton error code, an exception class).
+sequences (the last one's marked), tells it once why the request ended without finishing (``failed``), and asks
+it whether its client has gone (``is_cancelled``). A Triton model's handle wraps a ``pb_utils`` request and its
+sender; the CPU ``LLM``'s pushes updates to an asyncio loop. A ``Failure`` says what kind of end it was, so each
+transport names it its own way (a Triton error code, an exception class).
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def failure_of(exc: BaseException) -> Failure:
 class Handle(Protocol):
     """The submitter's side of one request; the loop calls it on the engine thread only."""
 
-    def progress(self, seq: Sequence) -> None:
-        """One of the request's sequences sampled tokens or finished (``seq.is_finished``)."""
+    def progress(self, seq: Sequence, is_last: bool) -> None:
+        """One of the request's sequences sampled tokens or finished (``seq.is_finished``); ``is_last``: no other
+        sequence of the request is left, so this is the request's end."""
 
     def failed(self, message: str, kind: Failure) -> None:
         """The request ended without finishing; called once, after which the loop forgets the handle."""
