@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 from aiohttp import web  # noqa: E402
 
 from trtllm_kit.build.pipeline import run_build  # noqa: E402
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend  # noqa: E402
 from trtllm_kit.serve.gateway.keys import add_key  # noqa: E402
-from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend  # noqa: E402
 from trtllm_kit.serve.openai.config import OpenAIConfig  # noqa: E402
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port  # noqa: E402
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving  # noqa: E402

@@ -22,7 +22,7 @@ from serving_helpers import MODEL, post, wait_idle
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.server.launcher import free_port

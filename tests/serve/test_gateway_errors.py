@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import trtllm_kit
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.server.launcher import free_port

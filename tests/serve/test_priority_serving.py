@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.serve.openai.protocol import RequestError, parse_sampling, trtllm_priority
+from trtllm_kit.serve.http.errors import HTTPError
+from trtllm_kit.serve.openai.protocol import parse_sampling, trtllm_priority
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec
@@ -27,7 +28,7 @@ def test_openai_priority_maps_onto_trtllm_float() -> None:
     assert [trtllm_priority(p) for p in (-100, -50, 0, 50, 100)] == [1.0, 0.75, 0.5, 0.25, 0.0]
     assert parse_sampling({"priority": -3}, "text_completion").priority == -3
     for bad in (101, 1.5, True, "high"):
-        with pytest.raises(RequestError, match=r"priority must be an integer from -100 to 100 \(lower runs first\)"):
+        with pytest.raises(HTTPError, match=r"priority must be an integer from -100 to 100 \(lower runs first\)"):
             parse_sampling({"priority": bad}, "text_completion")
 
 

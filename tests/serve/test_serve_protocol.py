@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
 from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
-    RequestError,
     generation_request,
     parse_prompts,
     parse_sampling,
@@ -59,7 +59,7 @@ def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
     ([True], "prompt must be a string or a list of token ids (or a list of them), got [True]."),
 ])
 def test_bad_prompts(prompt: object, message: str) -> None:
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(HTTPError) as info:
         parse_prompts({"prompt": prompt}, vocab_size=100)
     assert str(info.value) == message and info.value.param == "prompt"
 
@@ -114,7 +114,7 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
      "include_stop_str_in_output"),
 ])
 def test_bad_fields(body: dict, message: str, param: str) -> None:
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(HTTPError) as info:
         parse_sampling(body, "text_completion")
     assert info.value.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                            "code": None}}
@@ -131,7 +131,7 @@ def test_bad_fields(body: dict, message: str, param: str) -> None:
      "top_logprobs"),
 ])
 def test_bad_logprob_fields(body: dict, kind: str, message: str, param: str) -> None:
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(HTTPError) as info:
         parse_scoring(body, kind)
     assert (str(info.value), info.value.param) == (message, param)
 
@@ -161,6 +161,6 @@ def test_structured_output_fields_as_the_engine_guide(body: dict, guide: tuple[s
     ({"guided_json": "{not json"}, "guided_json"), ({"guided_regex": "a", "guided_grammar": "b"}, "guided_grammar"),
 ])
 def test_bad_structured_output_fields(body: dict, param: str) -> None:
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(HTTPError) as info:
         parse_guide(body)
     assert info.value.param == param

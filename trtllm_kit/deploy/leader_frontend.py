@@ -11,7 +11,7 @@ from aiohttp import web
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.deploy.leader_plan import FrontendPlan
 from trtllm_kit.serve.fleet.members import context_logits
-from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len

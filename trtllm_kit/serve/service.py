@@ -30,7 +30,7 @@ from trtllm_kit.serve.fleet.hotswap import Reloader
 from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
 from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble, route_state
-from trtllm_kit.serve.openai.app import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
 from trtllm_kit.serve.options import Endpoints, ServeOptions, parse_names

@@ -8,7 +8,7 @@ from typing import Any
 
 from trtllm_kit.serve.fleet.members import Member
 from trtllm_kit.serve.fleet.merge import Copied, remove_models
-from trtllm_kit.serve.openai.app import OpenAIFrontend
+from trtllm_kit.serve.frontend import OpenAIFrontend
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.launcher import LaunchConfig

@@ -20,17 +20,12 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.gateway.keys import KeyFile, KeyRecord, read_keys
 from trtllm_kit.serve.gateway.limits import KeyLimits, Refusal
 from trtllm_kit.serve.gateway.usage import UsageLog, UsageMetrics, UsageRecord
-from trtllm_kit.serve.openai.errors import error_response
-from trtllm_kit.serve.openai.protocol import RequestError
-from trtllm_kit.serve.openai.request_body import json_body
+from trtllm_kit.serve.http.body import json_body
+from trtllm_kit.serve.http.errors import HTTPError, error_response
+from trtllm_kit.serve.http.exchange import ADMIT, CALLER, METRICS_PATH, OPEN_PATHS, ROUTE_NAME, USAGE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOG = logging.getLogger(__name__)
-# the admission hook the handler calls with the request's most tokens before it generates
-METRICS_PATH = "/metrics"  # served without a key (per-key series for an admin key)
-OPEN_PATHS = ("/health", "/version")  # served without a key, as vLLM and trtllm-serve serve them
-ADMIT: web.RequestKey[Callable[[int], None]] = web.RequestKey("gateway_admit")
-KEY: web.RequestKey[KeyRecord] = web.RequestKey("gateway_key")  # the request's key, for handlers that need an admin
 
 
 def usage_log_path(keys_path: Path) -> Path:
@@ -52,7 +47,7 @@ class Refused(Exception):
     def response(self) -> web.Response:
         """OpenAI's 429 for a quota or a rate limit, with ``Retry-After`` in whole seconds."""
         quota = self.refusal.is_quota
-        error = RequestError(f"Too many requests for the key {self.key!r}: {self.refusal.reason}; retry in "
+        error = HTTPError(f"Too many requests for the key {self.key!r}: {self.refusal.reason}; retry in "
                              f"{self.refusal.wait_s:.2f} s.", 429,
                              code="quota_exceeded" if quota else "rate_limit_exceeded",
                              kind="insufficient_quota" if quota else "rate_limit_error")
@@ -123,20 +118,20 @@ class Gateway:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Refuse, then let the handler reserve through ``request[ADMIT]``, then settle (an aiohttp middleware
-        placed inside the frontend's error middleware, which turns the ``RequestError`` raised here into JSON)."""
+        placed inside the frontend's error middleware, which turns the ``HTTPError`` raised here into JSON)."""
         if request.path == METRICS_PATH or request.path in OPEN_PATHS:  # open; ``/metrics`` gives per-key series
             return await handler(request)
         record = self._key(request)
         if record is None:
             self.metrics.outcome("", "unauthorized")
-            raise RequestError("Incorrect, revoked or missing API key: pass a key as 'Authorization: Bearer KEY'.",
+            raise HTTPError("Incorrect, revoked or missing API key: pass a key as 'Authorization: Bearer KEY'.",
                                401, code="invalid_api_key")
-        request[KEY] = record
+        request[CALLER] = record
         routed = request.match_info.http_exception is None  # a 404 or 405 is the router's to answer
         model = (await json_body(request)).get("model") if request.method == "POST" and routed else None
         if model is not None and not record.may_use(str(model)):  # str(): the name the handler resolves
             self.metrics.outcome(record.name, "forbidden")
-            raise RequestError(f"the key {record.name!r} may not use the model {str(model)!r:.80}; it may use "
+            raise HTTPError(f"the key {record.name!r} may not use the model {str(model)!r:.80}; it may use "
                                f"{', '.join(record.models)}.", 403, code="model_not_allowed", kind="permission_error")
         admission = Admission(self, record)
         request[ADMIT] = admission.admit
@@ -147,7 +142,7 @@ class Gateway:
         except Refused as exc:
             return exc.response()
         finally:
-            admission.settle(request.get("route_name", ""), request.get("usage"),
+            admission.settle(request.get(ROUTE_NAME, ""), request.get(USAGE),
                              response is not None and response.status < 400)
 
 
@@ -170,7 +165,7 @@ class Admission:
         """
         limits = self.gateway.limits.get(self.record.name)
         if limits is None:  # dropped from the key file by a SIGHUP since the key was checked
-            raise RequestError(f"the key {self.record.name!r} is no longer in the key file.", 401,
+            raise HTTPError(f"the key {self.record.name!r} is no longer in the key file.", 401,
                                code="invalid_api_key")
         refusal = limits.admit(reservation)
         if refusal is not None:

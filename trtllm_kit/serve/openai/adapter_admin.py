@@ -16,10 +16,10 @@ from aiohttp import web
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.lora.store import base_sizes, check_adapter, check_name
-from trtllm_kit.serve.gateway.middleware import KEY
+from trtllm_kit.serve.http.body import json_body
+from trtllm_kit.serve.http.errors import HTTPError
+from trtllm_kit.serve.http.exchange import CALLER
 from trtllm_kit.serve.openai.adapters import AdapterSet, Rows
-from trtllm_kit.serve.openai.protocol import RequestError
-from trtllm_kit.serve.openai.request_body import json_body
 from trtllm_kit.serve.openai.routes import Route, RouteTable
 
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
@@ -97,10 +97,10 @@ class AdapterAdmin:
         app.router.add_post(UNLOAD_PATH, self.unload)
 
     def _check_admin(self, request: web.Request) -> None:
-        record = request.get(KEY)
+        record = request.get(CALLER)
         if self.has_keys and (record is None or not record.admin):
             name = record.name if record is not None else "?"
-            raise RequestError(f"the key {name!r} may not load or unload adapters; use a key made with trtllm-kit "
+            raise HTTPError(f"the key {name!r} may not load or unload adapters; use a key made with trtllm-kit "
                                "keys add NAME --admin.", 403, code="admin_key_required", kind="permission_error")
 
     async def load(self, request: web.Request) -> web.Response:
@@ -110,34 +110,34 @@ class AdapterAdmin:
         body = await json_body(request)
         name, path, force = body.get("lora_name"), body.get("lora_path"), body.get("force", False)
         if not isinstance(name, str) or not isinstance(path, str):
-            raise RequestError("load_lora_adapter needs 'lora_name' and 'lora_path' strings (the adapter's name and "
+            raise HTTPError("load_lora_adapter needs 'lora_name' and 'lora_path' strings (the adapter's name and "
                                "its PEFT directory on the server).", param="lora_name" if not isinstance(
                                    name, str) else "lora_path")
         _check_path(path)
         if not isinstance(force, bool):
-            raise RequestError(f"force must be true or false, got {force!r:.40}.", param="force")
+            raise HTTPError(f"force must be true or false, got {force!r:.40}.", param="force")
         try:
             check_name(name)
         except KitUsageError as exc:
-            raise RequestError(str(exc), param="lora_name") from None
+            raise HTTPError(str(exc), param="lora_name") from None
         if name in self.table.names or self.adapters.get(name) is not None:
-            raise RequestError(f"The lora adapter {name!r} has already been loaded (or names a served model); unload "
+            raise HTTPError(f"The lora adapter {name!r} has already been loaded (or names a served model); unload "
                                "it first or choose another name.", param="lora_name")
         route = self._parent(body.get("base_model_name"))
         if route.out is None:
-            raise RequestError(f"{route.name!r} is served without its artifact; adapters cannot be checked against "
+            raise HTTPError(f"{route.name!r} is served without its artifact; adapters cannot be checked against "
                                "it.")
         source, artifact = Path(path), Artifact.read(route.out)
         if artifact.target == "llmapi":
-            raise RequestError(f"{route.name!r} is an llmapi artifact, whose model reads its adapters from the "
+            raise HTTPError(f"{route.name!r} is an llmapi artifact, whose model reads its adapters from the "
                                f"artifact; add the adapter with trtllm-kit lora add {route.out} {name} DIR and start "
                                "the serve again.", param="lora_path")
         try:
             rows = await asyncio.to_thread(_converted_rows, artifact, source, force)
         except KitUsageError as exc:
-            raise RequestError(str(exc), param="lora_path") from None
+            raise HTTPError(str(exc), param="lora_path") from None
         if self.adapters.get(name) is not None:  # loaded meanwhile by a concurrent request
-            raise RequestError(f"The lora adapter {name!r} has already been loaded.", param="lora_name")
+            raise HTTPError(f"The lora adapter {name!r} has already been loaded.", param="lora_name")
         self.adapters.add(name, route.name, str(source.resolve()), lambda: rows)  # converted already
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -146,12 +146,12 @@ class AdapterAdmin:
         self._check_admin(request)
         name = (await json_body(request)).get("lora_name")
         if not isinstance(name, str):
-            raise RequestError("unload_lora_adapter needs a 'lora_name' string.", param="lora_name")
+            raise HTTPError("unload_lora_adapter needs a 'lora_name' string.", param="lora_name")
         try:
             self.adapters.remove(name)
         except LookupError:
             served = ", ".join(repr(n) for n in self.adapters.adapters) or "none"
-            raise RequestError(f"The lora adapter {name!r} is not loaded (loaded: {served}).", 404,
+            raise HTTPError(f"The lora adapter {name!r} is not loaded (loaded: {served}).", 404,
                                param="lora_name", code="model_not_found") from None
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
@@ -160,7 +160,7 @@ class AdapterAdmin:
         if base is None and len(routes) == 1:
             return next(iter(routes.values()))
         if not isinstance(base, str) or base not in routes:
-            raise RequestError(f"base_model_name must name one of the served models ({', '.join(routes)}), got "
+            raise HTTPError(f"base_model_name must name one of the served models ({', '.join(routes)}), got "
                                f"{base!r:.80}.", param="base_model_name")
         return routes[base]
 
@@ -169,8 +169,8 @@ class AdapterAdmin:
 def _check_path(path: str) -> None:
     """Refuse a ``lora_path`` no file system opens: longer than ``MAX_PATH_CHARS`` or holding a NUL."""
     if len(path) > MAX_PATH_CHARS:
-        raise RequestError(f"lora_path is {len(path)} characters, above the bound of {MAX_PATH_CHARS} (the longest "
+        raise HTTPError(f"lora_path is {len(path)} characters, above the bound of {MAX_PATH_CHARS} (the longest "
                            "path Linux opens); pass the adapter directory's path.", param="lora_path")
     if "\0" in path:
-        raise RequestError("lora_path holds a NUL character, which no path can; pass the adapter directory's path.",
+        raise HTTPError("lora_path holds a NUL character, which no path can; pass the adapter directory's path.",
                            param="lora_path")

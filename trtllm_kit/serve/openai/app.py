@@ -14,33 +14,34 @@ from prometheus_client import Counter
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.gateway.middleware import ADMIT, METRICS_PATH, OPEN_PATHS, Gateway
 from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.serve.http.body import BODY, json_body
+from trtllm_kit.serve.http.errors import HTTPError, error_response
+from trtllm_kit.serve.http.exchange import ADMIT, METRICS_PATH, OPEN_PATHS, ROUTE_NAME, USAGE, Guard
 from trtllm_kit.serve.openai import prepare
 from trtllm_kit.serve.openai.adapter_admin import AdapterAdmin, serve_recorded
 from trtllm_kit.serve.openai.adapters import AdapterSet
 from trtllm_kit.serve.openai.choices import generate_choices
 from trtllm_kit.serve.openai.config import OpenAIConfig
-from trtllm_kit.serve.openai.errors import error_response, generation_failure
+from trtllm_kit.serve.openai.errors import generation_failure
 from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
 from trtllm_kit.serve.openai.protocol import (
     ChoiceShape,
-    RequestError,
     Sampling,
     check_fields,
     parse_prompts,
     parse_sampling,
 )
-from trtllm_kit.serve.openai.request_body import BODY, json_body
 from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Run, send
 from trtllm_kit.serve.openai.text import Tokenizer
 
 
-class OpenAIFrontend:
-    """The aiohttp application: validates requests, streams from Triton, answers in OpenAI's formats.
+class OpenAIApp:
+    """The aiohttp application: validates requests, streams from Triton, answers in OpenAI's formats. A ``guard``
+    (the gateway, set by ``serve/frontend.py``) runs inside its error middleware, in front of every handler.
 
     Arguments:
         config: the served models and where Triton is.
@@ -57,28 +58,24 @@ class OpenAIFrontend:
         self.metrics = FrontendMetrics()
         self.alias_requests = Counter("trtllm_kit_openai_alias_requests", "Requests for an A/B alias, by the "
                                       "model chosen.", ("alias", "model"), registry=self.metrics.registry)
-        self.gateway = None
-        if config.api_keys is not None:
-            if config.api_key is not None:
-                raise KitUsageError("--api-key and --api-keys both given; use one (a key file can hold one key).")
-            self.gateway = Gateway(config.api_keys, config.usage_log, self.metrics.registry)
+        self.guard: Guard | None = None
         self.adapters = self.table.adapters = AdapterSet(self.metrics.registry)  # LoRA adapters named like models
         serve_recorded(self.adapters, self.table)
 
     def app(self) -> web.Application:
-        gateway = [] if self.gateway is None else [self.gateway.middleware]
-        app = web.Application(middlewares=[self._measure, self._errors, *gateway],  # the gateway's errors are JSON
+        guard = [] if self.guard is None else [self.guard.middleware]
+        app = web.Application(middlewares=[self._measure, self._errors, *guard],  # the guard's errors are JSON
                               client_max_size=MAX_BODY_BYTES)
-        if self.gateway is not None:
-            app.on_startup.append(self.gateway.on_startup)
-            app.on_cleanup.append(self.gateway.on_cleanup)
+        if self.guard is not None:
+            app.on_startup.append(self.guard.on_startup)
+            app.on_cleanup.append(self.guard.on_cleanup)
         app.router.add_get(METRICS_PATH, self.prometheus_metrics)
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
-        AdapterAdmin(self.table, self.adapters, self.gateway is not None).add_routes(app)
+        AdapterAdmin(self.table, self.adapters, self.guard is not None).add_routes(app)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -98,17 +95,17 @@ class OpenAIFrontend:
         try:
             self._authorize(request)
             return await handler(request)
-        except RequestError as exc:
+        except HTTPError as exc:
             return error_response(exc)
         except GenerationError as exc:
             return error_response(generation_failure(exc, request.get(BODY)))
         except KitUsageError as exc:
-            return error_response(RequestError(str(exc)))
+            return error_response(HTTPError(str(exc)))
         except web.HTTPException as exc:
-            return error_response(RequestError(f"{request.method} {request.path}: {exc.reason}", exc.status))
+            return error_response(HTTPError(f"{request.method} {request.path}: {exc.reason}", exc.status))
         except Exception as exc:  # a bug: the client gets JSON and no traceback; the log gets the details
             logging.getLogger(__name__).exception("the OpenAI frontend failed a request")
-            return error_response(RequestError(f"internal error ({type(exc).__name__}); see the server log.", 500,
+            return error_response(HTTPError(f"internal error ({type(exc).__name__}); see the server log.", 500,
                                                kind="server_error"))
 
     @web.middleware
@@ -120,14 +117,14 @@ class OpenAIFrontend:
             response = await handler(request)
         except Exception:
             if measured:
-                self.metrics.answered(request.get("route_name", ""), endpoint, 500)
+                self.metrics.answered(request.get(ROUTE_NAME, ""), endpoint, 500)
             raise
         if measured:
-            self.metrics.answered(request.get("route_name", ""), endpoint, response.status)
+            self.metrics.answered(request.get(ROUTE_NAME, ""), endpoint, response.status)
         return response
 
     async def prometheus_metrics(self, request: web.Request) -> web.Response:
-        per_key = b"" if self.gateway is None else self.gateway.per_key_metrics(request)  # for an admin key only
+        per_key = b"" if self.guard is None else self.guard.per_key_metrics(request)  # for an admin key only
         return web.Response(body=self.metrics.exposition() + per_key, headers={"Content-Type": CONTENT_TYPE})
 
     def _authorize(self, request: web.Request) -> None:
@@ -140,7 +137,7 @@ class OpenAIFrontend:
         except UnicodeEncodeError:  # a header that is not UTF-8 arrives with surrogate escapes: not the key
             matches = False
         if not matches:
-            raise RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.", 401,
+            raise HTTPError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.", 401,
                                code="invalid_api_key")
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -174,14 +171,14 @@ class OpenAIFrontend:
         body = await json_body(request)  # the object the gateway decided on, when it runs
         model = body.get("model")
         if model is None:
-            raise RequestError(f"'model' is required; this server has {self._has()}.", param="model")
+            raise HTTPError(f"'model' is required; this server has {self._has()}.", param="model")
         user = body.get("user")
         try:
             route, alias = self.table.resolve(str(model), user if isinstance(user, str) else None)
         except LookupError:
-            raise RequestError(f"The model {model!r} does not exist; this server has {self._has()}.",
+            raise HTTPError(f"The model {model!r} does not exist; this server has {self._has()}.",
                                404, param="model", code="model_not_found") from None
-        request["route_name"] = route.name
+        request[ROUTE_NAME] = route.name
         if alias is not None:
             self.alias_requests.labels(alias.name, route.name).inc()
         check_fields(body, kind)
@@ -191,7 +188,7 @@ class OpenAIFrontend:
         body, route, alias = await self._body(request, "text_completion")
         prompts = parse_prompts(body, route.tokenizer.vocab_size if route.tokenizer else None)
         if any(isinstance(prompt, tuple) for prompt in prompts) and route.tokenizer is None:
-            raise RequestError("token-id prompts need the model's tokenizer to return text, and this server has "
+            raise HTTPError("token-id prompts need the model's tokenizer to return text, and this server has "
                                "none; send the prompt as text.", param="prompt")
         return await self._respond(request, body, prompts, "text_completion", route, alias)
 
@@ -200,9 +197,9 @@ class OpenAIFrontend:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise RequestError("messages must be a non-empty list of {role, content} objects.", param="messages")
+            raise HTTPError("messages must be a non-empty list of {role, content} objects.", param="messages")
         if route.tokenizer is None:
-            raise RequestError("this server has no tokenizer for a chat template; use /v1/completions.")
+            raise HTTPError("this server has no tokenizer for a chat template; use /v1/completions.")
         return await self._respond(request, body, [route.tokenizer.chat_prompt(messages)], "chat.completion",
                                    route, alias)
 
@@ -231,7 +228,7 @@ class OpenAIFrontend:
         run = Run(route, prepare.engine_request(route, body, prompt, sampling, scoring, ident), sampling,
                   show_ids=show_ids)
         scorer = Scorer(scoring, kind, tokenizer, sampling.skip_special_tokens, prompt_text)
-        request["usage"] = run.usage  # the gateway charges it when the request ends
+        request[USAGE] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(route.name)
         shape = ChoiceShape(kind, ident, route.name, int(time.time()))
         headers = prepare.route_headers(route, alias)
@@ -272,8 +269,8 @@ class OpenAIFrontend:
             await send(response, {**fingerprint, **shape.chunk(None, run.finish_reason), **usage()})
             if sampling.include_usage:
                 await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": run.usage()})
-        except (GenerationError, RequestError) as exc:
-            error = exc if isinstance(exc, RequestError) else generation_failure(exc)
+        except (GenerationError, HTTPError) as exc:
+            error = exc if isinstance(exc, HTTPError) else generation_failure(exc)
             await send(response, error.body())
         except ConnectionResetError:  # the client left: closing ``pieces`` cancels the generation
             return response
@@ -281,17 +278,3 @@ class OpenAIFrontend:
             await pieces.aclose()
         await response.write(b"data: [DONE]\n\n")
         return response
-
-async def start_frontend(frontend: OpenAIFrontend, host: str, port: int) -> web.AppRunner:
-    """Start the frontend on ``host:port``; ``await runner.cleanup()`` stops it.
-
-    Arguments:
-        frontend: the frontend (its tokenizer loaded).
-        host: the bind address.
-        port: the TCP port.
-    """
-    # handler_cancellation: a client that disconnects cancels its handler, which cancels its generation
-    runner = web.AppRunner(frontend.app(), access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner

@@ -21,14 +21,15 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.gateway.middleware import ADMIT
 from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.serve.http.errors import HTTPError
+from trtllm_kit.serve.http.exchange import ADMIT, USAGE
 from trtllm_kit.serve.openai import prepare
 from trtllm_kit.serve.openai.errors import generation_failure
 from trtllm_kit.serve.openai.fanout import FanOut
 from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
 from trtllm_kit.serve.openai.metrics import FrontendMetrics
-from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling
+from trtllm_kit.serve.openai.protocol import ChoiceShape, Sampling
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Run, send
 from trtllm_kit.serve.openai.sequences import SharedSequences
@@ -73,7 +74,7 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
                      for j in range(sampling.n)]
             continue
         if sampling.best_of is not None:
-            raise RequestError(f"best_of needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
+            raise HTTPError(f"best_of needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
                                f"is served through {route.triton_model!r} alone; leave best_of out.", param="best_of")
         for j in range(sampling.n):
             own = replace(sampling, seed=(base + j) % 2**64)
@@ -88,7 +89,7 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
-    request["usage"] = usage
+    request[USAGE] = usage
     shape = ChoiceShape(kind, ident, route.name, int(time.time()))
     headers = prepare.route_headers(route, alias)
     try:
@@ -185,8 +186,8 @@ async def _streamed(request: web.Request, metrics: FrontendMetrics, route: Route
                     await send(response, event)
             if sampling.include_usage:
                 await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": usage()})
-        except (GenerationError, RequestError) as exc:
-            error = exc if isinstance(exc, RequestError) else generation_failure(exc)
+        except (GenerationError, HTTPError) as exc:
+            error = exc if isinstance(exc, HTTPError) else generation_failure(exc)
             await send(response, error.body())
         except ConnectionResetError:  # the client left: cancelling the tasks cancels the generations
             return response

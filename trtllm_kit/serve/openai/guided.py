@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from trtllm_kit.runtime.guide_limits import GUIDE_INPUT, guide_problem
-from trtllm_kit.serve.openai.protocol import RequestError
+from trtllm_kit.serve.http.errors import HTTPError
 
 GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 Guide = tuple[str, str]  # (guide type, guide)
@@ -32,7 +32,7 @@ def parse_guide(body: dict[str, Any]) -> Guide | None:
     guide = _guide(name, body[name])
     problem = guide_problem(name, *guide)
     if problem is not None:
-        raise RequestError(problem, param=name)
+        raise HTTPError(problem, param=name)
     return guide
 
 
@@ -45,12 +45,12 @@ def structured_field(body: dict[str, Any]) -> str | None:
     given = [name for name in GUIDED_FIELDS if body.get(name) is not None
              and not (name == "response_format" and body[name] == {"type": "text"})]
     if len(given) > 1:
-        raise RequestError(f"{given[0]} and {given[1]} both ask for structured output; send one of them.",
+        raise HTTPError(f"{given[0]} and {given[1]} both ask for structured output; send one of them.",
                            param=given[1])
     return given[0] if given else None
 
 
-def model_refusal(message: str, body: dict[str, Any] | None) -> RequestError | None:
+def model_refusal(message: str, body: dict[str, Any] | None) -> HTTPError | None:
     """The 400 of a guide the model refused (``message`` names ``guided_decoding_guide``), naming the request's own
     field instead; None for any other failure.
 
@@ -62,9 +62,9 @@ def model_refusal(message: str, body: dict[str, Any] | None) -> RequestError | N
         return None
     try:
         name = structured_field(body or {}) or "response_format"
-    except RequestError:
+    except HTTPError:
         name = "response_format"
-    return RequestError(f"{name} {found.group(2)}", param=name)
+    return HTTPError(f"{name} {found.group(2)}", param=name)
 
 
 def _guide(name: str, value: Any) -> Guide:
@@ -77,20 +77,20 @@ def _guide(name: str, value: Any) -> Guide:
         if isinstance(value, str):
             problem = guide_problem(name, "json_schema", value)  # before parsing: json.loads recurses
             if problem is not None:
-                raise RequestError(problem, param=name)
+                raise HTTPError(problem, param=name)
             try:
                 json.loads(value)
             except (ValueError, RecursionError):
-                raise RequestError("guided_json must be a JSON schema (an object, or its JSON text).",
+                raise HTTPError("guided_json must be a JSON schema (an object, or its JSON text).",
                                    param=name) from None
             return "json_schema", value
-        raise RequestError(f"guided_json must be a JSON schema object, got {value!r:.60}.", param=name)
+        raise HTTPError(f"guided_json must be a JSON schema object, got {value!r:.60}.", param=name)
     if name == "guided_choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
-            raise RequestError(f"guided_choice must be a non-empty list of strings, got {value!r:.60}.", param=name)
+            raise HTTPError(f"guided_choice must be a non-empty list of strings, got {value!r:.60}.", param=name)
         return "choice", json.dumps(value)
     if not isinstance(value, str) or not value:
-        raise RequestError(f"{name} must be a non-empty string, got {value!r:.60}.", param=name)
+        raise HTTPError(f"{name} must be a non-empty string, got {value!r:.60}.", param=name)
     return ("regex" if name == "guided_regex" else "ebnf_grammar"), value
 
 
@@ -101,6 +101,6 @@ def _response_format(value: Any) -> Guide:
     schema = value.get("json_schema") if isinstance(value, dict) else None
     if kind == "json_schema" and isinstance(schema, dict) and isinstance(schema.get("schema"), dict):
         return "json_schema", json.dumps(schema["schema"])
-    raise RequestError(f"response_format must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
+    raise HTTPError(f"response_format must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
                        f"{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}, got "
                        f"{value!r:.80}.", param="response_format")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trtllm_kit.serve.openai.protocol import RequestError
+from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.wire import Scored
 
@@ -32,7 +32,7 @@ class Scoring:
 
 def _bounded(value: Any, name: str, bound: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= bound:
-        raise RequestError(f"{name} must be an integer from 0 to {bound}, got {value!r:.60}.", param=name)
+        raise HTTPError(f"{name} must be an integer from 0 to {bound}, got {value!r:.60}.", param=name)
     return value
 
 
@@ -46,13 +46,13 @@ def parse_scoring(body: dict[str, Any], kind: str) -> Scoring:
     if kind == "text_completion":
         logprobs, echo = body.get("logprobs"), body.get("echo", False)
         if not isinstance(echo, bool):
-            raise RequestError(f"echo must be true or false, got {echo!r:.60}.", param="echo")
+            raise HTTPError(f"echo must be true or false, got {echo!r:.60}.", param="echo")
         return Scoring(None if logprobs is None else _bounded(logprobs, "logprobs", MAX_COMPLETION_LOGPROBS), echo)
     wanted, top = body.get("logprobs", False), body.get("top_logprobs")
     if wanted is not None and not isinstance(wanted, bool):
-        raise RequestError(f"logprobs must be true or false, got {wanted!r:.60}.", param="logprobs")
+        raise HTTPError(f"logprobs must be true or false, got {wanted!r:.60}.", param="logprobs")
     if top is not None and not wanted:
-        raise RequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
+        raise HTTPError("top_logprobs needs logprobs set to true.", param="top_logprobs")
     return Scoring(_bounded(top or 0, "top_logprobs", MAX_TOP_LOGPROBS) if wanted else None)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scorer, Scoring
-from trtllm_kit.serve.openai.protocol import ChoiceShape, RequestError, Sampling, generation_request
+from trtllm_kit.serve.openai.protocol import ChoiceShape, Sampling, generation_request
 from trtllm_kit.serve.openai.request_limits import logprob_entries_problem
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Piece, Run
@@ -31,10 +32,10 @@ def prepared(route: Route, prompt: str | tuple[int, ...], sampling: Sampling,
         # token counts, and a disconnect cancels the engine's request itself
         prompt = tokenizer.encode(prompt)
     if scoring.logprobs is not None and not isinstance(prompt, tuple):
-        raise RequestError(f"logprobs needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
+        raise HTTPError(f"logprobs needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
                            f"is served through {route.triton_model!r} alone; leave logprobs out.", param="logprobs")
     if scoring.echo and scoring.logprobs is not None and route.context_logits is False:
-        raise RequestError(f"echo with logprobs scores the prompt, which {route.name!r} computes from its engine's "
+        raise HTTPError(f"echo with logprobs scores the prompt, which {route.name!r} computes from its engine's "
                            "context logits, and its engine was built without them; rebuild with [build] "
                            "context_logits = true (--context-logits), or leave echo or logprobs out.", param="echo")
     check_length(route, prompt, sampling)
@@ -64,14 +65,14 @@ def engine_request(route: Route, body: dict[str, Any], prompt: str | tuple[int, 
                        return_context_logits=True if route.context_logits and prompt_logprobs is not None else None,
                        keep_end_token=True if scoring.logprobs is not None else None, **fields)
     except WireError as exc:
-        raise RequestError(str(exc), param=exc.field) from None
+        raise HTTPError(str(exc), param=exc.field) from None
 
 
 def guide(body: dict[str, Any], prompt: str | tuple[int, ...]) -> tuple[str, str] | None:
     """The request's structured-output guide; refused off the direct path (the BLS and ensemble take none)."""
     guide = parse_guide(body)
     if guide is not None and not isinstance(prompt, tuple):
-        raise RequestError("structured output needs the model's tokenizer and its tensorrt_llm model, and this "
+        raise HTTPError("structured output needs the model's tokenizer and its tensorrt_llm model, and this "
                            "route sends text to the BLS or ensemble; leave response_format and guided_* out.",
                            param="response_format")
     return guide
@@ -104,7 +105,7 @@ def check_length(route: Route, prompt: str | tuple[int, ...], sampling: Sampling
     else:
         return
     if num_prompt + sampling.max_tokens > limit:
-        raise RequestError(f"this model's maximum context length is {limit} tokens; the request asks for "
+        raise HTTPError(f"this model's maximum context length is {limit} tokens; the request asks for "
                            f"{num_prompt} prompt + {sampling.max_tokens} completion tokens: shorten the prompt "
                            "or lower max_tokens.", param="max_tokens", code="context_length_exceeded")
 
@@ -125,7 +126,7 @@ def check_logprob_entries(route: Route, prompts: list[str | tuple[int, ...]], sa
     top_name = "logprobs" if kind == "text_completion" else "top_logprobs"
     problem = logprob_entries_problem(sampling.best_of or sampling.n, num_scored, scoring.logprobs, top_name)
     if problem is not None:
-        raise RequestError(problem, param=top_name)
+        raise HTTPError(problem, param=top_name)
 
 
 def route_headers(route: Route, alias: Alias | None) -> dict[str, str]:

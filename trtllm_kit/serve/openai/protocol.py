@@ -7,6 +7,7 @@ from typing import Any
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID
 from trtllm_kit.runtime.sampling_rules import extras_problem, is_greedy_temperature, sampling_problem
+from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.request_limits import MAX_N, MAX_PROMPTS, MAX_STOPS, stops_problem
 from trtllm_kit.wire import GenerationRequest
 
@@ -32,18 +33,6 @@ NOT_IMPLEMENTED = {
                    "store": (None, False), "metadata": (None, {}), "modalities": (None, ["text"]),
                    "prediction": (None,), "audio": (None,), "reasoning_effort": (None,)}
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
-
-
-class RequestError(Exception):
-    """A request the frontend refuses, as OpenAI's ``{"error": {...}}`` with an HTTP status."""
-
-    def __init__(self, message: str, status: int = 400, *, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -91,9 +80,9 @@ def check_fields(body: dict[str, Any], kind: str) -> None:
         if name in NOT_IMPLEMENTED:
             if any(type(value) is type(default) and value == default for default in NOT_IMPLEMENTED[name]):
                 continue
-            raise RequestError(f"{name} is not supported by this server (got {value!r:.60}); leave it out.",
+            raise HTTPError(f"{name} is not supported by this server (got {value!r:.60}); leave it out.",
                                param=name, code="unsupported_parameter")
-        raise RequestError(f"Unrecognized request argument supplied: {name}.", param=name,
+        raise HTTPError(f"Unrecognized request argument supplied: {name}.", param=name,
                            code="unknown_parameter")
 
 
@@ -109,55 +98,55 @@ def parse_sampling(body: dict[str, Any], kind: str, max_seq_len: int | None = No
     max_tokens = DEFAULT_MAX_TOKENS[kind] if max_tokens is None else max_tokens
     least = 0 if body.get("echo") is True else 1  # echo with max_tokens 0 scores the prompt alone
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < least:
-        raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}.", param="max_tokens")
+        raise HTTPError(f"max_tokens must be a positive integer, got {max_tokens!r}.", param="max_tokens")
     limit = MAX_INT32 if max_seq_len is None else max_seq_len - 1
     if max_tokens > limit:
         reason = f"this model's max_seq_len is {max_seq_len} tokens" if max_seq_len else "the limit is 2**31 - 1"
-        raise RequestError(f"max_tokens must be at most {limit} ({reason}), got {max_tokens}.", param="max_tokens")
+        raise HTTPError(f"max_tokens must be at most {limit} ({reason}), got {max_tokens}.", param="max_tokens")
     temperature, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
     for name, value in (("temperature", temperature), ("top_p", top_p)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise RequestError(f"{name} must be a number, got {value!r:.60}.", param=name)
+            raise HTTPError(f"{name} must be a number, got {value!r:.60}.", param=name)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r:.60}.", param="seed")
+        raise HTTPError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r:.60}.", param="seed")
     wrong = sampling_problem(temperature, top_p, seed)
     if wrong is not None:
-        raise RequestError(wrong[1], param=wrong[0])
+        raise HTTPError(wrong[1], param=wrong[0])
     stop = body.get("stop") or []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise RequestError(f"stop must be a string or a list of up to {MAX_STOPS} strings, got {stop!r:.60}.",
+        raise HTTPError(f"stop must be a string or a list of up to {MAX_STOPS} strings, got {stop!r:.60}.",
                            param="stop")
     problem = stops_problem(stops)
     if problem is not None:
-        raise RequestError(problem, param="stop")
+        raise HTTPError(problem, param="stop")
     min_tokens = body.get("min_tokens")
     if min_tokens is not None and (isinstance(min_tokens, bool) or not isinstance(min_tokens, int)
                                    or not 0 <= min_tokens <= max_tokens):
-        raise RequestError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got {min_tokens!r}.",
+        raise HTTPError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got {min_tokens!r}.",
                            param="min_tokens")
     ignore_eos, include_stop = _flag(body, "ignore_eos"), _flag(body, "include_stop_str_in_output")
     skip_special_tokens = _flag(body, "skip_special_tokens", True)
     extras = _extras(body)
     n = 1 if body.get("n") is None else body["n"]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise RequestError(f"n must be an integer from 1 to {MAX_N}, got {n!r:.60}.", param="n")
+        raise HTTPError(f"n must be an integer from 1 to {MAX_N}, got {n!r:.60}.", param="n")
     best_of = body.get("best_of")
     if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int)
                                 or not n <= best_of <= MAX_N):
-        raise RequestError(f"best_of must be an integer from n ({n}) to {MAX_N}, got {best_of!r:.60}.",
+        raise HTTPError(f"best_of must be an integer from n ({n}) to {MAX_N}, got {best_of!r:.60}.",
                            param="best_of")
     priority = body.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
                                  or not -PRIORITY_RANGE <= priority <= PRIORITY_RANGE):
-        raise RequestError(f"priority must be an integer from {-PRIORITY_RANGE} to {PRIORITY_RANGE} (lower runs "
+        raise HTTPError(f"priority must be an integer from {-PRIORITY_RANGE} to {PRIORITY_RANGE} (lower runs "
                            f"first), got {priority!r}.", param="priority")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise RequestError(f"stream must be true or false, got {stream!r}.", param="stream")
+        raise HTTPError(f"stream must be true or false, got {stream!r}.", param="stream")
     options = _stream_options(body.get("stream_options"), bool(stream))
     if stream and best_of is not None and best_of > n:
-        raise RequestError(f"best_of ({best_of}) greater than n ({n}) cannot be streamed: the best are known only "
+        raise HTTPError(f"best_of ({best_of}) greater than n ({n}) cannot be streamed: the best are known only "
                            "once all are done; send stream false, or best_of equal to n.", param="best_of")
     return Sampling(max_tokens, None if temperature is None else float(temperature),
                     None if top_p is None else float(top_p), seed, stops, bool(stream),
@@ -175,19 +164,19 @@ def _extras(body: dict[str, Any]) -> dict[str, float | int]:
             continue
         wanted = int if kind is int else int | float
         if isinstance(value, bool) or not isinstance(value, wanted):
-            raise RequestError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r:.60}.",
+            raise HTTPError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r:.60}.",
                                param=name)
         extras[name] = 0 if name == "top_k" and value == -1 else kind(value)
     wrong = extras_problem(**extras)  # type: ignore[arg-type]
     if wrong is not None:
-        raise RequestError(wrong[1], param=wrong[0])
+        raise HTTPError(wrong[1], param=wrong[0])
     return extras
 
 
 def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
     value = body.get(name, default)
     if not isinstance(value, bool):
-        raise RequestError(f"{name} must be true or false, got {value!r:.60}.", param=name)
+        raise HTTPError(f"{name} must be true or false, got {value!r:.60}.", param=name)
     return value
 
 
@@ -196,10 +185,10 @@ def _stream_options(options: Any, stream: bool) -> dict[str, bool]:
         return {}
     if not isinstance(options, dict) or not all(k in STREAM_OPTIONS and isinstance(v, bool)
                                                 for k, v in options.items()):
-        raise RequestError(f"stream_options must be an object of {' and '.join(STREAM_OPTIONS)} booleans, got "
+        raise HTTPError(f"stream_options must be an object of {' and '.join(STREAM_OPTIONS)} booleans, got "
                            f"{options!r:.60}.", param="stream_options")
     if not stream:
-        raise RequestError("stream_options is only allowed when stream is true.", param="stream_options")
+        raise HTTPError("stream_options is only allowed when stream is true.", param="stream_options")
     return options
 
 
@@ -214,7 +203,7 @@ def parse_prompts(body: dict[str, Any], vocab_size: int | None) -> list[str | tu
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):  # a list of prompts
         if len(prompt) > MAX_PROMPTS:
-            raise RequestError(f"prompt is a list of {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed per "
+            raise HTTPError(f"prompt is a list of {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed per "
                                "request: split it.", param="prompt")
         return [_one_prompt(p, vocab_size) for p in prompt]
     return [_one_prompt(prompt, vocab_size)]
@@ -223,15 +212,15 @@ def parse_prompts(body: dict[str, Any], vocab_size: int | None) -> list[str | tu
 def _one_prompt(prompt: Any, vocab_size: int | None) -> str | tuple[int, ...]:
     if isinstance(prompt, str):
         if not prompt:
-            raise RequestError("prompt is empty; send at least one character.", param="prompt")
+            raise HTTPError("prompt is empty; send at least one character.", param="prompt")
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if t < 0 or (vocab_size is not None and t >= vocab_size)]
         if bad:
-            raise RequestError(f"token ids must be in [0, {vocab_size}) (the tokenizer's vocabulary), got {bad[0]}.",
+            raise HTTPError(f"token ids must be in [0, {vocab_size}) (the tokenizer's vocabulary), got {bad[0]}.",
                                param="prompt")
         return tuple(prompt)
-    raise RequestError(f"prompt must be a string or a list of token ids (or a list of them), "
+    raise HTTPError(f"prompt must be a string or a list of token ids (or a list of them), "
                        f"got {prompt!r:.60}.", param="prompt")
 
 

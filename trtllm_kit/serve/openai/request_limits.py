@@ -1,37 +1,16 @@
 """Bounds on the size of one OpenAI request, each refused with an error that names the bound
-(docs/request-limits.md lists them): the body, its JSON nesting, the stop sequences, the prompt, and the logprob
-entries its response can hold."""
+(docs/request-limits.md lists them): the body, the stop sequences, the prompt, and the logprob entries its
+response can hold (the JSON nesting: ``serve/http/body.py``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a request body; larger is a 413
-MAX_JSON_DEPTH = 32  # objects and lists inside one another; chat content parts need 5
 MAX_STOPS = 64  # stop sequences in one request
 MAX_STOP_CHARS = 1000  # characters of one stop sequence
 MAX_STOP_TOTAL_CHARS = 16384  # characters of all stop sequences together
 MAX_PROMPTS = 64  # prompts in one completion request
 MAX_N = 16  # choices per prompt (``n``)
 MAX_LOGPROB_ENTRIES = 131072  # logprob entries of one response: scored tokens and their alternatives (~10 MB)
-
-
-def json_depth_problem(value: Any) -> str | None:
-    """A sentence when ``value`` nests deeper than ``MAX_JSON_DEPTH``, else None (walked without recursion).
-
-    Arguments:
-        value: a parsed JSON value.
-    """
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, dict | list):
-                if depth + 1 > MAX_JSON_DEPTH:
-                    return f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels; flatten it."
-                stack.append((child, depth + 1))
-    return None
 
 
 def stops_problem(stops: list[str]) -> str | None:

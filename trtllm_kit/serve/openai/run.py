@@ -9,7 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from trtllm_kit.serve.openai.protocol import RequestError, Sampling
+from trtllm_kit.serve.http.errors import HTTPError
+from trtllm_kit.serve.openai.protocol import Sampling
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.text import StopMatcher
 from trtllm_kit.wire import GenerationRequest, GenerationResponse, Scored
@@ -62,7 +63,7 @@ class Run:
             async for chunk in stream:
                 if self.gen.prompt_logprobs is not None and not self.prompt_scored:
                     if not chunk.prompt_scored:  # the C++ backend has no prompt logprobs output
-                        raise RequestError("echo with logprobs needs the prompt's logprobs, which this model's "
+                        raise HTTPError("echo with logprobs needs the prompt's logprobs, which this model's "
                                            "tensorrt_llm does not return; leave echo or logprobs out.",
                                            param="echo")
                     self.prompt_scored = chunk.prompt_scored
