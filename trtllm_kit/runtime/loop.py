@@ -5,9 +5,9 @@ Everything that touches the engine runs on the loop's thread; other threads talk
 ``cancelled`` and reach ``progress``), ``stop_request_id`` (a Triton stop request: the running requests of that
 id fail as cancelled), ``release`` (a held context-only sequence's blocks) and ``call`` (any function). Each turn
 takes what the inbox holds (waiting ``idle_timeout(num_active)`` seconds when the engine has nothing to do: None
-waits for the next message), asks every active handle whether its client has gone, runs ``on_turn``, steps the
-engine once and hands each sampled or finished sequence to its handle, then ``on_step(engine.stats())`` and the
-heartbeat's beat.
+waits for the next message), asks every active handle whether its client has gone, steps the engine once and hands
+each sampled or finished sequence to its handle, then ``on_step(engine.stats())``; every turn ends with ``on_turn``
+and the heartbeat's beat.
 
 A request ends once, through its handle: its last sequence's ``progress(seq, is_last=True)``, or ``failed``:
 a refused submission (``failure_of`` the exception), a sequence the engine could not run (``seq.error``,
@@ -71,8 +71,8 @@ class EngineLoop:
 
     Arguments:
         engine: the engine it alone touches; idle_timeout: seconds to wait for a message when the engine has no
-        work, given the number of active requests (None: until one comes); on_turn: run on every turn (e.g.
-        expiring KV offers); on_step: given the engine's stats after each step; name: the thread's name.
+        work, given the number of active requests (None: until one comes); on_turn: run at the end of every turn
+        (gauges, expiring KV offers); on_step: given the engine's stats after each step; name: the thread's name.
     """
 
     def __init__(self, engine: Engine, *, idle_timeout: Callable[[int], float | None] = poll_while_active,
@@ -158,10 +158,10 @@ class EngineLoop:
             for active in self._requests():
                 if active.submission.handle.is_cancelled():
                     self._end(active, CANCELLED, Failure.CANCELLED)
-            if self._on_turn is not None:
-                self._on_turn()
             if self.engine.has_work():
                 self._step()
+            if self._on_turn is not None:
+                self._on_turn()
             self.heartbeat.beat(self.num_active + self._inbox.qsize())
         for active in self._requests():
             if self._cancel_on_stop:
