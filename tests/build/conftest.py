@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fakes import FAKE_TRTLLM_BUILD, FakeTrtllmBuild, h100_machine
 
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.gpus import GPU, MIB
 
 FAKE_TRTLLM_BUILD = textwrap.dedent('''\

@@ -11,8 +11,8 @@ import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.artifact import Artifact, ManifestError, upgrade_manifest
-from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.artifact.files import sha256_file
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, MIB

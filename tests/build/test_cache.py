@@ -14,7 +14,7 @@ from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.archive import pack_archive, verify_artifact
-from trtllm_kit.artifact.compat import Machine, compatibility
+from trtllm_kit.artifact.machine import Machine, compatibility
 from trtllm_kit.cli import run
 from trtllm_kit.gpus import GPU, MIB
 from trtllm_kit.models.builtin import builtin_dir, cache_root
@@ -175,7 +175,7 @@ def test_archive_round_trip(engine_artifact: Path, tmp_path: Path) -> None:
 
 def test_flipped_byte_is_caught_in_a_directory(engine_artifact: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("trtllm_kit.artifact.compat.detect_machine", h100_machine)
+    monkeypatch.setattr("trtllm_kit.artifact.machine.detect_machine", h100_machine)
     assert run(["artifact", "verify", str(engine_artifact)]) == 0
     assert capsys.readouterr().out.endswith("hashes ok; engines compatible with this machine\n")
     rank = engine_artifact / "checkpoint" / "rank1.safetensors"
@@ -222,7 +222,7 @@ def test_incompatible_machines_are_reported(engine_artifact: Path, monkeypatch: 
     ]
     for machine, problems in cases:
         assert compatibility(built, machine) == problems
-    monkeypatch.setattr("trtllm_kit.artifact.compat.detect_machine", lambda: cases[3][0])
+    monkeypatch.setattr("trtllm_kit.artifact.machine.detect_machine", lambda: cases[3][0])
     assert run(["artifact", "verify", str(engine_artifact)]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"Error: {engine_artifact} is intact but its engines cannot run here: the engines were built with tensorrt_llm "

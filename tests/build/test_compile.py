@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
-from trtllm_kit.artifact.compat import Machine, engine_problem, version_tuple
+from trtllm_kit.artifact.machine import Machine, engine_problem, version_tuple
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitError, KitUsageError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeTrtllmBuild
 
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.artifact.records import EngineRecord
 from trtllm_kit.cli import run
 from trtllm_kit.gpus import GIB, gpu_from_table

@@ -151,7 +151,7 @@ def test_plan_graph_cli_writes_the_graph_and_the_table(tmp_path: Path, capsys: p
 
 def test_graph_needs_a_gpu_to_plan_for(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from trtllm_kit.artifact.compat import Machine
+    from trtllm_kit.artifact.machine import Machine
 
     monkeypatch.setattr("trtllm_kit.build.dry_run.detect_machine", lambda: Machine(None, None, None, None, ()))
     code = run(["plan", str(LLAMA3_8B), "--graph", str(tmp_path / "g.onnx"), "--out", str(tmp_path / "out")])

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from tests.lora.adapters import make_adapter
 from trtllm_kit.artifact import Artifact, LoraRecord
-from trtllm_kit.artifact.compat import Machine
 from trtllm_kit.artifact.integrity import artifact_changes
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.lora import from_rows

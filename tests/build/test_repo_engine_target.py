@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeTrtllmBuild
 
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.cli import run
 from trtllm_kit.model_repo.configs import parse_config
 

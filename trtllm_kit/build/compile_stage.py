@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, resolve_gpu

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trtllm_kit.artifact.compat import detect_machine
+from trtllm_kit.artifact.machine import detect_machine
 from trtllm_kit.build.cache import Previous, input_digests
 from trtllm_kit.build.compile_stage import prepare_compile
 from trtllm_kit.build.pipeline import stage_keys

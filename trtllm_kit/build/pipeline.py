@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact, CacheRecord, ModelRecord
 from trtllm_kit.artifact.archive import pack_archive
-from trtllm_kit.artifact.compat import detect_machine
 from trtllm_kit.artifact.files import file_hashes, tool_versions
 from trtllm_kit.artifact.integrity import file_stats
+from trtllm_kit.artifact.machine import detect_machine
 from trtllm_kit.build.cache import BackgroundDigests, Previous, fingerprint, input_digests, stage_key
 from trtllm_kit.build.compile_stage import compile_stage, prepare_compile
 from trtllm_kit.build.repo_stage import repo_key_parts, repo_stage

@@ -40,7 +40,7 @@ def artifact_verify(path: Path, hashes_only: bool, as_json: bool) -> None:
       trtllm-kit artifact verify out.tar.gz
     """
     from trtllm_kit.artifact.archive import verdict, verify_artifact
-    from trtllm_kit.artifact.compat import detect_machine
+    from trtllm_kit.artifact.machine import detect_machine
     from trtllm_kit.targets import get_target
 
     machine = detect_machine()

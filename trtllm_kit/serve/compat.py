@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.targets import Target, get_target
 

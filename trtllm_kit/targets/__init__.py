@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import EngineLimits
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.targets.base import Target

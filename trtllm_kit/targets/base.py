@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord, LoraRecord, RepoRecord, StageRecords
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import EngineLimits, EngineRecord
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.layout import Mapping

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact, EngineBuild, EngineLimits, EngineRecord
-from trtllm_kit.artifact.compat import Machine, compatibility, detect_machine, engine_problem
+from trtllm_kit.artifact.machine import Machine, compatibility, detect_machine, engine_problem
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitError

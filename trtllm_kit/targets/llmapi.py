@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import CheckpointRecord, EngineLimits, EngineRecord, LoraRecord, RepoRecord
-from trtllm_kit.artifact.compat import Machine
+from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
