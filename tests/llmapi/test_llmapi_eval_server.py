@@ -115,6 +115,7 @@ def test_guided_decoding_gives_schema_valid_json(llmapi_server):
 
 def test_unknown_guide_type_is_refused(llmapi_server):
     _, process = llmapi_server
-    with pytest.raises(RuntimeError, match="guided_decoding_guide_type is 'xml'"):
+    with pytest.raises(RuntimeError, match="guided_decoding_guide_type must be one of json, json_schema, regex, "
+                                           "ebnf_grammar, choice, got 'xml'"):
         infer(process, {"sampling_param_max_tokens": 4, "guided_decoding_guide_type": "xml",
                         "guided_decoding_guide": "<a/>"})
