@@ -16,77 +16,77 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
-from trtllm_kit.llmapi.cpu_result import ERROR, RequestOutput, Update
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.kv_dirs import dir_tag
 from trtllm_kit.llmapi.kv_state import transfer_key, verify
 from trtllm_kit.llmapi.kv_transceiver import DEFAULT_TIMEOUT_S, KvTransceiver, TransferError, fetch
 from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.kv_transfer import KvLayout
-from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
+from trtllm_kit.runtime.loop import EngineLoop, Submission
 from trtllm_kit.runtime.sequence import Sequence
 
 
-class Inbox(Protocol):
-    def put(self, item: tuple[str, Any]) -> None: ...
-
-
 class Disaggregation:
-    """One ``LLM``'s context and generation roles.
+    """One ``LLM``'s context and generation roles; requests reach the engine through ``loop`` (the LLM's engine
+    loop, set once it runs).
 
     Arguments:
-        engine: the LLM's engine; inbox: its engine thread's queue (``("add", (output, params, options))`` and
-        ``("release", seq)`` are put there); cache_transceiver_config: the LLM argument (its
-        ``kv_transfer_timeout_ms`` bounds how long held blocks wait for their fetch).
+        engine: the LLM's engine; cache_transceiver_config: the LLM argument (its ``kv_transfer_timeout_ms`` bounds
+        how long held blocks wait for their fetch).
     """
 
-    def __init__(self, engine: Engine, inbox: Inbox, cache_transceiver_config: dict[str, Any] | None) -> None:
+    def __init__(self, engine: Engine, cache_transceiver_config: dict[str, Any] | None) -> None:
         timeout_ms = (cache_transceiver_config or {}).get("kv_transfer_timeout_ms")
-        self.engine, self.inbox, self.layout = engine, inbox, KvLayout.of(engine.k_cache)
-        self.transceiver = KvTransceiver(engine.export_kv, lambda seq: inbox.put(("release", seq)), transfer_key(),
+        self.engine, self.layout = engine, KvLayout.of(engine.k_cache)
+        self.loop: EngineLoop | None = None
+        self.transceiver = KvTransceiver(engine.export_kv, lambda seq: self._loop().release(seq), transfer_key(),
                                          dir_tag(), DEFAULT_TIMEOUT_S if timeout_ms is None else int(timeout_ms) / 1000)
         self.num_transfers, self.transfer_s = 0, 0.0  # generation side: KV blocks received, seconds spent
         self._lock = threading.Lock()
 
-    def submit(self, output: RequestOutput, params: RuntimeParams, disagg: DisaggregatedParams) -> None:
+    def submit(self, submission: Submission, disagg: DisaggregatedParams) -> None:
         """Queue a request carrying ``disagg`` (called where ``generate_async`` runs).
 
         Arguments:
-            output: its result; params: its runtime settings; disagg: its disaggregated parameters.
+            submission: the request as a plain one is submitted; disagg: its disaggregated parameters.
         """
         if disagg.draft_tokens:
             raise ValueError("draft_tokens are not used by the CPU runtime; send disaggregated_params without them")
         if disagg.request_type == "context_only":
-            params = replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
-            self.inbox.put(("add", (output, params, {"hold_kv": True})))
+            params = replace(submission.params, max_tokens=1, min_tokens=min(submission.params.min_tokens, 1))
+            self._loop().submit(replace(submission, params=params, hold_kv=True))
         elif disagg.request_type == "generation_only":
             if not disagg.first_gen_tokens or disagg.opaque_state is None:
                 raise ValueError("a generation_only request needs the context-only response's first_gen_tokens "
                                  "and opaque_state")
             endpoint, handle = verify(self.transceiver.key, disagg.opaque_state)
-            threading.Thread(target=self._fetch_then_add, args=(output, params, disagg, endpoint, handle),
+            threading.Thread(target=self._fetch_then_add, args=(submission, disagg.first_gen_tokens, endpoint, handle),
                              daemon=True).start()
         else:
-            self.inbox.put(("add", (output, params, {})))
+            self._loop().submit(submission)
 
-    def _fetch_then_add(self, output: RequestOutput, params: RuntimeParams, disagg: DisaggregatedParams,
-                        endpoint: str, handle: str) -> None:
-        assert disagg.first_gen_tokens
+    def _loop(self) -> EngineLoop:
+        assert self.loop is not None, "the LLM's engine loop runs"
+        return self.loop
+
+    def _fetch_then_add(self, submission: Submission, first_gen_tokens: list[int], endpoint: str,
+                        handle: str) -> None:
         try:
-            kv, seconds = fetch(endpoint, handle, self.layout, len(output.prompt_token_ids))
+            kv, seconds = fetch(endpoint, handle, self.layout, len(submission.prompt_ids))
         except TransferError as exc:
-            output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
+            submission.handle.failed(str(exc), Failure.UNAVAILABLE)
             return
         except Exception as exc:  # the request is answered whatever the transfer raised
-            output._push(Update(0, [], f"{ERROR}the KV blocks could not be received ({type(exc).__name__}); send "
-                                "the request again", 0.0))
+            submission.handle.failed(f"the KV blocks could not be received ({type(exc).__name__}); send the request "
+                                     "again", Failure.UNAVAILABLE)
             return
         with self._lock:
             self.num_transfers += 1
             self.transfer_s += seconds
-        self.inbox.put(("add", (output, params, {"prefilled": (list(disagg.first_gen_tokens), kv)})))
+        self._loop().submit(replace(submission, prefilled=(list(first_gen_tokens), kv)))
 
     def finished(self, seq: Sequence) -> DisaggregatedParams | None:
         """The parameters a finished context-only sequence returns (engine thread); None for other requests.

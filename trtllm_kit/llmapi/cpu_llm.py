@@ -6,38 +6,37 @@ carries ``n``/``best_of``, logprobs, the penalties and ``guided_decoding`` (``cp
 needs ``guided_decoding_backend: xgrammar``, as it does on the GPU. A request's ``LoRARequest`` runs it with that
 PEFT adapter (``cpu_lora.py``; needs ``lora_config``), different adapters and none in one batch.
 
-The engine steps in its own thread; each request's outputs reach its asyncio loop through
-``call_soon_threadsafe``. The checkpoint is loaded as the PyTorch backend loads it (``load_unified``) at the
-model's ``tensor_parallel_size``/``pipeline_parallel_size``.
+The engine steps in the engine loop's thread (``runtime/loop.py``); each request's outputs reach its asyncio loop
+through ``call_soon_threadsafe`` (``cpu_result.ResultHandle``). The checkpoint is loaded as the PyTorch backend
+loads it (``load_unified``) at the model's ``tensor_parallel_size``/``pipeline_parallel_size``.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from trtllm_kit.defaults import DEFAULT_MAX_LORAS
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.cpu_disagg import Disaggregation
 from trtllm_kit.llmapi.cpu_lora import CpuLoraManager
-from trtllm_kit.llmapi.cpu_result import ERROR, RequestError, RequestOutput, Update
-from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams, logprob_dict
+from trtllm_kit.llmapi.cpu_result import RequestError, RequestOutput, ResultHandle
+from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.engine import Engine, EngineStats
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
 from trtllm_kit.runtime.guide_service import GuideService
-from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY, Sequence
+from trtllm_kit.runtime.handle import failure_of
+from trtllm_kit.runtime.loop import EngineLoop, Submission
+from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
+from trtllm_kit.runtime.stats import executor_stats
 
 __all__ = ["LLM", "DisaggregatedParams", "GuidedDecodingParams", "LoRARequest", "RequestError", "RequestOutput",
            "SamplingParams"]
@@ -86,13 +85,11 @@ class LLM:
                              "runtime; use xgrammar")
         self.guided_decoding_backend = guided_decoding_backend
         self._guides: GuideService | None = None  # made on the first guided request
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._active: dict[int, tuple[RequestOutput, int]] = {}  # seq_id → (output, tokens sent)
         self._stats: list[dict[str, Any]] = []
-        self._stopping = threading.Event()
-        self.disagg = Disaggregation(self.engine, self._inbox, cache_transceiver_config)
-        self._thread = threading.Thread(target=self._loop, name="trtllm-kit-cpu-llm", daemon=True)
-        self._thread.start()
+        self.disagg = Disaggregation(self.engine, cache_transceiver_config)
+        self.loop = self.disagg.loop = EngineLoop(
+            self.engine, idle_timeout=lambda _: self.disagg.transceiver.wait_s(), on_turn=self.disagg.expire,
+            on_step=self._record, name="trtllm-kit-cpu-llm")
 
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None,
                        lora_request: LoRARequest | None = None, streaming: bool = False,
@@ -121,14 +118,15 @@ class LLM:
         if disaggregated_params is not None and lora is not None:
             raise ValueError("the CPU runtime does not run a LoRA adapter in a disaggregated request; send "
                              "lora_request or disaggregated_params, not both")
+        handle = ResultHandle(output, self.disagg.finished)
 
         def submit(ready: RuntimeParams) -> None:
             if disaggregated_params is not None:
-                self.disagg.submit(output, ready, disaggregated_params)
+                self.disagg.submit(Submission(handle, ids, ready), disaggregated_params)
             else:
-                self._inbox.put(("add", (output, ready, {} if lora is None else {"lora": lora})))
+                self.loop.submit(Submission(handle, ids, ready, lora=lora))
 
-        self._when_compiled(guide, output, runtime_params, submit)
+        self._when_compiled(guide, handle, runtime_params, submit)
         return output
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
@@ -138,13 +136,11 @@ class LLM:
             timeout: accepted for compatibility; never waits.
         """
         stats, self._stats = self._stats, []
-        return stats or [self._snapshot()]
+        return stats or [self._snapshot(self.engine.stats())]
 
     def shutdown(self) -> None:
         """Stop the engine thread; requests still running are finished as cancelled."""
-        self._stopping.set()
-        self._inbox.put(("stop", None))
-        self._thread.join(timeout=30)
+        self.loop.shutdown("the LLM was shut down", cancel_active=True)
         self.disagg.transceiver.close()
         if self._guides is not None:
             self._guides.close()
@@ -187,7 +183,7 @@ class LLM:
             self._guides = GuideService(lambda: tokenizer_info(tokenizer, vocab_size, stops))
         return self._guides.compile(Guide(*guide))
 
-    def _when_compiled(self, guide: Future[CompiledGuide] | None, output: RequestOutput, params: RuntimeParams,
+    def _when_compiled(self, guide: Future[CompiledGuide] | None, handle: ResultHandle, params: RuntimeParams,
                        submit: Callable[[RuntimeParams], None]) -> None:
         """``submit(params)`` now without a guide; with one, once it has compiled (off the caller's loop), with the
         compiled guide in ``params``. A refused guide finishes the request with the refusal."""
@@ -199,99 +195,21 @@ class LLM:
             try:
                 submit(replace(params, guide=done.result()))
             except Exception as exc:  # the request is answered whatever its guide or its submission raised
-                output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
+                handle.failed(str(exc), failure_of(exc))
 
         guide.add_done_callback(compiled)
 
     def _cancel(self, output: RequestOutput) -> None:
-        self._inbox.put(("cancel", output))
+        if output.handle is not None:
+            self.loop.cancel(output.handle)
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                timeout = 0 if self.engine.has_work() else self.disagg.transceiver.wait_s()
-                self._handle(*(self._inbox.get_nowait() if timeout == 0 else self._inbox.get(timeout=timeout)))
-                while True:
-                    self._handle(*self._inbox.get_nowait())
-            except queue.Empty:
-                pass
-            self.disagg.expire()
-            if self.engine.has_work():
-                try:
-                    sampled, finished = self.engine.step()
-                except Exception as exc:  # a failing step must not wedge the loop: its requests end with the error
-                    for output in {id(o): o for o, _ in self._active.values()}.values():
-                        self._cancel_group(output)
-                        output._push(Update(0, [], f"{ERROR}the CPU runtime failed: {exc!r}", 0.0))
-                    continue
-                for seq in {s.seq_id: s for s in [*sampled, *finished]}.values():
-                    self._progress(seq)
-                self._stats.append(self._snapshot())
-                del self._stats[:-100]
-        for output in {id(o): o for o, _ in self._active.values()}.values():
-            self._cancel_group(output, report=True)
+    def _record(self, stats: EngineStats) -> None:
+        """Keep the step's statistics for ``get_stats`` (engine thread; the last 100)."""
+        self._stats.append(self._snapshot(stats))
+        del self._stats[:-100]
 
-    def _handle(self, kind: str, payload: Any) -> None:
-        if kind == "add":
-            output, params, options = payload
-            try:
-                output.seq = self.engine.add_request(output.prompt_token_ids, params, **options)
-            except Exception as exc:  # a request that can never run finishes at once with the reason
-                output._push(Update(0, [], f"{ERROR}{exc}", 0.0))
-                return
-            for seq in output.seq.group:
-                self._active[seq.seq_id] = (output, 0)
-            if output.seq.is_finished:  # a generation-only request its first tokens complete
-                self._progress(output.seq)
-        elif kind == "release":
-            self.engine.release(payload)
-        elif kind == "cancel" and payload.seq is not None and payload.seq.seq_id in self._active:
-            self._cancel_group(payload, report=True)
-
-    def _cancel_group(self, output: RequestOutput, report: bool = False) -> None:
-        """Cancel every sequence of a request; with ``report``, its final states reach the caller."""
-        if output.seq is None:
-            return
-        for seq in output.seq.group:
-            self.engine.cancel(seq)
-            if report:
-                self._progress(seq)
-            self._active.pop(seq.seq_id, None)
-
-    def _progress(self, seq: Sequence) -> None:
-        output, sent = self._active.get(seq.seq_id, (None, 0))
-        if output is None:
-            return
-        ids = list(seq.output_ids)
-        if seq.is_finished:
-            del self._active[seq.seq_id]
-            reason = f"{ERROR}{seq.error}" if seq.finish_reason == "error" else seq.finish_reason or "length"
-        elif len(ids) > sent and output._streaming:
-            self._active[seq.seq_id] = (output, len(ids))
-            reason = None
-        else:
-            return
-        params = seq.params
-        output._push(Update(
-            seq.index, ids, reason, seq.cum_logprob,
-            [d for d in map(logprob_dict, seq.output_logprobs[sent:]) if d is not None],
-            [logprob_dict(e) for e in seq.prompt_logprobs] if params.prompt_logprobs is not None and sent == 0
-            else None,
-            torch.stack(seq.generation_logits) if params.return_generation_logits and seq.generation_logits else None,
-            torch.stack(seq.context_logits) if params.return_context_logits and sent == 0 and seq.context_logits
-            else None, self.disagg.finished(seq) if seq.is_finished else None))
-
-    def _snapshot(self) -> dict[str, Any]:
-        s = self.engine.stats()
-        return {"iter": s.iteration_counter, "numActiveRequests": s.active, "maxNumActiveRequests": s.max,
-                "numQueuedRequests": s.waiting,
-                "kvCacheStats": {"maxNumBlocks": s.blocks_max, "freeNumBlocks": s.blocks_free,
-                                 "usedNumBlocks": s.blocks_used, "tokensPerBlock": s.tokens_per_block,
-                                 "reusedBlocks": s.blocks_reused, "missedBlocks": s.blocks_missed},
-                "inflightBatchingStats": {"numScheduledRequests": s.scheduled, "numContextRequests": s.context,
-                                          "numGenRequests": s.generation_requests,
-                                          "numPausedRequests": s.preemptions, "numCtxTokens": s.total_context_tokens},
-                "kvTransferStats": self.disagg.stats()}
+    def _snapshot(self, stats: EngineStats) -> dict[str, Any]:
+        return {**executor_stats(stats), "kvTransferStats": self.disagg.stats()}
 
 
 def _tokenizer(path: Path) -> Any:

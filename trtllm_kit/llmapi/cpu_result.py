@@ -1,14 +1,19 @@
 """What ``generate_async`` of the kit's CPU ``LLM`` returns: a ``RequestOutput`` that the engine thread updates
 through its asyncio loop, one ``Update`` per sequence and step, with ``tensorrt_llm``'s fields (``outputs``,
-``prompt_token_ids``, ``context_logits``, ``finished``) and finish reasons."""
+``prompt_token_ids``, ``context_logits``, ``finished``) and finish reasons. Its ``ResultHandle`` is the request's
+handle on the engine loop (``runtime/loop.py``): it turns each sequence's progress into an ``Update``."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from trtllm_kit.llmapi.cpu_types import CompletionOutput, Logprob, SamplingParams, TokenLogprobs
+import torch
+
+from trtllm_kit.llmapi.cpu_types import CompletionOutput, Logprob, SamplingParams, TokenLogprobs, logprob_dict
+from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.sequence import Sequence
 
 ERROR = "error: "  # a finish reason that carries why the request could not run
@@ -61,7 +66,7 @@ class RequestOutput:
         self._loop = asyncio.get_running_loop()
         self._updates: asyncio.Queue[Update] = asyncio.Queue()
         self._marks: dict[int, tuple[str, int, int]] = {}  # index → (text, tokens, logprobs) before this step
-        self.seq: Sequence | None = None
+        self.handle: ResultHandle | None = None  # its handle on the engine loop, once submitted
 
     def _push(self, update: Update) -> None:  # engine thread → request loop
         self._loop.call_soon_threadsafe(self._updates.put_nowait, update)
@@ -122,3 +127,42 @@ class RequestOutput:
     def abort(self) -> None:
         """Cancel the request; its KV blocks are freed at the engine's next step."""
         self._llm._cancel(self)
+
+
+class ResultHandle:
+    """A request's handle on the engine loop: each sequence's progress as an ``Update`` of its ``RequestOutput`` (new
+    tokens each step when streaming, else once finished), a failure as the error ``aresult`` raises.
+
+    Arguments:
+        output: the request's result; finished: what a finished sequence returns as ``disaggregated_params``
+        (``Disaggregation.finished``; None for other requests).
+    """
+
+    def __init__(self, output: RequestOutput, finished: Callable[[Sequence], Any]) -> None:
+        self.output, self._finished = output, finished
+        self.num_sent: dict[int, int] = {}  # sequence index → output tokens pushed
+        output.handle = self
+
+    def progress(self, seq: Sequence, is_last: bool) -> None:
+        sent, ids = self.num_sent.get(seq.index, 0), list(seq.output_ids)
+        if seq.is_finished:
+            reason: str | None = seq.finish_reason or "length"
+        elif len(ids) > sent and self.output._streaming:
+            self.num_sent[seq.index], reason = len(ids), None
+        else:
+            return
+        params = seq.params
+        self.output._push(Update(
+            seq.index, ids, reason, seq.cum_logprob,
+            [d for d in map(logprob_dict, seq.output_logprobs[sent:]) if d is not None],
+            [logprob_dict(e) for e in seq.prompt_logprobs] if params.prompt_logprobs is not None and sent == 0
+            else None,
+            torch.stack(seq.generation_logits) if params.return_generation_logits and seq.generation_logits else None,
+            torch.stack(seq.context_logits) if params.return_context_logits and sent == 0 and seq.context_logits
+            else None, self._finished(seq) if seq.is_finished else None))
+
+    def failed(self, message: str, kind: Failure) -> None:
+        self.output._push(Update(0, [], f"{ERROR}{message}", 0.0))
+
+    def is_cancelled(self) -> bool:
+        return False  # its owner cancels through the loop (``RequestOutput.abort``)
