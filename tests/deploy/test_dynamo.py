@@ -64,7 +64,7 @@ def test_aggregated_graph_validates_and_runs_the_artifact(artifact, tmp_path, ca
     written = dynamo(artifact(target="llmapi", tp=2, pp=1), out, capsys, "--replicas", "2")
     assert written["roles"] == [{"name": "TRTLLMWorker", "type": "worker", "replicas": 2, "tp_size": 2,
                                  "pp_size": 1}]
-    assert check_dir(out) == (5, [])
+    assert check_dir(out) == (6, [])  # with the dashboard ConfigMap
     dgd, components, options = graph(out)
     assert (dgd["apiVersion"], dgd["kind"], dgd["spec"]["backendFramework"]) == \
         ("nvidia.com/v1beta1", "DynamoGraphDeployment", "trtllm")
@@ -87,7 +87,9 @@ def test_aggregated_graph_validates_and_runs_the_artifact(artifact, tmp_path, ca
         [("http", "/metrics"), ("system", "/metrics")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= \
         components["TRTLLMWorker"]["podTemplate"]["metadata"]["labels"].items()
-    board = json.loads((out / "dashboard.json").read_text())
+    [config_map] = yaml.safe_load_all((out / "dashboard-configmap.yaml").read_text())
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    [board] = [json.loads(text) for text in config_map["data"].values()]
     queries = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
     assert 'histogram_quantile(0.99, sum by (le) (rate(dynamo_frontend_inter_token_latency_seconds_bucket{namespace=' \
         '"default",app="llama-3-1-70b-instruct"}[5m])))' in queries
@@ -97,7 +99,7 @@ def test_disaggregated_graph_sets_the_roles_as_upstream(artifact, tmp_path, caps
     out = tmp_path / "dgd"
     dynamo(artifact(target="llmapi", tp=2, pp=1), out, capsys, "--disagg", "--prefill-replicas", "3",
            "--decode-replicas", "1", "--prefill-tp", "1", "--decode-tp", "4")
-    assert check_dir(out) == (6, [])
+    assert check_dir(out) == (7, [])
     _, components, options = graph(out)
     assert [(n, c.get("type"), c["replicas"]) for n, c in components.items()] == \
         [("Frontend", "frontend", 1), ("prefill", "prefill", 3), ("decode", "decode", 1)]
@@ -113,13 +115,16 @@ def test_disaggregated_graph_sets_the_roles_as_upstream(artifact, tmp_path, caps
     assert prefill["kv_cache_config"]["dtype"] == decode["kv_cache_config"]["dtype"] == "auto"
     assert (prefill["tensor_parallel_size"], decode["tensor_parallel_size"]) == (1, 4)
     assert main(components["decode"])["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    # /dev/shm per pod: 2Gi per rank (the operator's default is 8Gi whatever the ranks), inside the memory limit
+    assert (components["prefill"]["sharedMemorySize"], components["decode"]["sharedMemorySize"]) == ("2Gi", "8Gi")
+    assert "Frontend" in components and "sharedMemorySize" not in components["Frontend"]
 
 
 def test_multinode_disaggregated_graph(artifact, tmp_path, capsys):
     out = tmp_path / "dgd"
     dynamo(artifact(target="llmapi", tp=8, pp=1), out, capsys, "--disagg", "--gpus-per-node", "4",
            "--prefill-tp", "4", "--decode-tp", "8")
-    assert check_dir(out) == (6, [])
+    assert check_dir(out) == (7, [])
     dgd, components, _ = graph(out)
     assert "multinode" not in components["prefill"]
     assert components["decode"]["multinode"] == {"nodeCount": 2}

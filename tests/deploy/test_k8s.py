@@ -39,7 +39,7 @@ def test_one_node_deployment(artifact, tmp_path, capsys):
     art = artifact(tp=2, pp=2)
     written = deploy(art, tmp_path / "k8s", capsys, "--pvc", "models", "--gpus-per-node", "8")
     assert written["num_nodes"] == 1 and "deployment.yaml" in written["resources"]
-    assert check_dir(tmp_path / "k8s") == (7, [])
+    assert check_dir(tmp_path / "k8s") == (9, [])  # with the NetworkPolicy and the dashboard ConfigMap
     found = objects(tmp_path / "k8s")
     pod = found["Deployment/llama-3-1-70b-instruct"]["spec"]["template"]["spec"]
     server = pod["containers"][0]
@@ -75,7 +75,7 @@ def test_tp8_on_two_nodes_of_four_gpus(artifact, tmp_path, capsys):
                      "--name", "llama70b", "--namespace", "llm", "--rdma-resource", "rdma/ib=1",
                      "--nccl-env", "NCCL_IB_HCA=mlx5", "--topology-key", "example.com/nvlink-domain")
     assert written["num_nodes"] == 2 and "leaderworkerset.yaml" in written["resources"]
-    assert check_dir(tmp_path / "k8s") == (8, [])
+    assert check_dir(tmp_path / "k8s") == (10, [])
     found = objects(tmp_path / "k8s")
     lws = found["LeaderWorkerSet/llama70b"]
     assert lws["metadata"]["annotations"] == {"leaderworkerset.sigs.k8s.io/exclusive-topology":

@@ -1,14 +1,18 @@
-"""A real Prometheus scrapes a real tritonserver serving the kit's tiny Llama (CPU runtime, max batch 2) while
-`trtllm-kit bench` ramps the load; the deployment's PrometheusRule passes `promtool check rules` and is
-evaluated, and the autoscaler's own query, taken from the ScaledObject, rises with the load and falls after it.
-The scraped series is then replayed through the autoscaler (`deploy simulate`)."""
+"""A real Prometheus scrapes a real tritonserver serving the kit's tiny Llama (CPU runtime, max batch 2) and its
+OpenAI frontend while `trtllm-kit bench` ramps the load; the deployment's PrometheusRule passes `promtool check
+rules` and is evaluated, and the autoscaler's own query, taken from the ScaledObject, rises with the load and falls
+after it; the queue alert fires under the load; every series the alerts and the dashboard read is one the served
+model exports. The scraped series is then replayed through the autoscaler (`deploy simulate`)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import torch
 import yaml
 
 from trtllm_kit.cli import run
-from trtllm_kit.deploy.prometheus import LocalPrometheus, query, query_range
+from trtllm_kit.deploy.prometheus import LocalPrometheus, _get, query, query_range
 from trtllm_kit.serve.options import Endpoints
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 
@@ -37,12 +41,24 @@ class Scraped:
 
 
 def rules_file(k8s: Path, interval: str | None = None) -> dict:
-    """The PrometheusRule's ``spec`` as a Prometheus rules file (optionally evaluated every ``interval``)."""
+    """The PrometheusRule's ``spec`` as a Prometheus rules file (optionally evaluated every ``interval``, alerts
+    firing at once instead of after their ``for``)."""
     rule = yaml.safe_load((k8s / "prometheusrule.yaml").read_text())
     groups = rule["spec"]["groups"]
     if interval is not None:
-        groups = [{**group, "interval": interval} for group in groups]
+        groups = [{**group, "interval": interval,
+                   "rules": [{k: v for k, v in r.items() if k != "for"} for r in group["rules"]]} for group in groups]
     return {"groups": groups}
+
+
+def post(url: str, body: dict) -> int:
+    request = urllib.request.Request(f"http://{url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +76,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
     assert run(["deploy", "k8s", str(out), "--out", str(root / "k8s"), "--pvc", "models", "--name", "tiny",
                 "--namespace", "llm", "--queue-target", "1", "--image", "registry.example/trtllm-kit:0.1.0"]) == 0
     endpoints: Endpoints = free_endpoints()
-    serve_detached(ServeOptions(out=out, settings=ServeSettings(**asdict(endpoints), ready_timeout_s=120)))
-    prometheus = LocalPrometheus(free_port(), [(endpoints.url("metrics"), LABELS)],
+    openai_port = free_port()
+    serve_detached(ServeOptions(out=out, settings=ServeSettings(**asdict(endpoints), openai_port=openai_port,
+                                                                ready_timeout_s=120)))
+    openai = f"127.0.0.1:{openai_port}"
+    prometheus = LocalPrometheus(free_port(), [(endpoints.url("metrics"), LABELS), (openai, LABELS)],
                                  rules_file(root / "k8s", interval="1s"), scrape_s=1.0)
     try:
         prometheus.start()
@@ -71,6 +90,12 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
                     "--isl", "16", "--osl", "48", "--vocab-size", "1031", "--warmup", "0", "--no-plots",
                     "--max-client-lag", "1000", "--out", str(root / "bench")])
         assert code == 0
+        with urllib.request.urlopen(f"http://{openai}/v1/models", timeout=30) as response:
+            model = json.loads(response.read())["data"][0]["id"]
+        for _ in range(2):  # two scrapes apart: the histograms' rate sees an increase
+            assert post(openai, {"model": model, "prompt": "The capital of France is", "max_tokens": 4}) == 200
+            time.sleep(2.5)
+        assert post(openai, {"model": model, "prompt": "x", "max_tokens": -1}) == 400  # counted as an error
         end = time.time()
         time.sleep(4)  # the queue drains, the next scrapes see it
         scaled = yaml.safe_load((root / "k8s" / "scaledobject.yaml").read_text())
@@ -120,3 +145,53 @@ def test_simulate_replays_the_scraped_series(scraped, tmp_path, capsys):
     assert replayed["target"] == 1 and (tmp_path / "scale.png").stat().st_size > 10_000
     # the load lasted seconds: the one-minute scale-up window keeps the replicas at one (no flapping)
     assert {s["replicas"] for s in replayed["steps"]} == {1}
+
+
+def metric_names(promql: str) -> set[str]:
+    """The metric names a query reads (identifiers before a selector's brace)."""
+    return set(re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", promql)) - {"by"}
+
+
+def test_the_alerts_read_exported_series_and_the_queue_alert_fires(scraped):
+    from trtllm_kit.deploy.alerts import alerts
+    from trtllm_kit.deploy.objects import Names
+    from trtllm_kit.deploy.serving import TRITON
+
+    exported = set(_get(scraped.prometheus.url, "/api/v1/label/__name__/values", {}))
+    found = alerts(Names("tiny", "llm"), TRITON, 1.0, 2.0)
+    assert [a.name for a in found] == ["TrtllmKitQueueBacklog", "TrtllmKitErrorRate", "TrtllmKitTimeToFirstToken",
+                                       "TrtllmKitKVCacheFull"]
+    for alert in found:
+        assert metric_names(alert.signal) <= exported, alert.name
+        query(scraped.prometheus.url, alert.rule()["expr"])  # Prometheus evaluates it (a bad query raises)
+    ttft = query(scraped.prometheus.url, found[2].signal.replace("[5m]", "[10m]"))
+    assert ttft is not None and ttft > 0  # the OpenAI request's first token
+    kv = query(scraped.prometheus.url, found[3].signal)
+    assert kv is not None and 0 <= kv <= 1
+    fired = query_range(scraped.prometheus.url, 'count(ALERTS{alertname="TrtllmKitQueueBacklog",app="tiny",'
+                        'alertstate="firing"})', scraped.start, scraped.end, 1.0)
+    assert fired, "6 requests in flight and 2 in the batch: more than 2 wait, the queue alert fires"
+
+
+def test_the_dashboard_reads_exported_series(scraped):
+    exported = set(_get(scraped.prometheus.url, "/api/v1/label/__name__/values", {}))
+    config_map = yaml.safe_load((scraped.k8s / "dashboard-configmap.yaml").read_text())
+    [board] = [json.loads(text) for text in config_map["data"].values()]
+    queries = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+    read = set().union(*(metric_names(q) for q in queries))
+    dcgm = {name for name in read if name.startswith("DCGM_FI_")}  # the DCGM exporter's, beside the pods
+    assert dcgm and read - dcgm <= exported, sorted(read - dcgm - exported)
+
+
+@pytest.mark.parametrize(("kwargs", "args", "num_rules"), [
+    ({"tp": 2}, (), 8),  # Triton: 4 recording rules, 4 alerts
+    ({"target": "llmapi", "tp": 8}, ("--gpus-per-node", "4"), 3),  # trtllm-serve leaders: the queue only
+])
+def test_promtool_checks_the_written_rules_and_alerts(artifact, tmp_path, kwargs, args, num_rules):
+    out = tmp_path / "k8s"
+    assert run(["deploy", "k8s", str(artifact(**kwargs)), "--out", str(out), "--pvc", "models", "--image",
+                "registry.example/trtllm-kit:0.1.0-trtllm1.2.1", *args]) == 0
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(rules_file(out)))
+    done = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and f"SUCCESS: {num_rules} rules found" in done.stdout, done.stdout + done.stderr

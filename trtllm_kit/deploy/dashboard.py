@@ -1,7 +1,9 @@
-"""A Grafana dashboard (JSON model) whose panels use the autoscaler's and the recording rules' queries."""
+"""A Grafana dashboard (JSON model) whose panels use the autoscaler's and the recording rules' queries, shipped as a
+ConfigMap that Grafana's dashboard sidecar loads (kube-prometheus-stack's ``grafana.sidecar.dashboards``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from trtllm_kit.deploy.monitoring import selector, waiting_query
@@ -9,6 +11,8 @@ from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.settings import DeploySettings
 
 Obj = dict[str, Any]
+SIDECAR_LABEL = ("grafana_dashboard", "1")  # what Grafana's sidecar selects by default
+DASHBOARD_SUFFIX = "-dashboard"
 Panel = tuple[str, str, list[tuple[str, str]]]
 
 
@@ -75,3 +79,15 @@ def dashboard_model(names: Names, panel_list: list[Panel]) -> Obj:
             "tags": ["trtllm-kit"], "panels": body,
             "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus",
                                      "label": "Prometheus"}]}}
+
+
+def dashboard_config_map(names: Names, model: Obj) -> Obj:
+    """A ConfigMap holding the dashboard ``model`` as ``<name>.json``, labelled for Grafana's sidecar.
+
+    Arguments:
+        names: the deployment; model: the dashboard (``dashboard`` or Dynamo's).
+    """
+    meta = names.meta(DASHBOARD_SUFFIX)
+    meta["labels"][SIDECAR_LABEL[0]] = SIDECAR_LABEL[1]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+            "data": {f"trtllm-kit-{names.name}.json": json.dumps(model, indent=2) + "\n"}}

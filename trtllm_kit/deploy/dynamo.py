@@ -3,13 +3,13 @@
 The graph has a ``Frontend`` and the TensorRT-LLM workers by role (``dynamo_roles``). Every worker pod gets the
 artifact as ``deploy k8s`` delivers it (the fetch init container, ``sha256sum -c`` against the manifest's list)
 and its role's engine options from a ConfigMap. The Dynamo operator adds the ports (frontend ``http`` 8000,
-worker ``system`` 9090), probes, ``/dev/shm`` and, across nodes, the ``mpirun`` launch; the PodMonitor scrapes
-those ports' ``/metrics``.
+worker ``system`` 9090), probes, ``/dev/shm`` (sized here: ``shm_per_rank`` per GPU) and, across nodes, the
+``mpirun`` launch; the PodMonitor scrapes those ports' ``/metrics``; the dashboard is a ConfigMap for Grafana's
+sidecar.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -18,10 +18,11 @@ import yaml
 
 from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import dynamo_scaling, monitoring, objects
+from trtllm_kit.deploy.dashboard import dashboard_config_map
 from trtllm_kit.deploy.dynamo_dashboard import dashboard
 from trtllm_kit.deploy.dynamo_roles import OPTIONS_DIR, WORKER_MODULE, Role, engine_options, worker_args
 from trtllm_kit.deploy.objects import Names
-from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, volumes
+from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, shm_size, volumes
 from trtllm_kit.deploy.render import check, names_for
 from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
@@ -32,7 +33,6 @@ Obj = dict[str, Any]
 API_VERSION = "nvidia.com/v1beta1"
 FRONTEND_PORT = 8000
 FRONTEND_MODULE = ("python3", "-m", "dynamo.frontend")
-DASHBOARD = "dashboard.json"  # Grafana import; not a resource
 MAIN = "main"  # the container the operator fills in
 MULTINODE_ENV = (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"))
 DYNAMO = Serving("dynamo", "/health", "/live", "system", ("http", "system"),
@@ -91,7 +91,8 @@ def worker_component(names: Names, source: DeploySource, settings: DeploySetting
     template = _template(names, container, spec)
     if settings.extras.annotations():
         template["metadata"]["annotations"] = settings.extras.annotations()
-    component: Obj = {"name": role.name, "type": role.type, "replicas": role.replicas, "podTemplate": template}
+    component: Obj = {"name": role.name, "type": role.type, "replicas": role.replicas, "podTemplate": template,
+                      "sharedMemorySize": shm_size(settings, gpus)}  # the operator's /dev/shm (its default 8Gi)
     nodes = role.num_nodes(settings.gpus_per_node)
     if nodes > 1:
         component["multinode"] = {"nodeCount": nodes}
@@ -130,7 +131,8 @@ def render_graph(source: DeploySource, settings: DeploySettings, roles: tuple[Ro
         "sha256-configmap.yaml": [objects.sha256_list(names, source)],
         "engine-configmap.yaml": [options_config(names, source, roles)],
         "dynamographdeployment.yaml": [graph_deployment(names, source, settings, roles)],
-        "podmonitor.yaml": [monitoring.pod_monitor(names, settings.monitor_labels, DYNAMO)]}
+        "podmonitor.yaml": [monitoring.pod_monitor(names, settings.monitor_labels, DYNAMO)],
+        "dashboard-configmap.yaml": [dashboard_config_map(names, dashboard(names))]}
     if dynamo_scaling.check_autoscaler(settings):
         files["scaledobjects.yaml"] = [dynamo_scaling.scaled_object(names, source, settings, role) for role in roles]
     found = check([(name, doc) for name, group in files.items() for doc in group], settings.versions)
@@ -142,5 +144,4 @@ def render_graph(source: DeploySource, settings: DeploySettings, roles: tuple[Ro
         (staging / "kustomization.yaml").write_text(yaml.safe_dump(
             {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)},
             sort_keys=False))
-        (staging / DASHBOARD).write_text(json.dumps(dashboard(names), indent=2) + "\n")
     return Graph(out.absolute(), names.name, roles, ("kustomization.yaml", *files))

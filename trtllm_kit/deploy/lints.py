@@ -6,7 +6,9 @@ import json
 import re
 from typing import Any
 
+from trtllm_kit.deploy.dashboard import SIDECAR_LABEL
 from trtllm_kit.deploy.launch import LAUNCH_SUFFIX, PLAN_FILE
+from trtllm_kit.deploy.network_lints import unreachable_ports
 from trtllm_kit.deploy.placement import check_compute_capability
 from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
@@ -208,10 +210,27 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
             found += _fails_safe(file, name, spec)
         if kind == "ConfigMap" and PLAN_FILE in (doc.get("data") or {}):
             found += _leader_plan(file, name, doc["data"], workloads)
+        if kind == "ConfigMap" and ((doc.get("metadata") or {}).get("labels") or {}).get(SIDECAR_LABEL[0]):
+            found += _dashboards(file, name, doc.get("data") or {})
         if kind in ("ScaledObject", "HorizontalPodAutoscaler"):
             ref = spec.get("scaleTargetRef") or {}
             if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads and \
                     (ref.get("kind"), ref.get("name")) not in _scaling_adapters(workloads):
                 found.append(Finding(file, kind, name, "spec/scaleTargetRef", f"{ref.get('kind', 'Deployment')} "
                                      f"{ref.get('name')} is not in this directory"))
+    return found + unreachable_ports(docs)
+
+
+def _dashboards(file: str, name: str, data: Obj) -> list[Finding]:
+    """Entries of a Grafana sidecar ConfigMap that are not ``.json`` dashboards with panels."""
+    found = []
+    for key, text in data.items():
+        try:
+            model = json.loads(text) if key.endswith(".json") else None
+        except (TypeError, ValueError) as exc:
+            model = f"not JSON ({exc})"
+        if not isinstance(model, dict) or not isinstance(model.get("panels"), list):
+            problem = model if isinstance(model, str) else "not a Grafana dashboard (.json with panels)"
+            found.append(Finding(file, "ConfigMap", name, f"data/{key}", f"is {problem}; Grafana's sidecar loads "
+                                 "only dashboards: regenerate it with trtllm-kit deploy"))
     return found

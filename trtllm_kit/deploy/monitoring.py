@@ -1,4 +1,5 @@
-"""The queries, said once: the autoscaler's signal, the recording rules (PrometheusRule), what is scraped (PodMonitor).
+"""The queries, said once: the autoscaler's signal, the recording rules and alerts (PrometheusRule), what is scraped
+(PodMonitor).
 
 Every series carries the serving pods' ``namespace`` and ``app`` labels (the PodMonitor copies ``app`` from the
 pod), so one selector picks a deployment's series. The scaling signal is the C++ backend's queue gauge,
@@ -73,16 +74,20 @@ def _meta(names: Names, labels: dict[str, str]) -> Obj:
     return meta
 
 
-def prometheus_rule(names: Names, labels: dict[str, str], serving: Serving = TRITON) -> Obj:
-    """The PrometheusRule holding the recording rules (``promtool check rules`` reads its ``spec``).
+def prometheus_rule(names: Names, labels: dict[str, str], serving: Serving = TRITON,
+                    alert_rules: list[Obj] | None = None) -> Obj:
+    """The PrometheusRule holding the recording rules and, in a group of their own, the alerts (``promtool check
+    rules`` reads its ``spec``).
 
     Arguments:
         names: the deployment; labels: what the operator's ``ruleSelector`` matches (``monitor_labels``);
-        serving: what serves (its queue series).
+        serving: what serves (its queue series); alert_rules: ``alert`` rules (``deploy/alerts.py``), or none.
     """
+    groups = [{"name": f"trtllm-kit-{names.name}", "interval": RULE_INTERVAL, "rules": recording_rules(names, serving)}]
+    if alert_rules:
+        groups.append({"name": f"trtllm-kit-{names.name}-alerts", "interval": RULE_INTERVAL, "rules": alert_rules})
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": _meta(names, labels),
-            "spec": {"groups": [{"name": f"trtllm-kit-{names.name}", "interval": RULE_INTERVAL,
-                                 "rules": recording_rules(names, serving)}]}}
+            "spec": {"groups": groups}}
 
 
 def pod_monitor(names: Names, labels: dict[str, str], serving: Serving = TRITON) -> Obj:

@@ -1,5 +1,5 @@
-"""The objects every deployment has (names, labels, the sha256 list, Service, PodDisruptionBudget) and the
-single-node Deployment."""
+"""The objects every deployment has (names, labels, the sha256 list, Service, NetworkPolicy,
+PodDisruptionBudget) and the single-node Deployment."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from trtllm_kit.targets import get_target
 
 Obj = dict[str, Any]
 SERVICE_SUFFIX = "-api"
+ROUTED_PORTS = ("openai", "metrics")  # the container ports reachable from outside a pod (or a multi-node group)
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,27 @@ def sha256_list(names: Names, source: DeploySource) -> Obj:
 def service(names: Names, settings: DeploySettings) -> Obj:
     """A ClusterIP Service over the serving pods: the OpenAI API and the metrics only. Triton's HTTP and gRPC ports
     stay inside the pod (its probes and the frontend reach them there), so no client can go around the API keys."""
-    ports = [{"name": "openai", "port": settings.openai_port, "targetPort": "openai"},
-             {"name": "metrics", "port": PORTS["metrics"], "targetPort": "metrics"}]
+    numbers = {"openai": settings.openai_port, "metrics": PORTS["metrics"]}
+    ports = [{"name": port, "port": numbers[port], "targetPort": port} for port in ROUTED_PORTS]
     return {"apiVersion": "v1", "kind": "Service", "metadata": names.meta(SERVICE_SUFFIX),
             "spec": {"type": "ClusterIP", "selector": names.serving, "ports": ports}}
+
+
+def network_policy(names: Names, num_nodes: int) -> Obj:
+    """Ingress to the deployment's pods: the OpenAI API and the metrics from anywhere (clients, Prometheus, a
+    router's endpoint picker), Triton's own ports and a group's ssh and NCCL traffic from nowhere else; on several
+    nodes the group's pods reach each other on every port. Egress stays open (the artifact fetch, DNS). The
+    kubelet's probes come from the pod's node, which Kubernetes always lets through.
+
+    Arguments:
+        names: the deployment; num_nodes: pods per replica (more than one: a group whose pods talk to each other).
+    """
+    rules: list[Obj] = [{"ports": [{"protocol": "TCP", "port": port} for port in ROUTED_PORTS]}]
+    if num_nodes > 1:
+        rules.append({"from": [{"podSelector": {"matchLabels": {"app": names.name}}}]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": names.meta(),
+            "spec": {"podSelector": {"matchLabels": {"app": names.name}}, "policyTypes": ["Ingress"],
+                     "ingress": rules}}
 
 
 def disruption_budget(names: Names) -> Obj:

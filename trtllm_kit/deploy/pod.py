@@ -109,6 +109,11 @@ def fetch_container(source: DeploySource, settings: DeploySettings) -> Obj:
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}}
 
 
+def shm_size(settings: DeploySettings, num_ranks: int) -> str:
+    """``/dev/shm`` of a pod running ``num_ranks`` server processes: ``shm_per_rank`` each, whole GiB, at least 1."""
+    return f"{max(1, math.ceil(num_ranks * _gib(settings.shm_per_rank)))}Gi"
+
+
 def volumes(name: str, source: DeploySource, settings: DeploySettings, num_ranks: int, *,
             scripts: bool = False) -> list[Obj]:
     """The artifact (the claim, or an ``emptyDir`` sized for the tar), the sha256 list, ``/dev/shm`` in memory
@@ -122,9 +127,8 @@ def volumes(name: str, source: DeploySource, settings: DeploySettings, num_ranks
         artifact: Obj = {"name": "pvc", "persistentVolumeClaim": {"claimName": settings.pvc, "readOnly": True}}
     else:
         artifact = {"name": "artifact", "emptyDir": {"sizeLimit": f"{math.ceil(source.total_bytes * 1.1 / GIB) + 1}Gi"}}
-    shm_gib = max(1, math.ceil(num_ranks * _gib(settings.shm_per_rank)))
     found = [artifact, {"name": "sums", "configMap": {"name": f"{name}-sha256"}},
-             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
+             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(settings, num_ranks)}}]
     if scripts:
         found.append({"name": "launch", "configMap": {"name": f"{name}{LAUNCH_SUFFIX}", "defaultMode": 0o555}})
     return found

@@ -12,7 +12,8 @@ import yaml
 
 from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import autoscale, monitoring, multinode, objects
-from trtllm_kit.deploy.dashboard import dashboard
+from trtllm_kit.deploy.alerts import alerts
+from trtllm_kit.deploy.dashboard import dashboard, dashboard_config_map
 from trtllm_kit.deploy.image import check_image
 from trtllm_kit.deploy.lints import lint
 from trtllm_kit.deploy.objects import Names
@@ -71,11 +72,14 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
         files["leaderworkerset.yaml"] = [multinode.leader_worker_set(names, source, settings, nodes)]
         files["launch-configmap.yaml"] = [multinode.launch_config(names, source, settings, nodes)]
     files["service.yaml"] = [objects.service(names, settings)]
+    files["networkpolicy.yaml"] = [objects.network_policy(names, nodes)]
     files["poddisruptionbudget.yaml"] = [objects.disruption_budget(names)]
     serving = serving_for(source, settings, nodes)
     files["podmonitor.yaml"] = [monitoring.pod_monitor(names, settings.monitor_labels, serving)]
-    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels, serving)]
-    extras: dict[str, Any] = {"dashboard.json": dashboard(names, settings)}
+    alert_rules = [a.rule() for a in alerts(names, serving, settings.queue_target, settings.ttft_slo_s)]
+    files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels, serving, alert_rules)]
+    files["dashboard-configmap.yaml"] = [dashboard_config_map(names, dashboard(names, settings))]
+    extras: dict[str, Any] = {}
     if settings.autoscaler == "keda":
         files["scaledobject.yaml"] = [autoscale.scaled_object(names, settings, nodes > 1, serving)]
     elif settings.autoscaler == "hpa":

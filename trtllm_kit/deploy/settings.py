@@ -35,7 +35,8 @@ class DeploySettings:
 
     ``artifact_url`` (a tar of the build output, fetched by an init container) and ``pvc`` (a claim that holds
     the build output at its root) are the two ways the artifact reaches the pod; exactly one is needed.
-    ``queue_target`` is the waiting requests per replica the autoscaler aims at. ``load_gbps`` is the aggregate
+    ``queue_target`` is the waiting requests per replica the autoscaler aims at; ``ttft_slo_s`` the p90 time to first
+    token above which an alert fires (``deploy/alerts.py``). ``load_gbps`` is the aggregate
     read rate (GB/s) of the volume the artifact is read from, shared by every rank reading it at once;
     ``worker_wait_s`` is how long a multi-node leader waits for its workers, inside its startup budget.
 
@@ -79,6 +80,7 @@ class DeploySettings:
     worker_wait_s: int = 600
     shm_per_rank: str = "2Gi"
     queue_target: float = 4.0
+    ttft_slo_s: float = 2.0
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     run_as_user: int = 1000
     topology_key: str = ""
@@ -119,6 +121,8 @@ class DeploySettings:
         if self.drain_s < 0 or self.load_gbps <= 0 or self.queue_target <= 0:
             raise KitUsageError(f"drain_s {self.drain_s}, load_gbps {self.load_gbps} and queue_target "
                                 f"{self.queue_target} must be positive.")
+        if not self.ttft_slo_s > 0:
+            raise KitUsageError(f"--ttft-slo {self.ttft_slo_s} must be a positive number of seconds, e.g. 2.")
         if not QUANTITY.match(self.shm_per_rank):
             raise KitUsageError(f"shm_per_rank {self.shm_per_rank!r} is not a Kubernetes quantity like 2Gi.")
         for name, amount in self.rdma_resources.items():
