@@ -1,16 +1,16 @@
-"""Fixtures of the reliability tests: a tiny built artifact, private copies of it, and a serve of one; a float32
-build served for the session."""
+"""Fixtures of the reliability tests: a tiny built artifact and private copies of it, the session's shared serve of
+the tiny build, and a float32 build served for the session."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_server import BuildKey, Servers
 from reliability_helpers import MODEL, kit
-from serving_helpers import serve
+from serving_helpers import wait_idle
 
 
 @pytest.fixture(scope="session")
@@ -32,24 +32,18 @@ def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A serve of a private copy of the tiny artifact, for one test module, with its ensemble loaded; its state
-    (endpoints, pids)."""
-    out = tmp_path_factory.mktemp("served") / "out"
-    shutil.copytree(tiny_artifact, out)
-    state = serve(out, "--ensemble")
-    yield state
-    kit("stop", str(out), timeout=60)
+def served(kit_servers: Servers) -> dict[str, Any]:
+    """The session's shared serve of the tiny build with its ensemble loaded, idle when a module starts; its state
+    (endpoints, pids) and output. Its modules only send requests, each read to its end or dropped."""
+    server = kit_servers.get(BuildKey.of(), ensemble=True)
+    state = {**server.state, "out": server.out}
+    assert wait_idle(state, 60)[1]["active"] == 0  # what an earlier module sent has ended
+    return state
 
 
 @pytest.fixture(scope="session")
-def served32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def served32(kit_servers: Servers) -> dict[str, Any]:
     """``builtin:tiny-llama`` built in float32 for the cpu target (verify off, one instance per text model), served
     for the session; its state. For tests that compare what it answers with ``transformers``: none changes it."""
-    out = tmp_path_factory.mktemp("f32") / "out"
-    done = kit("build", MODEL, "--target", "cpu", "--dtype", "float32", "--no-verify", "--instances", "1",
-               "--out", str(out), timeout=600)
-    assert done.returncode == 0, done.stderr
-    state = serve(out)
-    yield state
-    kit("stop", str(out), timeout=60)
+    server = kit_servers.get(BuildKey.of(target="cpu", dtype="float32"))
+    return {**server.state, "out": server.out}
