@@ -17,8 +17,8 @@ from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, MIB
 from trtllm_kit.model_repo.validate import validate_repository
-from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.servable import servable
 from trtllm_kit.serve.server.launcher import LaunchConfig, launch_argv
 from trtllm_kit.serve.server.locate import TritonInstall
 from trtllm_kit.targets import limits_from_dir

@@ -19,12 +19,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.fleet.fit import Need, check_fit, memory_need
 from trtllm_kit.serve.fleet.members import plan_members
 from trtllm_kit.serve.fleet.merge import copy_models
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.options import parse_names
+from trtllm_kit.serve.servable import servable
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
@@ -193,7 +193,7 @@ def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None
     from trtllm_kit.artifact import EngineRecord
     from trtllm_kit.gpus import GPU
     from trtllm_kit.plan import BuildPlan, Precision, RankPlan
-    from trtllm_kit.serve.compat import Servable
+    from trtllm_kit.serve.servable import Servable
     from trtllm_kit.targets import get_target
 
     gib = 1024**3

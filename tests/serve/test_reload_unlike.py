@@ -7,8 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.fleet.hotswap import unlike
+from trtllm_kit.serve.servable import Servable, servable
 from trtllm_kit.spec import build_spec
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.openai.text import StopMatcher
 from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.servable import servable
 from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, free_endpoints, launch_argv
 from trtllm_kit.serve.server.locate import TritonInstall, locate_tritonserver

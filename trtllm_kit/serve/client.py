@@ -12,8 +12,8 @@ import numpy as np
 from tritonclient.grpc import InferResult, model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
-from trtllm_kit.serve.compat import TEXT_MODELS
 from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.serve.servable import TEXT_MODELS
 from trtllm_kit.wire import GenerationRequest, GenerationResponse, WireError
 from trtllm_kit.wire.llmapi import encode_llmapi_request, speaks_llmapi
 from trtllm_kit.wire.llmapi_response import decode_llmapi_response

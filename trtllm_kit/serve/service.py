@@ -23,7 +23,6 @@ from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
-from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.disagg.entry import serve_disaggregated
 from trtllm_kit.serve.fleet.fit import check_fit, memory_need
 from trtllm_kit.serve.fleet.hotswap import Reloader
@@ -34,6 +33,7 @@ from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
 from trtllm_kit.serve.options import Endpoints, ServeOptions, parse_names
+from trtllm_kit.serve.servable import Servable, servable
 from trtllm_kit.serve.server.detach import last_detached, serve_detached, stop_serving
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, grpc_headers, launch_argv
 from trtllm_kit.serve.server.locate import locate_tritonserver

@@ -30,12 +30,12 @@ from trtllm_kit.llmapi.kv_dirs import KV_DIR_TAG_ENV, remove_tagged, tagged_glob
 from trtllm_kit.llmapi.kv_state import KV_KEY_ENV
 from trtllm_kit.names import API_KEY_ENV, TRTLLM_MODEL
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
-from trtllm_kit.serve.compat import servable
 from trtllm_kit.serve.disagg.roles import ROLES, check_disagg, write_transceiver_options
 from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
 from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.options import Endpoints, ServeOptions
+from trtllm_kit.serve.servable import servable
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, free_endpoints, grpc_headers
 from trtllm_kit.serve.server.locate import locate_tritonserver
 from trtllm_kit.serve.server.process import TritonProcess

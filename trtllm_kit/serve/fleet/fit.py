@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.compat import Servable
+from trtllm_kit.serve.servable import Servable
 
 CPU_BYTES = 4  # the CPU runtime's compute dtype, float32
 GIB = 1024**3

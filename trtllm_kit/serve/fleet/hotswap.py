@@ -25,7 +25,6 @@ import aiohttp
 from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.artifact.manifest import ManifestError
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.compat import Servable, servable
 from trtllm_kit.serve.fleet.fit import check_fit, memory_need
 from trtllm_kit.serve.fleet.members import route, versioned
 from trtllm_kit.serve.fleet.merge import copy_models, remove_models
@@ -33,6 +32,7 @@ from trtllm_kit.serve.fleet.reload import answer, take_requests
 from trtllm_kit.serve.fleet.running import Server, drop_idle_ensemble
 from trtllm_kit.serve.openai.adapter_admin import serve_recorded
 from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.servable import Servable, servable
 from trtllm_kit.serve.server.launcher import http_headers
 from trtllm_kit.serve.server.state import claim_run_dir, serving_pid, write_pid
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.compat import Servable
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL, Copied, copy_models, slug
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
+from trtllm_kit.serve.servable import Servable
 from trtllm_kit.targets import get_target
 
 
