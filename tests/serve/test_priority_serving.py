@@ -8,18 +8,14 @@ import http.client
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
+from kit_server import BuildKey, Servers
 
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.protocol import parse_sampling, trtllm_priority
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings, build_spec
 
 MODEL = "builtin:tiny-llama"
 
@@ -33,17 +29,9 @@ def test_openai_priority_maps_onto_trtllm_float() -> None:
 
 
 @pytest.fixture(scope="module")
-def openai_port(tmp_path_factory: pytest.TempPathFactory) -> int:
+def openai_port(kit_servers: Servers) -> int:
     torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("priority") / "out"
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 4},
-                              "repo": one_each}))
-    port = free_port()
-    settings = ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port)
-    serve_detached(ServeOptions(out=out, settings=settings))
-    yield port
-    stop_serving(out, 30)
+    return kit_servers.get(BuildKey.of(max_batch_size=4)).port
 
 
 def ttft(port: int, prompt: list[int], max_tokens: int, priority: int) -> float:
