@@ -11,12 +11,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from kit_server import BuildKey, Servers
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
@@ -28,9 +28,6 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.engine import Engine
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
 from trtllm_kit.wire import GenerationRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,15 +37,10 @@ GREEDY = {"model": "builtin:tiny-llama", "temperature": 0}  # the served name; O
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def served(kit_servers: Servers) -> dict[str, Any]:
     torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("llmapi-clients") / "out"
-    assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
-    endpoints, openai_port = free_endpoints(), free_port()
-    settings = ServeSettings(**asdict(endpoints), ready_timeout_s=120, openai_port=openai_port)
-    state = serve_detached(ServeOptions(out=out, settings=settings))
-    yield {**state, "out": out, "endpoints": endpoints}
-    stop_serving(out, 30)
+    server = kit_servers.get(BuildKey.of(target="llmapi", repo={}))
+    return {**server.state, "out": server.out}
 
 
 @pytest.fixture(scope="module")
