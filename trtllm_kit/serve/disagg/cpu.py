@@ -1,6 +1,6 @@
 """``trtllm-kit serve OUT --disagg`` with tritonserver: a context and a generation tritonserver, each over its own
 working copy of OUT's llmapi repository, behind one OpenAI frontend whose route does upstream's two-step request
-(``serve/two_step.py``).
+(``two_step_client.py``).
 
 The generation server takes the serve's ``--http-port``/``--grpc-port``/``--metrics-port``; the context server
 free loopback ports (both in the state as ``context``/``generation``). Both demand the same per-launch token, and

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import TOKEN_MODEL, TextClient
+from trtllm_kit.serve.disagg.two_step_client import TwoStepClient
 from trtllm_kit.serve.openai.adapters import Adapter, AdapterSet
 from trtllm_kit.serve.openai.text import Tokenizer
-from trtllm_kit.serve.two_step import TwoStepClient
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
 
@@ -41,7 +41,7 @@ class Route:
     # them); None: the model scores prompts itself (cpu, llmapi)
     context_logits: bool | None = None
     adapter: Adapter | None = None  # the LoRA adapter this view of a base model's route runs with
-    context_grpc_url: str | None = None  # a disaggregated serve's context server (``serve/two_step.py``)
+    context_grpc_url: str | None = None  # a disaggregated serve's context server (``disagg/two_step_client.py``)
     max_batch_size: int | None = None  # sequences the engine runs at once (None: not stated)
 
     @property
