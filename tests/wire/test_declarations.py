@@ -1,10 +1,14 @@
 """The wire's tensors are the ones the repositories declare and the model files, runtime and client spell: same
-names, types, dims and required flags, so moving the callers onto the wire cannot change the Triton contract."""
+names, types, dims and required flags, so moving the callers onto the wire cannot change the Triton contract. The
+declarations keep only each model's order of tensors: every wire tensor is in it once."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,6 +69,28 @@ def test_a_field_is_one_tensorrt_llm_input_on_both_paths() -> None:
 def test_llmapi_tensors_are_exactly_the_declared_ones() -> None:
     assert as_tuples(llmapi.request_tensors()) == as_tuples(llmapi_repo.INPUTS)
     assert as_tuples(llmapi_response.RESPONSE_TENSORS) == as_tuples(llmapi_repo.OUTPUTS)
+
+
+@pytest.mark.parametrize(("order", "wire", "upstream"), [
+    (T.TRTLLM_INPUT_ORDER, trtllm.request_tensors(), T.UPSTREAM_INPUTS),
+    ((*T.TRTLLM_OUTPUT_ORDER, *T.LOGPROB_OUTPUT_ORDER), trtllm_response.RESPONSE_TENSORS, T.UPSTREAM_OUTPUTS),
+    (T.TEXT_INPUT_ORDER, text.request_tensors(), T.UPSTREAM_TEXT_INPUTS),
+], ids=["tensorrt_llm inputs", "tensorrt_llm outputs", "text inputs"])
+def test_each_order_names_every_wire_tensor_once_beside_upstreams_own(order, wire, upstream) -> None:
+    """A declaration lists its tensors' order; their types come from the wire, or for upstream's tensors no kit code
+    reads, from the declaration: each name is in exactly one of the two."""
+    wire_names = {t.name for t in wire} - {t.name for t in T.lora_inputs("FP32")}
+    assert len(order) == len(set(order))
+    assert set(order) == wire_names | set(upstream) and not wire_names & set(upstream)
+
+
+def test_the_bls_passes_through_what_the_text_interface_feeds_tensorrt_llm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", SimpleNamespace())
+    spec = importlib.util.spec_from_file_location("bls", PACKAGE / "triton_models/tensorrt_llm_bls.py")
+    assert spec is not None and spec.loader is not None
+    bls = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bls)
+    assert sorted(bls.PASSTHROUGH_INPUTS) == sorted((t.name, feeds) for t, feeds in T.TEXT_INPUTS if feeds)
 
 
 def _constants(path: Path) -> set[str]:

@@ -2,17 +2,20 @@
 
 Each row is a ``wire.tensor.Tensor`` ``(name, data type, dims, required)``; dims exclude the Triton batch dimension. The
 ``tensorrt_llm`` tables are the upstream names and types on both targets, so clients and the ensemble never
-know which target they talk to. Multimodal, encoder-decoder and speculative-decoding tensors are left out: the kit
+know which target they talk to. A tensor the wire reads or writes (``trtllm_kit.wire``) takes its type and dims
+from there; this module keeps only the order of each model's tensors (config.pbtxt's) and upstream's tensors no
+kit code reads. Multimodal, encoder-decoder and speculative-decoding tensors are left out: the kit
 builds decoder-only text models. The LoRA inputs (``lora_inputs``) are declared by models that take adapters.
-``tensorrt_llm`` also declares the kit's own optional tensors for what upstream has no tensor for
-(``runtime_min_p``, top logprob alternatives, prompt logprobs, keeping the end token); the C++ backend ignores them,
-the CPU runtime serves them (docs/openai-eval-engine.md).
+``tensorrt_llm`` also declares the kit's own optional tensors for what upstream has no tensor for; the C++ backend
+ignores them, the CPU runtime serves them (docs/openai-eval-engine.md).
 """
 
 from __future__ import annotations
 
+from trtllm_kit.wire import text, trtllm, trtllm_response
 from trtllm_kit.wire.lora import lora_tensors
 from trtllm_kit.wire.request import NEVER_END_ID as NEVER_END_ID  # an end_id no token equals
+from trtllm_kit.wire.scalars import SCALARS
 from trtllm_kit.wire.tensor import Tensor
 from trtllm_kit.wire.tensor import by_name as by_name
 
@@ -21,91 +24,46 @@ def _t(name: str, data_type: str, dims: tuple[int, ...] = (1,), required: bool =
     return Tensor(name, data_type, dims, required)
 
 
-# Inputs of ``tensorrt_llm`` with a [-1] or wider shape are ragged (``allow_ragged_batch``).
-TRTLLM_INPUTS = (
-    _t("input_ids", "INT32", (-1,), True),
-    _t("input_lengths", "INT32", (1,), True),
-    _t("request_output_len", "INT32", (1,), True),
-    _t("num_return_sequences", "INT32"),
-    _t("draft_input_ids", "INT32", (-1,)),
-    _t("draft_logits", "FP32", (-1, -1)),
-    _t("draft_acceptance_threshold", "FP32"),
-    _t("end_id", "INT32"),
-    _t("pad_id", "INT32"),
-    _t("stop_words_list", "INT32", (2, -1)),
-    _t("bad_words_list", "INT32", (2, -1)),
-    _t("embedding_bias", "FP32", (-1,)),
-    _t("beam_width", "INT32"),
-    _t("temperature", "FP32"),
-    _t("runtime_top_k", "INT32"),
-    _t("runtime_top_p", "FP32"),
-    _t("runtime_top_p_min", "FP32"),
-    _t("runtime_top_p_decay", "FP32"),
-    _t("runtime_top_p_reset_ids", "INT32"),
-    _t("len_penalty", "FP32"),
-    _t("early_stopping", "BOOL"),
-    _t("repetition_penalty", "FP32"),
-    _t("min_tokens", "INT32"),
-    _t("beam_search_diversity_rate", "FP32"),
-    _t("presence_penalty", "FP32"),
-    _t("frequency_penalty", "FP32"),
-    _t("seed", "UINT64"),
-    _t("return_log_probs", "BOOL"),
-    _t("return_context_logits", "BOOL"),
-    _t("return_generation_logits", "BOOL"),
-    _t("return_perf_metrics", "BOOL"),
-    _t("return_num_input_tokens", "BOOL"),
-    _t("return_num_output_tokens", "BOOL"),
-    _t("exclude_input_in_output", "BOOL"),
-    _t("stop", "BOOL"),
-    _t("streaming", "BOOL"),
-    _t("prompt_embedding_table", "FP16", (-1, -1)),
-    _t("prompt_table_extra_ids", "UINT64", (-1,)),
+# tensorrt_llm inputs no kit code reads: upstream's, left to the C++ backend or passed on by the ensemble and BLS
+UPSTREAM_INPUTS = by_name((
+    _t("draft_input_ids", "INT32", (-1,)), _t("draft_logits", "FP32", (-1, -1)),
+    _t("draft_acceptance_threshold", "FP32"), _t("pad_id", "INT32"), _t("bad_words_list", "INT32", (2, -1)),
+    _t("embedding_bias", "FP32", (-1,)), _t("runtime_top_p_min", "FP32"), _t("runtime_top_p_decay", "FP32"),
+    _t("runtime_top_p_reset_ids", "INT32"), _t("early_stopping", "BOOL"), _t("beam_search_diversity_rate", "FP32"),
+    _t("prompt_embedding_table", "FP16", (-1, -1)), _t("prompt_table_extra_ids", "UINT64", (-1,)),
     _t("prompt_vocab_size", "INT32"),
-    _t("guided_decoding_guide_type", "STRING"),
-    _t("guided_decoding_guide", "STRING"),
-    # The kit's additions (no upstream tensorrt_llm input carries them; the C++ backend ignores them):
-    # the request priority in [0, 1], higher first, as TensorRT-LLM's executor Request takes it;
-    _t("priority", "FP32"),
-    # vLLM's min_p (0 = off); the top alternatives per token (0 to 20) in ``top_log_probs`` /
-    # ``prompt_top_log_probs``; and the prompt tokens' logprobs (``prompt_log_probs``).
-    _t("runtime_min_p", "FP32"),
-    _t("num_top_log_probs", "INT32"),
-    _t("return_prompt_log_probs", "BOOL"),
-    # the token that ends the sequence (``end_id``) kept as its last output token, with its logprob, as vLLM and
-    # OpenAI answer (upstream's executor leaves it out, and so does the C++ backend, which ignores this input).
-    _t("keep_end_token", "BOOL"),
+))
+# The order of tensorrt_llm's inputs in config.pbtxt (the golden configs): upstream's, then the kit's additions,
+# which no upstream tensorrt_llm input carries and the C++ backend ignores (docs/openai-eval-engine.md). Inputs with
+# a [-1] or wider shape are ragged (``allow_ragged_batch``).
+TRTLLM_INPUT_ORDER = (
+    "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "draft_input_ids", "draft_logits",
+    "draft_acceptance_threshold", "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias",
+    "beam_width", "temperature", "runtime_top_k", "runtime_top_p", "runtime_top_p_min", "runtime_top_p_decay",
+    "runtime_top_p_reset_ids", "len_penalty", "early_stopping", "repetition_penalty", "min_tokens",
+    "beam_search_diversity_rate", "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
+    "return_context_logits", "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
+    "return_num_output_tokens", "exclude_input_in_output", "stop", "streaming", "prompt_embedding_table",
+    "prompt_table_extra_ids", "prompt_vocab_size", "guided_decoding_guide_type", "guided_decoding_guide",
+    "priority", "runtime_min_p", "num_top_log_probs", "return_prompt_log_probs", "keep_end_token",
 )
+TRTLLM_INPUTS = tuple({**by_name(trtllm.request_tensors()), **UPSTREAM_INPUTS}[name] for name in TRTLLM_INPUT_ORDER)
 
-TRTLLM_OUTPUTS = (
-    _t("output_ids", "INT32", (-1, -1)),
-    _t("sequence_length", "INT32", (-1,)),
-    _t("cum_log_probs", "FP32", (-1,)),
-    _t("output_log_probs", "FP32", (-1, -1)),
-    _t("context_logits", "FP32", (-1, -1)),
-    _t("generation_logits", "FP32", (-1, -1, -1)),
-    _t("batch_index", "INT32"),
-    _t("sequence_index", "INT32"),
-    _t("kv_cache_alloc_new_blocks", "INT32"),
-    _t("kv_cache_reused_blocks", "INT32"),
-    _t("kv_cache_alloc_total_blocks", "INT32"),
-    _t("arrival_time_ns", "INT64"),
-    _t("first_scheduled_time_ns", "INT64"),
-    _t("first_token_time_ns", "INT64"),
-    _t("last_token_time_ns", "INT64"),
-    _t("num_input_tokens", "INT32"),
-    _t("num_output_tokens", "INT32"),
+UPSTREAM_OUTPUTS = by_name((_t("batch_index", "INT32"), _t("first_scheduled_time_ns", "INT64")))  # not produced
+TRTLLM_OUTPUT_ORDER = (
+    "output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
+    "batch_index", "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+    "last_token_time_ns", "num_input_tokens", "num_output_tokens",
 )
 # The kit's logprob outputs (CPU runtime only; ensemble and BLS do not pass them through): per generated token its
 # top alternatives [sequences, tokens, k], per prompt token its logprob [prompt tokens] (the first: 0, it has none)
 # and alternatives [prompt tokens, k].
-LOGPROB_OUTPUTS = (
-    _t("top_log_probs", "FP32", (-1, -1, -1)),
-    _t("top_log_prob_ids", "INT32", (-1, -1, -1)),
-    _t("prompt_log_probs", "FP32", (-1,)),
-    _t("prompt_top_log_probs", "FP32", (-1, -1)),
-    _t("prompt_top_log_prob_ids", "INT32", (-1, -1)),
-)
+LOGPROB_OUTPUT_ORDER = (
+    "top_log_probs", "top_log_prob_ids", "prompt_log_probs", "prompt_top_log_probs", "prompt_top_log_prob_ids")
+_OUTPUTS = {**by_name(trtllm_response.RESPONSE_TENSORS), **UPSTREAM_OUTPUTS}
+TRTLLM_OUTPUTS = tuple(_OUTPUTS[name] for name in TRTLLM_OUTPUT_ORDER)
+LOGPROB_OUTPUTS = tuple(_OUTPUTS[name] for name in LOGPROB_OUTPUT_ORDER)
 
 PREPROCESSING_INPUTS = (
     _t("QUERY", "STRING", (1,), True),
@@ -136,40 +94,36 @@ POSTPROCESSING_INPUTS = (
 
 POSTPROCESSING_OUTPUTS = (_t("OUTPUT", "STRING", (-1,)),)
 
-# The public text interface of ``ensemble`` and ``tensorrt_llm_bls``: (ensemble tensor, tensorrt_llm tensor).
-# The first two go through preprocessing; ``None`` marks inputs that only preprocessing reads.
-TEXT_INPUTS = (
-    (_t("text_input", "STRING", (1,), True), None),
-    (_t("max_tokens", "INT32", (1,), True), None),
-    (_t("bad_words", "STRING", (-1,)), None),
-    (_t("stop_words", "STRING", (-1,)), None),
-    (_t("embedding_bias_words", "STRING", (-1,)), None),
-    (_t("embedding_bias_weights", "FP32", (-1,)), None),
-    (_t("end_id", "INT32"), None),
-    (_t("pad_id", "INT32"), None),
-    (_t("top_k", "INT32"), "runtime_top_k"),
-    (_t("top_p", "FP32"), "runtime_top_p"),
-    (_t("temperature", "FP32"), "temperature"),
-    (_t("length_penalty", "FP32"), "len_penalty"),
-    (_t("repetition_penalty", "FP32"), "repetition_penalty"),
-    (_t("min_tokens", "INT32"), "min_tokens"),
-    (_t("presence_penalty", "FP32"), "presence_penalty"),
-    (_t("frequency_penalty", "FP32"), "frequency_penalty"),
-    (_t("seed", "UINT64"), "seed"),
-    (_t("return_log_probs", "BOOL"), "return_log_probs"),
-    (_t("return_context_logits", "BOOL"), "return_context_logits"),
-    (_t("return_generation_logits", "BOOL"), "return_generation_logits"),
-    (_t("return_perf_metrics", "BOOL"), "return_perf_metrics"),
-    (_t("return_num_input_tokens", "BOOL"), "return_num_input_tokens"),
-    (_t("return_num_output_tokens", "BOOL"), "return_num_output_tokens"),
-    (_t("exclude_input_in_output", "BOOL"), "exclude_input_in_output"),
-    (_t("beam_width", "INT32"), "beam_width"),
-    (_t("num_return_sequences", "INT32"), "num_return_sequences"),
-    (_t("stream", "BOOL"), "streaming"),
-    (_t("prompt_embedding_table", "FP16", (-1, -1)), "prompt_embedding_table"),
-    (_t("prompt_vocab_size", "INT32"), "prompt_vocab_size"),
-    (_t("priority", "FP32"), "priority"),
+# The text interface's inputs no kit code writes (upstream's; the ensemble and BLS pass them on), with the
+# tensorrt_llm input each feeds (None: only preprocessing reads it).
+UPSTREAM_TEXT_INPUTS = {
+    "bad_words": (_t("bad_words", "STRING", (-1,)), None), "stop_words": (_t("stop_words", "STRING", (-1,)), None),
+    "embedding_bias_words": (_t("embedding_bias_words", "STRING", (-1,)), None),
+    "embedding_bias_weights": (_t("embedding_bias_weights", "FP32", (-1,)), None),
+    "pad_id": (_t("pad_id", "INT32"), None), "return_log_probs": (_t("return_log_probs", "BOOL"), "return_log_probs"),
+    "prompt_embedding_table": (_t("prompt_embedding_table", "FP16", (-1, -1)), "prompt_embedding_table"),
+    "prompt_vocab_size": (_t("prompt_vocab_size", "INT32"), "prompt_vocab_size"),
+}
+# The public text interface of ``ensemble`` and ``tensorrt_llm_bls``, in config.pbtxt's order.
+TEXT_INPUT_ORDER = (
+    "text_input", "max_tokens", "bad_words", "stop_words", "embedding_bias_words", "embedding_bias_weights", "end_id",
+    "pad_id", "top_k", "top_p", "temperature", "length_penalty", "repetition_penalty", "min_tokens",
+    "presence_penalty", "frequency_penalty", "seed", "return_log_probs", "return_context_logits",
+    "return_generation_logits", "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens",
+    "exclude_input_in_output", "beam_width", "num_return_sequences", "stream", "prompt_embedding_table",
+    "prompt_vocab_size", "priority",
 )
+
+
+def _text_inputs() -> tuple[tuple[Tensor, str | None], ...]:
+    """(ensemble tensor, tensorrt_llm tensor) per text input: a wire-written one feeds its row's tensorrt_llm input,
+    unless preprocessing reads it (``PREPROCESSING_FROM_TEXT``: the prompt, ``max_tokens``, ``end_id``)."""
+    wire = by_name(text.request_tensors())
+    feeds = {row.tensor("text"): row.tensor("trtllm") for row in SCALARS}
+    return tuple(UPSTREAM_TEXT_INPUTS[name] if name not in wire else
+                 (wire[name], None if name in PREPROCESSING_FROM_TEXT.values() else feeds[name])
+                 for name in TEXT_INPUT_ORDER)
+
 
 # Preprocessing's inputs fed from the text interface, and its outputs fed to tensorrt_llm (via internal names).
 PREPROCESSING_FROM_TEXT = {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
@@ -186,12 +140,13 @@ PREPROCESSING_TO_TRTLLM = (  # (preprocessing output, internal ensemble tensor, 
     ("OUT_END_ID", "_PREPROCESSOR_END_ID", "end_id"),
     ("OUT_PAD_ID", "_PREPROCESSOR_PAD_ID", "pad_id"),
 )
+TEXT_INPUTS = _text_inputs()  # (ensemble tensor, tensorrt_llm tensor), in TEXT_INPUT_ORDER
 TRTLLM_TO_POSTPROCESSING = (("output_ids", "_TOKENS_BATCH", "TOKENS_BATCH"),
                             ("sequence_length", "_SEQUENCE_LENGTH", "SEQUENCE_LENGTH"))
 
 # tensorrt_llm outputs passed through unchanged by ensemble and BLS, next to ``text_output``.
 PASSTHROUGH_OUTPUTS = tuple(t for t in TRTLLM_OUTPUTS if t.name not in ("output_ids", "sequence_length"))
-TEXT_OUTPUTS = (_t("text_output", "STRING", (-1,)), *PASSTHROUGH_OUTPUTS)
+TEXT_OUTPUTS = (trtllm_response.TEXT_OUTPUT, *PASSTHROUGH_OUTPUTS)
 
 
 lora_inputs = lora_tensors  # upstream's LoRA inputs of tensorrt_llm, and of the ensemble and BLS that pass them on

@@ -1,7 +1,6 @@
 """The llmapi target's Triton repository: one ``tensorrt_llm`` Python model (``config.pbtxt``, ``1/model.py``,
-``1/model.yaml``). Its tensors are upstream's ``llmapi`` interface (docs/llmapi.md §1.4) plus ``input_ids``,
-``output_ids``, ``num_input_tokens``, ``num_output_tokens`` and the ``sampling_param_min_tokens``,
-``sampling_param_end_id``, ``sampling_param_ignore_eos`` inputs benchmarks need, ``priority``, and ``lora_name``.
+``1/model.yaml``). Its tensors are the wire's llmapi dialect: upstream's ``llmapi`` interface (docs/llmapi.md §1.4)
+plus the token ids, counts, evaluation, priority, LoRA and disaggregation tensors the kit's clients send.
 ``config.pbtxt`` mirrors ``triton_config.decoupled`` because servers start with
 ``--disable-auto-complete-config``, and holds ``gpu_device_ids`` when several instances run."""
 
@@ -22,48 +21,17 @@ from trtllm_kit.llmapi.serve_config import COMMAND_FILE, OPTIONS_FILE, dump_yaml
 from trtllm_kit.model_repo.configs import model_input, model_output, parse_config, to_text
 from trtllm_kit.model_repo.llmapi_validate import validate_llmapi_repository
 from trtllm_kit.model_repo.repository import python_source
-from trtllm_kit.model_repo.tensors import Tensor
 from trtllm_kit.names import SERVE_DIR, TRTLLM_MODEL
 from trtllm_kit.spec.gpu_groups import GpuGroups, describe, format_groups, parse_gpu_device_ids
 from trtllm_kit.targets.base import BuildContext, EngineSetup, Target
+from trtllm_kit.wire.llmapi import request_tensors
+from trtllm_kit.wire.llmapi_response import RESPONSE_TENSORS
 
 SCHEMA = "tensorrt_llm llmapi (Python backend over the LLM API), TensorRT-LLM >= 1.0"
 SOURCE = "tensorrt_llm_llmapi.py"
 GPU_DEVICE_IDS = "gpu_device_ids"  # config.pbtxt parameter: one ;-separated group of GPU ids per instance
-B, S = "BOOL", "STRING"
-INPUTS = (
-    Tensor("text_input", S, (-1,)), Tensor("input_ids", "INT32", (-1,)), Tensor("streaming", B, (1,)),
-    Tensor("sampling_param_best_of", "INT32", (1,)), Tensor("sampling_param_temperature", "FP32", (1,)),
-    Tensor("sampling_param_top_k", "INT32", (1,)), Tensor("sampling_param_top_p", "FP32", (1,)),
-    Tensor("sampling_param_frequency_penalty", "FP32", (1,)), Tensor("sampling_param_presence_penalty", "FP32", (1,)),
-    Tensor("sampling_param_max_tokens", "INT32", (1,)), Tensor("sampling_param_stop", S, (-1,)),
-    Tensor("sampling_param_include_stop_str_in_output", B, (1,)),
-    Tensor("sampling_param_seed", "UINT64", (1,)), Tensor("sampling_param_exclude_input_from_output", B, (1,)),
-    Tensor("sampling_param_return_perf_metrics", B, (1,)), Tensor("sampling_param_min_tokens", "INT32", (1,)),
-    Tensor("sampling_param_end_id", "INT32", (1,)), Tensor("sampling_param_ignore_eos", B, (1,)),
-    Tensor("return_finish_reason", B, (1,)), Tensor("return_stop_reason", B, (1,)),
-    Tensor("return_cumulative_logprob", B, (1,)), Tensor("stop", B, (1,)),
-    Tensor("priority", "FP32", (1,)),  # the kit's request priority in [0, 1], higher first (README "Priority")
-    # evaluation extras (docs/openai-eval-engine.md): SamplingParams fields and the backend's guide tensors
-    Tensor("sampling_param_n", "INT32", (1,)), Tensor("sampling_param_min_p", "FP32", (1,)),
-    Tensor("sampling_param_repetition_penalty", "FP32", (1,)), Tensor("sampling_param_logprobs", "INT32", (1,)),
-    Tensor("sampling_param_prompt_logprobs", "INT32", (1,)), Tensor("guided_decoding_guide_type", S, (1,)),
-    Tensor("guided_decoding_guide", S, (1,)),
-    # disaggregated serving: DisaggregatedParams as the OpenAI wire's JSON object (docs/disaggregation.md)
-    Tensor("disaggregated_params", S, (1,)),
-    Tensor("lora_name", S, (1,)),  # an adapter of the artifact's manifest: the request's LoRARequest (docs/lora.md)
-    # the end token kept with its logprob, where the LLM's SamplingParams has the kit's keep_end_token (CPU)
-    Tensor("keep_end_token", B, (1,)),
-)
-OUTPUTS = (
-    Tensor("text_output", S, (-1,)), Tensor("finish_reason", S, (-1,)), Tensor("stop_reason", S, (-1,)),
-    Tensor("cumulative_logprob", "FP32", (-1,)), Tensor("output_ids", "INT32", (-1,)),
-    Tensor("num_input_tokens", "INT32", (1,)), Tensor("num_output_tokens", "INT32", (1,)),
-    Tensor("sequence_index", "INT32", (1,)), Tensor("output_log_probs", "FP32", (-1,)),
-    Tensor("top_log_probs", "FP32", (-1, -1)), Tensor("top_log_prob_ids", "INT32", (-1, -1)),
-    Tensor("prompt_log_probs", "FP32", (-1,)), Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
-    Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)), Tensor("disaggregated_params", S, (1,)),
-)
+INPUTS = request_tensors()  # the wire's llmapi inputs (trtllm_kit/wire/llmapi.py), in its order
+OUTPUTS = RESPONSE_TENSORS  # and outputs (trtllm_kit/wire/llmapi_response.py)
 
 
 def llmapi_config(decoupled: bool, gpu_groups: GpuGroups = ()) -> mc.ModelConfig:

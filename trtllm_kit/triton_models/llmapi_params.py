@@ -2,9 +2,10 @@
 leaves to its caller (the disaggregation parameters come from ``llmapi/disaggregated_params.py``).
 
 A row's ``SamplingParams`` field is its llmapi tensor without ``sampling_param_`` (upstream's rule), so
-``sampling_param_min_p`` is ``min_p`` and ``sampling_param_stop`` is ``stop``; an ``end_id`` of -1 (no end token) is
-the LLM API's ``ignore_eos``. Rows whose tensor has no such prefix (``streaming``, ``priority``, the ``return_*``
-flags, ``keep_end_token``) are the model's to read.
+``sampling_param_stop`` is ``stop`` and ``sampling_param_exclude_input_from_output`` is
+``exclude_input_from_output``; an ``end_id`` of -1 (no end token) is the LLM API's ``ignore_eos``. Rows whose
+tensor has no such prefix (``streaming``, ``priority``, the ``return_*`` flags, ``keep_end_token``) are the
+model's to read.
 """
 
 from __future__ import annotations

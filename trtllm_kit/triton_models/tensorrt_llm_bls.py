@@ -26,26 +26,22 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# (BLS input, tensorrt_llm input) for the inputs passed straight through; the rest go through preprocessing.
-PASSTHROUGH_INPUTS = (
-    ("top_k", "runtime_top_k"), ("top_p", "runtime_top_p"), ("temperature", "temperature"),
-    ("length_penalty", "len_penalty"), ("repetition_penalty", "repetition_penalty"), ("min_tokens", "min_tokens"),
-    ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"), ("seed", "seed"),
-    ("return_log_probs", "return_log_probs"), ("return_context_logits", "return_context_logits"),
-    ("return_generation_logits", "return_generation_logits"), ("return_perf_metrics", "return_perf_metrics"),
-    ("return_num_input_tokens", "return_num_input_tokens"),
-    ("return_num_output_tokens", "return_num_output_tokens"),
-    ("exclude_input_in_output", "exclude_input_in_output"), ("beam_width", "beam_width"),
-    ("num_return_sequences", "num_return_sequences"), ("stream", "streaming"),
-    ("prompt_embedding_table", "prompt_embedding_table"), ("prompt_vocab_size", "prompt_vocab_size"),
-    ("priority", "priority"),
-)
+from trtllm_kit.wire.scalars import SCALARS
+
 LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")  # passed on as they came (any weights dtype)
 PREPROCESSING_INPUTS = (
     ("text_input", "QUERY"), ("max_tokens", "REQUEST_OUTPUT_LEN"), ("bad_words", "BAD_WORDS_DICT"),
     ("stop_words", "STOP_WORDS_DICT"), ("embedding_bias_words", "EMBEDDING_BIAS_WORDS"),
     ("embedding_bias_weights", "EMBEDDING_BIAS_WEIGHTS"), ("end_id", "END_ID"), ("pad_id", "PAD_ID"),
 )
+# upstream's inputs the BLS passes on unchanged that are no field of the wire's request (read by no kit code)
+UPSTREAM_PASSTHROUGH = (("return_log_probs", "return_log_probs"), ("prompt_embedding_table", "prompt_embedding_table"),
+                        ("prompt_vocab_size", "prompt_vocab_size"))
+# (BLS input, tensorrt_llm input) for the inputs passed straight through (the wire's text-interface rows that do
+# not go through preprocessing); the rest go through preprocessing.
+PASSTHROUGH_INPUTS = (*((text, trtllm) for row in SCALARS if (text := row.tensor("text")) is not None
+                        and (trtllm := row.tensor("trtllm")) is not None and text not in dict(PREPROCESSING_INPUTS)),
+                      *UPSTREAM_PASSTHROUGH)
 PREPROCESSING_OUTPUTS = (
     ("INPUT_ID", "input_ids"), ("REQUEST_INPUT_LEN", "input_lengths"), ("REQUEST_OUTPUT_LEN", "request_output_len"),
     ("STOP_WORDS_IDS", "stop_words_list"), ("BAD_WORDS_IDS", "bad_words_list"), ("EMBEDDING_BIAS", "embedding_bias"),
