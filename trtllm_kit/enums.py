@@ -57,6 +57,14 @@ class Server(Choice):
     TRTLLM_SERVE = "trtllm-serve"
 
 
+class Router(Choice):
+    """How ``serve --dynamo``'s frontend picks a worker: by cached prefix (KV-aware), in turn, or at random."""
+
+    KV = "kv"
+    ROUND_ROBIN = "round-robin"
+    RANDOM = "random"
+
+
 class Stage(Choice):
     """The build stages, in the order they run."""
 

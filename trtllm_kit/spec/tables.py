@@ -19,7 +19,7 @@ from trtllm_kit.defaults import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_TOKENS_PER_BLOCK,
 )
-from trtllm_kit.enums import CalibDtype, Dtype, KVCache, Quant, Server, Stage, Target
+from trtllm_kit.enums import CalibDtype, Dtype, KVCache, Quant, Router, Server, Stage, Target
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.option import check_declared, option
 from trtllm_kit.quant.algos import (
@@ -225,6 +225,17 @@ class ServeSettings:
     generation_gpu_device_ids: str | None = field(default=None, metadata=option(
         "With --disagg --server trtllm-serve: the generation server's GPUs (e.g. 2,3).",
         "--generation-gpu-device-ids"))
+    dynamo: bool = field(default=False, metadata=option(
+        "Serve a cpu or llmapi OUT on NVIDIA Dynamo: its frontend on --openai-port (loopback) and --workers of the "
+        "kit's CPU workers, file discovery under the run directory. Needs the dynamo extra.", "--dynamo"))
+    workers: int = field(default=2, metadata=option(
+        "With --dynamo: how many workers serve the model.", "--workers", minimum=1))
+    router: Router = field(default=Router.KV, metadata=option(
+        "With --dynamo: how the frontend picks a worker (kv: by cached prefix).", "--router"))
+    migration_limit: int = field(default=3, metadata=option(
+        "With --dynamo: how many times a stream moves to another worker when its worker dies (0: never).",
+        "--migration-limit", minimum=0))
+
 
     def __post_init__(self) -> None:
         check_declared(self, "serve")

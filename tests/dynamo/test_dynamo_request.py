@@ -1,0 +1,117 @@
+"""Dynamo's PreprocessedRequest as the CPU LLM's request: what maps, what is refused, and the chunks back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.dynamo.card import card_config, write_card
+from trtllm_kit.serve.dynamo.request import DynamoRequestError, response_chunk, worker_request
+
+# a request as Dynamo 1.6's frontend sends it for a /v1/completions call (observed)
+OBSERVED = {"model": "tiny", "token_ids": [264, 333, 84, 534, 332],
+            "stop_conditions": {"max_tokens": 3, "stop": ["x"], "stop_token_ids": None,
+                                "stop_token_ids_visible": None, "stop_token_ids_hidden": [2], "min_tokens": None,
+                                "ignore_eos": None, "max_thinking_tokens": None},
+            "sampling_options": {"n": None, "best_of": None, "presence_penalty": None, "frequency_penalty": None,
+                                 "repetition_penalty": None, "temperature": 0.0, "top_p": None, "top_k": None,
+                                 "min_p": None, "use_beam_search": None, "length_penalty": None, "seed": 4,
+                                 "include_stop_str_in_output": None, "guided_decoding": None},
+            "output_options": {"logprobs": None, "prompt_logprobs": None, "skip_special_tokens": None,
+                               "formatted_prompt": None, "return_tokens_as_token_ids": None},
+            "eos_token_ids": [2], "annotations": [], "routing": {"dp_rank": 0}}
+
+
+def _with(section: str, **values: object) -> dict:
+    return {**OBSERVED, section: {**OBSERVED[section], **values}}  # type: ignore[dict-item]
+
+
+def test_observed_request_maps_onto_sampling_params() -> None:
+    asked = worker_request(OBSERVED, max_seq_len=1024)
+    assert asked.token_ids == [264, 333, 84, 534, 332]
+    p = asked.sampling
+    assert (p.max_tokens, p.temperature, p.seed, p.end_id, p.ignore_eos) == (3, 0.0, 4, 2, False)
+    assert (p.top_k, p.top_p, p.repetition_penalty, p.presence_penalty, p.n) == (None, None, None, 0.0, 1)
+    assert p.stop is None  # stop strings are the frontend's: it matches them on the text it detokenizes
+
+
+def test_penalties_min_tokens_and_ignore_eos_map() -> None:
+    request = _with("sampling_options", top_k=5, top_p=0.9, min_p=0.1, repetition_penalty=1.2,
+                    presence_penalty=0.5, frequency_penalty=0.25)
+    request["stop_conditions"] = {**OBSERVED["stop_conditions"], "min_tokens": 2, "ignore_eos": True}
+    p = worker_request(request, max_seq_len=1024).sampling
+    assert (p.top_k, p.top_p, p.min_p, p.repetition_penalty) == (5, 0.9, 0.1, 1.2)
+    assert (p.presence_penalty, p.frequency_penalty, p.min_tokens, p.ignore_eos) == (0.5, 0.25, 2, True)
+
+
+def test_missing_max_tokens_fills_the_context() -> None:
+    assert worker_request(_with("stop_conditions", max_tokens=None), max_seq_len=64).sampling.max_tokens == 59
+
+
+def test_guided_decoding_json_maps_and_choice_is_refused() -> None:
+    p = worker_request(_with("sampling_options", guided_decoding={"json": {"type": "object"}, "backend": None}),
+                       max_seq_len=64).sampling
+    assert p.guided_decoding is not None and p.guided_decoding.json == {"type": "object"}
+    with pytest.raises(DynamoRequestError, match=r"guided_decoding\.choice is set"):
+        worker_request(_with("sampling_options", guided_decoding={"choice": ["a", "b"]}), max_seq_len=64)
+
+
+@pytest.mark.parametrize("section, values, message", [
+    ("sampling_options", {"n": 2}, "sampling_options.n is 2; serve --dynamo answers one choice per request"),
+    ("sampling_options", {"best_of": 3}, "sampling_options.best_of is 3;"),
+    ("sampling_options", {"use_beam_search": True}, "sampling_options.use_beam_search is True; serve --dynamo "
+                                                    "decodes without beams."),
+    ("sampling_options", {"length_penalty": 0.5}, "sampling_options.length_penalty is 0.5;"),
+    ("output_options", {"logprobs": 2}, "output_options.logprobs is 2; serve --dynamo does not return logprobs"),
+    ("output_options", {"prompt_logprobs": 1}, "output_options.prompt_logprobs is 1;"),
+    ("stop_conditions", {"max_thinking_tokens": 8}, "stop_conditions.max_thinking_tokens is 8; the CPU runtime "
+                                                    "has no thinking budget."),
+])
+def test_refusals_name_the_field_and_value(section: str, values: dict, message: str) -> None:
+    with pytest.raises(DynamoRequestError) as caught:
+        worker_request(_with(section, **values), max_seq_len=1024)
+    assert str(caught.value).startswith(message)
+    assert isinstance(caught.value, KitUsageError)
+
+
+def test_prompt_filling_the_context_and_empty_prompt_are_refused() -> None:
+    with pytest.raises(DynamoRequestError, match="the prompt has 5 tokens and max_seq_len is 5; shorten"):
+        worker_request(OBSERVED, max_seq_len=5)
+    with pytest.raises(DynamoRequestError, match="token_ids is empty"):
+        worker_request({**OBSERVED, "token_ids": []}, max_seq_len=64)
+
+
+def test_chunks_carry_usage_only_when_finished() -> None:
+    assert response_chunk([7, 8], None, 5, 2) == {"token_ids": [7, 8], "index": 0}
+    assert response_chunk([], "stop", 5, 3) == {
+        "token_ids": [], "index": 0, "finish_reason": "stop",
+        "completion_usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+
+
+def test_card_config_from_a_trtllm_checkpoint_and_unchanged_for_hf() -> None:
+    trtllm = {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", "vocab_size": 1031,
+              "max_position_embeddings": 1024, "hidden_size": 256, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_size": 64}
+    assert card_config(trtllm) == {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 1024,
+                                   "vocab_size": 1031, "hidden_size": 256, "num_hidden_layers": 3,
+                                   "num_attention_heads": 4, "num_key_value_heads": 2, "torch_dtype": "bfloat16"}
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    assert card_config(hf) is hf
+    with pytest.raises(KitUsageError, match="names no architecture"):
+        card_config({"dtype": "float16"})
+
+
+def test_write_card_links_the_tokenizer_and_writes_the_config(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "tokenizer").mkdir(parents=True)
+    (out / "checkpoint").mkdir()
+    (out / "tokenizer" / "tokenizer.json").write_text("{}")
+    (out / "checkpoint" / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
+    card = write_card(out, tmp_path / "card")
+    assert (card / "tokenizer.json").resolve() == (out / "tokenizer" / "tokenizer.json").resolve()
+    assert json.loads((card / "config.json").read_text()) == {"architectures": ["LlamaForCausalLM"]}
+    with pytest.raises(KitUsageError, match="has no tokenizer/ directory"):
+        write_card(tmp_path / "missing", tmp_path / "card2")

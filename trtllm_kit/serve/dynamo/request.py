@@ -1,0 +1,107 @@
+"""Dynamo's ``PreprocessedRequest`` (token ids in) as the kit's CPU ``LLM`` request, and its chunks back.
+
+The frontend tokenizes, applies the chat template, matches stop strings and hidden stop tokens and detokenizes;
+the worker generates token ids. A field the CPU runtime cannot honour is refused in one sentence
+(``DynamoRequestError``), never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.llmapi.cpu_llm import GuidedDecodingParams, SamplingParams
+
+# sampling_options fields and their SamplingParams names; every one is optional (None: the library default)
+SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                   "seed": "seed", "repetition_penalty": "repetition_penalty",
+                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+# guided_decoding fields and their GuidedDecodingParams names
+GUIDE_FIELDS = {"json": "json", "regex": "regex", "grammar": "grammar"}
+
+
+class DynamoRequestError(KitUsageError):
+    """A request field the CPU runtime cannot honour (the frontend answers 400)."""
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    """One request for the CPU ``LLM``: the prompt's token ids and the sampling settings."""
+
+    token_ids: list[int]
+    sampling: SamplingParams
+
+
+def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
+    """The CPU ``LLM``'s request for Dynamo's ``PreprocessedRequest``; refuses what it cannot honour.
+
+    Arguments:
+        request: the request as the frontend sends it (``token_ids``, ``stop_conditions``, ``sampling_options``,
+        ``output_options``, ``eos_token_ids``, ...); max_seq_len: the artifact's prompt + output bound (a request
+        without ``max_tokens`` generates up to it).
+    """
+    token_ids = [int(t) for t in request.get("token_ids") or []]
+    if not token_ids:
+        raise DynamoRequestError("token_ids is empty; send a prompt of at least one token.")
+    stop = dict(request.get("stop_conditions") or {})
+    sampling = dict(request.get("sampling_options") or {})
+    output = dict(request.get("output_options") or {})
+    _refuse_set(stop, "stop_conditions", ("max_thinking_tokens",), "the CPU runtime has no thinking budget")
+    _refuse_set(sampling, "sampling_options", ("use_beam_search", "length_penalty"),
+                "serve --dynamo decodes without beams")
+    _refuse_set(output, "output_options", ("logprobs", "prompt_logprobs"),
+                "serve --dynamo does not return logprobs yet; leave them out or use a plain serve")
+    for name in ("n", "best_of"):
+        if sampling.get(name) not in (None, 1):
+            raise DynamoRequestError(f"sampling_options.{name} is {sampling[name]}; serve --dynamo answers one "
+                                     "choice per request: send n=1 and no best_of.")
+    max_tokens = stop.get("max_tokens")
+    room = max_seq_len - len(token_ids)
+    if room < 1:
+        raise DynamoRequestError(f"the prompt has {len(token_ids)} tokens and max_seq_len is {max_seq_len}; "
+                                 "shorten the prompt.")
+    eos_ids = [int(t) for t in request.get("eos_token_ids") or []]
+    params = SamplingParams(
+        max_tokens=room if max_tokens is None else int(max_tokens),
+        min_tokens=stop.get("min_tokens"), ignore_eos=bool(stop.get("ignore_eos")),
+        end_id=eos_ids[0] if eos_ids else None,
+        guided_decoding=_guide(sampling.get("guided_decoding")),
+        **{kit: sampling[name] for name, kit in SAMPLING_FIELDS.items() if sampling.get(name) is not None})
+    return WorkerRequest(token_ids=token_ids, sampling=params)
+
+
+def _refuse_set(values: dict[str, Any], where: str, names: tuple[str, ...], why: str) -> None:
+    for name in names:
+        if values.get(name) not in (None, False):
+            raise DynamoRequestError(f"{where}.{name} is {values[name]!r}; {why}.")
+
+
+def _guide(guided: dict[str, Any] | None) -> GuidedDecodingParams | None:
+    if not guided:
+        return None
+    chosen = {name: value for name, value in guided.items() if value not in (None, "", [])}
+    unknown = sorted(set(chosen) - set(GUIDE_FIELDS) - {"backend"})
+    if unknown:
+        raise DynamoRequestError(f"sampling_options.guided_decoding.{unknown[0]} is set; the CPU runtime guides by "
+                                 "json, regex or grammar only.")
+    if chosen.get("backend") not in (None, "xgrammar"):
+        raise DynamoRequestError(f"sampling_options.guided_decoding.backend is {chosen['backend']!r}; the CPU "
+                                 "runtime guides with xgrammar.")
+    return GuidedDecodingParams(**{GUIDE_FIELDS[name]: value for name, value in chosen.items() if name != "backend"})
+
+
+def response_chunk(token_ids: list[int], finish_reason: str | None, num_prompt_tokens: int,
+                   num_output_tokens: int) -> dict[str, Any]:
+    """One response chunk as the frontend reads it: the new token ids; the last adds the finish reason and usage.
+
+    Arguments:
+        token_ids: the tokens generated since the previous chunk; finish_reason: ``stop``, ``length`` or
+        ``cancelled`` on the last chunk (None before); num_prompt_tokens, num_output_tokens: the usage so far.
+    """
+    chunk: dict[str, Any] = {"token_ids": token_ids, "index": 0}
+    if finish_reason is not None:
+        chunk["finish_reason"] = finish_reason
+        chunk["completion_usage"] = {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens,
+                                     "total_tokens": num_prompt_tokens + num_output_tokens}
+    return chunk

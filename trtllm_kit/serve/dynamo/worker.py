@@ -1,0 +1,157 @@
+"""The kit's Dynamo worker: one artifact on the CPU runtime behind Dynamo's token-in, token-out endpoint.
+
+``python -m trtllm_kit.serve.dynamo.worker OUT --card DIR --model-name NAME --endpoint NS.COMPONENT.generate
+--ready-file PATH`` loads OUT (a cpu or llmapi artifact) into the kit's CPU ``LLM`` (``llmapi/cpu_llm.py``),
+registers it with Dynamo's Python API (``ModelInput.Tokens``, chat and completions, the card directory of
+``card.py`` as the model path, the artifact's KV block size), touches the ready file and serves ``generate``
+until SIGTERM. Discovery is Dynamo's file backend (``DYN_FILE_KV``) and requests come over TCP: ``serve
+--dynamo`` sets both, and the loopback addresses (``launch.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact.records import EngineLimits, LlmapiRepoOptions
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
+from trtllm_kit.serve.dynamo.request import response_chunk, worker_request
+
+DISCOVERY_BACKEND = "file"
+REQUEST_PLANE = "tcp"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker: the artifact, its card directory, the served name, its endpoint and the file it touches once
+    registered."""
+
+    out: Path
+    card: Path
+    model_name: str
+    endpoint: str
+    ready_file: Path
+
+
+def load_llm(out: Path) -> tuple[LLM, EngineLimits]:
+    """The CPU ``LLM`` for OUT with the settings it was built for, and the artifact's limits.
+
+    Arguments:
+        out: a cpu or llmapi artifact.
+    """
+    repo = Artifact.read(out).records.repo
+    if repo is None:
+        raise KitUsageError(f"{out} has no repository record; build it with the repo stage.")
+    limits = repo.limits
+    if isinstance(repo.options, LlmapiRepoOptions):
+        return LLM(model=str(out / "checkpoint"), **repo.options.llm_args), limits
+    if limits.target != "cpu":
+        raise KitUsageError(f"{out} is a {limits.target} artifact; serve --dynamo runs cpu and llmapi artifacts "
+                            "(build with --target cpu or --target llmapi).")
+    return LLM(model=str(limits.model_dir), tensor_parallel_size=limits.tp_size,
+               pipeline_parallel_size=limits.pp_size, max_batch_size=limits.max_batch_size,
+               max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len,
+               kv_cache_config={"tokens_per_block": limits.tokens_per_block}), limits
+
+
+class Generator:
+    """Dynamo's ``generate`` over the CPU ``LLM``: one streamed request per call, aborted when its client leaves.
+
+    Arguments:
+        llm: the loaded model; max_seq_len: its prompt + output bound;
+        refusal: makes the exception the frontend answers 400 with (Dynamo's ``HttpError``).
+    """
+
+    def __init__(self, llm: LLM, max_seq_len: int, refusal: Any) -> None:
+        self.llm, self.max_seq_len, self.refusal = llm, max_seq_len, refusal
+
+    async def generate(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
+        """Stream the answer to one ``PreprocessedRequest`` as Dynamo's response chunks.
+
+        Arguments:
+            request: the frontend's request; context: Dynamo's request context (``is_stopped``).
+        """
+        try:
+            asked = worker_request(request, self.max_seq_len)
+            output = self.llm.generate_async(asked.token_ids, asked.sampling, streaming=True)
+        except (KitUsageError, ValueError) as exc:
+            raise self.refusal(400, str(exc)) from exc
+        sent, finished = 0, False
+        try:
+            async for result in output:
+                completion = result.outputs[0]
+                new_ids = completion.token_ids[sent:]
+                sent = len(completion.token_ids)
+                finished = completion.finish_reason is not None
+                if new_ids or finished:
+                    yield response_chunk(new_ids, completion.finish_reason, len(asked.token_ids), sent)
+                if context.is_stopped():
+                    break
+        except RequestError as exc:
+            finished = True
+            raise self.refusal(400, str(exc)) from exc
+        finally:
+            if not finished:
+                output.abort()
+
+
+async def run_worker(spec: WorkerSpec) -> None:
+    """Load, register and serve until SIGTERM or SIGINT.
+
+    Arguments:
+        spec: the worker.
+    """
+    from dynamo.llm import HttpError, ModelInput, ModelType, WorkerType, register_model
+    from dynamo.runtime import DistributedRuntime
+
+    llm, limits = load_llm(spec.out)
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(loop, DISCOVERY_BACKEND, REQUEST_PLANE)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runtime.shutdown)
+    try:
+        endpoint = runtime.endpoint(spec.endpoint)
+        await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, str(spec.card),
+                             spec.model_name, worker_type=WorkerType.Aggregated,
+                             kv_cache_block_size=limits.tokens_per_block)
+        spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        spec.ready_file.touch()
+        await endpoint.serve_endpoint(Generator(llm, limits.max_seq_len, HttpError).generate,
+                                      graceful_shutdown=False)
+    finally:
+        llm.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The worker process: parse, run, exit 1 with one sentence on an expected failure.
+
+    Arguments:
+        argv: the arguments after the module name (``sys.argv[1:]`` when omitted).
+    """
+    parser = argparse.ArgumentParser(prog="python -m trtllm_kit.serve.dynamo.worker")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--card", type=Path, required=True)
+    parser.add_argument("--model-name", required=True)
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--ready-file", type=Path, required=True)
+    args = parser.parse_args(argv)
+    spec = WorkerSpec(out=args.out, card=args.card, model_name=args.model_name, endpoint=args.endpoint,
+                      ready_file=args.ready_file)
+    try:
+        asyncio.run(run_worker(spec))
+    except KitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
