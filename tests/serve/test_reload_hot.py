@@ -7,46 +7,38 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
 import pytest
 import torch
+from kit_server import ONE_EACH, BuildKey, Builds, KitServer
 
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.fleet.reload import request_reload
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings, build_spec
 
 MODEL = "builtin:tiny-llama"
 KEY = "sk-test-reload"
 MAX_REQUESTS, CONCURRENCY, RELOAD_AFTER, AFTER_RELOAD = 3000, 6, 60, 60
 
 
-def build(out: Path, **repo: int) -> Path:
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 4},
-                              "repo": {**one_each, **repo}}))
-    return out
+BATCH4 = BuildKey.of(max_batch_size=4)
+HUGE = BuildKey.of(max_batch_size=4, repo={**ONE_EACH, "max_tokens_in_paged_kv_cache": 2**40})  # ~3 PB of float32 KV
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory):
+    """Its own serve (it reloads) of a copy of the session's build, with an API key."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("reload")
-    v1, v2 = build(root / "v1"), build(root / "v2")
-    huge = build(root / "huge", max_tokens_in_paged_kv_cache=2**40)  # ~3 PB of float32 KV: never fits
-    port = free_port()
-    settings = ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port)
-    serve_detached(ServeOptions(out=v1, settings=settings, api_key=KEY))
-    yield port, v1, v2, huge
+    v1, v2, huge = kit_builds.copy(BATCH4, root / "v1"), kit_builds.copy(BATCH4, root / "v2"), kit_builds.copy(
+        HUGE, root / "huge")
+    server = KitServer(v1, api_key=KEY).start()
+    yield server.port, v1, v2, huge
     if serving_pid(v1) is not None:
-        stop_serving(v1, 30)
+        server.stop()
 
 
 async def one(http: aiohttp.ClientSession, port: int, i: int) -> tuple[int, str, str, float]:
