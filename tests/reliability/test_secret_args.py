@@ -81,8 +81,12 @@ def test_a_key_file_is_read_and_a_fifo_is_refused_without_blocking(tmp_path: Pat
     assert read_key_file(good) == SECRET
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(KitUsageError, match="is not a regular file of at most 4096 bytes"):
+    with pytest.raises(KitUsageError, match=r"^--api-key-file .*fifo is a FIFO, not a regular file"):
         read_key_file(fifo)  # opened without blocking: no writer is needed for the refusal
+    large = tmp_path / "large"
+    large.write_bytes(b"k" * 4097)
+    with pytest.raises(KitUsageError, match="is 4097 bytes, above the bound of 4096 bytes for an API key file"):
+        read_key_file(large)
     empty = tmp_path / "empty"
     empty.write_text("\n")
     with pytest.raises(KitUsageError, match="has no key on its first line"):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +12,7 @@ from trtllm_kit.commands.build_flags import config_option, declared_fields, spec
 from trtllm_kit.commands.common import emit_json
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.names import API_KEY_ENV
+from trtllm_kit.safe_files import UnsafeFileError, read_bounded
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -91,23 +90,17 @@ MAX_KEY_FILE_BYTES = 4096
 
 
 def read_key_file(path: Path) -> str:
-    """The API key on the first line of ``path``: a regular file of at most 4 KiB (a FIFO or a device is
-    refused, not read).
+    """The API key on the first line of ``path``: a regular file of at most 4 KiB, read as ``safe_files`` reads
+    (a FIFO or a device is refused, not read). The operator names it, so its links may lead anywhere.
 
     Arguments:
         path: the key file.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise KitUsageError(f"--api-key-file {path} cannot be opened ({exc.strerror}); give a readable file "
-                            "whose first line is the key.") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEY_FILE_BYTES:
-            raise KitUsageError(f"--api-key-file {path} is not a regular file of at most {MAX_KEY_FILE_BYTES} "
-                                "bytes; give a file whose first line is the key.")
-        lines = f.read(MAX_KEY_FILE_BYTES).decode(errors="replace").splitlines()
+        data = read_bounded(path, root=Path("/"), max_bytes=MAX_KEY_FILE_BYTES, bounded_as="an API key file")
+    except UnsafeFileError as exc:
+        raise UnsafeFileError(f"--api-key-file {exc}") from None
+    lines = data.decode(errors="replace").splitlines()
     key = lines[0].strip() if lines else ""
     if not key:
         raise KitUsageError(f"--api-key-file {path} has no key on its first line; write the key there.")
