@@ -165,7 +165,7 @@ def test_toml_table_and_flags(artifact, tmp_path, capsys):
     ((), "give exactly one"),
     (("--pvc", "models", "--gpus-per-node", "3"), "do not fill nodes of 3 GPUs evenly"),
     (("--pvc", "Models"), "is not a Kubernetes name"),
-    (("--pvc", "models", "--min-replicas", "5", "--max-replicas", "2"), "need 1 <= min <= max"),
+    (("--pvc", "models", "--min-replicas", "5", "--max-replicas", "2"), "need 0 <= min <= max and max >= 1"),
     (("--pvc", "models", "--rdma-resource", "rdma/ib"), "is not K=V"),
     (("--pvc", "models", "--nccl-env", "nccl_ib_hca=x"), "is not an environment variable"),
 ])

@@ -262,6 +262,10 @@ def try_pods(directory: Path, pvc_dirs: tuple[str, ...], timeout_s: float | None
             for stop in pod.stopped:
                 click.echo(f"  {stop.container} stopped after {stop.stopped_after_s} s (exit {stop.exit_code}"
                            f"{', killed' if stop.killed else ''})")
+        if report.cold_start is not None:
+            cold = report.cold_start
+            click.echo(f"scaled from zero: the first request was held {cold.held_s} s (the plan predicts "
+                       f"{cold.predicted_s} s, within a budget of {cold.budget_s} s)")
         if report.answer is not None:
             click.echo(f"Service {report.service} answered: {report.answer!r}")
     if report.failure is not None:

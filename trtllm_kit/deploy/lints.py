@@ -10,6 +10,7 @@ from trtllm_kit.deploy.dashboard import SIDECAR_LABEL
 from trtllm_kit.deploy.launch import LAUNCH_SUFFIX, PLAN_FILE
 from trtllm_kit.deploy.network_lints import unreachable_ports
 from trtllm_kit.deploy.placement import check_compute_capability
+from trtllm_kit.deploy.scale_to_zero import condition_wait_s
 from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
 
@@ -212,7 +213,9 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
             found += _leader_plan(file, name, doc["data"], workloads)
         if kind == "ConfigMap" and ((doc.get("metadata") or {}).get("labels") or {}).get(SIDECAR_LABEL[0]):
             found += _dashboards(file, name, doc.get("data") or {})
-        if kind in ("ScaledObject", "HorizontalPodAutoscaler"):
+        if kind == "HTTPScaledObject":
+            found += _held_request(file, name, doc, workloads)
+        if kind in ("ScaledObject", "HorizontalPodAutoscaler", "HTTPScaledObject"):
             ref = spec.get("scaleTargetRef") or {}
             if (ref.get("kind", "Deployment"), ref.get("name")) not in workloads and \
                     (ref.get("kind"), ref.get("name")) not in _scaling_adapters(workloads):
@@ -234,3 +237,19 @@ def _dashboards(file: str, name: str, data: Obj) -> list[Finding]:
             found.append(Finding(file, "ConfigMap", name, f"data/{key}", f"is {problem}; Grafana's sidecar loads "
                                  "only dashboards: regenerate it with trtllm-kit deploy"))
     return found
+
+
+def _held_request(file: str, name: str, doc: Obj, workloads: dict[tuple[Any, Any], tuple[str, Obj]]) -> list[Finding]:
+    """An interceptor that gives up on a request at zero before the workload's startup budget is out."""
+    ref = (doc.get("spec") or {}).get("scaleTargetRef") or {}
+    _, workload = workloads.get((ref.get("kind", "Deployment"), ref.get("name")), ("", {}))
+    budgets = [((t.get("metadata") or {}).get("annotations") or {}).get(BUDGET_ANNOTATION)
+               for t in _pod_templates(workload)[:1]] if workload else []
+    budget = int(budgets[0]) if budgets and budgets[0] else None
+    wait = condition_wait_s(doc)
+    if budget is None or (wait is not None and wait >= budget):
+        return []
+    held = f"{wait} s" if wait is not None else "as long as the interceptor's global setting says"
+    return [Finding(file, "HTTPScaledObject", name, "spec/timeouts/conditionWait", f"holds the first request "
+                    f"{held}, not the startup budget of {budget} s: it would fail while a replica starts; set it to "
+                    f"{budget}s")]

@@ -17,6 +17,7 @@ from trtllm_kit.deploy.dashboard import dashboard, dashboard_config_map
 from trtllm_kit.deploy.image import check_image
 from trtllm_kit.deploy.lints import lint
 from trtllm_kit.deploy.objects import Names
+from trtllm_kit.deploy.scale_to_zero import http_scaled_object
 from trtllm_kit.deploy.serving import serving_for
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
@@ -80,7 +81,10 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
     files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels, serving, alert_rules)]
     files["dashboard-configmap.yaml"] = [dashboard_config_map(names, dashboard(names, settings))]
     extras: dict[str, Any] = {}
-    if settings.autoscaler == "keda":
+    if settings.min_replicas == 0:
+        files["httpscaledobject.yaml"] = [http_scaled_object(names, source, settings,
+                                                             budgets(source, settings, nodes).startup_s, nodes > 1)]
+    elif settings.autoscaler == "keda":
         files["scaledobject.yaml"] = [autoscale.scaled_object(names, settings, nodes > 1, serving)]
     elif settings.autoscaler == "hpa":
         files["hpa.yaml"] = [autoscale.horizontal_pod_autoscaler(names, settings, nodes > 1)]

@@ -35,6 +35,7 @@ class DeploySettings:
 
     ``artifact_url`` (a tar of the build output, fetched by an init container) and ``pvc`` (a claim that holds
     the build output at its root) are the two ways the artifact reaches the pod; exactly one is needed.
+    ``min_replicas`` 0 scales to zero through KEDA's HTTP add-on (``deploy/scale_to_zero.py``).
     ``queue_target`` is the waiting requests per replica the autoscaler aims at; ``ttft_slo_s`` the p90 time to first
     token above which an alert fires (``deploy/alerts.py``). ``load_gbps`` is the aggregate
     read rate (GB/s) of the volume the artifact is read from, shared by every rank reading it at once;
@@ -111,9 +112,12 @@ class DeploySettings:
             if value is not None and (len(value) > 63 or not DNS_LABEL.match(value)):
                 raise KitUsageError(f"{flag} {value!r} is not a Kubernetes name; use lower-case letters, digits "
                                     "and '-' (at most 63).")
-        if not 1 <= self.min_replicas <= self.max_replicas:
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
             raise KitUsageError(f"--min-replicas {self.min_replicas} / --max-replicas {self.max_replicas}: need "
-                                "1 <= min <= max.")
+                                "0 <= min <= max and max >= 1.")
+        if self.min_replicas == 0 and self.autoscaler != "keda":
+            raise KitUsageError(f"--min-replicas 0 needs --autoscaler keda (KEDA's HTTP add-on holds the first "
+                                f"request while a replica starts), got --autoscaler {self.autoscaler}.")
         for flag, number in (("--gpus-per-node", self.gpus_per_node), ("exit_timeout_s", self.exit_timeout_s),
                              ("worker_wait_s", self.worker_wait_s)):
             if number < 1:

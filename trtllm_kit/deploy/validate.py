@@ -16,10 +16,11 @@ import yaml
 from trtllm_kit.errors import KitError, KitUsageError
 
 KUBERNETES_VERSION = "1.33"
-CRD_FILES = ("keda.sh_scaledobjects.yaml", "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+CRD_FILES = ("keda.sh_scaledobjects.yaml", "http.keda.sh_httpscaledobjects.yaml",
+             "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
              "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml",
              "monitoring.coreos.com_prometheusrules.yaml", "nvidia.com_dynamographdeployments.yaml")
-CUSTOM_GROUPS = ("keda.sh", "leaderworkerset.x-k8s.io", "monitoring.coreos.com", "nvidia.com")
+CUSTOM_GROUPS = ("keda.sh", "http.keda.sh", "leaderworkerset.x-k8s.io", "monitoring.coreos.com", "nvidia.com")
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the Dynamo CRD is 1.6 MB: libyaml reads it in a blink
 SCHEMAS_ENV = "TRTLLM_KIT_K8S_SCHEMAS"
 

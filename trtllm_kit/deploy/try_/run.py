@@ -25,10 +25,12 @@ from trtllm_kit.deploy.try_.cluster import Cluster, PodPlan, read_cluster
 from trtllm_kit.deploy.try_.containers import PodContext
 from trtllm_kit.deploy.try_.diagnose import dangling_links
 from trtllm_kit.deploy.try_.image import local_image
+from trtllm_kit.deploy.try_.interceptor import Interceptor, ScaleToZero
 from trtllm_kit.deploy.try_.netns import ClusterNetwork, NetNamespace, entered
 from trtllm_kit.deploy.try_.pod_run import PodRun, ProbeRecord, StopRecord
 from trtllm_kit.deploy.try_.services import Relay
 from trtllm_kit.deploy.try_.volumes import pod_volumes
+from trtllm_kit.deploy.validate import load_dir
 from trtllm_kit.errors import KitUsageError
 
 Obj = dict[str, Any]
@@ -44,15 +46,27 @@ class PodReport:
     stopped: list[StopRecord] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ColdStart:
+    """A request that found the deployment at zero: how long the interceptor held it, beside the start-up the
+    directory's record predicts (reading, fixed terms, a leader's wait) and its budget."""
+
+    held_s: float
+    predicted_s: int
+    budget_s: int
+
+
 @dataclass
 class TryReport:
-    """What ``deploy try`` saw: the image it stood in for, the pods, the Service reached, the answer or the cause."""
+    """What ``deploy try`` saw: the image it stood in for, the pods, the Service reached, the answer or the cause;
+    at zero replicas, the first request's wait."""
 
     image: str
     service: str
     pods: list[PodReport] = field(default_factory=list)
     answer: str | None = None
     failure: str | None = None
+    cold_start: ColdStart | None = None
 
     def to_dict(self) -> Obj:
         return asdict(self)
@@ -83,9 +97,10 @@ def _target_port(cluster: Cluster, selector: dict[str, str], target: int | str) 
     raise KitUsageError(f"no pod the Service selects has a port named {target!r}.")
 
 
-def _request(node: Path, address: str, port: int, method: str, path: str, body: Obj | None = None) -> Obj:
+def _request(node: Path, address: str, port: int, method: str, path: str, body: Obj | None = None,
+             timeout_s: float = 300) -> Obj:
     with entered(node):
-        connection = http.client.HTTPConnection(address, port, timeout=300)
+        connection = http.client.HTTPConnection(address, port, timeout=timeout_s)
         try:
             connection.request(method, path, body=json.dumps(body) if body else None,
                                headers={"Content-Type": "application/json"})
@@ -135,24 +150,44 @@ def try_directory(directory: Path, pvc_dirs: dict[str, Path], *, prompt: str = "
                                  dict(pod.spec.get("securityContext") or {}), pod_dir)
             runs.append(PodRun(context, pod.spec, image, network.node.path))
             report.pods.append(PodReport(pod.name, addresses[pod.name]))
+        starters: list[threading.Thread] = []
+
+        def start_pods() -> None:
+            starters[:] = [threading.Thread(target=run.start, args=(time.monotonic() + budget,), daemon=True)
+                           for run in runs]
+            for thread in starters:
+                thread.start()
+
+        zero = ScaleToZero.find(load_dir(directory))
+        interceptor: Interceptor | None = None
         for service in cluster.services:
             if service.headless:
                 continue
             matched = [run for run, pod in zip(runs, cluster.pods, strict=True)
                        if service.selector.items() <= pod.labels.items()]
             for _, number, target in service.ports:
-                relay = Relay(network.node.path, services[service.name], number,
-                              _target_port(cluster, service.selector, target), _ready_addresses(matched))
-                stack.callback(relay.close)
-        deadline = time.monotonic() + budget
-        starters = [threading.Thread(target=run.start, args=(deadline,), daemon=True) for run in runs]
+                args = (network.node.path, services[service.name], number,
+                        _target_port(cluster, service.selector, target), _ready_addresses(matched))
+                if zero is not None and (service.name, number) == (zero.service, zero.port):
+                    interceptor = Interceptor(*args, wake=start_pods, hold_s=zero.hold_s,
+                                              failed=lambda: any(run.problem is not None for run in runs))
+                    stack.callback(interceptor.close)
+                else:
+                    stack.callback(Relay(*args).close)
         started = time.monotonic()
-        for thread in starters:
-            thread.start()
+        deadline = started + budget
+        if interceptor is None:
+            start_pods()
         try:
+            address = services[record["service"]]
+            if interceptor is not None:  # nothing runs until the first request arrives
+                report.cold_start = _first_request(network.node.path, address, port, interceptor, record)
+                started = interceptor.woke_at or started
+                deadline = started + budget
             report.failure = _wait(runs, report, started, deadline)
+            if report.failure is None and interceptor is not None and report.cold_start is None:
+                report.failure = "the interceptor let the first request go unanswered though the pods became ready."
             if report.failure is None:
-                address = services[record["service"]]
                 models = _request(network.node.path, address, port, "GET", "/v1/models")
                 model = models["data"][0]["id"]
                 reply = _request(network.node.path, address, port, "POST", "/v1/completions",
@@ -167,6 +202,19 @@ def try_directory(directory: Path, pvc_dirs: dict[str, Path], *, prompt: str = "
                 pod_report.probes = list(run.probes)
                 pod_report.stopped = run.stop(float(run.spec.get("terminationGracePeriodSeconds", 30)))
     return report
+
+
+def _first_request(node: Path, address: str, port: int, interceptor: Interceptor, record: Obj) -> ColdStart | None:
+    """Send the first request to a deployment at zero; how long the interceptor held it (None when the connection
+    was let go unanswered: no replica became ready)."""
+    try:
+        _request(node, address, port, "GET", "/v1/models", timeout_s=interceptor.hold_s + SLACK_S)
+    except (OSError, http.client.HTTPException):
+        return None
+    startup = record.get("startup") or {}
+    predicted = sum(int(startup.get(key, 0)) for key in ("read_s", "fixed_s", "wait_s"))
+    return ColdStart(interceptor.held_s[0] if interceptor.held_s else 0.0, predicted,
+                     int(record.get("startup_budget_s", 0)))
 
 
 def _ready_addresses(runs: list[PodRun]) -> Callable[[], list[str]]:
