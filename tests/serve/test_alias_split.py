@@ -13,18 +13,14 @@ import math
 import random
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 
 import pytest
 import torch
+from kit_server import BuildKey, Builds, KitServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.openai.routes import Alias
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings, build_spec
 
 MODEL = "builtin:tiny-llama"
 NUM_REQUESTS, SHARE_A = 1000, 0.9
@@ -49,22 +45,14 @@ def test_user_choice_is_a_stable_hash_and_splits_users_by_the_shares() -> None:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory):
+    """Its own serve of two copies of the session's build, ``a`` and ``b``, behind the alias ``chat``."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("alias")
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    outs = []
-    for name in ("a", "b"):
-        outs.append(root / name)
-        run_build(build_spec({}, {"model": MODEL, "out": outs[-1], "build": {"verify": False, "max_batch_size": 8},
-                                  "repo": one_each}))
-    port = free_port()
-    options = ServeOptions(out=outs[0], more=(outs[1],), names=(f"a={outs[0]}", f"b={outs[1]}"),
-                           aliases=("chat=a:90,b:10",),
-                           settings=ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port))
-    serve_detached(options)
-    yield port
-    stop_serving(outs[0], 30)
+    outs = [kit_builds.copy(BuildKey.of(max_batch_size=8), root / name) for name in ("a", "b")]
+    with KitServer(outs[0], more=(outs[1],), names=(f"a={outs[0]}", f"b={outs[1]}"),
+                   aliases=("chat=a:90,b:10",)) as server:
+        yield server.port
 
 
 def complete(port: int, user: str | None) -> tuple[str, str, str]:
