@@ -67,6 +67,11 @@ def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, 
             return
         openai = f", OpenAI http://{state['openai']}/v1" if state.get("openai") else ""
         roles = " disaggregated," if state.get("disagg") else ""
+        if state.get("server") == "dynamo":
+            click.echo(f"ready in {state['ready_s']:.1f} s: {state['model']} on Dynamo, OpenAI http://{state['openai']}"
+                       f"/v1, {len(state['workers'])} workers, --router {state['router']} (pid {state['pid']}, logs "
+                       f"{state['run_dir']}/dynamo)" + ("" if detach else "; Ctrl-C to stop"), err=not as_json)
+            return
         if state.get("server") == "trtllm-serve":
             click.echo(f"ready in {state['ready_s']:.1f} s: trtllm-serve,{roles} OpenAI http://{state['openai']}/v1 "
                        f"(pid {state['server_pid']}, log {state['log']})", err=not as_json)

@@ -24,6 +24,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.runtime.heartbeat import HEARTBEAT_ENV
 from trtllm_kit.serve.disagg.entry import serve_disaggregated
+from trtllm_kit.serve.dynamo.run import serve_dynamo
 from trtllm_kit.serve.fleet.fit import check_fit, memory_need
 from trtllm_kit.serve.fleet.hotswap import Reloader
 from trtllm_kit.serve.fleet.members import plan_members, route, working_repository
@@ -75,6 +76,9 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         options: what to serve and where.
         on_ready: called once with the state (endpoints, pids, time to ready) when the server is ready.
     """
+    if options.settings.dynamo:
+        serve_dynamo(options, on_ready)
+        return
     if options.settings.disagg:
         serve_disaggregated(options, on_ready)
         return

@@ -1,0 +1,88 @@
+"""The processes of ``serve --dynamo`` as command lines and one environment: Dynamo's frontend, the kit's workers.
+
+Everything stays on this machine and under the serve's run directory: discovery is Dynamo's file backend in
+``dynamo/discovery``, every plane binds and advertises loopback (``LOOPBACK_ENV``; otherwise a worker advertises
+the first interface's address), and ``HOME`` is ``dynamo/home``, where the frontend caches model cards (it reads
+``$HOME/.cache/dynamo`` whatever ``XDG_CACHE_HOME`` says).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtllm_kit.enums import Router
+from trtllm_kit.serve.server.group import kit_environment
+
+LOOPBACK = "127.0.0.1"
+LOOPBACK_ENV = ("DYN_TCP_RPC_HOST", "DYN_EVENT_PLANE_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_SYSTEM_HOST")
+NAMESPACE = "trtllm-kit"
+ENDPOINT = f"{NAMESPACE}.worker.generate"  # NAMESPACE.COMPONENT.ENDPOINT, one for every worker of the model
+
+
+@dataclass(frozen=True)
+class DynamoDirs:
+    """The serve's Dynamo state under its run directory.
+
+    Arguments:
+        root: ``RUN_DIR/dynamo``.
+    """
+
+    root: Path
+
+    @property
+    def discovery(self) -> Path:
+        return self.root / "discovery"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def card(self) -> Path:
+        return self.root / "card"
+
+    @property
+    def ready(self) -> Path:
+        return self.root / "ready"
+
+    def ready_file(self, index: int) -> Path:
+        """The file worker ``index`` touches once it is registered."""
+        return self.ready / f"worker-{index}"
+
+    def log(self, name: str) -> Path:
+        """The log file of process ``name`` (``frontend``, ``worker-0``, ...)."""
+        return self.root / f"{name}.log"
+
+
+def dynamo_env(dirs: DynamoDirs, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every process of the serve: the kit's, file discovery, loopback planes, a private HOME.
+
+    Arguments:
+        dirs: the serve's Dynamo directories; base: the environment to extend (``os.environ`` when omitted).
+    """
+    env = kit_environment(base)
+    env.update({"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(dirs.discovery), "DYN_REQUEST_PLANE": "tcp",
+                "HOME": str(dirs.home), **{name: LOOPBACK for name in LOOPBACK_ENV}})
+    return env
+
+
+def frontend_argv(port: int, router: Router, migration_limit: int) -> list[str]:
+    """Dynamo's OpenAI frontend on loopback ``port``.
+
+    Arguments:
+        port: its HTTP port; router: how it picks a worker; migration_limit: how often a stream may move.
+    """
+    return [sys.executable, "-m", "dynamo.frontend", "--http-host", LOOPBACK, "--http-port", str(port),
+            "--router-mode", str(router), "--migration-limit", str(migration_limit)]
+
+
+def worker_argv(out: Path, dirs: DynamoDirs, model_name: str, index: int) -> list[str]:
+    """The kit's worker ``index`` serving ``out`` as ``model_name`` (``worker.py``).
+
+    Arguments:
+        out: the artifact; dirs: the serve's Dynamo directories; model_name: the served name; index: its number.
+    """
+    return [sys.executable, "-m", "trtllm_kit.serve.dynamo.worker", str(out.absolute()), "--card", str(dirs.card),
+            "--model-name", model_name, "--endpoint", ENDPOINT, "--ready-file", str(dirs.ready_file(index))]

@@ -1,0 +1,212 @@
+"""``trtllm-kit serve OUT --dynamo``: Dynamo's frontend and ``--workers`` kit workers started, made ready, watched
+and stopped as one service.
+
+Each process runs in a session of its own (``server/group.py``) with its log under ``RUN_DIR/dynamo``, and the
+reaper (``server/reaper.py``) is told every process group, so nothing outlives a ``serve`` that is killed. Ready
+is every worker registered (its ready file) and the frontend listing the model on ``/v1/models``. A worker that
+dies while serving is logged and the others carry on (the frontend moves its streams, ``--migration-limit``); the
+serve fails when the frontend or the last worker dies. Stop: SIGTERM to every group at once, SIGKILL after
+``STOP_GRACE_S``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact.integrity import check_artifact
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.dynamo.card import write_card
+from trtllm_kit.serve.dynamo.launch import LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
+from trtllm_kit.serve.options import ServeOptions, parse_names
+from trtllm_kit.serve.server.group import ProcessGroup
+from trtllm_kit.serve.server.launcher import check_ports_free
+from trtllm_kit.serve.server.reaper import Reaper
+from trtllm_kit.serve.server.state import claim_run_dir, clear_run, serving_pid, write_pid, write_state
+from trtllm_kit.serve.server.stop_signals import stop_requests
+
+LOG = logging.getLogger(__name__)
+TARGETS = ("cpu", "llmapi")  # what the kit's worker runs (the CPU LLM)
+STOP_GRACE_S = 2.0  # SIGTERM to SIGKILL: the whole stop stays within 3 s
+WATCH_S = 0.2
+DYNAMO_MODULES = ("dynamo.frontend", "dynamo.llm", "dynamo.runtime")  # the frontend and the worker API
+INSTALL_HINT = ("pip install -c constraints.txt -e '.[dynamo]' && pip install -c constraints.txt --no-deps "
+                "ai-dynamo==1.6.1")
+
+
+def check_dynamo(options: ServeOptions) -> None:
+    """Refuse a ``--dynamo`` serve this command cannot run, before anything starts.
+
+    Arguments:
+        options: the serve.
+    """
+    settings = options.settings
+    if settings.openai_port is None:
+        raise KitUsageError("--dynamo serves Dynamo's OpenAI frontend; add --openai-port PORT.")
+    if len(options.outs) > 1:
+        raise KitUsageError(f"--dynamo serves one OUT, got {len(options.outs)}; serve the others separately.")
+    for flag, given in (("--disagg", settings.disagg), ("--alias", bool(options.aliases)),
+                        ("--api-key", bool(options.api_key or settings.api_keys))):
+        if given:
+            raise KitUsageError(f"{flag} is not available with --dynamo yet; leave it out.")
+    missing = [module for module in DYNAMO_MODULES if not _importable(module)]
+    if missing:
+        raise KitUsageError(f"--dynamo needs NVIDIA Dynamo, and {missing[0]} is not installed; install it: "
+                            f"{INSTALL_HINT}.")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
+def served_name(options: ServeOptions, artifact: Artifact) -> str:
+    """The model's name on the frontend: its ``--name``, else its model source.
+
+    Arguments:
+        options: the serve; artifact: OUT's artifact.
+    """
+    names = [name for name, out in parse_names(options.names).items()
+             if out.resolve() == options.out.resolve()]
+    return names[0] if names else artifact.model_source
+
+
+def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Run the frontend and the workers until SIGINT/SIGTERM, or until the frontend or every worker has exited
+    (``KitError``).
+
+    Arguments:
+        options: the serve (``--dynamo``); on_ready: called once with the state when the model is listed.
+    """
+    check_dynamo(options)
+    settings, out = options.settings, options.out
+    artifact = Artifact.read(out)
+    if artifact.target not in TARGETS:
+        raise KitUsageError(f"{out} is a {artifact.target} artifact; --dynamo runs the kit's CPU workers on cpu "
+                            "and llmapi artifacts (build with --target cpu or --target llmapi).")
+    check_artifact(artifact, hashes=settings.verify)
+    holder = serving_pid(out)
+    if holder is not None:
+        raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
+    assert settings.openai_port is not None
+    check_ports_free(LOOPBACK, {"OpenAI": settings.openai_port})
+    dirs = DynamoDirs(claim_run_dir(out) / "dynamo")
+    shutil.rmtree(dirs.root, ignore_errors=True)  # a killed serve's registrations and logs
+    for directory in (dirs.discovery, dirs.home, dirs.ready):
+        directory.mkdir(parents=True, mode=0o700)
+    write_card(out, dirs.card)
+    name = served_name(options, artifact)
+    commands = {"frontend": frontend_argv(settings.openai_port, settings.router, settings.migration_limit),
+                **{f"worker-{i}": worker_argv(out, dirs, name, i) for i in range(settings.workers)}}
+    with stop_requests() as stop:
+        _run(options, dirs, name, commands, stop, on_ready)
+
+
+def lists_model(url: str, name: str) -> bool:
+    """Whether the frontend at ``url`` lists ``name`` on ``/v1/models``.
+
+    Arguments:
+        url: ``http://host:port``; name: the served model name.
+    """
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
+            listed = json.loads(response.read())
+    except (OSError, ValueError):
+        return False
+    return any(model.get("id") == name for model in listed.get("data") or [])
+
+
+def _run(options: ServeOptions, dirs: DynamoDirs, name: str, commands: dict[str, list[str]],
+         stop: threading.Event, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+    settings, out = options.settings, options.out
+    url = f"http://{LOOPBACK}:{settings.openai_port}"
+    env = dynamo_env(dirs)
+    groups = {process: ProcessGroup(dirs.log(process)) for process in commands}
+    workers = [process for process in commands if process != "frontend"]
+    write_pid(out)
+    reaper = Reaper("")
+    started = time.perf_counter()
+    try:
+        for process, argv in commands.items():
+            reaper.watch(groups[process].start(argv, env).pid)
+
+        def ready() -> bool:
+            registered = sum(dirs.ready_file(i).exists() for i in range(len(workers)))
+            return registered == len(workers) and lists_model(url, name)
+
+        def worker_exited() -> str | None:
+            for process in workers:
+                proc = groups[process].proc
+                if proc is not None and proc.poll() is not None:
+                    return (f"{process} exited with code {proc.returncode} while starting (log "
+                            f"{groups[process].log_path}); last lines:\n{groups[process].log_tail()}")
+            return None
+
+        not_ready = groups["frontend"].wait_ready(ready, settings.ready_timeout_s, poll_s=WATCH_S,
+                                                  problem=worker_exited, stop_requested=stop.is_set)
+        if not_ready is not None:
+            frontend = groups["frontend"]
+            raise KitError(not_ready.problem or (
+                f"Dynamo's frontend exited with code {not_ready.exit_code} (log {frontend.log_path}); last lines:\n"
+                f"{frontend.log_tail()}" if not_ready.exit_code is not None else
+                f"{name} was not listed on {url}/v1/models by {len(workers)} workers within "
+                f"{settings.ready_timeout_s:g} s (logs in {dirs.root}); raise --ready-timeout or read the logs."))
+        if stop.is_set():
+            return
+        state = {"pid": os.getpid(), "server": "dynamo", "model": name, "target": Artifact.read(out).target,
+                 "openai": f"{LOOPBACK}:{settings.openai_port}", "router": str(settings.router),
+                 "migration_limit": settings.migration_limit, "server_pid": groups["frontend"].pid,
+                 "log": str(groups["frontend"].log_path), "run_dir": str(dirs.root.parent),
+                 "workers": {process: {"pid": groups[process].pid, "log": str(groups[process].log_path)}
+                             for process in workers},
+                 "ready_s": round(time.perf_counter() - started, 3), "ready": True}
+        write_state([out], state)
+        if on_ready is not None:
+            on_ready(state)
+        _watch(groups, workers, stop)
+    finally:
+        _stop_all(list(groups.values()))
+        reaper.close()
+        clear_run([out])
+
+
+def _watch(groups: dict[str, ProcessGroup], workers: list[str], stop: threading.Event) -> None:
+    """Until a stop is requested: a dead worker is logged once; a dead frontend or no worker left raises."""
+    gone: set[str] = set()
+    while not stop.wait(WATCH_S):
+        frontend = groups["frontend"]
+        if frontend.proc is not None and frontend.proc.poll() is not None:
+            raise KitError(f"Dynamo's frontend exited with code {frontend.proc.returncode} while serving (log "
+                           f"{frontend.log_path}); last lines:\n{frontend.log_tail()}")
+        for process in workers:
+            proc = groups[process].proc
+            if process not in gone and proc is not None and proc.poll() is not None:
+                gone.add(process)
+                LOG.warning("%s exited with code %s while serving (log %s); %d of %d workers serve", process,
+                            proc.returncode, groups[process].log_path, len(workers) - len(gone), len(workers))
+        if len(gone) == len(workers):
+            raise KitError(f"every worker has exited ({', '.join(sorted(gone))}); serve stopped so that it can be "
+                           f"restarted (logs {Path(groups[workers[0]].log_path).parent}).")
+
+
+def _stop_all(groups: list[ProcessGroup]) -> None:
+    """SIGTERM every group at once, then SIGKILL what is left after ``STOP_GRACE_S``."""
+    running = [group for group in groups if group.proc is not None and group.proc.poll() is None]
+    for group in running:
+        group.signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for group in running:
+        group.wait_or_kill(deadline - time.monotonic())
