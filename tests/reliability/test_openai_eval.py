@@ -66,9 +66,10 @@ def test_sampling_extras_reach_the_engine(served: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("min_p", 1.5, "min_p must be in [0, 1], got 1.5."),
-    ("repetition_penalty", -1, "repetition_penalty must be greater than 0 (1 = off), got -1.0."),
-    ("top_k", "5", "top_k must be an integer, got '5'."),
+    ("min_p", 1.5, "min_p must be a number in [0, 1], got 1.5; send one that is, or leave min_p out."),
+    ("repetition_penalty", -1, "repetition_penalty must be a number greater than 0, got -1.0; send one that is, or "
+                               "leave repetition_penalty out."),
+    ("top_k", "5", "top_k must be an integer from 0 to 2**31 - 1, got '5'; send one that is, or leave top_k out."),
 ])
 def test_an_extra_out_of_range_is_a_400_naming_it(served: dict[str, Any], field: str, value: Any,
                                                   message: str) -> None:

@@ -15,9 +15,8 @@ import torch
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
 from trtllm_kit.serve.fleet.members import context_logits
-from trtllm_kit.serve.openai.logprobs import parse_scoring
 from trtllm_kit.serve.openai.prepare import engine_request
-from trtllm_kit.serve.openai.protocol import parse_sampling
+from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.logprobs import logits_scored
@@ -47,10 +46,12 @@ def test_logprobs_ask_for_the_end_token_back() -> None:
     """A completion or chat request with logprobs asks the engine to keep the end token (scored and counted, as vLLM
     and OpenAI answer); one without leaves upstream's default."""
     route = Route("m", "tensorrt_llm_bls")
-    for kind, body, keep in (("text_completion", {"logprobs": 0}, True), ("text_completion", {"echo": True}, False),
-                             ("chat.completion", {"logprobs": True}, True), ("chat.completion", {}, False)):
-        gen = engine_request(route, body, (1, 5), parse_sampling(body, kind), parse_scoring(body, kind), "r")
-        assert gen.keep_end_token is (True if keep else None), (kind, body)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for req, keep in ((CompletionRequest.parse({"prompt": "p", "logprobs": 0}), True),
+                      (CompletionRequest.parse({"prompt": "p", "echo": True}), False),
+                      (ChatRequest.parse({**chat, "logprobs": True}), True), (ChatRequest.parse(chat), False)):
+        gen = engine_request(route, (1, 5), req, "r")
+        assert gen.keep_end_token is (True if keep else None), req
 
 
 def test_a_word_list_of_one_word() -> None:

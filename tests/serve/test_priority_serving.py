@@ -15,17 +15,18 @@ import torch
 from kit_server import BuildKey, Servers
 
 from trtllm_kit.serve.http.errors import HTTPError
-from trtllm_kit.serve.openai.protocol import parse_sampling, trtllm_priority
+from trtllm_kit.serve.openai.requests import CompletionRequest
+from trtllm_kit.serve.openai.sampling_fields import trtllm_priority
 
 MODEL = "builtin:tiny-llama"
 
 
 def test_openai_priority_maps_onto_trtllm_float() -> None:
     assert [trtllm_priority(p) for p in (-100, -50, 0, 50, 100)] == [1.0, 0.75, 0.5, 0.25, 0.0]
-    assert parse_sampling({"priority": -3}, "text_completion").priority == -3
+    assert CompletionRequest.parse({"prompt": "p", "priority": -3}).priority == -3
     for bad in (101, 1.5, True, "high"):
         with pytest.raises(HTTPError, match=r"priority must be an integer from -100 to 100 \(lower runs first\)"):
-            parse_sampling({"priority": bad}, "text_completion")
+            CompletionRequest.parse({"prompt": "p", "priority": bad})
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,19 @@ import pytest
 
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.guided import parse_guide
-from trtllm_kit.serve.openai.logprobs import Scoring, parse_scoring
-from trtllm_kit.serve.openai.protocol import (
-    ChoiceShape,
-    generation_request,
-    parse_prompts,
-    parse_sampling,
-)
+from trtllm_kit.serve.openai.logprobs import Scoring
+from trtllm_kit.serve.openai.protocol import ChoiceShape
+from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
+from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest
 from trtllm_kit.wire import GenerationRequest
+
+PROMPTS = {"text_completion": {"prompt": "p"}, "chat.completion": {"messages": [{"role": "user", "content": "hi"}]}}
+
+
+def parse(body: dict, kind: str = "text_completion") -> OpenAIRequest:
+    """A request of ``kind`` with ``body``'s fields (and a prompt or messages when it has none)."""
+    cls = CompletionRequest if kind == "text_completion" else ChatRequest
+    return cls.parse({**PROMPTS[kind], **body})
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -32,14 +37,12 @@ from trtllm_kit.wire import GenerationRequest
      GenerationRequest("p", 9, top_k=1, min_tokens=9, end_id=-1, request_id="r")),
 ])
 def test_sampling_in_trtllm_terms(body: dict, expected: GenerationRequest) -> None:
-    assert generation_request("p", parse_sampling(body, "text_completion"), "r") == expected
+    assert parse(body).to_generation("p", "r") == expected
 
 
 def test_token_id_prompts_carry_the_end_id_unless_eos_is_ignored() -> None:
-    sampling = parse_sampling({"temperature": 0}, "text_completion")
-    assert generation_request((5, 6), sampling, "r", eos_id=2).end_id == 2
-    ignoring = parse_sampling({"temperature": 0, "ignore_eos": True}, "text_completion")
-    assert generation_request((5, 6), ignoring, "r", eos_id=2).end_id == -1
+    assert parse({"temperature": 0}).to_generation((5, 6), "r", eos_id=2).end_id == 2
+    assert parse({"temperature": 0, "ignore_eos": True}).to_generation((5, 6), "r", eos_id=2).end_id == -1
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [
@@ -47,7 +50,7 @@ def test_token_id_prompts_carry_the_end_id_unless_eos_is_ignored() -> None:
     (["a", [5], "b"], ["a", (5,), "b"]), ([[1]] * 64, [(1,)] * 64),
 ])
 def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
-    assert parse_prompts({"prompt": prompt}, vocab_size=100) == expected
+    assert CompletionRequest.parse({"prompt": prompt}, vocab_size=100).prompts == expected
 
 
 @pytest.mark.parametrize(("prompt", "message"), [
@@ -60,7 +63,7 @@ def test_prompts_as_text_or_token_ids(prompt: object, expected: object) -> None:
 ])
 def test_bad_prompts(prompt: object, message: str) -> None:
     with pytest.raises(HTTPError) as info:
-        parse_prompts({"prompt": prompt}, vocab_size=100)
+        CompletionRequest.parse({"prompt": prompt}, vocab_size=100)
     assert str(info.value) == message and info.value.param == "prompt"
 
 
@@ -71,10 +74,9 @@ def test_stream_chunks_carry_token_ids_when_known() -> None:
 
 
 def test_chat_default_max_tokens_and_stream_options() -> None:
-    sampling = parse_sampling({"stream": True, "stream_options": {"include_usage": True}, "stop": "x"},
-                              "chat.completion")
+    sampling = parse({"stream": True, "stream_options": {"include_usage": True}, "stop": "x"}, "chat.completion")
     assert (sampling.max_tokens, sampling.stream, sampling.include_usage, sampling.stops) == (128, True, True, ["x"])
-    assert parse_sampling({"max_completion_tokens": 7}, "chat.completion").max_tokens == 7
+    assert parse({"max_completion_tokens": 7}, "chat.completion").max_tokens == 7
 
 
 @pytest.mark.parametrize(("body", "message", "param"), [
@@ -102,12 +104,17 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer from 0 to max_tokens (4), got 5.",
      "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'.", "ignore_eos"),
-    ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5.", "min_p"),
-    ({"top_k": -2}, "top_k must be an integer >= 0 (0 = off), got -2.", "top_k"),
-    ({"top_k": 2.5}, "top_k must be an integer, got 2.5.", "top_k"),
-    ({"repetition_penalty": 0}, "repetition_penalty must be greater than 0 (1 = off), got 0.0.", "repetition_penalty"),
-    ({"presence_penalty": 3}, "presence_penalty must be in [-2, 2], got 3.0.", "presence_penalty"),
-    ({"frequency_penalty": "x"}, "frequency_penalty must be a number, got 'x'.", "frequency_penalty"),
+    ({"min_p": 1.5}, "min_p must be a number in [0, 1], got 1.5; send one that is, or leave min_p out.", "min_p"),
+    ({"top_k": -2}, "top_k must be an integer from 0 to 2**31 - 1, got -2; send one that is, or leave top_k out.",
+     "top_k"),
+    ({"top_k": 2.5}, "top_k must be an integer from 0 to 2**31 - 1, got 2.5; send one that is, or leave top_k out.",
+     "top_k"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be a number greater than 0, got 0.0; send one that is, or "
+                                "leave repetition_penalty out.", "repetition_penalty"),
+    ({"presence_penalty": 3}, "presence_penalty must be a number in [-2, 2], got 3.0; send one that is, or leave "
+                              "presence_penalty out.", "presence_penalty"),
+    ({"frequency_penalty": "x"}, "frequency_penalty must be a number in [-2, 2], got 'x'; send one that is, or leave "
+                                 "frequency_penalty out.", "frequency_penalty"),
     ({"skip_special_tokens": None}, "skip_special_tokens must be true or false, got None.", "skip_special_tokens"),
     ({"echo": True, "max_tokens": -1}, "max_tokens must be a positive integer, got -1.", "max_tokens"),
     ({"include_stop_str_in_output": 1}, "include_stop_str_in_output must be true or false, got 1.",
@@ -115,7 +122,7 @@ def test_chat_default_max_tokens_and_stream_options() -> None:
 ])
 def test_bad_fields(body: dict, message: str, param: str) -> None:
     with pytest.raises(HTTPError) as info:
-        parse_sampling(body, "text_completion")
+        parse(body)
     assert info.value.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                            "code": None}}
     assert info.value.status == 400
@@ -132,15 +139,15 @@ def test_bad_fields(body: dict, message: str, param: str) -> None:
 ])
 def test_bad_logprob_fields(body: dict, kind: str, message: str, param: str) -> None:
     with pytest.raises(HTTPError) as info:
-        parse_scoring(body, kind)
+        parse(body, kind)
     assert (str(info.value), info.value.param) == (message, param)
 
 
 def test_logprob_fields_parse() -> None:
-    assert parse_scoring({"logprobs": 0, "echo": True}, "text_completion") == Scoring(0, True)
-    assert parse_scoring({"logprobs": True}, "chat.completion") == Scoring(0)
-    assert parse_scoring({}, "chat.completion") == Scoring()
-    assert parse_sampling({"echo": True, "max_tokens": 0}, "text_completion").max_tokens == 0
+    assert parse({"logprobs": 0, "echo": True}).scoring == Scoring(0, True)
+    assert parse({"logprobs": True}, "chat.completion").scoring == Scoring(0)
+    assert parse({}, "chat.completion").scoring == Scoring()
+    assert parse({"echo": True, "max_tokens": 0}).max_tokens == 0
 
 
 @pytest.mark.parametrize(("body", "guide"), [

@@ -15,7 +15,7 @@ from prometheus_client import Counter
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.generation import GenerationError
-from trtllm_kit.serve.http.body import BODY, json_body
+from trtllm_kit.serve.http.body import json_body
 from trtllm_kit.serve.http.errors import HTTPError, error_response
 from trtllm_kit.serve.http.exchange import ADMIT, METRICS_PATH, OPEN_PATHS, ROUTE_NAME, USAGE, Guard
 from trtllm_kit.serve.openai import prepare
@@ -24,19 +24,17 @@ from trtllm_kit.serve.openai.adapters import AdapterSet
 from trtllm_kit.serve.openai.choices import generate_choices
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import generation_failure
-from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
+from trtllm_kit.serve.openai.logprobs import Scorer
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
-from trtllm_kit.serve.openai.protocol import (
-    ChoiceShape,
-    Sampling,
-    check_fields,
-    parse_prompts,
-    parse_sampling,
-)
+from trtllm_kit.serve.openai.protocol import ChoiceShape
 from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
+from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Run, send
+from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest, Prompt
 from trtllm_kit.serve.openai.text import Tokenizer
+
+PARSED: web.RequestKey[OpenAIRequest] = web.RequestKey("openai_request")  # the request as its handler parsed it
 
 
 class OpenAIApp:
@@ -98,7 +96,8 @@ class OpenAIApp:
         except HTTPError as exc:
             return error_response(exc)
         except GenerationError as exc:
-            return error_response(generation_failure(exc, request.get(BODY)))
+            parsed = request.get(PARSED)
+            return error_response(generation_failure(exc, None if parsed is None else parsed.guide_field))
         except KitUsageError as exc:
             return error_response(HTTPError(str(exc)))
         except web.HTTPException as exc:
@@ -167,7 +166,8 @@ class OpenAIApp:
     def _has(self) -> str:
         return ", ".join(repr(name) for name in self.table.names)
 
-    async def _body(self, request: web.Request, kind: str) -> tuple[dict[str, Any], Route, Alias | None]:
+    async def _route(self, request: web.Request) -> tuple[dict[str, Any], Route, Alias | None]:
+        """The request's body and the route its ``model`` names (through an alias when it names one)."""
         body = await json_body(request)  # the object the gateway decided on, when it runs
         model = body.get("model")
         if model is None:
@@ -176,64 +176,57 @@ class OpenAIApp:
         try:
             route, alias = self.table.resolve(str(model), user if isinstance(user, str) else None)
         except LookupError:
-            raise HTTPError(f"The model {model!r} does not exist; this server has {self._has()}.",
-                               404, param="model", code="model_not_found") from None
+            raise HTTPError(f"The model {model!r} does not exist; this server has {self._has()}.", 404,
+                            param="model", code="model_not_found") from None
         request[ROUTE_NAME] = route.name
         if alias is not None:
             self.alias_requests.labels(alias.name, route.name).inc()
-        check_fields(body, kind)
         return body, route, alias
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body, route, alias = await self._body(request, "text_completion")
-        prompts = parse_prompts(body, route.tokenizer.vocab_size if route.tokenizer else None)
-        if any(isinstance(prompt, tuple) for prompt in prompts) and route.tokenizer is None:
-            raise HTTPError("token-id prompts need the model's tokenizer to return text, and this server has "
-                               "none; send the prompt as text.", param="prompt")
-        return await self._respond(request, body, prompts, "text_completion", route, alias)
+        body, route, alias = await self._route(request)
+        req = request[PARSED] = CompletionRequest.parse(
+            body, max_seq_len=route.max_seq_len, vocab_size=route.tokenizer.vocab_size if route.tokenizer else None)
+        if any(isinstance(prompt, tuple) for prompt in req.prompts) and route.tokenizer is None:
+            raise HTTPError("token-id prompts need the model's tokenizer to return text, and this server has none; "
+                            "send the prompt as text.", param="prompt")
+        return await self._respond(request, req, req.prompts, route, alias)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body, route, alias = await self._body(request, "chat.completion")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise HTTPError("messages must be a non-empty list of {role, content} objects.", param="messages")
+        body, route, alias = await self._route(request)
+        req = request[PARSED] = ChatRequest.parse(body, max_seq_len=route.max_seq_len)
         if route.tokenizer is None:
             raise HTTPError("this server has no tokenizer for a chat template; use /v1/completions.")
-        return await self._respond(request, body, [route.tokenizer.chat_prompt(messages)], "chat.completion",
-                                   route, alias)
+        return await self._respond(request, req, [route.tokenizer.chat_prompt(req.chat_messages)], route, alias)
 
-    async def _respond(self, request: web.Request, body: dict[str, Any], prompts: list[str | tuple[int, ...]],
-                       kind: str, route: Route, alias: Alias | None) -> web.StreamResponse:
+    async def _respond(self, request: web.Request, req: OpenAIRequest, prompts: list[Prompt], route: Route,
+                       alias: Alias | None) -> web.StreamResponse:
         route.in_flight += 1  # a reload waits for this route's requests before it unloads its models
         try:
-            sampling = parse_sampling(body, kind, route.max_seq_len)
-            prepare.check_logprob_entries(route, prompts, sampling, parse_scoring(body, kind), kind)
-            if len(prompts) * sampling.n > 1 or sampling.best_of is not None:
-                return await generate_choices(self.metrics, request, body, sampling, prompts, kind, route, alias)
-            return await self._generate(request, body, sampling, prompts[0], kind, route, alias)
+            prepare.check_logprob_entries(route, prompts, req)
+            if len(prompts) * req.n > 1 or req.best_of is not None:
+                return await generate_choices(self.metrics, request, req, prompts, route, alias)
+            return await self._generate(request, req, prompts[0], route, alias)
         finally:
             route.in_flight -= 1
 
-    async def _generate(self, request: web.Request, body: dict[str, Any], sampling: Sampling,
-                        prompt: str | tuple[int, ...], kind: str, route: Route,
+    async def _generate(self, request: web.Request, req: OpenAIRequest, prompt: Prompt, route: Route,
                         alias: Alias | None) -> web.StreamResponse:
-        scoring = parse_scoring(body, kind)
+        kind = req.kind
         show_ids, tokenizer = isinstance(prompt, tuple), route.tokenizer
-        prompt, prompt_text = prepare.prepared(route, prompt, sampling, scoring)
+        prompt, prompt_text = prepare.prepared(route, prompt, req)
         admit = request.get(ADMIT)
         if admit is not None:  # the gateway reserves the most tokens the request can use, or refuses it
-            admit(prepare.most_prompt_tokens(route, prompt) + sampling.max_tokens)
+            admit(prepare.most_prompt_tokens(route, prompt) + req.max_tokens)
         ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-        run = Run(route, prepare.engine_request(route, body, prompt, sampling, scoring, ident), sampling,
-                  show_ids=show_ids)
-        scorer = Scorer(scoring, kind, tokenizer, sampling.skip_special_tokens, prompt_text)
+        run = Run(route, prepare.engine_request(route, prompt, req, ident), req, show_ids=show_ids)
+        scorer = Scorer(req.scoring, kind, tokenizer, req.skip_special_tokens, prompt_text)
         request[USAGE] = run.usage  # the gateway charges it when the request ends
         timer = self.metrics.timer(route.name)
         shape = ChoiceShape(kind, ident, route.name, int(time.time()))
         headers = prepare.route_headers(route, alias)
         fingerprint = {"system_fingerprint": route.fingerprint}
-        if not sampling.stream:
+        if not req.stream:
             whole = timer.timed(run.pieces())
             try:  # a client that leaves cancels this handler, and closing ``whole`` cancels the generation
                 done = [piece async for piece in whole]
@@ -243,7 +236,7 @@ class OpenAIApp:
             return web.json_response({**shape.whole([choice], run.usage()), **fingerprint}, headers=headers)
 
         def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
-            return {"usage": run.usage()} if sampling.continuous_usage else {}
+            return {"usage": run.usage()} if req.continuous_usage else {}
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                **headers})
@@ -267,10 +260,10 @@ class OpenAIApp:
                 await send(response, {**fingerprint, **shape.chunk(piece.text, None, piece.token_ids,
                                                                    scorer.tokens(piece.scored)), **usage()})
             await send(response, {**fingerprint, **shape.chunk(None, run.finish_reason), **usage()})
-            if sampling.include_usage:
+            if req.include_usage:
                 await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": run.usage()})
         except (GenerationError, HTTPError) as exc:
-            error = exc if isinstance(exc, HTTPError) else generation_failure(exc)
+            error = exc if isinstance(exc, HTTPError) else generation_failure(exc, req.guide_field)
             await send(response, error.body())
         except ConnectionResetError:  # the client left: closing ``pieces`` cancels the generation
             return response

@@ -15,7 +15,6 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -27,64 +26,62 @@ from trtllm_kit.serve.http.exchange import ADMIT, USAGE
 from trtllm_kit.serve.openai import prepare
 from trtllm_kit.serve.openai.errors import generation_failure
 from trtllm_kit.serve.openai.fanout import FanOut
-from trtllm_kit.serve.openai.logprobs import Scorer, parse_scoring
+from trtllm_kit.serve.openai.logprobs import Scorer
 from trtllm_kit.serve.openai.metrics import FrontendMetrics
-from trtllm_kit.serve.openai.protocol import ChoiceShape, Sampling
+from trtllm_kit.serve.openai.protocol import ChoiceShape
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.run import Run, send
+from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest, Prompt
 from trtllm_kit.serve.openai.sequences import SharedSequences
 from trtllm_kit.wire import GenerationResponse
 
 Job = tuple[Run, Scorer]
 
 
-async def generate_choices(metrics: FrontendMetrics, request: web.Request, body: dict[str, Any], sampling: Sampling,
-                           prompts: list[str | tuple[int, ...]], kind: str, route: Route,
-                           alias: Alias | None) -> web.StreamResponse:
+async def generate_choices(metrics: FrontendMetrics, request: web.Request, req: OpenAIRequest, prompts: list[Prompt],
+                           route: Route, alias: Alias | None) -> web.StreamResponse:
     """Several choices at once: ``n`` per prompt (the best ``n`` of ``best_of``), whole or streamed.
 
     Arguments:
-        metrics: the frontend's metrics; request, body: the HTTP request and its JSON; sampling: its parsed
-        sampling; prompts: its prompts; kind: ``text_completion`` or ``chat.completion``; route, alias: where it
-        goes.
+        metrics: the frontend's metrics; request: the HTTP request; req: the parsed request; prompts: its prompts;
+        route, alias: where it goes.
     """
-    scoring = parse_scoring(body, kind)
-    prepared = [prepare.prepared(route, prompt, sampling, scoring) for prompt in prompts]
-    num_sequences = sampling.best_of or sampling.n
+    kind = req.kind
+    prepared = [prepare.prepared(route, prompt, req) for prompt in prompts]
+    num_sequences = req.best_of or req.n
     admit = request.get(ADMIT)
     if admit is not None:
-        admit(sum(prepare.most_prompt_tokens(route, p) + sampling.max_tokens * num_sequences for p, _ in prepared))
+        admit(sum(prepare.most_prompt_tokens(route, p) + req.max_tokens * num_sequences for p, _ in prepared))
     ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-    base = random.getrandbits(63) if sampling.seed is None else sampling.seed
+    base = random.getrandbits(63) if req.seed is None else req.seed
     jobs: list[Job] = []
     shared: list[SharedSequences] = []
     direct = any(isinstance(prompt, tuple) for prompt, _ in prepared)
     fanout = FanOut(route.max_batch_size, num_sequences if direct else 1)  # its engine requests as one unit
     for i, (prompt, prompt_text) in enumerate(prepared):
-        scorers = [Scorer(scoring, kind, route.tokenizer, sampling.skip_special_tokens, prompt_text)
-                   for _ in range(sampling.n)]
+        scorers = [Scorer(req.scoring, kind, route.tokenizer, req.skip_special_tokens, prompt_text)
+                   for _ in range(req.n)]
         if isinstance(prompt, tuple):  # the engine's own n: one request, the prompt computed once
             assert route.client is not None, "the application is not started"
             many = num_sequences > 1
-            gen = prepare.engine_request(route, body, prompt, replace(sampling, seed=base), scoring, f"{ident}-{i}",
-                                         n=sampling.n if many else None, best_of=sampling.best_of)
+            gen = prepare.engine_request(route, prompt, req, f"{ident}-{i}", seed=base,
+                                         n=req.n if many else None, best_of=req.best_of)
             sequences = SharedSequences(partial(fanout.stream, route.stream), gen)
             shared.append(sequences)
-            jobs += [(Run(route, gen, sampling, show_ids=False, chunks=_source(sequences, j)), scorers[j])
-                     for j in range(sampling.n)]
+            jobs += [(Run(route, gen, req, show_ids=False, chunks=_source(sequences, j)), scorers[j])
+                     for j in range(req.n)]
             continue
-        if sampling.best_of is not None:
+        if req.best_of is not None:
             raise HTTPError(f"best_of needs the model's tokenizer and its tensorrt_llm model, and {route.name!r} "
                                f"is served through {route.triton_model!r} alone; leave best_of out.", param="best_of")
-        for j in range(sampling.n):
-            own = replace(sampling, seed=(base + j) % 2**64)
-            gen = prepare.engine_request(route, body, prompt, own, scoring, f"{ident}-{i}-{j}")
-            jobs.append((Run(route, gen, own, show_ids=False, chunks=partial(fanout.stream, route.stream, gen)),
+        for j in range(req.n):
+            gen = prepare.engine_request(route, prompt, req, f"{ident}-{i}-{j}", seed=(base + j) % 2**64)
+            jobs.append((Run(route, gen, req, show_ids=False, chunks=partial(fanout.stream, route.stream, gen)),
                          scorers[j]))
 
     def usage() -> dict[str, int]:  # every prompt counted once, every completion (best_of's left-out ones too)
         each = [run.usage() for run, _ in jobs]
-        prompt_tokens = sum(u["prompt_tokens"] for u in each[::sampling.n])
+        prompt_tokens = sum(u["prompt_tokens"] for u in each[::req.n])
         completion_tokens = sum(u["completion_tokens"] for u in each) + sum(s.num_dropped_tokens for s in shared)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
@@ -93,8 +90,8 @@ async def generate_choices(metrics: FrontendMetrics, request: web.Request, body:
     shape = ChoiceShape(kind, ident, route.name, int(time.time()))
     headers = prepare.route_headers(route, alias)
     try:
-        if sampling.stream:
-            return await _streamed(request, metrics, route, shape, sampling, jobs, usage, headers)
+        if req.stream:
+            return await _streamed(request, metrics, route, shape, req, jobs, usage, headers)
         return await _whole(metrics, route, shape, jobs, usage, headers)
     finally:
         for sequences in shared:
@@ -128,7 +125,7 @@ async def _whole(metrics: FrontendMetrics, route: Route, shape: ChoiceShape, job
 
 
 async def _streamed(request: web.Request, metrics: FrontendMetrics, route: Route, shape: ChoiceShape,
-                    sampling: Sampling, jobs: list[Job], usage: Callable[[], dict[str, int]],
+                    req: OpenAIRequest, jobs: list[Job], usage: Callable[[], dict[str, int]],
                     headers: dict[str, str]) -> web.StreamResponse:
     """Every choice's chunks as they come, then the usage chunk (``include_usage``) and ``[DONE]``."""
     timer = metrics.timer(route.name)
@@ -136,7 +133,7 @@ async def _streamed(request: web.Request, metrics: FrontendMetrics, route: Route
     fingerprint = {"system_fingerprint": route.fingerprint}
 
     def put(chunk: dict[str, Any]) -> None:
-        running = {"usage": usage()} if sampling.continuous_usage else {}
+        running = {"usage": usage()} if req.continuous_usage else {}
         events.put_nowait({**fingerprint, **chunk, **running})
 
     async def produce(index: int, run: Run, scorer: Scorer) -> None:
@@ -184,10 +181,10 @@ async def _streamed(request: web.Request, metrics: FrontendMetrics, route: Route
                     raise event
                 else:
                     await send(response, event)
-            if sampling.include_usage:
+            if req.include_usage:
                 await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": usage()})
         except (GenerationError, HTTPError) as exc:
-            error = exc if isinstance(exc, HTTPError) else generation_failure(exc)
+            error = exc if isinstance(exc, HTTPError) else generation_failure(exc, req.guide_field)
             await send(response, error.body())
         except ConnectionResetError:  # the client left: cancelling the tasks cancels the generations
             return response

@@ -3,8 +3,6 @@ client got wrong, 429 for a full queue, 5xx for the rest, the server's traceback
 
 from __future__ import annotations
 
-from typing import Any
-
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.http.errors import RETRY_AFTER_S, HTTPError
 from trtllm_kit.serve.openai.guided import model_refusal
@@ -13,18 +11,19 @@ from trtllm_kit.serve.openai.guided import model_refusal
 QUEUE_FULL = ("queue is full", "Exceeds maximum queue size")
 
 
-def generation_failure(exc: GenerationError, body: dict[str, Any] | None = None) -> HTTPError:
+def generation_failure(exc: GenerationError, guide_field: str | None = None) -> HTTPError:
     """What the client is told of a failed generation: a full queue is 429, a refusal 4xx (a refused guide a 400
     naming the request's field), the rest 5xx.
 
     Arguments:
-        exc: the error the Triton client raised; body: the request's JSON body, when it has one.
+        exc: the error the Triton client raised; guide_field: the request's structured-output field, when it has
+        one.
     """
     message = first_line(str(exc))
     if any(marker in message for marker in QUEUE_FULL):
         return HTTPError(f"the server's request queue is full; retry after {RETRY_AFTER_S} s. ({message})", 429,
                             kind="rate_limit_error", code="queue_full")
-    refused = model_refusal(message, body)
+    refused = model_refusal(message, guide_field)
     if refused is not None:
         return refused
     return HTTPError(message, exc.status, kind="server_error" if exc.status >= 500 else "invalid_request_error")

@@ -50,20 +50,17 @@ def structured_field(body: dict[str, Any]) -> str | None:
     return given[0] if given else None
 
 
-def model_refusal(message: str, body: dict[str, Any] | None) -> HTTPError | None:
+def model_refusal(message: str, guide_field: str | None) -> HTTPError | None:
     """The 400 of a guide the model refused (``message`` names ``guided_decoding_guide``), naming the request's own
     field instead; None for any other failure.
 
     Arguments:
-        message: the model's error; body: the JSON request body, when there is one.
+        message: the model's error; guide_field: the request's structured-output field, when it has one.
     """
     found = MODEL_REFUSAL.search(message)
     if found is None:
         return None
-    try:
-        name = structured_field(body or {}) or "response_format"
-    except HTTPError:
-        name = "response_format"
+    name = guide_field or "response_format"
     return HTTPError(f"{name} {found.group(2)}", param=name)
 
 

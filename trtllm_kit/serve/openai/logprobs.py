@@ -1,5 +1,6 @@
-"""OpenAI's logprobs: the request fields (completions ``logprobs`` 0-5 and ``echo``, chat ``logprobs`` and
-``top_logprobs`` 0-20) and the response objects built from the engine's scored tokens.
+"""OpenAI's logprobs: what a request asks to be scored (``Scoring``, from the fields ``requests.py`` parses:
+completions ``logprobs`` 0-5 and ``echo``, chat ``logprobs`` and ``top_logprobs`` 0-20) and the response objects built
+from the engine's scored tokens.
 
 A completion's ``logprobs`` object holds ``tokens``, ``token_logprobs``, ``top_logprobs`` (token → logprob: the
 ``logprobs`` most likely, and the scored token when it is not among them) and
@@ -13,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.wire import Scored
 
@@ -28,32 +28,6 @@ class Scoring:
 
     logprobs: int | None = None
     echo: bool = False
-
-
-def _bounded(value: Any, name: str, bound: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= bound:
-        raise HTTPError(f"{name} must be an integer from 0 to {bound}, got {value!r:.60}.", param=name)
-    return value
-
-
-def parse_scoring(body: dict[str, Any], kind: str) -> Scoring:
-    """Validate the logprob fields of a completion (``logprobs``, ``echo``) or chat (``logprobs``, ``top_logprobs``)
-    request.
-
-    Arguments:
-        body: the JSON request body; kind: ``text_completion`` or ``chat.completion``.
-    """
-    if kind == "text_completion":
-        logprobs, echo = body.get("logprobs"), body.get("echo", False)
-        if not isinstance(echo, bool):
-            raise HTTPError(f"echo must be true or false, got {echo!r:.60}.", param="echo")
-        return Scoring(None if logprobs is None else _bounded(logprobs, "logprobs", MAX_COMPLETION_LOGPROBS), echo)
-    wanted, top = body.get("logprobs", False), body.get("top_logprobs")
-    if wanted is not None and not isinstance(wanted, bool):
-        raise HTTPError(f"logprobs must be true or false, got {wanted!r:.60}.", param="logprobs")
-    if top is not None and not wanted:
-        raise HTTPError("top_logprobs needs logprobs set to true.", param="top_logprobs")
-    return Scoring(_bounded(top or 0, "top_logprobs", MAX_TOP_LOGPROBS) if wanted else None)
 
 
 class LogprobText:

@@ -10,8 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.serve.http.errors import HTTPError
-from trtllm_kit.serve.openai.protocol import Sampling
 from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest
 from trtllm_kit.serve.openai.text import StopMatcher
 from trtllm_kit.wire import GenerationRequest, GenerationResponse, Scored
 
@@ -40,9 +40,9 @@ class Run:
     of the run's own.
     """
 
-    def __init__(self, route: Route, gen: GenerationRequest, sampling: Sampling, *, show_ids: bool = True,
+    def __init__(self, route: Route, gen: GenerationRequest, req: OpenAIRequest, *, show_ids: bool = True,
                  chunks: Callable[[], AsyncGenerator[GenerationResponse, None]] | None = None) -> None:
-        self.route, self.gen, self.sampling, self.show_ids = route, gen, sampling, show_ids
+        self.route, self.gen, self.req, self.show_ids = route, gen, req, show_ids
         self.chunks = chunks
         self.num_responses = 0  # one token each unless the model reports its count
         self.num_reported: int | None = None
@@ -53,11 +53,11 @@ class Run:
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
         """The pieces of the answer as they may be shown."""
-        matcher = StopMatcher(self.sampling.stops, self.sampling.include_stop)
+        matcher = StopMatcher(self.req.stops, self.req.include_stop_str_in_output)
         tokenizer = self.route.tokenizer
         decoder = None
         if isinstance(self.gen.prompt, tuple) and tokenizer is not None:
-            decoder = tokenizer.decoder(self.sampling.skip_special_tokens)
+            decoder = tokenizer.decoder(self.req.skip_special_tokens)
         stream = self.route.stream(self.gen) if self.chunks is None else self.chunks()
         try:
             async for chunk in stream:
@@ -67,7 +67,7 @@ class Run:
                                            "tensorrt_llm does not return; leave echo or logprobs out.",
                                            param="echo")
                     self.prompt_scored = chunk.prompt_scored
-                if self.sampling.max_tokens == 0:  # echo scoring the prompt alone: the one token made is dropped
+                if self.req.max_tokens == 0:  # echo scoring the prompt alone: the one token made is dropped
                     self.num_reported, self.finish_reason = 0, "length"
                     return
                 self._count(chunk)

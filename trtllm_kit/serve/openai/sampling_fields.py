@@ -1,0 +1,261 @@
+"""What an OpenAI completion and chat request share, as one typed class (``OpenAIRequest``, pydantic; the two
+requests are ``requests.py``'s): the fields, their parse and the generation they ask for.
+
+The parse is strict (no coercion; a boolean is not a number) and keeps OpenAI's own bounds (temperature in [0, 2],
+top_p in (0, 1], n ≤ ``MAX_N``, the stop and prompt bounds of ``request_limits``); vLLM's sampling extras (``top_k``,
+``min_p``, the penalties) are checked by the wire's rows (``trtllm_kit.wire.request``), which state their ranges once.
+``to_generation`` says the request in the wire's terms: temperature 0 (or below ``MIN_TEMPERATURE``) is greedy (top_k
+1), else top_p defaults to 1 (TensorRT-LLM takes top_k = top_p = 0 as greedy); ``ignore_eos`` sends ``end_id`` -1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from typing import Annotated, Any, ClassVar, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from trtllm_kit.runtime.sampling_rules import MAX_SEED, is_greedy_temperature
+from trtllm_kit.serve.http.errors import HTTPError
+from trtllm_kit.serve.openai.guided import GUIDED_FIELDS, Guide, parse_guide, structured_field
+from trtllm_kit.serve.openai.logprobs import Scoring
+from trtllm_kit.serve.openai.refusals import PRIORITY_RANGE, refused
+from trtllm_kit.serve.openai.request_limits import MAX_N, stops_problem
+from trtllm_kit.wire import GenerationRequest, WireError
+from trtllm_kit.wire.fields import rows
+from trtllm_kit.wire.request import NEVER_END_ID
+
+DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
+MAX_INT32 = 2**31 - 1
+Int = Annotated[int, Strict()]
+Prompt = str | tuple[int, ...]
+R = TypeVar("R", bound="OpenAIRequest")
+NULL_REFUSED = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo")
+WIRE_RULES = {row.name: row.rule for row in rows(GenerationRequest)}
+
+
+def _by_wire_row(name: str) -> BeforeValidator:
+    """A sampling extra checked by its wire row (vLLM's ``top_k`` -1 is off, as 0 is)."""
+    rule = WIRE_RULES[name]
+    assert rule is not None, f"{name} has a rule on the wire"
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        if name == "top_k" and value == -1 and not isinstance(value, bool):
+            value = 0
+        try:
+            return rule.checked(name, value)
+        except WireError as exc:
+            raise PydanticCustomError("wire", str(exc)) from None
+
+    return BeforeValidator(check)
+
+
+def trtllm_priority(priority: int) -> float:
+    """vLLM's integer priority (lower first, default 0) as TensorRT-LLM's float (higher first, default 0.5):
+    -100 → 1.0, 0 → 0.5, 100 → 0.0, linearly.
+
+    Arguments:
+        priority: the request's ``priority`` field, in -100..100.
+    """
+    return 0.5 - priority / (2 * PRIORITY_RANGE)
+
+# OpenAI fields the frontend does not implement: accepted only at the value that asks for nothing.
+NOT_IMPLEMENTED = {
+                   "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+                   "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
+                   "service_tier": (None, "auto", "default"),
+                   "store": (None, False), "metadata": (None, {}), "modalities": (None, ["text"]),
+                   "prediction": (None,), "audio": (None,), "reasoning_effort": (None,)}
+
+
+def check_fields(body: dict[str, Any], accepted: Container[str]) -> None:
+    """Refuse a field the frontend does not implement (OpenAI's own answer to an unknown one is a 400 too).
+
+    Arguments:
+        body: the JSON request body.
+        accepted: the fields the endpoint implements.
+    """
+    for name, value in body.items():
+        if name in accepted:
+            continue
+        if name in NOT_IMPLEMENTED:
+            if any(type(value) is type(default) and value == default for default in NOT_IMPLEMENTED[name]):
+                continue
+            raise HTTPError(f"{name} is not supported by this server (got {value!r:.60}); leave it out.",
+                               param=name, code="unsupported_parameter")
+        raise HTTPError(f"Unrecognized request argument supplied: {name}.", param=name,
+                           code="unknown_parameter")
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: the usage chunk at the end, and the running usage in every chunk."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class OpenAIRequest(BaseModel):
+    """The fields a completion and a chat request share, in the order they are checked."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    kind: ClassVar[str]
+    model: Any = None  # resolved by the handler before the parse
+    user: Any = None  # labels the request (an alias picks its model by it)
+    max_tokens: Int  # max_completion_tokens, else max_tokens, else the endpoint's default
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: Int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: str | list[str] | None = None
+    min_tokens: Int | None = Field(None, ge=0)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    top_k: Annotated[int | None, _by_wire_row("top_k")] = None
+    min_p: Annotated[float | None, _by_wire_row("min_p")] = None
+    repetition_penalty: Annotated[float | None, _by_wire_row("repetition_penalty")] = None
+    presence_penalty: Annotated[float | None, _by_wire_row("presence_penalty")] = None
+    frequency_penalty: Annotated[float | None, _by_wire_row("frequency_penalty")] = None
+    n: Int = Field(1, ge=1, le=MAX_N)  # choices per prompt
+    best_of: Int | None = None  # resolved: None unless more sequences than n are generated
+    priority: Int | None = Field(None, ge=-PRIORITY_RANGE, le=PRIORITY_RANGE)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: Any = None  # the structured-output fields: ``guided.py`` reads them
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    _guide: Guide | None = PrivateAttr(None)
+    _guide_field: str | None = PrivateAttr(None)
+
+    @classmethod
+    def parse(cls: type[R], body: dict[str, Any], *, max_seq_len: int | None = None,
+              vocab_size: int | None = None) -> R:
+        """The request of ``body``, or the 400 that names its first wrong field.
+
+        Arguments:
+            body: the JSON request body; max_seq_len: prompt plus output tokens the model takes (``max_tokens`` is
+            bounded by it when known); vocab_size: token ids must be below it (unchecked when None).
+        """
+        check_fields(body, {*cls.model_fields, "max_completion_tokens"})
+        given = {k: v for k, v in body.items() if v is not None or k in NULL_REFUSED}  # null: absent, but for flags
+        given["max_tokens"] = given.pop("max_completion_tokens", given.get("max_tokens", DEFAULT_MAX_TOKENS[cls.kind]))
+        try:
+            return cls.model_validate(given, context={"max_seq_len": max_seq_len, "vocab_size": vocab_size})
+        except ValidationError as exc:
+            raise refused(exc, body, cls.kind, given) from None
+
+    @model_validator(mode="after")
+    def _resolve(self, info: ValidationInfo) -> OpenAIRequest:
+        max_seq_len = (info.context or {}).get("max_seq_len")
+        max_tokens = self.max_tokens
+        if max_tokens < (0 if self.scoring.echo else 1):  # echo with max_tokens 0 scores the prompt alone
+            raise HTTPError(f"max_tokens must be a positive integer, got {max_tokens!r}.", param="max_tokens")
+        limit = MAX_INT32 if max_seq_len is None else max_seq_len - 1
+        if max_tokens > limit:
+            reason = f"this model's max_seq_len is {max_seq_len} tokens" if max_seq_len else "the limit is 2**31 - 1"
+            raise HTTPError(f"max_tokens must be at most {limit} ({reason}), got {max_tokens}.", param="max_tokens")
+        problem = stops_problem(self.stops)
+        if problem is not None:
+            raise HTTPError(problem, param="stop")
+        if self.min_tokens is not None and self.min_tokens > max_tokens:
+            raise HTTPError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got "
+                            f"{self.min_tokens!r}.", param="min_tokens")
+        if self.best_of is not None and not self.n <= self.best_of <= MAX_N:
+            raise HTTPError(f"best_of must be an integer from n ({self.n}) to {MAX_N}, got {self.best_of!r:.60}.",
+                            param="best_of")
+        if self.stream_options is not None and not self.stream:
+            raise HTTPError("stream_options is only allowed when stream is true.", param="stream_options")
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            raise HTTPError(f"best_of ({self.best_of}) greater than n ({self.n}) cannot be streamed: the best are "
+                            "known only once all are done; send stream false, or best_of equal to n.",
+                            param="best_of")
+        self.best_of = self.best_of if self.best_of is not None and self.best_of > self.n else None
+        guided = {name: getattr(self, name) for name in GUIDED_FIELDS}
+        self._guide, self._guide_field = parse_guide(guided), structured_field(guided)
+        self._check_endpoint((info.context or {}).get("vocab_size"))
+        return self
+
+    def _check_endpoint(self, vocab_size: int | None) -> None:
+        """The endpoint's own fields (the prompt, the messages, the logprob fields)."""
+
+    @property
+    def scoring(self) -> Scoring:
+        """What the request asks to be scored."""
+        return Scoring()
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """``stream_options.continuous_usage_stats``: the running usage in every chunk."""
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+    @property
+    def guide(self) -> Guide | None:
+        """The structured-output guide (None: free text)."""
+        return self._guide
+
+    @property
+    def guide_field(self) -> str | None:
+        """The field that asked for structured output (None: none did)."""
+        return self._guide_field
+
+    @property
+    def extras(self) -> dict[str, float | int]:
+        """The sampling extras the request sets, in the wire's terms."""
+        names = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def to_generation(self, prompt: Prompt, request_id: str, *, eos_id: int | None = None,
+                      stop_words: tuple[tuple[int, ...], ...] = (), context_logits: bool | None = None,
+                      seed: int | None = None, **fields: Any) -> GenerationRequest:
+        """The generation of ``prompt`` as the wire carries it; a value the wire refuses is a 400 naming its field.
+
+        Arguments:
+            prompt: the prompt as sent (text, or token ids); request_id: the engine request's id; eos_id: the
+            tokenizer's end id (token-id prompts send it); stop_words: the stop sequences as token ids;
+            context_logits: whether the route's engine computes prompt logprobs from its context logits; seed: in
+            place of the request's (a choice's own); fields: further wire fields (``n``, ``best_of``).
+        """
+        scoring = self.scoring
+        prompt_logprobs = scoring.logprobs if scoring.echo else None
+        priority = None if self.priority is None else trtllm_priority(self.priority)
+        common: dict[str, Any] = {
+            "seed": self.seed if seed is None else seed, "min_tokens": self.min_tokens, "request_id": request_id,
+            "end_id": NEVER_END_ID if self.ignore_eos else eos_id, "priority": priority, "logprobs": scoring.logprobs,
+            "prompt_logprobs": prompt_logprobs, "guide": self.guide, "stop_words": stop_words,
+            "stop_strings": tuple(self.stops),
+            "return_context_logits": True if context_logits and prompt_logprobs is not None else None,
+            "keep_end_token": True if scoring.logprobs is not None else None, **self.extras, **fields}
+        temperature = 1.0 if self.temperature is None else self.temperature
+        max_tokens = max(1, self.max_tokens)
+        try:
+            if is_greedy_temperature(temperature):
+                common.pop("top_k", None)  # greedy is top_k 1, and min_p keeps the most likely token
+                return GenerationRequest(prompt, max_tokens, top_k=1, **common)
+            return GenerationRequest(prompt, max_tokens, temperature=temperature,
+                                     top_p=1.0 if self.top_p is None else self.top_p, **common)
+        except WireError as exc:
+            raise HTTPError(str(exc), param=exc.field) from None
+
