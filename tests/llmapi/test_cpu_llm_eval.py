@@ -119,7 +119,7 @@ def test_penalties_reach_the_runtime(llm, ckpt):
     _, plain = generate(llm, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     assert plain.outputs[0].token_ids[:18] == result.outputs[0].token_ids[:18]
     assert plain.outputs[0].token_ids[18:] != result.outputs[0].token_ids[18:]
-    with pytest.raises(KitUsageError, match=r"^repetition_penalty must be greater than 0"):
+    with pytest.raises(KitUsageError, match=r"^repetition_penalty must be a number greater than 0"):
         llm.generate_async(PROMPT, SamplingParams(repetition_penalty=-1.0))
 
 

@@ -83,5 +83,6 @@ def test_equal_priorities_never_preempt_under_guaranteed_no_evict(model):
 
 
 def test_priority_outside_zero_one_is_refused():
-    with pytest.raises(KitUsageError, match=r"priority must lie in \[0, 1\] \(higher runs first\), got 1.5."):
+    with pytest.raises(KitUsageError, match=r"^priority must be a number in \[0, 1\], got 1.5; send one that is, "
+                                         r"or leave priority out\.$"):
         SamplingParams(priority=1.5)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,16 @@ from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.handle import failure_of
 from trtllm_kit.runtime.loop import EngineLoop, Submission
+from trtllm_kit.runtime.request import sampling_params as runtime_settings
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.stats import executor_stats
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.request import NEVER_END_ID
 
+# the fields the LLM API's SamplingParams and the wire's request both declare, by name
+SHARED_FIELDS = tuple(sorted({f.name for f in fields(SamplingParams)} & {f.name for f in fields(GenerationRequest)}
+                             - {"top_p", "end_id"}))
 __all__ = ["LLM", "DisaggregatedParams", "GuidedDecodingParams", "LoRARequest", "RequestError", "RequestOutput",
            "SamplingParams"]
 
@@ -106,7 +112,7 @@ class LLM:
         """
         params = sampling_params or SamplingParams()
         ids = list(inputs) if isinstance(inputs, list) else self._encode(str(inputs), add_special_tokens=True)
-        runtime_params = self._runtime_params(params, float(priority))  # refuses bad values before anything runs
+        runtime_params = self._runtime_params(ids, params, float(priority))  # refuses bad values before anything runs
         guide = self._guide(params.guided_decoding)
         lora = None
         if lora_request is not None:
@@ -150,21 +156,18 @@ class LLM:
             raise KitUsageError("the checkpoint has no tokenizer files; send token ids (input_ids) instead of text.")
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _runtime_params(self, p: SamplingParams, priority: float = DEFAULT_PRIORITY) -> RuntimeParams:
+    def _runtime_params(self, ids: list[int], p: SamplingParams, priority: float = DEFAULT_PRIORITY) -> RuntimeParams:
+        """The runtime's settings of ``p``: the fields it shares with the wire's request by name, checked by the
+        wire's rules; the LLM API's own meanings beside them (a temperature alone samples the whole vocabulary,
+        ``ignore_eos`` is no end token, ``stop`` strings end as their token ids)."""
         stops = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         sampled = p.temperature not in (None, 0.0) and p.top_k is None and p.top_p is None
-        return RuntimeParams(
-            max_tokens=int(p.max_tokens), min_tokens=int(p.min_tokens or 0),
-            end_id=None if p.ignore_eos else (p.end_id if p.end_id is not None else self.eos_token_id),
-            temperature=1.0 if p.temperature is None else float(p.temperature), top_k=int(p.top_k or 0),
-            top_p=1.0 if sampled else float(p.top_p or 0.0), seed=int(p.seed or 0),
-            stop_words=[self._encode(s, add_special_tokens=False) for s in stops if s], priority=priority,
-            min_p=float(p.min_p or 0.0),
-            repetition_penalty=1.0 if p.repetition_penalty is None else float(p.repetition_penalty),
-            presence_penalty=float(p.presence_penalty or 0.0), frequency_penalty=float(p.frequency_penalty or 0.0),
-            ignore_eos=bool(p.ignore_eos), n=int(p.n), best_of=None if p.best_of is None else int(p.best_of),
-            logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, return_context_logits=p.return_context_logits,
-            return_generation_logits=p.return_generation_logits, keep_end_token=p.keep_end_token)
+        req = GenerationRequest(
+            tuple(ids), **{name: getattr(p, name) for name in SHARED_FIELDS},
+            top_p=1.0 if sampled else p.top_p, priority=priority,
+            end_id=NEVER_END_ID if p.ignore_eos else (p.end_id if p.end_id is not None else self.eos_token_id),
+            stop_words=tuple(tuple(self._encode(s, add_special_tokens=False)) for s in stops if s))
+        return runtime_settings(req)
 
     def _guide(self, params: GuidedDecodingParams | None) -> Future[CompiledGuide] | None:
         """The request's guide, compiling in the guide service's process (None without one); needs

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
 import torch
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.sampling_rules import MAX_SEED, extras_problem, is_greedy_temperature
+from trtllm_kit.runtime.sampling_rules import is_greedy_temperature
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.fields import Row, rows
 from trtllm_kit.wire.request import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:
@@ -40,8 +43,9 @@ class SequenceStatus(Enum):
 class SamplingParams:
     """Per-request generation settings with TensorRT-LLM's meanings (``top_k`` 0 and ``top_p`` 0 = greedy).
 
-    The extras carry vLLM's names and defaults (``runtime/sampling_rules.py``): ``min_p``, the penalties
-    (``runtime/penalties.py``), ``ignore_eos`` (``end_id`` does not end the sequence). ``n`` sequences are returned
+    A field the wire's generation request also declares takes the values its row's rule accepts (``wire_rows``;
+    vLLM's names and ranges for the penalties, ``runtime/penalties.py``); ``ignore_eos``: ``end_id`` does not end
+    the sequence. ``n`` sequences are returned
     of ``best_of`` sampled (None: ``n``), sharing the prompt's KV blocks; with ``best_of > n`` the ``n`` with the
     highest cumulative logprob. ``logprobs`` (None: off) keeps each generated token's logprob and that many top
     alternatives, ``prompt_logprobs`` the same for the prompt tokens (``runtime/logprobs.py``);
@@ -75,24 +79,15 @@ class SamplingParams:
     keep_end_token: bool = False
 
     def __post_init__(self) -> None:
-        wrong = extras_problem(top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                               min_tokens=self.min_tokens, n=self.n, best_of=self.best_of, logprobs=self.logprobs,
-                               prompt_logprobs=self.prompt_logprobs)
-        if wrong is not None:
-            raise KitUsageError(wrong[1])
-        if self.max_tokens < 1:
-            raise KitUsageError(f"request_output_len must be at least 1, got {self.max_tokens}.")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        for row in wire_rows():  # NaN and out-of-range values are refused naming the field
+            value = getattr(self, row.name)
+            if value is not None and row.rule is not None:
+                row.rule.checked(row.name, value)
+        if self.min_tokens > self.max_tokens:
             raise KitUsageError(f"min_tokens must lie in [0, request_output_len={self.max_tokens}], "
                                 f"got {self.min_tokens}.")
-        if not self.temperature >= 0 or self.top_k < 0 or not 0 <= self.top_p <= 1:  # NaN fails too
-            raise KitUsageError(f"temperature {self.temperature} and runtime_top_k {self.top_k} must be >= 0 and "
-                                f"runtime_top_p {self.top_p} in [0, 1].")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise KitUsageError(f"seed must be an integer from 0 to 2**64 - 1, got {self.seed}.")
-        if not 0 <= self.priority <= 1:
-            raise KitUsageError(f"priority must lie in [0, 1] (higher runs first), got {self.priority}.")
+        if self.best_of is not None and self.best_of < self.n:
+            raise KitUsageError(f"best_of must be an integer >= n ({self.n}), got {self.best_of}.")
         if any(not words for words in self.stop_words):
             raise KitUsageError("stop_words_list holds an empty stop word; drop it or give its token ids.")
 
@@ -109,6 +104,13 @@ class SamplingParams:
     def needs_prompt_logits(self) -> bool:
         """Whether every prompt position's logits are needed (so no prompt block may be taken from the cache)."""
         return self.prompt_logprobs is not None or self.return_context_logits
+
+
+@functools.cache
+def wire_rows() -> tuple[Row, ...]:
+    """The wire's rows of the request fields ``SamplingParams`` holds under the same name (each with its rule)."""
+    names = {f.name for f in fields(SamplingParams)}
+    return tuple(row for row in rows(GenerationRequest) if row.name in names and row.rule is not None)
 
 
 class Sequence:
