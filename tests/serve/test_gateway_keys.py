@@ -10,7 +10,7 @@ import pytest
 
 from trtllm_kit.cli import run
 from trtllm_kit.serve.gateway.keys import KeyRecord, read_keys
-from trtllm_kit.serve.gateway.limits import KeyLimits, period_bounds
+from trtllm_kit.serve.gateway.quotas import KeyLimits, period_bounds
 
 
 def test_keys_add_prints_the_key_once_and_stores_only_a_salted_hash(tmp_path: Path, capsys) -> None:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.gateway.keys import KeyFile, KeyRecord, read_keys
-from trtllm_kit.serve.gateway.limits import KeyLimits, Refusal
+from trtllm_kit.serve.gateway.quotas import KeyLimits, Refusal
 from trtllm_kit.serve.gateway.usage import UsageLog, UsageMetrics, UsageRecord
 from trtllm_kit.serve.http.body import json_body
 from trtllm_kit.serve.http.errors import HTTPError, error_response
