@@ -54,6 +54,9 @@ class BuildKey:
                 "repo": dict(self.repo)}
 
 
+TINY_BUILDS = {"cpu": BuildKey.of(), "llmapi": BuildKey.of(target="llmapi", repo={})}  # the tiny model per target
+
+
 class Builds:
     """The session's build outputs under ``root``, each built once per key; served outputs are shared, so a test
     that changes one works on a ``copy``."""
