@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from reliability_helpers import kit
-from serving_helpers import MODEL, post, serve
+from kit_server import TINY_BUILDS, Builds, KitServer
+from serving_helpers import MODEL, post
 from tritonclient import grpc as grpcclient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -52,17 +51,12 @@ PROMPT = [1, 415, 565, 37]
 
 
 @pytest.fixture(scope="module", params=["cpu", "llmapi"])
-def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def target(request: pytest.FixtureRequest, kit_builds: Builds,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A serve of the tiny model built for the target; its state."""
-    out = tmp_path_factory.mktemp(f"guided-{request.param}") / "out"
-    if request.param == "cpu":
-        shutil.copytree(request.getfixturevalue("tiny_artifact"), out)
-    else:
-        done = kit("build", MODEL, "--target", "llmapi", "--no-verify", "--out", str(out), timeout=600)
-        assert done.returncode == 0, done.stderr
-    state = serve(out)
-    yield {**state, "target": request.param}
-    kit("stop", str(out), timeout=60)
+    out = kit_builds.copy(TINY_BUILDS[request.param], tmp_path_factory.mktemp(f"guided-{request.param}") / "out")
+    with KitServer(out) as server:
+        yield {**server.state, "out": out, "target": request.param}
 
 
 def completion(state: dict[str, Any], **fields: Any) -> tuple[int, dict[str, Any]]:
