@@ -17,6 +17,7 @@ from trtllm_kit.triton_models.llmapi_params import (
     guided_decoding,
     is_client_error,
     sampling_kwargs,
+    sampling_params,
 )
 from trtllm_kit.wire import GenerationRequest, WireError
 from trtllm_kit.wire.llmapi import decode_llmapi_request, encode_llmapi_request
@@ -85,3 +86,15 @@ def test_guides_become_guided_decoding_params() -> None:
 def test_refusals_of_the_request_are_the_clients() -> None:
     assert is_client_error(ValueError("x")) and is_client_error(WireError("top_k", "x"))
     assert not is_client_error(RuntimeError("x")) and not is_client_error(KeyError("x"))
+
+
+def test_keep_end_token_goes_only_to_a_class_that_has_it() -> None:
+    req = GenerationRequest((1,), 4, keep_end_token=True, guide=("regex", "a+"))
+    params = sampling_params(req, SamplingParams, GuidedDecodingParams)
+    assert params.keep_end_token and params.guided_decoding == GuidedDecodingParams(regex="a+")
+
+    def upstream_like(max_tokens: int = 32, guided_decoding: object = None) -> dict:  # no keep_end_token field
+        return {"max_tokens": max_tokens, "guided_decoding": guided_decoding}
+
+    assert sampling_params(req, upstream_like, GuidedDecodingParams) == {
+        "max_tokens": 4, "guided_decoding": GuidedDecodingParams(regex="a+")}

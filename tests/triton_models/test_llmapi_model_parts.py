@@ -14,7 +14,7 @@ import pytest
 from trtllm_kit.llmapi.cpu_types import LoRARequest
 from trtllm_kit.model_repo.repository import python_source
 from trtllm_kit.triton_models.llmapi_adapters import Adapters, lora_int_id
-from trtllm_kit.triton_models.llmapi_gauges import stat_value
+from trtllm_kit.triton_models.llmapi_gauges import GAUGES, make_gauges, stat_value
 from trtllm_kit.triton_models.llmapi_instances import instance_gpus
 
 
@@ -73,3 +73,23 @@ def test_without_the_kit_initialize_says_to_install_it(monkeypatch: pytest.Monke
     with pytest.raises(RuntimeError, match=r"^the llmapi model needs the trtllm-kit package where Triton runs \(.*"
                                            r"\); run pip install trtllm-kit in the serving image\.$"):
         module.TritonPythonModel().initialize({})
+
+
+def test_each_gauge_is_a_labelled_metric_of_its_family() -> None:
+    made: list[tuple[str, dict[str, str]]] = []
+
+    class Family:
+        GAUGE = "gauge"
+
+        def __init__(self, name: str, description: str, kind: str) -> None:
+            self.name = name
+
+        def Metric(self, labels: dict[str, str]) -> tuple[str, dict[str, str]]:  # pb_utils' name
+            made.append((self.name, labels))
+            return made[-1]
+
+    families, gauges = make_gauges(SimpleNamespace(MetricFamily=Family), {"model": "m"})
+    assert [f.name for f in families] == list(GAUGES)
+    assert ("kvCacheStats", "freeNumBlocks") in [path for path, _ in gauges]
+    assert ("nv_trt_llm_kv_cache_block_metrics", {"model": "m", "kv_cache_block_type": "free"}) in made
+    assert len(gauges) == sum(len(values) for _, values in GAUGES.values())

@@ -31,3 +31,20 @@ def stat_value(stats: Any, path: tuple[str, ...]) -> float:
     for key in path:
         value = value.get(key, 0) if isinstance(value, dict) else 0
     return float(value or 0)
+
+
+def make_gauges(pb_utils: Any, labels: dict[str, str]) -> tuple[list[Any], list[tuple[tuple[str, ...], Any]]]:
+    """The metric families (the caller keeps them: a family must outlive its metrics) and each gauge with its
+    statistics key path.
+
+    Arguments:
+        pb_utils: Triton's backend module; labels: the labels every gauge carries (model, version, instance).
+    """
+    families: list[Any] = []
+    gauges: list[tuple[tuple[str, ...], Any]] = []
+    for family, (label, values) in GAUGES.items():
+        metric_family = pb_utils.MetricFamily(name=family, description=f"TensorRT-LLM {label} (LLM.get_stats)",
+                                              kind=pb_utils.MetricFamily.GAUGE)
+        families.append(metric_family)
+        gauges += [(path, metric_family.Metric(labels={**labels, label: value})) for value, path in values.items()]
+    return families, gauges

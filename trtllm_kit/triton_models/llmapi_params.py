@@ -10,6 +10,7 @@ model's to read.
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -46,6 +47,22 @@ def sampling_kwargs(req: GenerationRequest) -> dict[str, Any]:
         kwargs[IGNORE_EOS.removeprefix(PREFIX)] = True
     check_sampling(kwargs)
     return kwargs
+
+
+def sampling_params(req: GenerationRequest, sampling_class: Any, guide_class: Any) -> Any:
+    """The request's ``SamplingParams``: its fields, its guide, and the kit's ``keep_end_token`` where the class has
+    that field (the kit's CPU one; TensorRT-LLM's has none, and there it is not sent).
+
+    Arguments:
+        req: the decoded request; sampling_class: ``SamplingParams``; guide_class: ``GuidedDecodingParams``.
+    """
+    kwargs = sampling_kwargs(req)
+    if req.keep_end_token and "keep_end_token" in inspect.signature(sampling_class).parameters:
+        kwargs["keep_end_token"] = True
+    guide = guided_decoding(req.guide, guide_class)
+    if guide is not None:
+        kwargs["guided_decoding"] = guide
+    return sampling_class(**kwargs)
 
 
 def check_sampling(kwargs: dict[str, Any]) -> None:

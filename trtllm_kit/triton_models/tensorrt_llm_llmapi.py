@@ -1,12 +1,10 @@
 """The ``tensorrt_llm`` model of the llmapi target: a Triton Python-backend model over TensorRT-LLM's public LLM API.
 
 Written by trtllm-kit against the documented API (``LLM``, ``SamplingParams``, ``generate_async``, ``abort``,
-``get_stats``, ``shutdown``). Its tensors are upstream's ``llmapi`` interface (``text_input``, ``streaming``,
-``sampling_param_*``, ``return_finish_reason``, ``return_stop_reason``, ``return_cumulative_logprob``, ``stop``
-→ ``text_output``, ``finish_reason``, ``stop_reason``, ``cumulative_logprob``) plus what benchmarks, evaluations,
+``get_stats``, ``shutdown``). Its tensors are upstream's ``llmapi`` interface plus what benchmarks, evaluations,
 disaggregated serving, LoRA and autoscalers need; the wire's llmapi codec (``trtllm_kit.wire.llmapi``,
-``llmapi_response``) reads and writes them all, refusing a bad value by its tensor's name. The LLM API's
-arguments come from ``llmapi_params.py``, the responses from ``llmapi_outputs.py``; the C++ backend's gauges
+``llmapi_response``) reads and writes them, refusing a bad value by its tensor's name. The LLM API's arguments
+come from ``llmapi_params.py``, the responses from ``llmapi_outputs.py``; the C++ backend's gauges
 (``llmapi_gauges.py``) are custom metrics.
 
 ``model.yaml`` (next to this file, or ``$LLM_CONFIG_PATH``) holds the ``LLM()`` arguments and ``triton_config``.
@@ -33,10 +31,10 @@ try:
     from trtllm_kit.runtime.handle import Failure, failure_of
     from trtllm_kit.triton_models.llmapi_adapters import Adapters
     from trtllm_kit.triton_models.llmapi_classes import llm_classes
-    from trtllm_kit.triton_models.llmapi_gauges import GAUGES, stat_value
+    from trtllm_kit.triton_models.llmapi_gauges import make_gauges, stat_value
     from trtllm_kit.triton_models.llmapi_instances import instance_gpus
     from trtllm_kit.triton_models.llmapi_outputs import completion_responses
-    from trtllm_kit.triton_models.llmapi_params import check_mode, guided_decoding, is_client_error, sampling_kwargs
+    from trtllm_kit.triton_models.llmapi_params import check_mode, is_client_error, sampling_params
     from trtllm_kit.triton_models.triton_io import failure_error, input_arrays, output_tensors
     from trtllm_kit.wire import GenerationRequest, GenerationResponse
     from trtllm_kit.wire.llmapi import decode_llmapi_request, request_tensors
@@ -78,20 +76,13 @@ class TritonPythonModel:
         self.thread.start()
         self.llm = self.classes.llm(**llm_args)
         self.takes_priority = "priority" in inspect.signature(self.llm.generate_async).parameters
-        self.keeps_end_token = "keep_end_token" in inspect.signature(self.classes.sampling_params).parameters
         self.priority_noted = False
         self.inflight: dict[str, list] = {}  # triton request id → running results (for the ``stop`` input)
         self.pending: set = set()
         labels = {"model": args["model_name"], "version": args["model_version"]}
         if count > 1:  # several LLMs in one server: a gauge each, summed by whoever scrapes them
             labels["model_instance"] = str(index)  # not "instance": Prometheus keeps that for the scraped target
-        self.families, self.gauges = [], []
-        for family, (label, values) in GAUGES.items():
-            metric_family = pb_utils.MetricFamily(name=family, description=f"TensorRT-LLM {label} (LLM.get_stats)",
-                                                  kind=pb_utils.MetricFamily.GAUGE)
-            self.families.append(metric_family)  # a family must outlive its metrics
-            self.gauges += [(path, metric_family.Metric(labels={**labels, label: value}))
-                            for value, path in values.items()]
+        self.families, self.gauges = make_gauges(pb_utils, labels)
         self.metrics_task = asyncio.run_coroutine_threadsafe(self._publish(), self.loop)
 
     def execute(self, requests):
@@ -124,7 +115,9 @@ class TritonPythonModel:
             req = decode_llmapi_request(arrays)
             check_mode(req, self.decoupled)
             result = self.llm.generate_async(req.prompt if isinstance(req.prompt, str) else list(req.prompt),
-                                             self._sampling_params(req), streaming=bool(req.streaming),
+                                             sampling_params(req, self.classes.sampling_params,
+                                                             self.classes.guided_decoding_params),
+                                             streaming=bool(req.streaming),
                                              **self._extras(req))
             running = self.inflight.setdefault(request_id, [])
             running.append(result)
@@ -171,17 +164,6 @@ class TritonPythonModel:
             if request.is_cancelled():
                 result.abort()
                 return
-
-    def _sampling_params(self, req: GenerationRequest):
-        """The request's ``SamplingParams``: its fields, its guide, and the kit's ``keep_end_token`` where the class
-        has it."""
-        kwargs = sampling_kwargs(req)
-        if req.keep_end_token and self.keeps_end_token:
-            kwargs["keep_end_token"] = True
-        guide = guided_decoding(req.guide, self.classes.guided_decoding_params)
-        if guide is not None:
-            kwargs["guided_decoding"] = guide
-        return self.classes.sampling_params(**kwargs)
 
     def _extras(self, req: GenerationRequest) -> dict[str, Any]:
         """``generate_async``'s other arguments: ``priority`` (where the installed LLM API takes it; otherwise said
