@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from trtllm_kit.checkpoint.convert import convert_checkpoint  # noqa: E402
 from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
 from trtllm_kit.runtime.config import EngineConfig  # noqa: E402
-from trtllm_kit.runtime.engine import Engine  # noqa: E402
+from trtllm_kit.runtime.executor import Executor  # noqa: E402
 from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
 
@@ -90,7 +90,7 @@ def replay(model: CheckpointModel, config: EngineConfig, requests: list[Request]
     Arguments:
         model: the loaded checkpoint; config: engine settings; requests: the workload; mode: its label.
     """
-    engine, pending, latencies = Engine(model, config), list(requests), []
+    engine, pending, latencies = Executor(model, config), list(requests), []
     arrivals: dict[int, float] = {}
     start, cpu_start = time.perf_counter(), time.process_time()
     while pending or engine.has_work():
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     configs = {"in-flight": EngineConfig(batch_scheduler_policy="max_utilization", enable_chunked_context=True,
                                          **common),
                "static": EngineConfig(batch_scheduler_policy="static", **common)}
-    Engine(model, configs["in-flight"]).generate([r.prompt_ids for r in requests[:8]],
+    Executor(model, configs["in-flight"]).generate([r.prompt_ids for r in requests[:8]],
                                                  [SamplingParams(max_tokens=8)] * 8)  # warm-up, untimed
     figures = [replay(model, config, requests, mode) for mode, config in configs.items()]
     inflight, static = figures

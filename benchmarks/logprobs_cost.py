@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from trtllm_kit.checkpoint.convert import convert_checkpoint  # noqa: E402
 from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
 from trtllm_kit.runtime.config import EngineConfig  # noqa: E402
-from trtllm_kit.runtime.engine import Engine  # noqa: E402
+from trtllm_kit.runtime.executor import Executor  # noqa: E402
 from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
 
@@ -42,7 +42,7 @@ class Figures:
 
 
 def tokens_per_s(model: CheckpointModel, prompts: list[list[int]], max_tokens: int, fields: dict[str, int]) -> float:
-    engine = Engine(model, EngineConfig(max_batch_size=len(prompts), max_num_tokens=4096))
+    engine = Executor(model, EngineConfig(max_batch_size=len(prompts), max_num_tokens=4096))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **fields)
     start = time.perf_counter()
     outputs = engine.generate(prompts, [params] * len(prompts))

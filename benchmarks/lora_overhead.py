@@ -27,8 +27,8 @@ import torch
 
 from trtllm_kit.cli import run
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
-from trtllm_kit.runtime.lora import LoraRequest, Pair, module_shapes
+from trtllm_kit.runtime.executor import Executor
+from trtllm_kit.runtime.lora import AdapterWeights, Pair, module_shapes
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 
@@ -71,13 +71,13 @@ def measure(model: CheckpointModel, adapters: list[dict[tuple[int, str], Pair]],
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, model.dims.vocab_size, (prompt_tokens,), generator=g).tolist() for _ in range(batch)]
     params = [SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens) for _ in range(batch)]
-    engine = Engine(model, EngineConfig(max_batch_size=batch, enable_kv_cache_reuse=False,
+    engine = Executor(model, EngineConfig(max_batch_size=batch, enable_kv_cache_reuse=False,
                                         lora_cache_max_adapters=len(adapters)))
 
-    def loras(num_adapters: int) -> list[LoraRequest | None]:
+    def loras(num_adapters: int) -> list[AdapterWeights | None]:
         if num_adapters == 0:
             return [None] * batch
-        return [LoraRequest(1 + i % num_adapters, adapters[i % num_adapters]) for i in range(batch)]
+        return [AdapterWeights(1 + i % num_adapters, adapters[i % num_adapters]) for i in range(batch)]
 
     for num_adapters in CASES.values():  # untimed warm-up
         engine.generate(prompts, params, loras(num_adapters))

@@ -18,7 +18,7 @@ from tests.integration.tritonserver import metrics, running_server
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
 
 pytestmark = pytest.mark.integration
@@ -117,7 +117,7 @@ def test_concurrent_streams_are_batched_and_equal_the_engine(server):
     tokens, errors = streams.collect(4)
     streams.close()
     assert not errors
-    engine = Engine.from_checkpoint(server.ckpt, EngineConfig(tokens_per_block=8))
+    engine = Executor.from_checkpoint(server.ckpt, EngineConfig(tokens_per_block=8))
     expected = engine.generate([prompt(i) for i in range(4)], [SamplingParams(max_tokens=24)] * 4)
     assert [tokens[f"r{i}"] for i in range(4)] == expected
     batch = metrics(server, "trtllm_kit_batch_metrics")

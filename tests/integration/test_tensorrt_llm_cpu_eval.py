@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tests.integration.tritonserver import running_server
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.spec import BuildSpec
@@ -75,7 +75,7 @@ def run(client, values: dict[str, object], timeout_s: float = 60.0) -> list[dict
 
 
 def local(out: Path, params: SamplingParams):
-    engine = Engine(CheckpointModel.load(out / "checkpoint"), EngineConfig())
+    engine = Executor(CheckpointModel.load(out / "checkpoint"), EngineConfig())
     first = engine.add_request(PROMPT, params)
     while engine.has_work():
         engine.step()

@@ -18,7 +18,7 @@ from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.llmapi.unified import write_unified
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 
 torch.set_num_threads(1)
@@ -51,7 +51,7 @@ def generate(llm: LLM, params: SamplingParams, streaming: bool = False):
 
 
 def runtime(ckpt: Path, params: RuntimeParams):
-    engine = Engine(load_unified(ckpt), EngineConfig())
+    engine = Executor(load_unified(ckpt), EngineConfig())
     first = engine.add_request(PROMPT, params)
     while engine.has_work():
         engine.step()

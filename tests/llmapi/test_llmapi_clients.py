@@ -25,7 +25,7 @@ from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.profile.records import read_records
 from trtllm_kit.profile.report import read_summary
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.serve.client import TextClient
 from trtllm_kit.wire import GenerationRequest
@@ -48,7 +48,7 @@ def greedy(served: dict[str, Any]) -> tuple[list[int], list[int]]:
     ckpt = served["out"] / "checkpoint"
     tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
     ids = tokenizer.encode(PROMPT)
-    out = Engine(load_unified(ckpt), EngineConfig()).generate(
+    out = Executor(load_unified(ckpt), EngineConfig()).generate(
         [ids], [SamplingParams(max_tokens=MAX_TOKENS, end_id=tokenizer.eos_token_id)])[0]
     return ids, [t for t in out if t != tokenizer.eos_token_id]
 
@@ -154,7 +154,7 @@ def test_openai_logprobs_and_echo_equal_the_runtimes(served: dict[str, Any]) -> 
     with post(served, {**GREEDY, "prompt": [ids], "max_tokens": 4, "logprobs": 2, "echo": True,
                        "ignore_eos": True}) as response:
         logprobs = json.loads(response.read())["choices"][0]["logprobs"]
-    engine = Engine(load_unified(served["out"] / "checkpoint"), EngineConfig())
+    engine = Executor(load_unified(served["out"] / "checkpoint"), EngineConfig())
     seq = engine.add_request(ids, SamplingParams(max_tokens=4, temperature=0.0, logprobs=2, prompt_logprobs=2))
     while engine.has_work():
         engine.step()
@@ -170,7 +170,7 @@ def test_openai_keeps_a_generated_end_token(served: dict[str, Any]) -> None:
     back through the llmapi model's ``keep_end_token``, scored as the runtime scores it and counted."""
     ids = [1, 38, 562, 603, 287, 498, 267, 422, 346, 266, 641, 651, 285, 769, 302, 447, 333, 734]
     eos = AutoTokenizer.from_pretrained(str(served["out"] / "checkpoint")).eos_token_id
-    engine = Engine(load_unified(served["out"] / "checkpoint"), EngineConfig())
+    engine = Executor(load_unified(served["out"] / "checkpoint"), EngineConfig())
     seq = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0, logprobs=1, end_id=eos,
                                                  keep_end_token=True))
     while engine.has_work():

@@ -15,7 +15,7 @@ import yaml
 
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -57,7 +57,7 @@ def infer(process, values: dict[str, object]) -> list[dict[str, np.ndarray]]:
 
 
 def runtime(out: Path, params: SamplingParams):
-    engine = Engine(load_unified(out / "checkpoint"), EngineConfig())
+    engine = Executor(load_unified(out / "checkpoint"), EngineConfig())
     first = engine.add_request(PROMPT, params)
     while engine.has_work():
         engine.step()

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
@@ -27,7 +27,7 @@ PROMPT = "The capital of France is"
 
 def expected(out: Path, ids: list[int]) -> list[int]:
     tokenizer = AutoTokenizer.from_pretrained(str(out / "checkpoint"))
-    engine = Engine(load_unified(out / "checkpoint"), EngineConfig())
+    engine = Executor(load_unified(out / "checkpoint"), EngineConfig())
     return engine.generate([ids], [SamplingParams(max_tokens=MAX_TOKENS, end_id=tokenizer.eos_token_id)])[0]
 
 

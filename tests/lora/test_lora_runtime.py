@@ -17,11 +17,11 @@ from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.lora import (
     ADAPTER_FILE,
+    AdapterWeights,
     LoraNotCachedError,
-    LoraRequest,
     from_rows,
     load_adapter,
     rank_parts,
@@ -87,15 +87,15 @@ def references(artifact: tuple[Path, dict[str, Path]], prompts: list[list[int]],
     return refs
 
 
-def _request(out: Path, name: str, task_id: int, with_weights: bool) -> LoraRequest:
+def _request(out: Path, name: str, task_id: int, with_weights: bool) -> AdapterWeights:
     record = Artifact.read(out).records.adapters[name]
     pairs = load_adapter(out / record.dir / ADAPTER_FILE, torch.float32, 1 << 30) if with_weights else None
-    return LoraRequest(task_id, pairs)
+    return AdapterWeights(task_id, pairs)
 
 
 def test_base_and_adapters_in_one_batch_equal_peft(artifact, prompts, references) -> None:
     out, _ = artifact
-    engine = Engine(CheckpointModel.load(out / "checkpoint"), EngineConfig(tokens_per_block=8, max_batch_size=16,
+    engine = Executor(CheckpointModel.load(out / "checkpoint"), EngineConfig(tokens_per_block=8, max_batch_size=16,
                                                                           lora_cache_max_adapters=4))
     names: list[str | None] = [None, *artifact[1]]
     batch = [(name, i) for i in range(len(prompts)) for name in names]
@@ -108,7 +108,7 @@ def test_base_and_adapters_in_one_batch_equal_peft(artifact, prompts, references
 @pytest.mark.parametrize("family", ["tiny-llama"], indirect=True)  # the cache does not depend on the family
 def test_eviction_keeps_outputs_exact_and_an_uncached_id_fails_alone(artifact, prompts, references) -> None:
     out, _ = artifact
-    engine = Engine(CheckpointModel.load(out / "checkpoint"), EngineConfig(tokens_per_block=8,
+    engine = Executor(CheckpointModel.load(out / "checkpoint"), EngineConfig(tokens_per_block=8,
                                                                           lora_cache_max_adapters=2))
     names = list(ADAPTERS)
     num_refused = 0
@@ -128,7 +128,7 @@ def test_eviction_keeps_outputs_exact_and_an_uncached_id_fails_alone(artifact, p
         assert got == [references[name][prompt_index], references[None][prompt_index]]
     assert num_refused == 2 * len(names) and engine.lora_cache.num_evictions == 2 * len(names) - 2
     with pytest.raises(LoraNotCachedError):
-        engine.add_request(prompts[0], SamplingParams(max_tokens=2), lora=LoraRequest(1))
+        engine.add_request(prompts[0], SamplingParams(max_tokens=2), lora=AdapterWeights(1))
     assert not engine.has_work()  # the refused request queued nothing
 
 
@@ -162,7 +162,7 @@ def test_tensor_parallel_adapters_equal_peft(artifact, prompts, references, fami
         assert run(["lora", "add", str(out), name, str(source)]) == 0
     model = CheckpointModel.load(out / "checkpoint")
     assert model.dims.tp_size == tp
-    engine = Engine(model, EngineConfig(tokens_per_block=8, max_batch_size=16, lora_cache_max_adapters=4))
+    engine = Executor(model, EngineConfig(tokens_per_block=8, max_batch_size=16, lora_cache_max_adapters=4))
     names: list[str | None] = [None, *sources]
     batch = [(name, i) for i in range(len(prompts)) for name in names]
     loras = [_request(out, name, names.index(name), True) if name else None for name, _ in batch]

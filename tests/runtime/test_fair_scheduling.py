@@ -13,7 +13,7 @@ import torch
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
 
@@ -29,8 +29,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> CheckpointModel:
     return CheckpointModel.load(Path(root))
 
 
-def engine_for(model: CheckpointModel, policy: str, batch: int = 4) -> Engine:
-    return Engine(model, EngineConfig(max_batch_size=batch, tokens_per_block=4, max_tokens_in_paged_kv_cache=1024,
+def engine_for(model: CheckpointModel, policy: str, batch: int = 4) -> Executor:
+    return Executor(model, EngineConfig(max_batch_size=batch, tokens_per_block=4, max_tokens_in_paged_kv_cache=1024,
                                       batch_scheduler_policy=policy))
 
 
@@ -38,7 +38,7 @@ def many(n: int, max_tokens: int = 24) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=1.0, seed=7, n=n, logprobs=2)
 
 
-def finish(engine: Engine) -> None:
+def finish(engine: Executor) -> None:
     for _ in range(500):
         if not engine.has_work():
             return

@@ -12,7 +12,7 @@ import torch
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, returned_sequences
 
@@ -28,12 +28,12 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> CheckpointModel:
     return CheckpointModel.load(Path(root))
 
 
-def engine_for(model: CheckpointModel, policy: str = "guaranteed_no_evict") -> Engine:
-    return Engine(model, EngineConfig(tokens_per_block=TPB, max_tokens_in_paged_kv_cache=512,
+def engine_for(model: CheckpointModel, policy: str = "guaranteed_no_evict") -> Executor:
+    return Executor(model, EngineConfig(tokens_per_block=TPB, max_tokens_in_paged_kv_cache=512,
                                       batch_scheduler_policy=policy))
 
 
-def run(engine: Engine, first: Sequence) -> list[int]:
+def run(engine: Executor, first: Sequence) -> list[int]:
     """Steps until done; returns the context tokens computed per step."""
     context = []
     for _ in range(200):
@@ -125,7 +125,7 @@ def test_cancelling_before_the_prefill_cancels_the_whole_group(model):
 
 def test_forks_without_room_wait_and_compute_their_prompt_themselves(model):
     """A batch of one: the forks cannot start beside the first sequence, so they queue and run after it."""
-    engine = Engine(model, EngineConfig(max_batch_size=1, tokens_per_block=TPB, max_tokens_in_paged_kv_cache=512))
+    engine = Executor(model, EngineConfig(max_batch_size=1, tokens_per_block=TPB, max_tokens_in_paged_kv_cache=512))
     first = engine.add_request(PROMPT, SamplingParams(max_tokens=5, temperature=0.0, n=2))
     run(engine, first)
     assert first.group[0].output_ids == first.group[1].output_ids
@@ -136,7 +136,7 @@ def test_forks_without_room_wait_and_compute_their_prompt_themselves(model):
 def test_groups_under_pressure_finish_without_leaks_and_equal_single_requests(model, policy, pool_tokens,
                                                                             tokens_per_block):
     """A small pool: forks queue or are preempted and recomputed; greedy forks still equal a lone request."""
-    engine = Engine(model, EngineConfig(max_batch_size=4, tokens_per_block=tokens_per_block,
+    engine = Executor(model, EngineConfig(max_batch_size=4, tokens_per_block=tokens_per_block,
                                         max_tokens_in_paged_kv_cache=pool_tokens, batch_scheduler_policy=policy))
     prompts = [PROMPT[:n] for n in (18, 9, 13)]
     firsts = [engine.add_request(p, SamplingParams(max_tokens=12, temperature=0.0, n=n))
@@ -155,7 +155,7 @@ def test_groups_under_pressure_finish_without_leaks_and_equal_single_requests(mo
 
 def test_a_group_larger_than_the_pool_still_runs(model):
     """The pool holds two full reservations; the other two forks of four queue and run after them."""
-    engine = Engine(model, EngineConfig(tokens_per_block=TPB, max_tokens_in_paged_kv_cache=64))
+    engine = Executor(model, EngineConfig(tokens_per_block=TPB, max_tokens_in_paged_kv_cache=64))
     first = engine.add_request(PROMPT, SamplingParams(max_tokens=12, temperature=0.0, n=4))  # 30 tokens each
     run(engine, first)
     assert len({tuple(seq.output_ids) for seq in first.group}) == 1

@@ -18,7 +18,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.model_repo.xgrammar_info import write_xgrammar_tokenizer_info
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
@@ -62,7 +62,7 @@ def generate(model, tokenizer, compiler, guide: Guide, count: int, max_tokens: i
              all_complete: bool = True) -> list[str]:
     """The outputs of ``count`` seeded samples; those that hit ``max_tokens`` first are dropped unless
     ``all_complete`` requires every grammar to complete."""
-    engine = Engine(model, EngineConfig(max_batch_size=count))
+    engine = Executor(model, EngineConfig(max_batch_size=count))
     compiled = compiler.compile(guide)
     seqs = [engine.add_request(PROMPT, SamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=1.0, seed=i,
                                                       end_id=tokenizer.eos_token_id, guide=compiled))

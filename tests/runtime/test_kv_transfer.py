@@ -17,7 +17,7 @@ from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.llmapi.unified import write_unified
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.kv_transfer import KvBlocks, KvLayout, decode, decode_header
 from trtllm_kit.runtime.sequence import SamplingParams
 
@@ -32,7 +32,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def drain(engine: Engine) -> None:
+def drain(engine: Executor) -> None:
     for _ in range(1000):
         if not engine.has_work():
             return
@@ -46,11 +46,11 @@ def drain(engine: Engine) -> None:
     (2, EngineConfig(tokens_per_block=8, batch_scheduler_policy="max_utilization", max_tokens_in_paged_kv_cache=512)),
 ])
 def test_generation_continues_token_exactly_from_transferred_blocks(ckpt, tp_size, generation_config):
-    context = Engine(load_unified(ckpt), EngineConfig(enable_chunked_context=True, max_num_tokens=48))
-    generation = Engine(load_unified(ckpt, Mapping(tp_size, 1)), generation_config)
+    context = Executor(load_unified(ckpt), EngineConfig(enable_chunked_context=True, max_num_tokens=48))
+    generation = Executor(load_unified(ckpt, Mapping(tp_size, 1)), generation_config)
     free = context.stats().blocks_free
     for prompt in PROMPTS:
-        expected = Engine(load_unified(ckpt), EngineConfig()).generate([prompt], [SamplingParams(max_tokens=12,
+        expected = Executor(load_unified(ckpt), EngineConfig()).generate([prompt], [SamplingParams(max_tokens=12,
                                                                                                  top_k=1)])[0]
         seq = context.add_request(prompt, SamplingParams(max_tokens=1, top_k=1), hold_kv=True)
         drain(context)
@@ -70,7 +70,7 @@ def test_generation_continues_token_exactly_from_transferred_blocks(ckpt, tp_siz
 
 
 def test_what_cannot_continue_is_refused(ckpt):
-    context = Engine(load_unified(ckpt), EngineConfig())
+    context = Executor(load_unified(ckpt), EngineConfig())
     seq = context.add_request(PROMPTS[0], SamplingParams(max_tokens=1, top_k=1), hold_kv=True)
     drain(context)
     kv = context.export_kv(seq)
@@ -85,7 +85,7 @@ def test_what_cannot_continue_is_refused(ckpt):
     with pytest.raises(KitUsageError, match="serve the same checkpoint and dtype in both roles"):
         context.add_request(PROMPTS[0], SamplingParams(max_tokens=4), prefilled=(seq.output_ids, KvBlocks(
             kv.num_tokens, kv.tokens_per_block, kv.k.half(), kv.v.half())))
-    done = Engine(load_unified(ckpt), EngineConfig()).add_request(
+    done = Executor(load_unified(ckpt), EngineConfig()).add_request(
         PROMPTS[0], SamplingParams(max_tokens=1), prefilled=(seq.output_ids, kv))
     assert done.is_finished and done.output_ids == seq.output_ids  # its first token completes it
 

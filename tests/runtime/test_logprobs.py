@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 
@@ -54,7 +54,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=list(CONFIGS))
 def test_logprobs_equal_transformers_log_softmax(model, hf_model, config):
-    engine = Engine(model, config)
+    engine = Executor(model, config)
     params = SamplingParams(max_tokens=6, logprobs=TOP, prompt_logprobs=TOP, temperature=0.0)
     engine.generate(PROMPTS[:1], [params])  # the second run would find the first's blocks in the cache
     seqs = [engine.add_request(p, params) for p in PROMPTS]
@@ -85,7 +85,7 @@ def test_logprobs_equal_transformers_log_softmax(model, hf_model, config):
 def test_logits_outputs_are_raw_logits(model, hf_model):
     """Context logits cover every prompt position, generation logits every generated token: raw logits, so their
     log-softmax is transformers' log-softmax, whatever temperature and penalties the sampling used."""
-    engine = Engine(model, EngineConfig())
+    engine = Executor(model, EngineConfig())
     seq = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, seed=3,
                                                         repetition_penalty=1.4, return_context_logits=True,
                                                         return_generation_logits=True, logprobs=0))
@@ -101,7 +101,7 @@ def test_logits_outputs_are_raw_logits(model, hf_model):
 
 
 def test_without_logprobs_nothing_is_kept(model):
-    engine = Engine(model, EngineConfig())
+    engine = Executor(model, EngineConfig())
     seq = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=3))
     while engine.has_work():
         engine.step()
@@ -118,7 +118,7 @@ EOS = 2
 def test_keep_end_token_keeps_it_with_its_logprob(model, hf_model, max_tokens):
     """By default the end token is left out (TensorRT-LLM's executor); ``keep_end_token`` keeps it as the last
     output token with its raw logprob, counted in ``cum_logprob``; either way the sequence ends on ``end_id``."""
-    engine = Engine(model, EngineConfig())
+    engine = Executor(model, EngineConfig())
     common = {"max_tokens": max_tokens, "end_id": EOS, "temperature": 0.0, "logprobs": 1}
     left_out, kept = (engine.add_request(ENDING, SamplingParams(**common, keep_end_token=keep))
                       for keep in (False, True))

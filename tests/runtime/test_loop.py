@@ -11,7 +11,7 @@ import torch
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine, EngineStats
+from trtllm_kit.runtime.executor import Executor, ExecutorStats
 from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.loop import EngineLoop, Submission
 from trtllm_kit.runtime.model import CheckpointModel
@@ -57,8 +57,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> CheckpointModel:
     return CheckpointModel.load(Path(root))
 
 
-def _engine(model: CheckpointModel, **config: int) -> Engine:
-    return Engine(model, EngineConfig(tokens_per_block=8, max_tokens_in_paged_kv_cache=512, **config))
+def _engine(model: CheckpointModel, **config: int) -> Executor:
+    return Executor(model, EngineConfig(tokens_per_block=8, max_tokens_in_paged_kv_cache=512, **config))
 
 
 def _blocked(loop: EngineLoop) -> threading.Event:
@@ -82,7 +82,7 @@ def _running(loop: EngineLoop) -> int:
 
 def test_a_request_streams_its_tokens_and_ends_as_the_engine_alone_makes_them(model: CheckpointModel) -> None:
     expected = _engine(model).generate([PROMPT], [SamplingParams(max_tokens=6)])[0]
-    steps: list[EngineStats] = []
+    steps: list[ExecutorStats] = []
     loop = EngineLoop(_engine(model), on_step=steps.append)
     try:
         handle = Recorder()

@@ -13,7 +13,7 @@ from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 
@@ -44,7 +44,7 @@ def prompts(count: int, length: int, seed: int) -> list[list[int]]:
 @pytest.mark.parametrize("policy", ["max_utilization", "guaranteed_no_evict"])
 def test_high_priority_preempts_low_and_every_output_equals_a_naive_run(model, policy):
     # 2 batch slots and 10 blocks of 8 tokens: two low requests (12 + 24 tokens: 5 blocks reserved each) fill it
-    engine = Engine(model, EngineConfig(max_batch_size=2, max_num_tokens=64, tokens_per_block=8,
+    engine = Executor(model, EngineConfig(max_batch_size=2, max_num_tokens=64, tokens_per_block=8,
                                         max_tokens_in_paged_kv_cache=80, batch_scheduler_policy=policy,
                                         enable_kv_cache_reuse=False))
     low_prompts, high_prompts = prompts(2, 12, 1), prompts(2, 10, 2)
@@ -67,7 +67,7 @@ def test_high_priority_preempts_low_and_every_output_equals_a_naive_run(model, p
 
 
 def test_waiting_queue_is_ordered_by_priority_then_arrival(model):
-    engine = Engine(model, EngineConfig(max_batch_size=1, max_num_tokens=64, tokens_per_block=8,
+    engine = Executor(model, EngineConfig(max_batch_size=1, max_num_tokens=64, tokens_per_block=8,
                                         max_tokens_in_paged_kv_cache=160))
     order = [0.5, 0.1, 0.9, 0.5, 0.9]
     seqs = [engine.add_request(p, SamplingParams(max_tokens=2, top_k=1, priority=q))
@@ -76,7 +76,7 @@ def test_waiting_queue_is_ordered_by_priority_then_arrival(model):
 
 
 def test_equal_priorities_never_preempt_under_guaranteed_no_evict(model):
-    engine = Engine(model, EngineConfig(max_batch_size=2, max_num_tokens=64, tokens_per_block=8,
+    engine = Executor(model, EngineConfig(max_batch_size=2, max_num_tokens=64, tokens_per_block=8,
                                         max_tokens_in_paged_kv_cache=80, enable_kv_cache_reuse=False))
     engine.generate(prompts(4, 12, 4), [SamplingParams(max_tokens=24, top_k=1)] * 4)
     assert engine.stats().preemptions == 0

@@ -13,7 +13,7 @@ from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sampling import GREEDY_NUMERICS_ERROR, sample, sampling_error
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
@@ -30,7 +30,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> CheckpointModel:
 
 
 def run(model: CheckpointModel, params: list[SamplingParams]) -> list[Sequence]:
-    engine = Engine(model, EngineConfig())
+    engine = Executor(model, EngineConfig())
     seqs = [engine.add_request(PROMPT, p) for p in params]
     for _ in range(200):  # bounded: every request ends within max_tokens steps
         if not engine.has_work():
@@ -51,7 +51,7 @@ def test_one_bad_sequence_ends_alone_with_an_error(model: CheckpointModel) -> No
     alone = run(model, [SamplingParams(max_tokens=12, temperature=0.8, top_p=1.0, seed=2**64 - 1)])[0]
     bad = SamplingParams(max_tokens=12, temperature=0.8, top_p=1.0)
     good = SamplingParams(max_tokens=12, temperature=0.8, top_p=1.0, seed=2**64 - 1)
-    engine = Engine(model, EngineConfig())
+    engine = Executor(model, EngineConfig())
     first, hostile, last = (engine.add_request(PROMPT, p) for p in (good, bad, SamplingParams(max_tokens=12)))
     hostile.params.temperature = float("nan")  # numbers gone wrong after validation: the step must not fail
     for _ in range(200):

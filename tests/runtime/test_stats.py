@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from trtllm_kit.runtime.engine import EngineStats
+from trtllm_kit.runtime.executor import ExecutorStats
 from trtllm_kit.runtime.stats import GAUGES, executor_stats, gauge_values
 
-STATS = EngineStats(**{f.name: i + 1 for i, f in enumerate(fields(EngineStats))})
+STATS = ExecutorStats(**{f.name: i + 1 for i, f in enumerate(fields(ExecutorStats))})
 
 
 def test_every_gauge_reads_a_value_the_engine_reports() -> None:

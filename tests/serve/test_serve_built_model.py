@@ -19,7 +19,7 @@ from kit_server import BuildKey, Servers
 from transformers import AutoTokenizer
 
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,7 +41,7 @@ def greedy(served: dict[str, Any]) -> tuple[list[int], list[int]]:
     out = served["out"]
     tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
     prompt_ids = tokenizer(PROMPT).input_ids
-    engine = Engine.from_checkpoint(out / "checkpoint", EngineConfig())
+    engine = Executor.from_checkpoint(out / "checkpoint", EngineConfig())
     ids = engine.generate([prompt_ids], [SamplingParams(max_tokens=MAX_TOKENS, end_id=tokenizer.eos_token_id)])[0]
     return prompt_ids, [t for t in ids if t != tokenizer.eos_token_id]
 

@@ -18,7 +18,7 @@ from tests.wire.values import batched
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 from trtllm_kit.serve.server.process import TritonProcess
@@ -62,7 +62,7 @@ def stream(server: TritonProcess, arrays: dict[str, np.ndarray]) -> list[dict[st
         client.close()
 
 
-def local(engine: Engine, params: SamplingParams) -> list[Sequence]:
+def local(engine: Executor, params: SamplingParams) -> list[Sequence]:
     first = engine.add_request(list(PROMPT), params)
     while engine.has_work():
         engine.step()
@@ -86,7 +86,7 @@ def test_a_wire_request_to_the_cpu_tensorrt_llm_model(cpu_server) -> None:
                             repetition_penalty=1.25, min_p=0.05, stop_words=((99999,),), exclude_input_in_output=True,
                             return_num_input_tokens=True, return_num_output_tokens=True, keep_end_token=True)
     responses = [decode_trtllm_response(r, PROMPT) for r in stream(server, batched(encode_trtllm_request(req)))]
-    engine = Engine(CheckpointModel.load(out / "checkpoint"), EngineConfig())
+    engine = Executor(CheckpointModel.load(out / "checkpoint"), EngineConfig())
     expected = local(engine, SamplingParams(max_tokens=5, top_k=1, n=2, logprobs=3, prompt_logprobs=3,
                                             repetition_penalty=1.25, min_p=0.05, stop_words=[[99999]],
                                             keep_end_token=True))
@@ -119,7 +119,7 @@ def test_a_wire_request_to_the_llmapi_model(llmapi_server) -> None:
     req = GenerationRequest(PROMPT, 4, streaming=False, top_k=1, n=2, logprobs=2, prompt_logprobs=1,
                             return_finish_reason=True, keep_end_token=True)
     responses = [decode_llmapi_response(r, PROMPT) for r in stream(server, encode_llmapi_request(req))]
-    engine = Engine(load_unified(out / "checkpoint"), EngineConfig())
+    engine = Executor(load_unified(out / "checkpoint"), EngineConfig())
     expected = local(engine, SamplingParams(max_tokens=4, top_k=1, n=2, logprobs=2, prompt_logprobs=1,
                                             keep_end_token=True))
     assert sorted(r.sequence_index for r in responses) == [0, 1]

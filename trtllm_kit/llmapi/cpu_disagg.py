@@ -22,7 +22,7 @@ from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.kv_dirs import dir_tag
 from trtllm_kit.llmapi.kv_state import transfer_key, verify
 from trtllm_kit.llmapi.kv_transceiver import DEFAULT_TIMEOUT_S, KvTransceiver, TransferError, fetch
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.kv_transfer import KvLayout
 from trtllm_kit.runtime.loop import EngineLoop, Submission
@@ -38,7 +38,7 @@ class Disaggregation:
         how long held blocks wait for their fetch).
     """
 
-    def __init__(self, engine: Engine, cache_transceiver_config: dict[str, Any] | None) -> None:
+    def __init__(self, engine: Executor, cache_transceiver_config: dict[str, Any] | None) -> None:
         timeout_ms = (cache_transceiver_config or {}).get("kv_transfer_timeout_ms")
         self.engine, self.layout = engine, KvLayout.of(engine.k_cache)
         self.loop: EngineLoop | None = None

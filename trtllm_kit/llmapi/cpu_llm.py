@@ -29,7 +29,7 @@ from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, Sampl
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine, EngineStats
+from trtllm_kit.runtime.executor import Executor, ExecutorStats
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.handle import failure_of
@@ -80,7 +80,7 @@ class LLM:
                                    lora_cache_max_adapters=int((lora_config or {}).get("max_loras")
                                                                or DEFAULT_MAX_LORAS))
         path = Path(model)
-        self.engine = Engine(load_unified(path, Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))),
+        self.engine = Executor(load_unified(path, Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))),
                              self.config)
         self.lora = None if lora_config is None else \
             CpuLoraManager(lora_config, self.engine.model.config, self.engine.model.dtype)
@@ -206,12 +206,12 @@ class LLM:
         if output.handle is not None:
             self.loop.cancel(output.handle)
 
-    def _record(self, stats: EngineStats) -> None:
+    def _record(self, stats: ExecutorStats) -> None:
         """Keep the step's statistics for ``get_stats`` (engine thread; the last 100)."""
         self._stats.append(self._snapshot(stats))
         del self._stats[:-100]
 
-    def _snapshot(self, stats: EngineStats) -> dict[str, Any]:
+    def _snapshot(self, stats: ExecutorStats) -> dict[str, Any]:
         return {**executor_stats(stats), "kvTransferStats": self.disagg.stats()}
 
 

@@ -17,7 +17,7 @@ import torch
 from trtllm_kit.defaults import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from trtllm_kit.llmapi.cpu_types import LoRARequest
 from trtllm_kit.lora.peft_adapter import read_adapter
-from trtllm_kit.runtime.lora import LoraRequest, Pair
+from trtllm_kit.runtime.lora import AdapterWeights, Pair
 from trtllm_kit.runtime.lora_modules import TRTLLM_MODULES
 
 
@@ -36,7 +36,7 @@ class CpuLoraManager:
         self.enabled = {m for m, (name, _) in TRTLLM_MODULES.items() if name in trtllm_names} or set(TRTLLM_MODULES)
         self.loaded: OrderedDict[int, dict[tuple[int, str], Pair]] = OrderedDict()
 
-    def resolve(self, request: LoRARequest) -> LoraRequest:
+    def resolve(self, request: LoRARequest) -> AdapterWeights:
         """The runtime's request of ``request``'s adapter (read and converted on first use of its id).
 
         Arguments:
@@ -55,4 +55,4 @@ class CpuLoraManager:
                 self.loaded.popitem(last=False)
             self.loaded[request.lora_int_id] = pairs
         self.loaded.move_to_end(request.lora_int_id)
-        return LoraRequest(request.lora_int_id, pairs)
+        return AdapterWeights(request.lora_int_id, pairs)

@@ -1,4 +1,4 @@
-"""The one loop around the CPU runtime's ``Engine``: its thread, its inbox, the requests it holds.
+"""The one loop around the CPU runtime's ``Executor``: its thread, its inbox, the requests it holds.
 
 Everything that touches the engine runs on the loop's thread; other threads talk to it through the inbox:
 ``submit`` (a request and its ``Handle``), ``cancel`` (its owner's abort: the sequences end with finish reason
@@ -28,9 +28,9 @@ from trtllm_kit.runtime.handle import Failure, Handle, failure_of
 from trtllm_kit.runtime.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
-    from trtllm_kit.runtime.engine import Engine, EngineStats
+    from trtllm_kit.runtime.executor import Executor, ExecutorStats
     from trtllm_kit.runtime.kv_transfer import KvBlocks
-    from trtllm_kit.runtime.lora import LoraRequest
+    from trtllm_kit.runtime.lora import AdapterWeights
     from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 
 logger = logging.getLogger(__name__)
@@ -49,12 +49,12 @@ def poll_while_active(num_active: int) -> float | None:
 
 @dataclass
 class Submission:
-    """A request on its way to the engine, as ``Engine.add_request`` takes it."""
+    """A request on its way to the engine, as ``Executor.add_request`` takes it."""
 
     handle: Handle
     prompt_ids: list[int]
     params: SamplingParams
-    lora: LoraRequest | None = None
+    lora: AdapterWeights | None = None
     hold_kv: bool = False
     prefilled: tuple[list[int], KvBlocks] | None = None
     request_id: str = ""  # what a stop request names ("": none)
@@ -75,8 +75,8 @@ class EngineLoop:
         (gauges, expiring KV offers); on_step: given the engine's stats after each step; name: the thread's name.
     """
 
-    def __init__(self, engine: Engine, *, idle_timeout: Callable[[int], float | None] = poll_while_active,
-                 on_turn: Callable[[], None] | None = None, on_step: Callable[[EngineStats], None] | None = None,
+    def __init__(self, engine: Executor, *, idle_timeout: Callable[[int], float | None] = poll_while_active,
+                 on_turn: Callable[[], None] | None = None, on_step: Callable[[ExecutorStats], None] | None = None,
                  name: str = "trtllm-kit-engine") -> None:
         self.engine = engine
         self._idle_timeout, self._on_turn, self._on_step = idle_timeout, on_turn, on_step

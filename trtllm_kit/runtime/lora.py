@@ -106,7 +106,7 @@ class LoraNotCachedError(KitUsageError):
 
 
 @dataclass(frozen=True)
-class LoraRequest:
+class AdapterWeights:
     """A request's adapter: its task id (the cache key) and, the first time or after an eviction, its weights."""
 
     task_id: int
@@ -135,7 +135,7 @@ class AdapterCache:
         self.adapters: OrderedDict[int, Adapter] = OrderedDict()
         self.num_evictions = 0
 
-    def resolve(self, request: LoraRequest) -> Adapter:
+    def resolve(self, request: AdapterWeights) -> Adapter:
         """The adapter of ``request``: its weights stored (evicting the oldest when full) or the cached one.
 
         Arguments:

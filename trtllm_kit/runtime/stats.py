@@ -1,4 +1,4 @@
-"""The engine's counters (``EngineStats``) as each transport names them, stated as data: Triton's
+"""The engine's counters (``ExecutorStats``) as each transport names them, stated as data: Triton's
 ``nv_trt_llm_*`` gauge families (the C++ backend's names, plus the kit's batch family) and the C++ executor's
 iteration statistics JSON (what ``LLM.get_stats`` returns upstream).
 """
@@ -9,9 +9,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trtllm_kit.runtime.engine import EngineStats
+    from trtllm_kit.runtime.executor import ExecutorStats
 
-GAUGES: dict[str, tuple[str, dict[str, str]]] = {  # family → (label name, EngineStats field per label value)
+GAUGES: dict[str, tuple[str, dict[str, str]]] = {  # family → (label name, ExecutorStats field per label value)
     "nv_trt_llm_request_metrics": ("request_type", {"active": "active", "max": "max", "scheduled": "scheduled",
                                                     "context": "context", "waiting": "waiting"}),
     "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {
@@ -25,7 +25,7 @@ GAUGES: dict[str, tuple[str, dict[str, str]]] = {  # family → (label name, Eng
     "trtllm_kit_batch_metrics": ("batch_metric", {"total_scheduled_requests": "total_scheduled_requests",
                                                   "peak_scheduled": "peak_scheduled", "step_tokens": "step_tokens"}),
 }
-EXECUTOR_KEYS: dict[str, Any] = {  # the executor's JSON key → EngineStats field, or a nested object of them
+EXECUTOR_KEYS: dict[str, Any] = {  # the executor's JSON key → ExecutorStats field, or a nested object of them
     "iter": "iteration_counter", "numActiveRequests": "active", "maxNumActiveRequests": "max",
     "numQueuedRequests": "waiting",
     "kvCacheStats": {"maxNumBlocks": "blocks_max", "freeNumBlocks": "blocks_free", "usedNumBlocks": "blocks_used",
@@ -37,8 +37,8 @@ EXECUTOR_KEYS: dict[str, Any] = {  # the executor's JSON key → EngineStats fie
 }
 
 
-def gauge_values(stats: EngineStats) -> dict[str, float]:
-    """Each gauge's value by ``EngineStats`` field, with ``blocks_fraction`` (the C++ backend's "fraction": used
+def gauge_values(stats: ExecutorStats) -> dict[str, float]:
+    """Each gauge's value by ``ExecutorStats`` field, with ``blocks_fraction`` (the C++ backend's "fraction": used
     over all blocks).
 
     Arguments:
@@ -49,7 +49,7 @@ def gauge_values(stats: EngineStats) -> dict[str, float]:
     return values
 
 
-def executor_stats(stats: EngineStats) -> dict[str, Any]:
+def executor_stats(stats: ExecutorStats) -> dict[str, Any]:
     """One iteration's statistics under the C++ executor's JSON keys.
 
     Arguments:

@@ -29,12 +29,12 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info_file
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.loop import EngineLoop, Submission
-from trtllm_kit.runtime.lora import LoraRequest, cache_capacity, from_rows
+from trtllm_kit.runtime.lora import AdapterWeights, cache_capacity, from_rows
 from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.response import perf_of, response_of
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
@@ -118,7 +118,7 @@ class TritonPythonModel:
         if lora_cache is not None:  # the backend's cache in bytes, as adapters
             checkpoint = json.loads((p.checkpoint / "config.json").read_text())
             values["lora_cache_max_adapters"] = str(cache_capacity(checkpoint, *lora_cache))
-        self.engine = Engine.from_checkpoint(p.checkpoint, EngineConfig.from_parameters(values))
+        self.engine = Executor.from_checkpoint(p.checkpoint, EngineConfig.from_parameters(values))
         info, vocab_size = p.tokenizer_info, self.engine.model.dims.vocab_size
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
         labels = {"model": args["model_name"], "version": args["model_version"]}
@@ -186,15 +186,15 @@ class TritonPythonModel:
         self.loop.submit(Submission(handle, list(req.prompt), params, lora=self._lora(req.lora),
                                     request_id=handle.request.request_id()))
 
-    def _lora(self, lora: LoraAdapter | None) -> LoraRequest | None:
+    def _lora(self, lora: LoraAdapter | None) -> AdapterWeights | None:
         """The request's adapter as the runtime takes it: its task id and, when sent, its rows (None: no LoRA)."""
         if lora is None:
             return None
         assert lora.task_id is not None, "a tensorrt_llm adapter has a task id"
         if lora.weights is None or lora.config is None:
-            return LoraRequest(lora.task_id)
+            return AdapterWeights(lora.task_id)
         model = self.engine.model
-        return LoraRequest(lora.task_id, from_rows(torch.from_numpy(lora.weights),
+        return AdapterWeights(lora.task_id, from_rows(torch.from_numpy(lora.weights),
                                                    torch.from_numpy(lora.config.astype(np.int64)),
                                                    model.config, model.dtype))
 

@@ -24,7 +24,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.kv_transfer import KvBlocks, check_layout, read_blocks, token_slots, write_tokens
 from trtllm_kit.runtime.logprobs import record_generated, record_prompt
-from trtllm_kit.runtime.lora import AdapterCache, LoraBatch, LoraRequest
+from trtllm_kit.runtime.lora import AdapterCache, AdapterWeights, LoraBatch
 from trtllm_kit.runtime.model import CheckpointModel, attend
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
@@ -32,7 +32,7 @@ from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
 
 
 @dataclass
-class EngineStats:
+class ExecutorStats:
     """A snapshot in the spirit of the ``nv_trt_llm_*`` metrics (request, KV block and batcher families)."""
 
     active: int
@@ -80,7 +80,7 @@ def _group(starts: list[int], counts: list[int], offsets: list[int], slots: list
     return _Group(q_index, key_slots, mask[:, None], rows, cols, q_index[rows, cols])
 
 
-class Engine:
+class Executor:
     """Owns the model, the scheduler and the K/V pool; ``step()`` advances every running sequence by one step."""
 
     def __init__(self, model: CheckpointModel, config: EngineConfig) -> None:
@@ -101,7 +101,7 @@ class Engine:
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: Path, config: EngineConfig,
-                        compute_dtype: torch.dtype = torch.float32) -> Engine:
+                        compute_dtype: torch.dtype = torch.float32) -> Executor:
         """Load a TensorRT-LLM checkpoint (any tp/pp) and build an engine over it.
 
         Arguments:
@@ -110,7 +110,7 @@ class Engine:
         return cls(CheckpointModel.load(Path(ckpt_dir), compute_dtype), config)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None,
-                    lora: LoraRequest | None = None, *, hold_kv: bool = False,
+                    lora: AdapterWeights | None = None, *, hold_kv: bool = False,
                     prefilled: tuple[list[int], KvBlocks] | None = None) -> Sequence:
         """Queue a request; raises ``KitUsageError`` for one that can never run (``LoraNotCachedError`` for an
         adapter neither cached nor sent) and ``QueueFullError``. Returns its first sequence; ``seq.group`` holds
@@ -225,7 +225,7 @@ class Engine:
         return sampled, finished
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams],
-                 loras: list[LoraRequest | None] | None = None) -> list[list[int]]:
+                 loras: list[AdapterWeights | None] | None = None) -> list[list[int]]:
         """Run requests to completion (all queued at once); returns each one's output ids.
 
         Arguments:
@@ -304,10 +304,10 @@ class Engine:
             for cache in (self.k_cache, self.v_cache):
                 cache[:, :, destination * tpb:(destination + 1) * tpb] = cache[:, :, source * tpb:(source + 1) * tpb]
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> ExecutorStats:
         """The current counters and gauges."""
         scheduler, manager = self.scheduler, self.scheduler.block_manager
-        return EngineStats(
+        return ExecutorStats(
             active=len(scheduler.running), waiting=len(scheduler.waiting), max=self.config.max_batch_size,
             scheduled=self.last_scheduled, context=self.last_context,
             generation_requests=self.last_scheduled - self.last_context, total_context_tokens=self.last_context_tokens,

@@ -13,7 +13,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.engine import Engine
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.handle import QueueFullError
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
@@ -70,7 +70,7 @@ CASES = {  # policy, chunked context, reuse, max_num_tokens, KV pool tokens
 @pytest.mark.parametrize("case", CASES)
 def test_batched_paged_decoding_equals_full_recompute(checkpoints, references, case):
     policy, chunked, reuse, max_num_tokens, pool = CASES[case]
-    engine = Engine(checkpoints["llama"], EngineConfig(
+    engine = Executor(checkpoints["llama"], EngineConfig(
         max_batch_size=4, max_num_tokens=max_num_tokens, tokens_per_block=8, max_tokens_in_paged_kv_cache=pool,
         batch_scheduler_policy=policy, enable_chunked_context=chunked, enable_kv_cache_reuse=reuse))
     prompts, outs = workload()
@@ -91,12 +91,13 @@ def test_split_biased_and_quantized_checkpoints(checkpoints, references):
     prompts, outs = workload()
     config = EngineConfig(max_batch_size=3, max_num_tokens=32, tokens_per_block=8, max_tokens_in_paged_kv_cache=200,
                           batch_scheduler_policy="max_utilization", enable_chunked_context=True)
-    split = Engine(checkpoints["llama-tp2-pp2"], config).generate(prompts, [SamplingParams(max_tokens=n) for n in outs])
+    split = Executor(checkpoints["llama-tp2-pp2"], config).generate(prompts,
+                                                                    [SamplingParams(max_tokens=n) for n in outs])
     torch.testing.assert_close(checkpoints["llama-tp2-pp2"].forward(torch.tensor([prompts[0]])),
                                checkpoints["llama"].forward(torch.tensor([prompts[0]])), atol=1e-4, rtol=0)
     assert split == references["llama"]
     for name in ("qwen2-tp2", "llama-w8a16-int8kv-tp2"):  # q/k/v biases; int8 weights and an int8 KV cache
-        engine = Engine(checkpoints[name], config)
+        engine = Executor(checkpoints[name], config)
         assert engine.generate(prompts, [SamplingParams(max_tokens=n) for n in outs]) == references[name]
         assert engine.stats().preemptions > 0
 
@@ -104,7 +105,7 @@ def test_split_biased_and_quantized_checkpoints(checkpoints, references):
 def test_end_id_stop_words_and_min_tokens(checkpoints, references):
     model, ref = checkpoints["llama"], references["llama"][1]  # 30 greedy tokens of prompt 1
     prompts, _ = workload()
-    engine = Engine(model, EngineConfig(tokens_per_block=8))
+    engine = Executor(model, EngineConfig(tokens_per_block=8))
     end_id = ref[4]
     first = ref.index(end_id)
     stop = ref[6:8]
@@ -119,7 +120,7 @@ def test_end_id_stop_words_and_min_tokens(checkpoints, references):
 def test_sampling_is_seeded_per_request_and_top_k_1_is_greedy(checkpoints, references):
     model, (prompts, _) = checkpoints["llama"], workload()
     def run(batch: list[int], **kwargs) -> list[list[int]]:
-        engine = Engine(model, EngineConfig(tokens_per_block=8, max_batch_size=len(batch)))
+        engine = Executor(model, EngineConfig(tokens_per_block=8, max_batch_size=len(batch)))
         return engine.generate([prompts[i] for i in batch], [SamplingParams(max_tokens=12, **kwargs)] * len(batch))
     sampled = dict(temperature=0.8, top_k=50, top_p=0.9, seed=7)
     alone, batched = run([1], **sampled), run([0, 1, 2], **sampled)
@@ -129,7 +130,7 @@ def test_sampling_is_seeded_per_request_and_top_k_1_is_greedy(checkpoints, refer
 
 
 def test_requests_that_cannot_run_are_refused(checkpoints):
-    engine = Engine(checkpoints["llama"], EngineConfig(tokens_per_block=8, max_tokens_in_paged_kv_cache=64,
+    engine = Executor(checkpoints["llama"], EngineConfig(tokens_per_block=8, max_tokens_in_paged_kv_cache=64,
                                                        max_num_tokens=16, max_queue_size=1, max_batch_size=1))
     with pytest.raises(KitUsageError, match=r"needs up to 80 tokens of KV cache .* the pool holds 64"):
         engine.add_request([1] * 60, SamplingParams(max_tokens=20))
