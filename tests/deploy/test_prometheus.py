@@ -195,3 +195,17 @@ def test_promtool_checks_the_written_rules_and_alerts(artifact, tmp_path, kwargs
     rules.write_text(yaml.safe_dump(rules_file(out)))
     done = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and f"SUCCESS: {num_rules} rules found" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_endpoint_picker_reads_series_the_served_model_exports(scraped):
+    from trtllm_kit.deploy.router import MODEL_SERVERS
+    from trtllm_kit.deploy.serving import TRITON
+
+    server = MODEL_SERVERS[TRITON.name]
+    assert server.metrics_port == 8002 and server.metrics_path == "/metrics"  # the port the tritonserver scrape read
+    for protocol, series in server.metrics().items():
+        name, _, matchers = series.partition("{")
+        value = query(scraped.prometheus.url, f'max({name}{{app="tiny",{matchers})')
+        assert value is not None and value >= 0, protocol
+    assert query(scraped.prometheus.url, 'max(nv_trt_llm_kv_cache_block_metrics{app="tiny",'
+                 'kv_cache_block_type="tokens_per"})') > 0  # a block holds tokens

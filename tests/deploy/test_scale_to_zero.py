@@ -83,7 +83,8 @@ def test_every_shipped_crd_is_recorded_with_its_hash():
     recorded = dict(reversed(line.split("  ")) for line in readme.splitlines() if re.match(r"^[0-9a-f]{64}  ", line))
     for name in CRD_FILES:
         assert recorded[name] == hashlib.sha256((schema_dir() / name).read_bytes()).hexdigest(), name
-        assert re.search(rf"\| `{re.escape(name)}` \| ([^|]+ @ `[0-9a-f]{{40}}`[^|]*|same) \|", readme), name  # its source
+        source = rf"\| `{re.escape(name)}` \| ([^|]+ @ `[0-9a-f]{{40}}`[^|]*|same) \|"  # repository @ commit
+        assert re.search(source, readme), name
 
 
 @root_and_unshare

@@ -75,9 +75,11 @@ def test_the_wheel_carries_the_schemas_and_imports_from_the_venv(installed):
     module, schemas = done.stdout.split()
     assert module.startswith(str(installed.kit.parents[1])) and schemas.startswith(str(installed.kit.parents[1]))
     assert sorted(p.name for p in Path(schemas).glob("*.yaml")) == [
-        "keda.sh_scaledobjects.yaml", "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
-        "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml",
-        "monitoring.coreos.com_servicemonitors.yaml", "nvidia.com_dynamographdeployments.yaml"]
+        "gateway.networking.k8s.io_httproutes.yaml", "http.keda.sh_httpscaledobjects.yaml",
+        "inference.networking.k8s.io_inferencepools.yaml", "keda.sh_scaledobjects.yaml",
+        "leaderworkerset.x-k8s.io_leaderworkersets.yaml", "monitoring.coreos.com_podmonitors.yaml",
+        "monitoring.coreos.com_prometheusrules.yaml", "monitoring.coreos.com_servicemonitors.yaml",
+        "nvidia.com_dynamographdeployments.yaml"]
 
 
 IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"

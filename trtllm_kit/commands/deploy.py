@@ -1,5 +1,5 @@
-"""``deploy k8s``, ``dynamo``, ``check``, ``try`` and ``leader``: Kubernetes objects from an artifact, re-validated,
-run here; ``deploy simulate`` lives in ``deploy_simulate``."""
+"""``deploy k8s``, ``dynamo``, ``check`` and ``leader``: Kubernetes objects from an artifact, re-validated; ``deploy
+try`` lives in ``deploy_try``, ``deploy simulate`` in ``deploy_simulate``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import click
 
 from trtllm_kit.commands.common import emit_json, given
 from trtllm_kit.commands.deploy_simulate import simulate
-from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.commands.deploy_try import try_pods
+from trtllm_kit.errors import KitError
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -77,7 +78,8 @@ def deploy() -> None:
 @click.option("--image-trtllm-version", help="The image's TensorRT-LLM version when its tag does not say it.")
 @click.option("--gpu-product", help="Pin the pods to this nvidia.com/gpu.product (engines: must be their build GPU).")
 @click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); more ranks span nodes.")
-@click.option("--min-replicas", type=int, help="Replicas (groups on several nodes) at least (default 1).")
+@click.option("--min-replicas", type=int, help="Replicas (groups on several nodes) at least (default 1; 0 scales to "
+              "zero through KEDA's HTTP add-on).")
 @click.option("--max-replicas", type=int, help="Replicas at most (default 4).")
 @click.option("--autoscaler", type=click.Choice(["keda", "hpa", "none"]), help="What scales (default keda).")
 @click.option("--openai-port", type=int, help="The OpenAI frontend's port (default 9000).")
@@ -101,6 +103,11 @@ def deploy() -> None:
               "and PrometheusRule that the Prometheus operator selects (default release=prometheus); repeatable.")
 @click.option("--fallback-replicas", type=int, help="Replicas KEDA keeps at least while its query fails (default "
               "--min-replicas; more running ones stay).")
+@click.option("--router", type=click.Choice(["kube-proxy", "inference-extension"]), help="How requests spread over "
+              "replicas: the Service's round-robin (default), or a Gateway API Inference Extension InferencePool "
+              "whose endpoint picker reads each replica's queue and KV cache, with an HTTPRoute from --gateway.")
+@click.option("--gateway", help="The Gateway the HTTPRoute attaches to (--router inference-extension; default "
+              "inference-gateway).")
 @click.option("--api-keys-secret", help="A Secret whose keys.json (trtllm-kit keys add ... --keys keys.json) the "
               "OpenAI API requires keys from; the usage log streams to a sidecar's stdout as JSON lines.")
 @_cluster
@@ -217,61 +224,6 @@ def check(directory: Path, kubernetes: str | None, keda_version: str | None, as_
         raise KitError(f"{directory} has {len(findings)} problem(s), the first: {findings[0]}")
 
 
-@deploy.command(name="try")
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--pvc-dir", "pvc_dirs", multiple=True, metavar="NAME=PATH", help="The directory standing for the "
-              "PersistentVolumeClaim NAME (with deploy k8s --pvc NAME: the build output); repeatable.")
-@click.option("--timeout", "timeout_s", type=float, help="Seconds the pods may take to become ready (default: the "
-              "startup budget the directory records, and a minute).")
-@click.option("--prompt", default="The capital of France is", show_default=True, help="The completion request's "
-              "prompt, sent through the clients' Service.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def try_pods(directory: Path, pvc_dirs: tuple[str, ...], timeout_s: float | None, prompt: str,
-             as_json: bool) -> None:
-    """Run the pods a deploy k8s directory describes on this machine, as a kubelet would: each pod in network and
-    mount namespaces of its own with only its volumes, init containers then containers, probes as written, one
-    OpenAI request through the Service, then preStop, SIGTERM and the grace period. Needs root; the image is
-    replaced by this machine's environment.
-
-    \b
-    Example:
-      trtllm-kit deploy k8s out/ --out k8s/ --image IMG --pvc models
-      sudo trtllm-kit deploy try k8s/ --pvc-dir models=out/
-    """
-    from trtllm_kit.deploy.try_.run import try_directory
-
-    claims = {}
-    for text in pvc_dirs:
-        name, sep, path = text.partition("=")
-        if not sep or not name or not Path(path).is_dir():
-            raise KitUsageError(f"--pvc-dir {text!r} is not NAME=DIRECTORY of an existing directory; write e.g. "
-                                "--pvc-dir models=out/.")
-        claims[name] = Path(path).absolute()
-    report = try_directory(directory, claims, prompt=prompt, timeout_s=timeout_s)
-    if as_json:
-        emit_json(report.to_dict())
-    else:
-        click.echo(report.image)
-        for pod in report.pods:
-            ready = f"ready after {pod.ready_after_s} s" if pod.ready_after_s is not None else "not ready"
-            click.echo(f"pod {pod.name} ({pod.address}): {ready}")
-            for probe in pod.probes:
-                passed = "never passed" if probe.passed_after_s is None else f"passed after {probe.passed_after_s} s"
-                click.echo(f"  {probe.container} {probe.description}: {passed}, {probe.failures} failure(s), "
-                           f"last {probe.last}")
-            for stop in pod.stopped:
-                click.echo(f"  {stop.container} stopped after {stop.stopped_after_s} s (exit {stop.exit_code}"
-                           f"{', killed' if stop.killed else ''})")
-        if report.cold_start is not None:
-            cold = report.cold_start
-            click.echo(f"scaled from zero: the first request was held {cold.held_s} s (the plan predicts "
-                       f"{cold.predicted_s} s, within a budget of {cold.budget_s} s)")
-        if report.answer is not None:
-            click.echo(f"Service {report.service} answered: {report.answer!r}")
-    if report.failure is not None:
-        raise KitError(f"deploy try failed: {report.failure}")
-
-
 @deploy.command(name="leader")
 @click.argument("plan", type=click.Path(path_type=Path))
 def leader(plan: Path) -> None:
@@ -293,3 +245,4 @@ def leader(plan: Path) -> None:
 
 
 deploy.add_command(simulate)
+deploy.add_command(try_pods)

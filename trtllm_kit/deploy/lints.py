@@ -202,7 +202,7 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
         if kind == "Service":
             wanted = spec.get("selector") or {}
             found += _headless_service(file, name, workloads)
-        elif kind == "PodMonitor":
+        elif kind in ("PodMonitor", "InferencePool"):
             wanted = (spec.get("selector") or {}).get("matchLabels") or {}
         if wanted is not None and not any(wanted.items() <= labels.items() for labels in serving_labels):
             found.append(Finding(file, kind, name, "selector", f"{wanted} selects no serving pod of this directory "
@@ -213,6 +213,8 @@ def lint(docs: list[tuple[str, Obj]]) -> list[Finding]:
             found += _leader_plan(file, name, doc["data"], workloads)
         if kind == "ConfigMap" and ((doc.get("metadata") or {}).get("labels") or {}).get(SIDECAR_LABEL[0]):
             found += _dashboards(file, name, doc.get("data") or {})
+        if kind == "HTTPRoute":
+            found += _route_backends(file, name, spec, docs)
         if kind == "HTTPScaledObject":
             found += _held_request(file, name, doc, workloads)
         if kind in ("ScaledObject", "HorizontalPodAutoscaler", "HTTPScaledObject"):
@@ -253,3 +255,12 @@ def _held_request(file: str, name: str, doc: Obj, workloads: dict[tuple[Any, Any
     return [Finding(file, "HTTPScaledObject", name, "spec/timeouts/conditionWait", f"holds the first request "
                     f"{held}, not the startup budget of {budget} s: it would fail while a replica starts; set it to "
                     f"{budget}s")]
+
+
+def _route_backends(file: str, name: str, spec: Obj, docs: list[tuple[str, Obj]]) -> list[Finding]:
+    """An HTTPRoute sending traffic to an InferencePool this directory does not hold."""
+    pools = {(d.get("metadata") or {}).get("name") for _, d in docs if d.get("kind") == "InferencePool"}
+    return [Finding(file, "HTTPRoute", name, "spec/rules/backendRefs", f"InferencePool {ref.get('name')} is not in "
+                    "this directory; name the deployment's pool")
+            for rule in spec.get("rules") or [] for ref in rule.get("backendRefs") or []
+            if ref.get("kind") == "InferencePool" and ref.get("name") not in pools]

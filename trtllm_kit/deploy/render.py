@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from trtllm_kit.build.staging import staged_dir
-from trtllm_kit.deploy import autoscale, monitoring, multinode, objects
+from trtllm_kit.deploy import autoscale, monitoring, multinode, objects, router
 from trtllm_kit.deploy.alerts import alerts
 from trtllm_kit.deploy.dashboard import dashboard, dashboard_config_map
 from trtllm_kit.deploy.image import check_image
@@ -81,6 +81,11 @@ def objects_for(source: DeploySource, settings: DeploySettings) -> tuple[dict[st
     files["prometheusrule.yaml"] = [monitoring.prometheus_rule(names, settings.monitor_labels, serving, alert_rules)]
     files["dashboard-configmap.yaml"] = [dashboard_config_map(names, dashboard(names, settings))]
     extras: dict[str, Any] = {}
+    if settings.router == "inference-extension":
+        server = router.model_server(serving)
+        files["inferencepool.yaml"] = [router.inference_pool(names, settings)]
+        files["httproute.yaml"] = [router.http_route(names, settings)]
+        extras["endpoint-picker-values.yaml"] = router.endpoint_picker_values(names, settings, server)
     if settings.min_replicas == 0:
         files["httpscaledobject.yaml"] = [http_scaled_object(names, source, settings,
                                                              budgets(source, settings, nodes).startup_s, nodes > 1)]

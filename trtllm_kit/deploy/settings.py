@@ -15,6 +15,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.spec import load_table
 
 AUTOSCALERS = ("keda", "hpa", "none")
+ROUTERS = ("kube-proxy", "inference-extension")
 LISTS = ("tolerations", "networks", "capabilities")  # repeatable flags, TOML arrays
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -52,7 +53,9 @@ class DeploySettings:
     ``k8s_version`` and ``keda_version`` are the target cluster's (``deploy/versions.py``): they decide what is
     emitted (the preStop sleep action, native sidecars, KEDA's fallback behaviour) and what ``deploy check``
     refuses. ``tolerations``, ``networks`` (Multus) and ``capabilities`` (``IPC_LOCK``) are added to every serving
-    pod (``deploy/pod_extras.py``).
+    pod (``deploy/pod_extras.py``). ``router`` ``inference-extension`` routes across replicas through an
+    ``InferencePool`` attached to the Gateway ``gateway`` (``deploy/router.py``); ``kube-proxy`` leaves it to the
+    Service.
 
     Across nodes: ``topology_key`` is a node label whose domain holds a whole group (LeaderWorkerSet's
     exclusive topology: a required affinity, so every node must carry the label, and one group per domain; empty,
@@ -96,6 +99,8 @@ class DeploySettings:
     tolerations: tuple[str, ...] = ()
     networks: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
+    router: str = "kube-proxy"
+    gateway: str = "inference-gateway"
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -104,11 +109,14 @@ class DeploySettings:
                                 f"registry.example/trtllm-kit:{__version__}-trtllm1.2.1).")
         if self.autoscaler not in AUTOSCALERS:
             raise KitUsageError(f"--autoscaler {self.autoscaler!r} is not known; use one of {', '.join(AUTOSCALERS)}.")
+        if self.router not in ROUTERS:
+            raise KitUsageError(f"--router {self.router!r} is not known; use one of {', '.join(ROUTERS)}.")
         if (self.artifact_url is None) == (self.pvc is None):
             raise KitUsageError("the artifact reaches the pod either by --artifact-url URL (a .tar of the build "
                                 "output) or by --pvc NAME (a claim holding it); give exactly one.")
         for flag, value in (("--name", self.name), ("--namespace", self.namespace), ("--pvc", self.pvc),
-                            ("--ssh-secret", self.ssh_secret), ("--api-keys-secret", self.api_keys_secret)):
+                            ("--ssh-secret", self.ssh_secret), ("--api-keys-secret", self.api_keys_secret),
+                            ("--gateway", self.gateway)):
             if value is not None and (len(value) > 63 or not DNS_LABEL.match(value)):
                 raise KitUsageError(f"{flag} {value!r} is not a Kubernetes name; use lower-case letters, digits "
                                     "and '-' (at most 63).")
