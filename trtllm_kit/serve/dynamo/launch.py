@@ -17,6 +17,7 @@ from trtllm_kit.serve.server.group import kit_environment
 
 LOOPBACK = "127.0.0.1"
 LOOPBACK_ENV = ("DYN_TCP_RPC_HOST", "DYN_EVENT_PLANE_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_SYSTEM_HOST")
+PLAIN_LOGS = {"NO_COLOR": "1", "DYN_SDK_DISABLE_ANSI_LOGGING": "1"}  # log files without terminal colour codes
 NAMESPACE = "trtllm-kit"
 ENDPOINT = f"{NAMESPACE}.worker.generate"  # NAMESPACE.COMPONENT.ENDPOINT, one for every worker of the model
 
@@ -64,7 +65,7 @@ def dynamo_env(dirs: DynamoDirs, base: dict[str, str] | None = None) -> dict[str
     """
     env = kit_environment(base)
     env.update({"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(dirs.discovery), "DYN_REQUEST_PLANE": "tcp",
-                "HOME": str(dirs.home), **{name: LOOPBACK for name in LOOPBACK_ENV}})
+                "HOME": str(dirs.home), **{name: LOOPBACK for name in LOOPBACK_ENV}, **PLAIN_LOGS})
     return env
 
 

@@ -1,0 +1,57 @@
+"""``serve --dynamo``'s command lines, environment and refusals (no process started)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtllm_kit.enums import Router
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.serve.dynamo.launch import DynamoDirs, dynamo_env, frontend_argv, worker_argv
+from trtllm_kit.serve.dynamo.run import check_dynamo
+from trtllm_kit.serve.options import ServeOptions
+from trtllm_kit.spec import ServeSettings
+
+
+def test_environment_keeps_everything_on_loopback_and_under_the_run_dir(tmp_path: Path) -> None:
+    dirs = DynamoDirs(tmp_path / "dynamo")
+    env = dynamo_env(dirs, {"PATH": "/usr/bin", "HOME": "/root", "TRTLLM_KIT_API_KEY": "secret"})
+    assert env["DYN_DISCOVERY_BACKEND"] == "file" and env["DYN_FILE_KV"] == str(tmp_path / "dynamo" / "discovery")
+    assert env["HOME"] == str(tmp_path / "dynamo" / "home")  # the frontend's model-card cache
+    for name in ("DYN_TCP_RPC_HOST", "DYN_EVENT_PLANE_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_SYSTEM_HOST"):
+        assert env[name] == "127.0.0.1"
+    assert "TRTLLM_KIT_API_KEY" not in env
+
+
+def test_command_lines(tmp_path: Path) -> None:
+    assert frontend_argv(8123, Router.ROUND_ROBIN, 0) == [
+        sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", "8123",
+        "--router-mode", "round-robin", "--migration-limit", "0"]
+    dirs = DynamoDirs(tmp_path / "dynamo")
+    assert worker_argv(tmp_path / "out", dirs, "tiny", 1) == [
+        sys.executable, "-m", "trtllm_kit.serve.dynamo.worker", str(tmp_path / "out"), "--card",
+        str(tmp_path / "dynamo" / "card"), "--model-name", "tiny", "--endpoint", "trtllm-kit.worker.generate",
+        "--ready-file", str(tmp_path / "dynamo" / "ready" / "worker-1")]
+
+
+def test_defaults_are_kv_routing_and_three_migrations() -> None:
+    settings = ServeSettings()
+    assert (settings.dynamo, settings.router, settings.migration_limit) == (False, Router.KV, 3)
+
+
+@pytest.mark.parametrize("options, message", [
+    (ServeOptions(Path("out"), ServeSettings(dynamo=True)), "--dynamo serves Dynamo's OpenAI frontend; add "
+                                                           "--openai-port PORT."),
+    (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000), more=(Path("other"),)),
+     "--dynamo serves one OUT, got 2; serve the others separately."),
+    (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000), api_key="k"),
+     "--api-key is not available with --dynamo yet; leave it out."),
+    (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000, disagg=True)),
+     "--disagg is not available with --dynamo yet; leave it out."),
+])
+def test_refusals(options: ServeOptions, message: str) -> None:
+    with pytest.raises(KitUsageError) as caught:
+        check_dynamo(options)
+    assert str(caught.value) == message

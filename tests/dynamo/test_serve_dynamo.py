@@ -1,0 +1,157 @@
+"""``serve --dynamo`` with real Dynamo: its frontend and the kit's workers on this machine.
+
+The greedy answer equals a plain serve's; a worker SIGKILLed mid-stream is replaced by another without the client
+noticing (the stream equals the unfaulted one); stop, and a SIGKILL of serve, leave no process behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from kit_server import BuildKey, Builds, KitServer, Servers
+
+from trtllm_kit.serve.server.reaper import group_alive
+
+if importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None:
+    pytest.skip("NVIDIA Dynamo is not installed (pip install -e '.[dynamo]' and the ai-dynamo wheel with --no-deps, "
+                "as .ci/run does).", allow_module_level=True)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LLMAPI = BuildKey.of(target="llmapi")
+PROMPT_IDS = [1, 264, 333, 84, 534, 332]  # token ids: both frontends see the same prompt, BOS included
+LONG_TOKENS = 300  # long enough that a worker dies mid-stream
+
+
+def _stream(server: KitServer, model: str, max_tokens: int, on_chunk: Any = None) -> tuple[str, str | None]:
+    """A streamed greedy completion of PROMPT_IDS: its text and finish reason; ``on_chunk(n)`` after each chunk."""
+    body = {"model": model, "prompt": PROMPT_IDS, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    request = urllib.request.Request(f"{server.url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    text, reason, chunks = "", None, 0
+    with urllib.request.urlopen(request, timeout=300) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            event = json.loads(line.removeprefix("data:"))
+            assert "error" not in event, event
+            for choice in event.get("choices") or []:
+                text += choice.get("text") or ""
+                reason = choice.get("finish_reason") or reason
+            chunks += 1
+            if on_chunk is not None:
+                on_chunk(chunks)
+    return text, reason
+
+
+def _complete(server: KitServer, model: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": model, "prompt": PROMPT_IDS, "max_tokens": max_tokens, "temperature": 0}
+    status, _, raw = server.post("/v1/completions", json.dumps(body).encode())
+    assert status == 200, raw
+    return json.loads(raw)
+
+
+def _groups(state: dict[str, Any]) -> list[int]:
+    """The process groups of a dynamo serve's frontend and workers (each leads its own)."""
+    return [int(state["server_pid"]), *(int(w["pid"]) for w in state["workers"].values())]
+
+
+def _busiest_worker(state: dict[str, Any]) -> int:
+    """The pid of the worker spending the most CPU over a short window: the one generating the stream."""
+    procs = [psutil.Process(int(w["pid"])) for w in state["workers"].values()]
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    time.sleep(0.3)
+    spent = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
+    return procs[spent.index(max(spent))].pid
+
+
+def _wait_gone(pgids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(group_alive(g) for g in pgids):
+        time.sleep(0.1)
+    return [g for g in pgids if group_alive(g)]
+
+
+@pytest.fixture(scope="module")
+def dynamo(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
+    out = kit_builds.copy(LLMAPI, tmp_path_factory.mktemp("dynamo") / "out")
+    server = KitServer(out, dynamo=True, workers=2, migration_limit=3)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_models_lists_the_artifact(dynamo: KitServer) -> None:
+    with urllib.request.urlopen(f"{dynamo.url}/v1/models", timeout=30) as response:
+        assert response.status == 200
+        raw = response.read()
+    assert [m["id"] for m in json.loads(raw)["data"]] == [dynamo.state["model"]]
+    assert dynamo.state["server"] == "dynamo" and len(dynamo.state["workers"]) == 2
+
+
+def test_greedy_answer_equals_a_plain_serve(dynamo: KitServer, kit_servers: Servers) -> None:
+    plain = kit_servers.get(LLMAPI)
+    model = dynamo.state["model"]
+    ours, theirs = _complete(dynamo, model, 24), _complete(plain, model, 24)
+    assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"]
+    assert ours["choices"][0]["text"] == theirs["choices"][0]["text"]
+    assert ours["choices"][0]["text"]
+
+
+def test_worker_killed_mid_stream_migrates_and_the_stream_is_unchanged(dynamo: KitServer) -> None:
+    model = dynamo.state["model"]
+    unfaulted, reason = _stream(dynamo, model, LONG_TOKENS)
+    assert reason == "length"
+    killed: list[int] = []
+
+    def kill_after_some(chunks: int) -> None:
+        if chunks == 20 and not killed:
+            pid = _busiest_worker(dynamo.state)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    faulted, reason = _stream(dynamo, model, LONG_TOKENS, on_chunk=kill_after_some)
+    assert killed, "the stream ended before a worker could be killed"
+    assert reason == "length"
+    assert faulted == unfaulted
+    assert 'migration.reason="disconnected"' in Path(dynamo.state["log"]).read_text(errors="replace")  # it moved
+    # the serve lives on with the other worker, and still answers
+    assert _wait_gone(killed, 10) == []
+    assert os.path.exists(f"/proc/{dynamo.state['pid']}")
+    assert _complete(dynamo, model, 4)["usage"]["completion_tokens"] == 4
+
+
+def test_stop_leaves_no_process(kit_builds: Builds, tmp_path: Path) -> None:
+    out = kit_builds.copy(LLMAPI, tmp_path / "out")
+    server = KitServer(out, dynamo=True, workers=1, router="round-robin").start()
+    groups = _groups(server.state)
+    assert all(group_alive(g) for g in groups)
+    server.stop()
+    assert _wait_gone(groups, 5) == []
+    assert not os.path.exists(f"/proc/{server.state['pid']}") or \
+        psutil.Process(server.state["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigkill_of_serve_leaves_no_orphan(kit_builds: Builds, tmp_path: Path) -> None:
+    out = kit_builds.copy(LLMAPI, tmp_path / "out")
+    server = KitServer(out, dynamo=True, workers=1).start()
+    groups = _groups(server.state)
+    try:
+        os.kill(server.state["pid"], signal.SIGKILL)
+        assert _wait_gone(groups, 30) == []  # the reaper ends every group it was given
+    finally:
+        server.stop()
