@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from trtllm_kit.commands.build_flags import SHARED_FLAGS, declared_fields, spec_options, typed_values
-from trtllm_kit.commands.common import emit_json, reporter_for
+from trtllm_kit.commands.output import emit_json, reporter_for
 from trtllm_kit.errors import KitUsageError
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
@@ -76,9 +76,14 @@ def build(ctx: click.Context, config_file: Path | None, as_json: bool, dry_run: 
               "(--disagg).")
 @click.option("--phases", "phases_file", type=click.Path(path_type=Path), help="Per-phase figures measured by "
               "trtllm-kit bench --phases (its phases.json) instead of the modelled ones (--disagg).")
+@click.option("--cold-start", is_flag=True, help="Plan a replica's start instead, phase by phase (what trtllm-kit "
+              "bench cold-start measures here), and the read rate an 8B model needs to start under 30 s.")
+@click.option("--load-gbps", type=float, default=0.5, show_default=True, help="The volume's read rate in GB/s "
+              "(--cold-start).")
 @click.pass_context
 def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_json: bool, disagg: bool, isl: int,
-         osl: int, ttft_slo: float, itl_slo: float, phases_file: Path | None, **_flags: Any) -> None:
+         osl: int, ttft_slo: float, itl_slo: float, phases_file: Path | None, cold_start: bool, load_gbps: float,
+         **_flags: Any) -> None:
     """Plan a build of MODEL without doing it: per-rank memory, KV capacity, stages with their cache status,
     the exact trtllm-build command and the fused decoder layer. Only the model's config.json is needed.
 
@@ -96,7 +101,9 @@ def plan(ctx: click.Context, config_file: Path | None, graph: Path | None, as_js
     spec = build_spec(file_values, flags)
     if phases_file is not None and not disagg:
         raise KitUsageError("--phases feeds the disaggregation plan; add --disagg.")
-    if disagg:
+    if cold_start:
+        _print_cold_start(spec, load_gbps, as_json)
+    elif disagg:
         _print_disagg(spec, isl, osl, ttft_slo, itl_slo, as_json, phases_file)
     else:
         _print_plan(spec, graph, as_json)
@@ -135,3 +142,18 @@ def _print_plan(spec: Any, graph: Path | None, as_json: bool) -> None:
         emit_json(report)
     else:
         print_dry_run(report)
+
+
+def _print_cold_start(spec: Any, load_gbps: float, as_json: bool) -> None:
+    from trtllm_kit.models.inspect import inspect_model
+    from trtllm_kit.profile.cold_start_plan import LLAMA_8B_BYTES, describe, plan_cold_start
+
+    if load_gbps <= 0:
+        raise KitUsageError(f"--load-gbps {load_gbps} must be a positive read rate in GB/s, e.g. 2.")
+    target = spec.build.target.value if spec.build.target.value != "auto" else "engine"
+    planned = plan_cold_start(inspect_model(spec.model).weight_bytes, target, load_gbps)
+    eight_b = plan_cold_start(LLAMA_8B_BYTES, target, load_gbps)
+    if as_json:
+        emit_json({"target": target, **planned.to_dict(), "llama_8b": eight_b.to_dict()})
+    else:
+        click.echo("\n".join(describe(planned, eight_b)))

@@ -14,6 +14,7 @@ import click
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.names import API_KEY_ENV
+from trtllm_kit.profile.cold_start_command import cold_start
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -206,6 +207,9 @@ def _bench_phases(values: dict[str, Any], as_json: bool) -> None:
 # ``bench compare`` must not require bench's --out.
 bench.params = [p for p in bench.params if p.name != "out"] + [
     click.Option(["--out"], type=click.Path(path_type=Path), help="Result directory (required to measure).")]
+
+
+bench.add_command(cold_start)
 
 
 @bench.command()
