@@ -113,3 +113,12 @@ def typed_values(ctx: click.Context) -> dict[str, Any]:
         elif name in shared:
             nested.setdefault(shared[name].table, {}).update(dict.fromkeys(shared[name].names, value))
     return nested
+
+
+def given(ctx: click.Context, **values: Any) -> dict[str, Any]:
+    """Only the options the user actually typed, so a config file's values are not overridden by defaults.
+
+    Arguments:
+        ctx: the command's context; values: the command's parameters by name.
+    """
+    return {k: v for k, v in values.items() if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from trtllm_kit.commands.build_flags import declared_fields, spec_options
-from trtllm_kit.commands.common import emit_json
+from trtllm_kit.commands.output import emit_json
 from trtllm_kit.errors import KitError
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load

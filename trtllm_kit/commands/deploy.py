@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
-from trtllm_kit.commands.common import emit_json, given
+from trtllm_kit.commands.build_flags import given
 from trtllm_kit.commands.deploy_simulate import simulate
 from trtllm_kit.commands.deploy_try import try_pods
+from trtllm_kit.commands.output import emit_json
 from trtllm_kit.errors import KitError
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from trtllm_kit.commands.common import emit_json
+from trtllm_kit.commands.output import emit_json
 from trtllm_kit.errors import KitUsageError
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from trtllm_kit.commands.common import emit_json
+from trtllm_kit.commands.output import emit_json
 from trtllm_kit.errors import KitError, KitUsageError
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from trtllm_kit.commands.common import emit_json
+from trtllm_kit.commands.output import emit_json
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).

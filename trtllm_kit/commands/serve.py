@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from trtllm_kit.commands.build_flags import config_option, declared_fields, spec_options, typed_values
-from trtllm_kit.commands.common import emit_json
+from trtllm_kit.commands.output import emit_json
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.safe_files import UnsafeFileError, read_bounded
