@@ -1,0 +1,1 @@
+"""``serve --ray``: the artifact as a Ray Serve application on a private Ray, started, watched and stopped as one service."""
