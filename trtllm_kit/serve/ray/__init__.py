@@ -1,1 +1,2 @@
-"""``serve --ray``: the artifact as a Ray Serve application on a private Ray, started, watched and stopped as one service."""
+"""``serve --ray``: the artifact as a Ray Serve application on a private Ray, started, watched and stopped as
+one service."""
