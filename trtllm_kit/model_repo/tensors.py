@@ -33,10 +33,10 @@ UPSTREAM_INPUTS = by_name((
     _t("prompt_embedding_table", "FP16", (-1, -1)), _t("prompt_table_extra_ids", "UINT64", (-1,)),
     _t("prompt_vocab_size", "INT32"),
 ))
-# The order of tensorrt_llm's inputs in config.pbtxt (the golden configs): upstream's, then the kit's additions,
-# which no upstream tensorrt_llm input carries and the C++ backend ignores (docs/openai-eval-engine.md). Inputs with
-# a [-1] or wider shape are ragged (``allow_ragged_batch``).
-TRTLLM_INPUT_ORDER = (
+# The order of tensorrt_llm's inputs in config.pbtxt (the golden configs): upstream's, then the kit's additions in
+# the wire's order: the wire's tensors no upstream tensorrt_llm input carries, which the C++ backend ignores
+# (docs/openai-eval-engine.md). Inputs with a [-1] or wider shape are ragged (``allow_ragged_batch``).
+UPSTREAM_INPUT_ORDER = (
     "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "draft_input_ids", "draft_logits",
     "draft_acceptance_threshold", "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias",
     "beam_width", "temperature", "runtime_top_k", "runtime_top_p", "runtime_top_p_min", "runtime_top_p_decay",
@@ -45,8 +45,10 @@ TRTLLM_INPUT_ORDER = (
     "return_context_logits", "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
     "return_num_output_tokens", "exclude_input_in_output", "stop", "streaming", "prompt_embedding_table",
     "prompt_table_extra_ids", "prompt_vocab_size", "guided_decoding_guide_type", "guided_decoding_guide",
-    "priority", "runtime_min_p", "num_top_log_probs", "return_prompt_log_probs", "keep_end_token",
 )
+_LORA = {t.name for t in lora_tensors("FP32")}
+TRTLLM_INPUT_ORDER = (*UPSTREAM_INPUT_ORDER, *(t.name for t in trtllm.request_tensors()
+                                               if t.name not in UPSTREAM_INPUT_ORDER and t.name not in _LORA))
 TRTLLM_INPUTS = tuple({**by_name(trtllm.request_tensors()), **UPSTREAM_INPUTS}[name] for name in TRTLLM_INPUT_ORDER)
 
 UPSTREAM_OUTPUTS = by_name((_t("batch_index", "INT32"), _t("first_scheduled_time_ns", "INT64")))  # not produced
