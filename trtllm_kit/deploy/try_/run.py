@@ -35,15 +35,20 @@ from trtllm_kit.errors import KitUsageError
 
 Obj = dict[str, Any]
 SLACK_S = 60  # past the startup budget, for this machine's own load
+LOG_CHARS = 16000  # enough for two tritonserver start-ups (their option tables are wide)
 
 
 @dataclass
 class PodReport:
+    """One pod: its address, when it became ready, its probes, how its containers stopped and the end of each
+    container's output (``LOG_CHARS``), as ``kubectl logs`` would show it."""
+
     name: str
     address: str
     ready_after_s: float | None = None
     probes: list[ProbeRecord] = field(default_factory=list)
     stopped: list[StopRecord] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,7 @@ def try_directory(directory: Path, pvc_dirs: dict[str, Path], *, prompt: str = "
             for run, pod_report in zip(runs, report.pods, strict=True):
                 pod_report.probes = list(run.probes)
                 pod_report.stopped = run.stop(float(run.spec.get("terminationGracePeriodSeconds", 30)))
+                pod_report.logs = {c.name: c.tail(LOG_CHARS) for c in run.containers}
     return report
 
 
