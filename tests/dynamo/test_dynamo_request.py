@@ -95,7 +95,8 @@ def test_card_config_from_a_trtllm_checkpoint_and_unchanged_for_hf() -> None:
     trtllm = {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", "vocab_size": 1031,
               "max_position_embeddings": 1024, "hidden_size": 256, "num_hidden_layers": 3,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_size": 64}
-    assert card_config(trtllm) == {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 1024,
+    assert card_config(trtllm) == {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                   "max_position_embeddings": 1024,
                                    "vocab_size": 1031, "hidden_size": 256, "num_hidden_layers": 3,
                                    "num_attention_heads": 4, "num_key_value_heads": 2, "torch_dtype": "bfloat16"}
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
@@ -112,6 +113,7 @@ def test_write_card_links_the_tokenizer_and_writes_the_config(tmp_path: Path) ->
     (out / "checkpoint" / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
     card = write_card(out, tmp_path / "card")
     assert (card / "tokenizer.json").resolve() == (out / "tokenizer" / "tokenizer.json").resolve()
-    assert json.loads((card / "config.json").read_text()) == {"architectures": ["LlamaForCausalLM"]}
+    assert json.loads((card / "config.json").read_text()) == {"architectures": ["LlamaForCausalLM"],
+                                                              "model_type": "llama"}
     with pytest.raises(KitUsageError, match="has no tokenizer/ directory"):
         write_card(tmp_path / "missing", tmp_path / "card2")

@@ -155,3 +155,15 @@ def test_sigkill_of_serve_leaves_no_orphan(kit_builds: Builds, tmp_path: Path) -
         assert _wait_gone(groups, 30) == []  # the reaper ends every group it was given
     finally:
         server.stop()
+
+
+def test_cpu_artifact_greedy_answer_equals_a_plain_serve(kit_builds: Builds, kit_servers: Servers,
+                                                          tmp_path: Path) -> None:
+    out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
+    plain = kit_servers.get(BuildKey.of(target="cpu"))
+    with KitServer(out, dynamo=True, workers=1) as server:
+        model = server.state["model"]
+        ours, theirs = _complete(server, model, 24), _complete(plain, model, 24)
+    assert server.state["target"] == "cpu"
+    assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"] == 24
+    assert ours["choices"][0]["text"] == theirs["choices"][0]["text"]

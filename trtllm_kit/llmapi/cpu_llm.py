@@ -8,7 +8,8 @@ PEFT adapter (``cpu_lora.py``; needs ``lora_config``), different adapters and no
 
 The engine steps in the engine loop's thread (``runtime/loop.py``); each request's outputs reach its asyncio loop
 through ``call_soon_threadsafe`` (``cpu_result.ResultHandle``). The checkpoint is loaded as the PyTorch backend
-loads it (``load_unified``) at the model's ``tensor_parallel_size``/``pipeline_parallel_size``.
+loads it (``load_unified``) at the model's ``tensor_parallel_size``/``pipeline_parallel_size``; a cpu artifact's
+TensorRT-LLM checkpoint is read as it was sharded (``load_checkpoint``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from trtllm_kit.llmapi.cpu_lora import CpuLoraManager
 from trtllm_kit.llmapi.cpu_result import RequestError, RequestOutput, ResultHandle
 from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
-from trtllm_kit.llmapi.load import load_unified
+from trtllm_kit.llmapi.load import load_checkpoint
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor, ExecutorStats
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
@@ -52,7 +53,8 @@ class LLM:
     """The kit's CPU runtime behind ``tensorrt_llm.LLM``'s constructor and methods.
 
     Arguments:
-        model: the unified checkpoint directory; tensor_parallel_size, pipeline_parallel_size: the layout the
+        model: the unified checkpoint directory (or a cpu artifact's TensorRT-LLM checkpoint);
+        tensor_parallel_size, pipeline_parallel_size: the layout the
         runtime emulates; max_batch_size, max_num_tokens, max_seq_len, kv_cache_config, enable_chunked_prefill,
         scheduler_config, guided_decoding_backend (None or ``xgrammar``), lora_config (``max_loras``,
         ``max_cpu_loras``, ``max_lora_rank``, ``lora_target_modules``): as ``TorchLlmArgs``;
@@ -80,8 +82,8 @@ class LLM:
                                    lora_cache_max_adapters=int((lora_config or {}).get("max_loras")
                                                                or DEFAULT_MAX_LORAS))
         path = Path(model)
-        self.engine = Executor(load_unified(path, Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))),
-                             self.config)
+        mapping = Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))
+        self.engine = Executor(load_checkpoint(path, mapping), self.config)
         self.lora = None if lora_config is None else \
             CpuLoraManager(lora_config, self.engine.model.config, self.engine.model.dtype)
         self.tokenizer = _tokenizer(path)

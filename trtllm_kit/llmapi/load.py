@@ -169,3 +169,21 @@ def unified_loader(ckpt_dir: Path) -> Callable[[torch.dtype], CheckpointModel] |
         layout = Artifact.read(Path(ckpt_dir).parent).layout
         mapping = Mapping(layout.tp_size, layout.pp_size)
     return lambda dtype: load_unified(ckpt_dir, mapping, dtype)
+
+
+def load_checkpoint(ckpt_dir: Path, mapping: Mapping) -> CheckpointModel:
+    """The model the CPU ``LLM`` runs: a unified checkpoint loaded at ``mapping``, or a TensorRT-LLM checkpoint (a
+    cpu artifact's ``checkpoint/``, sharded already: its mapping must be ``mapping``).
+
+    Arguments:
+        ckpt_dir: the checkpoint directory; mapping: the serving TP/PP.
+    """
+    config = json.loads((Path(ckpt_dir) / "config.json").read_text())
+    if "architectures" in config and "architecture" not in config:
+        return load_unified(ckpt_dir, mapping)
+    model = CheckpointModel.load(Path(ckpt_dir))
+    if model.dims.mapping != mapping:
+        raise CheckpointError(f"{ckpt_dir} is sharded for tp {model.dims.mapping.tp_size} × pp "
+                              f"{model.dims.mapping.pp_size}, not the tp {mapping.tp_size} × pp {mapping.pp_size} "
+                              "asked for; pass its own sizes or convert it again.")
+    return model

@@ -4,7 +4,7 @@ Face ``config.json``.
 Dynamo's frontend builds its model card from that directory (tokenizer, chat template, context length, EOS) and
 refuses one without a ``config.json`` that names ``architectures``. An llmapi artifact's unified checkpoint has
 that file; a cpu artifact's TensorRT-LLM checkpoint has the same facts under other keys, written here in the
-Hugging Face spelling (``CARD_KEYS``).
+Hugging Face spelling (``CARD_KEYS``), with the family's ``model_type``, which Dynamo requires too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.models.registry import family_of_checkpoint
 
 CONFIG_FILE = "config.json"
 # Hugging Face config key → the TensorRT-LLM checkpoint config's key holding the same fact
@@ -54,5 +55,6 @@ def card_config(config: dict[str, Any]) -> dict[str, Any]:
         return config
     if "architecture" not in config:
         raise KitUsageError("checkpoint/config.json names no architecture; rebuild the artifact.")
-    return {"architectures": [config["architecture"]],
+    family = family_of_checkpoint(config["architecture"], "checkpoint/config.json")
+    return {"architectures": [config["architecture"]], "model_type": family.model_types[0],
             **{hf: config[kit] for hf, kit in CARD_KEYS.items() if config.get(kit) is not None}}

@@ -56,7 +56,7 @@ def load_llm(out: Path) -> tuple[LLM, EngineLimits]:
     if limits.target != "cpu":
         raise KitUsageError(f"{out} is a {limits.target} artifact; serve --dynamo runs cpu and llmapi artifacts "
                             "(build with --target cpu or --target llmapi).")
-    return LLM(model=str(limits.model_dir), tensor_parallel_size=limits.tp_size,
+    return LLM(model=str(out / limits.model_dir), tensor_parallel_size=limits.tp_size,
                pipeline_parallel_size=limits.pp_size, max_batch_size=limits.max_batch_size,
                max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len,
                kv_cache_config={"tokens_per_block": limits.tokens_per_block}), limits
