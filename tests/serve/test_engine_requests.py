@@ -15,7 +15,7 @@ import torch
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
 from trtllm_kit.serve.fleet.members import context_logits
-from trtllm_kit.serve.openai.prepare import engine_request
+from trtllm_kit.serve.openai.engine_input import engine_request
 from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.wire import GenerationRequest

@@ -7,8 +7,8 @@ import pytest
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.guided import parse_guide
 from trtllm_kit.serve.openai.logprobs import Scoring
-from trtllm_kit.serve.openai.protocol import ChoiceShape
 from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
+from trtllm_kit.serve.openai.responses import ChoiceShape
 from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest
 from trtllm_kit.wire import GenerationRequest
 

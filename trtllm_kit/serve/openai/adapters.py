@@ -66,18 +66,18 @@ class Adapter:
             self.uploads("first")
         started = False
         try:
-            async for chunk in client.stream(replace(gen, lora=await self.adapter(client, with_rows))):
+            async for response in client.stream(replace(gen, lora=await self.adapter(client, with_rows))):
                 started = self.is_sent = True
-                yield chunk
+                yield response
             self.is_sent = True
             return
         except GenerationError as exc:
             if started or with_rows or NOT_CACHED not in str(exc):
                 raise
         self.uploads("evicted")
-        async for chunk in client.stream(replace(gen, lora=await self.adapter(client, True))):
+        async for response in client.stream(replace(gen, lora=await self.adapter(client, True))):
             self.is_sent = True
-            yield chunk
+            yield response
 
 
 class AdapterSet:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,21 +16,17 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.http.body import json_body
 from trtllm_kit.serve.http.errors import HTTPError, error_response
-from trtllm_kit.serve.http.exchange import ADMIT, METRICS_PATH, OPEN_PATHS, ROUTE_NAME, USAGE, Guard
-from trtllm_kit.serve.openai import prepare
+from trtllm_kit.serve.http.exchange import METRICS_PATH, OPEN_PATHS, ROUTE_NAME, Guard
 from trtllm_kit.serve.openai.adapter_admin import AdapterAdmin, serve_recorded
 from trtllm_kit.serve.openai.adapters import AdapterSet
-from trtllm_kit.serve.openai.choices import generate_choices
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import generation_failure
-from trtllm_kit.serve.openai.logprobs import Scorer
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE, FrontendMetrics
-from trtllm_kit.serve.openai.protocol import ChoiceShape
 from trtllm_kit.serve.openai.request_limits import MAX_BODY_BYTES
 from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
 from trtllm_kit.serve.openai.routes import Alias, Route
-from trtllm_kit.serve.openai.run import Run, send
 from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest, Prompt
+from trtllm_kit.serve.openai.serving import serve
 from trtllm_kit.serve.openai.text import Tokenizer
 
 PARSED: web.RequestKey[OpenAIRequest] = web.RequestKey("openai_request")  # the request as its handler parsed it
@@ -203,71 +198,6 @@ class OpenAIApp:
                        alias: Alias | None) -> web.StreamResponse:
         route.in_flight += 1  # a reload waits for this route's requests before it unloads its models
         try:
-            prepare.check_logprob_entries(route, prompts, req)
-            if len(prompts) * req.n > 1 or req.best_of is not None:
-                return await generate_choices(self.metrics, request, req, prompts, route, alias)
-            return await self._generate(request, req, prompts[0], route, alias)
+            return await serve(self.metrics, request, req, prompts, route, alias)
         finally:
             route.in_flight -= 1
-
-    async def _generate(self, request: web.Request, req: OpenAIRequest, prompt: Prompt, route: Route,
-                        alias: Alias | None) -> web.StreamResponse:
-        kind = req.kind
-        show_ids, tokenizer = isinstance(prompt, tuple), route.tokenizer
-        prompt, prompt_text = prepare.prepared(route, prompt, req)
-        admit = request.get(ADMIT)
-        if admit is not None:  # the gateway reserves the most tokens the request can use, or refuses it
-            admit(prepare.most_prompt_tokens(route, prompt) + req.max_tokens)
-        ident = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-        run = Run(route, prepare.engine_request(route, prompt, req, ident), req, show_ids=show_ids)
-        scorer = Scorer(req.scoring, kind, tokenizer, req.skip_special_tokens, prompt_text)
-        request[USAGE] = run.usage  # the gateway charges it when the request ends
-        timer = self.metrics.timer(route.name)
-        shape = ChoiceShape(kind, ident, route.name, int(time.time()))
-        headers = prepare.route_headers(route, alias)
-        fingerprint = {"system_fingerprint": route.fingerprint}
-        if not req.stream:
-            whole = timer.timed(run.pieces())
-            try:  # a client that leaves cancels this handler, and closing ``whole`` cancels the generation
-                done = [piece async for piece in whole]
-            finally:
-                await whole.aclose()
-            choice = prepare.choice(shape, 0, run, scorer, done)
-            return web.json_response({**shape.whole([choice], run.usage()), **fingerprint}, headers=headers)
-
-        def usage() -> dict[str, Any]:  # ``continuous_usage_stats``: the running usage in every chunk
-            return {"usage": run.usage()} if req.continuous_usage else {}
-
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               **headers})
-        pieces = timer.timed(run.pieces())
-        try:
-            first = await anext(pieces, None)  # errors before the first token still get an HTTP status
-        except BaseException:
-            await pieces.aclose()
-            raise
-        await response.prepare(request)
-        try:
-            if kind == "chat.completion":
-                await send(response, {**shape.chunk({"role": "assistant", "content": ""}, None), **fingerprint})
-            if scorer.echo_text:
-                echoed = shape.chunk(scorer.echo_text, None, logprobs=scorer.prompt(run.prompt_scored))
-                await send(response, {**fingerprint, **echoed, **usage()})
-            if first is not None:
-                await send(response, {**fingerprint, **shape.chunk(first.text, None, first.token_ids,
-                                                                   scorer.tokens(first.scored)), **usage()})
-            async for piece in pieces:
-                await send(response, {**fingerprint, **shape.chunk(piece.text, None, piece.token_ids,
-                                                                   scorer.tokens(piece.scored)), **usage()})
-            await send(response, {**fingerprint, **shape.chunk(None, run.finish_reason), **usage()})
-            if req.include_usage:
-                await send(response, {**fingerprint, **shape.chunk(None, None), "choices": [], "usage": run.usage()})
-        except (GenerationError, HTTPError) as exc:
-            error = exc if isinstance(exc, HTTPError) else generation_failure(exc, req.guide_field)
-            await send(response, error.body())
-        except ConnectionResetError:  # the client left: closing ``pieces`` cancels the generation
-            return response
-        finally:
-            await pieces.aclose()
-        await response.write(b"data: [DONE]\n\n")
-        return response

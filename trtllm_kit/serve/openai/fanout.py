@@ -39,39 +39,39 @@ class FanOut:
         self._ended = asyncio.Event()  # replaced each time a part ends
 
     async def stream(self, send: Send, gen: GenerationRequest) -> Responses:
-        """The chunks of one part, sent once the window has room (and sent again while the queue is full).
+        """The responses of one part, sent once the window has room (and sent again while the queue is full).
 
         Arguments:
             send: the route's stream of a request; gen: the part.
         """
         async with self._slots:
-            first, chunks = await self._open(send, gen)
+            first, responses = await self._open(send, gen)
             try:
                 if first is None:
                     return
                 yield first
-                async for chunk in chunks:
-                    yield chunk
+                async for response in responses:
+                    yield response
             finally:
-                await chunks.aclose()
+                await responses.aclose()
                 self._ended.set()
                 self._ended = asyncio.Event()
 
     async def _open(self, send: Send, gen: GenerationRequest) -> tuple[GenerationResponse | None, Responses]:
-        """The part's first chunk and its stream, once the server accepted it."""
+        """The part's first response and its stream, once the server accepted it."""
         while True:
-            chunks = send(gen)
+            responses = send(gen)
             self._num_unanswered += 1
             try:
-                first = await anext(chunks, None)
+                first = await anext(responses, None)
             except GenerationError as exc:
-                await chunks.aclose()
+                await responses.aclose()
                 holds_place = self._num_accepted > 0 or self._num_unanswered > 1
                 if not holds_place or not any(marker in str(exc) for marker in QUEUE_FULL):
                     raise
             else:
                 self._num_accepted += 1
-                return first, chunks
+                return first, responses
             finally:
                 self._num_unanswered -= 1
             ended = self._ended

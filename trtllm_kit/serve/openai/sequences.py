@@ -1,5 +1,5 @@
 """One engine request for all of a prompt's choices (the engine's ``n``: the prompt computed once, its KV blocks
-shared), split into one chunk stream per choice by the responses' ``sequence_index``.
+shared), split into one response stream per choice by the responses' ``sequence_index``.
 
 With ``best_of`` > ``n`` the engine generates ``best_of`` sequences and the choices are the ``n`` with the highest
 cumulative logprob, best first (the LLM API's and vLLM's rule); they are known only once every sequence has ended,
@@ -18,7 +18,7 @@ Item = GenerationResponse | BaseException | None  # a response, the request's fa
 
 
 class SharedSequences:
-    """The chunk streams of one engine request's returned sequences.
+    """The response streams of one engine request's returned sequences.
 
     Arguments:
         send: the route's stream of a request (``Route.stream``: its client, with its adapter); gen: the request
@@ -34,7 +34,7 @@ class SharedSequences:
         self.num_dropped_tokens = 0  # generated tokens of the sequences best_of left out
 
     def stream(self, index: int) -> AsyncGenerator[GenerationResponse, None]:
-        """The chunks of returned sequence ``index`` (the engine request starts with the first stream asked for)."""
+        """The responses of returned sequence ``index`` (the engine request starts with the first stream asked for)."""
         if self.task is None:
             self.task = asyncio.ensure_future(self._pump())
         return self._read(self.queues[index])
@@ -56,8 +56,8 @@ class SharedSequences:
             if self.gen.num_sequences > self.n:
                 await self._best()
             else:
-                async for chunk in self.send(self.gen):
-                    self.queues[chunk.sequence_index or 0].put_nowait(chunk)
+                async for response in self.send(self.gen):
+                    self.queues[response.sequence_index or 0].put_nowait(response)
         except Exception as exc:  # every choice fails with the request
             for queue in self.queues:
                 queue.put_nowait(exc)
@@ -68,25 +68,25 @@ class SharedSequences:
     async def _best(self) -> None:
         """Every sequence to its end, then the ``n`` of highest cumulative logprob, best first."""
         by_index: dict[int, list[GenerationResponse]] = {}
-        async for chunk in self.send(self.gen):
-            by_index.setdefault(chunk.sequence_index or 0, []).append(chunk)
+        async for response in self.send(self.gen):
+            by_index.setdefault(response.sequence_index or 0, []).append(response)
         ranked = sorted(by_index)  # a model that picked the n itself sent them in order
         if len(ranked) > self.n:
             ranked.sort(key=lambda i: (-cumulative_logprob(by_index[i]), i))
         for queue, index in zip(self.queues, ranked, strict=False):
-            for chunk in by_index[index]:
-                queue.put_nowait(chunk)
-        self.num_dropped_tokens = sum(len(chunk.token_ids or ()) for index in ranked[self.n:]
-                                      for chunk in by_index[index])
+            for response in by_index[index]:
+                queue.put_nowait(response)
+        self.num_dropped_tokens = sum(len(response.token_ids or ()) for index in ranked[self.n:]
+                                      for response in by_index[index])
 
 
-def cumulative_logprob(chunks: list[GenerationResponse]) -> float:
+def cumulative_logprob(responses: list[GenerationResponse]) -> float:
     """A sequence's cumulative logprob: the last one its responses report, else the sum of its tokens' logprobs.
 
     Arguments:
-        chunks: the sequence's responses in order.
+        responses: the sequence's responses in order.
     """
-    reported = [chunk.cum_logprob for chunk in chunks if chunk.cum_logprob is not None]
+    reported = [response.cum_logprob for response in responses if response.cum_logprob is not None]
     if reported:
         return reported[-1]
-    return sum(logprob for chunk in chunks for _, logprob, _ in chunk.scored or () if logprob is not None)
+    return sum(logprob for response in responses for _, logprob, _ in response.scored or () if logprob is not None)

@@ -1,9 +1,18 @@
-"""OpenAI's response bodies, whole or streamed, completion or chat."""
+"""OpenAI's responses: the bodies of a whole answer and of each streamed chunk (completion or chat), the
+server-sent events that carry the chunks, and the headers that name the model that answered."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+from aiohttp import web
+
+from trtllm_kit.serve.openai.routes import Alias, Route
+
+MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
+DONE = b"data: [DONE]\n\n"  # the last event of a stream
 
 
 @dataclass(frozen=True)
@@ -29,15 +38,33 @@ class ChoiceShape:
     def whole(self, choices: list[dict[str, Any]], usage: dict[str, int]) -> dict[str, Any]:
         return {**self._head(self.kind), "choices": choices, "usage": usage}
 
-    def chunk(self, piece: str | dict[str, str] | None, finish_reason: str | None,
+    def chunk(self, text: str | dict[str, str] | None, finish_reason: str | None,
               token_ids: tuple[int, ...] | None = None, logprobs: dict[str, Any] | None = None,
               index: int = 0) -> dict[str, Any]:
         """One streamed event of choice ``index``; ``token_ids`` (the ids this chunk carries) is sent when known."""
         extra = {} if token_ids is None else {"token_ids": list(token_ids)}
         if self.kind == "text_completion":
-            choice = {"index": index, "text": piece or "", "logprobs": logprobs, "finish_reason": finish_reason,
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason,
                       **extra}
             return {**self._head("text_completion"), "choices": [choice]}
-        delta = piece if isinstance(piece, dict) else ({"content": piece} if piece is not None else {})
+        delta = text if isinstance(text, dict) else ({"content": text} if text is not None else {})
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
         return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
+
+def route_headers(route: Route, alias: Alias | None) -> dict[str, str]:
+    """The response headers that name the model, its version and the alias split that chose it."""
+    headers = {MODEL_HEADER: route.name, VERSION_HEADER: str(route.version)}
+    if alias is not None:
+        headers[SPLIT_HEADER] = f"{alias.name}={alias.split}"
+    return headers
+
+
+def event_stream(headers: dict[str, str]) -> web.StreamResponse:
+    """A response of server-sent events (prepared by the caller once it has something to send)."""
+    return web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+
+
+async def send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    """One server-sent event of ``payload`` as JSON."""
+    await response.write(f"data: {json.dumps(payload)}\n\n".encode())

@@ -1,25 +1,19 @@
-"""What a request's prompt becomes before it reaches the engine: the prompt as sent (text tokenized on the direct
-path to ``tensorrt_llm``) and as ``echo`` shows it, the engine request, the token counts the gateway reserves, the
-length check against the model and the bound on a response's logprob entries; and a whole choice from the pieces of
-its run."""
+"""What a request gives the engine: each prompt as sent (text tokenized on the direct path to ``tensorrt_llm``) and
+as ``echo`` shows it, its engine request, the tokens the gateway reserves for it, and the checks against the route
+(the prompt's length, a response's logprob entries)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from trtllm_kit.serve.http.errors import HTTPError
-from trtllm_kit.serve.openai.logprobs import Scorer
-from trtllm_kit.serve.openai.protocol import ChoiceShape
 from trtllm_kit.serve.openai.request_limits import logprob_entries_problem
-from trtllm_kit.serve.openai.routes import Alias, Route
-from trtllm_kit.serve.openai.run import Piece, Run
+from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest, Prompt
 from trtllm_kit.wire import GenerationRequest
 
-MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
 
-
-def prepared(route: Route, prompt: Prompt, req: OpenAIRequest) -> tuple[Prompt, str]:
+def prompt_as_sent(route: Route, prompt: Prompt, req: OpenAIRequest) -> tuple[Prompt, str]:
     """The prompt as it is sent (text tokenized on the direct path), and as text (what ``echo`` shows); refuses
     logprobs off the direct path and a prompt too long for the model."""
     tokenizer = route.tokenizer
@@ -49,7 +43,7 @@ def engine_request(route: Route, prompt: Prompt, req: OpenAIRequest, request_id:
     BLS and ensemble take none).
 
     Arguments:
-        route: where it goes; prompt: from ``prepared``; req: the parsed request; request_id: the engine request's
+        route: where it goes; prompt: from ``prompt_as_sent``; req: the parsed request; request_id: the engine request's
         id; fields: further ``GenerationRequest`` fields (``seed``, ``n``, ``best_of``).
     """
     if req.guide is not None and not isinstance(prompt, tuple):
@@ -60,13 +54,6 @@ def engine_request(route: Route, prompt: Prompt, req: OpenAIRequest, request_id:
     return req.to_generation(prompt, request_id, eos_id=None if tokenizer is None else tokenizer.eos_id,
                              stop_words=() if tokenizer is None else tokenizer.words(req.stops),
                              context_logits=route.context_logits, **fields)
-
-
-def choice(shape: ChoiceShape, index: int, run: Run, scorer: Scorer, done: list[Piece]) -> dict[str, Any]:
-    """A whole choice from the pieces its run yielded."""
-    text = scorer.echo_text + "".join(piece.text for piece in done)
-    logprobs = scorer.whole(run.prompt_scored, tuple(t for piece in done for t in piece.scored))
-    return shape.choice(index, text, run.finish_reason, logprobs)
 
 
 def most_prompt_tokens(route: Route, prompt: Prompt) -> int:
@@ -111,10 +98,3 @@ def check_logprob_entries(route: Route, prompts: list[Prompt], req: OpenAIReques
     if problem is not None:
         raise HTTPError(problem, param=top_name)
 
-
-def route_headers(route: Route, alias: Alias | None) -> dict[str, str]:
-    """The response headers that name the model, its version and the alias split that chose it."""
-    headers = {MODEL_HEADER: route.name, VERSION_HEADER: str(route.version)}
-    if alias is not None:
-        headers[SPLIT_HEADER] = f"{alias.name}={alias.split}"
-    return headers
