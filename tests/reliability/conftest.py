@@ -8,19 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit_server import BuildKey, Servers
-from reliability_helpers import MODEL, kit
+from kit_server import TINY_BUILDS, BuildKey, Builds, Servers
 from serving_helpers import wait_idle
 
 
 @pytest.fixture(scope="session")
-def tiny_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``builtin:tiny-llama`` built with verify off and one instance per text model (the model is generated on
-    first use)."""
-    out = tmp_path_factory.mktemp("tiny") / "out"
-    done = kit("build", MODEL, "--no-verify", "--instances", "1", "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    return out
+def tiny_artifact(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the session's build of ``builtin:tiny-llama`` (verify off, one instance per text model), which is
+    served elsewhere; its tests may change this one."""
+    return kit_builds.copy(TINY_BUILDS["cpu"], tmp_path_factory.mktemp("tiny") / "out")
 
 
 @pytest.fixture
@@ -35,7 +31,7 @@ def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
 def served(kit_servers: Servers) -> dict[str, Any]:
     """The session's shared serve of the tiny build with its ensemble loaded, idle when a module starts; its state
     (endpoints, pids) and output. Its modules only send requests, each read to its end or dropped."""
-    server = kit_servers.get(BuildKey.of(), ensemble=True)
+    server = kit_servers.get(TINY_BUILDS["cpu"], ensemble=True)
     state = {**server.state, "out": server.out}
     assert wait_idle(state, 60)[1]["active"] == 0  # what an earlier module sent has ended
     return state
