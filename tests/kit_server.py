@@ -121,13 +121,13 @@ class KitServer:
 
     @property
     def grpc(self) -> str:
-        """Triton's gRPC endpoint, ``host:port``."""
-        return str(self.state["grpc"])
+        """Triton's gRPC endpoint, ``host:port`` (the ports it was given)."""
+        return self.options.endpoints.url("grpc")
 
     @property
     def metrics(self) -> str:
-        """Triton's metrics endpoint, ``host:port``."""
-        return str(self.state["metrics"])
+        """Triton's metrics endpoint, ``host:port`` (the ports it was given)."""
+        return self.options.endpoints.url("metrics")
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
         """An ``openai`` client of the frontend (no retries), sending the server's key when it has one."""
