@@ -5,32 +5,23 @@ generation server's transfer gauges; ``plan --disagg --phases`` reads the file. 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from kit_server import TINY_BUILDS, Builds, KitServer
 
 from trtllm_kit.cli import run
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
 
 
 @pytest.mark.integration
-def test_phases_of_a_disaggregated_serve(tmp_path: Path, capsys) -> None:
-    out = tmp_path / "out"
-    assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
-    endpoints, port = free_endpoints(), free_port()
-    serve_detached(ServeOptions(out=out, settings=ServeSettings(**asdict(endpoints), ready_timeout_s=120,
-                                                                openai_port=port, disagg=True)))
-    capsys.readouterr()
-    try:
-        assert run(["bench", "--phases", "--openai-url", f"http://127.0.0.1:{port}/v1", "--metrics-url",
-                    f"http://{endpoints.url('metrics')}/metrics", "--isl", "64", "--osl", "8", "--prefill-batch",
+def test_phases_of_a_disaggregated_serve(kit_builds: Builds, tmp_path: Path, capsys) -> None:
+    out = kit_builds.copy(TINY_BUILDS["llmapi"], tmp_path / "out")
+    with KitServer(out, disagg=True) as server:  # its own: every transfer of the run is counted
+        capsys.readouterr()
+        assert run(["bench", "--phases", "--openai-url", f"{server.url}/v1", "--metrics-url",
+                    f"http://{server.metrics}/metrics", "--isl", "64", "--osl", "8", "--prefill-batch",
                     "3", "--decode-concurrency", "2", "--repeats", "2", "--warmup", "1", "--out",
                     str(tmp_path / "phases")]) == 0
-    finally:
-        stop_serving(out, 30)
     printed = capsys.readouterr().out
     assert "tokens/s at batch 3 x ISL 64" in printed and "KV transfer" in printed
     phases = json.loads((tmp_path / "phases" / "phases.json").read_text())
