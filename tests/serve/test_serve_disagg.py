@@ -11,16 +11,13 @@ import re
 import socket
 import time
 import urllib.request
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kit_server import TINY_BUILDS, Builds, KitServer
 
-from trtllm_kit.cli import run
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
+from trtllm_kit.serve.service import stop_serving
 
 MODEL = "builtin:tiny-llama"
 NUM_REQUESTS = 50
@@ -28,10 +25,8 @@ TIMEOUT_S = 2.0  # --kv-transfer-timeout: blocks of a context request nobody fet
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("disagg") / "out"
-    assert run(["build", MODEL, "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
-    return out
+def out(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return kit_builds.copy(TINY_BUILDS["llmapi"], tmp_path_factory.mktemp("disagg") / "out")
 
 
 def requests() -> list[dict]:
@@ -64,10 +59,8 @@ def complete(port: int, body: dict) -> list[int] | tuple[str, int]:
 
 
 def served(out: Path, **settings) -> tuple[int, dict]:
-    port = free_port()
-    state = serve_detached(ServeOptions(out=out, settings=ServeSettings(
-        **asdict(free_endpoints()), ready_timeout_s=120, openai_port=port, **settings)))
-    return port, state
+    server = KitServer(out, **settings).start()
+    return server.port, server.state
 
 
 def gauge(metrics_url: str, family: str, label: str) -> float:
