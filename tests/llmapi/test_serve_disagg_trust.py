@@ -17,19 +17,16 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from kit_server import TINY_BUILDS, Builds, KitServer
 from kv_peer import KvPeer, header, signed_state, unsigned_state, wire
 
-from trtllm_kit.cli import run
 from trtllm_kit.llmapi.kv_state import KV_KEY_ENV
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
+from trtllm_kit.serve.service import stop_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "builtin:tiny-llama"
@@ -39,17 +36,13 @@ STUB = "triton_python_backend_stub"
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("disagg-trust") / "out"
-    assert run(["build", MODEL, "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
-    return out
+def out(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return kit_builds.copy(TINY_BUILDS["llmapi"], tmp_path_factory.mktemp("disagg-trust") / "out")
 
 
 def serve_disagg(out: Path) -> tuple[int, dict[str, Any]]:
-    port = free_port()
-    state = serve_detached(ServeOptions(out=out, settings=ServeSettings(
-        **asdict(free_endpoints()), ready_timeout_s=120, openai_port=port, disagg=True)))
-    return port, state
+    server = KitServer(out, disagg=True).start()
+    return server.port, server.state
 
 
 @pytest.fixture(scope="module")
