@@ -48,9 +48,9 @@ class Refused(Exception):
         """OpenAI's 429 for a quota or a rate limit, with ``Retry-After`` in whole seconds."""
         quota = self.refusal.is_quota
         error = HTTPError(f"Too many requests for the key {self.key!r}: {self.refusal.reason}; retry in "
-                             f"{self.refusal.wait_s:.2f} s.", 429,
-                             code="quota_exceeded" if quota else "rate_limit_exceeded",
-                             kind="insufficient_quota" if quota else "rate_limit_error")
+                          f"{self.refusal.wait_s:.2f} s.", 429,
+                          code="quota_exceeded" if quota else "rate_limit_exceeded",
+                          kind="insufficient_quota" if quota else "rate_limit_error")
         response = error_response(error)
         response.headers["Retry-After"] = str(max(1, math.ceil(self.refusal.wait_s)))
         return response
@@ -125,14 +125,14 @@ class Gateway:
         if record is None:
             self.metrics.outcome("", "unauthorized")
             raise HTTPError("Incorrect, revoked or missing API key: pass a key as 'Authorization: Bearer KEY'.",
-                               401, code="invalid_api_key")
+                            401, code="invalid_api_key")
         request[CALLER] = record
         routed = request.match_info.http_exception is None  # a 404 or 405 is the router's to answer
         model = (await json_body(request)).get("model") if request.method == "POST" and routed else None
         if model is not None and not record.may_use(str(model)):  # str(): the name the handler resolves
             self.metrics.outcome(record.name, "forbidden")
             raise HTTPError(f"the key {record.name!r} may not use the model {str(model)!r:.80}; it may use "
-                               f"{', '.join(record.models)}.", 403, code="model_not_allowed", kind="permission_error")
+                            f"{', '.join(record.models)}.", 403, code="model_not_allowed", kind="permission_error")
         admission = Admission(self, record)
         request[ADMIT] = admission.admit
         response = None
@@ -166,7 +166,7 @@ class Admission:
         limits = self.gateway.limits.get(self.record.name)
         if limits is None:  # dropped from the key file by a SIGHUP since the key was checked
             raise HTTPError(f"the key {self.record.name!r} is no longer in the key file.", 401,
-                               code="invalid_api_key")
+                            code="invalid_api_key")
         refusal = limits.admit(reservation)
         if refusal is not None:
             self.gateway.metrics.outcome(self.record.name, "quota_exceeded" if refusal.is_quota else "rate_limited")

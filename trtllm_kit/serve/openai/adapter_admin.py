@@ -101,7 +101,7 @@ class AdapterAdmin:
         if self.has_keys and (record is None or not record.admin):
             name = record.name if record is not None else "?"
             raise HTTPError(f"the key {name!r} may not load or unload adapters; use a key made with trtllm-kit "
-                               "keys add NAME --admin.", 403, code="admin_key_required", kind="permission_error")
+                            "keys add NAME --admin.", 403, code="admin_key_required", kind="permission_error")
 
     async def load(self, request: web.Request) -> web.Response:
         """Check, convert and serve the PEFT adapter at ``lora_path`` as ``lora_name`` (of ``base_model_name``,
@@ -111,7 +111,7 @@ class AdapterAdmin:
         name, path, force = body.get("lora_name"), body.get("lora_path"), body.get("force", False)
         if not isinstance(name, str) or not isinstance(path, str):
             raise HTTPError("load_lora_adapter needs 'lora_name' and 'lora_path' strings (the adapter's name and "
-                               "its PEFT directory on the server).", param="lora_name" if not isinstance(
+                            "its PEFT directory on the server).", param="lora_name" if not isinstance(
                                    name, str) else "lora_path")
         _check_path(path)
         if not isinstance(force, bool):
@@ -122,16 +122,16 @@ class AdapterAdmin:
             raise HTTPError(str(exc), param="lora_name") from None
         if name in self.table.names or self.adapters.get(name) is not None:
             raise HTTPError(f"The lora adapter {name!r} has already been loaded (or names a served model); unload "
-                               "it first or choose another name.", param="lora_name")
+                            "it first or choose another name.", param="lora_name")
         route = self._parent(body.get("base_model_name"))
         if route.out is None:
             raise HTTPError(f"{route.name!r} is served without its artifact; adapters cannot be checked against "
-                               "it.")
+                            "it.")
         source, artifact = Path(path), Artifact.read(route.out)
         if artifact.target == "llmapi":
             raise HTTPError(f"{route.name!r} is an llmapi artifact, whose model reads its adapters from the "
-                               f"artifact; add the adapter with trtllm-kit lora add {route.out} {name} DIR and start "
-                               "the serve again.", param="lora_path")
+                            f"artifact; add the adapter with trtllm-kit lora add {route.out} {name} DIR and start "
+                            "the serve again.", param="lora_path")
         try:
             rows = await asyncio.to_thread(_converted_rows, artifact, source, force)
         except KitUsageError as exc:
@@ -152,7 +152,7 @@ class AdapterAdmin:
         except LookupError:
             served = ", ".join(repr(n) for n in self.adapters.adapters) or "none"
             raise HTTPError(f"The lora adapter {name!r} is not loaded (loaded: {served}).", 404,
-                               param="lora_name", code="model_not_found") from None
+                            param="lora_name", code="model_not_found") from None
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     def _parent(self, base: object) -> Route:
@@ -161,7 +161,7 @@ class AdapterAdmin:
             return next(iter(routes.values()))
         if not isinstance(base, str) or base not in routes:
             raise HTTPError(f"base_model_name must name one of the served models ({', '.join(routes)}), got "
-                               f"{base!r:.80}.", param="base_model_name")
+                            f"{base!r:.80}.", param="base_model_name")
         return routes[base]
 
 
@@ -170,7 +170,7 @@ def _check_path(path: str) -> None:
     """Refuse a ``lora_path`` no file system opens: longer than ``MAX_PATH_CHARS`` or holding a NUL."""
     if len(path) > MAX_PATH_CHARS:
         raise HTTPError(f"lora_path is {len(path)} characters, above the bound of {MAX_PATH_CHARS} (the longest "
-                           "path Linux opens); pass the adapter directory's path.", param="lora_path")
+                        "path Linux opens); pass the adapter directory's path.", param="lora_path")
     if "\0" in path:
         raise HTTPError("lora_path holds a NUL character, which no path can; pass the adapter directory's path.",
-                           param="lora_path")
+                        param="lora_path")

@@ -100,7 +100,7 @@ class OpenAIApp:
         except Exception as exc:  # a bug: the client gets JSON and no traceback; the log gets the details
             logging.getLogger(__name__).exception("the OpenAI frontend failed a request")
             return error_response(HTTPError(f"internal error ({type(exc).__name__}); see the server log.", 500,
-                                               kind="server_error"))
+                                            kind="server_error"))
 
     @web.middleware
     async def _measure(self, request: web.Request,
@@ -132,7 +132,7 @@ class OpenAIApp:
             matches = False
         if not matches:
             raise HTTPError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.", 401,
-                               code="invalid_api_key")
+                            code="invalid_api_key")
 
     async def health(self, _request: web.Request) -> web.Response:
         """200 when every served model is ready in Triton, else 503 (an empty body either way, as vLLM answers)."""

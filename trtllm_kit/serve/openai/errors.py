@@ -22,7 +22,7 @@ def generation_failure(exc: GenerationError, guide_field: str | None = None) -> 
     message = first_line(str(exc))
     if any(marker in message for marker in QUEUE_FULL):
         return HTTPError(f"the server's request queue is full; retry after {RETRY_AFTER_S} s. ({message})", 429,
-                            kind="rate_limit_error", code="queue_full")
+                         kind="rate_limit_error", code="queue_full")
     refused = model_refusal(message, guide_field)
     if refused is not None:
         return refused

@@ -46,7 +46,7 @@ def structured_field(body: dict[str, Any]) -> str | None:
              and not (name == "response_format" and body[name] == {"type": "text"})]
     if len(given) > 1:
         raise HTTPError(f"{given[0]} and {given[1]} both ask for structured output; send one of them.",
-                           param=given[1])
+                        param=given[1])
     return given[0] if given else None
 
 
@@ -79,7 +79,7 @@ def _guide(name: str, value: Any) -> Guide:
                 json.loads(value)
             except (ValueError, RecursionError):
                 raise HTTPError("guided_json must be a JSON schema (an object, or its JSON text).",
-                                   param=name) from None
+                                param=name) from None
             return "json_schema", value
         raise HTTPError(f"guided_json must be a JSON schema object, got {value!r:.60}.", param=name)
     if name == "guided_choice":
@@ -99,5 +99,5 @@ def _response_format(value: Any) -> Guide:
     if kind == "json_schema" and isinstance(schema, dict) and isinstance(schema.get("schema"), dict):
         return "json_schema", json.dumps(schema["schema"])
     raise HTTPError(f"response_format must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
-                       f"{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}, got "
-                       f"{value!r:.80}.", param="response_format")
+                    f"{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}, got "
+                    f"{value!r:.80}.", param="response_format")

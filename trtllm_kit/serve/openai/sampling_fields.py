@@ -95,9 +95,9 @@ def check_fields(body: dict[str, Any], accepted: Container[str]) -> None:
             if any(type(value) is type(default) and value == default for default in NOT_IMPLEMENTED[name]):
                 continue
             raise HTTPError(f"{name} is not supported by this server (got {value!r:.60}); leave it out.",
-                               param=name, code="unsupported_parameter")
+                            param=name, code="unsupported_parameter")
         raise HTTPError(f"Unrecognized request argument supplied: {name}.", param=name,
-                           code="unknown_parameter")
+                        code="unknown_parameter")
 
 
 class StreamOptions(BaseModel):
