@@ -18,7 +18,7 @@ from tests.deploy.test_k8s import deploy, objects
 from tests.deploy.test_try import TIMEOUT_S, tiny  # noqa: F401 (the module's fixture)
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
-from trtllm_kit.deploy.try_.run import try_directory
+from trtllm_kit.deploy.try_.try_directory import try_directory
 from trtllm_kit.deploy.validate import CRD_FILES, schema_dir
 
 root_and_unshare = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,

@@ -17,7 +17,7 @@ from tests.deploy.test_first_apply import link_the_claim, rewrite
 from tests.deploy.test_k8s import deploy
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.try_.cluster import read_cluster
-from trtllm_kit.deploy.try_.run import TryReport, try_directory
+from trtllm_kit.deploy.try_.try_directory import TryReport, try_directory
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="deploy try runs pods in namespaces of their own: root and unshare")

@@ -31,7 +31,7 @@ def try_pods(directory: Path, pvc_dirs: tuple[str, ...], timeout_s: float | None
       trtllm-kit deploy k8s out/ --out k8s/ --image IMG --pvc models
       sudo trtllm-kit deploy try k8s/ --pvc-dir models=out/
     """
-    from trtllm_kit.deploy.try_.run import try_directory
+    from trtllm_kit.deploy.try_.try_directory import try_directory
 
     claims = {}
     for text in pvc_dirs:
