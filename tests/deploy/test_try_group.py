@@ -14,7 +14,7 @@ import pytest
 
 from tests.deploy.conftest import write_artifact
 from trtllm_kit.cli import run
-from trtllm_kit.deploy.try_.run import try_directory
+from trtllm_kit.deploy.try_.try_directory import try_directory
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("unshare", "mpirun", "sshd")),
