@@ -1,0 +1,181 @@
+"""The CPU runtime's speed beside transformers, side by side in one run, on the real model and the tiny one.
+
+    python benchmarks/cpu_runtime.py [--quick] [--models smollm2-135m-instruct,tiny-llama] [--no-served]
+                                     [--threads 1] [--json]
+
+For each model (float32, greedy, every answer forced to its full length with ``ignore_eos``), two cases:
+
+* batch 1: one chat prompt, 128 new tokens (``--quick``: 32);
+* 8 concurrent: eight chat prompts, 64 new tokens each (``--quick``: 16).
+
+Each case runs, one after the other in this process, on three engines, each after an untimed warm-up:
+
+* transformers: ``generate`` on a left-padded batch;
+* executor: the kit's ``Executor`` over the converted checkpoint, all requests queued at once;
+* served: ``trtllm-kit serve`` of a cpu build (its own processes on the same cores), the OpenAI chat API, the
+  requests sent at once from a thread each.
+
+Prints one line per case with output tokens/s and the kit's ratios to transformers. The machine's load average is
+printed with them: ratios taken in the same run stay comparable when other processes share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from served import served_build  # noqa: E402
+
+from trtllm_kit.checkpoint.convert import convert_checkpoint  # noqa: E402
+from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
+from trtllm_kit.runtime.config import EngineConfig  # noqa: E402
+from trtllm_kit.runtime.executor import Executor  # noqa: E402
+from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
+from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
+
+MODELS = ("smollm2-135m-instruct", "tiny-llama")
+QUESTIONS = ("What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea.",
+             "Who wrote Romeo and Juliet?", "What do bees make?", "Why do we need sleep?",
+             "What is the largest planet in our solar system?", "Suggest a name for a pet goldfish.")
+
+
+@dataclass
+class Case:
+    """One model and batch shape: output tokens/s of each engine (0: not run) and the kit's ratios."""
+
+    model: str
+    num_requests: int
+    max_tokens: int
+    transformers: float
+    executor: float
+    served: float
+    load_average: float
+
+    def line(self) -> str:
+        def ratio(value: float) -> str:
+            return f"{value / self.transformers:.2f}x" if value else "-"
+        return (f"{self.model:24s} {self.num_requests} x {self.max_tokens:3d} tokens: transformers "
+                f"{self.transformers:6.1f} tok/s | executor {self.executor:6.1f} tok/s ({ratio(self.executor)}) | "
+                f"served {self.served:6.1f} tok/s ({ratio(self.served)}) | load {self.load_average:.1f}")
+
+
+def timed(run: Callable[[], int]) -> float:
+    """Output tokens/s of ``run`` (which returns the tokens it made), after one untimed warm-up call."""
+    run()
+    start = time.perf_counter()
+    tokens = run()
+    return tokens / (time.perf_counter() - start)
+
+
+def chat_ids(tokenizer: Any, num_requests: int) -> list[list[int]]:
+    """The chat prompts' token ids (the template with its generation prompt)."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"]
+            for q in QUESTIONS[:num_requests]]
+
+
+def transformers_run(model: Any, tokenizer: Any, prompts: list[list[int]], max_tokens: int) -> Callable[[], int]:
+    """``generate`` of a left-padded batch of ``prompts``, greedy, exactly ``max_tokens`` new tokens each."""
+    width = max(map(len, prompts))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def run() -> int:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                 do_sample=False, pad_token_id=pad)
+        return (out.shape[1] - width) * len(prompts)
+    return run
+
+
+def executor_run(model: CheckpointModel, prompts: list[list[int]], max_tokens: int) -> Callable[[], int]:
+    """The kit's ``Executor`` on all ``prompts`` at once, greedy, exactly ``max_tokens`` new tokens each."""
+    def run() -> int:
+        executor = Executor(model, EngineConfig(max_batch_size=len(prompts)))
+        outputs = executor.generate(prompts, [SamplingParams(max_tokens=max_tokens, ignore_eos=True)] * len(prompts))
+        return sum(map(len, outputs))
+    return run
+
+
+def served_run(base_url: str, num_requests: int, max_tokens: int) -> Callable[[], int]:
+    """``num_requests`` chat requests sent at once to the OpenAI frontend, greedy, ``max_tokens`` tokens each."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=600)
+    name = client.models.list().data[0].id
+
+    def one(question: str) -> int:
+        reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": question}],
+                                               max_tokens=max_tokens, temperature=0.0,
+                                               extra_body={"ignore_eos": True})
+        assert reply.usage is not None
+        return reply.usage.completion_tokens
+
+    def run() -> int:
+        with ThreadPoolExecutor(num_requests) as pool:
+            return sum(pool.map(one, QUESTIONS[:num_requests]))
+    return run
+
+
+def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, work: Path) -> list[Case]:
+    """Every shape (requests, tokens) of model ``name`` on the three engines."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf_dir = builtin_dir(name)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    convert_checkpoint(hf_dir, work / name / "ckpt", dtype="float32")
+    kit_model = CheckpointModel.load(work / name / "ckpt")
+    figures = []
+    for num_requests, max_tokens in shapes:
+        prompts = chat_ids(tokenizer, num_requests)
+        figures.append([timed(transformers_run(hf_model, tokenizer, prompts, max_tokens)),
+                        timed(executor_run(kit_model, prompts, max_tokens))])
+    del hf_model, kit_model
+    served = [0.0] * len(shapes)
+    if with_served:
+        with served_build(f"builtin:{name}", work / name / "out", "--dtype", "float32") as base_url:
+            served = [timed(served_run(base_url, n, t)) for n, t in shapes]
+    return [Case(name, n, t, hf, ex, sv, os.getloadavg()[0])
+            for (n, t), (hf, ex), sv in zip(shapes, figures, served, strict=True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="32 tokens at batch 1 and 16 at 8 concurrent")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated built-in model names")
+    parser.add_argument("--no-served", action="store_true", help="transformers and the executor only")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in this process (default 1: with "
+                        "other processes on the cores, a second thread waits at every op)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    shapes = [(1, 32), (8, 16)] if args.quick else [(1, 128), (8, 64)]
+    cases: list[Case] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            cases += measure(name, shapes, not args.no_served, Path(tmp))
+    if args.json:
+        print(json.dumps([asdict(c) for c in cases], indent=2))
+    else:
+        print("\n".join(c.line() for c in cases))
+
+
+if __name__ == "__main__":
+    main()
