@@ -8,6 +8,8 @@ from pathlib import Path
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.model_repo.repository import python_source
+from trtllm_kit.names import TRTLLM_MODEL
 from trtllm_kit.targets import Target, get_target
 
 # The text models in order of preference: BLS streams in order; the ensemble's responses may overtake each other
@@ -49,9 +51,29 @@ def servable(out: Path, machine: Machine | None = None) -> Servable:
         raise KitUsageError(f"{repo} holds no {' or '.join(target.text_models)} model; rebuild with the repo stage "
                             f"(trtllm-kit build ... --out {out}).")
     problems = target.serve_problems(artifact, machine)
+    stale = _slot_model_problem(repo, target)
+    if stale:
+        problems = [*problems, stale]
     if problems:
         raise KitUsageError(f"{out} cannot be served here: {'; '.join(problems)}; rebuild it on this machine "
                             f"(trtllm-kit build ... --out {out} --force) or serve it where it was built.")
     tokenizer = out / "tokenizer"
     return Servable(artifact=artifact, target=target, world_size=target.launch_world_size(artifact),
                     tokenizer_dir=tokenizer if tokenizer.is_dir() else None, models=models)
+
+
+def _slot_model_problem(repo: Path, target: Target) -> str | None:
+    """Why the repository's ``tensorrt_llm`` Python model cannot run with this kit, or None.
+
+    The kit's slot models import the installed kit's runtime, so a repository written by another trtllm-kit may
+    call what this one no longer has: its ``model.py`` must be this kit's file, byte for byte.
+    """
+    if target.slot_model is None:
+        return None
+    shipped = repo / TRTLLM_MODEL / "1" / "model.py"
+    if not shipped.is_file():
+        return f"{shipped} is missing"
+    if shipped.read_bytes() != python_source(target.slot_model).read_bytes():
+        return (f"its {TRTLLM_MODEL} model ({shipped}) was written by another trtllm-kit than this one "
+                f"and may not run with it")
+    return None
