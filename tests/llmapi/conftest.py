@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fake_trtllm_serve import TrtllmServePath, trtllm_serve_path
+from kit_server import TINY_BUILDS, Builds
 
 from trtllm_kit.cli import run
 from trtllm_kit.serve.server.process import TritonProcess
@@ -38,12 +39,12 @@ def engine_stage_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def llmapi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TritonProcess]]:
+def llmapi_server(kit_builds: Builds,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TritonProcess]]:
     """``builtin:tiny-llama`` built for the llmapi target (verify off), its repository served by a real
     tritonserver; the build output and the server. Only for tests that send requests and read what the server
     reports: a test that changes a server (loads, unloads, kills) starts its own."""
     work = tmp_path_factory.mktemp("llmapi-server")
-    out = work / "out"
-    assert run(["build", "builtin:tiny-llama", "--target", "llmapi", "--no-verify", "--out", str(out)]) == 0
+    out = kit_builds.copy(TINY_BUILDS["llmapi"], work / "out")
     with running_server(out / "repo", work) as process:
         yield out, process
