@@ -12,17 +12,16 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from kit_server import TINY_BUILDS, Builds  # one module object: keys built here equal the session's
 
 from tests.integration.tritonserver import running_server
 from tests.wire.values import batched
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 from trtllm_kit.serve.server.process import TritonProcess
-from trtllm_kit.spec import BuildSpec
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 from trtllm_kit.wire.llmapi import encode_llmapi_request
 from trtllm_kit.wire.llmapi_response import decode_llmapi_response
@@ -70,12 +69,10 @@ def local(engine: Executor, params: SamplingParams) -> list[Sequence]:
 
 
 @pytest.fixture(scope="module")
-def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonProcess, Path]]:
+def cpu_server(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonProcess, Path]]:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("wire-cpu")
-    out = root / "out"
-    run_build(BuildSpec.from_dict({"model": "builtin:tiny-llama", "out": out, "build": {"verify": False}, "repo": {
-        "preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}}))
+    out = kit_builds.copy(TINY_BUILDS["cpu"], root / "out")
     with running_server(out / "repo", root) as server:
         yield server, out
 
@@ -104,12 +101,11 @@ def test_a_wire_request_to_the_cpu_tensorrt_llm_model(cpu_server) -> None:
 
 
 @pytest.fixture(scope="module")
-def llmapi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonProcess, Path]]:
+def llmapi_server(kit_builds: Builds,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonProcess, Path]]:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("wire-llmapi")
-    out = root / "out"
-    run_build(BuildSpec.from_dict({"model": "builtin:tiny-llama", "out": out,
-                                   "build": {"target": "llmapi", "verify": False}}))
+    out = kit_builds.copy(TINY_BUILDS["llmapi"], root / "out")
     with running_server(out / "repo", root) as server:
         yield server, out
 
