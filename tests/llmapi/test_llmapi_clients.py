@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from kit_server import BuildKey, Servers
+from kit_server import TINY_BUILDS, Servers
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
@@ -39,7 +39,7 @@ GREEDY = {"model": "builtin:tiny-llama", "temperature": 0}  # the served name; O
 @pytest.fixture(scope="module")
 def served(kit_servers: Servers) -> dict[str, Any]:
     torch.set_num_threads(1)
-    server = kit_servers.get(BuildKey.of(target="llmapi", repo={}))
+    server = kit_servers.get(TINY_BUILDS["llmapi"])
     return {**server.state, "out": server.out}
 
 
