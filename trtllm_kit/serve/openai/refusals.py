@@ -58,3 +58,12 @@ def refused(exc: ValidationError, body: dict[str, Any], kind: str, given: dict[s
     sentence = out_of_range if out_of_range is not None and error["type"] in RANGE_ERRORS else wrong_type
     n = given.get("n") if isinstance(given.get("n"), int) else 1
     return HTTPError(sentence.format(name=name, value=value, max_tokens=given["max_tokens"], n=n), param=name)
+
+
+def field_refusal(name: str, value: Any, **context: Any) -> HTTPError:
+    """The 400 of ``name``'s own sentence (of a wrong type) quoting ``value``.
+
+    Arguments:
+        name: the field; value: the value found; context: what the sentence quotes beside it (``max_tokens``, ``n``).
+    """
+    return HTTPError(SENTENCES[name][0].format(name=name, value=value, **context), param=name)

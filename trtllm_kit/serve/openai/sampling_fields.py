@@ -30,7 +30,7 @@ from trtllm_kit.runtime.sampling_rules import MAX_SEED, is_greedy_temperature
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.guided import GUIDED_FIELDS, Guide, parse_guide, structured_field
 from trtllm_kit.serve.openai.logprobs import Scoring
-from trtllm_kit.serve.openai.refusals import PRIORITY_RANGE, refused
+from trtllm_kit.serve.openai.refusals import PRIORITY_RANGE, field_refusal, refused
 from trtllm_kit.serve.openai.request_limits import MAX_N, stops_problem
 from trtllm_kit.wire import GenerationRequest, WireError
 from trtllm_kit.wire.fields import rows
@@ -164,7 +164,7 @@ class OpenAIRequest(BaseModel):
         max_seq_len = (info.context or {}).get("max_seq_len")
         max_tokens = self.max_tokens
         if max_tokens < (0 if self.scoring.echo else 1):  # echo with max_tokens 0 scores the prompt alone
-            raise HTTPError(f"max_tokens must be a positive integer, got {max_tokens!r}.", param="max_tokens")
+            raise field_refusal("max_tokens", max_tokens)
         limit = MAX_INT32 if max_seq_len is None else max_seq_len - 1
         if max_tokens > limit:
             reason = f"this model's max_seq_len is {max_seq_len} tokens" if max_seq_len else "the limit is 2**31 - 1"
@@ -173,11 +173,9 @@ class OpenAIRequest(BaseModel):
         if problem is not None:
             raise HTTPError(problem, param="stop")
         if self.min_tokens is not None and self.min_tokens > max_tokens:
-            raise HTTPError(f"min_tokens must be an integer from 0 to max_tokens ({max_tokens}), got "
-                            f"{self.min_tokens!r}.", param="min_tokens")
+            raise field_refusal("min_tokens", self.min_tokens, max_tokens=max_tokens)
         if self.best_of is not None and not self.n <= self.best_of <= MAX_N:
-            raise HTTPError(f"best_of must be an integer from n ({self.n}) to {MAX_N}, got {self.best_of!r:.60}.",
-                            param="best_of")
+            raise field_refusal("best_of", self.best_of, n=self.n)
         if self.stream_options is not None and not self.stream:
             raise HTTPError("stream_options is only allowed when stream is true.", param="stream_options")
         if self.stream and self.best_of is not None and self.best_of > self.n:
