@@ -4,20 +4,17 @@ output lengths."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from kit_server import TINY_BUILDS, Servers
 
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.profile.records import RequestRecord, read_records
 from trtllm_kit.profile.report import read_summary
 from trtllm_kit.serve.options import Endpoints
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings, build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,16 +27,10 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
+def served(kit_servers: Servers) -> Served:
     torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("repo") / "out"
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "build": {"verify": False}, "repo": one_each}))
-    endpoints, openai_port = free_endpoints(), free_port()
-    settings = ServeSettings(**asdict(endpoints), ready_timeout_s=120, openai_port=openai_port)
-    serve_detached(ServeOptions(out=out, settings=settings))
-    yield Served(out, endpoints, openai_port)
-    stop_serving(out, 30)
+    server = kit_servers.get(TINY_BUILDS["cpu"])
+    return Served(server.out, server.options.endpoints, server.port)
 
 
 def bench(out: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, list[RequestRecord]]:
