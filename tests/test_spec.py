@@ -39,9 +39,11 @@ from trtllm_kit.spec.repo_options import RepoOptions
 
 SPEC_DOC = Path(__file__).parents[1] / "docs" / "triton-repo.md"
 FLAGGED = [d for d in all_declared() if d.option.flag]
-COMMAND = {"build": "build", "quant": "build", "repo": "build", "serve": "serve", None: "build"}
-CONTEXT = {"per_channel": ["--quant", "int8-sq"], "per_token": ["--quant", "int8-sq"]}  # what a field needs
-SAMPLES = {"gpu_device_ids": "0;1"}  # fields whose values have a syntax
+COMMAND = {"build": "build", "quant": "build", "repo": "build", "serve": "serve", "speculative": "build", None: "build"}
+CONTEXT = {"per_channel": ["--quant", "int8-sq"], "per_token": ["--quant", "int8-sq"],  # what a field needs
+           "awq_group_size": ["--quant", "int4-awq"], "draft_model": ["--speculative", "draft-target"],
+           "max_draft_len": ["--speculative", "ngram"]}
+SAMPLES = {"gpu_device_ids": "0;1", "awq_group_size": 64}  # fields whose values have a syntax or a set
 
 
 def sample(d: Declared) -> Any:
@@ -102,7 +104,7 @@ def test_each_flag_sets_its_field(d: Declared) -> None:
                          ids=lambda d: d.where)
 def test_each_toml_key_sets_its_field(d: Declared, tmp_path: Path) -> None:
     value = sample(d)
-    table = {d.name: plain(value), **({"quant": "int8-sq"} if d.name in CONTEXT else {})}
+    table = {d.name: plain(value), **({"quant": CONTEXT[d.name][1]} if d.name in CONTEXT else {})}
     config = tmp_path / "trtllm-kit.toml"
     config.write_text(toml_text({"model": "builtin:tiny-llama", "out": "out", d.table: table}))
     spec = build_spec(load_toml(config), {})
@@ -220,6 +222,7 @@ def specs(draw: st.DrawFn) -> BuildSpec:
             values["kv_cache"] = draw(st.sampled_from(VALID_COMBINATIONS[values["quant"]]))
             if values["quant"] != Quant.INT8_SQ:
                 values["per_channel"] = values["per_token"] = False
+            values["awq_group_size"] = draw(st.sampled_from([64, 128])) if values["quant"] == Quant.INT4_AWQ else 128
         tables[name] = cls(**values)
     model = draw(st.text(st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters='"\\'),
                          min_size=1, max_size=20))

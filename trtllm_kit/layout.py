@@ -29,7 +29,8 @@ ROW_LINEARS = {"attention.dense": "attention.quantization_scaling_factor",
                "mlp.proj": "mlp.quantization_scaling_factor"}
 KV_SCALE_NAME = "attention.kv_cache_scaling_factor"
 SQ_PREFIX = "W8A8_SQ_"
-AWQ_GROUP_SIZE = 128  # input features per INT4 AWQ weight scale
+AWQ_GROUP_SIZE = 128  # input features per INT4 AWQ weight scale, by default
+AWQ_GROUP_SIZES = (64, 128)  # the group sizes TensorRT-LLM's W4A16 AWQ kernels take (``quantization.group_size``)
 PACKED_ALGOS = ("NVFP4", "W4A16_AWQ")  # 4-bit weights, two per byte
 
 
@@ -158,10 +159,12 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class QuantLayout:
-    """The ``quant_algo`` and ``kv_cache_quant_algo`` names that decide which scale tensors a rank file holds."""
+    """The ``quant_algo`` and ``kv_cache_quant_algo`` names that decide which scale tensors a rank file holds, and
+    the INT4 AWQ ``group_size`` that decides their shape."""
 
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
+    group_size: int = AWQ_GROUP_SIZE
 
     @classmethod
     def from_dict(cls, quantization: dict[str, Any] | None) -> QuantLayout:
@@ -171,7 +174,8 @@ class QuantLayout:
             quantization: the ``quantization`` object of ``config.json``.
         """
         quantization = quantization or {}
-        return cls(quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo"))
+        return cls(quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo"),
+                   quantization.get("group_size") or AWQ_GROUP_SIZE)
 
     @property
     def is_fp8(self) -> bool:
@@ -227,7 +231,7 @@ def quant_entries(name: str, spec: TensorSpec, quant: QuantLayout) -> list[tuple
     elif quant.is_awq and module in LINEARS:  # int4 two output rows per byte (ModelOpt's TensorRT-LLM export)
         out_local, in_local = spec.shape
         entries = [(name, TensorSpec((out_local // 2, in_local), "int8")),
-                   (f"{prefix}.weights_scaling_factor", TensorSpec((out_local, in_local // AWQ_GROUP_SIZE), F32)),
+                   (f"{prefix}.weights_scaling_factor", TensorSpec((out_local, in_local // quant.group_size), F32)),
                    (f"{prefix}.prequant_scaling_factor", TensorSpec((in_local,), spec.dtype))]
     elif quant.is_smoothquant and module in NORM_INPUTS:
         entries.append((f"{prefix}.scale_to_int", scalar))

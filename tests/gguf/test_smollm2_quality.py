@@ -47,11 +47,12 @@ def test_a_refusal_states_the_figure_and_the_flag_that_accepts_it() -> None:
 
 def test_int4_awq_is_refused_before_any_work_when_the_widths_are_not_whole_groups(smollm2_dir: Path,
                                                                                   tmp_path: Path) -> None:
-    """SmolLM2's hidden size 576 is 4.5 groups of 128: one sentence, before calibration (it was a reshape error)."""
+    """SmolLM2's hidden size 576 is 4.5 groups of 128 (and 9 of 64): one sentence naming the group size that fits,
+    before calibration (it was a reshape error)."""
     with pytest.raises(KitUsageError) as refused:
         run_build(build_spec({}, {"model": SMOLLM2, "out": tmp_path / "out", "quant": {"quant": "int4-awq"},
                                   "build": {"target": "llmapi"}}))
     assert str(refused.value) == ("--quant int4-awq quantizes groups of 128 input features, but the model's hidden "
-                                  "size (q/k/v, gate/up inputs) is 576, not a multiple of 128; use --quant fp8 or "
-                                  "int8-wo for this model (or another --tp).")
+                                  "size (q/k/v, gate/up inputs) is 576, not a multiple of 128; build with "
+                                  "--awq-group-size 64.")
     assert not (tmp_path / "out").exists()

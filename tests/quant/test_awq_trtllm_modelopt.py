@@ -2,9 +2,10 @@
 ``export_tensorrt_llm_checkpoint`` on the CPU, both calibrating on the same windows (ModelOpt one window per
 forward pass with eager attention, as the kit's layer-streamed CPU calibration runs): the same tensor names,
 dtypes and shapes, every tensor bitwise equal (int4 packed two output rows per int8, float32
-``weights_scaling_factor`` per group of 128, ``prequant_scaling_factor`` with q/k/v sharing one, norms unchanged),
-at tp 1 and 2; the same ``quantization`` block. ModelOpt pads the vocabulary of an AWQ export to a multiple of 64
-with zero rows; the kit does not, so the embedding and ``lm_head`` are compared on the model's rows.
+``weights_scaling_factor`` per group of 128, or of 64 against ModelOpt's block size 64, ``prequant_scaling_factor``
+with q/k/v sharing one, norms unchanged), at tp 1 and 2; the same ``quantization`` block. ModelOpt pads the
+vocabulary of an AWQ export to a multiple of 64 with zero rows; the kit does not, so the embedding and ``lm_head``
+are compared on the model's rows.
 The CPU runtime runs the checkpoint by dequantizing it.
 """
 
@@ -71,16 +72,21 @@ def modelopt_trtllm(model: str, out: Path, config: QuantConfig, tp_size: int) ->
             for window in windows:
                 module(torch.tensor([window]))
 
-    mtq.quantize(hf, copy.deepcopy(mtq.INT4_AWQ_CFG), forward_loop)
+    recipe = copy.deepcopy(mtq.INT4_AWQ_CFG)
+    for entry in recipe["quant_cfg"]:
+        if entry["quantizer_name"] == "*weight_quantizer":
+            entry["cfg"]["block_sizes"][-1] = config.awq_group_size
+    mtq.quantize(hf, recipe, forward_loop)
     export.export_tensorrt_llm_checkpoint(hf, "llama", torch.bfloat16, export_dir=str(out),
                                           inference_tensor_parallel=tp_size, inference_pipeline_parallel=1)
     return out
 
 
-@pytest.mark.parametrize(("model", "tp_size"), [("builtin:tiny-llama", 1), ("builtin:tiny-llama", 2),
-                                                 ("builtin:tiny-qwen2", 1)])
-def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, tmp_path: Path) -> None:
-    config = QuantConfig(quant="int4-awq", calib_samples=SAMPLES, calib_seq_len=SEQ_LEN)
+@pytest.mark.parametrize(("model", "tp_size", "group_size"), [
+    ("builtin:tiny-llama", 1, 128), ("builtin:tiny-llama", 2, 128), ("builtin:tiny-qwen2", 1, 128),
+    ("builtin:tiny-llama", 1, 64), ("builtin:tiny-llama", 2, 64)])
+def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, group_size: int, tmp_path: Path) -> None:
+    config = QuantConfig(quant="int4-awq", calib_samples=SAMPLES, calib_seq_len=SEQ_LEN, awq_group_size=group_size)
     stats = calibrate(resolve_model_path(model), config, device="cpu")
     ours = tmp_path / "kit"
     convert_checkpoint(model, ours, tp_size=tp_size, dtype="bfloat16", quant=config, stats=stats)
@@ -113,11 +119,14 @@ def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, tmp_pa
     quantization = json.loads((ours / "config.json").read_text())["quantization"]
     assert quantization == json.loads((ref / "config.json").read_text())["quantization"]
     assert quantization["quant_algo"] == "W4A16_AWQ" and quantization["pre_quant_scale"] is True
+    assert quantization["group_size"] == group_size
 
 
-def test_the_cpu_runtime_runs_an_awq_trtllm_checkpoint_token_exact(tmp_path: Path) -> None:
-    """Against transformers holding the checkpoint's dequantized weights (times their prequant scales)."""
-    config = QuantConfig(quant="int4-awq", calib_samples=2, calib_seq_len=16)
+@pytest.mark.parametrize("group_size", [128, 64])
+def test_the_cpu_runtime_runs_an_awq_trtllm_checkpoint_token_exact(group_size: int, tmp_path: Path) -> None:
+    """Against transformers holding the checkpoint's dequantized weights (times their prequant scales), each
+    group of ``group_size`` input features at its own scale."""
+    config = QuantConfig(quant="int4-awq", calib_samples=2, calib_seq_len=16, awq_group_size=group_size)
     stats = calibrate(resolve_model_path("builtin:tiny-llama"), config, device="cpu")
     convert_checkpoint("builtin:tiny-llama", tmp_path / "ckpt", quant=config, stats=stats)
     runtime = CheckpointModel.load(tmp_path / "ckpt")
@@ -128,8 +137,9 @@ def test_the_cpu_runtime_runs_an_awq_trtllm_checkpoint_token_exact(tmp_path: Pat
         for layer in range(hf.num_hidden_layers):
             def weight(module: str) -> torch.Tensor:
                 prefix = f"transformer.layers.{layer}.{module}"  # noqa: B023
-                return int4_dequantize(f.get_tensor(f"{prefix}.weight").view(torch.uint8),
-                                       f.get_tensor(f"{prefix}.weights_scaling_factor")) * \
+                scales = f.get_tensor(f"{prefix}.weights_scaling_factor")
+                assert scales.shape[1] * group_size == f.get_tensor(f"{prefix}.weight").shape[1]
+                return int4_dequantize(f.get_tensor(f"{prefix}.weight").view(torch.uint8), scales) * \
                     f.get_tensor(f"{prefix}.prequant_scaling_factor").float()
             hf_layer = f"model.layers.{layer}"
             q, k, v = weight("attention.qkv").split([q_rows, kv_rows, kv_rows])

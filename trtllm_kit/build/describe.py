@@ -54,7 +54,7 @@ def describe_build(source: str, tp: int, pp: int, dtype: str = "auto", *, allow_
                                 kv_cache="fp8" if prequantized.kv_cache_quant_algo == "FP8" else "auto")
     quant = quant or QuantConfig()
     check_model(quant, hf, tp)
-    layout = QuantLayout(quant.quant_algo, quant.kv_cache_quant_algo)
+    layout = QuantLayout.from_dict(quant.quantization_block())
     ranks = []
     for rank in mapping.ranks():
         tensors = rank_tensors(hf, model.family, mapping, rank, layout, resolved)

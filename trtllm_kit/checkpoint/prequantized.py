@@ -12,7 +12,8 @@ The CPU runtime's loader for the llmapi target (``llmapi/load.py``) applies the 
 same weights.
 
 ModelOpt's unified W4A16 AWQ converts losslessly for the engine target: both layouts pack two output rows per byte
-and scale groups of 128 input features, so the bytes and ``weight_scale`` are split as they are, and
+and scale groups of the same size (64 or 128 input features, the input's ``group_size``), so the bytes and
+``weight_scale`` are split as they are, and
 ``pre_quant_scale`` becomes ``prequant_scaling_factor`` (ones where the export folded it into the norm).
 """
 
@@ -64,7 +65,8 @@ class PreQuantizedTransform:
         KV cache."""
         quant = OWN_QUANT[self.fmt.quant_algo]
         kv = "fp8" if self.fmt.kv_cache_quant_algo == "FP8" else "auto"
-        return QuantConfig(quant=quant, kv_cache=kv).quantization_block()
+        group = self.fmt.group_size if quant == "int4-awq" else AWQ_GROUP_SIZE
+        return QuantConfig(quant=quant, kv_cache=kv, awq_group_size=group).quantization_block()
 
     @property
     def summary(self) -> str:
@@ -132,7 +134,7 @@ class PreQuantizedTransform:
             raise KitUsageError(f"the {self.fmt.label} checkpoint gives {', '.join(item.sources)} different "
                                 f"pre_quant_scale tensors, which {item.target} must share: export it again.")
         if pre is None:
-            pre = torch.ones(weight_scales[0].shape[1] * AWQ_GROUP_SIZE)
+            pre = torch.ones(weight_scales[0].shape[1] * self.fmt.group_size)
         outputs = []
         for tp_rank, parts in enumerate(shards):
             if split is Split.QKV:
@@ -140,11 +142,11 @@ class PreQuantizedTransform:
             else:
                 scales = [shard(scale, split, tp_size, tp_rank) for scale in weight_scales]
             for part, scale in zip(parts, scales, strict=True):
-                if (part.shape[0] * 2, part.shape[1]) != (scale.shape[0], scale.shape[1] * AWQ_GROUP_SIZE):
+                if (part.shape[0] * 2, part.shape[1]) != (scale.shape[0], scale.shape[1] * self.fmt.group_size):
                     raise KitUsageError(f"a rank's part of {item.target} would hold {part.shape[0] * 2} x "
                                         f"{part.shape[1]} int4 weights but {scale.shape[0]} x {scale.shape[1]} group "
                                         f"scales: W4A16 AWQ splits whole bytes of two rows and groups of "
-                                        f"{AWQ_GROUP_SIZE} input features, so choose another --tp.")
+                                        f"{self.fmt.group_size} input features, so choose another --tp.")
             rank_pre = torch.chunk(pre, tp_size)[tp_rank] if split is Split.ROW else pre
             prefix = item.target.removesuffix(".weight")
             outputs.append([(item.target, [part.to(torch.uint8).view(torch.int8) for part in parts]),

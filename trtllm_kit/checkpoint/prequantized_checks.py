@@ -12,7 +12,6 @@ from collections.abc import Iterable
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import (
-    AWQ_GROUP_SIZE,
     LAYER_RULE_PREFIX,
     LINEARS,
     Mapping,
@@ -52,20 +51,21 @@ def check_trtllm_input(fmt: PreQuantized, model: ModelSpec, quant: QuantConfig, 
     """
     problem = trtllm_input_problem(fmt, model, quant, target)
     if problem is None and fmt.quant_algo == "W4A16_AWQ":
-        problem = _awq_split_problem(model, tp_size)
+        problem = _awq_split_problem(model, tp_size, fmt.group_size)
     if problem is not None:
         raise KitUsageError(problem)
 
 
-def _awq_split_problem(model: ModelSpec, tp_size: int) -> str | None:
-    """Why packed int4 rows and groups of 128 input features cannot be split ``tp_size`` ways, or None."""
+def _awq_split_problem(model: ModelSpec, tp_size: int, group_size: int) -> str | None:
+    """Why packed int4 rows and groups of ``group_size`` input features cannot be split ``tp_size`` ways, or
+    None."""
     hf = model.hf
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, tp_size)
     for name, spec in rank_tensors(hf, model.family, Mapping(tp_size, 1), 0).items():
         if split_name(name)[1] in LINEARS and name.endswith(".weight") and \
-                (spec.shape[0] % 2 or spec.shape[1] % AWQ_GROUP_SIZE):
+                (spec.shape[0] % 2 or spec.shape[1] % group_size):
             return (f"{model.source} is W4A16 AWQ, whose int4 weights are split in whole bytes of two rows and "
-                    f"groups of {AWQ_GROUP_SIZE} input features, but at --tp {tp_size} a rank's part of {name} is "
+                    f"groups of {group_size} input features, but at --tp {tp_size} a rank's part of {name} is "
                     f"{spec.shape[0]} x {spec.shape[1]}: choose another --tp.")
     return None
 

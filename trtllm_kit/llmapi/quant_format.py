@@ -16,7 +16,6 @@ import torch
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import AWQ_GROUP_SIZE
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.fp8 import FP8_MAX
 
@@ -149,7 +148,7 @@ def hf_quant_config(config: QuantConfig) -> dict[str, Any]:
     if config.quant_algo == "NVFP4":
         quantization["group_size"] = NVFP4_GROUP_SIZE
     if config.quant_algo == "W4A16_AWQ":
-        quantization.update({"group_size": AWQ_GROUP_SIZE, "has_zero_point": False, "pre_quant_scale": True})
+        quantization.update({"group_size": config.awq_group_size, "has_zero_point": False, "pre_quant_scale": True})
     quantization["exclude_modules"] = list(EXCLUDED_MODULES) if config.quant_algo else None
     return {"producer": {"name": PRODUCER, "version": __version__}, "quantization": quantization}
 

@@ -96,7 +96,7 @@ def plan_entries(model: ModelSpec, dtype: torch.dtype, quant: QuantConfig) -> li
             keep = info.dtype if not info.dtype.is_floating_point else dtype
             entries.append(Entry(name, keep, info.shape, name, "copy"))
         elif quant.quant_algo == "W4A16_AWQ":
-            entries += awq_entries(name, linear.group(1), info.shape, dtype)
+            entries += awq_entries(name, linear.group(1), info.shape, dtype, quant.awq_group_size)
         elif quant.quant_algo == "FP8":
             module = linear.group(1)
             entries += [Entry(name, torch.float8_e4m3fn, info.shape, name, "fp8"),
@@ -214,7 +214,7 @@ def write_unified(model: ModelSpec, out_dir: Path, dtype: str = "auto", quant: Q
                             assert fold is not None, "AWQ entries exist only with a fold"
                             module = entry.source.removesuffix(".weight")
                             packed, scales = awq_quantize(original.to(target), partial(fold.weight, module), pool,
-                                                          workers)
+                                                          workers, quant.awq_group_size)
                             if not bool(scales.isfinite().all()):  # a NaN/Inf weight makes its group's scale one
                                 check_finite(entry.source, original, original, resolved)
                             block_scales[entry.source] = scales

@@ -10,7 +10,7 @@ from typing import Any
 
 from trtllm_kit.enums import CalibDtype, KVCache, Quant
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import AWQ_GROUP_SIZE
+from trtllm_kit.layout import AWQ_GROUP_SIZE, AWQ_GROUP_SIZES
 from trtllm_kit.models.hf_config import HFConfig
 
 QUANT_CHOICES = Quant.values()
@@ -84,6 +84,7 @@ class QuantConfig:
     calib_seq_len: int | None = None
     calib_seed: int = DEFAULT_CALIB_SEED
     calib_dtype: str = CalibDtype.BFLOAT16.value
+    awq_group_size: int = AWQ_GROUP_SIZE
 
     def __post_init__(self) -> None:
         check_combination(self.quant, self.kv_cache)
@@ -97,6 +98,12 @@ class QuantConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise KitUsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}.")
+        if self.awq_group_size not in AWQ_GROUP_SIZES or isinstance(self.awq_group_size, bool):
+            raise KitUsageError(f"--awq-group-size must be one of {_either([str(g) for g in AWQ_GROUP_SIZES])} (the "
+                                f"group sizes TensorRT-LLM's W4A16 AWQ takes), got {self.awq_group_size!r}.")
+        if self.awq_group_size != AWQ_GROUP_SIZE and self.quant != "int4-awq":
+            raise KitUsageError(f"--awq-group-size applies to --quant int4-awq only, not --quant {self.quant}; "
+                                "leave it at its default.")
         if isinstance(self.calib_seed, bool) or not isinstance(self.calib_seed, int):
             raise KitUsageError(f"--calib-seed must be an integer, got {self.calib_seed!r}.")
         object.__setattr__(self, "calib_dtype", str(CalibDtype.parse("--calib-dtype", self.calib_dtype)))
@@ -135,14 +142,15 @@ class QuantConfig:
         """The ``quantization`` object of the checkpoint ``config.json`` (portable keys only,
         docs/trtllm-checkpoint.md §2.3)."""
         return {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo,
-                "group_size": AWQ_GROUP_SIZE, "has_zero_point": False, "pre_quant_scale": self.searches_awq,
+                "group_size": self.awq_group_size, "has_zero_point": False, "pre_quant_scale": self.searches_awq,
                 "exclude_modules": ["lm_head"] if self.quant in ("fp8", "int4-awq") else None}
 
     def calibration_params(self) -> dict[str, Any]:
         """What decides the calibration statistics (for the manifest and the stats' sidecar)."""
         return {"calib_data": str(self.calib_data) if self.calib_data else "builtin:corpus",
                 "calib_samples": self.calib_samples, "calib_seq_len": self.calib_seq_len,
-                "calib_seed": self.calib_seed, "calib_dtype": self.calib_dtype}
+                "calib_seed": self.calib_seed, "calib_dtype": self.calib_dtype,
+                **({"awq_group_size": self.awq_group_size} if self.searches_awq else {})}
 
 
 def check_target(config: QuantConfig, target: str) -> None:
@@ -158,7 +166,8 @@ def check_target(config: QuantConfig, target: str) -> None:
 def check_groups(config: QuantConfig, hidden_size: int, attention_width: int, intermediate_size: int,
                  tp_size: int) -> None:
     """Refuse INT4 AWQ when a quantized linear's input features on one rank are not whole groups of
-    ``AWQ_GROUP_SIZE``, in one sentence (before calibration, instead of a reshape error after it).
+    ``--awq-group-size``, in one sentence naming a group size that fits where one does (before calibration,
+    instead of a reshape error after it).
 
     Arguments:
         config: the quantization; hidden_size, attention_width (heads x head size), intermediate_size: the model's
@@ -169,11 +178,14 @@ def check_groups(config: QuantConfig, hidden_size: int, attention_width: int, in
     widths = {"hidden size (q/k/v, gate/up inputs)": hidden_size,
               "attention output per rank (o_proj input)": attention_width // tp_size,
               "intermediate size per rank (down_proj input)": intermediate_size // tp_size}
+    group = config.awq_group_size
     for what, width in widths.items():
-        if width % AWQ_GROUP_SIZE:
-            raise KitUsageError(f"--quant int4-awq quantizes groups of {AWQ_GROUP_SIZE} input features, but the "
-                                f"model's {what} is {width}, not a multiple of {AWQ_GROUP_SIZE}; use --quant fp8 "
-                                "or int8-wo for this model (or another --tp).")
+        if width % group:
+            fits = [g for g in AWQ_GROUP_SIZES if not any(w % g for w in widths.values())]
+            instead = (f"build with --awq-group-size {fits[0]}" if fits else
+                       "use --quant fp8 or int8-wo for this model (or another --tp)")
+            raise KitUsageError(f"--quant int4-awq quantizes groups of {group} input features, but the model's "
+                                f"{what} is {width}, not a multiple of {group}; {instead}.")
 
 
 def check_model(config: QuantConfig, hf: HFConfig, tp_size: int) -> None:

@@ -1,11 +1,11 @@
-"""INT4 AWQ (W4A16, groups of 128 input features): the activation-aware scale search and the int4 weight math, in
-the order and precision of ModelOpt's ``awq_lite`` and its export, so the searched scales and the packed bytes are
-the same.
+"""INT4 AWQ (W4A16, groups of 128 or 64 input features, ``--awq-group-size``): the activation-aware scale search
+and the int4 weight math, in the order and precision of ModelOpt's ``awq_lite`` and its export, so the searched
+scales and the packed bytes are the same.
 
 The search, per linear, over the calibration windows (each window one step, as ModelOpt's steps are its forward
 passes):
 
-* ``weight_profile``: each weight element divided by the largest magnitude of its group of 128, averaged over the
+* ``weight_profile``: each weight element divided by the largest magnitude of its group, averaged over the
   output rows (computed in the weight's dtype, kept in float32);
 * ``activation_profile``: the mean magnitude of each input channel over a step's tokens, averaged over the steps;
 * for each ``alpha`` of ``ALPHAS`` (0, 0.1, ..., 1 as float32), ``s = x^alpha / w^(1-alpha)`` clamped to
@@ -18,8 +18,8 @@ inputs and outputs and makes each alpha's quantized weight (``fake_int4.py``) on
 through one GEMM, where ModelOpt makes it again and runs one GEMM at every step.
 
 The export divides each input channel of the weight by ``1 / best_scale`` (``pre_quant_scale`` is that
-``1 / best_scale`` in the weight dtype) and quantizes groups of 128 with ``weight_scale = amax / 7`` (float32,
-``[out, in/128]``): the codes are ``round(W / weight_scale)`` clamped to [-8, 7], packed two output rows per byte
+``1 / best_scale`` in the weight dtype) and quantizes groups with ``weight_scale = amax / 7`` (float32,
+``[out, in/group]``): the codes are ``round(W / weight_scale)`` clamped to [-8, 7], packed two output rows per byte
 (row ``2r`` in the low nibble of byte row ``r``).
 """
 
@@ -36,18 +36,18 @@ from trtllm_kit.quant.blocks import default_workers, torch_threads
 from trtllm_kit.quant.calib_size import AWQ_PENDING_BYTES
 from trtllm_kit.quant.fake_int4 import INT4_MAX, INT4_MIN, FakeInt4, group_amax
 
-GROUP_SIZE = AWQ_GROUP_SIZE
 ALPHAS = tuple(float(a) for a in torch.arange(0, 1.1, 0.1))  # float32 values, as ModelOpt's search grid
 SCALE_RANGE = (1e-4, 1e4)
 
 
-def weight_profile(weight: torch.Tensor) -> torch.Tensor:
+def weight_profile(weight: torch.Tensor, group_size: int = AWQ_GROUP_SIZE) -> torch.Tensor:
     """Per input channel: the mean over rows of ``|W| / amax(group)`` (float32 ``[in]``).
 
     Arguments:
-        weight: ``[out, in]`` in the compute dtype, ``in`` a multiple of 128.
+        weight: ``[out, in]`` in the compute dtype, ``in`` a multiple of ``group_size``; group_size: input features
+        per group.
     """
-    magnitude = weight.reshape(-1, GROUP_SIZE).abs()
+    magnitude = weight.reshape(-1, group_size).abs()
     amax = magnitude.amax(dim=1, keepdim=True)
     return magnitude.div_(amax + torch.finfo(weight.dtype).tiny).reshape(weight.shape).mean(0).to(torch.float32)
 
@@ -78,11 +78,13 @@ class ScaleSearch:
     """One linear's AWQ search: the activation profile over the first pass, the losses over the second.
 
     Arguments:
-        weight: the linear's ``[out, in]`` weight in the compute dtype; bias: its bias or None.
+        weight: the linear's ``[out, in]`` weight in the compute dtype; bias: its bias or None; group_size: input
+        features per group.
     """
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
+    group_size: int = AWQ_GROUP_SIZE
     x_sum: torch.Tensor | None = None
     num_steps: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)
@@ -91,7 +93,7 @@ class ScaleSearch:
     w_profile: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.w_profile = weight_profile(self.weight)
+        self.w_profile = weight_profile(self.weight, self.group_size)
         self.losses = [torch.zeros((), dtype=torch.float32) for _ in ALPHAS]
 
     def observe(self, x: torch.Tensor) -> None:
@@ -140,7 +142,7 @@ class ScaleSearch:
         errors = torch.empty(outputs.shape, dtype=torch.float32, device=outputs.device)
         workers = default_workers()
         with ThreadPoolExecutor(workers, thread_name_prefix="awq-search") as pool:
-            fake_quantize = FakeInt4(self.weight, pool, workers)
+            fake_quantize = FakeInt4(self.weight, pool, workers, self.group_size)
             for number, alpha in enumerate(ALPHAS):
                 scale = smoothing_scale(x_profile, self.w_profile, alpha)
                 with torch_threads(1):
@@ -169,13 +171,13 @@ def smoothed_weight(weight: torch.Tensor, pre_quant_scale: torch.Tensor) -> torc
     return (weight * (1.0 / pre_quant_scale)[None, :]).to(weight.dtype)
 
 
-def group_scales(weight: torch.Tensor) -> torch.Tensor:
+def group_scales(weight: torch.Tensor, group_size: int = AWQ_GROUP_SIZE) -> torch.Tensor:
     """``weight_scale``: each group's amax in the weight's dtype, divided by 7 in float32 (an all-zero group: 1).
 
     Arguments:
-        weight: ``[out, in]``, ``in`` a multiple of 128, contiguous.
+        weight: ``[out, in]``, ``in`` a multiple of ``group_size``, contiguous; group_size: input features per group.
     """
-    amax = group_amax(weight.reshape(-1, GROUP_SIZE)).float().reshape(weight.shape[0], -1)
+    amax = group_amax(weight.reshape(-1, group_size)).float().reshape(weight.shape[0], -1)
     return amax.masked_fill_(amax == 0, INT4_MAX).div_(INT4_MAX)
 
 
@@ -184,10 +186,11 @@ def int4_pack(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     nibble and row ``2r+1`` in the high nibble of byte row ``r``.
 
     Arguments:
-        weight: ``[out, in]`` (``out`` even); scales: ``group_scales(weight)``.
+        weight: ``[out, in]`` (``out`` even); scales: ``group_scales(weight, group_size)`` (``[out, in/group]``: the
+        group size is ``in`` over its columns).
     """
     rows, cols = weight.shape
-    quotients = weight.reshape(rows, -1, GROUP_SIZE) / scales[..., None]  # float32, as W / weight_scale
+    quotients = weight.reshape(rows, scales.shape[1], -1) / scales[..., None]  # float32, as W / weight_scale
     codes = quotients.round_().clamp_(INT4_MIN, INT4_MAX).to(torch.int8).view(torch.uint8)
     pairs = codes.reshape(rows // 2, 2, cols)
     return pairs[:, 1].bitwise_left_shift(4).bitwise_or_(pairs[:, 0].bitwise_and(0x0F))
@@ -206,10 +209,14 @@ def int4_unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def int4_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The float32 weight a packed int4 tensor stands for: ``code · weight_scale``.
+    """The float32 weight a packed int4 tensor stands for: ``code · weight_scale``, the group size being the
+    checkpoint's (``in`` over the scales' columns).
 
     Arguments:
-        packed: ``[out/2, in]`` uint8; scales: ``[out, in/128]`` float32.
+        packed: ``[out/2, in]`` uint8; scales: ``[out, in/group]`` float32.
     """
     codes = int4_unpack(packed).float()
-    return codes * scales.float().repeat_interleave(GROUP_SIZE, dim=1)
+    if codes.shape[1] % scales.shape[1]:
+        raise ValueError(f"INT4 weight scales {tuple(scales.shape)} do not divide a weight of {codes.shape[1]} "
+                         "input features into whole groups")
+    return codes * scales.float().repeat_interleave(codes.shape[1] // scales.shape[1], dim=1)

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE
 from trtllm_kit.models.text_tokenizer import load_text_tokenizer
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
@@ -198,7 +199,7 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
     reporter.note(f"calibrate: {size.samples} windows x {size.seq_len} tokens on {device}: {size.reason}")
     windows = token_windows(model_path, config)
     stats = collect_stats(model_path, windows, reporter, device, CALIB_DTYPES[config.calib_dtype],
-                          search_awq=config.searches_awq)
+                          search_awq=config.searches_awq, awq_group_size=config.awq_group_size)
     source = config.calib_data or corpus_path()
     stats.params = {**config.calibration_params(), **stats.params, "size_reason": size.reason,
                     "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
@@ -208,7 +209,7 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
 
 def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter | None = None,
                   device: str | None = None, dtype: torch.dtype = torch.bfloat16,
-                  search_awq: bool = False) -> CalibrationStats:
+                  search_awq: bool = False, awq_group_size: int = AWQ_GROUP_SIZE) -> CalibrationStats:
     """Stream the model a decoder layer at a time (``layer_stream.py``) over the windows, each linear's input and
     output going to its recorder; the weights' amax comes from the stored tensors (exact in any compute dtype).
     ``lm_head`` is never run. Inference only, no grad. With ``search_awq`` each layer runs twice over the windows,
@@ -218,7 +219,7 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
     Arguments:
         model_path: the HF model directory; windows: token-id lists (equal lengths batch together);
         reporter: progress; device: a torch device (default: ``cuda`` when available, else ``cpu``);
-        dtype: the compute dtype; search_awq: also search the INT4 AWQ scales.
+        dtype: the compute dtype; search_awq: also search the INT4 AWQ scales; awq_group_size: their group size.
     """
     from trtllm_kit.models.inspect import inspect_model
 
@@ -241,7 +242,8 @@ def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter
             del weights
             recorders = {sub: _recorder(stats, prefix + sub) for sub in layer.linears}
             if search_awq:
-                searches = {sub: ScaleSearch(weight, bias) for sub, (weight, bias) in layer.linears.items()}
+                searches = {sub: ScaleSearch(weight, bias, awq_group_size)
+                            for sub, (weight, bias) in layer.linears.items()}
                 for batch in hidden:
                     layer.forward(batch, partial(_observe, searches))
                 recorders = {sub: _both(recorders[sub], partial(_search, searches[sub])) for sub in recorders}

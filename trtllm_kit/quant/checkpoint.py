@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import AWQ_GROUP_SIZE, KV_SCALE_NAME, LAYER_RULE_PREFIX, LINEARS, NORM_INPUTS, ROW_LINEARS
+from trtllm_kit.layout import KV_SCALE_NAME, LAYER_RULE_PREFIX, LINEARS, NORM_INPUTS, ROW_LINEARS
 from trtllm_kit.models.base import Place, Rule, Split, WorkItem
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import group_scales, int4_pack
@@ -132,6 +132,7 @@ class QuantTransform:
         is_row = item.rule.split is Split.ROW
         prefix = item.target.rsplit(".", 1)[0]
         outputs = []
+        group = self.config.awq_group_size
         for tp_rank, parts in enumerate(shards):
             columns = slice(None)
             if is_row:
@@ -139,12 +140,12 @@ class QuantTransform:
                 columns = slice(tp_rank * width, (tp_rank + 1) * width)
             packed, scales = [], []
             for source, part in zip(sources, parts, strict=True):
-                if part.shape[0] % 2 or part.shape[1] % AWQ_GROUP_SIZE:
+                if part.shape[0] % 2 or part.shape[1] % group:
                     raise KitUsageError(f"--quant int4-awq packs two output rows per byte and scales groups of "
-                                        f"{AWQ_GROUP_SIZE} input features, but a rank's part of {item.target} is "
+                                        f"{group} input features, but a rank's part of {item.target} is "
                                         f"{part.shape[0]} x {part.shape[1]}; choose another --tp or --quant fp8.")
                 weight = fold.weight(source, part.to(self.dtype), columns)
-                scale = group_scales(weight)
+                scale = group_scales(weight, group)
                 packed.append(int4_pack(weight, scale).view(torch.int8))
                 scales.append(scale)
             outputs.append([(item.target, [torch.cat(packed)]),

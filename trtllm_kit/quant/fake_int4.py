@@ -43,12 +43,15 @@ class FakeInt4:
     """The search's fake-quantized ``weight · scale``, for one weight and many scales.
 
     Arguments:
-        weight: ``[out, in]`` in the compute dtype, ``in`` a multiple of 128; pool: worker threads for the row
-        blocks (None: the calling thread); workers: how many ranges of blocks to split the rows into.
+        weight: ``[out, in]`` in the compute dtype, ``in`` a multiple of ``group_size``; pool: worker threads for the
+        row blocks (None: the calling thread); workers: how many ranges of blocks to split the rows into;
+        group_size: input features per group.
     """
 
-    def __init__(self, weight: torch.Tensor, pool: Executor | None = None, workers: int = 1) -> None:
+    def __init__(self, weight: torch.Tensor, pool: Executor | None = None, workers: int = 1,
+                 group_size: int = AWQ_GROUP_SIZE) -> None:
         self.weight = weight.detach()  # the pool's threads do not share the caller's no_grad
+        self.group_size = group_size
         self.pool = pool
         rows, cols = weight.shape
         self.rows_per_block = max(1, min(rows, BLOCK_ELEMENTS // cols))
@@ -76,15 +79,15 @@ class FakeInt4:
 
     def _run(self, factor: torch.Tensor, starts: list[int]) -> None:
         rows, cols = self.weight.shape
-        num_groups = self.rows_per_block * cols // AWQ_GROUP_SIZE
-        scaled = torch.empty((num_groups, AWQ_GROUP_SIZE), dtype=self.weight.dtype, device=self.weight.device)
+        num_groups = self.rows_per_block * cols // self.group_size
+        scaled = torch.empty((num_groups, self.group_size), dtype=self.weight.dtype, device=self.weight.device)
         integer = MAGNITUDE_BITS.get(scaled.dtype, (None,))[0]
         bits = None if integer is None else torch.empty_like(scaled, dtype=integer)
         work = torch.empty_like(scaled, dtype=torch.float32)
         seven = torch.tensor(INT4_MAX)
         for start in starts:
             stop = min(rows, start + self.rows_per_block)
-            count = (stop - start) * cols // AWQ_GROUP_SIZE
+            count = (stop - start) * cols // self.group_size
             groups = scaled[:count]
             torch.mul(self.weight[start:stop], factor, out=groups.view(stop - start, cols))
             amax = group_amax(groups, None if bits is None else bits[:count]).float()
@@ -96,4 +99,4 @@ class FakeInt4:
             codes = work[:count].copy_(groups).mul_(inverse).round_().clamp_(INT4_MIN, INT4_MAX)
             if has_empty:
                 inverse[empty] = 1.0
-            self.result[start:stop].view(-1, AWQ_GROUP_SIZE).copy_(codes.div_(inverse))
+            self.result[start:stop].view(-1, self.group_size).copy_(codes.div_(inverse))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE, AWQ_GROUP_SIZES
 
 MODELOPT_ALGOS = ("FP8", "NVFP4", "W4A16_AWQ")
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -37,6 +38,7 @@ class PreQuantized:
     kv_cache_quant_algo: str | None
     declared_in: str  # the file that declares it
     strategy: str = "tensor"  # compressed-tensors' weight scale granularity: tensor or channel
+    group_size: int = AWQ_GROUP_SIZE  # W4A16 AWQ: input features per weight scale
 
     @property
     def label(self) -> str:
@@ -55,14 +57,15 @@ def detect_prequantized(model_dir: Path) -> PreQuantized | None:
     quant_file = model_dir / HF_QUANT_CONFIG
     if quant_file.is_file():
         block = json.loads(quant_file.read_text()).get("quantization") or {}
-        return _modelopt(model_dir, block.get("quant_algo"), block.get("kv_cache_quant_algo"), HF_QUANT_CONFIG)
+        return _modelopt(model_dir, block.get("quant_algo"), block.get("kv_cache_quant_algo"), HF_QUANT_CONFIG,
+                         block.get("group_size"))
     inline = json.loads((model_dir / "config.json").read_text()).get("quantization_config")
     if not inline:
         return None
     method = str(inline.get("quant_method", ""))
     if method.startswith("modelopt"):
         kv = "FP8" if (inline.get("kv_cache_scheme") or {}).get("num_bits") == 8 else None
-        return _modelopt(model_dir, inline.get("quant_algo"), kv, "config.json")
+        return _modelopt(model_dir, inline.get("quant_algo"), kv, "config.json", inline.get("group_size"))
     if method == "compressed-tensors":
         return _compressed_tensors(model_dir, inline)
     raise KitUsageError(f"{model_dir} is quantized with quant_method {method!r} (config.json), which the kit does "
@@ -70,12 +73,19 @@ def detect_prequantized(model_dir: Path) -> PreQuantized | None:
                         "(FP8, NVFP4, W4A16 AWQ) or compressed-tensors FP8 checkpoint.")
 
 
-def _modelopt(model_dir: Path, algo: Any, kv: Any, declared_in: str) -> PreQuantized:
+def _modelopt(model_dir: Path, algo: Any, kv: Any, declared_in: str, group_size: Any) -> PreQuantized:
     if algo not in MODELOPT_ALGOS or kv not in (None, "FP8"):
         raise KitUsageError(f"{model_dir}/{declared_in} declares quant_algo {algo} with kv_cache_quant_algo {kv}; "
                             f"the kit takes ModelOpt checkpoints of {', '.join(MODELOPT_ALGOS)} with an FP8 or "
                             "unquantized KV cache: start from the unquantized model instead.")
-    return PreQuantized("modelopt", str(algo), kv, declared_in)
+    if algo != "W4A16_AWQ":
+        return PreQuantized("modelopt", str(algo), kv, declared_in)
+    group = AWQ_GROUP_SIZE if group_size is None else group_size
+    if group not in AWQ_GROUP_SIZES or isinstance(group, bool):
+        raise KitUsageError(f"{model_dir}/{declared_in} declares W4A16 AWQ with group_size {group_size!r}; the kit "
+                            f"takes groups of {' or '.join(map(str, AWQ_GROUP_SIZES))} (those TensorRT-LLM's kernels "
+                            "run): export it again with one of them.")
+    return PreQuantized("modelopt", str(algo), kv, declared_in, group_size=group)
 
 
 def _compressed_tensors(model_dir: Path, inline: dict[str, Any]) -> PreQuantized:

@@ -21,6 +21,7 @@ from trtllm_kit.defaults import (
 )
 from trtllm_kit.enums import CalibDtype, Dtype, KVCache, Quant, Router, Server, Stage, Target
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE
 from trtllm_kit.option import check_declared, option
 from trtllm_kit.quant.algos import (
     DEFAULT_CALIB_SEED,
@@ -154,6 +155,9 @@ class QuantOptions:
     calib_dtype: CalibDtype = field(default=CalibDtype.BFLOAT16, metadata=option(
         "Dtype calibration computes in (bfloat16, as ModelOpt; float32 for ranges free of bfloat16 rounding).",
         "--calib-dtype"))
+    awq_group_size: int = field(default=AWQ_GROUP_SIZE, metadata=option(
+        "INT4 AWQ: input features per weight scale, 64 or 128 (recorded as the checkpoint's group_size).",
+        "--awq-group-size"))
 
     def __post_init__(self) -> None:
         check_declared(self, "quant")
@@ -165,7 +169,8 @@ class QuantOptions:
                            per_channel=self.per_channel, per_token=self.per_token,
                            calib_data=Path(self.calib_data) if self.calib_data else None,
                            calib_samples=self.calib_samples, calib_seq_len=self.calib_seq_len,
-                           calib_seed=self.calib_seed, calib_dtype=self.calib_dtype)
+                           calib_seed=self.calib_seed, calib_dtype=self.calib_dtype,
+                           awq_group_size=self.awq_group_size)
 
 
 @dataclass(frozen=True)
