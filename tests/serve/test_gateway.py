@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from kit_server import TINY_BUILDS, Builds
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.options import Endpoints
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings, build_spec
+from trtllm_kit.spec import ServeSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "builtin:tiny-llama"
@@ -51,12 +51,11 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Gateway:
+def gateway(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Gateway:
+    """Its own serve (its keys, quotas and restarts are its state) of a copy of the session's tiny build."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("gateway")
-    out = root / "out"
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False}, "repo": one_each}))
+    out = kit_builds.copy(TINY_BUILDS["cpu"], root / "out")
     keys_path = root / "keys.json"
     limits = {"open": {"tenant": "acme", "models": (MODEL,)}, "rps": {"rps": 2}, "tpm": {"tpm": 15},
               "quota": {"quota_tokens": 30, "quota_period": "day"}, "elsewhere": {"models": ("another",)},
