@@ -72,6 +72,12 @@ def serve(ctx: click.Context, outs: tuple[Path, ...], config_file: Path | None, 
                        f"/v1, {len(state['workers'])} workers, --router {state['router']} (pid {state['pid']}, logs "
                        f"{state['run_dir']}/dynamo)" + ("" if detach else "; Ctrl-C to stop"), err=not as_json)
             return
+        if state.get("server") == "ray":
+            click.echo(f"ready in {state['ready_s']:.1f} s: {state['model']} on Ray Serve, OpenAI http://"
+                       f"{state['openai']}/v1, replicas {state['replicas']['min']}:{state['replicas']['max']} "
+                       f"(pid {state['pid']}, log {state['log']})" + ("" if detach else "; Ctrl-C to stop"),
+                       err=not as_json)
+            return
         if state.get("server") == "trtllm-serve":
             click.echo(f"ready in {state['ready_s']:.1f} s: trtllm-serve,{roles} OpenAI http://{state['openai']}/v1 "
                        f"(pid {state['server_pid']}, log {state['log']})", err=not as_json)

@@ -113,11 +113,7 @@ class TextClient:
         if speaks_llmapi(self._types):  # the llmapi target's model: text and token ids alike
             if req.lora is not None:
                 self._check_lora(names, ("lora_name",))
-            # the LLM API picks the best of best_of only once all are done: such a request is answered whole; the
-            # frontend cuts the text at a stop string, so the engine keeps the one it stops on
-            gen = replace(req, streaming=req.num_sequences == (req.n or 1), return_finish_reason=True,
-                          include_stop_str_in_output=True if req.stop_strings else None)
-            arrays = encode_llmapi_request(gen, declared=self._types)
+            arrays = encode_llmapi_request(llmapi_request(req), declared=self._types)
             return _infer_request(await self.resolve_model(), req.request_id, arrays, self._batched)
         if isinstance(req.prompt, tuple):
             return await self._token_request(req)
@@ -207,6 +203,18 @@ class TextClient:
         finally:
             finished.set()
             call.cancel()
+
+
+def llmapi_request(req: GenerationRequest) -> GenerationRequest:
+    """``req`` as an LLM API model is sent it: the LLM API picks the best of ``best_of`` only once all are done, so
+    such a request is answered whole; the frontend cuts the text at a stop string, so the engine keeps the one it
+    stops on.
+
+    Arguments:
+        req: the frontend's request.
+    """
+    return replace(req, streaming=req.num_sequences == (req.n or 1), return_finish_reason=True,
+                   include_stop_str_in_output=True if req.stop_strings else None)
 
 
 def _generation_error(model: str, message: str) -> GenerationError:

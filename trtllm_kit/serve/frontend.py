@@ -4,6 +4,8 @@ keys); this module is the one place that puts them together."""
 
 from __future__ import annotations
 
+import socket
+
 from aiohttp import web
 
 from trtllm_kit.errors import KitUsageError
@@ -30,16 +32,19 @@ class OpenAIFrontend(OpenAIApp):
         self.guard = self.gateway
 
 
-async def start_frontend(frontend: OpenAIApp, host: str, port: int) -> web.AppRunner:
-    """Start the frontend on ``host:port``; ``await runner.cleanup()`` stops it.
+async def start_frontend(frontend: OpenAIApp, host: str, port: int,
+                         sock: socket.socket | None = None) -> web.AppRunner:
+    """Start the frontend on ``host:port``, or on ``sock`` (a socket listening already); ``await runner.cleanup()``
+    stops it.
 
     Arguments:
         frontend: the frontend (its tokenizer loaded).
         host: the bind address.
         port: the TCP port.
+        sock: a listening socket to serve on instead (``host`` and ``port`` are then what it is bound to).
     """
     # handler_cancellation: a client that disconnects cancels its handler, which cancels its generation
     runner = web.AppRunner(frontend.app(), access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await (web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)).start()
     return runner

@@ -34,6 +34,7 @@ from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Alias, Route, check_aliases
 from trtllm_kit.serve.options import Endpoints, ServeOptions, parse_names
+from trtllm_kit.serve.ray.run import serve_ray
 from trtllm_kit.serve.servable import Servable, servable
 from trtllm_kit.serve.server.detach import last_detached, serve_detached, stop_serving
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, grpc_headers, launch_argv
@@ -78,6 +79,9 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
     """
     if options.settings.dynamo:
         serve_dynamo(options, on_ready)
+        return
+    if options.settings.ray:
+        serve_ray(options, on_ready)
         return
     if options.settings.disagg:
         serve_disaggregated(options, on_ready)

@@ -240,6 +240,13 @@ class ServeSettings:
     migration_limit: int = field(default=3, metadata=option(
         "With --dynamo: how many times a stream moves to another worker when its worker dies (0: never).",
         "--migration-limit", minimum=0))
+    ray: bool = field(default=False, metadata=option(
+        "Serve a cpu or llmapi OUT as a Ray Serve application on a private Ray (loopback only): the OpenAI frontend "
+        "on --openai-port in front of --replicas replicas of the model. Needs the ray extra.", "--ray"))
+    replicas: str = field(default="1:2", metadata=option(
+        "With --ray: MIN:MAX replicas Ray Serve's autoscaler keeps (MIN 0: scale to zero).", "--replicas"))
+    target_ongoing: float = field(default=4.0, metadata=option(
+        "With --ray: requests per replica the autoscaler aims at (deploy's --queue-target).", "--target-ongoing"))
 
 
     def __post_init__(self) -> None:

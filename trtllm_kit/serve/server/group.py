@@ -45,17 +45,18 @@ class ProcessGroup:
         return self.proc.pid if self.proc is not None else None
 
     def start(self, argv: list[str], env: dict[str, str] | None = None,
-              prepare: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
+              prepare: Callable[[], None] | None = None, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         """Start ``argv`` in a new session, stdin closed, stdout and stderr appended to the log.
 
         Arguments:
             argv: the command; env: its whole environment (this process's when None);
-            prepare: run in the child before exec.
+            prepare: run in the child before exec; pass_fds: descriptors the child keeps (a listening socket).
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=prepare)
+                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=prepare,
+                                         pass_fds=pass_fds)
         return self.proc
 
     def wait_ready(self, is_ready: Callable[[], bool], timeout_s: float, *, poll_s: float,

@@ -1,0 +1,179 @@
+"""The process ``serve --ray`` starts in its private network namespace: a private Ray, the Serve application, and
+the OpenAI frontend in front of it.
+
+``python -m trtllm_kit.serve.ray.driver OUT --name NAME --ray-dir DIR --listen-fd FD --replicas MIN:MAX
+--target-ongoing N --ready-file PATH [--api-keys FILE] [--usage-log FILE]`` brings loopback up, starts a Ray head
+of its own (``ray.init``: its temp directory under DIR, no dashboard), runs the model deployment (``replica.py``)
+with Ray Serve's autoscaling and no HTTP proxy of Ray's, and serves the kit's OpenAI frontend (with the gateway
+when a key file is given) on FD: a socket the serve bound on the machine's loopback before it started this
+process, the one way in from outside the namespace. The frontend streams through the deployment's handle
+(``client.py``). It touches the ready file once the application runs, and on SIGTERM closes the frontend and Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from trtllm_kit.errors import KitError
+from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.ray.client import ReplicaClient
+from trtllm_kit.serve.ray.namespace import LOOPBACK_UP
+from trtllm_kit.serve.ray.replica import Replica
+from trtllm_kit.serve.ray.scaling import Autoscaling
+from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
+from trtllm_kit.serve.servable import servable
+
+APPLICATION = "trtllm-kit"
+DEPLOYMENT = "model"
+LOOPBACK = "127.0.0.1"  # the namespace's only interface
+DEFAULT_MAX_ONGOING = 8  # a replica's requests at once when the repository does not say max_batch_size
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """What the driver serves, and where."""
+
+    out: Path
+    name: str
+    ray_dir: Path
+    listen_fd: int
+    scaling: Autoscaling
+    ready_file: Path
+    api_keys: Path | None = None
+    usage_log: Path | None = None
+
+
+class RayFrontend(OpenAIFrontend):
+    """The OpenAI frontend whose routes stream from the model deployment's replicas.
+
+    Arguments:
+        config: the served model and the gateway's files; handle: the model deployment's handle.
+    """
+
+    def __init__(self, config: OpenAIConfig, handle: Any) -> None:
+        super().__init__(config)
+        self.handle = handle
+
+    async def _open(self, _app: web.Application) -> None:
+        for route in self.table.routes.values():
+            route.client = ReplicaClient(self.handle, DEPLOYMENT)
+
+
+def model_route(out: Path, name: str) -> Route:
+    """The frontend's route to OUT's replicas: an LLM API model (token ids in when the artifact has a tokenizer).
+
+    Arguments:
+        out: the artifact; name: the served name.
+    """
+    target = servable(out)
+    return Route(name, TRTLLM_MODEL, TRTLLM_MODEL, target.tokenizer_dir, max_seq_len(target.repo), 1,
+                 (TRTLLM_MODEL,), out, context_logits=None, max_batch_size=max_batch_size(target.repo))
+
+
+def start_application(spec: DriverSpec, route: Route) -> Any:
+    """Start the private Ray and the model deployment; its handle.
+
+    Arguments:
+        spec: the driver; route: the model's route (its ``max_batch_size`` bounds a replica's requests at once).
+    """
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=spec.scaling.max_replicas, include_dashboard=False, log_to_driver=False,
+             _temp_dir=str(spec.ray_dir), _node_ip_address=LOOPBACK)
+    serve.start(proxy_location="Disabled")
+    max_ongoing = max(route.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(spec.scaling.target_ongoing))
+    deployment = serve.deployment(name=DEPLOYMENT, max_ongoing_requests=max_ongoing,
+                                  autoscaling_config=spec.scaling.ray_config(),
+                                  ray_actor_options={"num_cpus": 1})(Replica)
+    return serve.run(deployment.bind(str(spec.out.absolute())), name=APPLICATION, route_prefix=None)
+
+
+async def serve_frontend(spec: DriverSpec, route: Route, handle: Any) -> None:
+    """Serve the OpenAI frontend on the inherited socket until SIGTERM or SIGINT.
+
+    Arguments:
+        spec: the driver; route: the model's route; handle: the model deployment's handle.
+    """
+    config = OpenAIConfig(grpc_url=f"ray-serve:{DEPLOYMENT}", served_name=spec.name, triton_model=TRTLLM_MODEL,
+                          api_keys=spec.api_keys, usage_log=spec.usage_log, routes=(route,))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sock = socket.socket(fileno=spec.listen_fd)
+    host, port = sock.getsockname()[:2]
+    runner = await start_frontend(RayFrontend(config, handle), host, port, sock=sock)
+    try:
+        spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        spec.ready_file.touch()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run_driver(spec: DriverSpec) -> None:
+    """Start Ray and the application, serve until SIGTERM or SIGINT, then end Ray.
+
+    Arguments:
+        spec: the driver.
+    """
+    import ray
+
+    route = model_route(spec.out, spec.name)
+    try:
+        handle = start_application(spec, route)
+        asyncio.run(serve_frontend(spec, route, handle))
+    finally:
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The driver process: parse, bring loopback up, run; exit 1 with one sentence on an expected failure.
+
+    Arguments:
+        argv: the arguments after the module name (``sys.argv[1:]`` when omitted).
+    """
+    parser = argparse.ArgumentParser(prog="python -m trtllm_kit.serve.ray.driver")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--ray-dir", type=Path, required=True)
+    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--replicas", required=True)
+    parser.add_argument("--target-ongoing", type=float, required=True)
+    parser.add_argument("--ready-file", type=Path, required=True)
+    parser.add_argument("--api-keys", type=Path)
+    parser.add_argument("--usage-log", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        spec = DriverSpec(out=args.out, name=args.name, ray_dir=args.ray_dir, listen_fd=args.listen_fd,
+                          scaling=Autoscaling.parse(args.replicas, args.target_ongoing), ready_file=args.ready_file,
+                          api_keys=args.api_keys, usage_log=args.usage_log)
+        subprocess.run(LOOPBACK_UP, check=True, capture_output=True)
+        run_driver(spec)
+    except subprocess.CalledProcessError as exc:
+        print(f"Error: {' '.join(LOOPBACK_UP)} exited with code {exc.returncode}: {exc.stderr.decode().strip()}",
+              file=sys.stderr)
+        return 1
+    except KitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

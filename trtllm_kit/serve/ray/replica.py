@@ -1,0 +1,65 @@
+"""The model deployment: one replica holds the artifact's ``LLM`` in-process and streams the wire's responses.
+
+A replica is a Ray Serve actor; ``generate`` takes the frontend's ``GenerationRequest`` and yields
+``GenerationResponse``s, mapped to and from the LLM API as the llmapi target's Triton model maps them
+(``triton_models/llmapi_params.py``, ``llmapi_outputs.py``). The classes are TensorRT-LLM's on a GPU, else the
+kit's CPU runtime behind the same API (``llmapi_classes.py``); the artifact loads as the Dynamo worker loads it.
+When the caller leaves, Ray Serve cancels the generator and the request is aborted in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit.serve.dynamo.worker import load_llm
+from trtllm_kit.triton_models.llmapi_classes import llm_classes
+from trtllm_kit.triton_models.llmapi_outputs import completion_responses
+from trtllm_kit.triton_models.llmapi_params import check_mode, sampling_params
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
+
+
+class Replica:
+    """One replica of the model: its ``LLM``, loaded once.
+
+    Arguments:
+        out: the artifact (cpu or llmapi).
+    """
+
+    def __init__(self, out: str) -> None:
+        self.classes = llm_classes()
+        self.llm, self.limits = load_llm(Path(out))
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationResponse]:
+        """Stream the responses to ``req``: each step's when it is streamed, else the whole completions once.
+
+        Arguments:
+            req: the frontend's request, as the llmapi model reads it.
+        """
+        check_mode(req, decoupled=True)
+        prompt: Any = req.prompt if isinstance(req.prompt, str) else list(req.prompt)
+        result = self.llm.generate_async(prompt, sampling_params(req, self.classes.sampling_params,
+                                                                 self.classes.guided_decoding_params),
+                                         streaming=bool(req.streaming))
+        reported: set[int] = set()  # completions whose finish was sent
+        finished = False
+        try:
+            if req.streaming:
+                async for output in result:
+                    for response in completion_responses(req, output, diff=True, reported=reported):
+                        yield response
+                    finished = output.finished
+            else:
+                output = await result.aresult()
+                finished = True
+                for response in completion_responses(req, output, diff=False, reported=reported):
+                    yield response
+        finally:
+            if not finished:  # the caller left (Ray Serve cancelled this generator) or the step failed
+                result.abort()
+
+    def __del__(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.shutdown()
