@@ -119,3 +119,31 @@ def test_calibration_windows_do_not_import_transformers() -> None:
             "calib_seq_len=32)); print(len(windows), 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.split() == ["4", "False"]
+
+
+@pytest.mark.parametrize(("generation", "end_ids"), [
+    (None, (2,)),  # no generation_config.json: the tokenizer's eos alone
+    ({"eos_token_id": 2}, (2,)),  # SmolLM2-135M-Instruct's: <|im_end|>, its eos and end of turn
+    ({"eos_token_id": [0, 2, 7]}, (2, 0, 7)),  # a list (Llama 3 Instruct's kind): each once, the eos first
+])
+def test_every_end_id_of_the_tokenizer_and_generation_config(tmp_path: Path, generation: dict | None,
+                                                             end_ids: tuple[int, ...]) -> None:
+    from trtllm_kit.models.text_tokenizer import load_text_tokenizer
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(builtin_dir("tiny-llama"), model_dir)
+    (model_dir / "generation_config.json").unlink(missing_ok=True)
+    if generation is not None:
+        (model_dir / "generation_config.json").write_text(json.dumps(generation))
+    tokenizer = load_text_tokenizer(model_dir)
+    assert tokenizer.eos_id == 2 and tokenizer.end_ids == end_ids
+
+
+def test_an_end_id_that_is_not_a_token_id_is_refused(tmp_path: Path) -> None:
+    from trtllm_kit.models.text_tokenizer import load_text_tokenizer
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(builtin_dir("tiny-llama"), model_dir)
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, "</s>"]}))
+    with pytest.raises(ValueError, match=r"^its generation_config.json has eos_token_id \[2, '</s>'\], not token ids$"):
+        load_text_tokenizer(model_dir)

@@ -1,4 +1,7 @@
-"""A model directory's tokenizer as text → ids plus its ``<bos>`` and ``<eos>`` ids.
+"""A model directory's tokenizer as text → ids plus its ``<bos>`` and ``<eos>`` ids, and every id that ends a
+generation: the tokenizer's ``<eos>`` (for a chat model its end-of-turn token: SmolLM2's ``<|im_end|>``; the GGUF
+import names the end-of-turn token there) and each ``eos_token_id`` of ``generation_config.json`` (one id or a
+list: Llama 3 Instruct lists ``<|end_of_text|>``, ``<|eom_id|>`` and ``<|eot_id|>``).
 
 ``tokenizer.json`` is read with ``tokenizers`` alone (importing ``transformers`` and building its tokenizer costs
 more than a second); the special tokens are named by ``tokenizer_config.json``, else ``special_tokens_map.json``,
@@ -19,11 +22,13 @@ SPECIAL_TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # th
 
 @dataclass(frozen=True)
 class TextTokenizer:
-    """Encodes text without special tokens; ``bos_id`` and ``eos_id`` are None where the tokenizer has none."""
+    """Encodes text without special tokens; ``bos_id`` and ``eos_id`` are None where the tokenizer has none;
+    ``end_ids`` are the ids any of which ends a generation, ``eos_id`` first."""
 
     encode: Callable[[str], list[int]]
     bos_id: int | None
     eos_id: int | None
+    end_ids: tuple[int, ...] = ()
 
 
 def load_text_tokenizer(model_dir: Path) -> TextTokenizer:
@@ -49,8 +54,9 @@ def load_text_tokenizer(model_dir: Path) -> TextTokenizer:
         text = next((t for t in (_token_text(c.get(key)) for c in configs) if t is not None), None)
         return None if text is None else tokenizer.token_to_id(text)
 
+    eos_id = special_id("eos_token")
     return TextTokenizer(lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-                         special_id("bos_token"), special_id("eos_token"))
+                         special_id("bos_token"), eos_id, end_ids_of(model_dir, eos_id))
 
 
 def _auto_tokenizer(model_dir: Path) -> TextTokenizer:
@@ -58,7 +64,22 @@ def _auto_tokenizer(model_dir: Path) -> TextTokenizer:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return TextTokenizer(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                         tokenizer.bos_token_id, tokenizer.eos_token_id)
+                         tokenizer.bos_token_id, tokenizer.eos_token_id,
+                         end_ids_of(model_dir, tokenizer.eos_token_id))
+
+
+def end_ids_of(model_dir: Path, eos_id: int | None) -> tuple[int, ...]:
+    """``eos_id`` then every other ``eos_token_id`` of ``generation_config.json``, each once; ValueError names an
+    entry that is not a token id.
+
+    Arguments:
+        model_dir: the model or tokenizer directory; eos_id: the tokenizer's end-of-sequence id, or None.
+    """
+    listed = _json_file(model_dir / "generation_config.json").get("eos_token_id")
+    listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in listed):
+        raise ValueError(f"its generation_config.json has eos_token_id {listed!r}, not token ids")
+    return tuple(dict.fromkeys([*([] if eos_id is None else [eos_id]), *listed]))
 
 
 def _json_file(path: Path) -> dict[str, Any]:
