@@ -167,3 +167,34 @@ def test_cpu_artifact_greedy_answer_equals_a_plain_serve(kit_builds: Builds, kit
     assert server.state["target"] == "cpu"
     assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"] == 24
     assert ours["choices"][0]["text"] == theirs["choices"][0]["text"]
+
+
+def _served_by(state: dict[str, Any]) -> dict[str, int]:
+    """Requests each worker has completed so far, from its log."""
+    return {name: Path(w["log"]).read_text(errors="replace").count("request completed")
+            for name, w in state["workers"].items()}
+
+
+def test_kv_router_keeps_each_long_prefix_on_one_worker(kit_builds: Builds, tmp_path: Path) -> None:
+    out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
+    prefixes = {"a": [1] + [200 + i % 300 for i in range(160)], "b": [1] + [600 + i % 300 for i in range(160)]}
+    workers: dict[str, set[str]] = {"a": set(), "b": set()}
+    with KitServer(out, dynamo=True, workers=2, router="kv") as server:
+        for _ in range(4):
+            for name, prompt in prefixes.items():
+                before = _served_by(server.state)
+                body = {"model": server.state["model"], "prompt": prompt, "max_tokens": 2, "temperature": 0}
+                status, _, raw = server.post("/v1/completions", json.dumps(body).encode())
+                assert status == 200, raw
+                deadline = time.monotonic() + 10
+                while (after := _served_by(server.state)) == before and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                workers[name] |= {w for w in after if after[w] > before[w]}
+                time.sleep(0.2)  # the stored blocks' events reach the router
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+    assert [len(workers["a"]), len(workers["b"])] == [1, 1], workers
+    applied = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("dynamo_component_kv_cache_events_applied{")
+               and 'event_type="stored"' in line and 'status="ok"' in line]
+    assert sum(applied) >= 10, applied  # 5 full blocks of each prefix, at least, reached the router

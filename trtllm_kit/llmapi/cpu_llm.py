@@ -29,6 +29,7 @@ from trtllm_kit.llmapi.cpu_result import RequestError, RequestOutput, ResultHand
 from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_checkpoint
+from trtllm_kit.runtime.block_manager import KvEvent
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor, ExecutorStats
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
@@ -45,6 +46,7 @@ from trtllm_kit.wire.request import NEVER_END_ID
 # the fields the LLM API's SamplingParams and the wire's request both declare, by name
 SHARED_FIELDS = tuple(sorted({f.name for f in fields(SamplingParams)} & {f.name for f in fields(GenerationRequest)}
                              - {"top_p", "end_id"}))
+U64 = (1 << 64) - 1  # KV cache event hashes are unsigned 64-bit, as TensorRT-LLM's and Dynamo's
 __all__ = ["LLM", "DisaggregatedParams", "GuidedDecodingParams", "LoRARequest", "RequestError", "RequestOutput",
            "SamplingParams"]
 
@@ -84,6 +86,8 @@ class LLM:
         path = Path(model)
         mapping = Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))
         self.engine = Executor(load_checkpoint(path, mapping), self.config)
+        if int(kv.get("event_buffer_max_size") or 0) > 0:  # as TensorRT-LLM: KV cache events only when buffered
+            self.engine.scheduler.block_manager.record_events(int(kv["event_buffer_max_size"]))
         self.lora = None if lora_config is None else \
             CpuLoraManager(lora_config, self.engine.model.config, self.engine.model.dtype)
         self.tokenizer = _tokenizer(path)
@@ -94,6 +98,7 @@ class LLM:
         self.guided_decoding_backend = guided_decoding_backend
         self._guides: GuideService | None = None  # made on the first guided request
         self._stats: list[dict[str, Any]] = []
+        self._num_kv_events = 0
         self.disagg = Disaggregation(self.engine, cache_transceiver_config)
         self.loop = self.disagg.loop = EngineLoop(
             self.engine, idle_timeout=lambda _: self.disagg.transceiver.wait_s(), on_turn=self.disagg.expire,
@@ -145,6 +150,21 @@ class LLM:
         """
         stats, self._stats = self._stats, []
         return stats or [self._snapshot(self.engine.stats())]
+
+    def get_kv_cache_events(self, timeout: float = 2) -> list[dict[str, Any]]:
+        """KV cache events since the last call, oldest first, in the LLM API's dict form: ``stored`` blocks with
+        their hash and tokens under their parent's hash, ``removed`` block hashes (unsigned 64-bit); empty unless
+        ``kv_cache_config.event_buffer_max_size`` > 0.
+
+        Arguments:
+            timeout: accepted for compatibility; never waits.
+        """
+        events = self.engine.scheduler.block_manager.events
+        taken: list[KvEvent] = []
+        while events:
+            taken.append(events.popleft())  # the engine thread appends meanwhile; a deque takes both safely
+        self._num_kv_events += len(taken)
+        return [_event_dict(self._num_kv_events - len(taken) + i, e) for i, e in enumerate(taken)]
 
     def shutdown(self) -> None:
         """Stop the engine thread; requests still running are finished as cancelled."""
@@ -215,6 +235,16 @@ class LLM:
 
     def _snapshot(self, stats: ExecutorStats) -> dict[str, Any]:
         return {**executor_stats(stats), "kvTransferStats": self.disagg.stats()}
+
+
+def _event_dict(event_id: int, event: KvEvent) -> dict[str, Any]:
+    """One KV cache event as ``LLM.get_kv_cache_events`` gives it."""
+    if event.kind == "removed":
+        return {"event_id": event_id, "data": {"type": "removed", "block_hashes": [event.block_hash & U64]}}
+    parent = None if event.parent_hash is None else event.parent_hash & U64
+    block = {"type": "stored_block", "block_hash": event.block_hash & U64,
+             "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in event.token_ids]}
+    return {"event_id": event_id, "data": {"type": "stored", "parent_hash": parent, "blocks": [block]}}
 
 
 def _tokenizer(path: Path) -> Any:

@@ -8,10 +8,14 @@ A sequence that needs every prompt position's logits (prompt logprobs, context l
 Several sequences sampled for one request share the prompt's blocks: ``fork`` gives a new sequence the full
 blocks of its group's first sequence (one more reference each) and a copy of its last, partial block, which each
 sequence then writes on its own (copy-on-write, done at once since the next token writes it).
+Asked to (``record_events``), it keeps the KV cache events of a router: a block registered under its hash
+(``stored``, with its tokens and its prefix block's hash) and a hash dropped when its block is handed out again
+(``removed``).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from trtllm_kit.runtime.sequence import Sequence
@@ -24,6 +28,17 @@ class Block:
     hash: int | None = None
     prefix_hash: int | None = None
     token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KvEvent:
+    """A block's hash entering (``stored``) or leaving (``removed``) the reusable set; ``parent_hash`` is the
+    previous block's (None for a sequence's first block)."""
+
+    kind: str
+    block_hash: int
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 class BlockManager:
@@ -40,6 +55,15 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.num_reused_blocks = 0
         self.num_missed_blocks = 0
+        self.events: deque[KvEvent] | None = None  # KV cache events, kept only after ``record_events``
+
+    def record_events(self, max_size: int) -> None:
+        """Keep the KV cache events from now on, the newest ``max_size`` (the oldest dropped first).
+
+        Arguments:
+            max_size: how many events are kept until read.
+        """
+        self.events = deque(maxlen=max_size)
 
     @property
     def num_blocks(self) -> int:
@@ -130,6 +154,8 @@ class BlockManager:
             block = self.blocks[block_id]
             if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
                 del self.hash_to_block_id[block.hash]
+                if self.events is not None:
+                    self.events.append(KvEvent("removed", block.hash))
             block.hash, block.prefix_hash, block.token_ids, block.ref_count = None, None, [], 1
             seq.block_table.append(block_id)
 
@@ -184,7 +210,11 @@ class BlockManager:
                 block.token_ids = seq.block_token_ids(index, self.tokens_per_block)
                 block.prefix_hash = prefix_hash
                 block.hash = hash((prefix_hash, tuple(block.token_ids)))
-                self.hash_to_block_id.setdefault(block.hash, block.block_id)
+                if block.hash not in self.hash_to_block_id:
+                    self.hash_to_block_id[block.hash] = block.block_id
+                    if self.events is not None:
+                        self.events.append(KvEvent("stored", block.hash, prefix_hash if index else None,
+                                                   tuple(block.token_ids)))
             prefix_hash = block.hash
 
     def free(self, seq: Sequence) -> None:

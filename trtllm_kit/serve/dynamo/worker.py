@@ -3,9 +3,10 @@
 ``python -m trtllm_kit.serve.dynamo.worker OUT --card DIR --model-name NAME --endpoint NS.COMPONENT.generate
 --ready-file PATH`` loads OUT (a cpu or llmapi artifact) into the kit's CPU ``LLM`` (``llmapi/cpu_llm.py``),
 registers it with Dynamo's Python API (``ModelInput.Tokens``, chat and completions, the card directory of
-``card.py`` as the model path, the artifact's KV block size), touches the ready file and serves ``generate``
-until SIGTERM. Discovery is Dynamo's file backend (``DYN_FILE_KV``) and requests come over TCP: ``serve
---dynamo`` sets both, and the loopback addresses (``launch.py``).
+``card.py`` as the model path, the artifact's KV block size), publishes the block manager's KV cache events for
+the KV router (``kv_events.py``), touches the ready file and serves ``generate`` until SIGTERM. Discovery is
+Dynamo's file backend (``DYN_FILE_KV``) and requests come over TCP: ``serve --dynamo`` sets both, and the loopback
+addresses (``launch.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineLimits, LlmapiRepoOptions
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
+from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
 from trtllm_kit.serve.dynamo.request import response_chunk, worker_request
 
 DISCOVERY_BACKEND = "file"
@@ -53,14 +55,17 @@ def load_llm(out: Path) -> tuple[LLM, EngineLimits]:
         raise KitUsageError(f"{out} has no repository record; build it with the repo stage.")
     limits = repo.limits
     if isinstance(repo.options, LlmapiRepoOptions):
-        return LLM(model=str(out / "checkpoint"), **repo.options.llm_args), limits
+        args = dict(repo.options.llm_args)
+        args["kv_cache_config"] = {**(args.get("kv_cache_config") or {}), "event_buffer_max_size": EVENT_BUFFER}
+        return LLM(model=str(out / "checkpoint"), **args), limits
     if limits.target != "cpu":
         raise KitUsageError(f"{out} is a {limits.target} artifact; serve --dynamo runs cpu and llmapi artifacts "
                             "(build with --target cpu or --target llmapi).")
     return LLM(model=str(out / limits.model_dir), tensor_parallel_size=limits.tp_size,
                pipeline_parallel_size=limits.pp_size, max_batch_size=limits.max_batch_size,
                max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len,
-               kv_cache_config={"tokens_per_block": limits.tokens_per_block}), limits
+               kv_cache_config={"tokens_per_block": limits.tokens_per_block,
+                                "event_buffer_max_size": EVENT_BUFFER}), limits
 
 
 class Generator:
@@ -110,7 +115,7 @@ async def run_worker(spec: WorkerSpec) -> None:
     Arguments:
         spec: the worker.
     """
-    from dynamo.llm import HttpError, ModelInput, ModelType, WorkerType, register_model
+    from dynamo.llm import HttpError, KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
     from dynamo.runtime import DistributedRuntime
 
     llm, limits = load_llm(spec.out)
@@ -123,10 +128,13 @@ async def run_worker(spec: WorkerSpec) -> None:
         await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, str(spec.card),
                              spec.model_name, worker_type=WorkerType.Aggregated,
                              kv_cache_block_size=limits.tokens_per_block)
+        publisher = KvEventPublisher(endpoint, kv_block_size=limits.tokens_per_block)
+        relay = asyncio.create_task(relay_events(llm, publisher))
         spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
         spec.ready_file.touch()
         await endpoint.serve_endpoint(Generator(llm, limits.max_seq_len, HttpError).generate,
                                       graceful_shutdown=False)
+        relay.cancel()
     finally:
         llm.shutdown()
 
