@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_runtime.py [--quick] [--models smollm2-135m-instruct,tiny-llama] [--no-served]
                                      [--threads 1] [--json]
+    python benchmarks/cpu_runtime.py --profile [--quick] [--models smollm2-135m-instruct]
 
 For each model (float32, greedy, every answer forced to its full length with ``ignore_eos``), two cases:
 
@@ -17,13 +18,21 @@ Each case runs, one after the other in this process, on three engines, each afte
 
 Prints one line per case with output tokens/s and the kit's ratios to transformers. The machine's load average is
 printed with them: ratios taken in the same run stay comparable when other processes share the cores.
+
+``--profile`` serves the first model alone and samples every process of the serve (tritonserver's Python stubs,
+the OpenAI frontend) with ``py-spy record --subprocesses`` while the 8 concurrent requests run; it prints each part
+of a step's share of the busy samples (counts, not seconds: they hold under load), the first category any frame
+of a stack matches (``CATEGORIES``).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,11 +55,23 @@ from trtllm_kit.runtime.config import EngineConfig  # noqa: E402
 from trtllm_kit.runtime.executor import Executor  # noqa: E402
 from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
+from trtllm_kit.serve.server.state import serving_pid  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "tiny-llama")
 QUESTIONS = ("What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea.",
              "Who wrote Romeo and Juliet?", "What do bees make?", "Why do we need sleep?",
              "What is the largest planet in our solar system?", "Suggest a name for a pet goldfish.")
+
+CATEGORIES = (  # a step's parts, each by substrings of a py-spy frame; a stack goes to the first that matches
+    ("attention over paged blocks", ("attend (", "_group (")),
+    ("sampling and logits processing", ("runtime/sampling.py", "runtime/penalties.py", "runtime/logprobs.py")),
+    ("scheduler and block manager", ("runtime/scheduler.py", "runtime/block_manager.py", "runtime/sequence.py")),
+    ("forward (linears, norms, rotary, lm_head)", ("runtime/model.py", "runtime/layers.py", "runtime/executor.py")),
+    ("engine loop", ("runtime/loop.py", "runtime/handle.py", "runtime/response.py")),
+    ("detokenization", ("detoken", "decode (tokenizers", "tokenization_utils", "text_tokenizer")),
+    ("Triton I/O (stubs, tensors, BLS)", ("triton_models/", "pb_utils", "c_python_backend_utils")),
+    ("frontend (HTTP, OpenAI)", ("serve/", "uvicorn", "starlette", "fastapi", "httptools", "h11", "asyncio")),
+)
 
 
 @dataclass
@@ -155,6 +176,36 @@ def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, work: P
             for (n, t), (hf, ex), sv in zip(shapes, figures, served, strict=True)]
 
 
+def category(stack: str) -> str:
+    """The part of a step a py-spy stack (frames joined by ``;``) belongs to."""
+    return next((name for name, marks in CATEGORIES if any(m in stack for m in marks)), "other")
+
+
+def profile(name: str, num_requests: int, max_tokens: int, work: Path) -> dict[str, int]:
+    """Busy py-spy samples per category of every process of a serve of ``name`` during ``num_requests``
+    concurrent chats of ``max_tokens`` tokens (after an untimed warm-up)."""
+    raw = work / "profile.raw"
+    with served_build(f"builtin:{name}", work / name / "out", "--dtype", "float32") as base_url:
+        run = served_run(base_url, num_requests, max_tokens)
+        run()
+        pid = serving_pid(work / name / "out")
+        assert pid is not None, f"no serve of {name} is running"
+        spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--nonblocking", "--rate", "200", "--format",
+                                "raw", "--output", str(raw), "--pid", str(pid)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)  # py-spy attaches to every process first
+        run()
+        spy.send_signal(signal.SIGINT)
+        _, errors = spy.communicate(timeout=120)
+    if not raw.is_file():
+        raise SystemExit(f"py-spy wrote no profile (exit {spy.returncode}): {errors.strip()[-500:]}")
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        counts[category(stack)] += int(count)
+    return dict(counts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="32 tokens at batch 1 and 16 at 8 concurrent")
@@ -163,11 +214,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process (default 1: with "
                         "other processes on the cores, a second thread waits at every op)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--profile", action="store_true", help="the served path's busy samples by part (py-spy)")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     shapes = [(1, 32), (8, 16)] if args.quick else [(1, 128), (8, 64)]
     cases: list[Case] = []
+    if args.profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            counts = profile(args.models.split(",")[0], *shapes[1], Path(tmp))
+        total = sum(counts.values())
+        for part, count in sorted(counts.items(), key=lambda item: -item[1]):
+            print(f"{count / total:6.1%} {count:7d} samples  {part}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             cases += measure(name, shapes, not args.no_served, Path(tmp))
