@@ -54,14 +54,36 @@ class Rope:
         if self.rope_type not in ROPE_TYPES:
             raise CheckpointError(f"{source} has rotary_scaling of type {self.rope_type!r}, which the CPU "
                                   f"runtime does not implement (it supports {', '.join(ROPE_TYPES)}).")
+        self._inv_freqs: dict[int, torch.Tensor] = {}
+        self._last_angles: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
 
     def inv_freq(self, seq_len: int) -> torch.Tensor:
-        """Inverse frequencies [dim/2] in float32, computed as transformers computes them (``models/rope.py``).
+        """Inverse frequencies [dim/2] in float32, computed as transformers computes them (``models/rope.py``),
+        once per distinct value.
 
         Arguments:
             seq_len: tokens in the sequence; only "dynamic" scaling depends on it.
         """
-        return inv_freq(self.dim, self.base, self.scaling, self.max_positions, seq_len)
+        key = self._frequency_key(seq_len)
+        if key not in self._inv_freqs:
+            self._inv_freqs[key] = inv_freq(self.dim, self.base, self.scaling, self.max_positions, seq_len)
+        return self._inv_freqs[key]
+
+    def angles(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [B, 1, T, dim] in float32 of ``positions``; the last pair is kept, so that the layers of a
+        forward pass, which rotate the same positions tensor, compute them once.
+
+        Arguments:
+            positions: [B, T] token positions (not changed in place once given); seq_len: for dynamic scaling.
+        """
+        key, last = self._frequency_key(seq_len), self._last_angles
+        if last is not None and last[0] is positions and last[1] == key:
+            return last[2], last[3]
+        freqs = positions.float()[:, None, :, None] * self.inv_freq(seq_len)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        self._last_angles = (positions, key, cos, sin)
+        return cos, sin
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
         """Rotate ``x`` [B, heads, T, dim] in float32 (as the attention kernel does), rounded back to its dtype.
@@ -69,12 +91,14 @@ class Rope:
         Arguments:
             x: queries or keys; positions: [B, T] token positions; seq_len: for dynamic scaling.
         """
-        freqs = positions.float()[:, None, :, None] * self.inv_freq(seq_len)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        cos, sin = self.angles(positions, seq_len)
         xf, half = x.float(), x.shape[-1] // 2
         rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
         return (xf * cos + rotated * sin).to(x.dtype)
+
+    def _frequency_key(self, seq_len: int) -> int:
+        """``seq_len`` where the frequencies depend on it (dynamic scaling past the trained length), else 0."""
+        return seq_len if self.rope_type == "dynamic" and seq_len > self.max_positions else 0
 
 
 def linear(x: torch.Tensor, weights: Weights, prefix: str, *, with_bias: bool = True) -> torch.Tensor:
@@ -174,7 +198,10 @@ def reduce(partials: list[torch.Tensor], bias: torch.Tensor | None = None) -> to
     Arguments:
         partials: one output per TP rank in the compute dtype; bias: the replicated row bias, or None.
     """
-    total = torch.stack([p.float() for p in partials]).sum(0).to(partials[0].dtype)
+    if len(partials) == 1:  # the sum of one term, as the stack's sum rounds it (-0.0 becomes 0.0)
+        total = partials[0] + 0.0
+    else:
+        total = torch.stack([p.float() for p in partials]).sum(0).to(partials[0].dtype)
     return total if bias is None else total + bias
 
 

@@ -131,6 +131,7 @@ class CheckpointModel:
         self.kv_cache_quant_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
         self.dtype = dtype
         self.ranks = ranks
+        self.mapping = self.dims.mapping
         self.layer_places = [(p, i) for p in range(self.dims.pp_size)
                              for i, _ in enumerate(self.dims.layers_for_stage(p))]
         self.lora_parts = [rank_parts(config, self.dims.tp_size, r) for r in range(self.dims.tp_size)]
@@ -183,7 +184,7 @@ class CheckpointModel:
         Arguments:
             pp_rank: the pipeline stage; tp_rank: the tensor-parallel rank.
         """
-        return self.ranks[self.dims.mapping.rank(tp_rank, pp_rank)]
+        return self.ranks[self.mapping.rank(tp_rank, pp_rank)]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [B, T, H].
