@@ -36,6 +36,7 @@ from trtllm_kit.quant.algos import KV_ALGOS, VALID_COMBINATIONS
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.spec import TABLES, BuildSpec, all_declared, build_spec, load_table, load_toml, nest_flat_spec
 from trtllm_kit.spec.repo_options import RepoOptions
+from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation
 
 SPEC_DOC = Path(__file__).parents[1] / "docs" / "triton-repo.md"
 FLAGGED = [d for d in all_declared() if d.option.flag]
@@ -223,6 +224,10 @@ def specs(draw: st.DrawFn) -> BuildSpec:
             if values["quant"] != Quant.INT8_SQ:
                 values["per_channel"] = values["per_token"] = False
             values["awq_group_size"] = draw(st.sampled_from([64, 128])) if values["quant"] == Quant.INT4_AWQ else 128
+        if name == "speculative":
+            values["draft_model"] = values["draft_model"] if values["mode"] in NEEDS_DRAFT_DIR else None
+            draft_len = values["mode"] not in (None, Speculation.LOOKAHEAD)
+            values["max_draft_len"] = values["max_draft_len"] if draft_len else None
         tables[name] = cls(**values)
     model = draw(st.text(st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters='"\\'),
                          min_size=1, max_size=20))
@@ -233,7 +238,7 @@ def specs(draw: st.DrawFn) -> BuildSpec:
 @given(spec=specs())
 def test_spec_round_trips_through_json_and_toml(spec: BuildSpec, tmp_path: Path) -> None:
     nested = spec.to_dict()
-    assert sorted(nested) == ["build", "model", "out", "quant", "repo", "serve"]
+    assert sorted(nested) == ["build", "model", "out", "quant", "repo", "serve", "speculative"]
     assert json.loads(json.dumps(nested)) == nested  # plain values only: enums and paths are strings
     assert BuildSpec.from_dict(json.loads(json.dumps(nested))) == spec
     config = tmp_path / "spec.toml"

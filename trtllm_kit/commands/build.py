@@ -14,7 +14,7 @@ from trtllm_kit.errors import KitUsageError
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
 
-SPEC_TABLES = ("build", "quant", "repo")
+SPEC_TABLES = ("build", "quant", "repo", "speculative")
 
 
 def spec_sources(ctx: click.Context, config_file: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:

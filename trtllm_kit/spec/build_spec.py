@@ -13,10 +13,12 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.option import Declared, check_declared, declared, option, table_dict
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.spec.repo_options import RepoOptions
+from trtllm_kit.spec.speculative import SpeculativeOptions
 from trtllm_kit.spec.tables import BuildOptions, QuantOptions, ServeSettings
 
 STAGES = Stage.values()
-TABLES: dict[str, type] = {"build": BuildOptions, "quant": QuantOptions, "repo": RepoOptions, "serve": ServeSettings}
+TABLES: dict[str, type] = {"build": BuildOptions, "quant": QuantOptions, "repo": RepoOptions, "serve": ServeSettings,
+                           "speculative": SpeculativeOptions}
 NEAR = 0.6  # difflib ratio from which a key counts as a misspelling of another
 FLAT_TABLES = ("build", "quant", "repo")  # the tables whose fields a schema_version 1 spec held at the top level
 
@@ -33,6 +35,7 @@ class BuildSpec:
     quant: QuantOptions = field(default_factory=QuantOptions)
     repo: RepoOptions = field(default_factory=RepoOptions)
     serve: ServeSettings = field(default_factory=ServeSettings)
+    speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -1,0 +1,91 @@
+"""The ``[speculative]`` table: which speculative decoding a build sets up, its draft and its draft length; the
+refusals that need the table alone (``spec.speculative_support`` holds those of a build: the draft directory a mode
+needs, the target, the model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtllm_kit.enums import Choice
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.option import check_declared, option
+
+DEFAULT_MAX_DRAFT_LEN = 4  # draft tokens per step when --max-draft-len is not given (EAGLE3: 3, as NVIDIA's example)
+DEFAULT_EAGLE3_DRAFT_LEN = 3
+LOOKAHEAD_DEFAULTS = (4, 3, 4)  # window, n-gram and verification-set sizes: TensorRT-LLM's lookahead defaults
+
+
+class Speculation(Choice):
+    """How draft tokens are proposed: a draft model, prompt lookup (n-grams of the prompt and the output),
+    EAGLE3 heads, the model's own MTP layers, or lookahead (Jacobi) decoding."""
+
+    NGRAM = "ngram"
+    DRAFT_TARGET = "draft-target"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    LOOKAHEAD = "lookahead"
+
+
+NEEDS_DRAFT_DIR = {Speculation.DRAFT_TARGET: "a draft model directory", Speculation.EAGLE3: "an EAGLE3 heads "
+                   "checkpoint directory"}
+
+
+@dataclass(frozen=True)
+class SpeculativeOptions:
+    """The ``[speculative]`` table (``mode`` None: no speculation)."""
+
+    mode: Speculation | None = field(default=None, metadata=option(
+        "Speculative decoding: ngram (prompt lookup, llmapi), draft-target (a --draft-model sharing the tokenizer; "
+        "engine, llmapi), eagle3 (--draft-model is the heads checkpoint; llmapi), mtp (models with MTP layers; "
+        "llmapi), lookahead (engine).", "--speculative"))
+    draft_model: Path | None = field(default=None, metadata=option(
+        "With --speculative draft-target: the draft model directory; with eagle3: the EAGLE3 heads checkpoint.",
+        "--draft-model"))
+    max_draft_len: int | None = field(default=None, metadata=option(
+        f"Draft tokens proposed per step (default {DEFAULT_MAX_DRAFT_LEN}, eagle3 {DEFAULT_EAGLE3_DRAFT_LEN}, mtp "
+        "the model's MTP layers; lookahead: from its sizes).", "--max-draft-len", minimum=1))
+    lookahead_window_size: int = field(default=LOOKAHEAD_DEFAULTS[0], metadata=option(
+        "Lookahead: n-grams in the lookahead branch per step (W).", minimum=1))
+    lookahead_ngram_size: int = field(default=LOOKAHEAD_DEFAULTS[1], metadata=option(
+        "Lookahead: tokens per n-gram (N).", minimum=2))
+    lookahead_verification_set_size: int = field(default=LOOKAHEAD_DEFAULTS[2], metadata=option(
+        "Lookahead: n-grams in the verification branch per step (G).", minimum=1))
+
+    def __post_init__(self) -> None:
+        check_declared(self, "speculative")
+        if self.mode is None:
+            if self.draft_model is not None or self.max_draft_len is not None:
+                given = "--draft-model" if self.draft_model is not None else "--max-draft-len"
+                raise KitUsageError(f"{given} is given without --speculative; add --speculative draft-target (or "
+                                    "another mode) or drop it.")
+            return
+        if self.mode not in NEEDS_DRAFT_DIR and self.draft_model is not None:
+            raise KitUsageError(f"--speculative {self.mode} takes no --draft-model, got {self.draft_model}; drop it "
+                                "or use --speculative draft-target.")
+        if self.mode is Speculation.LOOKAHEAD and self.max_draft_len is not None:
+            raise KitUsageError(f"--max-draft-len {self.max_draft_len} does not apply to lookahead, whose draft "
+                                "length follows from [speculative] lookahead_window_size, lookahead_ngram_size and "
+                                "lookahead_verification_set_size; drop it.")
+
+    @property
+    def draft_len(self) -> int:
+        """Draft tokens per sequence and step (0 without speculation); MTP's default is resolved against the model
+        (``speculative_support.mtp_draft_len``)."""
+        if self.mode is None:
+            return 0
+        if self.mode is Speculation.LOOKAHEAD:
+            return lookahead_draft_len(self.lookahead_window_size, self.lookahead_ngram_size,
+                                       self.lookahead_verification_set_size)
+        if self.max_draft_len is not None:
+            return self.max_draft_len
+        return DEFAULT_EAGLE3_DRAFT_LEN if self.mode is Speculation.EAGLE3 else DEFAULT_MAX_DRAFT_LEN
+
+
+def lookahead_draft_len(window: int, ngram: int, verification_set: int) -> int:
+    """Lookahead's draft tokens per step, as TensorRT-LLM's ``calculate_speculative_resource_tuple``.
+
+    Arguments:
+        window: W; ngram: N (>= 2); verification_set: G.
+    """
+    return (ngram - 2) + (window - 1 + verification_set) * (ngram - 1)
