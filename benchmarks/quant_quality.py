@@ -1,19 +1,22 @@
 """What each quantization format costs in quality on a real trained model: for every format the kit builds, the
 checkpoint's bytes, its perplexity on the shipped English corpus and the change against the unquantized model, and
 its accuracy on the shipped multiple-choice set and the change; beside FP8, NVFP4 and INT4 AWQ, NVIDIA ModelOpt's
-fake-quantized model (its default config for the format, calibrated on the same token windows) on the same data.
+fake-quantized model (its default config for the format, calibrated on the same token windows) on the same data, and
+ModelOpt's FP8 with per-channel weight scales (static per-tensor or dynamic per-token activations), which the kit
+does not build.
 
     python benchmarks/quant_quality.py [--model builtin:smollm2-135m-instruct] [--formats fp8,nvfp4] [--json]
-                                       [--plot docs/img/quant_quality.png] [--workdir DIR]
+                                       [--plot docs/img/quant_quality.png] [--workdir DIR] [--no-kit|--no-modelopt]
 
 Each kit row is ``trtllm-kit build MODEL --target T --quant Q --until checkpoint --no-verify`` (the format's
 target: the TensorRT-LLM checkpoint of the cpu target for INT8 and FP8, the llmapi target's unified checkpoint for
 NVFP4 and INT4 AWQ; the checkpoint dtype is the build's default, float16 for this float32 model), run by the kit's
 CPU runtime computing in float32. The reference is transformers on the unquantized model in float32. Perplexity:
-``checkpoint/verify.py``'s corpus windows (2,048 tokens of ``trtllm_kit/data/corpus.txt``, original prose written
-for the kit); accuracy: ``trtllm_kit/data/choices.txt`` (40 questions written for the kit, 2.5 points each). The
-kit calibrates on the same corpus by default (seeded windows), as ModelOpt does here. A failed build is a row with
-its error. With ``--workdir`` each row is kept there and a later run computes only the rows it lacks.
+``checkpoint/verify.py``'s windows of the held-out text (2,048 tokens of ``trtllm_kit/data/heldout.txt``, original
+prose written for the kit); accuracy: ``trtllm_kit/data/choices.txt`` (40 questions written for the kit, 2.5 points
+each). The kit calibrates on the other text, ``trtllm_kit/data/corpus.txt`` (seeded windows), as ModelOpt does
+here. A failed build is a row with its error. With ``--workdir`` each row is kept there and a later run computes
+only the rows it lacks.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import math
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -54,10 +58,30 @@ FORMATS: dict[str, dict[str, Any]] = {  # the build's [build] target and [quant]
     "fp8+fp8kv": {"target": "cpu", "quant": {"quant": "fp8", "kv_cache": "fp8"}},
     "nvfp4": {"target": "llmapi", "quant": {"quant": "nvfp4"}},
     "int4-awq": {"target": "llmapi", "quant": {"quant": "int4-awq"}},
+    "int4-awq-g64": {"target": "llmapi", "quant": {"quant": "int4-awq", "awq_group_size": 64}},
 }
-EXPORTED = ("nvfp4", "int4-awq")
-MODELOPT = {"fp8": ("FP8_DEFAULT_CFG", False), "fp8+fp8kv": ("FP8_DEFAULT_CFG", True),
-            "nvfp4": ("NVFP4_DEFAULT_CFG", False), "int4-awq": ("INT4_AWQ_CFG", False)}
+EXPORTED = ("nvfp4", "int4-awq", "int4-awq-g64")
+
+
+@dataclass(frozen=True)
+class ModelOptRecipe:
+    """ModelOpt's config for a row: its name, FP8 KV on top, the kit's --quant whose calibration size it takes,
+    and the two changes a row makes to it (the weight quantizer's channel axis, AWQ's block size)."""
+
+    config: str
+    quant: str
+    kv_fp8: bool = False
+    weight_axis: int | None = None
+    block_size: int | None = None
+
+
+MODELOPT = {"fp8": ModelOptRecipe("FP8_DEFAULT_CFG", "fp8"),
+            "fp8+fp8kv": ModelOptRecipe("FP8_DEFAULT_CFG", "fp8", kv_fp8=True),
+            "fp8-channel": ModelOptRecipe("FP8_DEFAULT_CFG", "fp8", weight_axis=0),
+            "fp8-channel-token": ModelOptRecipe("FP8_PER_CHANNEL_PER_TOKEN_CFG", "fp8"),
+            "nvfp4": ModelOptRecipe("NVFP4_DEFAULT_CFG", "nvfp4"),
+            "int4-awq": ModelOptRecipe("INT4_AWQ_CFG", "int4-awq"),
+            "int4-awq-g64": ModelOptRecipe("INT4_AWQ_CFG", "int4-awq", block_size=64)}
 
 
 @dataclass
@@ -137,14 +161,19 @@ def modelopt_row(hf_dir: Path, fmt: str, workdir: Path, data: Data) -> Row:
     dynamic blocks) or a search (AWQ), its ``export_hf_checkpoint`` run by the kit's CPU runtime."""
     import modelopt.torch.quantization as mtq
 
-    config_name, kv_fp8 = MODELOPT[fmt]
-    quant = QuantConfig(quant=FORMATS[fmt]["quant"]["quant"])
+    recipe = MODELOPT[fmt]
+    quant = QuantConfig(quant=recipe.quant)
     size = choose_size(quant, calibration_device())
     windows = token_windows(hf_dir, QuantConfig(quant=quant.quant, calib_samples=size.samples,
                                                 calib_seq_len=size.seq_len))
     model = load_causal_lm(hf_dir, torch.float32).eval()
-    config = copy.deepcopy(getattr(mtq, config_name))
-    if kv_fp8:
+    config = copy.deepcopy(getattr(mtq, recipe.config))
+    for entry in config["quant_cfg"]:
+        if entry["quantizer_name"] == "*weight_quantizer" and recipe.weight_axis is not None:
+            entry["cfg"]["axis"] = recipe.weight_axis
+        if entry["quantizer_name"] == "*weight_quantizer" and recipe.block_size is not None:
+            entry["cfg"]["block_sizes"][-1] = recipe.block_size
+    if recipe.kv_fp8:
         config["quant_cfg"] = list(config["quant_cfg"]) + list(copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"])
 
     def forward_loop(module: torch.nn.Module) -> None:
@@ -201,7 +230,7 @@ def plot(rows: list[Row], path: Path) -> None:
             axis.set_ylabel(label)
             axis.axhline(0, color="grey", linewidth=0.5)
     axes[0].legend()
-    figure.suptitle("Quality against bytes: SmolLM2-135M-Instruct, shipped corpus and multiple-choice set")
+    figure.suptitle("Quality against bytes: SmolLM2-135M-Instruct, held-out text and multiple-choice set")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -210,8 +239,9 @@ def plot(rows: list[Row], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
-    parser.add_argument("--formats", default=",".join(FORMATS))
+    parser.add_argument("--formats", default=",".join(dict.fromkeys([*FORMATS, *MODELOPT])))
     parser.add_argument("--no-modelopt", action="store_true", help="Only the kit's rows.")
+    parser.add_argument("--no-kit", action="store_true", help="Only ModelOpt's rows.")
     parser.add_argument("--json", type=Path, help="Write the rows here as JSON.")
     parser.add_argument("--plot", type=Path, help="Write the plot (PNG) here.")
     parser.add_argument("--workdir", type=Path, help="Keep the builds here (default: a temporary directory).")
@@ -227,10 +257,10 @@ def main() -> None:
         workdir = args.workdir or Path(temporary)
         for fmt in args.formats.split(","):
             producers: list[tuple[str, Callable[[], Row]]] = [
-                ("kit", lambda f=fmt: kit_row(args.model, f, workdir, data))]
-            if fmt in MODELOPT and not args.no_modelopt:
-                producers.append(("modelopt", lambda f=fmt: modelopt_row(hf_dir, f, workdir, data)))
-            for producer, produce in producers:
+                ("kit", partial(kit_row, args.model, fmt, workdir, data)),
+                ("modelopt", partial(modelopt_row, hf_dir, fmt, workdir, data))]
+            chosen = {"kit": fmt in FORMATS and not args.no_kit, "modelopt": fmt in MODELOPT and not args.no_modelopt}
+            for producer, produce in [(p, make) for p, make in producers if chosen[p]]:
                 row = row_of(produce, fmt, producer, workdir)
                 rows.append(row)
                 print(line(row), flush=True)

@@ -1,5 +1,5 @@
 """The quality gate set on real weights: the real model built in FP8 and in INT8 SmoothQuant (per channel, per
-token) passes verify with its perplexity change on the shipped corpus within the bound ``checkpoint/verify.py``
+token) passes verify with its perplexity change on the held-out text within the bound ``checkpoint/verify.py``
 documents for the format (the build refuses past it), and the quantized model still answers the shipped
 multiple-choice set as the unquantized one does."""
 

@@ -1,4 +1,4 @@
-"""Quantized checkpoints on the CPU runtime against the unquantized HF model: perplexity on the shipped corpus.
+"""Quantized checkpoints on the CPU runtime against the unquantized HF model: perplexity on the held-out text.
 
 Bounds (``trtllm_kit.checkpoint.verify``): |perplexity change| W8A16 1 %, FP8 2 %, SmoothQuant 5 %, KV cache alone
 1 %; mean KL(unquantized ‖ quantized) W8A16 0.02, FP8 0.2, SmoothQuant 0.1, KV alone 0.05. Measured on these

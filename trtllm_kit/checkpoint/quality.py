@@ -40,6 +40,12 @@ class ChoiceScores:
         return sum(a == b for a, b in zip(self.picks, other.picks, strict=True)) / len(self.picks)
 
 
+def heldout_path() -> Path:
+    """The held-out evaluation text (``trtllm_kit/data/heldout.txt``): perplexity is measured on it, never on the
+    calibration corpus."""
+    return Path(str(resources.files("trtllm_kit") / "data" / "heldout.txt"))
+
+
 def choices_path() -> Path:
     """The shipped multiple-choice set."""
     return Path(str(resources.files("trtllm_kit") / "data" / "choices.txt"))
