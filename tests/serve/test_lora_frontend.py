@@ -12,14 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from kit_server import KitServer
 
 from trtllm_kit.artifact import AdapterRecord, Artifact
 from trtllm_kit.artifact.files import file_hashes
 from trtllm_kit.artifact.integrity import file_stats
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.server.state import read_state
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "builtin:tiny-llama"
@@ -36,11 +33,8 @@ def test_a_model_without_lora_inputs_refuses_its_adapters(make_out: Callable[...
     stats = {k: v for k, v in file_stats(out).items() if k in files}
     replace(artifact, records=replace(artifact.records, adapters={"support": record}), files=files,
             file_stats=stats).write()
-    endpoints, port = free_endpoints(), free_port()
-    serve_detached(ServeOptions(out=out, settings=ServeSettings(
-        host=endpoints.host, http_port=endpoints.http_port, grpc_port=endpoints.grpc_port,
-        metrics_port=endpoints.metrics_port, openai_port=port, ready_timeout_s=120)))
-    try:
+    with KitServer(out) as server:
+        port = server.port
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
             cards = {c["id"]: c for c in json.loads(response.read())["data"]}
         assert cards["support"]["parent"] == MODEL and cards["support"]["root"] == "/adapters/support"
@@ -53,6 +47,3 @@ def test_a_model_without_lora_inputs_refuses_its_adapters(make_out: Callable[...
         assert refused.value.code == 400 and error["type"] == "invalid_request_error"
         assert error["message"] == ("the model 'ensemble' takes no LoRA adapters (it has no lora_task_id input); "
                                     "serve an artifact built for adapters, or name the base model.")
-    finally:
-        if read_state(out) is not None:
-            stop_serving(out, 30)
