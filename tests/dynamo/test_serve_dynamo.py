@@ -140,6 +140,7 @@ def test_stop_leaves_no_process(kit_builds: Builds, tmp_path: Path) -> None:
     server = KitServer(out, dynamo=True, workers=1, router="round-robin").start()
     groups = _groups(server.state)
     assert all(group_alive(g) for g in groups)
+    assert os.stat(Path(server.state["run_dir"]) / "dynamo").st_mode & 0o777 == 0o700
     server.stop()
     assert _wait_gone(groups, 5) == []
     assert not os.path.exists(f"/proc/{server.state['pid']}") or \

@@ -105,8 +105,9 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     check_ports_free(LOOPBACK, {"OpenAI": settings.openai_port})
     dirs = DynamoDirs(claim_run_dir(out) / "dynamo")
     shutil.rmtree(dirs.root, ignore_errors=True)  # a killed serve's registrations and logs
+    dirs.root.mkdir(mode=0o700)  # registrations, model cards and logs: the owner's alone
     for directory in (dirs.discovery, dirs.home, dirs.ready):
-        directory.mkdir(parents=True, mode=0o700)
+        directory.mkdir(mode=0o700)
     write_card(out, dirs.card)
     name = served_name(options, artifact)
     commands = {"frontend": frontend_argv(settings.openai_port, settings.router, settings.migration_limit),
