@@ -36,7 +36,7 @@ class BuildKey:
 
     model: str = TINY
     build: tuple[tuple[str, Any], ...] = ()
-    repo: tuple[tuple[str, Any], ...] = tuple(ONE_EACH.items())
+    repo: tuple[tuple[str, Any], ...] = tuple(sorted(ONE_EACH.items()))  # sorted, as ``of`` makes them
 
     @classmethod
     def of(cls, model: str = TINY, *, repo: dict[str, Any] | None = None, **build: Any) -> BuildKey:
