@@ -262,6 +262,9 @@ class Executor:
         groups = [_group([starts[i] for i in m], [counts[i] for i in m], [offsets[i] for i in m],
                          [slots[i] for i in m]) for m in members]
         lora = LoraBatch.of_sequences([s.adapter for s in seqs], counts)
+        # The query heads sharing a KV head become rows of that head: no repeated K/V, same math.
+        heads_per_kv = model.dims.num_heads_per_rank // model.dims.num_kv_heads_per_rank
+        masks = [g.mask.repeat(1, 1, heads_per_kv, 1) for g in groups]  # once per step, not per layer
         hidden = model.embed(torch.tensor([ids]))
         for layer in range(model.dims.num_layers):
             x = model.norm(layer, "input_layernorm", hidden)
@@ -271,13 +274,11 @@ class Executor:
                 k_cache, v_cache = self.k_cache[layer, rank], self.v_cache[layer, rank]
                 k_cache[new_slots], v_cache[new_slots] = k[0].transpose(0, 1), v[0].transpose(0, 1)
                 context = torch.empty_like(q[0])
-                for g in groups:
+                for g, mask in zip(groups, masks, strict=True):
                     keys, values = k_cache[g.key_slots].transpose(1, 2), v_cache[g.key_slots].transpose(1, 2)
                     queries = q[0][:, g.q_index].transpose(0, 1)  # [G, heads, T, d]
-                    # The query heads sharing a KV head become rows of that head: no repeated K/V, same math.
                     shape, kv_heads = queries.shape, keys.shape[1]
-                    out = attend(queries.reshape(shape[0], kv_heads, -1, shape[-1]), keys, values,
-                                 g.mask.repeat(1, 1, shape[1] // kv_heads, 1)).reshape(shape)
+                    out = attend(queries.reshape(shape[0], kv_heads, -1, shape[-1]), keys, values, mask).reshape(shape)
                     context[:, g.out_index] = out.transpose(0, 1)[:, g.rows, g.cols]
                 contexts.append(context[None])
             hidden = hidden + model.attention_output(layer, contexts, lora)
