@@ -47,6 +47,20 @@ def test_penalties_min_tokens_and_ignore_eos_map() -> None:
     assert (p.presence_penalty, p.frequency_penalty, p.min_tokens, p.ignore_eos) == (0.5, 0.25, 2, True)
 
 
+def test_sampling_options_map_by_the_wires_field_names() -> None:
+    # include_stop_str_in_output is a wire field Dynamo sends under the same name: it reaches SamplingParams
+    p = worker_request(_with("sampling_options", include_stop_str_in_output=True, use_beam_search=False),
+                       max_seq_len=64).sampling
+    assert p.include_stop_str_in_output is True
+
+
+def test_a_sampling_option_the_wire_does_not_know_is_refused_not_dropped() -> None:
+    with pytest.raises(DynamoRequestError) as caught:
+        worker_request(_with("sampling_options", typical_p=0.5), max_seq_len=64)
+    assert str(caught.value) == ("sampling_options.typical_p is 0.5; the CPU runtime has no such setting: "
+                                 "leave it out.")
+
+
 def test_missing_max_tokens_fills_the_context() -> None:
     assert worker_request(_with("stop_conditions", max_tokens=None), max_seq_len=64).sampling.max_tokens == 59
 

@@ -12,11 +12,10 @@ from typing import Any
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.llmapi.cpu_llm import GuidedDecodingParams, SamplingParams
+from trtllm_kit.triton_models.llmapi_params import SAMPLING_FIELDS
 
-# sampling_options fields and their SamplingParams names; every one is optional (None: the library default)
-SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                   "seed": "seed", "repetition_penalty": "repetition_penalty",
-                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+# sampling_options keys are the wire's field names, which SAMPLING_FIELDS maps onto SamplingParams; the one rename:
+GUIDED_DECODING = "guided_decoding"  # the wire's guide, mapped by _guide
 # guided_decoding fields and their GuidedDecodingParams names
 GUIDE_FIELDS = {"json": "json", "regex": "regex", "grammar": "grammar"}
 
@@ -66,9 +65,21 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
         max_tokens=room if max_tokens is None else int(max_tokens),
         min_tokens=stop.get("min_tokens"), ignore_eos=bool(stop.get("ignore_eos")),
         end_id=eos_ids[0] if eos_ids else None,
-        guided_decoding=_guide(sampling.get("guided_decoding")),
-        **{kit: sampling[name] for name, kit in SAMPLING_FIELDS.items() if sampling.get(name) is not None})
+        guided_decoding=_guide(sampling.get(GUIDED_DECODING)), **_sampling_fields(sampling))
     return WorkerRequest(token_ids=token_ids, sampling=params)
+
+
+def _sampling_fields(sampling: dict[str, Any]) -> dict[str, Any]:
+    """``SamplingParams`` keywords of the ``sampling_options`` set, by the wire's field names; refuses the rest."""
+    kwargs: dict[str, Any] = {}
+    for name, value in sampling.items():
+        if value is None or value is False or name == GUIDED_DECODING:  # False: a flag left off
+            continue
+        if name not in SAMPLING_FIELDS:
+            raise DynamoRequestError(f"sampling_options.{name} is {value!r}; the CPU runtime has no such setting: "
+                                     "leave it out.")
+        kwargs[SAMPLING_FIELDS[name]] = value
+    return kwargs
 
 
 def _refuse_set(values: dict[str, Any], where: str, names: tuple[str, ...], why: str) -> None:
