@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.checkpoint.trtllm_config import precision_of
+from trtllm_kit.enums import Target
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, resolve_gpu
 from trtllm_kit.layout import Mapping
@@ -23,6 +24,7 @@ from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.plan import Limits, Precision, make_plan
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides
+from trtllm_kit.spec.speculative_support import check_build, mtp_layers
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
 from trtllm_kit.trtllm_build.fit import check_plan
@@ -49,6 +51,8 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
     # a checkpoint built for a named target (engine --until checkpoint) is checked against that target's needs
     named = get_target(spec.build.target) if spec.build.target != "auto" else target
     named.check_spec(spec)
+    check_build(spec.speculative, Target(named.name))
+    mtp_layers(spec.speculative, hf.raw)
     gpu = resolve_gpu(spec.build.gpu, spec.build.gpu_memory, list(machine.gpus))
     plan = None
     if gpu is not None:
@@ -69,7 +73,7 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
             if lora is not None else None
         command = build_command(plan, build_gpu, Path("checkpoint"), Path(ENGINE_DIR), workers=workers,
                                 timing_cache=timing_cache_path(build_gpu, machine), overrides=spec.build.build_flags,
-                                lora=plugin)
+                                lora=plugin, speculative=spec.speculative)
     return EngineSetup(target, reason, plan, build_gpu, command, machine, lora)
 
 

@@ -29,6 +29,7 @@ def repo_key_parts(spec: Any) -> dict[str, Any]:
     return {"options": {k: values["repo"][k] for k in REPO_FIELDS},
             "limits": {k: values["build"][k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
                                                         "tokens_per_block", "kv_cache_fraction", "max_lora_rank")},
+            "speculative": values["speculative"],
             "target": values["build"]["target"], "out": str(Path(values["out"]).absolute()), "schema": SCHEMA,
             "sources": {name: sha256_file(python_source(name)) for name in sources}}
 

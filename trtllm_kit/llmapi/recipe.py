@@ -27,6 +27,7 @@ from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
 from trtllm_kit.quant.algos import NVFP4_MIN_SM
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.speculative_support import NO_OVERLAP, mtp_layers, speculative_config
 
 GRAPH_OVERHEAD = 8 * 1024 * 1024  # static inputs/outputs and workspace of one captured decode graph (estimate)
 POLICIES = {"guaranteed_no_evict": "GUARANTEED_NO_EVICT", "max_utilization": "MAX_UTILIZATION"}
@@ -101,11 +102,18 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
     }
     if lora is not None:
         args["lora_config"] = lora_config(lora)
+    speculation = spec.speculative
+    draft = speculation.draft_model.absolute() if speculation.draft_model is not None else None
+    speculative = speculative_config(speculation, draft, mtp_layers(speculation, hf.raw))
+    if speculative is not None:
+        args["speculative_config"] = speculative
+        args["disable_overlap_scheduler"] = speculation.mode in NO_OVERLAP
     notes = [
         f"decode CUDA graphs with padding for batches {_sizes(cuda_graph_batch_sizes(batch))} (max_batch_size "
         f"{batch})" + (f"; pool set aside: {pool / 2**20:.0f} MiB" if gpu is not None else ""),
         "overlap scheduler on: the CPU work of step n overlaps the GPU's step n+1 (one extra decode step, more "
-        "throughput)",
+        "throughput)" if not args["disable_overlap_scheduler"] else f"overlap scheduler off, as upstream's "
+        f"{speculation.mode} examples run",
         "attention backend TRTLLM: RoPE fused into attention" + ("; FP8 KV cache with paged context FMHA and unit "
                                                                    "KV scales" if fp8_kv else ""),
         f"KV block reuse {'on' if reuse else 'off'}; chunked prefill {'on' if chunked else 'off'} "

@@ -31,6 +31,8 @@ FLAGS_1_2: dict[str, tuple[str, ...]] = {
     "remove_input_padding": TOGGLE, "tokens_per_block": (INT,), "use_fused_mlp": TOGGLE, "reduce_fusion": TOGGLE,
     "user_buffer": TOGGLE, "norm_quant_fusion": TOGGLE, "multiple_profiles": TOGGLE, "streamingllm": TOGGLE,
     "pp_reduce_scatter": TOGGLE,
+    "speculative_decoding_mode": ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens",
+                                  "eagle"),
 }
 # flags of several values (argparse nargs="+"): flag → accepted values (LoraManager.LORA_MODULE_IDS' keys)
 LIST_FLAGS_1_2: dict[str, tuple[str, ...]] = {
@@ -45,7 +47,8 @@ SWITCHES_1_2 = ("gather_context_logits", "gather_generation_logits", "gather_all
                 "enable_debug_output")
 OWN_FLAGS = {"checkpoint_dir": "the build", "output_dir": "the build", "max_batch_size": "--max-batch-size",
              "max_input_len": "--max-input-len", "max_seq_len": "--max-seq-len", "max_num_tokens": "--max-num-tokens",
-             "tokens_per_block": "--tokens-per-block", "workers": "the number of GPUs"}
+             "tokens_per_block": "--tokens-per-block", "workers": "the number of GPUs",
+             "speculative_decoding_mode": "--speculative"}
 
 
 def check_list_flag(name: str, values: tuple[str, ...]) -> None:

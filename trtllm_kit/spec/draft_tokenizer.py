@@ -51,6 +51,8 @@ def check_draft_tokenizer(target_dir: Path, draft_dir: Path) -> None:
     Arguments:
         target_dir: the target model's directory; draft_dir: the draft's.
     """
+    if not draft_dir.is_dir():
+        raise KitUsageError(f"--draft-model {draft_dir} is not a directory; pass the draft model's directory.")
     target, draft = tokenizer_identity(target_dir), tokenizer_identity(draft_dir)
     for key in SPECIAL_KEYS:
         if target.special_ids[key] != draft.special_ids[key]:

@@ -24,6 +24,8 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.plan import BuildPlan
 from trtllm_kit.spec.build_flags import check_flag, check_list_flag, check_overrides
+from trtllm_kit.spec.speculative import SpeculativeOptions
+from trtllm_kit.spec.speculative_support import engine_flags
 
 FUSED_MLP_QUANT = (None, "FP8", "MIXED_PRECISION")
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def _toggle(on: bool) -> str:
 
 def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: Path, *, workers: int,
                   timing_cache: Path | None = None, overrides: MappingABC[str, str] | None = None,
-                  lora: LoraPlugin | None = None) -> BuildCommand:
+                  lora: LoraPlugin | None = None, speculative: SpeculativeOptions | None = None) -> BuildCommand:
     """The full ``trtllm-build`` flag list for a checkpoint, every value explicit.
 
     Arguments:
@@ -107,6 +109,7 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
         timing_cache: the TensorRT timing cache to read (when it exists) and write.
         overrides: ``{flag: value}`` replacing recipe or limit values.
         lora: the LoRA plugin (``--lora_plugin``, ``--max_lora_rank``, ``--lora_target_modules``), or none.
+        speculative: the ``[speculative]`` table (``--speculative_decoding_mode``, ``--max_draft_len``), or none.
     """
     flags: dict[str, str] = {
         "checkpoint_dir": str(checkpoint_dir),
@@ -119,6 +122,7 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
         "logits_dtype": "float32",
         **recipe(plan, gpu),
         **({"lora_plugin": lora.dtype, "max_lora_rank": str(lora.max_lora_rank)} if lora else {}),
+        **(engine_flags(speculative) if speculative is not None else {}),
         "profiling_verbosity": "layer_names_only",
         "workers": str(workers),
         "log_level": "info",
