@@ -1,0 +1,100 @@
+"""``serve --ray --replicas 0:2``: Ray Serve's autoscaling of the model's replicas, with real Ray on this machine.
+
+It starts with no replica and the first request is answered (scale from zero); concurrent streams above the target
+add a second replica and none fails; a replica SIGKILLed is gone and the serve still answers on a new one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kit_server import BuildKey, Builds, KitServer
+
+from trtllm_kit.serve.ray.namespace import pids_in
+
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray Serve is not installed (pip install -c constraints.txt -e '.[ray]', as .ci/run does).",
+                allow_module_level=True)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+READY_TIMEOUT_S = 600.0
+SCALE_TIMEOUT_S = 300.0  # Ray Serve decides every few seconds; a replica's start on 2 loaded cores takes long
+REPLICA_TITLE = "ray::ServeReplica:trtllm-kit:model"  # the process title Ray gives a replica of the deployment
+NUM_CLIENTS = 6
+LONG_TOKENS = 400
+
+
+def _replicas(server: KitServer) -> list[int]:
+    """The pids of the model's replicas in the serve's namespace."""
+    found = []
+    for pid in pids_in(server.state["net_namespace"]):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith(REPLICA_TITLE):
+            found.append(pid)
+    return found
+
+
+def _complete(server: KitServer, max_tokens: int) -> dict[str, Any]:
+    body = {"model": server.state["model"], "prompt": [1, 264, 333], "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+    status, _, raw = server.post("/v1/completions", json.dumps(body).encode(), timeout_s=SCALE_TIMEOUT_S + 300)
+    assert status == 200, raw
+    return json.loads(raw)
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.fixture(scope="module")
+def scaled(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
+    out = kit_builds.copy(BuildKey.of(target="llmapi"), tmp_path_factory.mktemp("ray-scaling") / "out")
+    server = KitServer(out, ray=True, replicas="0:2", target_ongoing=1.0, ready_timeout_s=READY_TIMEOUT_S)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_scale_from_zero_answers_the_first_request(scaled: KitServer) -> None:
+    assert _replicas(scaled) == []  # MIN 0: ready with no replica
+    answer = _complete(scaled, 8)
+    assert answer["usage"]["completion_tokens"] == 8
+    assert len(_replicas(scaled)) >= 1
+
+
+def test_concurrent_streams_add_a_second_replica_and_none_fails(scaled: KitServer) -> None:
+    with ThreadPoolExecutor(NUM_CLIENTS) as pool:
+        answers = [pool.submit(_complete, scaled, LONG_TOKENS) for _ in range(NUM_CLIENTS)]
+        assert _wait(lambda: len(_replicas(scaled)) == 2, SCALE_TIMEOUT_S), "no second replica under load"
+        tokens = [future.result()["usage"]["completion_tokens"] for future in answers]
+    assert tokens == [LONG_TOKENS] * NUM_CLIENTS
+
+
+def test_a_killed_replica_is_gone_and_the_serve_answers_on_another(scaled: KitServer) -> None:
+    before = _replicas(scaled)
+    assert before
+    os.kill(before[0], signal.SIGKILL)
+    assert _wait(lambda: before[0] not in _replicas(scaled), 30)
+    assert _complete(scaled, 4)["usage"]["completion_tokens"] == 4
+    assert [pid for pid in _replicas(scaled) if pid != before[0]]
+    assert os.path.exists(f"/proc/{scaled.state['pid']}")  # the serve lives on
