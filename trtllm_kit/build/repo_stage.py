@@ -12,6 +12,7 @@ from trtllm_kit.model_repo.configs import SCHEMA
 from trtllm_kit.model_repo.repository import PYTHON_MODELS, python_source, write_repository
 from trtllm_kit.model_repo.validate import Expectation, validate_repository
 from trtllm_kit.spec.repo_options import REPO_FIELDS
+from trtllm_kit.spec.speculative_support import lookahead_parameters
 from trtllm_kit.targets import TARGETS, get_target, limits_from_dir
 from trtllm_kit.targets.base import BuildContext
 
@@ -54,7 +55,8 @@ def repo_stage(ctx: BuildContext) -> None:
                               model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,
                               plan_fraction=fraction if fraction is not None else build.kv_cache_fraction,
                               final_dir=ctx.spec.out.absolute() / "repo",
-                              lora=target.lora_serving(ctx.out / target.model_dir, ctx.spec))
+                              lora=target.lora_serving(ctx.out / target.model_dir, ctx.spec),
+                              decoding=lookahead_parameters(ctx.spec.speculative))
     expect = Expectation(world_size=ctx.mapping.world_size, kv_cache_fraction=fraction)
     report = validate_repository(ctx.out / "repo", read_limits=limits_from_dir, model_dir=limits.model_dir,
                                  expect=expect)

@@ -76,7 +76,12 @@ def model_output(tensor: T.Tensor) -> mc.ModelOutput:
     return mc.ModelOutput(name=tensor.name, data_type=_dtype(tensor.data_type), dims=list(tensor.dims))
 
 
-def _set_parameters(config: mc.ModelConfig, values: dict[str, str]) -> None:
+def set_parameters(config: mc.ModelConfig, values: dict[str, str]) -> None:
+    """Set (or replace) string parameters of a model config.
+
+    Arguments:
+        config: the model's config; values: parameter → value.
+    """
     for key, value in values.items():
         config.parameters[key].string_value = value
 
@@ -139,7 +144,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
         parameters.update({"max_batch_size": str(limits.max_batch_size), "max_num_tokens": str(limits.max_num_tokens),
                            "max_seq_len": str(limits.max_seq_len), "tokens_per_block": str(limits.tokens_per_block),
                            "max_queue_size": str(options.max_queue_size or 0), "decoupled": _flag(options.decoupled)})
-    _set_parameters(config, parameters)
+    set_parameters(config, parameters)
     return config
 
 
@@ -150,7 +155,7 @@ def set_guided_decoding(config: mc.ModelConfig, tokenizer_info_path: str) -> Non
         config: the ``tensorrt_llm`` config; tokenizer_info_path: ``xgrammar_tokenizer_info_path`` (absolute for
         the C++ backend; the CPU runtime also resolves it against its model directory).
     """
-    _set_parameters(config, {"guided_decoding_backend": "xgrammar",
+    set_parameters(config, {"guided_decoding_backend": "xgrammar",
                              "xgrammar_tokenizer_info_path": tokenizer_info_path})
 
 
@@ -165,7 +170,7 @@ def preprocessing_config(limits: EngineLimits, options: RepoOptions, tokenizer_d
     config.input.extend(model_input(t) for t in T.PREPROCESSING_INPUTS)
     config.output.extend(model_output(t) for t in T.PREPROCESSING_OUTPUTS)
     _instances(config, options.preprocessing_instances or 1)
-    _set_parameters(config, {"tokenizer_dir": str(tokenizer_dir), "add_special_tokens": "true"})
+    set_parameters(config, {"tokenizer_dir": str(tokenizer_dir), "add_special_tokens": "true"})
     return config
 
 
@@ -180,7 +185,7 @@ def postprocessing_config(limits: EngineLimits, options: RepoOptions, tokenizer_
     config.input.extend(model_input(t) for t in T.POSTPROCESSING_INPUTS)
     config.output.extend(model_output(t) for t in T.POSTPROCESSING_OUTPUTS)
     _instances(config, options.postprocessing_instances or 1)
-    _set_parameters(config, {"tokenizer_dir": str(tokenizer_dir), "skip_special_tokens": "true"})
+    set_parameters(config, {"tokenizer_dir": str(tokenizer_dir), "skip_special_tokens": "true"})
     return config
 
 
@@ -224,7 +229,7 @@ def bls_config(limits: EngineLimits, options: RepoOptions) -> mc.ModelConfig:
     config.input.extend(model_input(t) for t, _ in T.TEXT_INPUTS)
     config.output.extend(model_output(t) for t in T.TEXT_OUTPUTS)
     _instances(config, options.bls_instances or 1)
-    _set_parameters(config, {"tensorrt_llm_model_name": TRTLLM_MODEL, "accumulate_tokens": "true"})
+    set_parameters(config, {"tensorrt_llm_model_name": TRTLLM_MODEL, "accumulate_tokens": "true"})
     return config
 
 

@@ -8,7 +8,14 @@ from importlib import resources
 from pathlib import Path
 
 from trtllm_kit.artifact import EngineLimits, RepoRecord
-from trtllm_kit.model_repo.configs import SCHEMA, parse_config, repository_configs, set_guided_decoding, to_text
+from trtllm_kit.model_repo.configs import (
+    SCHEMA,
+    parse_config,
+    repository_configs,
+    set_guided_decoding,
+    set_parameters,
+    to_text,
+)
 from trtllm_kit.model_repo.lora import LoraServing, set_lora
 from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.model_repo.xgrammar_info import FILE_NAME as TOKENIZER_INFO
@@ -35,7 +42,8 @@ def python_source(name: str) -> Path:
 
 def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions, *, model_path: Path,
                      tokenizer_files: list[Path], plan_fraction: float | None = None,
-                     final_dir: Path | None = None, lora: LoraServing | None = None) -> RepoRecord:
+                     final_dir: Path | None = None, lora: LoraServing | None = None,
+                     decoding: dict[str, str] | None = None) -> RepoRecord:
     """Write the repository into the empty or missing ``repo_dir``; returns its record for the manifest. With a
     fast tokenizer (``tokenizer.json``), ``tensorrt_llm/xgrammar_tokenizer_info.json`` is written and guided
     decoding with xgrammar is turned on.
@@ -46,7 +54,9 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         model_path: ``gpt_model_path`` as the server will see it (the engine or checkpoint directory);
         tokenizer_files: the HF tokenizer files to copy; plan_fraction: the plan's KV-cache fraction;
         final_dir: where the repository will be served from (absolute paths in parameters point there;
-        None: ``repo_dir``); lora: the LoRA inputs and cache of a model that takes adapters (None: it takes none).
+        None: ``repo_dir``); lora: the LoRA inputs and cache of a model that takes adapters (None: it takes none);
+        decoding: the ``tensorrt_llm`` model's speculative decoding parameters (``decoding_mode: lookahead`` and
+        its sizes), or none.
     """
     resolved = resolve_options(options, limits, plan_fraction)
     configs = repository_configs(limits, resolved, model_path, Path(TOKENIZER_DIR))
@@ -55,6 +65,8 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         configs = {TRTLLM_MODEL: configs[TRTLLM_MODEL]}
     if lora is not None:
         set_lora(configs, lora, resolved)
+    if decoding:
+        set_parameters(configs[TRTLLM_MODEL], decoding)
     fast_tokenizer = next((path for path in tokenizer_files if path.name == "tokenizer.json"), None)
     if fast_tokenizer is not None:
         set_guided_decoding(configs[TRTLLM_MODEL], str((final_dir or repo_dir).absolute() / TRTLLM_MODEL
