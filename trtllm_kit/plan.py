@@ -99,6 +99,17 @@ class Limits:
     tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK
     kv_cache_fraction: float = DEFAULT_KV_CACHE_FRACTION
     context_logits: bool = False  # --gather_context_logits
+    draft: DraftMemory | None = None  # speculative decoding: the verify step's tokens and the draft's memory
+
+
+@dataclass(frozen=True)
+class DraftMemory:
+    """What speculation adds to each rank: K draft tokens verified per sequence and step (max_num_tokens grows by
+    K per sequence in generation), and a draft model's weights and KV bytes per token (0 without a draft model)."""
+
+    draft_len: int
+    weight_bytes: int = 0
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -235,15 +246,16 @@ def context_logits_bytes(max_num_tokens: int, vocab_size: int, tp_size: int) -> 
 
 def rank_plans(hf: HFConfig, family: Family, mapping: Mapping, precision: Precision, gpu: GPU, max_batch_size: int,
                max_seq_len: int, max_num_tokens: int, tokens_per_block: int,
-               kv_cache_fraction: float, context_logits: bool = False) -> tuple[RankPlan, ...]:
+               kv_cache_fraction: float, context_logits: bool = False,
+               draft: DraftMemory | None = None) -> tuple[RankPlan, ...]:
     """The figures of every rank for fixed limits.
 
     Arguments:
         hf: model config; family: weight table; mapping: TP/PP; precision: dtype and quant; gpu: the GPU;
         max_batch_size, max_seq_len, max_num_tokens, tokens_per_block, kv_cache_fraction: the limits;
-        context_logits: whether the engine gathers context logits.
+        context_logits: whether the engine gathers context logits; draft: speculation's draft model (on every rank).
     """
-    weights = rank_weight_bytes(hf, family, mapping, precision)
+    weights = [w + (draft.weight_bytes if draft else 0) for w in rank_weight_bytes(hf, family, mapping, precision)]
     activations = activation_bytes(max_num_tokens, hf.hidden_size, hf.intermediate_size, mapping.tp_size)
     buffers = buffer_bytes(max_batch_size, hf.vocab_size, mapping.tp_size)
     context = context_logits_bytes(max_num_tokens, hf.vocab_size, mapping.tp_size) if context_logits else 0
@@ -253,7 +265,8 @@ def rank_plans(hf: HFConfig, family: Family, mapping: Mapping, precision: Precis
     for rank in range(mapping.world_size):
         pp_rank = mapping.pp_rank(rank)
         layers = len(layers_for_rank(hf.num_hidden_layers, mapping.pp_size, pp_rank))
-        per_token = kv_bytes_per_token(layers, kv_heads, hf.head_dim, precision.kv_bytes)
+        per_token = kv_bytes_per_token(layers, kv_heads, hf.head_dim, precision.kv_bytes) + \
+            (draft.kv_bytes_per_token if draft else 0)
         block = tokens_per_block * per_token
         free = gpu.memory_bytes - weights[rank] - activations - buffers - context
         pool = max(0, int(kv_cache_fraction * free))
@@ -280,9 +293,10 @@ def make_plan(hf: HFConfig, family: Family, mapping: Mapping, precision: Precisi
                if getattr(limits, name) is None]
     batch = limits.max_batch_size or MAX_BATCH_SIZE
     while True:
-        tokens = limits.max_num_tokens or max(limits.tokens_per_block, min(MAX_NUM_TOKENS, batch * max_seq_len))
+        tokens = limits.max_num_tokens or max(limits.tokens_per_block, min(MAX_NUM_TOKENS, batch * max_seq_len)) + \
+            batch * (limits.draft.draft_len if limits.draft else 0)
         ranks = rank_plans(hf, family, mapping, precision, gpu, batch, max_seq_len, tokens,
-                           limits.tokens_per_block, limits.kv_cache_fraction, limits.context_logits)
+                           limits.tokens_per_block, limits.kv_cache_fraction, limits.context_logits, limits.draft)
         sequences = min(r.max_sequences for r in ranks)
         if limits.max_batch_size or sequences >= batch or sequences < 1:
             break

@@ -24,6 +24,7 @@ from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.plan import Limits, Precision, make_plan
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides
+from trtllm_kit.spec.draft_memory import draft_memory
 from trtllm_kit.spec.speculative_support import check_build, mtp_layers
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
@@ -58,7 +59,8 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
     if gpu is not None:
         b = spec.build
         limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
-                        b.kv_cache_fraction, b.context_logits)
+                        b.kv_cache_fraction, b.context_logits,
+                        draft_memory(spec.speculative, hf.raw, precision_of(spec, hf)))
         plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)

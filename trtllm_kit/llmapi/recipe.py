@@ -27,6 +27,7 @@ from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
 from trtllm_kit.quant.algos import NVFP4_MIN_SM
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.draft_memory import draft_memory
 from trtllm_kit.spec.speculative_support import NO_OVERLAP, mtp_layers, speculative_config
 
 GRAPH_OVERHEAD = 8 * 1024 * 1024  # static inputs/outputs and workspace of one captured decode graph (estimate)
@@ -73,7 +74,7 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
     b = spec.build
     mapping = Mapping(b.tp, b.pp)
     limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
-                    b.kv_cache_fraction)
+                    b.kv_cache_fraction, draft=draft_memory(spec.speculative, hf.raw, precision))
     plan, pool = None, 0
     if gpu is not None:
         first = make_plan(hf, family, mapping, precision, gpu, limits)

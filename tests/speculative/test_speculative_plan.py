@@ -1,0 +1,43 @@
+"""``plan --speculative``: the verify step's tokens (max_num_tokens grows by K per sequence in generation) and a
+draft model's weights and KV bytes per token on every rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtllm_kit.cli import run
+from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.models.hf_config import read_hf_config
+
+PLAN = ["--target", "engine", "--gpu", "H100-80GB", "--max-batch-size", "8", "--max-seq-len", "1024", "--json"]
+
+
+def plan(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, Any]:
+    assert run(["plan", "builtin:tiny-llama", "--out", str(tmp_path / "out"), *PLAN, *flags]) == 0
+    return dict(json.loads(capsys.readouterr().out)["plan"])
+
+
+def test_a_draft_model_adds_its_weights_kv_and_the_verify_tokens(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    draft = builtin_dir("tiny-qwen2")
+    plain = plan(tmp_path, capsys)
+    speculative = plan(tmp_path, capsys, "--speculative", "draft-target", "--draft-model", str(draft),
+                       "--max-draft-len", "4")
+    hf = read_hf_config(draft)
+    assert speculative["max_num_tokens"] == plain["max_num_tokens"] + 8 * 4
+    before, after = plain["ranks"][0], speculative["ranks"][0]
+    assert after["weight_bytes"] - before["weight_bytes"] == hf.num_parameters * 2  # bfloat16
+    assert after["kv_bytes_per_token"] - before["kv_bytes_per_token"] == \
+        2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim * 2
+
+
+def test_lookahead_adds_only_the_verify_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = plan(tmp_path, capsys)
+    speculative = plan(tmp_path, capsys, "--speculative", "lookahead")
+    assert speculative["max_num_tokens"] == plain["max_num_tokens"] + 8 * 15
+    assert speculative["ranks"][0]["weight_bytes"] == plain["ranks"][0]["weight_bytes"]
+    assert speculative["ranks"][0]["kv_bytes_per_token"] == plain["ranks"][0]["kv_bytes_per_token"]

@@ -1,0 +1,30 @@
+"""What speculation adds to a memory plan: the verify step's draft tokens and, for draft-target, the draft model's
+weights and KV cache (the draft is built in the target's dtype and KV precision, whole on every rank)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trtllm_kit.models.hf_config import read_hf_config
+from trtllm_kit.plan import ITEMSIZE, DraftMemory, Precision, kv_bytes_per_token
+from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
+from trtllm_kit.spec.speculative_support import mtp_layers
+
+
+def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], precision: Precision) -> DraftMemory | None:
+    """The plan's ``Limits.draft`` for a ``[speculative]`` table (None without speculation).
+
+    Arguments:
+        options: the table; hf_config: the target's ``config.json`` (MTP's layers); precision: the target's.
+    """
+    if options.mode is None:
+        return None
+    if options.mode is Speculation.MTP:
+        return DraftMemory(mtp_layers(options, hf_config))
+    if options.mode is not Speculation.DRAFT_TARGET or options.draft_model is None:
+        return DraftMemory(options.draft_len)
+    draft = read_hf_config(options.draft_model)
+    return DraftMemory(options.draft_len, draft.num_parameters * ITEMSIZE[precision.dtype],
+                       kv_bytes_per_token(draft.num_hidden_layers, draft.num_key_value_heads, draft.head_dim,
+                                          precision.kv_bytes))
