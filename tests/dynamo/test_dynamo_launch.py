@@ -33,7 +33,8 @@ def test_command_lines(tmp_path: Path) -> None:
     assert worker_argv(tmp_path / "out", dirs, "tiny", 1) == [
         sys.executable, "-m", "trtllm_kit.serve.dynamo.worker", str(tmp_path / "out"), "--card",
         str(tmp_path / "dynamo" / "card"), "--model-name", "tiny", "--endpoint", "trtllm-kit.worker.generate",
-        "--ready-file", str(tmp_path / "dynamo" / "ready" / "worker-1")]
+        "--ready-file", str(tmp_path / "dynamo" / "ready" / "worker-1"),
+        "--requests", str(tmp_path / "dynamo" / "requests")]
 
 
 def test_defaults_are_kv_routing_and_three_migrations() -> None:

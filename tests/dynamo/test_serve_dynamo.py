@@ -33,27 +33,39 @@ PROMPT_IDS = [1, 264, 333, 84, 534, 332]  # token ids: both frontends see the sa
 LONG_TOKENS = 300  # long enough that a worker dies mid-stream
 
 
-def _stream(server: KitServer, model: str, max_tokens: int, on_chunk: Any = None) -> tuple[str, str | None]:
+def _stream(server: KitServer, model: str, max_tokens: int, on_chunk: Any = None,
+            **extra: Any) -> tuple[str, str | None]:
     """A streamed greedy completion of PROMPT_IDS: its text and finish reason; ``on_chunk(n)`` after each chunk."""
+    text, reason, errors = _stream_events(server, model, max_tokens, on_chunk, **extra)
+    assert not errors, errors
+    return text, reason
+
+
+def _stream_events(server: KitServer, model: str, max_tokens: int, on_chunk: Any = None,
+                   **extra: Any) -> tuple[str, str | None, list[str]]:
+    """A streamed completion of PROMPT_IDS (greedy unless ``extra`` says otherwise): its text, finish reason and
+    the error events' raw lines."""
     body = {"model": model, "prompt": PROMPT_IDS, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+            "ignore_eos": True, **extra}
     request = urllib.request.Request(f"{server.url}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    text, reason, chunks = "", None, 0
+    text, reason, chunks, errors = "", None, 0, []
     with urllib.request.urlopen(request, timeout=300) as response:
         for raw in response:
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             event = json.loads(line.removeprefix("data:"))
-            assert "error" not in event, event
+            if "error" in event:
+                errors.append(line)
+                continue
             for choice in event.get("choices") or []:
                 text += choice.get("text") or ""
                 reason = choice.get("finish_reason") or reason
             chunks += 1
             if on_chunk is not None:
                 on_chunk(chunks)
-    return text, reason
+    return text, reason, errors
 
 
 def _complete(server: KitServer, model: str, max_tokens: int) -> dict[str, Any]:
@@ -70,7 +82,7 @@ def _groups(state: dict[str, Any]) -> list[int]:
 
 def _busiest_worker(state: dict[str, Any]) -> int:
     """The pid of the worker spending the most CPU over a short window: the one generating the stream."""
-    procs = [psutil.Process(int(w["pid"])) for w in state["workers"].values()]
+    procs = [psutil.Process(int(w["pid"])) for w in state["workers"].values() if psutil.pid_exists(int(w["pid"]))]
     before = [sum(p.cpu_times()[:2]) for p in procs]
     time.sleep(0.3)
     spent = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
@@ -133,6 +145,54 @@ def test_worker_killed_mid_stream_migrates_and_the_stream_is_unchanged(dynamo: K
     assert _wait_gone(killed, 10) == []
     assert os.path.exists(f"/proc/{dynamo.state['pid']}")
     assert _complete(dynamo, model, 4)["usage"]["completion_tokens"] == 4
+
+
+def _killer(state: dict[str, Any], killed: list[int]) -> Any:
+    """``on_chunk`` that SIGKILLs the busy worker at the 20th chunk."""
+    def kill_after_some(chunks: int) -> None:
+        if chunks == 20 and not killed:
+            pid = _busiest_worker(state)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return kill_after_some
+
+
+@pytest.fixture(scope="module")
+def migrating(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
+    """A serve with a worker for each migration test to kill and one left to take the stream over."""
+    out = kit_builds.copy(LLMAPI, tmp_path_factory.mktemp("migrating") / "out")
+    server = KitServer(out, dynamo=True, workers=4, migration_limit=3)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_min_tokens_continue_across_a_migration(migrating: KitServer) -> None:
+    model = migrating.state["model"]
+    unfaulted, _ = _stream(migrating, model, LONG_TOKENS, min_tokens=LONG_TOKENS)
+    killed: list[int] = []
+    faulted, reason = _stream(migrating, model, LONG_TOKENS, _killer(migrating.state, killed),
+                              min_tokens=LONG_TOKENS)
+    assert killed, "the stream ended before a worker could be killed"
+    assert reason == "length" and faulted == unfaulted  # min_tokens reduced by the tokens the dead worker sent
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"presence_penalty": 0.5}, "sampling_options.presence_penalty is 0.5"),
+    ({"temperature": 0.8, "seed": 7}, "sampling_options.seed is 7"),
+])
+def test_a_migration_that_would_change_the_answer_is_refused(migrating: KitServer, extra: dict[str, Any],
+                                                             field: str) -> None:
+    model = migrating.state["model"]
+    killed: list[int] = []
+    _, _, errors = _stream_events(migrating, model, LONG_TOKENS, _killer(migrating.state, killed), **extra)
+    assert killed, "the stream ended before a worker could be killed"
+    # the stream ends with the worker's 400 (Dynamo's frontend says "Invalid request" mid-stream) ...
+    assert len(errors) == 1 and json.loads(errors[0].removeprefix("data:"))["error"]["code"] == 400, errors
+    logs = "".join(Path(w["log"]).read_text(errors="replace") for w in migrating.state["workers"].values())
+    assert "is not migrated: " + field in logs  # ... and the worker that refused logs why, in one sentence
 
 
 def test_stop_leaves_no_process(kit_builds: Builds, tmp_path: Path) -> None:

@@ -48,6 +48,11 @@ class DynamoDirs:
     def ready(self) -> Path:
         return self.root / "ready"
 
+    @property
+    def requests(self) -> Path:
+        """The workers' ledger of requests in flight (``migration.py``)."""
+        return self.root / "requests"
+
     def ready_file(self, index: int) -> Path:
         """The file worker ``index`` touches once it is registered."""
         return self.ready / f"worker-{index}"
@@ -86,4 +91,5 @@ def worker_argv(out: Path, dirs: DynamoDirs, model_name: str, index: int) -> lis
         out: the artifact; dirs: the serve's Dynamo directories; model_name: the served name; index: its number.
     """
     return [sys.executable, "-m", "trtllm_kit.serve.dynamo.worker", str(out.absolute()), "--card", str(dirs.card),
-            "--model-name", model_name, "--endpoint", ENDPOINT, "--ready-file", str(dirs.ready_file(index))]
+            "--model-name", model_name, "--endpoint", ENDPOINT, "--ready-file", str(dirs.ready_file(index)),
+            "--requests", str(dirs.requests)]

@@ -106,7 +106,7 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     dirs = DynamoDirs(claim_run_dir(out) / "dynamo")
     shutil.rmtree(dirs.root, ignore_errors=True)  # a killed serve's registrations and logs
     dirs.root.mkdir(mode=0o700)  # registrations, model cards and logs: the owner's alone
-    for directory in (dirs.discovery, dirs.home, dirs.ready):
+    for directory in (dirs.discovery, dirs.home, dirs.ready, dirs.requests):
         directory.mkdir(mode=0o700)
     write_card(out, dirs.card)
     name = served_name(options, artifact)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +27,25 @@ from trtllm_kit.artifact.records import EngineLimits, LlmapiRepoOptions
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
 from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
-from trtllm_kit.serve.dynamo.request import response_chunk, worker_request
+from trtllm_kit.serve.dynamo.migration import Ledger, MigrationRefused, continuation
+from trtllm_kit.serve.dynamo.request import WorkerRequest, response_chunk, worker_request
 
 DISCOVERY_BACKEND = "file"
 REQUEST_PLANE = "tcp"
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One worker: the artifact, its card directory, the served name, its endpoint and the file it touches once
-    registered."""
+    """One worker: the artifact, its card directory, the served name, its endpoint, the file it touches once
+    registered and the ledger of requests in flight it shares with the serve's other workers."""
 
     out: Path
     card: Path
     model_name: str
     endpoint: str
     ready_file: Path
+    requests: Path
 
 
 def load_llm(out: Path) -> tuple[LLM, EngineLimits]:
@@ -73,23 +77,29 @@ class Generator:
 
     Arguments:
         llm: the loaded model; max_seq_len: its prompt + output bound;
-        refusal: makes the exception the frontend answers 400 with (Dynamo's ``HttpError``).
+        refusal: makes the exception the frontend answers 400 with (Dynamo's ``HttpError``);
+        ledger: the requests in flight on the serve's workers, which tells a migrated request's generated tokens.
     """
 
-    def __init__(self, llm: LLM, max_seq_len: int, refusal: Any) -> None:
-        self.llm, self.max_seq_len, self.refusal = llm, max_seq_len, refusal
+    def __init__(self, llm: LLM, max_seq_len: int, refusal: Any, ledger: Ledger) -> None:
+        self.llm, self.max_seq_len, self.refusal, self.ledger = llm, max_seq_len, refusal, ledger
 
     async def generate(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """Stream the answer to one ``PreprocessedRequest`` as Dynamo's response chunks.
 
         Arguments:
-            request: the frontend's request; context: Dynamo's request context (``is_stopped``).
+            request: the frontend's request; context: Dynamo's request context (``id``, ``is_stopped``).
         """
+        request_id = context.id()
         try:
-            asked = worker_request(request, self.max_seq_len)
+            asked, num_prompt_tokens = self._continued(worker_request(request, self.max_seq_len), request_id)
             output = self.llm.generate_async(asked.token_ids, asked.sampling, streaming=True)
         except (KitUsageError, ValueError) as exc:
+            self.ledger.end(request_id)
+            if isinstance(exc, MigrationRefused):
+                LOG.warning("request %s: %s", request_id, exc)
             raise self.refusal(400, str(exc)) from exc
+        num_generated = len(asked.token_ids) - num_prompt_tokens  # by a worker that died
         sent, finished = 0, False
         try:
             async for result in output:
@@ -98,15 +108,25 @@ class Generator:
                 sent = len(completion.token_ids)
                 finished = completion.finish_reason is not None
                 if new_ids or finished:
-                    yield response_chunk(new_ids, completion.finish_reason, len(asked.token_ids), sent)
+                    yield response_chunk(new_ids, completion.finish_reason, num_prompt_tokens, num_generated + sent)
                 if context.is_stopped():
                     break
         except RequestError as exc:
             finished = True
             raise self.refusal(400, str(exc)) from exc
         finally:
+            self.ledger.end(request_id)
             if not finished:
                 output.abort()
+
+    def _continued(self, asked: WorkerRequest, request_id: str) -> tuple[WorkerRequest, int]:
+        """The request as this worker runs it, and its original prompt length: a migrated one continued where its
+        dead worker stopped (``migration.py``)."""
+        num_prompt_tokens = self.ledger.begin(request_id, len(asked.token_ids))
+        num_generated = len(asked.token_ids) - num_prompt_tokens
+        if num_generated <= 0:
+            return asked, len(asked.token_ids)
+        return replace(asked, sampling=continuation(asked.sampling, num_generated)), num_prompt_tokens
 
 
 async def run_worker(spec: WorkerSpec) -> None:
@@ -132,7 +152,8 @@ async def run_worker(spec: WorkerSpec) -> None:
         relay = asyncio.create_task(relay_events(llm, publisher))
         spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
         spec.ready_file.touch()
-        await endpoint.serve_endpoint(Generator(llm, limits.max_seq_len, HttpError).generate,
+        generator = Generator(llm, limits.max_seq_len, HttpError, Ledger(spec.requests))
+        await endpoint.serve_endpoint(generator.generate,
                                       graceful_shutdown=False)
         relay.cancel()
     finally:
@@ -151,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-name", required=True)
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--ready-file", type=Path, required=True)
+    parser.add_argument("--requests", type=Path, required=True)
     args = parser.parse_args(argv)
     spec = WorkerSpec(out=args.out, card=args.card, model_name=args.model_name, endpoint=args.endpoint,
-                      ready_file=args.ready_file)
+                      ready_file=args.ready_file, requests=args.requests)
     try:
         asyncio.run(run_worker(spec))
     except KitError as exc:
