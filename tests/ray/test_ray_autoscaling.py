@@ -1,7 +1,8 @@
 """``serve --ray --replicas 0:2``: Ray Serve's autoscaling of the model's replicas, with real Ray on this machine.
 
 It starts with no replica and the first request is answered (scale from zero); concurrent streams above the target
-add a second replica and none fails; a replica SIGKILLed is gone and the serve still answers on a new one.
+add a second replica and none fails; a replica SIGKILLed is gone and the serve still answers on a new one; a
+SIGKILL of serve leaves no process of Ray.
 """
 
 from __future__ import annotations
@@ -98,3 +99,11 @@ def test_a_killed_replica_is_gone_and_the_serve_answers_on_another(scaled: KitSe
     assert _complete(scaled, 4)["usage"]["completion_tokens"] == 4
     assert [pid for pid in _replicas(scaled) if pid != before[0]]
     assert os.path.exists(f"/proc/{scaled.state['pid']}")  # the serve lives on
+
+
+def test_sigkill_of_serve_leaves_no_process_of_ray(scaled: KitServer) -> None:
+    namespace = scaled.state["net_namespace"]
+    assert pids_in(namespace)
+    os.kill(scaled.state["pid"], signal.SIGKILL)
+    # the reaper ends the driver's group (Ray's head among it); the replicas and the controller follow their raylet
+    assert _wait(lambda: not pids_in(namespace), 60), f"left behind: {pids_in(namespace)}"
