@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from trtllm_kit.cli import run
+from trtllm_kit.deploy.dynamo import frontend_args
 from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.validate import check_object
 
@@ -70,10 +72,12 @@ def test_aggregated_graph_validates_and_runs_the_artifact(artifact, tmp_path, ca
         ("nvidia.com/v1beta1", "DynamoGraphDeployment", "trtllm")
     assert [(c["name"], c["type"], c["replicas"]) for c in dgd["spec"]["components"]] == \
         [("Frontend", "frontend", 1), ("TRTLLMWorker", "worker", 2)]
-    assert worker_argv(components["Frontend"]) == ["python3", "-m", "dynamo.frontend", "--http-port", "8000"]
+    assert worker_argv(components["Frontend"]) == ["python3", "-m", "dynamo.frontend", "--http-port", "8000",
+                                                   "--router-mode", "kv", "--migration-limit", "3"]
     assert worker_argv(components["TRTLLMWorker"]) == [
         "python3", "-m", "dynamo.trtllm", "--model", CHECKPOINT, "--served-model-name",
-        "meta-llama/Llama-3.1-70B-Instruct", "--extra-engine-args", "/etc/trtllm-kit/engine/TRTLLMWorker.yaml"]
+        "meta-llama/Llama-3.1-70B-Instruct", "--extra-engine-args", "/etc/trtllm-kit/engine/TRTLLMWorker.yaml",
+        "--publish-kv-events"]
     assert options["TRTLLMWorker.yaml"] == {
         "backend": "pytorch", "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "enable_iter_perf_stats": True,
         "kv_cache_config": {"free_gpu_memory_fraction": 0.9}}
@@ -103,11 +107,11 @@ def test_disaggregated_graph_sets_the_roles_as_upstream(artifact, tmp_path, caps
     _, components, options = graph(out)
     assert [(n, c.get("type"), c["replicas"]) for n, c in components.items()] == \
         [("Frontend", "frontend", 1), ("prefill", "prefill", 3), ("decode", "decode", 1)]
-    for role in ("prefill", "decode"):
+    for role, publish in (("prefill", ["--publish-kv-events"]), ("decode", [])):  # the router picks prefill's
         assert worker_argv(components[role]) == [
             "python3", "-m", "dynamo.trtllm", "--model", CHECKPOINT, "--served-model-name",
             "meta-llama/Llama-3.1-70B-Instruct", "--extra-engine-args", f"/etc/trtllm-kit/engine/{role}.yaml",
-            "--disaggregation-mode", role]
+            "--disaggregation-mode", role, *publish]
     prefill, decode = options["prefill.yaml"], options["decode.yaml"]
     assert (prefill["disable_overlap_scheduler"], decode["disable_overlap_scheduler"]) == (True, False)
     assert prefill["cache_transceiver_config"] == decode["cache_transceiver_config"] == \
@@ -118,6 +122,16 @@ def test_disaggregated_graph_sets_the_roles_as_upstream(artifact, tmp_path, caps
     # /dev/shm per pod: 2Gi per rank (the operator's default is 8Gi whatever the ranks), inside the memory limit
     assert (components["prefill"]["sharedMemorySize"], components["decode"]["sharedMemorySize"]) == ("2Gi", "8Gi")
     assert "Frontend" in components and "sharedMemorySize" not in components["Frontend"]
+
+
+def test_frontend_args_parse_as_dynamos_frontend_reads_them() -> None:
+    frontend_args_module = pytest.importorskip("dynamo.frontend.frontend_args")
+    parser = argparse.ArgumentParser()
+    frontend_args_module.FrontendArgGroup().add_arguments(parser)
+    parsed, unknown = parser.parse_known_args(frontend_args())
+    config = frontend_args_module.FrontendConfig.from_cli_args(parsed)
+    config.validate()
+    assert unknown == [] and (config.router_mode, config.migration_limit, config.http_port) == ("kv", 3, 8000)
 
 
 def test_multinode_disaggregated_graph(artifact, tmp_path, capsys):

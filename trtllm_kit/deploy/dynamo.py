@@ -1,8 +1,10 @@
 """``deploy dynamo``: an llmapi artifact as a Dynamo ``DynamoGraphDeployment`` (``nvidia.com/v1beta1``).
 
-The graph has a ``Frontend`` and the TensorRT-LLM workers by role (``dynamo_roles``). Every worker pod gets the
-artifact as ``deploy k8s`` delivers it (the fetch init container, ``sha256sum -c`` against the manifest's list)
-and its role's engine options from a ConfigMap. The Dynamo operator adds the ports (frontend ``http`` 8000,
+The graph has a ``Frontend`` and the TensorRT-LLM workers by role (``dynamo_roles``). The frontend routes by cached
+prefix (``--router-mode kv``, upstream's ``agg_router.yaml``) and moves a stream whose worker dies
+(``--migration-limit``, ``serve --dynamo``'s defaults); the workers publish their KV cache events. Every worker pod
+gets the artifact as ``deploy k8s`` delivers it (the fetch init container, ``sha256sum -c`` against the manifest's
+list) and its role's engine options from a ConfigMap. The Dynamo operator adds the ports (frontend ``http`` 8000,
 worker ``system`` 9090), probes, ``/dev/shm`` (sized here: ``shm_per_rank`` per GPU) and, across nodes, the
 ``mpirun`` launch; the PodMonitor scrapes those ports' ``/metrics``; the dashboard is a ConfigMap for Grafana's
 sidecar.
@@ -28,6 +30,7 @@ from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.errors import KitError
+from trtllm_kit.spec import ServeSettings
 
 Obj = dict[str, Any]
 API_VERSION = "nvidia.com/v1beta1"
@@ -101,10 +104,16 @@ def worker_component(names: Names, source: DeploySource, settings: DeploySetting
     return component
 
 
+def frontend_args() -> list[str]:
+    """``dynamo.frontend``'s arguments: its port, KV-aware routing and migration at ``serve --dynamo``'s defaults."""
+    serve = ServeSettings()
+    return ["--http-port", str(FRONTEND_PORT), "--router-mode", str(serve.router),
+            "--migration-limit", str(serve.migration_limit)]
+
+
 def frontend_component(names: Names, settings: DeploySettings) -> Obj:
     """The OpenAI frontend (``dynamo.frontend``), one replica."""
-    container = {"name": MAIN, "image": settings.image, "command": list(FRONTEND_MODULE),
-                 "args": ["--http-port", str(FRONTEND_PORT)]}
+    container = {"name": MAIN, "image": settings.image, "command": list(FRONTEND_MODULE), "args": frontend_args()}
     return {"name": "Frontend", "type": "frontend", "replicas": 1, "podTemplate": _template(names, container)}
 
 

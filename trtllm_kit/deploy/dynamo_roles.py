@@ -19,6 +19,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.llmapi.llm_args import check_llm_args
 
 WORKER_MODULE = ("python3", "-m", "dynamo.trtllm")
+PUBLISH_KV_EVENTS = "--publish-kv-events"  # for the frontend's KV router (upstream's --publish-events-and-metrics)
 OPTIONS_DIR = "/etc/trtllm-kit/engine"  # the engine-options ConfigMap's mount
 TRANSCEIVER_BACKEND = "UCX"  # set explicitly: DEFAULT resolves differently across versions
 DEFAULT_TRANSFER_TOKENS = 8192  # max_tokens_in_buffer when the options name no max_seq_len (>= the longest input)
@@ -106,11 +107,14 @@ def engine_options(source: DeploySource, role: Role) -> dict[str, Any]:
 
 
 def worker_args(source: DeploySource, role: Role, model_path: str) -> list[str]:
-    """``dynamo.trtllm``'s arguments for the role: the model, its served name, the engine options, the mode.
+    """``dynamo.trtllm``'s arguments for the role: the model, its served name, the engine options, the mode, and
+    the KV events the frontend's router reads (aggregated and prefill workers).
 
     Arguments:
         source: the artifact (its model name); role: the worker role; model_path: the checkpoint in the pod.
     """
     args = ["--model", model_path, "--served-model-name", source.model,
             "--extra-engine-args", f"{OPTIONS_DIR}/{role.options_file}"]
-    return args + (["--disaggregation-mode", role.mode] if role.mode else [])
+    publishes = role.type != "decode"  # the router picks the worker a prompt's prefill runs on (upstream's rule)
+    return args + (["--disaggregation-mode", role.mode] if role.mode else []) + ([PUBLISH_KV_EVENTS] if publishes
+                                                                                 else [])
