@@ -65,7 +65,8 @@ def test_refused_builds(flags: list[str], message: str, tmp_path: Path, capsys: 
     assert message in capsys.readouterr().err
 
 
-def test_a_draft_with_another_tokenizer_is_refused_before_any_work(tmp_path: Path,
+@pytest.mark.parametrize("command", [["build"], ["plan"], ["build", "--dry-run"]])
+def test_a_draft_with_another_tokenizer_is_refused_before_any_work(command: list[str], tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     draft = tmp_path / "draft"
     shutil.copytree(builtin_dir("tiny-llama"), draft)
@@ -74,7 +75,7 @@ def test_a_draft_with_another_tokenizer_is_refused_before_any_work(tmp_path: Pat
     values["bos_token"] = "</s>"
     (draft / "tokenizer_config.json").write_text(json.dumps(values))
     out = tmp_path / "out"
-    assert run(["build", "builtin:tiny-llama", "--out", str(out), "--target", "llmapi", "--speculative",
-                "draft-target", "--draft-model", str(draft)]) != 0
+    assert run([command[0], "builtin:tiny-llama", *command[1:], "--out", str(out), "--target", "llmapi",
+                "--speculative", "draft-target", "--draft-model", str(draft)]) != 0
     assert f"Error: --draft-model {draft} has bos_token id 2 where the target has 1" in capsys.readouterr().err
     assert not out.exists()

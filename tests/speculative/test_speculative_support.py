@@ -28,7 +28,7 @@ UPSTREAM_DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medu
 
 
 def options(mode: str, **values: object) -> SpeculativeOptions:
-    draft = Path("/models/draft") if mode in ("draft-target", "eagle3") else None
+    draft = Path(__file__).parent if mode in ("draft-target", "eagle3") else None  # any directory
     return SpeculativeOptions(mode=Speculation(mode), draft_model=draft, **values)  # type: ignore[arg-type]
 
 
@@ -65,6 +65,13 @@ def test_a_mode_without_its_draft_directory_is_refused(mode: str, message: str) 
     with pytest.raises(KitUsageError) as error:
         check_build(SpeculativeOptions(mode=Speculation(mode)), Target.LLMAPI)
     assert str(error.value) == message
+
+
+def test_a_draft_that_is_not_a_directory_is_refused(tmp_path: Path) -> None:
+    heads = tmp_path / "missing-heads"
+    with pytest.raises(KitUsageError) as error:
+        check_build(SpeculativeOptions(mode=Speculation.EAGLE3, draft_model=heads), Target.LLMAPI)
+    assert str(error.value) == f"--draft-model {heads} is not a directory; pass an EAGLE3 heads checkpoint directory."
 
 
 def test_mtp_needs_mtp_layers_in_the_model_config() -> None:

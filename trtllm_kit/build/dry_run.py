@@ -29,6 +29,7 @@ from trtllm_kit.models.inspect import inspect_model, resolve_model_path
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.quant.calib_size import calibration_device, calibration_memory, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
+from trtllm_kit.spec.draft_tokenizer import check_draft
 from trtllm_kit.targets.base import EngineSetup
 
 MIB = 2**20
@@ -45,6 +46,7 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
     path = resolve_model_path(spec.model)
     hf = read_hf_config(path)
     family = family_for(hf, spec.model)
+    check_draft(spec.speculative, path)
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, spec.build.tp)
     layers_for_rank(hf.num_hidden_layers, spec.build.pp, 0)
     stages = STAGES[: STAGES.index(spec.build.until) + 1]

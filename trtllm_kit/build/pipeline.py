@@ -31,8 +31,7 @@ from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model
 from trtllm_kit.quant.calib_size import calibration_device, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
-from trtllm_kit.spec.draft_tokenizer import check_draft_tokenizer
-from trtllm_kit.spec.speculative import Speculation
+from trtllm_kit.spec.draft_tokenizer import check_draft
 from trtllm_kit.targets.base import BuildContext, EngineSetup
 from trtllm_kit.targets.checkpoint_stage import should_verify
 
@@ -104,8 +103,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None, early: Backgrou
     mapping = Mapping(spec.build.tp, spec.build.pp)
     check_tp(model.hf.num_attention_heads, model.hf.num_key_value_heads, model.hf.intermediate_size, spec.build.tp)
     check_model(spec.quant_config(), model.hf, spec.build.tp)
-    if spec.speculative.mode is Speculation.DRAFT_TARGET and spec.speculative.draft_model is not None:
-        check_draft_tokenizer(model.path, spec.speculative.draft_model)
+    check_draft(spec.speculative, model.path)
     work_items(model, mapping)  # refuses pp larger than the layer count before any work
     if model.origin is not None:
         reporter.note(f"{model.origin.name}: imported from GGUF into {model.path} (the file's sha256 is among the "

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 SPECIAL_TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # the first that names a token wins
@@ -64,6 +65,16 @@ def check_draft_tokenizer(target_dir: Path, draft_dir: Path) -> None:
         raise KitUsageError(f"--draft-model {draft_dir} has a vocabulary of {len(draft.vocab)} tokens that differs "
                             f"from the target's {len(target.vocab)} ({len(differ)} tokens have another id or none, "
                             f"e.g. {differ[0]!r}); use a draft with the target's tokenizer.")
+
+
+def check_draft(options: SpeculativeOptions, target_dir: Path) -> None:
+    """For a draft-target build, refuse a draft whose tokenizer is not the target's (nothing for other modes).
+
+    Arguments:
+        options: the ``[speculative]`` table; target_dir: the target model's directory.
+    """
+    if options.mode is Speculation.DRAFT_TARGET and options.draft_model is not None:
+        check_draft_tokenizer(target_dir, options.draft_model)
 
 
 def _json(path: Path) -> dict[str, Any]:

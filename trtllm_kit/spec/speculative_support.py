@@ -43,8 +43,11 @@ def check_build(options: SpeculativeOptions, target: Target) -> None:
     if options.mode is None:
         return
     needed = NEEDS_DRAFT_DIR.get(options.mode)
-    if needed and options.draft_model is None:
-        raise KitUsageError(f"--speculative {options.mode} needs --draft-model DIR ({needed}); none was given.")
+    if needed:
+        if options.draft_model is None:
+            raise KitUsageError(f"--speculative {options.mode} needs --draft-model DIR ({needed}); none was given.")
+        if not options.draft_model.is_dir():
+            raise KitUsageError(f"--draft-model {options.draft_model} is not a directory; pass {needed}.")
     if target in TARGETS[options.mode]:
         return
     able = " or ".join(str(t) for t in TARGETS[options.mode])
