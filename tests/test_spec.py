@@ -156,8 +156,9 @@ def test_help_defaults_are_the_dataclass_defaults(command: str) -> None:
 def test_flags_are_the_same_for_build_plan_and_dry_run() -> None:
     names = {c: {p.name for p in cli.commands[c].params} for c in ("build", "plan")}
     assert names["build"] - names["plan"] == {"build__force", "build__archive", "dry_run"}
-    # plan's own: the fused-layer graph and the disaggregation recommendation
-    assert names["plan"] - names["build"] == {"graph", "disagg", "isl", "osl", "ttft_slo", "itl_slo", "phases_file"}
+    # plan's own: the fused-layer graph, the disaggregation recommendation and the cold-start phases
+    assert names["plan"] - names["build"] == {"graph", "disagg", "isl", "osl", "ttft_slo", "itl_slo", "phases_file",
+                                              "cold_start", "load_gbps"}
 
 
 # --- the nested form: JSON and TOML round trips, and the old flat form ---------------------------------------
