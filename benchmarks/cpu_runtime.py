@@ -1,7 +1,7 @@
 """The CPU runtime's speed beside transformers, side by side in one run, on the real model and the tiny one.
 
     python benchmarks/cpu_runtime.py [--quick] [--models smollm2-135m-instruct,tiny-llama] [--no-served]
-                                     [--threads 1] [--json]
+                                     [--threads 1] [--rounds 3] [--json]
     python benchmarks/cpu_runtime.py --profile [--quick] [--models smollm2-135m-instruct]
 
 For each model (float32, greedy, every answer forced to its full length with ``ignore_eos``), two cases:
@@ -9,7 +9,8 @@ For each model (float32, greedy, every answer forced to its full length with ``i
 * batch 1: one chat prompt, 128 new tokens (``--quick``: 32);
 * 8 concurrent: eight chat prompts, 64 new tokens each (``--quick``: 16).
 
-Each case runs, one after the other in this process, on three engines, each after an untimed warm-up:
+Each case runs on three engines, each after an untimed warm-up, in ``--rounds`` rounds that run every engine once
+in turn (so that they meet the same load); the median of the rounds is printed:
 
 * transformers: ``generate`` on a left-padded batch;
 * executor: the kit's ``Executor`` over the converted checkpoint, all requests queued at once;
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,12 +97,24 @@ class Case:
                 f"served {self.served:6.1f} tok/s ({ratio(self.served)}) | load {self.load_average:.1f}")
 
 
-def timed(run: Callable[[], int]) -> float:
-    """Output tokens/s of ``run`` (which returns the tokens it made), after one untimed warm-up call."""
-    run()
+def tokens_per_second(run: Callable[[], int]) -> float:
+    """Output tokens/s of one call of ``run`` (which returns the tokens it made)."""
     start = time.perf_counter()
     tokens = run()
     return tokens / (time.perf_counter() - start)
+
+
+def interleaved(runs: list[Callable[[], int] | None], rounds: int) -> list[float]:
+    """The median tokens/s of each run (0 for None) over ``rounds`` rounds that call every run once in turn, after
+    one untimed warm-up call each: the engines meet the same load."""
+    for run in runs:
+        if run is not None:
+            run()
+    samples: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for run, figures in zip(runs, samples, strict=True):
+            figures.append(tokens_per_second(run) if run is not None else 0.0)
+    return [statistics.median(figures) for figures in samples]
 
 
 def chat_ids(tokenizer: Any, num_requests: int) -> list[list[int]]:
@@ -153,8 +168,8 @@ def served_run(base_url: str, num_requests: int, max_tokens: int) -> Callable[[]
     return run
 
 
-def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, work: Path) -> list[Case]:
-    """Every shape (requests, tokens) of model ``name`` on the three engines."""
+def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, rounds: int, work: Path) -> list[Case]:
+    """Every shape (requests, tokens) of model ``name`` on the three engines, interleaved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf_dir = builtin_dir(name)
@@ -162,18 +177,16 @@ def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, work: P
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     convert_checkpoint(hf_dir, work / name / "ckpt", dtype="float32")
     kit_model = CheckpointModel.load(work / name / "ckpt")
-    figures = []
-    for num_requests, max_tokens in shapes:
-        prompts = chat_ids(tokenizer, num_requests)
-        figures.append([timed(transformers_run(hf_model, tokenizer, prompts, max_tokens)),
-                        timed(executor_run(kit_model, prompts, max_tokens))])
-    del hf_model, kit_model
-    served = [0.0] * len(shapes)
-    if with_served:
-        with served_build(f"builtin:{name}", work / name / "out", "--dtype", "float32") as base_url:
-            served = [timed(served_run(base_url, n, t)) for n, t in shapes]
-    return [Case(name, n, t, hf, ex, sv, os.getloadavg()[0])
-            for (n, t), (hf, ex), sv in zip(shapes, figures, served, strict=True)]
+    serving = served_build(f"builtin:{name}", work / name / "out", "--dtype", "float32") if with_served else None
+    cases = []
+    with serving or contextlib.nullcontext() as base_url:
+        for num_requests, max_tokens in shapes:
+            prompts = chat_ids(tokenizer, num_requests)
+            hf, ex, sv = interleaved([transformers_run(hf_model, tokenizer, prompts, max_tokens),
+                                   executor_run(kit_model, prompts, max_tokens),
+                                   served_run(base_url, num_requests, max_tokens) if base_url else None], rounds)
+            cases.append(Case(name, num_requests, max_tokens, hf, ex, sv, os.getloadavg()[0]))
+    return cases
 
 
 def category(stack: str) -> str:
@@ -187,7 +200,7 @@ def profile(name: str, num_requests: int, max_tokens: int, work: Path) -> dict[s
     raw = work / "profile.raw"
     with served_build(f"builtin:{name}", work / name / "out", "--dtype", "float32") as base_url:
         run = served_run(base_url, num_requests, max_tokens)
-        run()
+        run()  # warm-up
         pid = serving_pid(work / name / "out")
         assert pid is not None, f"no serve of {name} is running"
         spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--nonblocking", "--rate", "200", "--format",
@@ -213,6 +226,7 @@ def main() -> None:
     parser.add_argument("--no-served", action="store_true", help="transformers and the executor only")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process (default 1: with "
                         "other processes on the cores, a second thread waits at every op)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (each engine once a round; median)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--profile", action="store_true", help="the served path's busy samples by part (py-spy)")
     args = parser.parse_args()
@@ -229,7 +243,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            cases += measure(name, shapes, not args.no_served, Path(tmp))
+            cases += measure(name, shapes, not args.no_served, args.rounds, Path(tmp))
     if args.json:
         print(json.dumps([asdict(c) for c in cases], indent=2))
     else:
