@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.penalties import apply_min_p, apply_penalties
+from trtllm_kit.runtime.penalties import Penalties, apply_floor, apply_penalties
 from trtllm_kit.runtime.sampling import sample
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 
@@ -34,26 +34,29 @@ def naive_min_p(logits: list[float], min_p: float) -> list[float]:
 
 @pytest.mark.parametrize("penalty", [1.0, 1.3, 0.7])
 def test_repetition_penalty_covers_prompt_and_output(penalty):
-    got = apply_penalties(torch.tensor(LOGITS), PROMPT, OUTPUT, penalty, 0.0, 0.0)
+    got = apply_penalties(torch.tensor(LOGITS), PROMPT, OUTPUT, Penalties(repetition_penalty=penalty))
     assert got.tolist() == pytest.approx(naive_repetition(LOGITS, set(PROMPT + OUTPUT), penalty))
 
 
 @pytest.mark.parametrize(("frequency", "presence"), [(0.5, 0.0), (0.0, 1.25), (-0.4, 0.7), (2.0, -2.0)])
 def test_frequency_and_presence_count_output_tokens_only(frequency, presence):
-    got = apply_penalties(torch.tensor(LOGITS), PROMPT, OUTPUT, 1.0, presence, frequency)
+    got = apply_penalties(torch.tensor(LOGITS), PROMPT, OUTPUT,
+                          Penalties(presence_penalty=presence, frequency_penalty=frequency))
     assert got.tolist() == pytest.approx(naive_frequency_presence(LOGITS, OUTPUT, frequency, presence))
     assert got[1] == LOGITS[1]  # a prompt-only token is not penalised
 
 
 def test_all_penalties_together_equal_the_references_in_order():
-    got = apply_penalties(torch.tensor(LOGITS), PROMPT, OUTPUT, 1.5, 0.3, 0.2)
+    got = apply_penalties(torch.tensor(LOGITS), PROMPT, OUTPUT,
+                          Penalties(repetition_penalty=1.5, presence_penalty=0.3, frequency_penalty=0.2))
     expected = naive_frequency_presence(naive_repetition(LOGITS, set(PROMPT + OUTPUT), 1.5), OUTPUT, 0.2, 0.3)
     assert got.tolist() == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("min_p", [0.0, 0.05, 0.3, 1.0])
 def test_min_p_keeps_tokens_above_a_fraction_of_the_best(min_p):
-    assert apply_min_p(torch.tensor(LOGITS), min_p).tolist() == pytest.approx(naive_min_p(LOGITS, min_p))
+    got = apply_floor(torch.tensor(LOGITS), Penalties(min_p=min_p))
+    assert got.tolist() == pytest.approx(naive_min_p(LOGITS, min_p))
 
 
 def test_greedy_choice_follows_the_penalised_logits():

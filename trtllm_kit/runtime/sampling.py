@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_kit.runtime.penalties import apply_min_p, apply_penalties
+from trtllm_kit.runtime.penalties import apply_floor, apply_penalties
 from trtllm_kit.runtime.sequence import Sequence
 
 NUMERICS_ERROR = ("the sampling probabilities of this request are not finite (NaN or inf) or all zero "
@@ -49,8 +49,7 @@ def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
         row[params.end_id] = float("-inf")
     if seq.matcher is not None:
         row = seq.matcher.mask(row)
-    row = apply_penalties(row, seq.token_ids[:seq.num_prompt_tokens], seq.output_ids, params.repetition_penalty,
-                          params.presence_penalty, params.frequency_penalty)
+    row = apply_penalties(row, seq.token_ids[:seq.num_prompt_tokens], seq.output_ids, params)
     if params.is_greedy:
         return None if torch.isnan(row).any() else int(row.argmax())
     row = row / params.temperature
@@ -62,7 +61,7 @@ def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
         probs = torch.softmax(sorted_logits, dim=-1)
         drop = probs.cumsum(-1) - probs >= params.top_p  # keep the smallest prefix reaching top_p
         row = row.scatter(0, order[drop], float("-inf"))
-    row = apply_min_p(row, params.min_p)
+    row = apply_floor(row, params)
     probs = torch.softmax(row, dim=-1)
     if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
         return None

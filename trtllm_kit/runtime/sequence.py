@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.penalties import Penalties
 from trtllm_kit.runtime.sampling_rules import is_greedy_temperature
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.fields import Row, rows
@@ -40,19 +41,19 @@ class SequenceStatus(Enum):
 
 
 @dataclass
-class SamplingParams:
-    """Per-request generation settings with TensorRT-LLM's meanings (``top_k`` 0 and ``top_p`` 0 = greedy).
+class SamplingParams(Penalties):
+    """Per-request generation settings with TensorRT-LLM's meanings (``top_k`` 0 and ``top_p`` 0 = greedy), and
+    vLLM's penalties and probability floor (``Penalties``, ``runtime/penalties.py``).
 
-    A field the wire's generation request also declares takes the values its row's rule accepts (``wire_rows``;
-    vLLM's names and ranges for the penalties, ``runtime/penalties.py``); ``ignore_eos``: ``end_id`` does not end
-    the sequence. ``n`` sequences are returned
-    of ``best_of`` sampled (None: ``n``), sharing the prompt's KV blocks; with ``best_of > n`` the ``n`` with the
-    highest cumulative logprob. ``logprobs`` (None: off) keeps each generated token's logprob and that many top
-    alternatives, ``prompt_logprobs`` the same for the prompt tokens (``runtime/logprobs.py``);
-    ``return_context_logits`` / ``return_generation_logits`` keep the raw logits. ``guide``: a compiled grammar
-    the output must match (``runtime/grammar.py``). ``keep_end_token`` keeps the token that ends the sequence
-    (``end_id``, or the stop token a grammar accepts) as its last output token, with its logprob: vLLM's and
-    OpenAI's answer; by default it is left out, as TensorRT-LLM's executor leaves it out.
+    A field the wire's generation request also declares takes the values its row's rule accepts (``wire_rows``).
+    ``ignore_eos``: ``end_id`` does not end the sequence. ``n`` sequences are returned of ``best_of`` sampled (None:
+    ``n``), sharing the prompt's KV blocks; with ``best_of > n`` the ``n`` with the highest cumulative logprob.
+    ``logprobs`` (None: off) keeps each generated token's logprob and that many top alternatives,
+    ``prompt_logprobs`` the same for the prompt tokens (``runtime/logprobs.py``); ``return_context_logits`` /
+    ``return_generation_logits`` keep the raw logits. ``guide``: a compiled grammar the output must match
+    (``runtime/grammar.py``). ``keep_end_token`` keeps the token that ends the sequence (``end_id``, or the stop
+    token a grammar accepts) as its last output token, with its logprob: vLLM's and OpenAI's answer; by default it
+    is left out, as TensorRT-LLM's executor leaves it out.
     """
 
     max_tokens: int = 16
@@ -64,10 +65,6 @@ class SamplingParams:
     seed: int = 0
     stop_words: list[list[int]] = field(default_factory=list)
     priority: float = DEFAULT_PRIORITY  # TensorRT-LLM's request priority: in [0, 1], higher runs first
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     ignore_eos: bool = False
     n: int = 1
     best_of: int | None = None
