@@ -11,8 +11,8 @@ from trtllm_kit.llmapi.cpu_llm import SamplingParams
 from trtllm_kit.runtime.block_manager import BlockManager
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.sequence import Sequence
-from trtllm_kit.serve.dynamo.kv_events import publish, signed64
-from trtllm_kit.serve.dynamo.worker import load_llm
+from trtllm_kit.serve.artifact_llm import artifact_llm
+from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, publish, signed64
 
 
 class FakePublisher:
@@ -45,7 +45,7 @@ def test_publish_maps_stored_and_removed() -> None:
 
 
 def test_cpu_llm_reports_stored_blocks_chained_by_parent(kit_builds: Builds) -> None:
-    llm, limits = load_llm(kit_builds.get(BuildKey.of(target="cpu")))
+    llm, limits = artifact_llm(kit_builds.get(BuildKey.of(target="cpu")), event_buffer=EVENT_BUFFER)
     block = limits.tokens_per_block
     prompt = [1] + [100 + i % 97 for i in range(2 * block + 5)]  # two full prompt blocks and a partial one
 

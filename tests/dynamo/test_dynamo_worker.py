@@ -11,13 +11,14 @@ from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.cpu_llm import SamplingParams
 from trtllm_kit.llmapi.load import load_checkpoint
-from trtllm_kit.serve.dynamo.worker import load_llm
+from trtllm_kit.serve.artifact_llm import artifact_llm
+from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER
 
 PROMPT_IDS = [1, 264, 333, 84, 534, 332]
 
 
 def _greedy(out_target: str, kit_builds: Builds) -> tuple[list[int], int]:
-    llm, limits = load_llm(kit_builds.get(BuildKey.of(target=out_target)))
+    llm, limits = artifact_llm(kit_builds.get(BuildKey.of(target=out_target)), event_buffer=EVENT_BUFFER)
 
     async def run() -> list[int]:
         result = await llm.generate_async(PROMPT_IDS, SamplingParams(max_tokens=12, temperature=0.0)).aresult()

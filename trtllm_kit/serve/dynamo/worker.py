@@ -22,10 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.artifact import Artifact
-from trtllm_kit.artifact.records import EngineLimits, LlmapiRepoOptions
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
+from trtllm_kit.serve.artifact_llm import artifact_llm
 from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
 from trtllm_kit.serve.dynamo.migration import Ledger, MigrationRefused, continuation
 from trtllm_kit.serve.dynamo.request import WorkerRequest, response_chunk, worker_request
@@ -46,30 +45,6 @@ class WorkerSpec:
     endpoint: str
     ready_file: Path
     requests: Path
-
-
-def load_llm(out: Path) -> tuple[LLM, EngineLimits]:
-    """The CPU ``LLM`` for OUT with the settings it was built for, and the artifact's limits.
-
-    Arguments:
-        out: a cpu or llmapi artifact.
-    """
-    repo = Artifact.read(out).records.repo
-    if repo is None:
-        raise KitUsageError(f"{out} has no repository record; build it with the repo stage.")
-    limits = repo.limits
-    if isinstance(repo.options, LlmapiRepoOptions):
-        args = dict(repo.options.llm_args)
-        args["kv_cache_config"] = {**(args.get("kv_cache_config") or {}), "event_buffer_max_size": EVENT_BUFFER}
-        return LLM(model=str(out / "checkpoint"), **args), limits
-    if limits.target != "cpu":
-        raise KitUsageError(f"{out} is a {limits.target} artifact; serve --dynamo runs cpu and llmapi artifacts "
-                            "(build with --target cpu or --target llmapi).")
-    return LLM(model=str(out / limits.model_dir), tensor_parallel_size=limits.tp_size,
-               pipeline_parallel_size=limits.pp_size, max_batch_size=limits.max_batch_size,
-               max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len,
-               kv_cache_config={"tokens_per_block": limits.tokens_per_block,
-                                "event_buffer_max_size": EVENT_BUFFER}), limits
 
 
 class Generator:
@@ -138,7 +113,7 @@ async def run_worker(spec: WorkerSpec) -> None:
     from dynamo.llm import HttpError, KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
     from dynamo.runtime import DistributedRuntime
 
-    llm, limits = load_llm(spec.out)
+    llm, limits = artifact_llm(spec.out, event_buffer=EVENT_BUFFER)
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(loop, DISCOVERY_BACKEND, REQUEST_PLANE)
     for sig in (signal.SIGTERM, signal.SIGINT):

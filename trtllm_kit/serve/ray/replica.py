@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.serve.dynamo.worker import load_llm
+from trtllm_kit.serve.artifact_llm import artifact_llm
 from trtllm_kit.triton_models.llmapi_classes import llm_classes
 from trtllm_kit.triton_models.llmapi_outputs import completion_responses
 from trtllm_kit.triton_models.llmapi_params import check_mode, sampling_params
@@ -29,7 +29,7 @@ class Replica:
 
     def __init__(self, out: str) -> None:
         self.classes = llm_classes()
-        self.llm, self.limits = load_llm(Path(out))
+        self.llm, self.limits = artifact_llm(Path(out))
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationResponse]:
         """Stream the responses to ``req``: each step's when it is streamed, else the whole completions once.

@@ -1,0 +1,37 @@
+"""A cpu or llmapi artifact loaded into the kit's CPU ``LLM`` (``llmapi/cpu_llm.py``) with the settings it was
+built for: what a Dynamo worker and a Ray Serve replica run in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact.records import EngineLimits, LlmapiRepoOptions
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.llmapi.cpu_llm import LLM
+
+
+def artifact_llm(out: Path, *, event_buffer: int = 0) -> tuple[LLM, EngineLimits]:
+    """The CPU ``LLM`` for OUT with the settings it was built for, and the artifact's limits.
+
+    Arguments:
+        out: a cpu or llmapi artifact.
+        event_buffer: KV cache events the LLM keeps between two reads (``kv_cache_config.event_buffer_max_size``;
+            0: none recorded).
+    """
+    repo = Artifact.read(out).records.repo
+    if repo is None:
+        raise KitUsageError(f"{out} has no repository record; build it with the repo stage.")
+    limits = repo.limits
+    events = {"event_buffer_max_size": event_buffer} if event_buffer else {}
+    if isinstance(repo.options, LlmapiRepoOptions):
+        args = dict(repo.options.llm_args)
+        args["kv_cache_config"] = {**(args.get("kv_cache_config") or {}), **events}
+        return LLM(model=str(out / "checkpoint"), **args), limits
+    if limits.target != "cpu":
+        raise KitUsageError(f"{out} is a {limits.target} artifact; the CPU LLM runs cpu and llmapi artifacts "
+                            "(build with --target cpu or --target llmapi).")
+    return LLM(model=str(out / limits.model_dir), tensor_parallel_size=limits.tp_size,
+               pipeline_parallel_size=limits.pp_size, max_batch_size=limits.max_batch_size,
+               max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len,
+               kv_cache_config={"tokens_per_block": limits.tokens_per_block, **events}), limits
