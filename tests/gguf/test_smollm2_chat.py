@@ -5,7 +5,6 @@ model's own end-of-turn token (``<|im_end|>``), system messages and an earlier t
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import openai
 import pytest
 import torch
 from gguf_files import SMOLLM2
+from kit_cli import KIT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm_kit.build.pipeline import run_build
@@ -22,7 +22,6 @@ from trtllm_kit.serve.server.state import read_state
 from trtllm_kit.spec import build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
 MAX_TOKENS = 40
 CHATS: list[list[dict[str, str]]] = [
     *([{"role": "user", "content": question}] for question in (

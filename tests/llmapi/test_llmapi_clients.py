@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from kit_cli import KIT
 from kit_server import TINY_BUILDS, Servers
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
@@ -31,7 +31,6 @@ from trtllm_kit.serve.client import TextClient
 from trtllm_kit.wire import GenerationRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-KIT = [sys.executable, "-m", "trtllm_kit"]
 PROMPT, MAX_TOKENS = "The capital of France is", 8
 GREEDY = {"model": "builtin:tiny-llama", "temperature": 0}  # the served name; OpenAI's default samples
 

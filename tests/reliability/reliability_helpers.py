@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from kit_cli import KIT
 
-KIT = [sys.executable, "-m", "trtllm_kit"]
 MODEL = "builtin:tiny-llama"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from typing import Any
 
@@ -15,6 +14,7 @@ import openai
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from kit_cli import KIT
 from kit_server import BuildKey, Servers
 from transformers import AutoTokenizer
 
@@ -23,7 +23,6 @@ from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
 PROMPT, MAX_TOKENS = "The capital of France is", 12
 MODEL = "builtin:tiny-llama"
 

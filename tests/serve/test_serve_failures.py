@@ -5,19 +5,18 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+from kit_cli import KIT
 
 from trtllm_kit.artifact import EngineBuild
 from trtllm_kit.serve.server.launcher import free_endpoints
 from trtllm_kit.serve.server.state import run_dir
 
 pytestmark = pytest.mark.integration
-KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
 
 
 def serve_argv(out: Path, *extra: str) -> list[str]:

@@ -6,7 +6,6 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,7 @@ import openai
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from kit_cli import KIT
 from tritonclient.utils import InferenceServerException
 
 from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER, free_endpoints, free_port
@@ -27,7 +27,6 @@ KEY = "sk-test-key"
 MODEL = "builtin:tiny-llama"
 
 
-KIT = [sys.executable, "-c", "from trtllm_kit.cli import main; main()"]
 
 
 def kit(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
