@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from kit_server import KitServer
 
 from tests.lora.adapters import make_adapter
 from tests.lora.hostile import (
@@ -32,10 +33,8 @@ from tests.lora.hostile import (
 )
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
+from trtllm_kit.serve.service import stop_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 60  # a refusal takes milliseconds; a load blocked on a FIFO never answers
@@ -60,11 +59,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert run(["build", "builtin:tiny-llama", "--target", "cpu", "--dtype", "float32", "--no-verify",
                 "--instances", "1", "--max-lora-rank", "16", "--lora-target-modules", "q_proj,v_proj",
                 "--out", str(out)]) == 0
-    endpoints, port = free_endpoints(), free_port()
-    serve_detached(ServeOptions(out=out, settings=ServeSettings(
-        host=endpoints.host, http_port=endpoints.http_port, grpc_port=endpoints.grpc_port,
-        metrics_port=endpoints.metrics_port, openai_port=port, ready_timeout_s=120)))
-    yield Served(out, f"http://127.0.0.1:{port}", root, good)
+    server = KitServer(out).start()  # its own: it loads adapters and is stopped by a test
+    yield Served(out, server.url, root, good)
     release_fifos(root)  # a server that blocked on one gets its end of file
     if read_state(out) is not None:
         stop_serving(out, 60)
