@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from kit_server import KitServer
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
@@ -27,10 +28,9 @@ from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
 from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.gateway.keys import add_key
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port, grpc_headers
+from trtllm_kit.serve.server.launcher import grpc_headers
 from trtllm_kit.serve.server.state import read_state, token_for
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
+from trtllm_kit.serve.service import stop_serving
 from trtllm_kit.wire import GenerationRequest, LoraAdapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -65,11 +65,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     keys_path = root / "keys.json"
     limits: dict[str, dict[str, Any]] = {"ops": {"admin": True}, "user": {}, "qv4-only": {"models": (MODEL, "qv4")}}
     secrets = {name: add_key(keys_path, name, **values)[0] for name, values in limits.items()}
-    endpoints, port = free_endpoints(), free_port()
-    serve_detached(ServeOptions(out=out, settings=ServeSettings(
-        host=endpoints.host, http_port=endpoints.http_port, grpc_port=endpoints.grpc_port,
-        metrics_port=endpoints.metrics_port, openai_port=port, ready_timeout_s=120, api_keys=keys_path)))
-    yield Served(out, f"http://127.0.0.1:{port}", sources, secrets, keys_path)
+    server = KitServer(out, api_keys=keys_path).start()  # its own: it loads adapters, edits keys and reloads
+    yield Served(out, server.url, sources, secrets, keys_path)
     if read_state(out) is not None:
         stop_serving(out, 30)
 
