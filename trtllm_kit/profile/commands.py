@@ -15,6 +15,8 @@ import click
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.profile.cold_start_command import cold_start
+from trtllm_kit.profile.shared_prefix_command import FLAGS as SHARED_PREFIX_FLAGS
+from trtllm_kit.profile.shared_prefix_command import bench_shared_prefix, shared_prefix_options
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -152,6 +154,7 @@ def _print_results(results: dict[str, Any], as_json: bool) -> None:
 @click.option("--prefill-batch", type=int, default=4, show_default=True, help="Prefill requests at once (--phases).")
 @click.option("--decode-concurrency", type=int, default=4, show_default=True,
               help="Decoding sequences at once (--phases).")
+@shared_prefix_options
 @click.pass_context
 def bench(ctx: click.Context, as_json: bool, **values: Any) -> None:
     """Measure a running endpoint: TTFT, ITL, TPOT, throughput, goodput; write a report to --out.
@@ -163,6 +166,7 @@ def bench(ctx: click.Context, as_json: bool, **values: Any) -> None:
       trtllm-kit bench --openai-url http://127.0.0.1:9000/v1 --concurrency 8 --requests 100 --out results/
       trtllm-kit bench compare base/summary.json new/summary.json --max-regression 5%
       trtllm-kit bench --phases --openai-url http://127.0.0.1:9000/v1 --isl 512 --osl 64 --out phases/
+      trtllm-kit bench --workload shared-prefix --prefixes 4 --users 16 --openai-url http://127.0.0.1:8000/v1 --out sp/
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -171,7 +175,12 @@ def bench(ctx: click.Context, as_json: bool, **values: Any) -> None:
     if values.pop("phases"):
         _bench_phases(values, as_json)
         return
+    if values["workload"] == "shared-prefix":
+        bench_shared_prefix(values, as_json)
+        return
     values.pop("prefill_batch"), values.pop("decode_concurrency")
+    for flag in SHARED_PREFIX_FLAGS:
+        values.pop(flag)
     spec = bench_spec(values)
     with Progress(not as_json) as progress:
         results = run_bench(spec, progress)

@@ -1,0 +1,104 @@
+"""The shared-prefix workload: K system prompts × M users, multi-turn.
+
+User ``u`` talks under system prompt ``u % K``. Its turn ``t`` sends the system prompt, every earlier turn's user
+message and reply, then turn ``t``'s message, so each turn repeats the conversation so far and a server that
+keeps the conversation's blocks computes only the new tail. The replies in the history are seeded token ids (the
+workload does not depend on what the server answered), so the whole workload is a function of its spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.profile.workload import Prompt
+
+SYSTEM, USER, REPLY = 1, 2, 3  # seed streams: a system prompt, a user's message, a reply in the history
+
+
+@dataclass(frozen=True)
+class SharedPrefixSpec:
+    """K system prompts of ``prefix_tokens`` tokens shared by M users over T turns.
+
+    Arguments:
+        num_prefixes: system prompts (K).
+        num_users: users (M); user ``u`` uses system prompt ``u % K``.
+        num_turns: turns per user (T).
+        prefix_tokens: tokens of each system prompt (P).
+        turn_tokens: tokens of each user message.
+        osl: tokens of each reply (forced on the server; the history holds a seeded reply of this length).
+        vocab_size: prompt ids are ordinary ids below it.
+        special_ids: ids never put in a prompt.
+        seed: seed of every token.
+    """
+
+    num_prefixes: int = 4
+    num_users: int = 16
+    num_turns: int = 3
+    prefix_tokens: int = 512
+    turn_tokens: int = 32
+    osl: int = 16
+    vocab_size: int = 1000
+    special_ids: tuple[int, ...] = (0, 1, 2)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_prefixes", "num_users", "num_turns", "prefix_tokens", "turn_tokens", "osl"):
+            if getattr(self, name) < 1:
+                raise KitUsageError(f"shared-prefix {name} must be at least 1, got {getattr(self, name)}; "
+                                    "raise it.")
+        if self.num_users < self.num_prefixes:
+            raise KitUsageError(f"shared-prefix users ({self.num_users}) are fewer than its prefixes "
+                                f"({self.num_prefixes}), so some prefixes would never be sent; give --users ≥ "
+                                "--prefixes.")
+        if self.vocab_size <= len(set(self.special_ids)):
+            raise KitUsageError(f"vocab_size {self.vocab_size} leaves no ordinary token ids to sample prompts from.")
+
+    def prefix_of(self, user: int) -> int:
+        """The system prompt user ``user`` talks under."""
+        return user % self.num_prefixes
+
+
+def _ids(spec: SharedPrefixSpec, stream: int, key: tuple[int, ...], count: int) -> tuple[int, ...]:
+    allowed = np.setdiff1d(np.arange(spec.vocab_size, dtype=np.int64), np.array(spec.special_ids, dtype=np.int64))
+    rng = np.random.default_rng([spec.seed, stream, *key])
+    return tuple(int(t) for t in allowed[rng.integers(0, len(allowed), count)])
+
+
+def system_prompt(spec: SharedPrefixSpec, prefix: int) -> tuple[int, ...]:
+    """System prompt ``prefix``'s token ids.
+
+    Arguments:
+        spec: the workload.
+        prefix: its number, below ``spec.num_prefixes``.
+    """
+    return _ids(spec, SYSTEM, (prefix,), spec.prefix_tokens)
+
+
+def turn_prompt(spec: SharedPrefixSpec, user: int, turn: int) -> Prompt:
+    """User ``user``'s request at turn ``turn``: system prompt, the earlier turns (message and reply), the new
+    message. Its id is ``u{user}.t{turn}``.
+
+    Arguments:
+        spec: the workload.
+        user: the user, below ``spec.num_users``.
+        turn: the turn, below ``spec.num_turns``.
+    """
+    ids = list(system_prompt(spec, spec.prefix_of(user)))
+    for earlier in range(turn):
+        ids += _ids(spec, USER, (user, earlier), spec.turn_tokens)
+        ids += _ids(spec, REPLY, (user, earlier), spec.osl)
+    ids += _ids(spec, USER, (user, turn), spec.turn_tokens)
+    return Prompt(f"u{user}.t{turn}", tuple(ids), spec.osl)
+
+
+def turns(spec: SharedPrefixSpec) -> list[list[Prompt]]:
+    """Every request, one list per turn: turn ``t`` holds each user's turn ``t`` in user order (a user's turn
+    ``t + 1`` is sent only after every turn ``t`` ended).
+
+    Arguments:
+        spec: the workload.
+    """
+    return [[turn_prompt(spec, user, turn) for user in range(spec.num_users)] for turn in range(spec.num_turns)]
