@@ -8,15 +8,14 @@ import json
 import shutil
 import urllib.error
 import urllib.request
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 from google.protobuf import text_format
+from kit_server import BuildKey, Builds, KitServer
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.fleet.fit import Need, check_fit, memory_need
@@ -25,25 +24,19 @@ from trtllm_kit.serve.fleet.merge import copy_models
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.options import parse_names
 from trtllm_kit.serve.servable import servable
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.launcher import free_port
 from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings, build_spec
+from trtllm_kit.serve.service import ServeOptions, stop_serving
 
 MODEL = "builtin:tiny-llama"
-ONE_EACH = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-
-
-def build(out: Path, max_seq_len: int) -> Path:
-    run_build(build_spec({}, {"model": MODEL, "out": out, "build": {"verify": False, "max_batch_size": 4,
-                                                                   "max_seq_len": max_seq_len}, "repo": ONE_EACH}))
-    return out
+BIG = BuildKey.of(max_batch_size=4)  # max_seq_len: the tiny model's 1024 positions
+SMALL = BuildKey.of(max_batch_size=4, max_seq_len=256)
 
 
 @pytest.fixture(scope="module")
-def outs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("multi")
-    return build(root / "big", 1024), build(root / "small", 256)
+def outs(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("multi")  # copies: the serve below writes its state into both
+    return kit_builds.copy(BIG, root / "big"), kit_builds.copy(SMALL, root / "small")
 
 
 def config(repo: Path, name: str) -> mc.ModelConfig:
@@ -119,10 +112,8 @@ def served(outs, tmp_path_factory: pytest.TempPathFactory):
     big, small = outs
     keys = tmp_path_factory.mktemp("keys") / "keys.json"
     secrets = {"only_small": add_key(keys, "only_small", models=("small",))[0], "any": add_key(keys, "any")[0]}
-    port = free_port()
-    settings = ServeSettings(**asdict(free_endpoints()), ready_timeout_s=120, openai_port=port, api_keys=keys)
-    state = serve_detached(ServeOptions(out=big, more=(small,), names=(f"small={small}",), settings=settings))
-    yield port, secrets, state
+    server = KitServer(big, more=(small,), names=(f"small={small}",), api_keys=keys).start()
+    yield server.port, secrets, server.state
     if serving_pid(big) is not None:
         stop_serving(small, 30)  # any served OUT stops the serve
 
@@ -220,10 +211,11 @@ def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None
 
 
 @pytest.mark.integration
-def test_reload_of_one_route_keeps_the_shared_models_of_the_other(served, outs, tmp_path, capsys) -> None:
+def test_reload_of_one_route_keeps_the_shared_models_of_the_other(served, outs, kit_builds, tmp_path,
+                                                                  capsys) -> None:
     port, secrets, _ = served
     big = outs[0]
-    small2 = build(tmp_path / "small2", 256)
+    small2 = kit_builds.copy(SMALL, tmp_path / "small2")
     assert run(["reload", "small", str(small2), "--out", str(big)]) == 0
     assert capsys.readouterr().out.startswith(f"small: version 1 -> 2 ({small2}); switched after ")
     routes = {r["name"]: r for r in read_state(small2)["routes"]}
