@@ -79,7 +79,7 @@ def test_the_wheel_carries_the_schemas_and_imports_from_the_venv(installed):
         "inference.networking.k8s.io_inferencepools.yaml", "keda.sh_scaledobjects.yaml",
         "leaderworkerset.x-k8s.io_leaderworkersets.yaml", "monitoring.coreos.com_podmonitors.yaml",
         "monitoring.coreos.com_prometheusrules.yaml", "monitoring.coreos.com_servicemonitors.yaml",
-        "nvidia.com_dynamographdeployments.yaml"]
+        "nvidia.com_dynamographdeployments.yaml", "ray.io_rayservices.yaml"]
 
 
 IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"

@@ -1,5 +1,5 @@
-"""``deploy k8s``, ``dynamo``, ``check`` and ``leader``: Kubernetes objects from an artifact, re-validated; ``deploy
-try`` lives in ``deploy_try``, ``deploy simulate`` in ``deploy_simulate``."""
+"""``deploy k8s``, ``dynamo``, ``ray``, ``check`` and ``leader``: Kubernetes objects from an artifact, re-validated;
+``deploy try`` lives in ``deploy_try``, ``deploy simulate`` in ``deploy_simulate``."""
 
 from __future__ import annotations
 
@@ -190,6 +190,45 @@ def dynamo(ctx: click.Context, artifact: Path, out: Path, config: Path | None, w
     workers = ", ".join(f"{r.replicas} x {r.name} (tp {r.tp_size}, {r.num_nodes(settings.gpus_per_node)} node(s))"
                         for r in roles)
     click.echo(f"wrote {len(graph.resources)} files to {graph.out} (DynamoGraphDeployment {graph.name}: {workers}); "
+               f"apply with kubectl apply -k {out}")
+
+
+@deploy.command(name="ray")
+@_artifact_objects
+@click.option("--image", help="An image with CUDA, Ray, TensorRT-LLM and the kit for the head and the GPU workers "
+              "(required).")
+@click.option("--image-trtllm-version", help="The image's TensorRT-LLM version when its tag does not say it.")
+@click.option("--gpus-per-node", type=int, help="GPUs of one node (default 8); a replica's GPUs must fit one.")
+@click.option("--replicas", default="1:4", show_default=True, metavar="MIN:MAX",
+              help="Replicas of the model deployment, one worker pod each (MIN 0 scales to zero).")
+@click.option("--target-ongoing", type=float, help="Requests in flight per replica Ray Serve scales at (default: "
+              "deploy k8s's --queue-target, 4).")
+@_cluster
+@_written
+def ray(ctx: click.Context, artifact: Path, out: Path, config: Path | None, replicas: str,
+        target_ongoing: float | None, force: bool, as_json: bool, **flags: Any) -> None:
+    """Write a KubeRay RayService serving ARTIFACT (an llmapi build output) on Ray Serve, its GPU worker group
+    scaled by Ray's autoscaler.
+
+    \b
+    Example:
+      trtllm-kit deploy ray out/ --out ray/ --pvc models --image IMG --replicas 1:4 --target-ongoing 4
+      trtllm-kit deploy check ray/
+    """
+    from trtllm_kit.deploy.ray import render_ray
+    from trtllm_kit.deploy.settings import deploy_settings, deploy_table
+    from trtllm_kit.deploy.source import read_source
+    from trtllm_kit.serve.ray.scaling import Autoscaling
+
+    table = deploy_table(config) if config is not None else {}
+    settings = deploy_settings(table, given(ctx, **flags))
+    scaling = Autoscaling.parse(replicas, target_ongoing if target_ongoing is not None else settings.queue_target)
+    written = render_ray(read_source(artifact), settings, scaling, out, force=force)
+    if as_json:
+        emit_json(written.to_dict())
+        return
+    click.echo(f"wrote {len(written.resources)} files to {written.out} (RayService {written.name}: "
+               f"{scaling.min_replicas}..{scaling.max_replicas} replicas of {written.gpus_per_replica} GPU(s)); "
                f"apply with kubectl apply -k {out}")
 
 

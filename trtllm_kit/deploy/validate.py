@@ -20,9 +20,10 @@ CRD_FILES = ("keda.sh_scaledobjects.yaml", "http.keda.sh_httpscaledobjects.yaml"
              "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
              "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml",
              "monitoring.coreos.com_prometheusrules.yaml", "nvidia.com_dynamographdeployments.yaml",
-             "inference.networking.k8s.io_inferencepools.yaml", "gateway.networking.k8s.io_httproutes.yaml")
+             "inference.networking.k8s.io_inferencepools.yaml", "gateway.networking.k8s.io_httproutes.yaml",
+             "ray.io_rayservices.yaml")
 CUSTOM_GROUPS = ("keda.sh", "http.keda.sh", "leaderworkerset.x-k8s.io", "monitoring.coreos.com", "nvidia.com",
-                 "inference.networking.k8s.io", "gateway.networking.k8s.io")
+                 "inference.networking.k8s.io", "gateway.networking.k8s.io", "ray.io")
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the Dynamo CRD is 1.6 MB: libyaml reads it in a blink
 SCHEMAS_ENV = "TRTLLM_KIT_K8S_SCHEMAS"
 

@@ -1,0 +1,157 @@
+"""``deploy ray``: an llmapi artifact as a KubeRay ``RayService`` (``ray.io/v1``).
+
+``serveConfigV2`` holds one application, the model deployment of ``serve --ray`` (``ray_app.py``), with Ray Serve's
+autoscaling from ``--replicas`` and ``--target-ongoing``. ``rayClusterConfig`` has a head group (no replicas on it:
+``num-cpus`` 0) and one GPU worker group whose pods each hold one replica's GPUs and get the artifact as
+``deploy k8s`` delivers it (the fetch init container, ``sha256sum -c`` against the manifest's list). Ray's own
+autoscaler (``enableInTreeAutoscaling``) adds and removes worker pods for the replicas Serve asks for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trtllm_kit.build.staging import staged_dir
+from trtllm_kit.deploy import objects
+from trtllm_kit.deploy.image import check_image
+from trtllm_kit.deploy.objects import Names
+from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, volumes
+from trtllm_kit.deploy.ray_app import IMPORT_PATH
+from trtllm_kit.deploy.render import check, names_for
+from trtllm_kit.deploy.settings import DeploySettings
+from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.ray.driver import APPLICATION, DEFAULT_MAX_ONGOING, DEPLOYMENT
+from trtllm_kit.serve.ray.scaling import Autoscaling
+
+Obj = dict[str, Any]
+API_VERSION = "ray.io/v1"
+WORKER_GROUP = "gpu"
+SERVE_PORT = 8000  # Ray Serve's HTTP proxy on every node
+IDLE_TIMEOUT_S = 60  # Ray's autoscaler removes a worker pod idle this long
+CPU_TAG_SUFFIX = "-cpu"  # rayproject/ray:2.60.0-py310-cpu
+
+
+@dataclass(frozen=True)
+class RayServiceWritten:
+    """What ``deploy ray`` wrote: the directory, the RayService's name, its replicas and GPUs per replica."""
+
+    out: Path
+    name: str
+    scaling: Autoscaling
+    gpus_per_replica: int
+    resources: tuple[str, ...]
+
+    def to_dict(self) -> Obj:
+        return {"out": str(self.out), "name": self.name, "resources": list(self.resources),
+                "replicas": {"min": self.scaling.min_replicas, "max": self.scaling.max_replicas},
+                "target_ongoing": self.scaling.target_ongoing, "gpus_per_replica": self.gpus_per_replica}
+
+
+def check_ray(source: DeploySource, settings: DeploySettings) -> int:
+    """GPUs per replica, after refusing what the GPU worker group cannot run.
+
+    Arguments:
+        source: the artifact; settings: the image and the node's GPUs.
+    """
+    if source.target != "llmapi":
+        raise KitUsageError(f"the artifact's target is {source.target}; deploy ray serves llmapi artifacts on GPUs "
+                            "(build with --target llmapi).")
+    image = settings.image or ""
+    tag = image.split("@", 1)[0].rsplit("/", 1)[-1].partition(":")[2]
+    if tag.endswith(CPU_TAG_SUFFIX):
+        raise KitUsageError(f"--image {image} is a CPU-only image ({CPU_TAG_SUFFIX} tag); give an image with CUDA, "
+                            "Ray and the kit for the GPU worker group.")
+    check_image(image, settings.image_trtllm_version, source.tensorrt_llm)
+    gpus = source.tp_size * source.pp_size
+    if gpus > settings.gpus_per_node:
+        raise KitUsageError(f"a replica needs {gpus} GPUs (tp x pp) but --gpus-per-node is {settings.gpus_per_node};"
+                            " deploy ray places one replica in one pod: use deploy k8s for replicas across nodes.")
+    return gpus
+
+
+def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int) -> Obj:
+    """``serveConfigV2``: the application, its model deployment, Ray Serve's autoscaling and each replica's GPUs.
+
+    Arguments:
+        source: the artifact (its mount path, max batch); scaling: replicas and target; gpus: GPUs per replica.
+    """
+    max_ongoing = max(source.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(scaling.target_ongoing))
+    return {"applications": [{
+        "name": APPLICATION, "import_path": IMPORT_PATH, "route_prefix": "/", "args": {"out": source.mount_path},
+        "deployments": [{"name": DEPLOYMENT, "max_ongoing_requests": max_ongoing,
+                         "autoscaling_config": scaling.ray_config(),
+                         "ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}]}]}
+
+
+def head_group(settings: DeploySettings) -> Obj:
+    """The head: GCS, the Serve controller and proxy; ``num-cpus`` 0 so that no replica lands on it."""
+    container = {"name": "ray-head", "image": settings.image,
+                 "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}},
+                 "ports": [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
+                           {"name": "serve", "containerPort": SERVE_PORT}]}
+    return {"rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+            "template": {"spec": {"containers": [container]}}}
+
+
+def worker_group(names: Names, source: DeploySource, settings: DeploySettings, scaling: Autoscaling,
+                 gpus: int) -> Obj:
+    """The GPU worker group: one replica's GPUs per pod, the artifact fetched and checked before Ray starts.
+
+    Arguments:
+        names: the service; source: the artifact; settings: delivery and image; scaling: the group's bounds;
+        gpus: GPUs per pod.
+    """
+    container = {"name": "ray-worker", "image": settings.image, "resources": resources(source, gpus, gpus, settings),
+                 "volumeMounts": [*artifact_mounts(source, settings), {"name": "dshm", "mountPath": "/dev/shm"}]}
+    spec: Obj = {"initContainers": [fetch_container(source, settings)], "containers": [container],
+                 "volumes": volumes(names.name, source, settings, gpus),
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    settings.extras.apply(spec, [container])
+    template: Obj = {"metadata": {"labels": dict(names.labels)}, "spec": spec}
+    if settings.extras.annotations():
+        template["metadata"]["annotations"] = settings.extras.annotations()
+    return {"groupName": WORKER_GROUP, "replicas": scaling.min_replicas, "minReplicas": scaling.min_replicas,
+            "maxReplicas": scaling.max_replicas, "rayStartParams": {"num-cpus": str(max(4, gpus))},
+            "template": template}
+
+
+def ray_service(names: Names, source: DeploySource, settings: DeploySettings, scaling: Autoscaling,
+                gpus: int) -> Obj:
+    """The ``RayService``: the Serve config and the cluster, Ray's autoscaler on."""
+    cluster = {"enableInTreeAutoscaling": True,
+               "autoscalerOptions": {"idleTimeoutSeconds": IDLE_TIMEOUT_S, "upscalingMode": "Default"},
+               "headGroupSpec": head_group(settings),
+               "workerGroupSpecs": [worker_group(names, source, settings, scaling, gpus)]}
+    return {"apiVersion": API_VERSION, "kind": "RayService", "metadata": names.meta(),
+            "spec": {"serveConfigV2": yaml.safe_dump(serve_config(source, scaling, gpus), sort_keys=False),
+                     "rayClusterConfig": cluster}}
+
+
+def render_ray(source: DeploySource, settings: DeploySettings, scaling: Autoscaling, out: Path, *,
+               force: bool = False) -> RayServiceWritten:
+    """Write the RayService of ``source`` into ``out`` (kustomize), validated before it is moved into place.
+
+    Arguments:
+        source: the artifact; settings: the deployment; scaling: replicas and target; out: the directory;
+        force: replace an existing one.
+    """
+    gpus = check_ray(source, settings)
+    names = names_for(source, settings)
+    files: dict[str, list[Obj]] = {"sha256-configmap.yaml": [objects.sha256_list(names, source)],
+                                   "rayservice.yaml": [ray_service(names, source, settings, scaling, gpus)]}
+    found = check([(name, doc) for name, group in files.items() for doc in group], settings.versions)
+    if found:  # an internal invariant: the kit must never write an object its schemas refuse
+        raise KitError(f"the generated objects fail validation: {found[0]}")
+    with staged_dir(out, force=force) as staging:
+        for name, group in files.items():
+            (staging / name).write_text(yaml.safe_dump_all(group, sort_keys=False))
+        (staging / "kustomization.yaml").write_text(yaml.safe_dump(
+            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)},
+            sort_keys=False))
+    return RayServiceWritten(out.absolute(), names.name, scaling, gpus, ("kustomization.yaml", *files))
