@@ -1,0 +1,107 @@
+"""``serve --dynamo``'s routing and frontend, measured here: the shared-prefix workload on 2 CPU workers with
+``--router kv`` and ``--router round-robin`` (prefix hit rate against the ideal, TTFT p50/p99), and the Dynamo
+frontend's latency per request against the kit's own frontend on the same artifact.
+
+    python benchmarks/dynamo_routing.py [--prefixes 4] [--users 16] [--turns 3] [--prefix-tokens 512]
+        [--concurrency 4] [--sequential 100]
+
+Builds ``builtin:tiny-llama`` for the CPU runtime, then, one serve at a time on 127.0.0.1:
+- ``serve --dynamo --workers 2 --router R`` for R in kv, round-robin, and ``bench --workload shared-prefix``
+  against it (the hit rate is modelled from which worker served each request: ``profile/prefix_hits.py``);
+- ``serve --openai-port P`` (the kit's frontend on Triton) and ``serve --dynamo --workers 1``: ``--sequential``
+  non-streamed 1-token completions of one short prompt each, after 10 untimed; the p50 of each and their
+  difference.
+Prints one line per figure, with units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.profile.shared_prefix import SharedPrefixSpec
+from trtllm_kit.profile.shared_prefix_run import SharedPrefixResult, run_shared_prefix
+from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
+from trtllm_kit.spec import ServeSettings, build_spec
+
+PROMPT_IDS = [1, 264, 333, 84, 534, 332]
+WARMUP = 10
+
+
+def _serve(out: Path, **settings: Any) -> tuple[str, dict[str, Any]]:
+    port = free_port()
+    state = serve_detached(ServeOptions(out=out, settings=ServeSettings(
+        **asdict(free_endpoints()), openai_port=port, ready_timeout_s=180, **settings)))
+    return f"http://127.0.0.1:{port}", state
+
+
+def _routing(out: Path, router: str, spec: SharedPrefixSpec, concurrency: int, root: Path) -> SharedPrefixResult:
+    url, state = _serve(out, dynamo=True, workers=2, router=router)
+    try:
+        return asyncio.run(run_shared_prefix(spec, f"{url}/v1", root / f"bench-{router}", concurrency,
+                                             Path(state["run_dir"]) / "dynamo"))
+    finally:
+        stop_serving(out, 30)
+
+
+def _sequential_p50_ms(out: Path, count: int, **settings: Any) -> float:
+    url, state = _serve(out, **settings)
+    body = json.dumps({"model": state["model"], "prompt": PROMPT_IDS, "max_tokens": 1, "temperature": 0}).encode()
+    times = []
+    try:
+        for number in range(WARMUP + count):
+            request = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            start = time.perf_counter_ns()
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert response.status == 200
+                response.read()
+            if number >= WARMUP:
+                times.append((time.perf_counter_ns() - start) / 1e6)
+    finally:
+        stop_serving(out, 30)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prefixes", type=int, default=4, help="System prompts.")
+    parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u % prefixes).")
+    parser.add_argument("--turns", type=int, default=3, help="Turns per user.")
+    parser.add_argument("--prefix-tokens", type=int, default=512, help="Tokens per system prompt.")
+    parser.add_argument("--turn-tokens", type=int, default=32, help="Tokens per user message.")
+    parser.add_argument("--osl", type=int, default=16, help="Tokens per reply.")
+    parser.add_argument("--concurrency", type=int, default=4, help="Requests in flight within a turn.")
+    parser.add_argument("--sequential", type=int, default=100, help="Timed 1-token completions per frontend.")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    spec = SharedPrefixSpec(num_prefixes=args.prefixes, num_users=args.users, num_turns=args.turns,
+                            prefix_tokens=args.prefix_tokens, turn_tokens=args.turn_tokens, osl=args.osl,
+                            seed=args.seed)
+    with tempfile.TemporaryDirectory(prefix="dynamo-routing.") as tmp:
+        root = Path(tmp)
+        out = root / "out"
+        run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "build": {"verify": False,
+                                                                                       "target": "cpu"}}))
+        for router in ("kv", "round-robin"):
+            result = _routing(out, router, spec, args.concurrency, root)
+            print(f"--router {router}: {result.line()}", flush=True)
+        plain = _sequential_p50_ms(out, args.sequential)
+        dynamo = _sequential_p50_ms(out, args.sequential, dynamo=True, workers=1)
+        print(f"sequential 1-token completions, p50 of {args.sequential}: kit frontend {plain:.2f} ms, Dynamo "
+              f"frontend {dynamo:.2f} ms, difference {dynamo - plain:+.2f} ms per request", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
