@@ -13,17 +13,18 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from kit_server import BuildKey, Builds, KitServer
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.prometheus import LocalPrometheus, _get, query, query_range
-from trtllm_kit.serve.options import Endpoints
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
@@ -62,31 +63,21 @@ def post(url: str, body: dict) -> int:
 
 
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
-    from trtllm_kit.build.pipeline import run_build
-    from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-    from trtllm_kit.spec import ServeSettings, build_spec
-
+def scraped(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("scale")
-    out = root / "out"
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out,
-                              "build": {"verify": False, "max_batch_size": 2}, "repo": one_each}))
+    out = kit_builds.copy(BuildKey.of(max_batch_size=2), root / "out")  # its own: its load is what is measured
     assert run(["deploy", "k8s", str(out), "--out", str(root / "k8s"), "--pvc", "models", "--name", "tiny",
                 "--namespace", "llm", "--queue-target", "1", "--image", "registry.example/trtllm-kit:0.1.0"]) == 0
-    endpoints: Endpoints = free_endpoints()
-    openai_port = free_port()
-    serve_detached(ServeOptions(out=out, settings=ServeSettings(**asdict(endpoints), openai_port=openai_port,
-                                                                ready_timeout_s=120)))
-    openai = f"127.0.0.1:{openai_port}"
-    prometheus = LocalPrometheus(free_port(), [(endpoints.url("metrics"), LABELS), (openai, LABELS)],
+    server = KitServer(out).start()
+    openai = f"127.0.0.1:{server.port}"
+    prometheus = LocalPrometheus(free_port(), [(server.metrics, LABELS), (openai, LABELS)],
                                  rules_file(root / "k8s", interval="1s"), scrape_s=1.0)
     try:
         prometheus.start()
         time.sleep(3)  # idle samples before the load
         start = time.time()
-        code = run(["bench", "--url", f"grpc://{endpoints.url('grpc')}", "--concurrency", "1,6", "--duration", "6",
+        code = run(["bench", "--url", f"grpc://{server.grpc}", "--concurrency", "1,6", "--duration", "6",
                     "--isl", "16", "--osl", "48", "--vocab-size", "1031", "--warmup", "0", "--no-plots",
                     "--max-client-lag", "1000", "--out", str(root / "bench")])
         assert code == 0
@@ -102,7 +93,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Scraped:
         yield Scraped(root / "k8s", prometheus, start - 3, end + 4, scaled["spec"]["triggers"][0]["metadata"]["query"])
     finally:
         prometheus.stop()
-        stop_serving(out, 30)
+        server.stop()
 
 
 def test_promtool_checks_the_prometheus_rule(tmp_path):
