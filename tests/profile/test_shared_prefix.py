@@ -26,13 +26,23 @@ def test_users_of_one_prefix_share_exactly_its_tokens() -> None:
 
 
 def test_each_turn_repeats_the_conversation_so_far() -> None:
-    by_turn = turns(SPEC)
-    assert [len(t) for t in by_turn] == [7, 7, 7]
+    by_turn = [{p.request_id: p for p in turn} for turn in turns(SPEC)]
+    assert [sorted(t) for t in by_turn] == [sorted(f"u{u}.t{t}" for u in range(7)) for t in range(3)]
     for user in range(SPEC.num_users):
-        ids = [by_turn[turn][user].input_ids for turn in range(3)]
+        ids = [by_turn[turn][f"u{user}.t{turn}"].input_ids for turn in range(3)]
         assert [len(x) for x in ids] == [45, 54, 63]  # + message and reply of each earlier turn
         assert ids[1][:45] == ids[0] and ids[2][:54] == ids[1]
-        assert by_turn[2][user].request_id == f"u{user}.t2" and by_turn[2][user].osl == 4
+        assert by_turn[2][f"u{user}.t2"].osl == 4
+
+
+def test_a_turn_sends_its_users_in_a_seeded_order_that_does_not_follow_their_prefixes() -> None:
+    spec = SharedPrefixSpec(num_prefixes=4, num_users=16, num_turns=2, prefix_tokens=8, turn_tokens=2, osl=1)
+    orders = [[p.request_id.split(".")[0] for p in turn] for turn in turns(spec)]
+    assert orders != [[f"u{u}" for u in range(16)]] * 2 and orders[0] != orders[1]
+    assert orders == [[p.request_id.split(".")[0] for p in turn] for turn in turns(spec)]
+    # a round-robin over 2 workers in this order puts the users of some prefix on both workers
+    placed = {(int(name[1:]) % 4, position % 2) for position, name in enumerate(orders[0])}  # (prefix, worker)
+    assert any({(prefix, 0), (prefix, 1)} <= placed for prefix in range(4))
 
 
 def test_the_workload_is_a_function_of_its_spec() -> None:

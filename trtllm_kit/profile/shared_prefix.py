@@ -15,7 +15,8 @@ import numpy as np
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.profile.workload import Prompt
 
-SYSTEM, USER, REPLY = 1, 2, 3  # seed streams: a system prompt, a user's message, a reply in the history
+SYSTEM, USER, REPLY, ORDER = 1, 2, 3, 4  # seed streams: a system prompt, a user's message, a reply in
+# the history, the order of a turn's users
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,13 @@ def turn_prompt(spec: SharedPrefixSpec, user: int, turn: int) -> Prompt:
 
 
 def turns(spec: SharedPrefixSpec) -> list[list[Prompt]]:
-    """Every request, one list per turn: turn ``t`` holds each user's turn ``t`` in user order (a user's turn
-    ``t + 1`` is sent only after every turn ``t`` ended).
+    """Every request, one list per turn: turn ``t`` holds each user's turn ``t`` in a seeded order of the users
+    (in user order, a round-robin over W workers would send the users of one prefix to one worker whenever W
+    divides K); a user's turn ``t + 1`` is sent only after every turn ``t`` ended.
 
     Arguments:
         spec: the workload.
     """
-    return [[turn_prompt(spec, user, turn) for user in range(spec.num_users)] for turn in range(spec.num_turns)]
+    return [[turn_prompt(spec, int(user), turn)
+             for user in np.random.default_rng([spec.seed, ORDER, turn]).permutation(spec.num_users)]
+            for turn in range(spec.num_turns)]
