@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import shutil
 import urllib.request
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from kit_server import ONE_EACH, KitServer
 from safetensors.torch import load_file, save_file
 from test_fp8_modelopt import modelopt_export
 from test_prequantized import PROMPTS, fp8_checkpoints, with_tokenizer
@@ -35,15 +35,12 @@ from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import fp8_round_trip
 from trtllm_kit.quant.kv import kv_round_trip
 from trtllm_kit.runtime.model import CheckpointModel
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings, build_spec
+from trtllm_kit.spec import build_spec
 
 pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install -c "
                     "constraints.txt -e '.[oracle]')")
 FORMATS = {"modelopt": "ModelOpt unified FP8", "compressed": "compressed-tensors FP8 (per-tensor)"}
 NEW_TOKENS = 12
-ONE_EACH = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
 # TensorRT-LLM module → the HF linears it fuses (tiny-llama)
 HF_LINEARS = {"attention.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
               "attention.dense": ("self_attn.o_proj",), "mlp.fc": ("mlp.gate_proj",), "mlp.gate": ("mlp.up_proj",),
@@ -85,13 +82,11 @@ def built(sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
 def served(built: dict[str, Path]) -> Any:
     """Both cpu artifacts behind one tritonserver and its OpenAI frontend (``compressed`` by that name)."""
     torch.set_num_threads(1)
-    port = free_port()
-    settings = ServeSettings(**asdict(free_endpoints()), ready_timeout_s=180, openai_port=port)
-    serve_detached(ServeOptions(out=built["modelopt"], more=(built["compressed"],),
-                                names=(f"modelopt={built['modelopt']}", f"compressed={built['compressed']}"),
-                                settings=settings))
-    yield port
-    stop_serving(built["modelopt"], 30)
+    server = KitServer(built["modelopt"], more=(built["compressed"],),
+                       names=(f"modelopt={built['modelopt']}", f"compressed={built['compressed']}"),
+                       ready_timeout_s=180).start()
+    yield server.port
+    server.stop()
 
 
 def served_tokens(port: int, model: str, prompt: list[int]) -> list[int]:
