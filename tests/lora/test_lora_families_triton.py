@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from kit_server import KitServer
 
 from tests.lora.adapters import make_adapter, peft_greedy
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state
-from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
-from trtllm_kit.spec import ServeSettings
+from trtllm_kit.serve.service import stop_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROMPT = [5, 77, 301, 9, 640, 12, 18, 999, 3]
@@ -52,13 +51,9 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         outs.append(root / family)
         assert run(["build", f"builtin:{family}", "--target", "cpu", "--dtype", "float32", "--no-verify",
                     "--instances", "1", "--max-lora-rank", str(MAX_RANK), *loras, "--out", str(outs[-1])]) == 0
-    endpoints, port = free_endpoints(), free_port()
-    serve_detached(ServeOptions(out=outs[0], more=tuple(outs[1:]), names=tuple(f"{o.name}={o}" for o in outs),
-                                settings=ServeSettings(host=endpoints.host, http_port=endpoints.http_port,
-                                                       grpc_port=endpoints.grpc_port,
-                                                       metrics_port=endpoints.metrics_port, openai_port=port,
-                                                       ready_timeout_s=180)))
-    yield f"http://127.0.0.1:{port}", sources
+    server = KitServer(outs[0], more=tuple(outs[1:]), names=tuple(f"{o.name}={o}" for o in outs),
+                       ready_timeout_s=180).start()
+    yield server.url, sources
     if read_state(outs[0]) is not None:
         stop_serving(outs[0], 30)
 
