@@ -80,3 +80,21 @@ def test_requests_are_named_to_the_worker_whose_log_completed_them(tmp_path: Pat
     assert response_request_id("cmpl-bb-2") == "bb-2"
     with pytest.raises(KitUsageError, match="holds no worker-"):
         served_by(tmp_path / "frontend")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ([], "Error: --workload shared-prefix sends token-id prompts to an OpenAI endpoint; pass --openai-url "
+         "http://HOST:PORT/v1.\n"),
+    (["--openai-url", "http://127.0.0.1:9/v1", "--concurrency", "1,4"],
+     "Error: --workload shared-prefix takes one whole --concurrency, got '1,4'; example: --concurrency 4.\n"),
+    (["--openai-url", "http://127.0.0.1:9/v1", "--users", "2"],
+     "Error: shared-prefix users (2) are fewer than its prefixes (4), so some prefixes would never be sent; give "
+     "--users ≥ --prefixes.\n"),
+])
+def test_bench_refuses_a_shared_prefix_run_it_cannot_make(flags: list[str], message: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from trtllm_kit.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", "--workload", "shared-prefix", "--out", str(tmp_path), *flags])
+    assert (result.exit_code, result.output) == (2, message)
