@@ -13,26 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from kit_server import KitServer
 from prometheus_client.parser import text_string_to_metric_families
-from reliability_helpers import kit
-
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.server.state import read_state
 
 MODEL = "builtin:tiny-llama"  # the served name
 STUB = "triton_python_backend_stub"
 
 
-def serve(out: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """``trtllm-kit serve OUT --detach`` on free loopback ports with the OpenAI frontend; its state."""
-    ep, openai_port = free_endpoints(), free_port()
-    done = kit("serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-               "--metrics-port", str(ep.metrics_port), "--openai-port", str(openai_port), "--detach", *args,
-               timeout=240, env=env)
-    assert done.returncode == 0, done.stderr
-    state = read_state(out)
-    assert state is not None
-    return {**state, "out": out}
+def serve(out: Path, *, api_key: str | None = None, **settings: Any) -> dict[str, Any]:
+    """``trtllm-kit serve OUT --detach`` (a ``KitServer``) on free loopback ports with the OpenAI frontend; its state
+    and ``out``.
+
+    Arguments:
+        out: the build output (a copy the test owns); api_key: the key clients send (``TRTLLM_KIT_API_KEY``);
+        settings: further ``ServeSettings``, e.g. ``engine_watchdog_s=3`` or ``api_keys=PATH``.
+    """
+    server = KitServer(out, api_key=api_key, **settings).start()
+    return {**server.state, "out": out}
 
 
 def counters(state: dict[str, Any]) -> dict[str, float]:

@@ -65,7 +65,7 @@ def gated(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     out, keys_path = root / "out", root / "keys.json"
     shutil.copytree(tiny_artifact, out)
     secrets = {name: add_key(keys_path, name, **limits)[0] for name, limits in KEYS.items()}
-    state = serve(out, "--api-keys", str(keys_path))
+    state = serve(out, api_keys=keys_path)
     yield Gated(state, keys_path, secrets)
     kit("stop", str(out), timeout=60)
 

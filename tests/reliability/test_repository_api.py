@@ -48,15 +48,14 @@ def guarded(request: pytest.FixtureRequest, tiny_artifact: Path,
     root = tmp_path_factory.mktemp(f"guarded-{request.param}")
     out = root / "out"
     shutil.copytree(tiny_artifact, out)
-    args: tuple[str, ...] = ()
-    env: dict[str, str] = {}
+    settings: dict[str, Any] = {}
     key = None
     if request.param == "api-key":
-        env, key = {"TRTLLM_KIT_API_KEY": KEY}, KEY
+        settings, key = {"api_key": KEY}, KEY
     elif request.param == "api-keys":
         key = add_key(root / "keys.json", "client")[0]
-        args = ("--api-keys", str(root / "keys.json"))
-    state = serve(out, *args, env=env)
+        settings = {"api_keys": root / "keys.json"}
+    state = serve(out, **settings)
     yield {**state, "mode": request.param, "key": key, "root": root}
     kit("stop", str(out), timeout=60)
 

@@ -38,7 +38,7 @@ MAX_STEPS = 50  # a disconnect's way through aiohttp, gRPC, Triton and the BLS o
 
 
 def test_a_stopped_engine_is_treated_as_dead(artifact_copy: Path) -> None:
-    state = serve(artifact_copy, "--engine-watchdog", str(WATCHDOG_S))
+    state = serve(artifact_copy, engine_watchdog_s=WATCHDOG_S)
     engine = stubs(state)["tensorrt_llm"]
     sock = open_stream(state, {**LONG, "stream": True})
     os.kill(engine, signal.SIGSTOP)
@@ -59,7 +59,7 @@ def test_a_stopped_engine_is_treated_as_dead(artifact_copy: Path) -> None:
 
 
 def test_a_stopped_idle_stub_is_treated_as_dead(artifact_copy: Path) -> None:
-    state = serve(artifact_copy, "--engine-watchdog", str(WATCHDOG_S))
+    state = serve(artifact_copy, engine_watchdog_s=WATCHDOG_S)
     stub = stubs(state)["postprocessing"]
     os.kill(stub, signal.SIGSTOP)  # it holds nothing, so it writes no heartbeat: its process state tells
     assert serve_exits(state["pid"], timeout_s=60)

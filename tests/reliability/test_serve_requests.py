@@ -171,7 +171,7 @@ def test_a_non_utf8_prompt_fails_alone_without_a_traceback(served: dict[str, Any
 def keyed(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     out = tmp_path_factory.mktemp("keyed") / "out"
     shutil.copytree(tiny_artifact, out)
-    state = serve(out, env={"TRTLLM_KIT_API_KEY": KEY})
+    state = serve(out, api_key=KEY)
     yield state
     kit("stop", str(out), timeout=60)
 
