@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_server import KitServer
 from reliability_helpers import MODEL, error_line, kit
 
-from trtllm_kit.serve.server.launcher import free_endpoints
 from trtllm_kit.serve.server.state import read_state, run_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -33,12 +33,10 @@ def served(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     decoy = tmp_path_factory.mktemp("decoy")
     (decoy / "python3").write_text("#!/bin/sh\necho 'not the kit interpreter' >&2\nexit 1\n")
     (decoy / "python3").chmod(stat.S_IRWXU)
-    ep = free_endpoints()
-    done = kit("serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-               "--metrics-port", str(ep.metrics_port), "--detach", timeout=240,
-               env={"PATH": f"{decoy}{os.pathsep}{os.environ['PATH']}"})
-    assert done.returncode == 0, done.stderr
-    yield {"out": out, "before": before, "state": read_state(out), "grpc": ep.url("grpc")}
+    with pytest.MonkeyPatch.context() as env:  # the serve and all it starts inherit this PATH
+        env.setenv("PATH", f"{decoy}{os.pathsep}{os.environ['PATH']}")
+        server = KitServer(out).start()
+    yield {"out": out, "before": before, "state": read_state(out), "grpc": server.grpc}
     kit("stop", str(out), timeout=60)
 
 
