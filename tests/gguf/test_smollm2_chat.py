@@ -4,22 +4,14 @@ model's own end-of-turn token (``<|im_end|>``), system messages and an earlier t
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import torch
 from gguf_files import SMOLLM2
-from kit_cli import KIT
+from kit_server import BuildKey, KitServer, Servers
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.serve.server.launcher import free_endpoints, free_port
-from trtllm_kit.serve.server.state import read_state
-from trtllm_kit.spec import build_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MAX_TOKENS = 40
@@ -41,20 +33,9 @@ CHATS: list[list[dict[str, str]]] = [
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("smollm2") / "out"
-    one_each = {"preprocessing_instances": 1, "postprocessing_instances": 1, "bls_instances": 1}
-    build = {"verify": False, "target": "cpu", "dtype": "float32"}  # transformers' precision below
-    run_build(build_spec({}, {"model": SMOLLM2, "out": out, "build": build, "repo": one_each}))
-    ep, openai_port = free_endpoints(), free_port()
-    done = subprocess.run([*KIT, "serve", str(out), "--http-port", str(ep.http_port), "--grpc-port",
-                           str(ep.grpc_port), "--metrics-port", str(ep.metrics_port), "--openai-port",
-                           str(openai_port), "--detach"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    state = read_state(out)
-    assert state is not None
-    yield {**state, "out": out}
-    subprocess.run([*KIT, "stop", str(out)], capture_output=True, timeout=120)
+def served(kit_servers: Servers, smollm2_dir: Path) -> KitServer:
+    return kit_servers.get(BuildKey.of(SMOLLM2, target="cpu", dtype="float32"),  # transformers' precision below
+                           ready_timeout_s=300)
 
 
 def greedy(model: torch.nn.Module, tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -68,11 +49,11 @@ def greedy(model: torch.nn.Module, tokenizer: Any, messages: list[dict[str, str]
     return new[:new.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in new else new
 
 
-def test_served_chat_answers_are_transformers_greedy_answers(served: dict[str, Any], smollm2_dir: Path) -> None:
+def test_served_chat_answers_are_transformers_greedy_answers(served: KitServer, smollm2_dir: Path) -> None:
     torch.set_num_threads(1)  # the server runs beside it on the same cores
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    client = openai.OpenAI(base_url=f"http://{served['openai']}/v1", api_key="unused", timeout=300)
+    client = served.client(timeout=300)
     name = client.models.list().data[0].id
     stopped = 0
     for messages in CHATS:
