@@ -27,8 +27,6 @@ KEY = "sk-test-key"
 MODEL = "builtin:tiny-llama"
 
 
-
-
 def kit(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*KIT, *args],
                           capture_output=True, text=True, timeout=120, **kwargs)
