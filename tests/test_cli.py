@@ -261,7 +261,7 @@ def test_build_json_points_at_a_manifest_that_matches_the_disk(tiny_llama: Path,
     assert (manifest["target"], manifest["layout"]["world_size"], manifest["precision"]["weights"]) == (
         "cpu", 1, "float16")
     spec = manifest["spec"]
-    assert sorted(spec) == ["build", "model", "out", "quant", "repo", "serve"]
+    assert sorted(spec) == ["build", "model", "out", "quant", "repo", "serve", "speculative"]
     assert (spec["model"], spec["out"]) == (str(tiny_llama), str(out))
     assert {k: spec["build"][k] for k in BASE_SPEC_KEYS} == {"tp": 1, "pp": 1, "dtype": "auto", "until": STAGES[-1],
                                                              "target": "auto", "verify": None, "allow_pickle": False,
