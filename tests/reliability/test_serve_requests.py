@@ -30,6 +30,7 @@ from serving_helpers import MODEL, counters, open_stream, post, serve, shm_regio
 from tritonclient.grpc import InferResult, service_pb2_grpc
 
 from trtllm_kit.serve.client import _infer_request
+from trtllm_kit.serve.openai.errors import QUEUE_FULL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KEY = "sk-reliability-key-0123456789"
@@ -161,9 +162,10 @@ def test_a_non_utf8_prompt_fails_alone_without_a_traceback(served: dict[str, Any
         bad = results.pop(30)
         assert isinstance(bad, str) and "QUERY is not UTF-8 text (byte 0xff at offset 4); send UTF-8." in bad, bad
         assert "At:" not in bad and "/" not in bad and "Traceback" not in bad
-        # the 61 arrive at once: beyond 8 running + 32 queued the engine refuses some (item 5), never for the bad one
+        # the 61 arrive at once: beyond 8 running + 32 queued the engine (or Triton's queue of a model in front of it,
+        # when the load lets it fill first) refuses some as a full queue (item 5), never for the bad one
         refused = [r for r in results if not isinstance(r, bytes)]
-        assert all("the request queue is full" in r for r in refused), refused
+        assert all(any(full in r for full in QUEUE_FULL) for r in refused), refused
         assert len(results) - len(refused) >= 8 + 32 - 1 and all(r for r in results if isinstance(r, bytes))
 
 
