@@ -25,19 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.card import write_card
 from trtllm_kit.serve.dynamo.launch import LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
-from trtllm_kit.serve.options import ServeOptions, parse_names
+from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
-from trtllm_kit.serve.server.launcher import check_ports_free
+from trtllm_kit.serve.server.in_process import claim_artifact, served_name
 from trtllm_kit.serve.server.reaper import Reaper
-from trtllm_kit.serve.server.state import claim_run_dir, clear_run, serving_pid, write_pid, write_state
+from trtllm_kit.serve.server.state import clear_run, write_pid, write_state
 from trtllm_kit.serve.server.stop_signals import stop_requests
 
 LOG = logging.getLogger(__name__)
-TARGETS = ("cpu", "llmapi")  # what the kit's worker runs (the CPU LLM)
 STOP_GRACE_S = 2.0  # SIGTERM to SIGKILL: the whole stop stays within 3 s
 WATCH_S = 0.2
 DYNAMO_MODULES = ("dynamo.frontend", "dynamo.llm", "dynamo.runtime")  # the frontend and the worker API
@@ -73,17 +71,6 @@ def _importable(module: str) -> bool:
         return False
 
 
-def served_name(options: ServeOptions, artifact: Artifact) -> str:
-    """The model's name on the frontend: its ``--name``, else its model source.
-
-    Arguments:
-        options: the serve; artifact: OUT's artifact.
-    """
-    names = [name for name, out in parse_names(options.names).items()
-             if out.resolve() == options.out.resolve()]
-    return names[0] if names else artifact.model_source
-
-
 def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Run the frontend and the workers until SIGINT/SIGTERM, or until the frontend or every worker has exited
     (``KitError``).
@@ -93,17 +80,9 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     """
     check_dynamo(options)
     settings, out = options.settings, options.out
-    artifact = Artifact.read(out)
-    if artifact.target not in TARGETS:
-        raise KitUsageError(f"{out} is a {artifact.target} artifact; --dynamo runs the kit's CPU workers on cpu "
-                            "and llmapi artifacts (build with --target cpu or --target llmapi).")
-    check_artifact(artifact, hashes=settings.verify)
-    holder = serving_pid(out)
-    if holder is not None:
-        raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
+    artifact, run_dir = claim_artifact(options, "--dynamo", "the kit's CPU workers")
     assert settings.openai_port is not None
-    check_ports_free(LOOPBACK, {"OpenAI": settings.openai_port})
-    dirs = DynamoDirs(claim_run_dir(out) / "dynamo")
+    dirs = DynamoDirs(run_dir / "dynamo")
     shutil.rmtree(dirs.root, ignore_errors=True)  # a killed serve's registrations and logs
     dirs.root.mkdir(mode=0o700)  # registrations, model cards and logs: the owner's alone
     for directory in (dirs.discovery, dirs.home, dirs.ready, dirs.requests):

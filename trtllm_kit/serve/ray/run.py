@@ -27,16 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import Artifact
-from trtllm_kit.artifact.integrity import check_artifact
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.serve.dynamo.run import TARGETS, served_name
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.ray.namespace import LOOPBACK_UP, PRIVATE_NET, end_namespace, net_namespace
 from trtllm_kit.serve.ray.scaling import Autoscaling
 from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
-from trtllm_kit.serve.server.launcher import check_ports_free
+from trtllm_kit.serve.server.in_process import claim_artifact, served_name
 from trtllm_kit.serve.server.reaper import Reaper
-from trtllm_kit.serve.server.state import claim_run_dir, clear_run, serving_pid, write_pid, write_state
+from trtllm_kit.serve.server.state import clear_run, write_pid, write_state
 from trtllm_kit.serve.server.stop_signals import stop_requests
 
 LOOPBACK = "127.0.0.1"
@@ -142,18 +140,10 @@ def serve_ray(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] 
         options: the serve (``--ray``); on_ready: called once with the state when the frontend answers.
     """
     check_ray(options)
-    settings, out = options.settings, options.out
-    artifact = Artifact.read(out)
-    if artifact.target not in TARGETS:
-        raise KitUsageError(f"{out} is a {artifact.target} artifact; --ray runs the kit's CPU LLM on cpu and llmapi "
-                            "artifacts (build with --target cpu or --target llmapi).")
-    check_artifact(artifact, hashes=settings.verify)
-    holder = serving_pid(out)
-    if holder is not None:
-        raise KitUsageError(f"{out} is already served by pid {holder}; run trtllm-kit stop {out}.")
+    settings = options.settings
+    artifact, run_dir = claim_artifact(options, "--ray", "the kit's CPU LLM")
     assert settings.openai_port is not None
-    check_ports_free(LOOPBACK, {"OpenAI": settings.openai_port})
-    dirs = RayDirs(claim_run_dir(out) / "ray")
+    dirs = RayDirs(run_dir / "ray")
     dirs.make()
     name = served_name(options, artifact)
     sock = listening_socket(settings.openai_port)
