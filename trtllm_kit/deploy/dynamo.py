@@ -18,18 +18,16 @@ from typing import Any
 
 import yaml
 
-from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import dynamo_scaling, monitoring, objects
 from trtllm_kit.deploy.dashboard import dashboard_config_map
 from trtllm_kit.deploy.dynamo_dashboard import dashboard
 from trtllm_kit.deploy.dynamo_roles import OPTIONS_DIR, WORKER_MODULE, Role, engine_options, worker_args
 from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, shm_size, volumes
-from trtllm_kit.deploy.render import check, names_for
+from trtllm_kit.deploy.render import names_for, write_checked
 from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
-from trtllm_kit.errors import KitError
 from trtllm_kit.spec import ServeSettings
 
 Obj = dict[str, Any]
@@ -144,13 +142,5 @@ def render_graph(source: DeploySource, settings: DeploySettings, roles: tuple[Ro
         "dashboard-configmap.yaml": [dashboard_config_map(names, dashboard(names))]}
     if dynamo_scaling.check_autoscaler(settings):
         files["scaledobjects.yaml"] = [dynamo_scaling.scaled_object(names, source, settings, role) for role in roles]
-    found = check([(name, doc) for name, group in files.items() for doc in group], settings.versions)
-    if found:  # an internal invariant: the kit must never write an object its schemas refuse
-        raise KitError(f"the generated objects fail validation: {found[0]}")
-    with staged_dir(out, force=force) as staging:
-        for name, group in files.items():
-            (staging / name).write_text(yaml.safe_dump_all(group, sort_keys=False))
-        (staging / "kustomization.yaml").write_text(yaml.safe_dump(
-            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)},
-            sort_keys=False))
-    return Graph(out.absolute(), names.name, roles, ("kustomization.yaml", *files))
+    written = write_checked(files, out, settings.versions, force=force)
+    return Graph(out.absolute(), names.name, roles, written)

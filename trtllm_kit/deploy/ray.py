@@ -16,16 +16,15 @@ from typing import Any
 
 import yaml
 
-from trtllm_kit.build.staging import staged_dir
 from trtllm_kit.deploy import objects
 from trtllm_kit.deploy.image import check_image
 from trtllm_kit.deploy.objects import Names
 from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, volumes
 from trtllm_kit.deploy.ray_app import IMPORT_PATH
-from trtllm_kit.deploy.render import check, names_for
+from trtllm_kit.deploy.render import names_for, write_checked
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
-from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.ray.driver import APPLICATION, DEFAULT_MAX_ONGOING, DEPLOYMENT
 from trtllm_kit.serve.ray.scaling import Autoscaling
 
@@ -145,13 +144,5 @@ def render_ray(source: DeploySource, settings: DeploySettings, scaling: Autoscal
     names = names_for(source, settings)
     files: dict[str, list[Obj]] = {"sha256-configmap.yaml": [objects.sha256_list(names, source)],
                                    "rayservice.yaml": [ray_service(names, source, settings, scaling, gpus)]}
-    found = check([(name, doc) for name, group in files.items() for doc in group], settings.versions)
-    if found:  # an internal invariant: the kit must never write an object its schemas refuse
-        raise KitError(f"the generated objects fail validation: {found[0]}")
-    with staged_dir(out, force=force) as staging:
-        for name, group in files.items():
-            (staging / name).write_text(yaml.safe_dump_all(group, sort_keys=False))
-        (staging / "kustomization.yaml").write_text(yaml.safe_dump(
-            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)},
-            sort_keys=False))
-    return RayServiceWritten(out.absolute(), names.name, scaling, gpus, ("kustomization.yaml", *files))
+    written = write_checked(files, out, settings.versions, force=force)
+    return RayServiceWritten(out.absolute(), names.name, scaling, gpus, written)

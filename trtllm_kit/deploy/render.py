@@ -108,6 +108,26 @@ def check(docs: list[tuple[str, Obj]], versions: Versions | None = None) -> list
     return found + lint(docs) + version_findings(docs, versions)
 
 
+def write_checked(files: dict[str, list[Obj]], out: Path, versions: Versions, *,
+                  force: bool = False) -> tuple[str, ...]:
+    """Check ``files`` and write them with their kustomization into ``out`` (staged, renamed into place); the names
+    written, the kustomization first.
+
+    Arguments:
+        files: file name → its objects; out: the directory; versions: the cluster's; force: replace an existing one.
+    """
+    found = check([(name, doc) for name, group in files.items() for doc in group], versions)
+    if found:  # an internal invariant: the kit must never write an object its schemas refuse
+        raise KitError(f"the generated objects fail validation: {found[0]}")
+    with staged_dir(out, force=force) as staging:
+        for name, group in files.items():
+            (staging / name).write_text(yaml.safe_dump_all(group, sort_keys=False))
+        (staging / "kustomization.yaml").write_text(yaml.safe_dump(
+            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)},
+            sort_keys=False))
+    return ("kustomization.yaml", *files)
+
+
 def render(source: DeploySource, settings: DeploySettings, out: Path, *, force: bool = False) -> Rendered:
     """Write the deployment of ``source`` into ``out`` (staged, validated, renamed into place).
 
