@@ -1,11 +1,8 @@
 """The field table: each field of the generation request declared once, in its dataclass, with what it means when
 absent, its rule and its tensor in each dialect.
 
-A field is declared where the record declares it::
-
-    min_p: float | None = field(default=None, metadata=wire(
-        "vLLM's min_p (0 = off).", 0.0, Rule(float, 0, 1), "FP32",
-        trtllm="runtime_min_p", llmapi="sampling_param_min_p", strict=True))
+A field is declared where the record declares it: ``field(default=None, metadata=wire(help, absent, rule, dtype,
+trtllm=..., llmapi=..., text=..., strict=...))``, as every field of ``request.py`` is.
 
 ``rows(cls)`` reads the declarations back. A row with a ``dtype`` is a scalar: one tensor of that type per dialect
 that has a name for it, encoded and decoded by the table alone (``scalars.py``); a row without one is structured

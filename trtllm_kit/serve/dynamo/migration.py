@@ -7,12 +7,12 @@ worker to see a request records its prompt length under the request id, and remo
 worker that finds the id already recorded is continuing a migrated request, ``len(token_ids)`` minus the recorded
 length tokens in.
 
-What continues exactly on the longer prompt: greedy and unseeded sampling, ``top_k``/``top_p``/``min_p``, the
-repetition penalty (the CPU runtime counts prompt and output tokens alike), stop strings (the frontend's), and
-``min_tokens`` (reduced by the tokens generated). What does not, and is refused: seeded sampling (the new worker's
-random stream starts again), presence and frequency penalties (they count output tokens only) and guided decoding
-(the grammar would start again at the generated text; Dynamo's frontend does not migrate those either).
-"""
+What continues exactly on the longer prompt: greedy and unseeded sampling with its truncations (top-k, top-p, the
+probability floor), the repetition penalty (the CPU runtime counts prompt and output tokens alike), stop strings
+(the frontend's), and ``min_tokens`` (reduced by the tokens generated). What does not, and is refused: seeded
+sampling (the new worker's random stream starts again), presence and frequency penalties (they count output tokens
+only) and guided decoding (the grammar would start again at the generated text; Dynamo's frontend does not migrate
+those either). """
 
 from __future__ import annotations
 
