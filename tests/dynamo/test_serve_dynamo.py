@@ -99,12 +99,8 @@ def _wait_gone(pgids: list[int], timeout_s: float) -> list[int]:
 @pytest.fixture(scope="module")
 def dynamo(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
     out = kit_builds.copy(LLMAPI, tmp_path_factory.mktemp("dynamo") / "out")
-    server = KitServer(out, dynamo=True, workers=2, migration_limit=3)
-    server.start()
-    try:
+    with KitServer(out, dynamo=True, workers=2, migration_limit=3) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_models_lists_the_artifact(dynamo: KitServer) -> None:
@@ -161,12 +157,8 @@ def _killer(state: dict[str, Any], killed: list[int]) -> Any:
 def migrating(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
     """A serve with a worker for each migration test to kill and one left to take the stream over."""
     out = kit_builds.copy(LLMAPI, tmp_path_factory.mktemp("migrating") / "out")
-    server = KitServer(out, dynamo=True, workers=4, migration_limit=3)
-    server.start()
-    try:
+    with KitServer(out, dynamo=True, workers=4, migration_limit=3) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_min_tokens_continue_across_a_migration(migrating: KitServer) -> None:

@@ -68,12 +68,8 @@ def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
 @pytest.fixture(scope="module")
 def scaled(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
     out = kit_builds.copy(BuildKey.of(target="llmapi"), tmp_path_factory.mktemp("ray-scaling") / "out")
-    server = KitServer(out, ray=True, replicas="0:2", target_ongoing=1.0, ready_timeout_s=READY_TIMEOUT_S)
-    server.start()
-    try:
+    with KitServer(out, ray=True, replicas="0:2", target_ongoing=1.0, ready_timeout_s=READY_TIMEOUT_S) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_scale_from_zero_answers_the_first_request(scaled: KitServer) -> None:

@@ -64,12 +64,8 @@ def _stream(server: KitServer, model: str, max_tokens: int) -> tuple[list[str], 
 @pytest.fixture(scope="module")
 def on_ray(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
     out = kit_builds.copy(LLMAPI, tmp_path_factory.mktemp("ray") / "out")
-    server = KitServer(out, ray=True, replicas="1:2", target_ongoing=2.0, ready_timeout_s=READY_TIMEOUT_S)
-    server.start()
-    try:
+    with KitServer(out, ray=True, replicas="1:2", target_ongoing=2.0, ready_timeout_s=READY_TIMEOUT_S) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_models_lists_the_artifact_and_the_state_says_ray(on_ray: KitServer) -> None:
