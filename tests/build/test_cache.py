@@ -15,6 +15,7 @@ from fakes import FakeTrtllmBuild, h100_machine
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.archive import pack_archive, verify_artifact
 from trtllm_kit.artifact.machine import Machine, compatibility
+from trtllm_kit.build import pipeline
 from trtllm_kit.cli import run
 from trtllm_kit.gpus import GPU, MIB
 from trtllm_kit.models.builtin import builtin_dir, cache_root
@@ -281,3 +282,22 @@ def test_the_ci_example_config_plans(tmp_path: Path, capsys: pytest.CaptureFixtu
 def problems_on(machine: Machine) -> Callable[[Artifact], list[str]]:
     """What keeps an artifact from being served on ``machine``, as its target says."""
     return lambda artifact: get_target(artifact.target).serve_problems(artifact, machine)
+
+
+def test_the_verify_texts_are_in_the_checkpoint_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A cached checkpoint keeps its verify figures only while the held-out text they were measured on is the same."""
+    out = tmp_path / "out"
+    argv = ["builtin:tiny-llama", "--until", "checkpoint", "--verify", "--target", "cpu", "--out", str(out), "--json"]
+    build("build", *argv)
+    capsys.readouterr()
+
+    def checkpoint_status() -> str:
+        assert run(["plan", *argv]) == 0
+        return json.loads(capsys.readouterr().out)["stages"][0]["status"]
+
+    assert checkpoint_status() == "cached"
+    edited = tmp_path / "heldout.txt"
+    edited.write_text(pipeline.heldout_path().read_text(encoding="utf-8") + "One more held-out line.\n")
+    monkeypatch.setattr(pipeline, "heldout_path", lambda: edited)
+    assert checkpoint_status() == "will build"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtllm_kit.artifact import Artifact, CacheRecord, ModelRecord
 from trtllm_kit.artifact.archive import pack_archive
-from trtllm_kit.artifact.files import file_hashes, tool_versions
+from trtllm_kit.artifact.files import file_hashes, sha256_file, tool_versions
 from trtllm_kit.artifact.integrity import file_stats
 from trtllm_kit.artifact.machine import detect_machine
 from trtllm_kit.build.cache import BackgroundDigests, Previous, fingerprint, input_digests, stage_key
@@ -23,6 +23,7 @@ from trtllm_kit.build.compile_stage import compile_stage, prepare_compile
 from trtllm_kit.build.repo_stage import repo_key_parts, repo_stage
 from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.checkpoint.convert import work_items
+from trtllm_kit.checkpoint.quality import choices_path, heldout_path
 from trtllm_kit.checkpoint.trtllm_config import precision_of, resolve_dtype
 from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.lora.store import add_adapter
@@ -70,6 +71,11 @@ NOT_CHECKPOINT_FIELDS = ("until", "target", "force", "archive", "gpu", "gpu_memo
 CHECKPOINT_TOOLS = ("trtllm_kit", "torch", "transformers", "safetensors")
 
 
+def verify_texts() -> dict[str, str]:
+    """The sha256 of the texts the verify step measures on: a changed text makes a cached checkpoint's figures stale."""
+    return {path.name: sha256_file(path) for path in (heldout_path(), choices_path())}
+
+
 def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engine: EngineSetup) -> dict[str, str]:
     """The cache key of every stage: its inputs, the spec fields it reads, the tool versions, the previous key."""
     tools = tool_versions()
@@ -79,7 +85,9 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
 
         size = choose_size(spec.quant_config(), calibration_device())
         fields.update(calib_samples=size.samples, calib_seq_len=size.seq_len)
-    checkpoint = stage_key("checkpoint", {"inputs": digests, "spec": fields, "verify": should_verify(spec, model),
+    verify = should_verify(spec, model)
+    checkpoint = stage_key("checkpoint", {"inputs": digests, "spec": fields, "verify": verify,
+                                          "verify_texts": verify_texts() if verify else None,
                                           "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}})
     engine_key = stage_key("engine", {"checkpoint": checkpoint, **engine.key_parts()})
     return {"checkpoint": checkpoint, "engine": engine_key,
