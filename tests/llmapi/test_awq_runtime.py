@@ -59,7 +59,13 @@ def test_plan_describes_awq_and_its_search_memory(tmp_path: Path, capsys: pytest
     assert run(["plan", "builtin:tiny-llama", "--target", "llmapi", "--quant", "int4-awq", "--gpu", "H100-80GB",
                 "--out", str(tmp_path / "out"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert any(n.startswith("W4A16 AWQ: int4 weights in groups of 128") for n in report["llmapi"]["notes"])
+    assert any(n.startswith("W4A16 AWQ: int4 weights in groups of 128") and n.endswith("about 0.27 of their bf16 "
+               "bytes") for n in report["llmapi"]["notes"])
+    assert run(["plan", "builtin:tiny-llama", "--target", "llmapi", "--quant", "int4-awq", "--awq-group-size", "64",
+                "--gpu", "H100-80GB", "--out", str(tmp_path / "out64"), "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["llmapi"]["notes"]
+    assert any(n.startswith("W4A16 AWQ: int4 weights in groups of 64") and n.endswith("about 0.28 of their bf16 bytes")
+               for n in notes)
     calibration = report["calibration"]
     assert calibration["search_bytes"] > 0
     assert calibration["peak_bytes"] == sum(calibration[k] for k in ("layer_bytes", "activation_bytes", "kv_bytes",

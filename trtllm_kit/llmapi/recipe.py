@@ -131,10 +131,11 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
         notes.append(f"NVFP4 needs compute capability >= {NVFP4_MIN_SM[0]}.{NVFP4_MIN_SM[1]} (Blackwell){where}: "
                      "FP4 GEMMs on packed e2m1 weights with e4m3 block scales")
     if precision.quant_algo == "W4A16_AWQ":
-        notes.append("W4A16 AWQ: int4 weights in groups of 128 with a float32 scale each, dequantized inside the "
+        group = spec.quant_config().awq_group_size  # int4 is 1/4 of bf16's bytes; a float32 scale adds 2/group
+        notes.append(f"W4A16 AWQ: int4 weights in groups of {group} with a float32 scale each, dequantized inside the "
                      "GEMM; activations stay in the model dtype (a pre_quant_scale multiplies the input of each linear "
                      "that reads it alone; q/k/v's and gate/up's shared one is in the norm before them); linear "
-                     "weights take about 0.27 of their bf16 bytes")
+                     f"weights take about {0.25 + 2 / group:.2f} of their bf16 bytes")
     notes.append("iteration statistics on (enable_iter_perf_stats) for the nv_trt_llm_* gauges")
     if lora is not None:
         notes.append(f"LoRA on {', '.join(trtllm_modules(lora))} up to rank {lora.max_lora_rank}, {lora.max_loras} "
