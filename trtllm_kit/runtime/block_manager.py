@@ -11,6 +11,9 @@ sequence then writes on its own (copy-on-write, done at once since the next toke
 Asked to (``record_events``), it keeps the KV cache events of a router: a block registered under its hash
 (``stored``, with its tokens and its prefix block's hash) and a hash dropped when its block is handed out again
 (``removed``).
+With reuse on it counts, for a prefix cache's hit rate, the tokens of every sequence it allocates
+(``num_queried_tokens``, a resumed sequence's generated tokens included) and those found cached
+(``num_hit_tokens``).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.num_reused_blocks = 0
         self.num_missed_blocks = 0
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
         self.events: deque[KvEvent] | None = None  # KV cache events, kept only after ``record_events``
 
     def record_events(self, max_size: int) -> None:
@@ -129,6 +134,8 @@ class BlockManager:
         self.num_reused_blocks += len(hits)
         if self.enable_reuse:
             self.num_missed_blocks += max((len(seq) - 1) // self.tokens_per_block - len(hits), 0)
+            self.num_queried_tokens += len(seq)
+            self.num_hit_tokens += len(hits) * self.tokens_per_block
         seq.num_cached_tokens = len(hits) * self.tokens_per_block
         seq.num_computed_tokens = max(seq.num_cached_tokens, seq.num_imported_tokens)
         self.append(seq, num_tokens)

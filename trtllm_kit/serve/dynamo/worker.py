@@ -4,7 +4,8 @@
 --ready-file PATH`` loads OUT (a cpu or llmapi artifact) into the kit's CPU ``LLM`` (``llmapi/cpu_llm.py``),
 registers it with Dynamo's Python API (``ModelInput.Tokens``, chat and completions, the card directory of
 ``card.py`` as the model path, the artifact's KV block size), publishes the block manager's KV cache events for
-the KV router (``kv_events.py``), touches the ready file and serves ``generate`` until SIGTERM. Discovery is
+the KV router (``kv_events.py``), adds its prefix-cache metrics to Dynamo's worker ``/metrics`` on a free loopback
+port (``metrics.py``), writes that address into the ready file and serves ``generate`` until SIGTERM. Discovery is
 Dynamo's file backend (``DYN_FILE_KV``) and requests come over TCP: ``serve --dynamo`` sets both, and the loopback
 addresses (``launch.py``).
 """
@@ -26,6 +27,8 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
 from trtllm_kit.serve.artifact_llm import artifact_llm
 from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
+from trtllm_kit.serve.dynamo.launch import LOOPBACK
+from trtllm_kit.serve.dynamo.metrics import SYSTEM_PORT_ENV, exposition, system_port
 from trtllm_kit.serve.dynamo.migration import Ledger, MigrationRefused, continuation
 from trtllm_kit.serve.dynamo.request import WorkerRequest, response_chunk, worker_request
 
@@ -52,7 +55,8 @@ class Generator:
 
     Arguments:
         llm: the loaded model; max_seq_len: its prompt + output bound;
-        refusal: makes the exception the frontend answers 400 with (Dynamo's ``HttpError``);
+        refusal: makes, from a sentence, the exception the frontend answers 400 with that sentence for (Dynamo's
+        ``InvalidArgument``; its ``HttpError`` reaches the client as "Bad Request" alone);
         ledger: the requests in flight on the serve's workers, which tells a migrated request's generated tokens.
     """
 
@@ -73,7 +77,7 @@ class Generator:
             self.ledger.end(request_id)
             if isinstance(exc, MigrationRefused):
                 LOG.warning("request %s: %s", request_id, exc)
-            raise self.refusal(400, str(exc)) from exc
+            raise self.refusal(str(exc)) from exc
         num_generated = len(asked.token_ids) - num_prompt_tokens  # by a worker that died
         sent, finished = 0, False
         try:
@@ -88,7 +92,7 @@ class Generator:
                     break
         except RequestError as exc:
             finished = True
-            raise self.refusal(400, str(exc)) from exc
+            raise self.refusal(str(exc)) from exc
         finally:
             self.ledger.end(request_id)
             if not finished:
@@ -110,10 +114,13 @@ async def run_worker(spec: WorkerSpec) -> None:
     Arguments:
         spec: the worker.
     """
-    from dynamo.llm import HttpError, KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
+    from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
+    from dynamo.llm.exceptions import InvalidArgument
     from dynamo.runtime import DistributedRuntime
 
     llm, limits = artifact_llm(spec.out, event_buffer=EVENT_BUFFER)
+    metrics_port = system_port(LOOPBACK)
+    os.environ.update({"DYN_SYSTEM_HOST": LOOPBACK, SYSTEM_PORT_ENV: str(metrics_port)})  # read by the runtime
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(loop, DISCOVERY_BACKEND, REQUEST_PLANE)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -125,9 +132,13 @@ async def run_worker(spec: WorkerSpec) -> None:
                              kv_cache_block_size=limits.tokens_per_block)
         publisher = KvEventPublisher(endpoint, kv_block_size=limits.tokens_per_block)
         relay = asyncio.create_task(relay_events(llm, publisher))
+        blocks = llm.engine.scheduler.block_manager
+        endpoint.metrics.register_prometheus_expfmt_callback(lambda: exposition(blocks, spec.model_name))
         spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
-        spec.ready_file.touch()
-        generator = Generator(llm, limits.max_seq_len, HttpError, Ledger(spec.requests))
+        written = spec.ready_file.with_name(f"{spec.ready_file.name}.part")
+        written.write_text(f"http://{LOOPBACK}:{metrics_port}/metrics\n")
+        written.replace(spec.ready_file)  # whole, or not there yet
+        generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests))
         await endpoint.serve_endpoint(generator.generate,
                                       graceful_shutdown=False)
         relay.cancel()

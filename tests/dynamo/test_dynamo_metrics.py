@@ -1,0 +1,103 @@
+"""The worker's prefix-cache metrics: the block manager's counters, their Prometheus text, and a real ``serve
+--dynamo`` worker's ``/metrics`` rising on a repeated prefix and not on a fresh one."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kit_server import BuildKey, Builds, KitServer
+
+from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.runtime.block_manager import BlockManager
+from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
+from trtllm_kit.runtime.sequence import Sequence
+from trtllm_kit.serve.dynamo.metrics import PrefixCounts, exposition, prefix_counts, scrape, worker_metrics_urls
+
+
+def _run(manager: BlockManager, seq_id: int, token_ids: list[int]) -> None:
+    """Allocate, compute, seal and free one sequence, as a finished request leaves its blocks."""
+    seq = Sequence(seq_id, token_ids, RuntimeParams(max_tokens=1))
+    manager.allocate(seq, len(token_ids))
+    seq.num_computed_tokens = len(token_ids)
+    manager.seal(seq)
+    manager.free(seq)
+
+
+def test_block_manager_counts_queried_and_cached_tokens() -> None:
+    manager = BlockManager(num_blocks=8, tokens_per_block=4, enable_reuse=True)
+    _run(manager, 0, list(range(10)))
+    assert (manager.num_queried_tokens, manager.num_hit_tokens) == (10, 0)
+    _run(manager, 1, [*range(9), 77])  # the same 2 full blocks, then another tail
+    assert (manager.num_queried_tokens, manager.num_hit_tokens) == (20, 8)
+    _run(manager, 2, list(range(50, 60)))  # a fresh prefix
+    assert (manager.num_queried_tokens, manager.num_hit_tokens) == (30, 8)
+    _run(manager, 3, list(range(8)))  # the last token's block is never a hit
+    assert (manager.num_queried_tokens, manager.num_hit_tokens) == (38, 12)
+
+
+def test_block_manager_without_reuse_counts_nothing() -> None:
+    manager = BlockManager(num_blocks=8, tokens_per_block=4, enable_reuse=False)
+    _run(manager, 0, list(range(10)))
+    _run(manager, 1, list(range(10)))
+    assert (manager.num_queried_tokens, manager.num_hit_tokens) == (0, 0)
+
+
+def test_exposition_names_the_families_and_reads_back() -> None:
+    manager = BlockManager(num_blocks=8, tokens_per_block=4, enable_reuse=True)
+    _run(manager, 0, list(range(10)))
+    _run(manager, 1, list(range(10)))
+    held = Sequence(2, list(range(100, 106)), RuntimeParams(max_tokens=1))
+    manager.allocate(held, 6)  # 2 of 8 blocks in use
+    text = exposition(manager, "tiny")
+    lines = text.splitlines()
+    assert 'trtllm_kit:prefix_cache_queries_total{model_name="tiny"} 26.0' in lines
+    assert 'trtllm_kit:prefix_cache_hits_total{model_name="tiny"} 8.0' in lines
+    assert 'trtllm_kit:kv_cache_usage_perc{model_name="tiny"} 0.25' in lines
+    assert "# TYPE trtllm_kit:prefix_cache_queries_total counter" in lines
+    assert prefix_counts(text) == PrefixCounts(26, 8)
+    assert (prefix_counts(text) - PrefixCounts(16, 4)).hit_rate == pytest.approx(0.4)
+
+
+def test_metrics_without_the_families_are_refused() -> None:
+    with pytest.raises(KitError, match=r"names no trtllm_kit:prefix_cache_hits or trtllm_kit:prefix_cache_queries"):
+        prefix_counts("# TYPE other counter\nother_total 1\n")
+
+
+def test_a_directory_without_ready_files_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(KitUsageError, match=r"holds no worker ready file; pass the RUN_DIR/dynamo"):
+        worker_metrics_urls(tmp_path)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None,
+                    reason="NVIDIA Dynamo is not installed (pip install -e '.[dynamo]' and the ai-dynamo wheel with "
+                           "--no-deps, as .ci/run does).")
+def test_worker_metrics_count_a_repeated_prefix_and_not_a_fresh_one(kit_builds: Builds, tmp_path: Path) -> None:
+    out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
+    with KitServer(out, dynamo=True, workers=1) as server:
+        urls = worker_metrics_urls(Path(server.state["run_dir"]) / "dynamo")
+        assert list(urls) == ["worker-0"] and urls["worker-0"].startswith("http://127.0.0.1:")
+
+        def complete(prompt: list[int]) -> PrefixCounts:
+            body = {"model": server.state["model"], "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            status, _, raw = server.post("/v1/completions", json.dumps(body).encode())
+            assert status == 200, raw
+            return scrape(urls["worker-0"])
+
+        prefix = [1] + [200 + i % 300 for i in range(160)]
+        start = scrape(urls["worker-0"])
+        first = complete([*prefix, 7])
+        again = complete([*prefix, 8])
+        fresh = complete([1] + [600 + i % 300 for i in range(160)] + [9])
+        with urllib.request.urlopen(urls["worker-0"], timeout=10) as response:
+            text = response.read().decode()
+    assert "dynamo_component_requests_total" in text  # Dynamo's own worker metrics beside the kit's
+    assert first.queried_tokens - start.queried_tokens == 162
+    assert again - first == PrefixCounts(162, 160)  # 5 blocks of 32 tokens found cached
+    assert fresh - again == PrefixCounts(162, 0)
+
