@@ -29,6 +29,7 @@ from trtllm_kit.runtime.model import CheckpointModel, attend
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
+from trtllm_kit.runtime.speculation import Speculator
 
 
 @dataclass
@@ -83,11 +84,12 @@ def _group(starts: list[int], counts: list[int], offsets: list[int], slots: list
 class Executor:
     """Owns the model, the scheduler and the K/V pool; ``step()`` advances every running sequence by one step."""
 
-    def __init__(self, model: CheckpointModel, config: EngineConfig) -> None:
+    def __init__(self, model: CheckpointModel, config: EngineConfig, speculator: Speculator | None = None) -> None:
         """Arguments:
-        model: a loaded checkpoint; config: batching and KV-pool settings.
+        model: a loaded checkpoint; config: batching and KV-pool settings; speculator: drafts verified each step
+        (``runtime/speculation.py``; None: none).
         """
-        self.model, self.config = model, config
+        self.model, self.config, self.speculator = model, config, speculator
         self.scheduler = Scheduler(config)
         self.lora_cache = AdapterCache(config.lora_cache_max_adapters)
         dims = model.dims
@@ -200,8 +202,13 @@ class Executor:
         self.last_tokens = sum(s.num_scheduled_tokens for s in seqs)
         if not seqs:
             return [], []
-        sampled = [s for s in seqs if s.num_computed_tokens + s.num_scheduled_tokens == len(s) and not s.is_finished]
-        logits = self._forward(seqs, sampled)  # always: context chunks fill the cache even when nothing is sampled
+        speculator = self.speculator
+        drafted = speculator.attach(seqs, self.scheduler) if speculator is not None else []
+        sampled = [s for s in seqs if s.num_computed_tokens + s.num_scheduled_tokens == len(s) and not s.is_finished
+                   and s not in drafted]
+        logits = self._forward(seqs, sampled, drafted)  # always: context chunks fill the cache
+        drafted_finished = speculator.verify(drafted, logits[len(sampled):], self.scheduler) if speculator else []
+        logits = logits[:len(sampled)]
         rows, forks = list(range(len(sampled))), []
         for row, seq in enumerate(sampled):
             if any(other.fork_of is seq for other in seq.group):
@@ -213,16 +220,19 @@ class Executor:
         before = [s.num_output_tokens for s in sampled]
         token_of = dict(zip((s.seq_id for s in sampled), sample(logits, sampled), strict=True))
         finished = self.scheduler.postprocess(seqs + forks, [token_of.get(s.seq_id) for s in seqs + forks])
+        finished += drafted_finished
         record_generated(logits, sampled, [s.num_output_tokens > n for s, n in zip(sampled, before, strict=True)])
         for seq in sampled:  # a sequence whose numbers could not be sampled ends alone; its neighbours go on
             if token_of[seq.seq_id] is None and not seq.is_finished:
                 seq.error = sampling_error(seq)
                 self.scheduler.finish(seq, "error")
                 finished.append(seq)
+        if speculator is not None:
+            speculator.forget(finished)
         self.num_steps += 1
         self.total_scheduled += len(seqs)
         self.peak_scheduled = max(self.peak_scheduled, len(seqs))
-        return sampled, finished
+        return sampled + drafted, finished
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams],
                  loras: list[AdapterWeights | None] | None = None) -> list[list[int]]:
@@ -239,8 +249,9 @@ class Executor:
         return [seq.output_ids for seq in seqs]
 
     @torch.no_grad()
-    def _forward(self, seqs: list[Sequence], sampled: list[Sequence]) -> torch.Tensor:
-        """Compute the scheduled tokens of ``seqs``; logits [len(sampled), vocab] of the last position of each."""
+    def _forward(self, seqs: list[Sequence], sampled: list[Sequence], drafted: list[Sequence]) -> torch.Tensor:
+        """Compute the scheduled tokens of ``seqs``; logits of the last position of each of ``sampled``, then of
+        every scheduled position of each of ``drafted`` (its last token and its draft)."""
         model, tpb = self.model, self.config.tokens_per_block
         starts = [s.num_computed_tokens for s in seqs]
         counts = [s.num_scheduled_tokens for s in seqs]
@@ -285,6 +296,8 @@ class Executor:
             hidden = hidden + model.mlp(layer, model.norm(layer, "post_layernorm", hidden), lora)
         last = {s.seq_id: o + c - 1 for s, o, c in zip(seqs, offsets, counts, strict=True)}
         wanted = [last[s.seq_id] for s in sampled]
+        wanted += [r for s in drafted for r in range(last[s.seq_id] - s.num_scheduled_tokens + 1, last[s.seq_id] + 1)]
+        num_sampled = len(wanted)
         spans = []  # (sequence, first prompt position, its row in the logits, rows)
         for seq, start, offset, count in zip(seqs, starts, offsets, counts, strict=True):
             num_prompt = min(start + count, seq.num_prompt_tokens) - start
@@ -296,7 +309,7 @@ class Executor:
         logits = model.logits(hidden[:, wanted])[0]
         for seq, start, row, num_prompt in spans:
             record_prompt(seq, start, logits[row:row + num_prompt])
-        return logits[:len(sampled)]
+        return logits[:num_sampled]
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy the K/V of each (source, destination) block pair: a fork's own copy of a shared partial block."""

@@ -43,16 +43,21 @@ def sampling_error(seq: Sequence) -> str:
 
 
 def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
-    params = seq.params
-    if params.end_id is not None and seq.num_output_tokens < params.min_tokens and 0 <= params.end_id < row.numel():
-        row = row.clone()
-        row[params.end_id] = float("-inf")
-    if seq.matcher is not None:
-        row = seq.matcher.mask(row)
-    row = apply_penalties(row, seq.token_ids[:seq.num_prompt_tokens], seq.output_ids, params)
-    if params.is_greedy:
+    if seq.params.is_greedy:
+        row = _processed(row, seq)
         return None if torch.isnan(row).any() else int(row.argmax())
-    row = row / params.temperature
+    probs = probabilities(row, seq)
+    return None if probs is None else int(torch.multinomial(probs, 1, generator=seq.generator))
+
+
+def probabilities(row: torch.Tensor, seq: Sequence) -> torch.Tensor | None:
+    """The distribution a sampling (not greedy) sequence draws its next token from, None when it cannot be sampled.
+
+    Arguments:
+        row: [vocab] float32 logits of the position; seq: the sequence, its tokens and grammar state up to there.
+    """
+    params = seq.params
+    row = _processed(row, seq) / params.temperature
     if params.top_k > 0:
         kth = torch.topk(row, min(params.top_k, row.numel())).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
@@ -65,4 +70,15 @@ def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
     probs = torch.softmax(row, dim=-1)
     if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
         return None
-    return int(torch.multinomial(probs, 1, generator=seq.generator))
+    return probs
+
+
+def _processed(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """The logits after the ``min_tokens`` mask, the grammar's bitmask and the penalties."""
+    params = seq.params
+    if params.end_id is not None and seq.num_output_tokens < params.min_tokens and 0 <= params.end_id < row.numel():
+        row = row.clone()
+        row[params.end_id] = float("-inf")
+    if seq.matcher is not None:
+        row = seq.matcher.mask(row)
+    return apply_penalties(row, seq.token_ids[:seq.num_prompt_tokens], seq.output_ids, params)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.draft_counts import DraftCounts
 from trtllm_kit.runtime.penalties import Penalties
 from trtllm_kit.runtime.sampling_rules import is_greedy_temperature
 from trtllm_kit.wire import GenerationRequest
@@ -154,6 +155,7 @@ class Sequence:
         self.matcher = params.guide.matcher() if params.guide is not None else None
         self.kv_import: KvBlocks | None = None  # its first tokens' K/V computed elsewhere, installed at admission
         self.holds_kv = False  # a context-only request: its blocks outlive it until the engine releases them
+        self.draft_counts = DraftCounts()  # its speculation's drafts and accepted tokens
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -1,0 +1,36 @@
+"""Speculative decoding's counters, per request and for the whole engine, under vLLM's meanings: drafts (steps
+that proposed tokens), draft tokens proposed, draft tokens accepted, and accepted tokens per draft position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DraftCounts:
+    """What speculation proposed and what the target kept; ``accepted_per_position[i]`` counts drafts whose token
+    at position ``i`` (0-based) was accepted."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """Count one verified draft.
+
+        Arguments:
+            num_draft_tokens: tokens it proposed; num_accepted: its leading tokens the target accepted.
+        """
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        missing = num_accepted - len(self.accepted_per_position)
+        self.accepted_per_position += [0] * max(missing, 0)
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens emitted per verifying step: 1 + accepted / drafts (1.0 before any draft)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
