@@ -43,12 +43,13 @@ def test_defaults_are_kv_routing_and_three_migrations() -> None:
 
 
 @pytest.mark.parametrize("options, message", [
-    (ServeOptions(Path("out"), ServeSettings(dynamo=True)), "--dynamo serves Dynamo's OpenAI frontend; add "
-                                                           "--openai-port PORT."),
+    (ServeOptions(Path("out"), ServeSettings(dynamo=True)), "--dynamo serves the OpenAI API in front of Dynamo's "
+                                                           "frontend; add --openai-port PORT."),
     (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000), more=(Path("other"),)),
      "--dynamo serves one OUT, got 2; serve the others separately."),
-    (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000), api_key="k"),
-     "--api-key is not available with --dynamo yet; leave it out."),
+    (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000), aliases=("chat=a:90,b:10",)),
+     "--alias chat=a:90,b:10 splits requests over two or more served models, and --dynamo serves one; leave it "
+     "out."),
     (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000, disagg=True)),
      "--disagg is not available with --dynamo yet; leave it out."),
 ])

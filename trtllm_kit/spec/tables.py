@@ -231,8 +231,9 @@ class ServeSettings:
         "With --disagg --server trtllm-serve: the generation server's GPUs (e.g. 2,3).",
         "--generation-gpu-device-ids"))
     dynamo: bool = field(default=False, metadata=option(
-        "Serve a cpu or llmapi OUT on NVIDIA Dynamo: its frontend on --openai-port (loopback) and --workers of the "
-        "kit's CPU workers, file discovery under the run directory. Needs the dynamo extra.", "--dynamo"))
+        "Serve a cpu or llmapi OUT on NVIDIA Dynamo: the kit's OpenAI frontend (and --api-keys gateway) on "
+        "--openai-port in front of Dynamo's frontend (a private loopback port) and --workers of the kit's CPU "
+        "workers, file discovery under the run directory. Needs the dynamo extra.", "--dynamo"))
     workers: int = field(default=2, metadata=option(
         "With --dynamo: how many workers serve the model.", "--workers", minimum=1))
     router: Router = field(default=Router.KV, metadata=option(

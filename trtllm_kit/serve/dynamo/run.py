@@ -1,16 +1,18 @@
 """``trtllm-kit serve OUT --dynamo``: Dynamo's frontend and ``--workers`` kit workers started, made ready, watched
-and stopped as one service.
+and stopped as one service, behind the kit's OpenAI frontend and gateway.
 
 Each process runs in a session of its own (``server/group.py``) with its log under ``RUN_DIR/dynamo``, and the
 reaper (``server/reaper.py``) is told every process group, so nothing outlives a ``serve`` that is killed. Ready
-is every worker registered (its ready file) and the frontend listing the model on ``/v1/models``. A worker that
+is every worker registered (its ready file), Dynamo's frontend listing the model on ``/v1/models`` on its private
+loopback port, and the kit's frontend (``gateway.py``) listening on the OpenAI port, the one public. A worker that
 dies while serving is logged and the others carry on (the frontend moves its streams, ``--migration-limit``); the
 serve fails when the frontend or the last worker dies. Stop: SIGTERM to every group at once, SIGKILL after
-``STOP_GRACE_S``.
+``STOP_GRACE_S``; the kit's frontend closes meanwhile (``FRONTEND_CLOSE_S`` at most).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import logging
@@ -27,10 +29,12 @@ from typing import Any
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.card import write_card
+from trtllm_kit.serve.dynamo.gateway import FRONTEND_CLOSE_S, dynamo_frontend, serve_in_front
 from trtllm_kit.serve.dynamo.launch import LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.in_process import claim_artifact, served_name
+from trtllm_kit.serve.server.launcher import free_port
 from trtllm_kit.serve.server.reaper import Reaper
 from trtllm_kit.serve.server.state import clear_run, write_pid, write_state
 from trtllm_kit.serve.server.stop_signals import stop_requests
@@ -51,13 +55,14 @@ def check_dynamo(options: ServeOptions) -> None:
     """
     settings = options.settings
     if settings.openai_port is None:
-        raise KitUsageError("--dynamo serves Dynamo's OpenAI frontend; add --openai-port PORT.")
+        raise KitUsageError("--dynamo serves the OpenAI API in front of Dynamo's frontend; add --openai-port PORT.")
     if len(options.outs) > 1:
         raise KitUsageError(f"--dynamo serves one OUT, got {len(options.outs)}; serve the others separately.")
-    for flag, given in (("--disagg", settings.disagg), ("--alias", bool(options.aliases)),
-                        ("--api-key", bool(options.api_key or settings.api_keys))):
-        if given:
-            raise KitUsageError(f"{flag} is not available with --dynamo yet; leave it out.")
+    if settings.disagg:
+        raise KitUsageError("--disagg is not available with --dynamo yet; leave it out.")
+    if options.aliases:
+        raise KitUsageError(f"--alias {options.aliases[0]} splits requests over two or more served models, and "
+                            "--dynamo serves one; leave it out.")
     missing = [module for module in DYNAMO_MODULES if not _importable(module)]
     if missing:
         raise KitUsageError(f"--dynamo needs NVIDIA Dynamo, and {missing[0]} is not installed; install it: "
@@ -89,10 +94,11 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
         directory.mkdir(mode=0o700)
     write_card(out, dirs.card)
     name = served_name(options, artifact)
-    commands = {"frontend": frontend_argv(settings.openai_port, settings.router, settings.migration_limit),
+    dynamo_port = free_port()  # Dynamo's frontend: loopback, behind the kit's
+    commands = {"frontend": frontend_argv(dynamo_port, settings.router, settings.migration_limit),
                 **{f"worker-{i}": worker_argv(out, dirs, name, i) for i in range(settings.workers)}}
     with stop_requests() as stop:
-        _run(options, dirs, name, commands, stop, on_ready)
+        _run(options, dirs, name, dynamo_port, commands, stop, on_ready)
 
 
 def lists_model(url: str, name: str) -> bool:
@@ -109,10 +115,12 @@ def lists_model(url: str, name: str) -> bool:
     return any(model.get("id") == name for model in listed.get("data") or [])
 
 
-def _run(options: ServeOptions, dirs: DynamoDirs, name: str, commands: dict[str, list[str]],
+def _run(options: ServeOptions, dirs: DynamoDirs, name: str, dynamo_port: int, commands: dict[str, list[str]],
          stop: threading.Event, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     settings, out = options.settings, options.out
-    url = f"http://{LOOPBACK}:{settings.openai_port}"
+    assert settings.openai_port is not None
+    url = f"http://{LOOPBACK}:{dynamo_port}"
+    grace_s = STOP_GRACE_S
     env = dynamo_env(dirs)
     groups = {process: ProcessGroup(dirs.log(process)) for process in commands}
     workers = [process for process in commands if process != "frontend"]
@@ -147,26 +155,38 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, commands: dict[str,
         if stop.is_set():
             return
         state = {"pid": os.getpid(), "server": "dynamo", "model": name, "target": Artifact.read(out).target,
-                 "openai": f"{LOOPBACK}:{settings.openai_port}", "router": str(settings.router),
+                 "openai": options.endpoints.url("http").rsplit(":", 1)[0] + f":{settings.openai_port}",
+                 "dynamo_frontend": f"{LOOPBACK}:{dynamo_port}", "router": str(settings.router),
                  "migration_limit": settings.migration_limit, "server_pid": groups["frontend"].pid,
                  "log": str(groups["frontend"].log_path), "run_dir": str(dirs.root.parent),
                  "workers": {process: {"pid": groups[process].pid, "log": str(groups[process].log_path)}
                              for process in workers},
                  "ready_s": round(time.perf_counter() - started, 3), "ready": True}
-        write_state([out], state)
-        if on_ready is not None:
-            on_ready(state)
-        _watch(groups, workers, stop)
+
+        async def serving() -> None:
+            write_state([out], state)
+            if on_ready is not None:
+                on_ready(state)
+            await _watch(groups, workers, stop)
+
+        def stopping() -> None:
+            nonlocal grace_s
+            _terminate(list(groups.values()))
+            grace_s = STOP_GRACE_S - FRONTEND_CLOSE_S  # counted from the SIGTERM
+
+        asyncio.run(serve_in_front(dynamo_frontend(options, name, url), options.endpoints.host,
+                                   settings.openai_port, serving, stopping))
     finally:
-        _stop_all(list(groups.values()))
+        _stop_all(list(groups.values()), grace_s)
         reaper.close()
         clear_run([out])
 
 
-def _watch(groups: dict[str, ProcessGroup], workers: list[str], stop: threading.Event) -> None:
+async def _watch(groups: dict[str, ProcessGroup], workers: list[str], stop: threading.Event) -> None:
     """Until a stop is requested: a dead worker is logged once; a dead frontend or no worker left raises."""
     gone: set[str] = set()
-    while not stop.wait(WATCH_S):
+    while not stop.is_set():
+        await asyncio.sleep(WATCH_S)
         frontend = groups["frontend"]
         if frontend.proc is not None and frontend.proc.poll() is not None:
             raise KitError(f"Dynamo's frontend exited with code {frontend.proc.returncode} while serving (log "
@@ -182,11 +202,17 @@ def _watch(groups: dict[str, ProcessGroup], workers: list[str], stop: threading.
                            f"restarted (logs {Path(groups[workers[0]].log_path).parent}).")
 
 
-def _stop_all(groups: list[ProcessGroup]) -> None:
-    """SIGTERM every group at once, then SIGKILL what is left after ``STOP_GRACE_S``."""
+def _terminate(groups: list[ProcessGroup]) -> list[ProcessGroup]:
+    """SIGTERM every group still running, at once; those groups."""
     running = [group for group in groups if group.proc is not None and group.proc.poll() is None]
     for group in running:
         group.signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
+    return running
+
+
+def _stop_all(groups: list[ProcessGroup], grace_s: float) -> None:
+    """SIGTERM every group at once, then SIGKILL what is left after ``grace_s``."""
+    running = _terminate(groups)
+    deadline = time.monotonic() + grace_s
     for group in running:
         group.wait_or_kill(deadline - time.monotonic())

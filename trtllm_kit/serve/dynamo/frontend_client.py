@@ -1,0 +1,173 @@
+"""The kit's frontend's client of Dynamo's OpenAI frontend: a route's ``stream`` as one streamed ``/v1/completions``
+request to the frontend ``serve --dynamo`` binds on a private loopback port.
+
+The kit's frontend (``gateway.py``) parses, checks, tokenizes and applies the chat template, then sends each engine
+request here as token ids; Dynamo's frontend routes it to a worker (KV-aware, migrating a stream whose worker
+dies) and streams text back, with the running usage in every chunk (``continuous_usage_stats``), which the kit's
+frontend counts and charges. Stop strings are matched by the kit's frontend, which leaves the stream when one
+arrives (closing the connection cancels the request on the worker). What the workers cannot do is refused here
+in one sentence before anything is sent (``refusal``); a worker's own refusal comes back with its sentence and
+status (the worker raises Dynamo's ``InvalidArgument``, which the frontend answers with its message).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import aiohttp
+
+from trtllm_kit.serve.client import TextClient
+from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
+from trtllm_kit.wire.request import NEVER_END_ID
+
+COMPLETIONS = "/v1/completions"
+MODELS = "/v1/models"
+READY_TIMEOUT_S = 10.0
+# GenerationRequest fields sent under the same name in Dynamo's completion request
+SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "repetition_penalty",
+            "presence_penalty", "frequency_penalty")
+ANY_JSON = {"type": "object"}  # the schema of ``response_format`` ``json_object``
+WHY = "serve --dynamo's workers"
+
+
+def refusal(req: GenerationRequest) -> str | None:
+    """The sentence refusing what the Dynamo workers cannot do for ``req``, or None.
+
+    Arguments:
+        req: the kit's frontend's engine request.
+    """
+    if req.lora is not None:
+        return (f"the adapter {req.lora.name!r} cannot run on {WHY}, which serve the base model alone; name the "
+                "base model, or serve the adapter without --dynamo.")
+    if req.logprobs is not None or req.prompt_logprobs is not None:
+        return (f"logprobs is {req.logprobs if req.logprobs is not None else req.prompt_logprobs}; {WHY} return "
+                "no logprobs: leave logprobs (and echo) out, or serve without --dynamo.")
+    if (req.n or 1) > 1 or req.best_of is not None:
+        return (f"n is {req.n or 1} and best_of {req.best_of}; {WHY} answer one choice per token-id prompt: send "
+                "n=1 and no best_of, or the prompt as text.")
+    if req.beam_width not in (None, 1) or req.length_penalty is not None:
+        return f"beam_width is {req.beam_width}; {WHY} decode without beams: leave beams and length_penalty out."
+    return None
+
+
+def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
+    """Dynamo's streamed completion request for ``req``: the prompt, the sampling fields it sets, ``ignore_eos``
+    for the kit's never-ending end id, its guide, and the running usage asked for.
+
+    Arguments:
+        model: the served name; req: the engine request (``refusal`` is None for it).
+    """
+    prompt = list(req.prompt) if isinstance(req.prompt, tuple) else req.prompt
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": True,
+                            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                            **{name: getattr(req, name) for name in SAMPLING if getattr(req, name) is not None}}
+    if req.end_id == NEVER_END_ID:
+        body["ignore_eos"] = True
+    if req.guide is not None:
+        body.update(_guide(*req.guide))
+    return body
+
+
+def _guide(kind: str, value: str) -> dict[str, Any]:
+    """The kit's guide (``wire.request.GUIDE_TYPES``) as Dynamo's ``guided_*`` field; the worker refuses what the
+    CPU runtime cannot guide by, in its sentence."""
+    if kind == "json":
+        return {"guided_json": ANY_JSON}
+    if kind in ("json_schema", "choice"):
+        return {f"guided_{kind.removesuffix('_schema')}": json.loads(value)}
+    return {"guided_regex" if kind == "regex" else "guided_grammar": value}
+
+
+def chunk_response(event: dict[str, Any]) -> GenerationResponse | None:
+    """One streamed chunk of Dynamo's frontend as the kit's frontend reads it (the text and the running counts),
+    None for a chunk carrying neither; an error event raises ``GenerationError`` with its message and code.
+
+    Arguments:
+        event: the chunk's JSON.
+    """
+    error = event.get("error")
+    if error is not None:
+        status = error.get("code") if isinstance(error, dict) else None
+        message = error.get("message") if isinstance(error, dict) else str(error)
+        raise GenerationError(str(message), status=status if isinstance(status, int) else 500)
+    text = "".join(choice.get("text") or "" for choice in event.get("choices") or [])
+    usage = event.get("usage") or {}
+    if not text and not usage:
+        return None
+    return GenerationResponse(texts=(text,), num_input_tokens=usage.get("prompt_tokens"),
+                              num_output_tokens=usage.get("completion_tokens"))
+
+
+class DynamoFrontendClient(TextClient):
+    """Streams from Dynamo's OpenAI frontend at ``url``.
+
+    Arguments:
+        url: ``http://host:port`` of Dynamo's frontend; model: the name it serves the model under.
+    """
+
+    def __init__(self, url: str, model: str) -> None:
+        super().__init__(url, model)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """One HTTP session (made inside the running event loop on first use)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        await super().close()
+
+    async def ready(self) -> bool:
+        """Whether Dynamo's frontend lists the model (False on any failure)."""
+        try:
+            async with self.session.get(f"{self.url}{MODELS}",
+                                        timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT_S)) as response:
+                listed = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        return any(model.get("id") == self.model for model in listed.get("data") or [])
+
+    async def takes_lora_rows(self) -> bool:
+        return False  # an adapter goes by name, and is refused (``refusal``)
+
+    async def stream(self, req: GenerationRequest) -> AsyncGenerator[GenerationResponse, None]:
+        """Yield the text of each chunk with the running usage; leaving early cancels the request.
+
+        Arguments:
+            req: the request.
+        """
+        refused = refusal(req)
+        if refused is not None:
+            raise GenerationError(refused, status=400)
+        assert self.model is not None
+        try:
+            async with self.session.post(f"{self.url}{COMPLETIONS}", json=completion_body(self.model, req)) as answer:
+                if answer.status != 200:
+                    raise _refused(answer.status, await answer.text())
+                async for raw in answer.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    response = chunk_response(json.loads(line.removeprefix("data:")))
+                    if response is not None:
+                        yield response
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise GenerationError(f"Dynamo's frontend at {self.url} failed the request: {type(exc).__name__}: "
+                                  f"{exc}", status=503) from None
+
+
+def _refused(status: int, text: str) -> GenerationError:
+    """The error of a whole non-200 answer: its ``message`` (``error.message`` in OpenAI's shape) and status."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return GenerationError(f"Dynamo's frontend answered {status}: {text.strip()[:500]}", status=status)
+    error = body.get("error") if isinstance(body.get("error"), dict) else body
+    return GenerationError(str(error.get("message") or text), status=status)

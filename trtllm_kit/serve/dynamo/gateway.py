@@ -1,0 +1,94 @@
+"""The kit's OpenAI frontend and gateway in front of ``serve --dynamo``: the serve's only public port.
+
+Dynamo's frontend binds a private loopback port; the kit's frontend (``serve/frontend.py``: the OpenAI routes, and
+the gateway of ``--api-keys``) runs on the OpenAI port in the serve's process, parses and checks each
+request as a plain serve does (keys, limits, quotas, usage, the served name) and streams it from Dynamo's frontend
+(``frontend_client.py``). Its one route tokenizes with the artifact's tokenizer, so text and chat prompts reach
+Dynamo as the token ids a plain serve would run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from trtllm_kit.errors import KitError
+from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.routes import Route
+from trtllm_kit.serve.options import ServeOptions
+from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
+from trtllm_kit.serve.servable import servable
+
+DYNAMO_MODEL = "dynamo"  # the route's one model: Dynamo's frontend, which takes token ids
+FRONTEND_CLOSE_S = 0.5  # the kit's frontend's streams end as Dynamo's processes do
+
+
+class DynamoFrontend(OpenAIFrontend):
+    """The kit's OpenAI frontend whose route streams from Dynamo's frontend.
+
+    Arguments:
+        config: the served model and the gateway's files; dynamo_url: ``http://host:port`` of Dynamo's frontend.
+    """
+
+    def __init__(self, config: OpenAIConfig, dynamo_url: str) -> None:
+        super().__init__(config)
+        self.dynamo_url = dynamo_url
+
+    async def _open(self, _app: web.Application) -> None:
+        for route in self.table.routes.values():
+            route.client = DynamoFrontendClient(self.dynamo_url, route.name)
+
+
+def dynamo_route(out: Path, name: str) -> Route:
+    """The kit's frontend's route to Dynamo's frontend: token ids in (tokenized by the kit when OUT has a
+    tokenizer), OUT's sequence and batch bounds.
+
+    Arguments:
+        out: the artifact; name: the served name (Dynamo's frontend serves it under the same).
+    """
+    target = servable(out)
+    return Route(name, DYNAMO_MODEL, DYNAMO_MODEL, target.tokenizer_dir, max_seq_len(target.repo), 1,
+                 (DYNAMO_MODEL,), out, context_logits=None, max_batch_size=max_batch_size(target.repo))
+
+
+def dynamo_frontend(options: ServeOptions, name: str, dynamo_url: str) -> DynamoFrontend:
+    """The kit's frontend of a ``--dynamo`` serve: OUT's route, the serve's key or key file and usage log.
+
+    Arguments:
+        options: the serve; name: the served name; dynamo_url: where Dynamo's frontend listens.
+    """
+    settings = options.settings
+    config = OpenAIConfig(grpc_url=dynamo_url, served_name=name, triton_model=DYNAMO_MODEL,
+                          api_key=options.api_key, api_keys=settings.api_keys, usage_log=settings.usage_log,
+                          routes=(dynamo_route(options.out, name),))
+    return DynamoFrontend(config, dynamo_url)
+
+
+async def serve_in_front(frontend: OpenAIFrontend, host: str, port: int, serving: Callable[[], Awaitable[None]],
+                         stopping: Callable[[], None]) -> None:
+    """Serve ``frontend`` on ``host:port`` while ``serving`` runs (the serve's watch, in this event loop: the
+    gateway re-reads its key file on SIGHUP, which only the main thread's loop can be told); when it ends,
+    ``stopping`` (Dynamo's processes told to stop, so that the streams end), then the frontend closed within
+    ``FRONTEND_CLOSE_S``.
+
+    Arguments:
+        frontend: the kit's frontend; host, port: where it listens; serving: runs until the serve stops;
+        stopping: called once ``serving`` has ended, before the frontend closes.
+    """
+    try:
+        runner = await start_frontend(frontend, host, port)
+    except OSError as exc:
+        raise KitError(f"the OpenAI frontend could not listen on {host}:{port}: {exc.strerror or exc}; free the "
+                       "port or pass another --openai-port.") from None
+    try:
+        await serving()
+    finally:
+        stopping()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(runner.cleanup(), FRONTEND_CLOSE_S)
