@@ -26,6 +26,7 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.cpu_disagg import Disaggregation
 from trtllm_kit.llmapi.cpu_lora import CpuLoraManager
 from trtllm_kit.llmapi.cpu_result import RequestError, RequestOutput, ResultHandle
+from trtllm_kit.llmapi.cpu_speculation import speculator_of
 from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_checkpoint
@@ -61,7 +62,8 @@ class LLM:
         scheduler_config, guided_decoding_backend (None or ``xgrammar``), lora_config (``max_loras``,
         ``max_cpu_loras``, ``max_lora_rank``, ``lora_target_modules``): as ``TorchLlmArgs``;
         cache_transceiver_config: its ``kv_transfer_timeout_ms`` bounds how long a context-only request's blocks
-        wait for their fetch (``cpu_disagg.py``); every other ``TorchLlmArgs`` field is accepted and has no effect.
+        wait for their fetch (``cpu_disagg.py``); speculative_config: ``NGram`` or ``DraftTarget`` speculation
+        (``cpu_speculation.py``); every other ``TorchLlmArgs`` field is accepted and has no effect.
     """
 
     def __init__(self, model: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
@@ -69,7 +71,7 @@ class LLM:
                  kv_cache_config: dict[str, Any] | None = None, enable_chunked_prefill: bool = False,
                  scheduler_config: dict[str, Any] | None = None, guided_decoding_backend: str | None = None,
                  lora_config: dict[str, Any] | None = None, cache_transceiver_config: dict[str, Any] | None = None,
-                 **_gpu_only: Any) -> None:
+                 speculative_config: dict[str, Any] | None = None, **_gpu_only: Any) -> None:
         kv = dict(kv_cache_config or {})
         policy = str((scheduler_config or {}).get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")).lower()
         batch, seq_len = int(max_batch_size or 8), int(max_seq_len or 1024)
@@ -85,7 +87,9 @@ class LLM:
                                                                or DEFAULT_MAX_LORAS))
         path = Path(model)
         mapping = Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))
-        self.engine = Executor(load_checkpoint(path, mapping), self.config)
+        target = load_checkpoint(path, mapping)
+        self.engine = Executor(target, self.config, speculator_of(speculative_config, self.config,
+                                                                  target.dims.vocab_size))
         if int(kv.get("event_buffer_max_size") or 0) > 0:  # as TensorRT-LLM: KV cache events only when buffered
             self.engine.scheduler.block_manager.record_events(int(kv["event_buffer_max_size"]))
         self.lora = None if lora_config is None else \
