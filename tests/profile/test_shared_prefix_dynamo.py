@@ -1,5 +1,6 @@
 """``bench --workload shared-prefix`` against a real ``serve --dynamo --workers 2``: every request answered, each
-counted once on the worker whose log completed it, and the routed hit rate within the ideal's bound."""
+counted once on the worker whose log completed it, the routed hit rate within the ideal's bound, and the hit rate
+the workers counted within the routed one."""
 
 from __future__ import annotations
 
@@ -38,4 +39,11 @@ def test_shared_prefix_bench_names_each_request_s_worker_and_its_hits(kit_builds
     assert sum(w["num_requests"] for w in workers.values()) == 8
     # 2 prefixes of 3 full blocks, each sent by 2 users: at best every send after the first of a prefix hits it
     assert 0 < measured["hit_rate"] <= measured["ideal_hit_rate"]
+    # the workers' own counters: every prompt token looked up once; concurrent sends of a prefix may both miss it
+    counted = measured["counted"]
+    assert set(counted) == {"worker-0", "worker-1"}
+    assert sum(c["queried_tokens"] for c in counted.values()) == sum(w["prompt_tokens"] for w in workers.values())
+    assert all(0 <= c["hit_tokens"] <= workers.get(name, {}).get("hit_tokens", 0) for name, c in counted.items())
+    assert 0 < measured["counted_hit_rate"] <= measured["hit_rate"]
+    assert "counted by the workers" in result.output
     assert measured["ttft_ms_p50"] <= measured["ttft_ms_p99"]

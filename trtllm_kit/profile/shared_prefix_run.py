@@ -1,5 +1,6 @@
 """Run the shared-prefix workload against an OpenAI endpoint: turn after turn, each turn a closed loop; then TTFT
-percentiles and, for a ``serve --dynamo``, requests per worker and the prefix hit rate its routing allows."""
+percentiles and, for a ``serve --dynamo``, requests per worker, the prefix hit rate its routing allows (modelled)
+and the hit rate its workers counted (their ``trtllm_kit:prefix_cache_*`` counters over the run)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from trtllm_kit.profile.prefix_hits import WorkerShare, modelled_hits, response_
 from trtllm_kit.profile.records import RequestRecord, write_records
 from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, turns
 from trtllm_kit.profile.workload import WorkloadSpec, synthetic_prompts
+from trtllm_kit.serve.dynamo.metrics import PrefixCounts, scrape, worker_metrics_urls
 
 RESULT_FILE = "shared_prefix.json"
 WARMUP_SEED = 1_000_003  # warm-up prompts share no block with the workload's
@@ -24,7 +26,8 @@ WARMUP_SEED = 1_000_003  # warm-up prompts share no block with the workload's
 
 @dataclass
 class SharedPrefixResult:
-    """TTFT of every request and, when the workers are known, each worker's requests and modelled hit rate."""
+    """TTFT of every request and, when the workers are known, each worker's requests, modelled hit rate and
+    counted hit rate."""
 
     spec: SharedPrefixSpec
     concurrency: int
@@ -36,6 +39,8 @@ class SharedPrefixResult:
     workers: dict[str, WorkerShare] = field(default_factory=dict)
     hit_rate: float | None = None
     ideal_hit_rate: float | None = None
+    counted: dict[str, PrefixCounts] = field(default_factory=dict)
+    counted_hit_rate: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -47,6 +52,9 @@ class SharedPrefixResult:
                                    for name, share in sorted(self.workers.items()))
             text += (f"; prefix hit rate {self.hit_rate:.1%} of prompt tokens (ideal {self.ideal_hit_rate:.1%}, "
                      f"{self.hit_rate / self.ideal_hit_rate:.0%} of it); {per_worker}")
+        if self.counted_hit_rate is not None:
+            per_worker = ", ".join(f"{name} {counts.hit_rate:.1%}" for name, counts in sorted(self.counted.items()))
+            text += f"; counted by the workers {self.counted_hit_rate:.1%} ({per_worker})"
         return text
 
 
@@ -89,6 +97,7 @@ async def run_shared_prefix(spec: SharedPrefixSpec, openai_url: str, out: Path, 
     try:
         warm = WorkloadSpec(isl=spec.turn_tokens, osl=spec.osl, vocab_size=spec.vocab_size, seed=WARMUP_SEED)
         await loadgen.warm_up(client, synthetic_prompts(warm, 2, 0, "w"), 2)
+        before = {} if dynamo_logs is None else _counts(worker_metrics_urls(dynamo_logs))
         for number, turn in enumerate(turns(spec)):
             prompts.update({p.request_id: p.input_ids for p in turn})
             phase = await loadgen.closed_loop(client, turn, concurrency, label=f"turn{number}")
@@ -107,6 +116,7 @@ async def run_shared_prefix(spec: SharedPrefixSpec, openai_url: str, out: Path, 
         await asyncio.sleep(0.5)  # the workers' last log lines reach their files
         _add_workers(result, records, prompts, client.response_ids, served_by(dynamo_logs),
                      block_size or await frontend_block_size(openai_url))
+        _add_counted(result, before, _counts(worker_metrics_urls(dynamo_logs)))
     (out / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2, default=str))
     return result
 
@@ -123,6 +133,31 @@ def _add_workers(result: SharedPrefixResult, records: list[RequestRecord], promp
     result.workers = modelled_hits(served, block_size)
     result.hit_rate = total(result.workers).hit_rate
     result.ideal_hit_rate = total(modelled_hits([("one", ids) for _, ids in served], block_size)).hit_rate
+
+
+def _counts(urls: dict[str, str]) -> dict[str, PrefixCounts | str]:
+    """Each worker's counters now, or why they could not be read (a worker that died)."""
+    counts: dict[str, PrefixCounts | str] = {}
+    for name, url in urls.items():
+        try:
+            counts[name] = scrape(url)
+        except (OSError, KitError) as exc:
+            counts[name] = f"{url}: {exc}"
+    return counts
+
+
+def _add_counted(result: SharedPrefixResult, before: dict[str, PrefixCounts | str],
+                 after: dict[str, PrefixCounts | str]) -> None:
+    for name in sorted(set(before) | set(after)):
+        start, end = before.get(name, PrefixCounts()), after.get(name)
+        if isinstance(start, str) or not isinstance(end, PrefixCounts):
+            why = start if isinstance(start, str) else end or "no ready file"
+            result.notes.append(f"{name}'s prefix-cache counters were not read ({why}); the counted hit rate "
+                                "leaves it out.")
+            continue
+        result.counted[name] = end - start
+    if result.counted:
+        result.counted_hit_rate = sum(result.counted.values(), PrefixCounts()).hit_rate
 
 
 async def frontend_block_size(openai_url: str) -> int:

@@ -59,6 +59,9 @@ class PrefixCounts:
     queried_tokens: int = 0
     hit_tokens: int = 0
 
+    def __add__(self, other: PrefixCounts) -> PrefixCounts:
+        return PrefixCounts(self.queried_tokens + other.queried_tokens, self.hit_tokens + other.hit_tokens)
+
     def __sub__(self, earlier: PrefixCounts) -> PrefixCounts:
         return PrefixCounts(self.queried_tokens - earlier.queried_tokens, self.hit_tokens - earlier.hit_tokens)
 
