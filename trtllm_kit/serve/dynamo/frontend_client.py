@@ -25,6 +25,7 @@ from trtllm_kit.wire.request import NEVER_END_ID
 
 COMPLETIONS = "/v1/completions"
 MODELS = "/v1/models"
+METRICS = "/metrics"
 READY_TIMEOUT_S = 10.0
 # GenerationRequest fields sent under the same name in Dynamo's completion request
 SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "repetition_penalty",
@@ -133,6 +134,16 @@ class DynamoFrontendClient(TextClient):
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return False
         return any(model.get("id") == self.model for model in listed.get("data") or [])
+
+    async def metrics(self) -> bytes:
+        """Dynamo's frontend's Prometheus exposition (its routing, KV events and per-model series; empty on any
+        failure)."""
+        try:
+            async with self.session.get(f"{self.url}{METRICS}",
+                                        timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT_S)) as response:
+                return await response.read() if response.status == 200 else b""
+        except (aiohttp.ClientError, TimeoutError):
+            return b""
 
     async def takes_lora_rows(self) -> bool:
         return False  # an adapter goes by name, and is refused (``refusal``)

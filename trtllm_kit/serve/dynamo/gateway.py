@@ -20,6 +20,7 @@ from trtllm_kit.errors import KitError
 from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient
 from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
+from trtllm_kit.serve.openai.metrics import CONTENT_TYPE
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
@@ -43,6 +44,14 @@ class DynamoFrontend(OpenAIFrontend):
     async def _open(self, _app: web.Application) -> None:
         for route in self.table.routes.values():
             route.client = DynamoFrontendClient(self.dynamo_url, route.name)
+
+    async def prometheus_metrics(self, request: web.Request) -> web.Response:
+        """The kit's frontend's series, then Dynamo's frontend's (its router's, read through the private port)."""
+        ours = await super().prometheus_metrics(request)
+        clients = [r.client for r in self.table.routes.values() if isinstance(r.client, DynamoFrontendClient)]
+        theirs = await clients[0].metrics() if clients else b""
+        assert isinstance(ours.body, bytes)
+        return web.Response(body=ours.body + theirs, headers={"Content-Type": CONTENT_TYPE})
 
 
 def dynamo_route(out: Path, name: str) -> Route:
