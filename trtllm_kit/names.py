@@ -9,12 +9,16 @@ PREPROCESSING_MODEL = "preprocessing"
 POSTPROCESSING_MODEL = "postprocessing"
 ENSEMBLE_MODEL = "ensemble"
 BLS_MODEL = "tensorrt_llm_bls"
+DRAFT_MODEL = "tensorrt_llm_draft"  # draft-target speculation: the draft engine's in-flight batching model
 MODEL_NAMES = (PREPROCESSING_MODEL, TRTLLM_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL, BLS_MODEL)
 LLM_ARGS_FILE = "1/model.yaml"  # the llmapi model's LLM() arguments, inside its model directory
 
 # the directories of a build output
 CHECKPOINT_DIR = "checkpoint"
 ENGINE_DIR = "engines"
+DRAFT_CHECKPOINT_DIR = "draft_checkpoint"  # draft-target on the engine target: the draft's TensorRT-LLM checkpoint
+DRAFT_ENGINE_DIR = "draft_engines"  # and its engine
+DRAFT_DIR = "draft"  # draft-target and EAGLE3 on the llmapi target: the draft (or heads) checkpoint, copied
 TOKENIZER_DIR = "tokenizer"  # also inside each repository model that tokenizes
 LORA_DIR = "lora"  # the LoRA adapters added to the artifact, one directory each
 SERVE_DIR = "trtllm-serve"  # the llmapi target's trtllm-serve configuration

@@ -85,6 +85,8 @@ class EngineRecord:
     command: list[str] | None = None
     plan: BuildPlan | None = None
     built: EngineBuild | None = None
+    draft_command: list[str] | None = None  # draft-target speculation: the draft engine's trtllm-build
+    draft: EngineBuild | None = None  # and what it built
 
     @property
     def kv_cache_fraction(self) -> float | None:
@@ -102,6 +104,10 @@ class EngineRecord:
                                   "plan": self.plan.to_dict() if self.plan is not None else None}
         if self.built is not None:
             values.update(asdict(self.built))
+        if self.draft_command is not None:
+            values["draft_command"] = self.draft_command
+        if self.draft is not None:
+            values["draft"] = asdict(self.draft)
         return values
 
     @classmethod
@@ -109,7 +115,9 @@ class EngineRecord:
         built = EngineBuild(**_known(EngineBuild, values)) if values.get("dir") else None
         reason = values.get("reason") or values.get("skipped") or ""  # schema 1 said "skipped" when not compiled
         plan = BuildPlan.from_dict(values["plan"]) if values.get("plan") else None
-        return cls(target=values["target"], reason=reason, command=values.get("command"), plan=plan, built=built)
+        draft = EngineBuild(**_known(EngineBuild, values["draft"])) if values.get("draft") else None
+        return cls(target=values["target"], reason=reason, command=values.get("command"), plan=plan, built=built,
+                   draft_command=values.get("draft_command"), draft=draft)
 
 
 @dataclass(frozen=True)

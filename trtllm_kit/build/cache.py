@@ -24,9 +24,10 @@ from typing import Any
 from trtllm_kit.artifact import MANIFEST, Artifact, StageRecords
 from trtllm_kit.artifact.files import sha256_file, sha256_files
 from trtllm_kit.errors import KitError
+from trtllm_kit.names import DRAFT_CHECKPOINT_DIR, DRAFT_DIR, DRAFT_ENGINE_DIR
 
-STAGE_DIRS = {"checkpoint": ("checkpoint", "tokenizer", "calibration"), "engine": ("engines", "logs"),
-              "repo": ("repo",)}
+STAGE_DIRS = {"checkpoint": ("checkpoint", "tokenizer", "calibration", DRAFT_DIR),
+              "engine": ("engines", "logs", DRAFT_CHECKPOINT_DIR, DRAFT_ENGINE_DIR), "repo": ("repo",)}
 STAGE_RECORDS = {"checkpoint": ("checkpoint", "calibration", "verify"), "engine": ("engine",), "repo": ("repo",)}
 
 

@@ -28,6 +28,7 @@ from trtllm_kit.spec.draft_memory import draft_memory
 from trtllm_kit.spec.speculative_support import check_build, mtp_layers
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
+from trtllm_kit.trtllm_build.draft import draft_build, draft_precision
 from trtllm_kit.trtllm_build.fit import check_plan
 from trtllm_kit.trtllm_build.recipe import LoraPlugin, build_command
 
@@ -58,9 +59,10 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
     plan = None
     if gpu is not None:
         b = spec.build
+        precision = precision_of(spec, hf)  # the engine target's draft is unquantized (trtllm_build/draft.py)
+        drafted = draft_precision(precision) if named.name == Target.ENGINE else precision
         limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
-                        b.kv_cache_fraction, b.context_logits,
-                        draft_memory(spec.speculative, hf.raw, precision_of(spec, hf)))
+                        b.kv_cache_fraction, b.context_logits, draft_memory(spec.speculative, hf.raw, drafted))
         plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)
@@ -68,7 +70,7 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
     if compile_requested and build_gpu is not None:
         check_fp8(precision_of(spec, hf), build_gpu)
     lora = lora_settings(spec.build, base_config(hf))
-    command = None
+    command, draft = None, None
     if plan is not None and build_gpu is not None:
         workers = max(1, min(spec.build.tp * spec.build.pp, len(machine.gpus)))
         plugin = LoraPlugin(precision_of(spec, hf).dtype, tuple(trtllm_modules(lora)), lora.max_lora_rank) \
@@ -76,7 +78,9 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
         command = build_command(plan, build_gpu, Path("checkpoint"), Path(ENGINE_DIR), workers=workers,
                                 timing_cache=timing_cache_path(build_gpu, machine), overrides=spec.build.build_flags,
                                 lora=plugin, speculative=spec.speculative)
-    return EngineSetup(target, reason, plan, build_gpu, command, machine, lora)
+        if named.name == Target.ENGINE:
+            draft = draft_build(spec.speculative, plan, build_gpu, timing_cache=timing_cache_path(build_gpu, machine))
+    return EngineSetup(target, reason, plan, build_gpu, command, machine, lora, draft)
 
 
 def check_fp8(precision: Precision, gpu: GPU) -> None:

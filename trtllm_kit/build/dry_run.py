@@ -61,6 +61,8 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "commands": [engine.command.argv] if engine.command else [],
         "command_lines": [engine.command.line] if engine.command else [],
     }
+    if engine.draft is not None:  # draft-target: the draft engine's trtllm-build, run after the target's
+        report["draft_command"], report["draft_command_line"] = engine.draft.command.argv, engine.draft.command.line
     if engine.lora is not None:
         cache = cache_memory(engine.lora, base_config(hf), precision_of(spec, hf).dtype)
         report["lora"] = {**asdict(engine.lora), "cache": cache.to_dict()}
@@ -172,6 +174,9 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
     for line in report["command_lines"]:
         console.print(f"trtllm-build command (run in the artifact directory):\n  {line}", highlight=False,
                       soft_wrap=True, markup=False)
+    if report.get("draft_command_line"):
+        console.print(f"the draft's trtllm-build command (after the target's):\n  {report['draft_command_line']}",
+                      highlight=False, soft_wrap=True, markup=False)
     if report.get("fusion"):
         fusion = Table("node", "op", "shape", "why")
         for row in report["fusion"]:

@@ -10,6 +10,7 @@ from trtllm_kit.artifact.files import sha256_file
 from trtllm_kit.errors import KitError
 from trtllm_kit.model_repo.configs import SCHEMA
 from trtllm_kit.model_repo.repository import PYTHON_MODELS, python_source, write_repository
+from trtllm_kit.model_repo.spec_decode import DraftServing
 from trtllm_kit.model_repo.validate import Expectation, validate_repository
 from trtllm_kit.spec.repo_options import REPO_FIELDS
 from trtllm_kit.spec.speculative_support import lookahead_parameters
@@ -51,12 +52,15 @@ def repo_stage(ctx: BuildContext) -> None:
     tokenizer_dir = ctx.out / "tokenizer"
     files = sorted(tokenizer_dir.iterdir()) if tokenizer_dir.is_dir() else list(ctx.model.tokenizer_files)
     fraction = engine.kv_cache_fraction
+    draft = None
+    if engine.draft is not None:  # draft-target: the draft engine beside the target, at the target's sizes
+        draft = DraftServing(target.limits(ctx.out / engine.draft.dir, {}), ctx.spec.out.absolute() / engine.draft.dir)
     record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,
                               model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,
                               plan_fraction=fraction if fraction is not None else build.kv_cache_fraction,
                               final_dir=ctx.spec.out.absolute() / "repo",
                               lora=target.lora_serving(ctx.out / target.model_dir, ctx.spec),
-                              decoding=lookahead_parameters(ctx.spec.speculative))
+                              decoding=lookahead_parameters(ctx.spec.speculative), draft=draft)
     expect = Expectation(world_size=ctx.mapping.world_size, kv_cache_fraction=fraction)
     report = validate_repository(ctx.out / "repo", read_limits=limits_from_dir, model_dir=limits.model_dir,
                                  expect=expect)

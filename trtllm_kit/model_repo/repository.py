@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from trtllm_kit.artifact import EngineLimits, RepoRecord
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.model_repo.configs import (
     SCHEMA,
     parse_config,
@@ -18,6 +19,7 @@ from trtllm_kit.model_repo.configs import (
 )
 from trtllm_kit.model_repo.lora import LoraServing, set_lora
 from trtllm_kit.model_repo.options import resolve_options
+from trtllm_kit.model_repo.spec_decode import DraftServing, speculate_through_bls
 from trtllm_kit.model_repo.xgrammar_info import FILE_NAME as TOKENIZER_INFO
 from trtllm_kit.model_repo.xgrammar_info import write_xgrammar_tokenizer_info
 from trtllm_kit.names import TOKENIZER_CORE_FILES, TOKENIZER_DIR, TRTLLM_MODEL
@@ -43,7 +45,7 @@ def python_source(name: str) -> Path:
 def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions, *, model_path: Path,
                      tokenizer_files: list[Path], plan_fraction: float | None = None,
                      final_dir: Path | None = None, lora: LoraServing | None = None,
-                     decoding: dict[str, str] | None = None) -> RepoRecord:
+                     decoding: dict[str, str] | None = None, draft: DraftServing | None = None) -> RepoRecord:
     """Write the repository into the empty or missing ``repo_dir``; returns its record for the manifest. With a
     fast tokenizer (``tokenizer.json``), ``tensorrt_llm/xgrammar_tokenizer_info.json`` is written and guided
     decoding with xgrammar is turned on.
@@ -56,7 +58,8 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         final_dir: where the repository will be served from (absolute paths in parameters point there;
         None: ``repo_dir``); lora: the LoRA inputs and cache of a model that takes adapters (None: it takes none);
         decoding: the ``tensorrt_llm`` model's speculative decoding parameters (``decoding_mode: lookahead`` and
-        its sizes), or none.
+        its sizes), or none; draft: the draft engine of draft-target speculation (``tensorrt_llm_draft``, served
+        through the BLS), or none.
     """
     resolved = resolve_options(options, limits, plan_fraction)
     configs = repository_configs(limits, resolved, model_path, Path(TOKENIZER_DIR))
@@ -67,6 +70,11 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         set_lora(configs, lora, resolved)
     if decoding:
         set_parameters(configs[TRTLLM_MODEL], decoding)
+    if draft is not None:
+        if not has_text:
+            raise KitUsageError("--speculative draft-target needs the model's tokenizer (the BLS that runs the draft "
+                                "takes text), and none was found; add tokenizer files to the model.")
+        speculate_through_bls(configs, draft, resolved)
     fast_tokenizer = next((path for path in tokenizer_files if path.name == "tokenizer.json"), None)
     if fast_tokenizer is not None:
         set_guided_decoding(configs[TRTLLM_MODEL], str((final_dir or repo_dir).absolute() / TRTLLM_MODEL

@@ -18,6 +18,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.model_repo.model_dir_limits import LimitsReader
 from trtllm_kit.model_repo.report import ValidationReport
+from trtllm_kit.model_repo.spec_decode import check_draft_model
 from trtllm_kit.model_repo.wiring import check_ensemble
 from trtllm_kit.names import MODEL_NAMES, TOKENIZER_CORE_FILES, TRTLLM_MODEL
 
@@ -252,6 +253,7 @@ def validate_repository(repo: Path, *, read_limits: LimitsReader, model_dir: Pat
         limits = _check_trtllm(configs[TRTLLM_MODEL], report, model_dir, expect, read_limits)
     _check_decoupled(configs, report)
     check_ensemble(repo, configs, report)
+    check_draft_model(repo, configs, report, model_dir.parent if model_dir is not None else None)
     _check_python_models(repo, configs, report, limits)
     order = {name: i for i, name in enumerate(MODEL_NAMES)}
     report.findings.sort(key=lambda f: (f.severity != "error", order.get(f.model, 99)))

@@ -1,5 +1,5 @@
 """What speculation adds to a memory plan: the verify step's draft tokens and, for draft-target, the draft model's
-weights and KV cache (the draft is built in the target's dtype and KV precision, whole on every rank)."""
+weights and KV cache (the draft is whole on every rank, at the precision its target builds it in)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], prec
     """The plan's ``Limits.draft`` for a ``[speculative]`` table (None without speculation).
 
     Arguments:
-        options: the table; hf_config: the target's ``config.json`` (MTP's layers); precision: the target's.
+        options: the table; hf_config: the target's ``config.json`` (MTP's layers); precision: the draft's (the
+        engine target builds it unquantized in the target's dtype; the llmapi target at the target's precision).
     """
     if options.mode is None:
         return None

@@ -45,6 +45,9 @@ class SpeculativeOptions:
     max_draft_len: int | None = field(default=None, metadata=option(
         f"Draft tokens proposed per step (default {DEFAULT_MAX_DRAFT_LEN}, eagle3 {DEFAULT_EAGLE3_DRAFT_LEN}, mtp "
         "the model's MTP layers; lookahead: from its sizes).", "--max-draft-len", minimum=1))
+    draft_logits: bool = field(default=False, metadata=option(
+        "Draft-target on the engine target: build the draft with --gather_generation_logits, so a request may set "
+        "use_draft_logits (the target accepts drafts on the draft's logits, not only its tokens)."))
     lookahead_window_size: int = field(default=LOOKAHEAD_DEFAULTS[0], metadata=option(
         "Lookahead: n-grams in the lookahead branch per step (W).", minimum=1))
     lookahead_ngram_size: int = field(default=LOOKAHEAD_DEFAULTS[1], metadata=option(
@@ -55,14 +58,18 @@ class SpeculativeOptions:
     def __post_init__(self) -> None:
         check_declared(self, "speculative")
         if self.mode is None:
-            if self.draft_model is not None or self.max_draft_len is not None:
-                given = "--draft-model" if self.draft_model is not None else "--max-draft-len"
+            if self.draft_model is not None or self.max_draft_len is not None or self.draft_logits:
+                given = "--draft-model" if self.draft_model is not None else \
+                    "--max-draft-len" if self.max_draft_len is not None else "[speculative] draft_logits"
                 raise KitUsageError(f"{given} is given without --speculative; add --speculative draft-target (or "
                                     "another mode) or drop it.")
             return
         if self.mode not in NEEDS_DRAFT_DIR and self.draft_model is not None:
             raise KitUsageError(f"--speculative {self.mode} takes no --draft-model, got {self.draft_model}; drop it "
                                 "or use --speculative draft-target.")
+        if self.draft_logits and self.mode is not Speculation.DRAFT_TARGET:
+            raise KitUsageError(f"[speculative] draft_logits applies to draft-target only, got mode {self.mode}; "
+                                "drop it.")
         if self.mode is Speculation.LOOKAHEAD and self.max_draft_len is not None:
             raise KitUsageError(f"--max-draft-len {self.max_draft_len} does not apply to lookahead, whose draft "
                                 "length follows from [speculative] lookahead_window_size, lookahead_ngram_size and "

@@ -19,6 +19,7 @@ from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan, Precision
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.trtllm_build.draft import DraftBuild
 from trtllm_kit.trtllm_build.recipe import BuildCommand
 
 if TYPE_CHECKING:  # the inspection imports torch; the registry stays torch-free for a fast CLI start
@@ -53,6 +54,7 @@ class EngineSetup:
     command: BuildCommand | None
     machine: Machine
     lora: LoraRecord | None = None  # the LoRA support (lora/settings.py), or none
+    draft: DraftBuild | None = None  # draft-target speculation on the engine target: the draft engine's build
 
     def key_parts(self) -> dict[str, Any]:
         """What decides the engines (the cache key of the stage)."""
@@ -65,6 +67,11 @@ class EngineSetup:
                 parts["lists"] = {name: list(values) for name, values in self.command.lists}
         if self.lora is not None:
             parts["lora"] = asdict(self.lora)
+        if self.draft is not None:  # its weights as files (size, mtime): a changed draft is converted again
+            weights = sorted(p for p in self.draft.source.iterdir() if p.suffix in (".json", ".safetensors"))
+            parts["draft"] = {"flags": {k: v for k, v in self.draft.command.flags if k not in KEY_EXCLUDED_FLAGS},
+                              "switches": list(self.draft.command.switches), "dtype": self.draft.dtype,
+                              "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in weights}}
         if self.target.compiles and self.build_gpu is not None:
             parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
                          tensorrt=self.machine.tensorrt)

@@ -15,6 +15,7 @@ from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
+from trtllm_kit.targets.engine_draft import build_draft_engine, draft_engine_problem
 from trtllm_kit.trtllm_build.compile import effective_settings, run_trtllm_build
 from trtllm_kit.trtllm_build.config_file import read_engine_config
 
@@ -61,8 +62,10 @@ class EngineTarget(Target):
             tensorrt_llm=machine.tensorrt_llm, tensorrt=machine.tensorrt, cuda=machine.cuda, driver=machine.driver,
             gpu=setup.build_gpu.name, compute_capability=setup.build_gpu.sm,
             effective=effective_settings(result.engine_config), compile_seconds=round(result.seconds, 3))
+        draft = setup.draft
         return EngineRecord(target=self.name, reason=setup.reason, command=setup.command.argv,
-                            plan=setup.plan, built=built)
+                            plan=setup.plan, built=built, draft_command=draft.command.argv if draft else None,
+                            draft=build_draft_engine(ctx, setup, draft) if draft else None)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return "build_config" in config or "builder_config" in config
@@ -96,7 +99,8 @@ class EngineTarget(Target):
         return LoraServing.of_dtype(int(rank), str(config.pretrained.get("dtype", "float16")))
 
     def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
-        return compatibility(artifact, machine or detect_machine())
+        draft = draft_engine_problem(artifact)
+        return [*compatibility(artifact, machine or detect_machine()), *([draft] if draft else [])]
 
 
 def _enabled(value: Any) -> bool:

@@ -97,7 +97,8 @@ def _toggle(on: bool) -> str:
 
 def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: Path, *, workers: int,
                   timing_cache: Path | None = None, overrides: MappingABC[str, str] | None = None,
-                  lora: LoraPlugin | None = None, speculative: SpeculativeOptions | None = None) -> BuildCommand:
+                  lora: LoraPlugin | None = None, speculative: SpeculativeOptions | None = None,
+                  generation_logits: bool = False) -> BuildCommand:
     """The full ``trtllm-build`` flag list for a checkpoint, every value explicit.
 
     Arguments:
@@ -110,6 +111,7 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
         overrides: ``{flag: value}`` replacing recipe or limit values.
         lora: the LoRA plugin (``--lora_plugin``, ``--max_lora_rank``, ``--lora_target_modules``), or none.
         speculative: the ``[speculative]`` table (``--speculative_decoding_mode``, ``--max_draft_len``), or none.
+        generation_logits: ``--gather_generation_logits`` (a draft engine whose logits the target accepts on).
     """
     flags: dict[str, str] = {
         "checkpoint_dir": str(checkpoint_dir),
@@ -140,7 +142,9 @@ def build_command(plan: BuildPlan, gpu: GPU, checkpoint_dir: Path, output_dir: P
     lists = (("lora_target_modules", lora.target_modules),) if lora else ()
     for name, values in lists:
         check_list_flag(name, values)
-    return BuildCommand(tuple(flags.items()), ("gather_context_logits",) if plan.context_logits else (), lists)
+    switches = (*(("gather_context_logits",) if plan.context_logits else ()),
+                *(("gather_generation_logits",) if generation_logits else ()))
+    return BuildCommand(tuple(flags.items()), switches, lists)
 
 
 def check_combinations(flags: MappingABC[str, str]) -> None:
