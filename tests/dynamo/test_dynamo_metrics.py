@@ -9,12 +9,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kit_server import BuildKey, Builds, KitServer
+from kit_server import ONE_EACH, BuildKey, Builds, KitServer
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.runtime.block_manager import BlockManager
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.sequence import Sequence
+from trtllm_kit.serve.artifact_llm import artifact_llm
 from trtllm_kit.serve.dynamo.metrics import PrefixCounts, exposition, prefix_counts, scrape, worker_metrics_urls
 
 
@@ -70,6 +71,21 @@ def test_metrics_without_the_families_are_refused() -> None:
 def test_a_directory_without_ready_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(KitUsageError, match=r"holds no worker ready file; pass the RUN_DIR/dynamo"):
         worker_metrics_urls(tmp_path)
+
+
+@pytest.mark.parametrize(("repo", "num_blocks", "is_reused"), [
+    ({}, 8 * 1024 // 32, True),  # max_batch_size x max_seq_len, as the artifact's Triton model
+    ({"max_tokens_in_paged_kv_cache": 2048, "enable_kv_cache_reuse": False}, 2048 // 32, False),
+])
+def test_worker_llm_has_the_cpu_artifact_s_kv_pool_and_reuse(kit_builds: Builds, repo: dict[str, object],
+                                                             num_blocks: int, is_reused: bool) -> None:
+    llm, limits = artifact_llm(kit_builds.get(BuildKey.of(repo={**ONE_EACH, **repo})))
+    try:
+        blocks = llm.engine.scheduler.block_manager
+        assert (limits.max_batch_size, limits.max_seq_len, limits.tokens_per_block) == (8, 1024, 32)
+        assert (blocks.num_blocks, blocks.enable_reuse) == (num_blocks, is_reused)
+    finally:
+        llm.shutdown()
 
 
 @pytest.mark.integration

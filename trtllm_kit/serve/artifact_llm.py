@@ -1,5 +1,6 @@
 """A cpu or llmapi artifact loaded into the kit's CPU ``LLM`` (``llmapi/cpu_llm.py``) with the settings it was
-built for: what a Dynamo worker and a Ray Serve replica run in-process."""
+built for (a cpu artifact's KV pool, ``max_tokens_in_paged_kv_cache``, and its block reuse, as its Triton model
+runs them): what a Dynamo worker and a Ray Serve replica run in-process."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def artifact_llm(out: Path, *, event_buffer: int = 0) -> tuple[LLM, EngineLimits
     if limits.target != "cpu":
         raise KitUsageError(f"{out} is a {limits.target} artifact; the CPU LLM runs cpu and llmapi artifacts "
                             "(build with --target cpu or --target llmapi).")
+    kv_cache = {"tokens_per_block": limits.tokens_per_block, "max_tokens": repo.options.max_tokens_in_paged_kv_cache,
+                "enable_block_reuse": repo.options.enable_kv_cache_reuse is not False, **events}
     return LLM(model=str(out / limits.model_dir), tensor_parallel_size=limits.tp_size,
                pipeline_parallel_size=limits.pp_size, max_batch_size=limits.max_batch_size,
-               max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len,
-               kv_cache_config={"tokens_per_block": limits.tokens_per_block, **events}), limits
+               max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len, kv_cache_config=kv_cache), limits
