@@ -28,7 +28,8 @@ def test_shared_prefix_bench_names_each_request_s_worker_and_its_hits(kit_builds
         result = CliRunner().invoke(cli, [
             "bench", "--workload", "shared-prefix", "--prefixes", "2", "--users", "4", "--turns", "2",
             "--prefix-tokens", "96", "--isl", "8", "--osl", "2", "--concurrency", "2", "--timeout", "120",
-            "--openai-url", f"{server.url}/v1", "--dynamo-logs", str(logs), "--out", str(tmp_path / "bench")])
+            "--openai-url", f"http://{server.state['dynamo_frontend']}/v1",  # Dynamo's ids, behind the kit's
+            "--dynamo-logs", str(logs), "--out", str(tmp_path / "bench")])
     assert result.exit_code == 0, result.output
     assert "TTFT p50" in result.output and "prefix hit rate" in result.output
     measured = json.loads((tmp_path / "bench" / "shared_prefix.json").read_text())
