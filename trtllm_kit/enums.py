@@ -58,11 +58,15 @@ class Server(Choice):
 
 
 class Router(Choice):
-    """How ``serve --dynamo``'s frontend picks a worker: by cached prefix (KV-aware), in turn, or at random."""
+    """How ``serve --dynamo``'s frontend picks a worker: by cached prefix (KV-aware), in turn, or at random; how
+    ``serve --ray`` routes to a replica: to the one that served the prompt's first block, or the less loaded of two
+    drawn at random (Ray Serve's default)."""
 
     KV = "kv"
     ROUND_ROBIN = "round-robin"
     RANDOM = "random"
+    PREFIX = "prefix"
+    POW2 = "pow2"
 
 
 class Stage(Choice):

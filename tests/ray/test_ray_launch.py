@@ -29,6 +29,8 @@ def _options(api_key: str | None = None, more: tuple[Path, ...] = (), aliases: t
      "--alias is not available with --ray; leave it out (keys: --api-keys FILE)."),
     (_options(api_key="k"), "--api-key is not available with --ray; leave it out (keys: --api-keys FILE)."),
     (_options(replicas="4:1"), "--replicas is 4:1; give MIN:MAX with 0 <= MIN <= MAX and MAX >= 1."),
+    (_options(router="round-robin"),
+     "--router round-robin is not available with --ray; give --router prefix or --router pow2."),
 ])
 def test_what_ray_cannot_serve_is_refused_before_anything_starts(options: ServeOptions, message: str) -> None:
     with pytest.raises(KitUsageError) as caught:
@@ -44,7 +46,7 @@ def test_driver_runs_in_a_network_namespace_of_its_own(tmp_path: Path) -> None:
     assert argv == ["unshare", "--net", "--", sys.executable, "-m", "trtllm_kit.serve.ray.driver", "/models/out",
                     "--name", "tiny", "--ray-dir", str(tmp_path / "tmp" / "trtllm-kit-ray" / "0123456789abcdef"),
                     "--listen-fd", "7",
-                    "--replicas", "0:3", "--target-ongoing", "2.5", "--ready-file",
+                    "--replicas", "0:3", "--target-ongoing", "2.5", "--router", "prefix", "--ready-file",
                     str(tmp_path / "run" / "out-0123456789abcdef" / "ray" / "ready"),
                     "--api-keys", str(keys)]
 

@@ -237,7 +237,8 @@ class ServeSettings:
     workers: int = field(default=2, metadata=option(
         "With --dynamo: how many workers serve the model.", "--workers", minimum=1))
     router: Router = field(default=Router.KV, metadata=option(
-        "With --dynamo: how the frontend picks a worker (kv: by cached prefix).", "--router"))
+        "With --dynamo: how the frontend picks a worker (kv: by cached prefix); with --ray: prefix (the replica "
+        "that served the prompt's first block) or pow2 (Ray Serve's default; kv reads as prefix).", "--router"))
     migration_limit: int = field(default=3, metadata=option(
         "With --dynamo: how many times a stream moves to another worker when its worker dies (0: never).",
         "--migration-limit", minimum=0))

@@ -2,9 +2,10 @@
 the OpenAI frontend in front of it.
 
 ``python -m trtllm_kit.serve.ray.driver OUT --name NAME --ray-dir DIR --listen-fd FD --replicas MIN:MAX
---target-ongoing N --ready-file PATH [--api-keys FILE] [--usage-log FILE]`` brings loopback up, starts a Ray head
-of its own (``ray.init``: its temp directory under DIR, no dashboard), runs the model deployment (``replica.py``)
-with Ray Serve's autoscaling and no HTTP proxy of Ray's, and serves the kit's OpenAI frontend (with the gateway
+--target-ongoing N --router prefix|pow2 --ready-file PATH [--api-keys FILE] [--usage-log FILE]`` brings loopback up,
+starts a Ray head of its own (``ray.init``: its temp directory under DIR, no dashboard), runs the model deployment
+(``replica.py``) with Ray Serve's autoscaling, its request router (``routing.py``) and no HTTP proxy of Ray's, and
+serves the kit's OpenAI frontend (with the gateway
 when a key file is given) on FD: a socket the serve bound on the machine's loopback before it started this
 process, the one way in from outside the namespace. The frontend streams through the deployment's handle
 (``client.py``). It touches the ready file once the application runs, and on SIGTERM closes the frontend and Ray.
@@ -25,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from trtllm_kit.enums import Router
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
 from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
@@ -33,12 +35,14 @@ from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.ray.client import ReplicaClient
 from trtllm_kit.serve.ray.namespace import LOOPBACK_UP
 from trtllm_kit.serve.ray.replica import Replica
+from trtllm_kit.serve.ray.routing import router_config
 from trtllm_kit.serve.ray.scaling import Autoscaling
 from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
 from trtllm_kit.serve.servable import servable
 
 APPLICATION = "trtllm-kit"
 DEPLOYMENT = "model"
+REPLICA_TITLE = f"ray::ServeReplica:{APPLICATION}:{DEPLOYMENT}"  # the process title Ray gives a replica
 LOOPBACK = "127.0.0.1"  # the namespace's only interface
 DEFAULT_MAX_ONGOING = 8  # a replica's requests at once when the repository does not say max_batch_size
 
@@ -52,6 +56,7 @@ class DriverSpec:
     ray_dir: Path
     listen_fd: int
     scaling: Autoscaling
+    router: Router
     ready_file: Path
     api_keys: Path | None = None
     usage_log: Path | None = None
@@ -99,6 +104,7 @@ def start_application(spec: DriverSpec, route: Route) -> Any:
     max_ongoing = max(route.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(spec.scaling.target_ongoing))
     deployment = serve.deployment(name=DEPLOYMENT, max_ongoing_requests=max_ongoing,
                                   autoscaling_config=spec.scaling.ray_config(),
+                                  request_router_config=router_config(spec.router, spec.out),
                                   ray_actor_options={"num_cpus": 1})(Replica)
     return serve.run(deployment.bind(str(spec.out.absolute())), name=APPLICATION, route_prefix=None)
 
@@ -155,13 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--replicas", required=True)
     parser.add_argument("--target-ongoing", type=float, required=True)
+    parser.add_argument("--router", type=Router, choices=list(Router), required=True)
     parser.add_argument("--ready-file", type=Path, required=True)
     parser.add_argument("--api-keys", type=Path)
     parser.add_argument("--usage-log", type=Path)
     args = parser.parse_args(argv)
     try:
         spec = DriverSpec(out=args.out, name=args.name, ray_dir=args.ray_dir, listen_fd=args.listen_fd,
-                          scaling=Autoscaling.parse(args.replicas, args.target_ongoing), ready_file=args.ready_file,
+                          scaling=Autoscaling.parse(args.replicas, args.target_ongoing), router=args.router,
+                          ready_file=args.ready_file,
                           api_keys=args.api_keys, usage_log=args.usage_log)
         subprocess.run(LOOPBACK_UP, check=True, capture_output=True)
         run_driver(spec)

@@ -62,3 +62,21 @@ def end_namespace(namespace: int, wait_s: float = 1.0) -> list[int]:
         time.sleep(0.05)
         left = pids_in(namespace)
     return left
+
+
+def titled_pids(namespace: int, title: str) -> list[int]:
+    """The processes of ``namespace`` whose title (first argument) starts with ``title``, e.g. a deployment's
+    replicas (``driver.REPLICA_TITLE``).
+
+    Arguments:
+        namespace: the namespace's inode; title: the title's start.
+    """
+    found = []
+    for pid in pids_in(namespace):
+        try:
+            first = (PROC_DIR / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if first.startswith(title):
+            found.append(pid)
+    return found

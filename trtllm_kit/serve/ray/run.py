@@ -30,6 +30,7 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.ray.namespace import LOOPBACK_UP, PRIVATE_NET, end_namespace, net_namespace
+from trtllm_kit.serve.ray.routing import ray_router
 from trtllm_kit.serve.ray.scaling import Autoscaling
 from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
 from trtllm_kit.serve.server.in_process import claim_artifact, served_name
@@ -60,6 +61,7 @@ def check_ray(options: ServeOptions) -> None:
         if given:
             raise KitUsageError(f"{flag} is not available with --ray; leave it out (keys: --api-keys FILE).")
     Autoscaling.parse(settings.replicas, settings.target_ongoing)
+    ray_router(settings.router)
     if importlib.util.find_spec("ray") is None:
         raise KitUsageError(f"--ray needs Ray Serve, and ray is not installed; install it: {INSTALL_HINT}.")
     for tool in (PRIVATE_NET[0], LOOPBACK_UP[0]):
@@ -103,12 +105,13 @@ def driver_argv(out: Path, name: str, dirs: RayDirs, fd: int, options: ServeOpti
 
     Arguments:
         out: the artifact; name: the served name; dirs: the serve's Ray directories; fd: the listening socket;
-        options: the serve (``--replicas``, ``--target-ongoing``, the gateway's files).
+        options: the serve (``--replicas``, ``--target-ongoing``, ``--router``, the gateway's files).
     """
     settings = options.settings
     argv = [*PRIVATE_NET, sys.executable, "-m", "trtllm_kit.serve.ray.driver", str(out.absolute()), "--name", name,
             "--ray-dir", str(dirs.temp), "--listen-fd", str(fd), "--replicas", settings.replicas,
-            "--target-ongoing", f"{settings.target_ongoing:g}", "--ready-file", str(dirs.ready)]
+            "--target-ongoing", f"{settings.target_ongoing:g}", "--router", str(ray_router(settings.router)),
+            "--ready-file", str(dirs.ready)]
     for flag, path in (("--api-keys", settings.api_keys), ("--usage-log", settings.usage_log)):
         if path is not None:
             argv += [flag, str(Path(path).absolute())]
@@ -182,7 +185,8 @@ def _run(options: ServeOptions, dirs: RayDirs, name: str, sock: socket.socket, s
                  "openai": f"{LOOPBACK}:{settings.openai_port}", "server_pid": proc.pid, "log": str(dirs.log),
                  "run_dir": str(dirs.root.parent), "replicas": {"min": scaling.min_replicas,
                                                                 "max": scaling.max_replicas},
-                 "target_ongoing": scaling.target_ongoing, "net_namespace": namespace,
+                 "target_ongoing": scaling.target_ongoing, "router": str(ray_router(settings.router)),
+                 "net_namespace": namespace,
                  "ready_s": round(time.perf_counter() - started, 3), "ready": True}
         write_state([out], state)
         if on_ready is not None:
