@@ -17,7 +17,8 @@ def test_draft_target_is_in_model_yaml_and_the_serve_options(tmp_path: Path) -> 
     out = tmp_path / "out"
     assert run(["build", "builtin:tiny-llama", "--out", str(out), "--target", "llmapi", "--no-verify",
                 "--speculative", "draft-target", "--draft-model", str(draft), "--max-draft-len", "3"]) == 0
-    expected = {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model_dir": str(draft.absolute())}
+    expected = {"decoding_type": "DraftTarget", "max_draft_len": 3,
+                "speculative_model_dir": str(out.absolute() / "draft")}  # the artifact's copy of the draft
     for path in (out / "repo" / "tensorrt_llm" / "1" / "model.yaml", out / "trtllm-serve" /
                  "extra_llm_api_options.yaml"):
         values = yaml.safe_load(path.read_text())

@@ -258,6 +258,7 @@ class StageRecords:
     checkpoint: CheckpointRecord | None = None
     calibration: dict[str, Any] | None = None
     verify: dict[str, Any] | None = None
+    draft: dict[str, Any] | None = None  # the llmapi target's copy of the draft: its dir (relative), source, bytes
     engine: EngineRecord | None = None
     repo: RepoRecord | None = None
     stages: list[str] = field(default_factory=list)
@@ -270,7 +271,7 @@ class StageRecords:
             values["model"] = asdict(self.model)
         if self.checkpoint is not None:
             values["checkpoint"] = self.checkpoint.to_dict()
-        for name in ("calibration", "verify"):
+        for name in ("calibration", "verify", "draft"):
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         if self.engine is not None:
@@ -291,7 +292,7 @@ class StageRecords:
 
         return cls(model=section("model", ModelRecord.from_dict),
                    checkpoint=section("checkpoint", CheckpointRecord.from_dict),
-                   calibration=values.get("calibration"), verify=values.get("verify"),
+                   calibration=values.get("calibration"), verify=values.get("verify"), draft=values.get("draft"),
                    engine=section("engine", EngineRecord.from_dict), repo=section("repo", RepoRecord.from_dict),
                    stages=list(values.get("stages") or []),
                    adapters={name: AdapterRecord.from_dict(a) for name, a in (values.get("adapters") or {}).items()},

@@ -28,7 +28,8 @@ from trtllm_kit.names import DRAFT_CHECKPOINT_DIR, DRAFT_DIR, DRAFT_ENGINE_DIR
 
 STAGE_DIRS = {"checkpoint": ("checkpoint", "tokenizer", "calibration", DRAFT_DIR),
               "engine": ("engines", "logs", DRAFT_CHECKPOINT_DIR, DRAFT_ENGINE_DIR), "repo": ("repo",)}
-STAGE_RECORDS = {"checkpoint": ("checkpoint", "calibration", "verify"), "engine": ("engine",), "repo": ("repo",)}
+STAGE_RECORDS = {"checkpoint": ("checkpoint", "calibration", "verify", "draft"), "engine": ("engine",),
+                 "repo": ("repo",)}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from trtllm_kit.checkpoint.convert import work_items
 from trtllm_kit.checkpoint.quality import choices_path, heldout_path
 from trtllm_kit.checkpoint.trtllm_config import precision_of, resolve_dtype
 from trtllm_kit.layout import Mapping, check_tp
+from trtllm_kit.llmapi.draft_copy import draft_fingerprints
 from trtllm_kit.lora.store import add_adapter
 from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.progress import Reporter
@@ -86,9 +87,11 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
         size = choose_size(spec.quant_config(), calibration_device())
         fields.update(calib_samples=size.samples, calib_seq_len=size.seq_len)
     verify = should_verify(spec, model)
-    checkpoint = stage_key("checkpoint", {"inputs": digests, "spec": fields, "verify": verify,
-                                          "verify_texts": verify_texts() if verify else None,
-                                          "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}})
+    parts = {"inputs": digests, "spec": fields, "verify": verify, "verify_texts": verify_texts() if verify else None,
+             "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}}
+    if spec.speculative.draft_model is not None:  # converted (engine) or copied (llmapi) with the checkpoint
+        parts["draft"] = draft_fingerprints(spec.speculative.draft_model)
+    checkpoint = stage_key("checkpoint", parts)
     engine_key = stage_key("engine", {"checkpoint": checkpoint, **engine.key_parts()})
     return {"checkpoint": checkpoint, "engine": engine_key,
             "repo": stage_key("repo", {"engine": engine_key, **repo_key_parts(spec)})}

@@ -24,6 +24,7 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.lora.settings import trtllm_modules
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
+from trtllm_kit.names import DRAFT_DIR
 from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
 from trtllm_kit.quant.algos import NVFP4_MIN_SM
 from trtllm_kit.spec import BuildSpec
@@ -104,7 +105,7 @@ def make_recipe(spec: BuildSpec, hf: HFConfig, family: Family, precision: Precis
     if lora is not None:
         args["lora_config"] = lora_config(lora)
     speculation = spec.speculative
-    draft = speculation.draft_model.absolute() if speculation.draft_model is not None else None
+    draft = spec.out.absolute() / DRAFT_DIR if speculation.draft_model is not None else None  # the artifact's copy
     speculative = speculative_config(speculation, draft, mtp_layers(speculation, hf.raw))
     if speculative is not None:
         args["speculative_config"] = speculative

@@ -67,11 +67,9 @@ class EngineSetup:
                 parts["lists"] = {name: list(values) for name, values in self.command.lists}
         if self.lora is not None:
             parts["lora"] = asdict(self.lora)
-        if self.draft is not None:  # its weights as files (size, mtime): a changed draft is converted again
-            weights = sorted(p for p in self.draft.source.iterdir() if p.suffix in (".json", ".safetensors"))
+        if self.draft is not None:  # its files are in the checkpoint's key (build/pipeline.py)
             parts["draft"] = {"flags": {k: v for k, v in self.draft.command.flags if k not in KEY_EXCLUDED_FLAGS},
-                              "switches": list(self.draft.command.switches), "dtype": self.draft.dtype,
-                              "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in weights}}
+                              "switches": list(self.draft.command.switches), "dtype": self.draft.dtype}
         if self.target.compiles and self.build_gpu is not None:
             parts.update(gpu=self.build_gpu.name, sm=self.build_gpu.sm, tensorrt_llm=self.machine.tensorrt_llm,
                          tensorrt=self.machine.tensorrt)

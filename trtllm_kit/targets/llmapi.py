@@ -24,7 +24,7 @@ from trtllm_kit.model_repo.model_dir_limits import (
 )
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.names import CHECKPOINT_DIR
+from trtllm_kit.names import CHECKPOINT_DIR, DRAFT_DIR
 from trtllm_kit.plan import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
@@ -75,6 +75,7 @@ class LlmapiTarget(Target):
         fmt = detect_prequantized(ctx.model.path)
         if fmt is not None:
             self._copy_prequantized(ctx, fmt)
+            self._copy_draft(ctx)
             return
         stats = calibration_stats(ctx)
         ckpt_dir.mkdir()
@@ -91,6 +92,19 @@ class LlmapiTarget(Target):
             ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter,
                                             load=lambda dtype: load_unified(ckpt_dir, ctx.mapping, dtype))
             ctx.timings["verify"] = time.perf_counter() - t0
+        self._copy_draft(ctx)
+
+    def _copy_draft(self, ctx: BuildContext) -> None:
+        """The draft (draft-target) or the EAGLE3 heads into ``draft/``, recorded relative to the artifact: the
+        ``speculative_model_dir`` the recipe writes names this copy, which moves with the artifact."""
+        from trtllm_kit.llmapi.draft_copy import copy_draft
+
+        source = ctx.spec.speculative.draft_model
+        if source is None:
+            return
+        copied = copy_draft(source, ctx.out / DRAFT_DIR)
+        ctx.reporter.note(f"draft: {source} copied into {DRAFT_DIR}/ ({copied / 1e6:.1f} MB)")
+        ctx.records.draft = {"dir": DRAFT_DIR, "source": str(source), "bytes": copied}
 
     def _copy_prequantized(self, ctx: BuildContext, fmt: PreQuantized) -> None:
         """A pre-quantized input is the checkpoint as it is: checked, copied, not verified against transformers
