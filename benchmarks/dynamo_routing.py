@@ -1,17 +1,23 @@
-"""``serve --dynamo``'s routing and frontend, measured here: the shared-prefix workload on 2 CPU workers with
-``--router kv`` and ``--router round-robin`` (prefix hit rate against the ideal, TTFT p50/p99), and the Dynamo
-frontend's latency per request against the kit's own frontend on the same artifact.
+"""``serve --dynamo``'s routing and frontend, measured here: the shared-prefix workload on 2 CPU workers with a
+bounded KV cache under ``--router kv`` and ``--router round-robin`` (the hit rate the workers counted and the one
+their routing allows, against the ideal; TTFT p50/p99), and the Dynamo frontend's latency per request against the
+kit's own frontend on the same artifact.
 
-    python benchmarks/dynamo_routing.py [--prefixes 4] [--users 16] [--turns 3] [--prefix-tokens 512]
-        [--concurrency 4] [--sequential 100]
+    python benchmarks/dynamo_routing.py [--prefixes 8] [--users 16] [--turns 3] [--prefix-tokens 512]
+        [--kv-tokens 3072] [--concurrency 4] [--seeds 0,1] [--sequential 100]
 
-Builds ``builtin:tiny-llama`` for the CPU runtime, then, one serve at a time on 127.0.0.1:
-- ``serve --dynamo --workers 2 --router R`` for R in kv, round-robin, and ``bench --workload shared-prefix``
-  against it (the hit rate is modelled from which worker served each request: ``profile/prefix_hits.py``);
+Builds ``builtin:tiny-llama`` for the CPU runtime with a KV pool of ``--kv-tokens`` tokens per worker
+(``max_tokens_in_paged_kv_cache``; 0: the default, ``max_batch_size`` x ``max_seq_len``), then, one serve at a
+time on 127.0.0.1:
+- for each seed, ``serve --dynamo --workers 2 --router R`` for R in kv, round-robin, and ``bench --workload
+  shared-prefix`` against it: the workers' ``trtllm_kit:prefix_cache_*`` counters over the run (``counted``), the
+  hit rate modelled from which worker served each request (``profile/prefix_hits.py``, a cache that never evicts)
+  and the ideal (every request in one unbounded cache). With more prefixes than one worker's pool holds, a router
+  that spreads each prefix over both workers makes them evict what the next request needs;
 - ``serve --openai-port P`` (the kit's frontend on Triton) and ``serve --dynamo --workers 1``: ``--sequential``
   non-streamed 1-token completions of one short prompt each, after 10 untimed; the p50 of each and their
   difference.
-Prints one line per figure, with units.
+Prints one line per figure, with units, and the load average beside them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -39,10 +46,15 @@ WARMUP = 10
 
 
 def _serve(out: Path, **settings: Any) -> tuple[str, dict[str, Any]]:
+    """Serve OUT; the URL of its OpenAI frontend (Dynamo's own for a --dynamo serve) and its state."""
     port = free_port()
     state = serve_detached(ServeOptions(out=out, settings=ServeSettings(
         **asdict(free_endpoints()), openai_port=port, ready_timeout_s=180, **settings)))
-    return f"http://127.0.0.1:{port}", state
+    return f"http://{state.get('dynamo_frontend') or f'127.0.0.1:{port}'}", state
+
+
+def _load() -> str:
+    return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
 def _routing(out: Path, router: str, spec: SharedPrefixSpec, concurrency: int, root: Path) -> SharedPrefixResult:
@@ -75,31 +87,39 @@ def _sequential_p50_ms(out: Path, count: int, **settings: Any) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prefixes", type=int, default=4, help="System prompts.")
+    parser.add_argument("--prefixes", type=int, default=8, help="System prompts.")
     parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u % prefixes).")
     parser.add_argument("--turns", type=int, default=3, help="Turns per user.")
     parser.add_argument("--prefix-tokens", type=int, default=512, help="Tokens per system prompt.")
     parser.add_argument("--turn-tokens", type=int, default=32, help="Tokens per user message.")
     parser.add_argument("--osl", type=int, default=16, help="Tokens per reply.")
+    parser.add_argument("--kv-tokens", type=int, default=3072,
+                        help="KV pool per worker in tokens (max_tokens_in_paged_kv_cache; 0: the default).")
     parser.add_argument("--concurrency", type=int, default=4, help="Requests in flight within a turn.")
-    parser.add_argument("--sequential", type=int, default=100, help="Timed 1-token completions per frontend.")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0,1", help="Comma-separated workload seeds; each runs both routers.")
+    parser.add_argument("--sequential", type=int, default=100,
+                        help="Timed 1-token completions per frontend (0: skip the frontends).")
     args = parser.parse_args()
-    spec = SharedPrefixSpec(num_prefixes=args.prefixes, num_users=args.users, num_turns=args.turns,
-                            prefix_tokens=args.prefix_tokens, turn_tokens=args.turn_tokens, osl=args.osl,
-                            seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="dynamo-routing.") as tmp:
         root = Path(tmp)
         out = root / "out"
-        run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "build": {"verify": False,
-                                                                                       "target": "cpu"}}))
-        for router in ("kv", "round-robin"):
-            result = _routing(out, router, spec, args.concurrency, root)
-            print(f"--router {router}: {result.line()}", flush=True)
+        repo = {"max_tokens_in_paged_kv_cache": args.kv_tokens} if args.kv_tokens else {}
+        run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "repo": repo,
+                                  "build": {"verify": False, "target": "cpu"}}))
+        for seed in (int(s) for s in args.seeds.split(",")):
+            spec = SharedPrefixSpec(num_prefixes=args.prefixes, num_users=args.users, num_turns=args.turns,
+                                    prefix_tokens=args.prefix_tokens, turn_tokens=args.turn_tokens, osl=args.osl,
+                                    seed=seed)
+            for router in ("kv", "round-robin"):
+                result = _routing(out, router, spec, args.concurrency, root / f"seed{seed}")
+                print(f"seed {seed}, --router {router}, KV pool {args.kv_tokens or 'default'} tokens per worker: "
+                      f"{result.line()} [{_load()}]", flush=True)
+        if args.sequential < 1:
+            return 0
         plain = _sequential_p50_ms(out, args.sequential)
         dynamo = _sequential_p50_ms(out, args.sequential, dynamo=True, workers=1)
         print(f"sequential 1-token completions, p50 of {args.sequential}: kit frontend {plain:.2f} ms, Dynamo "
-              f"frontend {dynamo:.2f} ms, difference {dynamo - plain:+.2f} ms per request", flush=True)
+              f"frontend {dynamo:.2f} ms, difference {dynamo - plain:+.2f} ms per request [{_load()}]", flush=True)
     return 0
 
 
