@@ -243,3 +243,20 @@ def _tensor_bytes(path: Path) -> int:
     header = read_header(path)
     return sum(end - start for name, entry in header.items() if name != "__metadata__"
                for start, end in [entry["data_offsets"]])
+
+
+def test_a_rebuild_reuses_both_engines(built: dict[str, Any], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(built["out"], out, symlinks=True)
+    with pytest.MonkeyPatch.context() as patch:
+        _install_fakes(tmp_path, patch)
+        assert run(["build", "builtin:tiny-llama", "--no-verify", *LIMITS, "--out", str(out), "--speculative",
+                    "draft-target", "--draft-model", str(builtin_dir("tiny-llama")), "--max-draft-len",
+                    str(DRAFT_LEN)]) == 0
+    assert not (tmp_path / "argv.jsonl").exists()  # trtllm-build did not run
+    assert "engine: unchanged" in capsys.readouterr().err
+    record, first = Artifact.read(out).records.engine, Artifact.read(built["out"]).records.engine
+    assert record is not None and first is not None and record.draft == first.draft
+    assert (out / "draft_engines" / "rank0.engine").read_bytes() == (
+        built["out"] / "draft_engines" / "rank0.engine").read_bytes()
