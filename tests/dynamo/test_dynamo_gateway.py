@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from kit_server import BuildKey, Builds, KitServer
 
-from trtllm_kit.serve.dynamo.frontend_client import completion_body, refusal
+from trtllm_kit.serve.dynamo.frontend_client import completion_body, dynamo_request_id, refusal
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.wire import GenerationRequest, LoraAdapter
@@ -159,6 +160,17 @@ def test_streaming_through_the_gateway(gated: Gated) -> None:
     assert events[-1]["usage"] == {"prompt_tokens": 6, "completion_tokens": 10, "total_tokens": 16}
 
 
+def test_a_workers_log_names_the_request_the_client_saw(gated: Gated) -> None:
+    status, raw = gated.post("/v1/completions", {"model": gated.model, "prompt": PROMPT_IDS, "max_tokens": 2})
+    assert status == 200, raw
+    request_id = json.loads(raw)["id"].split("-", 1)[1]
+    log = Path(gated.server.state["workers"]["worker-0"]["log"])
+    deadline = time.monotonic() + 10
+    while f"request_id={request_id}" not in log.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"request_id={request_id}" in log.read_text(errors="replace")
+
+
 def test_metrics_carry_the_gateways_series_and_dynamos(gated: Gated) -> None:
     with urllib.request.urlopen(f"{gated.server.url}/metrics", timeout=30) as response:
         text = response.read().decode()
@@ -184,3 +196,11 @@ def test_the_completion_request_dynamo_is_sent() -> None:
         "model": "tiny", "prompt": [1, 2, 3], "stream": True, "max_tokens": 4, "top_k": 1, "seed": 5,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": True,
         "guided_json": {"a": 1}}
+
+
+@pytest.mark.parametrize("request_id, expected", [
+    ("cmpl-5f0e7c4e11114222833344445555aaaa", "5f0e7c4e11114222833344445555aaaa"),
+    ("chatcmpl-5f0e7c4e11114222833344445555aaaa", "5f0e7c4e11114222833344445555aaaa"),
+    ("cmpl-5f0e7c4e11114222833344445555aaaa-0-1", None), ("", None)])
+def test_the_request_id_dynamo_is_given(request_id: str, expected: str | None) -> None:
+    assert dynamo_request_id(request_id) == expected

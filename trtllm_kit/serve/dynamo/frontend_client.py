@@ -13,6 +13,7 @@ status (the worker raises Dynamo's ``InvalidArgument``, which the frontend answe
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -27,6 +28,7 @@ COMPLETIONS = "/v1/completions"
 MODELS = "/v1/models"
 METRICS = "/metrics"
 READY_TIMEOUT_S = 10.0
+REQUEST_ID_HEADER = "x-dynamo-request-id"  # Dynamo's frontend takes a UUID there as the request's id
 # GenerationRequest fields sent under the same name in Dynamo's completion request
 SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "repetition_penalty",
             "presence_penalty", "frequency_penalty")
@@ -80,6 +82,22 @@ def _guide(kind: str, value: str) -> dict[str, Any]:
     if kind in ("json_schema", "choice"):
         return {f"guided_{kind.removesuffix('_schema')}": json.loads(value)}
     return {"guided_regex" if kind == "regex" else "guided_grammar": value}
+
+
+def dynamo_request_id(request_id: str) -> str | None:
+    """The id Dynamo's frontend and workers log the request under: the UUID of the kit's ``cmpl-UUID`` (the
+    response's ``id``, so a worker's log names the requests the client saw), None for another id (a choice's
+    ``cmpl-UUID-i-j``: Dynamo makes one).
+
+    Arguments:
+        request_id: the kit's engine request id.
+    """
+    _, _, rest = request_id.partition("-")
+    try:
+        uuid.UUID(rest)
+    except ValueError:
+        return None
+    return rest
 
 
 def chunk_response(event: dict[str, Any]) -> GenerationResponse | None:
@@ -159,7 +177,10 @@ class DynamoFrontendClient(TextClient):
             raise GenerationError(refused, status=400)
         assert self.model is not None
         try:
-            async with self.session.post(f"{self.url}{COMPLETIONS}", json=completion_body(self.model, req)) as answer:
+            request_id = dynamo_request_id(req.request_id)
+            headers = {} if request_id is None else {REQUEST_ID_HEADER: request_id}
+            async with self.session.post(f"{self.url}{COMPLETIONS}", json=completion_body(self.model, req),
+                                         headers=headers) as answer:
                 if answer.status != 200:
                     raise _refused(answer.status, await answer.text())
                 async for raw in answer.content:
