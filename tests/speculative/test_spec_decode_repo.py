@@ -260,3 +260,12 @@ def test_a_rebuild_reuses_both_engines(built: dict[str, Any], tmp_path: Path,
     assert record is not None and first is not None and record.draft == first.draft
     assert (out / "draft_engines" / "rank0.engine").read_bytes() == (
         built["out"] / "draft_engines" / "rank0.engine").read_bytes()
+
+
+def test_a_sharded_target_with_a_draft_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["plan", "builtin:tiny-llama", "--target", "engine", "--gpu", "H100-80GB", "--tp", "2", "--out",
+                str(tmp_path / "out"), "--speculative", "draft-target", "--draft-model",
+                str(builtin_dir("tiny-llama"))]) != 0
+    assert ("Error: --speculative draft-target on the engine target needs --tp 1 --pp 1 (its draft engine runs whole "
+            "beside a one-rank target), got tp 2 pp 1; build with --tp 1 --pp 1 or with --target llmapi.") in \
+        capsys.readouterr().err

@@ -28,7 +28,7 @@ from trtllm_kit.spec.draft_memory import draft_memory
 from trtllm_kit.spec.speculative_support import check_build, mtp_layers
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
-from trtllm_kit.trtllm_build.draft import draft_build, draft_precision
+from trtllm_kit.trtllm_build.draft import check_draft_layout, draft_build, draft_precision
 from trtllm_kit.trtllm_build.fit import check_plan
 from trtllm_kit.trtllm_build.recipe import LoraPlugin, build_command
 
@@ -54,6 +54,8 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
     named = get_target(spec.build.target) if spec.build.target != "auto" else target
     named.check_spec(spec)
     check_build(spec.speculative, Target(named.name))
+    if named.name == Target.ENGINE:
+        check_draft_layout(spec.speculative, spec.build.tp, spec.build.pp)
     mtp_layers(spec.speculative, hf.raw)
     gpu = resolve_gpu(spec.build.gpu, spec.build.gpu_memory, list(machine.gpus))
     plan = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.names import DRAFT_CHECKPOINT_DIR, DRAFT_ENGINE_DIR
 from trtllm_kit.plan import BuildPlan, Precision
@@ -34,6 +35,19 @@ def draft_precision(target: Precision) -> Precision:
         target: the target checkpoint's precision.
     """
     return Precision(target.dtype)
+
+
+def check_draft_layout(options: SpeculativeOptions, tp_size: int, pp_size: int) -> None:
+    """Refuse draft-target on a sharded target: the engine target serves one ``tritonserver`` per rank (leader
+    mode), where the whole draft engine cannot run beside the target's ranks (upstream needs orchestrator mode).
+
+    Arguments:
+        options: the ``[speculative]`` table; tp_size, pp_size: the target's layout.
+    """
+    if options.mode is Speculation.DRAFT_TARGET and tp_size * pp_size > DRAFT_WORLD_SIZE:
+        raise KitUsageError(f"--speculative draft-target on the engine target needs --tp 1 --pp 1 (its draft engine "
+                            f"runs whole beside a one-rank target), got tp {tp_size} pp {pp_size}; build with --tp 1 "
+                            "--pp 1 or with --target llmapi.")
 
 
 def draft_build(options: SpeculativeOptions, plan: BuildPlan, gpu: GPU, *, timing_cache: Path | None = None
