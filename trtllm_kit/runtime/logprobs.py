@@ -49,12 +49,14 @@ def record_generated(logits: torch.Tensor, sampled: list[Sequence], kept: list[b
         logits: [len(sampled), vocab] the raw logits each token was chosen from; sampled: the sequences;
         kept: whether each one's token was appended (an ``end_id`` is not, unless ``keep_end_token``).
     """
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    for row, (seq, is_kept) in enumerate(zip(sampled, kept, strict=True)):
-        if not is_kept:
-            continue
-        token_id = seq.token_ids[-1]
-        seq.cum_logprob += float(logprobs[row, token_id])
+    rows = [row for row, is_kept in enumerate(kept) if is_kept]
+    if not rows:
+        return
+    token_ids = [sampled[row].token_ids[-1] for row in rows]
+    chosen = torch.log_softmax(logits.float(), dim=-1)[rows, token_ids].tolist()  # one gather for the step
+    for row, token_id, logprob in zip(rows, token_ids, chosen, strict=True):
+        seq = sampled[row]
+        seq.cum_logprob += logprob
         if seq.params.logprobs is not None:
             seq.output_logprobs += token_logprobs(logits[row:row + 1], [token_id], seq.params.logprobs)
         if seq.params.return_generation_logits:

@@ -216,10 +216,10 @@ class CheckpointModel:
         pp_rank, local = self.layer_places[layer]
         out = self.rank_linear(layer, tp_rank, "attention.qkv", x, lora)
         d, hq, hkv = self.dims.head_size, self.dims.num_heads_per_rank, self.dims.num_kv_heads_per_rank
-        q, k, v = (t.unflatten(-1, (-1, d)).transpose(1, 2) for t in out.split([hq * d, hkv * d, hkv * d], -1))
-        k, v = kv_cache(self.weights(pp_rank, tp_rank), f"transformer.layers.{local}", self.kv_cache_quant_algo,
-                        self.rope.rotate(k, positions, seq_len), v)
-        return self.rope.rotate(q, positions, seq_len), k, v
+        qk, v = (t.unflatten(-1, (-1, d)).transpose(1, 2) for t in out.split([(hq + hkv) * d, hkv * d], -1))
+        q, k = self.rope.rotate(qk, positions, seq_len).split([hq, hkv], dim=1)  # one rotation, per element
+        k, v = kv_cache(self.weights(pp_rank, tp_rank), f"transformer.layers.{local}", self.kv_cache_quant_algo, k, v)
+        return q, k, v
 
     def attention_output(self, layer: int, contexts: list[torch.Tensor], lora: LoraBatch | None = None) -> torch.Tensor:
         """``attention.dense`` of every rank's context [B, Hq_r, T, d], reduced across TP.

@@ -26,6 +26,11 @@ class Penalties:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
+    @property
+    def changes_logits(self) -> bool:
+        """Whether ``apply_penalties`` can change a row (a penalty is on)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
 
 def apply_penalties(row: torch.Tensor, prompt_ids: list[int], output_ids: list[int],
                     settings: Penalties) -> torch.Tensor:

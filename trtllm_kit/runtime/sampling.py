@@ -3,7 +3,8 @@ seed. Before that, in this order: ``end_id`` is masked until ``min_tokens`` toke
 forbidden tokens to -inf, and the penalties apply (``runtime/penalties.py``), as in vLLM's sampler.
 
 A row whose numbers cannot be sampled (NaN or infinite probabilities, or none left above zero) fails its own
-sequence, never the step: ``sample`` gives None for it and ``sampling_error`` says why.
+sequence, never the step: ``sample`` gives None for it and ``sampling_error`` says why. The greedy rows that nothing
+changes take one argmax for the whole step.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
     Arguments:
         logits: [len(seqs), vocab] float32 logits of each sequence's last position; seqs: the sequences.
     """
-    return [_sample_row(row, seq) for row, seq in zip(logits, seqs, strict=True)]
+    tokens: list[int | None] = [None] * len(seqs)
+    plain = [i for i, seq in enumerate(seqs) if _is_plain_greedy(seq)]
+    if plain:  # one argmax for the rows nothing changes: the same first maximum as each row's own
+        rows = logits if len(plain) == len(seqs) else logits[plain]
+        for i, best, is_nan in zip(plain, rows.argmax(-1).tolist(), rows.isnan().any(-1).tolist(), strict=True):
+            tokens[i] = None if is_nan else best
+    for i in sorted(set(range(len(seqs))) - set(plain)):
+        tokens[i] = _sample_row(logits[i], seqs[i])
+    return tokens
 
 
 def sampling_error(seq: Sequence) -> str:
@@ -73,12 +82,23 @@ def probabilities(row: torch.Tensor, seq: Sequence) -> torch.Tensor | None:
     return probs
 
 
+def _is_plain_greedy(seq: Sequence) -> bool:
+    """A greedy sequence whose logits nothing changes before the argmax (no end mask, grammar or penalty)."""
+    params = seq.params
+    return params.is_greedy and seq.matcher is None and not params.changes_logits and _masked_end(seq) is None
+
+
+def _masked_end(seq: Sequence) -> int | None:
+    """The ``end_id`` masked now (fewer than ``min_tokens`` tokens exist), else None."""
+    return seq.params.end_id if seq.num_output_tokens < seq.params.min_tokens else None
+
+
 def _processed(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
     """The logits after the ``min_tokens`` mask, the grammar's bitmask and the penalties."""
-    params = seq.params
-    if params.end_id is not None and seq.num_output_tokens < params.min_tokens and 0 <= params.end_id < row.numel():
+    params, end_id = seq.params, _masked_end(seq)
+    if end_id is not None and 0 <= end_id < row.numel():
         row = row.clone()
-        row[params.end_id] = float("-inf")
+        row[end_id] = float("-inf")
     if seq.matcher is not None:
         row = seq.matcher.mask(row)
     return apply_penalties(row, seq.token_ids[:seq.num_prompt_tokens], seq.output_ids, params)
