@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtllm_kit.artifact import Artifact, CacheRecord, ModelRecord
 from trtllm_kit.artifact.archive import pack_archive
@@ -37,8 +37,6 @@ from trtllm_kit.spec.draft_tokenizer import check_draft
 from trtllm_kit.targets.base import BuildContext, EngineSetup
 from trtllm_kit.targets.checkpoint_stage import should_verify
 
-if TYPE_CHECKING:
-    pass
 
 @dataclass(frozen=True)
 class BuildResult:
@@ -83,7 +81,6 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
     values = spec.to_dict()
     fields = {**{k: v for k, v in values["build"].items() if k not in NOT_CHECKPOINT_FIELDS}, **values["quant"]}
     if spec.quant_config().needs_calibration:  # the size the device gives when the spec leaves it out
-
         size = choose_size(spec.quant_config(), calibration_device())
         fields.update(calib_samples=size.samples, calib_seq_len=size.seq_len)
     verify = should_verify(spec, model)
