@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
@@ -46,3 +47,15 @@ def test_a_missing_checkpoint_is_refused() -> None:
 ])
 def test_the_lora_cache_is_sized_in_bytes_only_without_an_adapter_count(parameters: dict, size: tuple | None) -> None:
     assert CpuParameters.from_config(_config(gpt_model_path="c", **parameters), REPO).lora_cache_size() == size
+
+
+@pytest.mark.parametrize("value, threads", [("3", 3), ("", torch.get_num_threads()),
+                                            ("${cpu_threads}", torch.get_num_threads())])
+def test_cpu_threads_are_the_parameter_else_torchs_count(value: str, threads: int) -> None:
+    assert CpuParameters.from_config(_config(gpt_model_path="c", cpu_threads=value), REPO).cpu_threads == threads
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_cpu_threads_below_one_or_not_a_number_are_refused(value: str) -> None:
+    with pytest.raises(KitUsageError, match=f"parameter cpu_threads is '{value}'; set it to a whole number"):
+        CpuParameters.from_config(_config(gpt_model_path="c", cpu_threads=value), REPO)

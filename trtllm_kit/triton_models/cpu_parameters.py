@@ -1,6 +1,6 @@
 """The CPU ``tensorrt_llm`` model's settings from Triton's model configuration (``args["model_config"]``, JSON):
 its ``parameters`` as strings, ``max_batch_size`` and the queue policy's ``max_queue_size`` among them when not
-set there, where its checkpoint and tokenizer-info file are, and its transaction policy.
+set there, where its checkpoint and tokenizer-info file are, its transaction policy and its torch threads.
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from trtllm_kit.errors import KitUsageError
 
@@ -20,7 +22,8 @@ class CpuParameters:
         values: every parameter by name (the engine's among them, ``EngineConfig.from_parameters``);
         checkpoint: the TensorRT-LLM checkpoint directory; tokenizer_info: the guided-decoding tokenizer file (None:
         no guided decoding); is_decoupled: one response stream per request (streaming, several sequences);
-        exclude_input: the default of ``exclude_input_in_output``.
+        exclude_input: the default of ``exclude_input_in_output``; cpu_threads: torch's intra-op threads for the
+        served model (``cpu_threads``).
     """
 
     values: dict[str, str]
@@ -28,6 +31,7 @@ class CpuParameters:
     tokenizer_info: Path | None
     is_decoupled: bool
     exclude_input: bool
+    cpu_threads: int
 
     @classmethod
     def from_config(cls, config: dict[str, Any], repository: Path) -> CpuParameters:
@@ -47,7 +51,8 @@ class CpuParameters:
         return cls(values, repository / values["gpt_model_path"],  # absolute paths stay absolute
                    repository / info if info and "${" not in info else None,
                    bool(config.get("model_transaction_policy", {}).get("decoupled")),
-                   values.get("exclude_input_in_output", "false").lower() == "true")
+                   values.get("exclude_input_in_output", "false").lower() == "true",
+                   cpu_threads(values.get("cpu_threads", "")))
 
     def lora_cache_size(self) -> tuple[int, int] | None:
         """``(lora_cache_max_adapter_size, lora_cache_host_memory_bytes)`` when the cache is sized in bytes (the
@@ -57,3 +62,19 @@ class CpuParameters:
         if host_bytes and max_rank and not self.values.get("lora_cache_max_adapters"):
             return int(max_rank), int(host_bytes)
         return None
+
+
+def cpu_threads(raw: str) -> int:
+    """The served model's torch intra-op threads: the ``cpu_threads`` parameter, else torch's own count (the machine's
+    physical cores, or ``OMP_NUM_THREADS`` when the server's environment sets it). The Triton stub's and the
+    frontend's work between steps is short, so the forward pass may take every core.
+
+    Arguments:
+        raw: the parameter's string value (empty or ``${...}``: not set).
+    """
+    raw = raw.strip()
+    if not raw or raw.startswith("${"):
+        return torch.get_num_threads()
+    if not raw.isdigit() or int(raw) < 1:
+        raise KitUsageError(f"parameter cpu_threads is {raw!r}; set it to a whole number of threads, at least 1.")
+    return int(raw)

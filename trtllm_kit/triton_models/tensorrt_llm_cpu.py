@@ -113,7 +113,9 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         self.parameters = p = CpuParameters.from_config(json.loads(args["model_config"]),
                                                         Path(args["model_repository"]))
-        torch.set_num_threads(int(p.values.get("cpu_threads") or torch.get_num_threads()))
+        torch.set_num_threads(p.cpu_threads)
+        if torch.get_num_interop_threads() != 1:  # the engine loop's thread is the only one that runs torch
+            torch.set_num_interop_threads(1)
         values, lora_cache = dict(p.values), p.lora_cache_size()
         if lora_cache is not None:  # the backend's cache in bytes, as adapters
             checkpoint = json.loads((p.checkpoint / "config.json").read_text())
