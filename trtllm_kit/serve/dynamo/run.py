@@ -29,7 +29,7 @@ from typing import Any
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.card import write_card
-from trtllm_kit.serve.dynamo.gateway import FRONTEND_CLOSE_S, dynamo_frontend, serve_in_front
+from trtllm_kit.serve.dynamo.gateway import FRONTEND_CLOSE_S, DynamoFrontend, dynamo_frontend, serve_in_front
 from trtllm_kit.serve.dynamo.launch import LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
@@ -95,10 +95,12 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     write_card(out, dirs.card)
     name = served_name(options, artifact)
     dynamo_port = free_port()  # Dynamo's frontend: loopback, behind the kit's
+    # made first: a refused key setting or an unreadable key file stops the serve before anything starts
+    frontend = dynamo_frontend(options, name, f"http://{LOOPBACK}:{dynamo_port}")
     commands = {"frontend": frontend_argv(dynamo_port, settings.router, settings.migration_limit),
                 **{f"worker-{i}": worker_argv(out, dirs, name, i) for i in range(settings.workers)}}
     with stop_requests() as stop:
-        _run(options, dirs, name, dynamo_port, commands, stop, on_ready)
+        _run(options, dirs, name, frontend, commands, stop, on_ready)
 
 
 def lists_model(url: str, name: str) -> bool:
@@ -115,11 +117,11 @@ def lists_model(url: str, name: str) -> bool:
     return any(model.get("id") == name for model in listed.get("data") or [])
 
 
-def _run(options: ServeOptions, dirs: DynamoDirs, name: str, dynamo_port: int, commands: dict[str, list[str]],
+def _run(options: ServeOptions, dirs: DynamoDirs, name: str, frontend: DynamoFrontend, commands: dict[str, list[str]],
          stop: threading.Event, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     settings, out = options.settings, options.out
     assert settings.openai_port is not None
-    url = f"http://{LOOPBACK}:{dynamo_port}"
+    url = frontend.dynamo_url
     grace_s = STOP_GRACE_S
     env = dynamo_env(dirs)
     groups = {process: ProcessGroup(dirs.log(process)) for process in commands}
@@ -146,17 +148,17 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, dynamo_port: int, c
         not_ready = groups["frontend"].wait_ready(ready, settings.ready_timeout_s, poll_s=WATCH_S,
                                                   problem=worker_exited, stop_requested=stop.is_set)
         if not_ready is not None:
-            frontend = groups["frontend"]
+            theirs = groups["frontend"]
             raise KitError(not_ready.problem or (
-                f"Dynamo's frontend exited with code {not_ready.exit_code} (log {frontend.log_path}); last lines:\n"
-                f"{frontend.log_tail()}" if not_ready.exit_code is not None else
+                f"Dynamo's frontend exited with code {not_ready.exit_code} (log {theirs.log_path}); last lines:\n"
+                f"{theirs.log_tail()}" if not_ready.exit_code is not None else
                 f"{name} was not listed on {url}/v1/models by {len(workers)} workers within "
                 f"{settings.ready_timeout_s:g} s (logs in {dirs.root}); raise --ready-timeout or read the logs."))
         if stop.is_set():
             return
         state = {"pid": os.getpid(), "server": "dynamo", "model": name, "target": Artifact.read(out).target,
                  "openai": options.endpoints.url("http").rsplit(":", 1)[0] + f":{settings.openai_port}",
-                 "dynamo_frontend": f"{LOOPBACK}:{dynamo_port}", "router": str(settings.router),
+                 "dynamo_frontend": url.removeprefix("http://"), "router": str(settings.router),
                  "migration_limit": settings.migration_limit, "server_pid": groups["frontend"].pid,
                  "log": str(groups["frontend"].log_path), "run_dir": str(dirs.root.parent),
                  "workers": {process: {"pid": groups[process].pid, "log": str(groups[process].log_path)}
@@ -174,8 +176,7 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, dynamo_port: int, c
             _terminate(list(groups.values()))
             grace_s = STOP_GRACE_S - FRONTEND_CLOSE_S  # counted from the SIGTERM
 
-        asyncio.run(serve_in_front(dynamo_frontend(options, name, url), options.endpoints.host,
-                                   settings.openai_port, serving, stopping))
+        asyncio.run(serve_in_front(frontend, options.endpoints.host, settings.openai_port, serving, stopping))
     finally:
         _stop_all(list(groups.values()), grace_s)
         reaper.close()
