@@ -1,7 +1,7 @@
 """The CPU runtime's speed beside transformers, side by side in one run, on the real model and the tiny one.
 
     python benchmarks/cpu_runtime.py [--quick] [--models smollm2-135m-instruct,tiny-llama] [--no-served]
-                                     [--threads 1] [--rounds 3] [--json]
+                                     [--threads N] [--rounds 3] [--json]
     python benchmarks/cpu_runtime.py --profile [--quick] [--models smollm2-135m-instruct]
 
 For each model (float32, greedy, every answer forced to its full length with ``ignore_eos``), two cases:
@@ -13,9 +13,14 @@ Each case runs on three engines, each after an untimed warm-up, in ``--rounds`` 
 in turn (so that they meet the same load); the median of the rounds is printed:
 
 * transformers: ``generate`` on a left-padded batch;
-* executor: the kit's ``Executor`` over the converted checkpoint, all requests queued at once;
+* executor: the kit's ``Executor`` over the converted checkpoint (one per case, as a server keeps its pool), all
+  requests queued at once;
 * served: ``trtllm-kit serve`` of a cpu build (its own processes on the same cores), the OpenAI chat API, the
   requests sent at once from a thread each.
+
+All three compute with ``--threads`` torch threads (default: torch's count, the machine's cores): this process
+sets its own, and the served model reads the count from ``OMP_NUM_THREADS`` in the serve's environment (its
+``cpu_threads`` default).
 
 Prints one line per case with output tokens/s and the kit's ratios to transformers. The machine's load average is
 printed with them: ratios taken in the same run stay comparable when other processes share the cores.
@@ -88,13 +93,15 @@ class Case:
     executor: float
     served: float
     load_average: float
+    threads: int
 
     def line(self) -> str:
         def ratio(value: float) -> str:
             return f"{value / self.transformers:.2f}x" if value else "-"
         return (f"{self.model:24s} {self.num_requests} x {self.max_tokens:3d} tokens: transformers "
                 f"{self.transformers:6.1f} tok/s | executor {self.executor:6.1f} tok/s ({ratio(self.executor)}) | "
-                f"served {self.served:6.1f} tok/s ({ratio(self.served)}) | load {self.load_average:.1f}")
+                f"served {self.served:6.1f} tok/s ({ratio(self.served)}) | {self.threads} threads each | "
+                f"load {self.load_average:.1f}")
 
 
 def tokens_per_second(run: Callable[[], int]) -> float:
@@ -140,9 +147,11 @@ def transformers_run(model: Any, tokenizer: Any, prompts: list[list[int]], max_t
 
 
 def executor_run(model: CheckpointModel, prompts: list[list[int]], max_tokens: int) -> Callable[[], int]:
-    """The kit's ``Executor`` on all ``prompts`` at once, greedy, exactly ``max_tokens`` new tokens each."""
+    """The kit's ``Executor`` on all ``prompts`` at once, greedy, exactly ``max_tokens`` new tokens each (no prefix
+    reuse between calls: each computes its prompts)."""
+    executor = Executor(model, EngineConfig(max_batch_size=len(prompts), enable_kv_cache_reuse=False))
+
     def run() -> int:
-        executor = Executor(model, EngineConfig(max_batch_size=len(prompts)))
         outputs = executor.generate(prompts, [SamplingParams(max_tokens=max_tokens, ignore_eos=True)] * len(prompts))
         return sum(map(len, outputs))
     return run
@@ -185,7 +194,8 @@ def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, rounds:
             hf, ex, sv = interleaved([transformers_run(hf_model, tokenizer, prompts, max_tokens),
                                    executor_run(kit_model, prompts, max_tokens),
                                    served_run(base_url, num_requests, max_tokens) if base_url else None], rounds)
-            cases.append(Case(name, num_requests, max_tokens, hf, ex, sv, os.getloadavg()[0]))
+            cases.append(Case(name, num_requests, max_tokens, hf, ex, sv, os.getloadavg()[0],
+                              torch.get_num_threads()))
     return cases
 
 
@@ -224,14 +234,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="32 tokens at batch 1 and 16 at 8 concurrent")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated built-in model names")
     parser.add_argument("--no-served", action="store_true", help="transformers and the executor only")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in this process (default 1: with "
-                        "other processes on the cores, a second thread waits at every op)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch threads of transformers, the executor and the served model (default: torch's)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (each engine once a round; median)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--profile", action="store_true", help="the served path's busy samples by part (py-spy)")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the served model's cpu_threads default
     shapes = [(1, 32), (8, 16)] if args.quick else [(1, 128), (8, 64)]
     cases: list[Case] = []
     if args.profile:
