@@ -14,6 +14,7 @@ import yaml
 
 from tests.deploy.conftest import write_artifact
 from trtllm_kit.cli import run
+from trtllm_kit.deploy.pod import security
 from trtllm_kit.deploy.ray_app import IMPORT_PATH
 from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.validate import CRD_FILES, check_object, schema_dir
@@ -45,13 +46,16 @@ def test_rayservice_serves_the_application_with_ray_serve_autoscaling(tmp_path, 
     art = write_artifact(tmp_path / "art", target="llmapi", tp=2)
     written = deploy_ray(art, tmp_path / "ray", capsys, "--pvc", "models", "--replicas", "0:3",
                          "--target-ongoing", "6")
-    assert written["resources"] == ["kustomization.yaml", "sha256-configmap.yaml", "rayservice.yaml"]
+    assert written["resources"] == ["kustomization.yaml", "sha256-configmap.yaml", "rayservice.yaml", "service.yaml",
+                                    "networkpolicy.yaml"]
     assert written["gpus_per_replica"] == 2
     doc = service(tmp_path / "ray")
     assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayService"
     [app] = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]
-    assert app["import_path"] == IMPORT_PATH and app["args"] == {"out": "/models/llama70b"}
-    [model] = app["deployments"]
+    assert app["import_path"] == IMPORT_PATH
+    assert app["args"] == {"out": "/models/llama70b", "name": "meta-llama/Llama-3.1-70B-Instruct", "port": 9000}
+    [frontend, model] = app["deployments"]
+    assert frontend["name"] == "frontend" and frontend["num_replicas"] == 1
     assert model["name"] == "model"
     assert model["ray_actor_options"]["num_gpus"] == 2
     scaling = model["autoscaling_config"]
@@ -76,7 +80,8 @@ def test_queue_target_defaults_to_deploy_k8s_and_the_url_is_fetched(tmp_path, ca
     assert fetch["env"] == [{"name": "ARTIFACT_URL", "value": "https://files.example/a.tar"}]
     assert "tar -x" in fetch["args"][0]
     [app] = yaml.safe_load(service(tmp_path / "ray")["spec"]["serveConfigV2"])["applications"]
-    assert app["deployments"][0]["autoscaling_config"]["target_ongoing_requests"] == 4
+    [model] = [deployment for deployment in app["deployments"] if deployment["name"] == "model"]
+    assert model["autoscaling_config"]["target_ongoing_requests"] == 4
 
 
 def test_deploy_check_refuses_an_unknown_field_in_the_rayservice(tmp_path, capsys) -> None:
@@ -113,14 +118,61 @@ def test_the_package_ships_the_kuberay_crd() -> None:
     assert any(fnmatch.fnmatch("deploy/schemas/ray.io_rayservices.yaml", p) for p in patterns)
 
 
-def test_the_import_path_builds_the_model_deployment_of_serve_ray() -> None:
+def test_the_import_path_builds_the_frontend_in_front_of_the_model_deployment_of_serve_ray() -> None:
     pytest.importorskip("ray.serve")
     from trtllm_kit.deploy import ray_app
+    from trtllm_kit.serve.ray.ingress import Ingress
     from trtllm_kit.serve.ray.replica import Replica
 
     module, _, attribute = IMPORT_PATH.partition(":")
     assert module == ray_app.__name__
-    application = getattr(ray_app, attribute)({"out": "/models/m"})
-    deployment = application._bound_deployment
+    application = getattr(ray_app, attribute)({"out": "/models/m", "name": "tiny", "port": "9000"})
+    frontend = application._bound_deployment
+    assert frontend.name == "frontend" and frontend.func_or_class is Ingress
+    model_app, *args = frontend.init_args
+    assert args == ["/models/m", "tiny", 9000]
+    deployment = model_app._bound_deployment
     assert deployment.name == "model" and deployment.func_or_class is Replica
     assert deployment.init_args == ("/models/m",)
+
+
+def _docs(out: Path, name: str) -> dict[str, Any]:
+    [doc] = yaml.safe_load_all((out / name).read_text())
+    return doc
+
+
+def test_the_frontend_is_the_http_entry_on_the_head_behind_a_service_and_a_network_policy(tmp_path, capsys) -> None:
+    art = write_artifact(tmp_path / "art", target="llmapi", tp=1)
+    deploy_ray(art, tmp_path / "ray", capsys, "--pvc", "models")  # the frontend on deploy's OpenAI port, 9000
+    cluster = service(tmp_path / "ray")["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]
+    assert head["resources"] == {"kit_frontend": "1"}  # only the head offers the frontend's resource
+    [app] = yaml.safe_load(service(tmp_path / "ray")["spec"]["serveConfigV2"])["applications"]
+    assert app["deployments"][0]["ray_actor_options"]["resources"] == {"kit_frontend": 1}
+    assert app["route_prefix"] is None  # Ray's proxy routes nothing: the frontend is the entry
+    [container] = head["template"]["spec"]["containers"]
+    assert {"name": "openai", "containerPort": 9000} in container["ports"]
+    api = _docs(tmp_path / "ray", "service.yaml")
+    assert api["spec"]["selector"] == {"app": "llama-3-1-70b-instruct", "ray.io/node-type": "head"}
+    assert api["spec"]["ports"] == [{"name": "openai", "port": 9000, "targetPort": "openai"}]
+    policy = _docs(tmp_path / "ray", "networkpolicy.yaml")["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"app": "llama-3-1-70b-instruct"}}
+    assert policy["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": 9000}]},
+        {"from": [{"podSelector": {"matchLabels": {"app": "llama-3-1-70b-instruct"}}}]},
+        {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "kuberay-operator"}}}],
+         "ports": [{"protocol": "TCP", "port": 8265}, {"protocol": "TCP", "port": 8000}]}]
+    assert check_dir(tmp_path / "ray")[1] == []
+
+
+def test_every_pod_and_container_runs_as_deploy_k8s_writes_them(tmp_path, capsys) -> None:
+    art = write_artifact(tmp_path / "art", target="llmapi", tp=1)
+    deploy_ray(art, tmp_path / "ray", capsys, "--pvc", "models")
+    cluster = service(tmp_path / "ray")["spec"]["rayClusterConfig"]
+    pod_security, container_security = security()
+    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+        spec = template["spec"]
+        assert spec["securityContext"] == pod_security
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            assert container["securityContext"] == container_security, container["name"]

@@ -15,7 +15,7 @@ from trtllm_kit.deploy.startup import BUDGET_ANNOTATION
 from trtllm_kit.deploy.validate import Finding
 
 Obj = dict[str, Any]
-WORKLOADS = ("Deployment", "LeaderWorkerSet", "DynamoGraphDeployment")
+WORKLOADS = ("Deployment", "LeaderWorkerSet", "DynamoGraphDeployment", "RayService")
 
 
 def _pod_templates(doc: Obj) -> list[Obj]:
@@ -24,6 +24,10 @@ def _pod_templates(doc: Obj) -> list[Obj]:
         return [spec.get("template") or {}]
     if doc.get("kind") == "DynamoGraphDeployment":
         return [component.get("podTemplate") or {} for component in spec.get("components") or []]
+    if doc.get("kind") == "RayService":  # the head (where deploy ray's frontend serves), then the worker groups
+        cluster = spec.get("rayClusterConfig") or {}
+        return [(cluster.get("headGroupSpec") or {}).get("template") or {},
+                *((group.get("template") or {}) for group in cluster.get("workerGroupSpecs") or [])]
     group = spec.get("leaderWorkerTemplate") or {}
     return [group.get("leaderTemplate") or {}, group.get("workerTemplate") or {}]
 

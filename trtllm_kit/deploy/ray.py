@@ -5,6 +5,12 @@ autoscaling from ``--replicas`` and ``--target-ongoing``. ``rayClusterConfig`` h
 ``num-cpus`` 0) and one GPU worker group whose pods each hold one replica's GPUs and get the artifact as
 ``deploy k8s`` delivers it (the fetch init container, ``sha256sum -c`` against the manifest's list). Ray's own
 autoscaler (``enableInTreeAutoscaling``) adds and removes worker pods for the replicas Serve asks for.
+
+The HTTP entry is the kit's OpenAI frontend, the application's ingress deployment, in one replica on the head pod
+(the head alone offers its custom resource) on ``--openai-port``; the Service ``NAME-api`` selects the head pod on
+that port. The NetworkPolicy lets anyone reach that port, the cluster's own pods reach each other on every port
+(Ray's GCS, raylets and object transfers), and the KubeRay operator reach the dashboard and Serve's proxy; both pod
+templates and every container carry ``deploy k8s``'s security contexts.
 """
 
 from __future__ import annotations
@@ -18,20 +24,25 @@ import yaml
 
 from trtllm_kit.deploy import objects
 from trtllm_kit.deploy.image import check_image
-from trtllm_kit.deploy.objects import Names
-from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, volumes
+from trtllm_kit.deploy.objects import SERVICE_SUFFIX, Names
+from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, security, volumes
 from trtllm_kit.deploy.ray_app import IMPORT_PATH
 from trtllm_kit.deploy.render import names_for, write_checked
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.ray.driver import APPLICATION, DEFAULT_MAX_ONGOING, DEPLOYMENT
+from trtllm_kit.serve.ray.ingress import FRONTEND, FRONTEND_RESOURCE
 from trtllm_kit.serve.ray.scaling import Autoscaling
 
 Obj = dict[str, Any]
 API_VERSION = "ray.io/v1"
 WORKER_GROUP = "gpu"
 SERVE_PORT = 8000  # Ray Serve's HTTP proxy on every node
+DASHBOARD_PORT = 8265  # where the KubeRay operator submits the Serve config
+GCS_PORT = 6379
+OPERATOR = {"app.kubernetes.io/name": "kuberay-operator"}  # the KubeRay operator's pods, in any namespace
+HEAD = {"ray.io/node-type": "head"}  # the label KubeRay gives the head pod
 IDLE_TIMEOUT_S = 60  # Ray's autoscaler removes a worker pod idle this long
 CPU_TAG_SUFFIX = "-cpu"  # rayproject/ray:2.60.0-py310-cpu
 
@@ -74,28 +85,44 @@ def check_ray(source: DeploySource, settings: DeploySettings) -> int:
     return gpus
 
 
-def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int) -> Obj:
-    """``serveConfigV2``: the application, its model deployment, Ray Serve's autoscaling and each replica's GPUs.
+def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int, openai_port: int) -> Obj:
+    """``serveConfigV2``: the application, its frontend on the head, its model deployment, Ray Serve's autoscaling
+    and each replica's GPUs.
 
     Arguments:
-        source: the artifact (its mount path, max batch); scaling: replicas and target; gpus: GPUs per replica.
+        source: the artifact (its mount path, max batch, name); scaling: replicas and target; gpus: GPUs per
+        replica; openai_port: the frontend's port.
     """
     max_ongoing = max(source.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(scaling.target_ongoing))
     return {"applications": [{
-        "name": APPLICATION, "import_path": IMPORT_PATH, "route_prefix": "/", "args": {"out": source.mount_path},
-        "deployments": [{"name": DEPLOYMENT, "max_ongoing_requests": max_ongoing,
+        "name": APPLICATION, "import_path": IMPORT_PATH, "route_prefix": None,
+        "args": {"out": source.mount_path, "name": source.model, "port": openai_port},
+        "deployments": [{"name": FRONTEND, "num_replicas": 1,
+                         "ray_actor_options": {"num_cpus": 0, "resources": {FRONTEND_RESOURCE: 1}}},
+                        {"name": DEPLOYMENT, "max_ongoing_requests": max_ongoing,
                          "autoscaling_config": scaling.ray_config(),
                          "ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}]}]}
 
 
-def head_group(settings: DeploySettings) -> Obj:
-    """The head: GCS, the Serve controller and proxy; ``num-cpus`` 0 so that no replica lands on it."""
+def head_group(names: Names, settings: DeploySettings) -> Obj:
+    """The head: GCS, the Serve controller and proxy, and the frontend (the one pod with its resource); ``num-cpus``
+    0 so that no model replica lands on it.
+
+    Arguments:
+        names: the service (the pod's labels); settings: the image and the OpenAI port.
+    """
+    pod_security, container_security = security()
     container = {"name": "ray-head", "image": settings.image,
                  "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}},
-                 "ports": [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
-                           {"name": "serve", "containerPort": SERVE_PORT}]}
+                 "ports": [{"name": "gcs", "containerPort": GCS_PORT},
+                           {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+                           {"name": "serve", "containerPort": SERVE_PORT},
+                           {"name": "openai", "containerPort": settings.openai_port}],
+                 "securityContext": container_security}
     return {"rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-            "template": {"spec": {"containers": [container]}}}
+            "resources": {FRONTEND_RESOURCE: "1"},
+            "template": {"metadata": {"labels": {**names.labels, **HEAD}},  # KubeRay sets HEAD too
+                         "spec": {"containers": [container], "securityContext": pod_security}}}
 
 
 def worker_group(names: Names, source: DeploySource, settings: DeploySettings, scaling: Autoscaling,
@@ -106,10 +133,12 @@ def worker_group(names: Names, source: DeploySource, settings: DeploySettings, s
         names: the service; source: the artifact; settings: delivery and image; scaling: the group's bounds;
         gpus: GPUs per pod.
     """
+    pod_security, container_security = security()
     container = {"name": "ray-worker", "image": settings.image, "resources": resources(source, gpus, gpus, settings),
-                 "volumeMounts": [*artifact_mounts(source, settings), {"name": "dshm", "mountPath": "/dev/shm"}]}
+                 "volumeMounts": [*artifact_mounts(source, settings), {"name": "dshm", "mountPath": "/dev/shm"}],
+                 "securityContext": container_security}
     spec: Obj = {"initContainers": [fetch_container(source, settings)], "containers": [container],
-                 "volumes": volumes(names.name, source, settings, gpus),
+                 "securityContext": pod_security, "volumes": volumes(names.name, source, settings, gpus),
                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
     settings.extras.apply(spec, [container])
     template: Obj = {"metadata": {"labels": dict(names.labels)}, "spec": spec}
@@ -125,11 +154,39 @@ def ray_service(names: Names, source: DeploySource, settings: DeploySettings, sc
     """The ``RayService``: the Serve config and the cluster, Ray's autoscaler on."""
     cluster = {"enableInTreeAutoscaling": True,
                "autoscalerOptions": {"idleTimeoutSeconds": IDLE_TIMEOUT_S, "upscalingMode": "Default"},
-               "headGroupSpec": head_group(settings),
+               "headGroupSpec": head_group(names, settings),
                "workerGroupSpecs": [worker_group(names, source, settings, scaling, gpus)]}
     return {"apiVersion": API_VERSION, "kind": "RayService", "metadata": names.meta(),
-            "spec": {"serveConfigV2": yaml.safe_dump(serve_config(source, scaling, gpus), sort_keys=False),
+            "spec": {"serveConfigV2": yaml.safe_dump(serve_config(source, scaling, gpus, settings.openai_port),
+                                                     sort_keys=False),
                      "rayClusterConfig": cluster}}
+
+
+def frontend_service(names: Names, settings: DeploySettings) -> Obj:
+    """The clients' Service ``NAME-api``: the head pod's OpenAI port, where the frontend listens.
+
+    Arguments:
+        names: the service; settings: the OpenAI port.
+    """
+    return {"apiVersion": "v1", "kind": "Service", "metadata": names.meta(SERVICE_SUFFIX),
+            "spec": {"type": "ClusterIP", "selector": {"app": names.name, **HEAD},
+                     "ports": [{"name": "openai", "port": settings.openai_port, "targetPort": "openai"}]}}
+
+
+def network_policy(names: Names, settings: DeploySettings) -> Obj:
+    """Ingress to the cluster's pods: the OpenAI port from anywhere, every port from the cluster's own pods, the
+    dashboard and Serve's proxy from the KubeRay operator; nothing else (egress stays open: the artifact fetch, DNS).
+
+    Arguments:
+        names: the service; settings: the OpenAI port.
+    """
+    own = {"podSelector": {"matchLabels": {"app": names.name}}}
+    operator = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR)}}
+    rules = [{"ports": [{"protocol": "TCP", "port": settings.openai_port}]}, {"from": [own]},
+             {"from": [operator],
+              "ports": [{"protocol": "TCP", "port": port} for port in (DASHBOARD_PORT, SERVE_PORT)]}]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": names.meta(),
+            "spec": {**own, "policyTypes": ["Ingress"], "ingress": rules}}
 
 
 def render_ray(source: DeploySource, settings: DeploySettings, scaling: Autoscaling, out: Path, *,
@@ -143,6 +200,8 @@ def render_ray(source: DeploySource, settings: DeploySettings, scaling: Autoscal
     gpus = check_ray(source, settings)
     names = names_for(source, settings)
     files: dict[str, list[Obj]] = {"sha256-configmap.yaml": [objects.sha256_list(names, source)],
-                                   "rayservice.yaml": [ray_service(names, source, settings, scaling, gpus)]}
+                                   "rayservice.yaml": [ray_service(names, source, settings, scaling, gpus)],
+                                   "service.yaml": [frontend_service(names, settings)],
+                                   "networkpolicy.yaml": [network_policy(names, settings)]}
     written = write_checked(files, out, settings.versions, force=force)
     return RayServiceWritten(out.absolute(), names.name, scaling, gpus, written)

@@ -1,7 +1,8 @@
 """The Ray Serve application a ``deploy ray`` RayService imports (``import_path: trtllm_kit.deploy.ray_app:app``).
 
-Ray Serve calls ``app`` with the ``args`` of ``serveConfigV2``; the deployment's replicas, resources and autoscaling
-come from the config's ``deployments`` entry, which overrides what is bound here.
+Ray Serve calls ``app`` with the ``args`` of ``serveConfigV2``; the deployments' replicas, resources and autoscaling
+come from the config's ``deployments`` entries, which override what is bound here. The ingress is the kit's OpenAI
+frontend (``serve/ray/ingress.py``), given the model deployment's handle.
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ from typing import Any
 IMPORT_PATH = "trtllm_kit.deploy.ray_app:app"
 
 
-def app(args: dict[str, str]) -> Any:
-    """The model deployment of the artifact at ``args["out"]`` (``serve/ray/replica.py``), bound.
+def app(args: dict[str, Any]) -> Any:
+    """The frontend deployment in front of the model deployment of the artifact at ``args["out"]``, bound.
 
     Arguments:
-        args: ``serveConfigV2``'s application arguments: ``out``, the artifact's path in the worker pods.
+        args: ``serveConfigV2``'s application arguments: ``out``, the artifact's path in the pods; ``name``, the
+        served name; ``port``, the frontend's OpenAI port on the head pod.
     """
     from ray import serve
 
     from trtllm_kit.serve.ray.driver import DEPLOYMENT
+    from trtllm_kit.serve.ray.ingress import FRONTEND, Ingress
     from trtllm_kit.serve.ray.replica import Replica
 
-    return serve.deployment(name=DEPLOYMENT)(Replica).bind(args["out"])
+    model = serve.deployment(name=DEPLOYMENT)(Replica).bind(args["out"])
+    return serve.deployment(name=FRONTEND)(Ingress).bind(model, args["out"], args["name"], int(args["port"]))

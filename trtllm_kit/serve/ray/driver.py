@@ -89,6 +89,17 @@ def model_route(out: Path, name: str) -> Route:
                  (TRTLLM_MODEL,), out, context_logits=None, max_batch_size=max_batch_size(target.repo))
 
 
+def frontend_config(name: str, route: Route, api_keys: Path | None = None,
+                    usage_log: Path | None = None) -> OpenAIConfig:
+    """The OpenAI frontend's configuration in front of the model deployment.
+
+    Arguments:
+        name: the served name; route: the model's route; api_keys, usage_log: the gateway's files (None: no gateway).
+    """
+    return OpenAIConfig(grpc_url=f"ray-serve:{DEPLOYMENT}", served_name=name, triton_model=TRTLLM_MODEL,
+                        api_keys=api_keys, usage_log=usage_log, routes=(route,))
+
+
 def start_application(spec: DriverSpec, route: Route) -> Any:
     """Start the private Ray and the model deployment; its handle.
 
@@ -115,8 +126,7 @@ async def serve_frontend(spec: DriverSpec, route: Route, handle: Any) -> None:
     Arguments:
         spec: the driver; route: the model's route; handle: the model deployment's handle.
     """
-    config = OpenAIConfig(grpc_url=f"ray-serve:{DEPLOYMENT}", served_name=spec.name, triton_model=TRTLLM_MODEL,
-                          api_keys=spec.api_keys, usage_log=spec.usage_log, routes=(route,))
+    config = frontend_config(spec.name, route, spec.api_keys, spec.usage_log)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
