@@ -148,6 +148,27 @@ def test_greedy_answers_through_the_gateway_equal_dynamos_own(gated: Gated, prom
     assert ours_json["usage"] == theirs_json["usage"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_answer_is_dynamos_answer_to_the_kits_template(gated: Gated, stream: bool) -> None:
+    messages = [{"role": "user", "content": "Name a colour."}]
+    body = {"model": gated.model, "messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+    status, raw = gated.post("/v1/chat/completions", body)
+    assert status == 200, raw
+    if stream:
+        content = "".join(choice["delta"].get("content") or "" for event in _events(raw)
+                          for choice in event["choices"])
+    else:
+        content = json.loads(raw)["choices"][0]["message"]["content"]
+    tokenizer = Tokenizer(gated.server.out / "tokenizer")
+    ids = list(tokenizer.encode(tokenizer.chat_prompt(messages)))
+    theirs_status, theirs = gated.post("/v1/completions", {"model": gated.model, "prompt": ids, "max_tokens": 8,
+                                                           "temperature": 0, "ignore_eos": True}, None,
+                                       url=f"http://{gated.server.state['dynamo_frontend']}")
+    assert theirs_status == 200, theirs
+    assert content == json.loads(theirs)["choices"][0]["text"] != ""
+
+
 def test_streaming_through_the_gateway(gated: Gated) -> None:
     body = {"model": gated.model, "prompt": PROMPT_IDS, "max_tokens": 10, "temperature": 0, "ignore_eos": True}
     whole_status, whole = gated.post("/v1/completions", body)
