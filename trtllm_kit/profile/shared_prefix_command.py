@@ -32,8 +32,9 @@ def shared_prefix_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--prefix-tokens", type=int, default=512, show_default=True,
                      help="Shared-prefix: tokens per system prompt."),
         click.option("--dynamo-logs", type=click.Path(path_type=Path),
-                     help="Shared-prefix on serve --dynamo: its RUN_DIR/dynamo, for requests per worker and the "
-                     "prefix hit rate."),
+                     help="Shared-prefix on serve --dynamo: its RUN_DIR/dynamo, for requests per worker, the "
+                     "prefix hit rate the routing allows and the one the workers counted (--openai-url: Dynamo's "
+                     "own frontend, the serve state's dynamo_frontend)."),
         click.option("--block-size", type=int, help="Shared-prefix: the workers' tokens per KV block (default: "
                      "the Dynamo frontend's /metrics)."),
     ]
