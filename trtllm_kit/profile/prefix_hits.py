@@ -3,9 +3,9 @@
 A ``serve --dynamo`` worker logs ``request completed request_id=ID`` for each request it served, and the frontend
 answers with ``cmpl-ID``: the two name the worker of every request. The hit rate here is modelled from the
 routing, apart from what the workers counted (``serve/dynamo/metrics.py``): each worker keeps every full block of
-every prompt it was sent (a cache that never evicts, as the CPU runtime's is at these sizes), and a request hits its leading
-blocks that its worker already holds (never the block of its last token, as ``runtime/block_manager.py``). The
-ideal is the same requests all on one worker: every prefix in one cache.
+every prompt it was sent (a cache that never evicts; a bounded one does, which only the counted rate shows), and a
+request hits its leading blocks that its worker already holds (never the block of its last token, as
+``runtime/block_manager.py``). The ideal is the same requests all on one worker: every prefix in one cache.
 """
 
 from __future__ import annotations
