@@ -24,6 +24,7 @@ from trtllm_kit.wire import GenerationRequest, LoraAdapter
 from trtllm_kit.wire.request import NEVER_END_ID
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+HAS_DYNAMO = importlib.util.find_spec("dynamo") is not None and importlib.util.find_spec("dynamo.llm") is not None
 LLMAPI = BuildKey.of(target="llmapi")
 PROMPT_IDS = [1, 264, 333, 84, 534, 332]
 KEYS = {"open": {}, "small": {"quota_tokens": 10, "quota_period": "day"}}
@@ -62,8 +63,9 @@ class Gated:
 
 @pytest.fixture(scope="module")
 def gated(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gated]:
-    if importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None:
-        pytest.skip("NVIDIA Dynamo is not installed.")
+    if not HAS_DYNAMO:
+        pytest.skip("NVIDIA Dynamo is not installed (pip install -e '.[dynamo]' and the ai-dynamo wheel with "
+                    "--no-deps, as .ci/run does).")
     root = tmp_path_factory.mktemp("dynamo-gateway")
     out, keys_path = kit_builds.copy(LLMAPI, root / "out"), root / "keys.json"
     secrets = {name: add_key(keys_path, name, **limits)[0] for name, limits in KEYS.items()}
@@ -196,6 +198,16 @@ def test_metrics_carry_the_gateways_series_and_dynamos(gated: Gated) -> None:
     with urllib.request.urlopen(f"{gated.server.url}/metrics", timeout=30) as response:
         text = response.read().decode()
     assert "trtllm_kit_gateway_requests_total" in text and "dynamo_frontend_" in text
+
+
+@pytest.mark.skipif(not HAS_DYNAMO, reason="NVIDIA Dynamo is not installed.")
+def test_a_single_api_key_is_required(kit_builds: Builds, tmp_path: Path) -> None:
+    out = kit_builds.copy(LLMAPI, tmp_path / "out")
+    with KitServer(out, dynamo=True, workers=1, api_key="single-secret") as server:
+        body = json.dumps({"model": server.state["model"], "prompt": PROMPT_IDS, "max_tokens": 2}).encode()
+        refused, _, raw = server.post("/v1/completions", body, {"Authorization": "Bearer wrong"})
+        answered, _, _ = server.post("/v1/completions", body)  # with the serve's key
+    assert (refused, json.loads(raw)["error"]["code"], answered) == (401, "invalid_api_key", 200)
 
 
 @pytest.mark.parametrize("fields, sentence", [
