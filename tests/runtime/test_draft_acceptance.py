@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtllm_kit.runtime.draft_acceptance import one_hot, rejection_sample
+from trtllm_kit.runtime.draft_acceptance import one_hot, rejection_sample, verify_token
+from trtllm_kit.runtime.sampling import probabilities
+from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 
 P = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
 Q = torch.tensor([0.5, 0.1, 0.1, 0.2, 0.1])
-DRAWS = 20_000
+DRAWS = 8_000
 CHI2_BOUND = 18.47  # chi-square, 4 degrees of freedom, p = 0.001
 
 
@@ -56,3 +58,22 @@ def test_without_the_correction_step_the_distribution_is_off():
 def test_a_draft_equal_to_the_target_is_always_accepted():
     g = torch.Generator().manual_seed(0)
     assert all(rejection_sample(P, P, x, g) == (x, True) for x in range(len(P)))
+
+
+def test_a_sampled_sequence_emits_its_sampler_distribution_whatever_the_draft():
+    """Through the sampler's processing (temperature 0.7, top-k 4 of 7 tokens): each emitted token's frequency
+    follows the probabilities the sequence samples from, for a likely and an unlikely draft token."""
+    row = torch.tensor([2.0, 0.5, 1.5, -1.0, 1.0, 0.0, -3.0])
+    seq = Sequence(0, [1, 2, 3], SamplingParams(temperature=0.7, top_k=4, seed=5))
+    target = probabilities(row, seq)
+    assert target is not None and int((target > 0).sum()) == 4
+    for draft in (0, 4):
+        counts = torch.zeros(len(row))
+        for _ in range(DRAWS // 4):
+            token, accepted = verify_token(row, seq, draft)
+            assert token is not None and accepted == (token == draft)
+            counts[token] += 1
+        kept = target > 0
+        assert counts[~kept].sum() == 0
+        expected = target[kept] * counts.sum()
+        assert float(((counts[kept] - expected) ** 2 / expected).sum()) < 16.27  # 3 degrees of freedom, p = 0.001
