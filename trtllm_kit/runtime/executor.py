@@ -248,7 +248,7 @@ class Executor:
             self.step()
         return [seq.output_ids for seq in seqs]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _forward(self, seqs: list[Sequence], sampled: list[Sequence], drafted: list[Sequence]) -> torch.Tensor:
         """Compute the scheduled tokens of ``seqs``; logits of the last position of each of ``sampled``, then of
         every scheduled position of each of ``drafted`` (its last token and its draft)."""
@@ -276,6 +276,7 @@ class Executor:
         # The query heads sharing a KV head become rows of that head: no repeated K/V, same math.
         heads_per_kv = model.dims.num_heads_per_rank // model.dims.num_kv_heads_per_rank
         masks = [g.mask.repeat(1, 1, heads_per_kv, 1) for g in groups]  # once per step, not per layer
+        is_whole = len(groups) == 1 and groups[0].out_index.tolist() == list(range(len(ids)))
         hidden = model.embed(torch.tensor([ids]))
         for layer in range(model.dims.num_layers):
             x = model.norm(layer, "input_layernorm", hidden)
@@ -284,13 +285,20 @@ class Executor:
                 q, k, v = model.qkv(layer, rank, x, positions, max(ends), lora)  # [1, heads, N, d]
                 k_cache, v_cache = self.k_cache[layer, rank], self.v_cache[layer, rank]
                 k_cache[new_slots], v_cache[new_slots] = k[0].transpose(0, 1), v[0].transpose(0, 1)
-                context = torch.empty_like(q[0])
+                pieces = []  # each group's valid rows [heads, rows, d]
                 for g, mask in zip(groups, masks, strict=True):
                     keys, values = k_cache[g.key_slots].transpose(1, 2), v_cache[g.key_slots].transpose(1, 2)
                     queries = q[0][:, g.q_index].transpose(0, 1)  # [G, heads, T, d]
                     shape, kv_heads = queries.shape, keys.shape[1]
                     out = attend(queries.reshape(shape[0], kv_heads, -1, shape[-1]), keys, values, mask).reshape(shape)
-                    context[:, g.out_index] = out.transpose(0, 1)[:, g.rows, g.cols]
+                    pieces.append(out[:, :, 0].transpose(0, 1) if shape[2] == 1  # generation tokens: every row
+                                  else out.transpose(0, 1)[:, g.rows, g.cols])
+                if is_whole:  # the step's one group, its rows in packed order: no scatter
+                    context = pieces[0]
+                else:
+                    context = torch.empty_like(q[0])
+                    for g, piece in zip(groups, pieces, strict=True):
+                        context[:, g.out_index] = piece
                 contexts.append(context[None])
             hidden = hidden + model.attention_output(layer, contexts, lora)
             hidden = hidden + model.mlp(layer, model.norm(layer, "post_layernorm", hidden), lora)
