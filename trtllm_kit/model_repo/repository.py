@@ -22,7 +22,7 @@ from trtllm_kit.model_repo.options import resolve_options
 from trtllm_kit.model_repo.spec_decode import DraftServing, speculate_through_bls
 from trtllm_kit.model_repo.xgrammar_info import FILE_NAME as TOKENIZER_INFO
 from trtllm_kit.model_repo.xgrammar_info import write_xgrammar_tokenizer_info
-from trtllm_kit.names import TOKENIZER_CORE_FILES, TOKENIZER_DIR, TRTLLM_MODEL
+from trtllm_kit.names import DRAFT_MODEL, TOKENIZER_CORE_FILES, TOKENIZER_DIR, TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
 
 # model → (source file in trtllm_kit/triton_models, helper files shipped next to it)
@@ -91,8 +91,10 @@ def write_repository(repo_dir: Path, limits: EngineLimits, options: RepoOptions,
         write_xgrammar_tokenizer_info(fast_tokenizer.parent, repo_dir / TRTLLM_MODEL / TOKENIZER_INFO)
     sources = dict(PYTHON_MODELS) if has_text else {}
     slot_model = limits.slot_model
-    if slot_model is not None:  # the kit's Python model serves the tensorrt_llm slot
+    if slot_model is not None:  # the kit's Python model serves the tensorrt_llm slot (and the draft's)
         sources[TRTLLM_MODEL] = (slot_model, ())
+        if draft is not None:
+            sources[DRAFT_MODEL] = (slot_model, ())
     for name, (source, helpers) in sources.items():
         shutil.copy2(python_source(source), repo_dir / name / "1" / "model.py")
         for helper in helpers:

@@ -17,11 +17,11 @@ from trtllm_kit.model_repo.configs import model_input, model_output, set_paramet
 from trtllm_kit.model_repo.report import ValidationReport
 from trtllm_kit.names import BLS_MODEL, DRAFT_MODEL, ENSEMBLE_MODEL, TRTLLM_MODEL
 from trtllm_kit.spec.repo_options import RepoOptions
+from trtllm_kit.triton_models.draft_rounds import DRAFT_MODEL_PARAMETER, NUM_DRAFT_TOKENS, USE_DRAFT_LOGITS
 from trtllm_kit.wire.tensor import Tensor
 
-DRAFT_MODEL_PARAMETER = "tensorrt_llm_draft_model_name"  # the BLS parameter naming the draft's model
 # the BLS's per-request speculation inputs (upstream's tensorrt_llm_bls/config.pbtxt), after the text interface
-BLS_DRAFT_INPUTS = (Tensor("num_draft_tokens", "INT32", (1,), False), Tensor("use_draft_logits", "BOOL", (1,), False))
+BLS_DRAFT_INPUTS = (Tensor(NUM_DRAFT_TOKENS, "INT32", (1,), False), Tensor(USE_DRAFT_LOGITS, "BOOL", (1,), False))
 # and its acceptance outputs (with return_perf_metrics)
 BLS_DRAFT_OUTPUTS = (Tensor("acceptance_rate", "FP32", (1,)), Tensor("total_accepted_draft_tokens", "INT32", (1,)),
                      Tensor("total_draft_tokens", "INT32", (1,)))

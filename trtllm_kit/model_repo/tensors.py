@@ -26,7 +26,6 @@ def _t(name: str, data_type: str, dims: tuple[int, ...] = (1,), required: bool =
 
 # tensorrt_llm inputs no kit code reads: upstream's, left to the C++ backend or passed on by the ensemble and BLS
 UPSTREAM_INPUTS = by_name((
-    _t("draft_input_ids", "INT32", (-1,)), _t("draft_logits", "FP32", (-1, -1)),
     _t("draft_acceptance_threshold", "FP32"), _t("pad_id", "INT32"), _t("bad_words_list", "INT32", (2, -1)),
     _t("embedding_bias", "FP32", (-1,)), _t("runtime_top_p_min", "FP32"), _t("runtime_top_p_decay", "FP32"),
     _t("runtime_top_p_reset_ids", "INT32"), _t("early_stopping", "BOOL"), _t("beam_search_diversity_rate", "FP32"),

@@ -35,5 +35,5 @@ def sampling_params(req: GenerationRequest, *, guide: CompiledGuide | None = Non
                                 "leave it out.")
     if req.max_tokens is None:
         raise KitUsageError("request_output_len is missing; send how many tokens to generate.")
-    return SamplingParams(stop_words=[list(w) for w in req.stop_words if w], guide=guide,
+    return SamplingParams(stop_words=[list(w) for w in req.stop_words if w], guide=guide, draft_ids=req.draft_ids,
                           **{row.name: req.setting(row.name) for row in wire_rows()})

@@ -75,6 +75,7 @@ class SamplingParams(Penalties):
     return_generation_logits: bool = False
     guide: CompiledGuide | None = None
     keep_end_token: bool = False
+    draft_ids: tuple[int, ...] = ()  # tokens drafted after the prompt, verified by the step (external_drafts.py)
 
     def __post_init__(self) -> None:
         for row in wire_rows():  # NaN and out-of-range values are refused naming the field

@@ -15,6 +15,10 @@ cancellations: README, "Serving reliability".)
 (Triton 2.51's ensemble passes no cancellation to its steps: a client of ``ensemble`` that leaves does not
 stop its generation, which is why ``serve`` prefers the BLS.)
 Errors reach the client as one sentence with the inner model's status code, never a traceback.
+
+Draft-target speculation (a BLS naming ``tensorrt_llm_draft_model_name``, a request with ``num_draft_tokens`` > 0):
+rounds of the draft model then the target verifying its tokens (``draft_rounds.py``), streamed one response per
+round, each with the acceptance outputs so far.
 """
 
 from __future__ import annotations
@@ -26,6 +30,15 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.triton_models.draft_rounds import (
+    DRAFT_MODEL_PARAMETER,
+    NUM_DRAFT_TOKENS,
+    USE_DRAFT_LOGITS,
+    acceptance_arrays,
+    chunks,
+    request_loop,
+)
 from trtllm_kit.wire.scalars import SCALARS
 
 LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")  # passed on as they came (any weights dtype)
@@ -96,6 +109,12 @@ def _triton_error(exc: Exception):
         return pb_utils.TritonError(message)
 
 
+def _first(request, name: str):
+    """The first value of an optional input (None: not sent)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+
 def _exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
     response = request.exec()
     if response.has_error():
@@ -113,6 +132,7 @@ class TritonPythonModel:
             return default if not value or value.startswith("${") else value
 
         self.trtllm_name = parameter("tensorrt_llm_model_name", "tensorrt_llm")
+        self.draft_name = parameter(DRAFT_MODEL_PARAMETER, "")  # "": no draft-target speculation
         self.pre_name = parameter("preprocessing_model_name", "preprocessing")  # renamed when repos are merged
         self.post_name = parameter("postprocessing_model_name", "postprocessing")
         self.accumulate = parameter("accumulate_tokens", "false").lower() in ("true", "yes", "1", "t")
@@ -166,8 +186,7 @@ class TritonPythonModel:
     def _generate(self, request, sender=None):
         """Yield (new text as bytes, pass-through tensors) per tensorrt_llm response; a cancellation seen through
         ``sender`` stops the inner call and raises ``Cancelled``."""
-        stream = pb_utils.get_input_tensor_by_name(request, "stream")
-        if stream is not None and bool(stream.as_numpy().any()) and not self.decoupled:
+        if _first(request, "stream") and not self.decoupled:
             raise BlsError("stream=true needs a decoupled tensorrt_llm_bls model; regenerate the repository "
                            "with decoupled = true or send stream=false.")
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
@@ -188,13 +207,17 @@ class TritonPythonModel:
         inputs += [t for name in LORA_INPUTS if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None]
         if sender is not None and sender.is_cancelled():
             raise Cancelled
+        if (num_draft := _first(request, NUM_DRAFT_TOKENS)) is not None and num_draft > 0:
+            yield from self._decode_texts(self._speculate(request, {t.name(): t.as_numpy() for t in inputs},
+                                                          int(num_draft), sender))
+            return
         inner_id = uuid.uuid4().hex
         call = pb_utils.InferenceRequest(model_name=self.trtllm_name, inputs=inputs, request_id=inner_id,
                                          requested_output_names=list(TRTLLM_OUTPUTS))
         responses = call.exec(decoupled=True) if self.decoupled else [_exec(call)]
         ended = not self.decoupled  # the inner call's final response has been read (or there is no iterator)
         try:
-            yield from self._texts(responses, sender)
+            yield from self._decode_texts(self._token_batches(responses, sender))
             ended = True
         except InnerCallError:  # an error response of the inner call is its final one
             ended = True
@@ -205,10 +228,40 @@ class TritonPythonModel:
                 for _ in responses:
                     pass
 
-    def _texts(self, responses, sender):
-        """Yield (new text, pass-through tensors) per inner response; raise ``Cancelled`` when the client left."""
-        tokens = None  # accumulated [batch, beams, n]
-        sent = b""
+    def _speculate(self, request, arrays, num_draft_tokens: int, sender):
+        """Yield ([1, 1, n] new tokens, the acceptance outputs) per round of draft-target speculation (all rounds
+        at once unless streamed) over the request's ``tensorrt_llm`` ``arrays``; raise ``Cancelled`` when the client
+        left."""
+        try:
+            loop = request_loop(arrays, num_draft_tokens, lambda name, inputs: self._call(name, inputs, sender),
+                                (self.draft_name, self.trtllm_name), bool(_first(request, USE_DRAFT_LOGITS)))
+        except KitUsageError as exc:
+            raise BlsError(str(exc), pb_utils.TritonError.INVALID_ARG) from None
+        for token_ids in chunks(loop, bool(_first(request, "stream"))):
+            yield np.array([[token_ids]], np.int32), [pb_utils.Tensor(name, value) for name, value
+                                                      in acceptance_arrays(loop.acceptance).items()]
+
+    def _call(self, model_name: str, arrays, sender):
+        """The generated ids of a non-streamed call to a ``tensorrt_llm`` model, and its generation logits."""
+        if sender is not None and sender.is_cancelled():
+            raise Cancelled
+        call = pb_utils.InferenceRequest(model_name=model_name, requested_output_names=[
+            "output_ids", "sequence_length", "generation_logits"], inputs=[
+            pb_utils.Tensor(name, value) for name, value in arrays.items()])
+        found: tuple[list[int], np.ndarray | None] = ([], None)
+        for response in call.exec(decoupled=True) if self.decoupled else [_exec(call)]:
+            if response.has_error():
+                raise _error(response.error(), InnerCallError)
+            ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
+            if ids is not None:  # not the empty final response
+                length = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
+                logits = pb_utils.get_output_tensor_by_name(response, "generation_logits")
+                found = ids.as_numpy().reshape(-1)[:length].tolist(), None if logits is None else logits.as_numpy()
+        return found
+
+    def _token_batches(self, responses, sender):
+        """Yield ([batch, beams, n] new tokens, pass-through tensors) per inner response; raise ``Cancelled`` when
+        the client left."""
         for response in responses:
             if sender is not None and sender.is_cancelled():
                 raise Cancelled
@@ -221,6 +274,15 @@ class TritonPythonModel:
             lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
             ids = np.stack([[beam[: int(n)] for beam, n in zip(row, ns, strict=True)]
                             for row, ns in zip(ids, lengths, strict=True)]) if lengths.size else ids
+            extra = [pb_utils.Tensor(name, value.as_numpy()) for name in TRTLLM_OUTPUTS[2:]
+                     if (value := pb_utils.get_output_tensor_by_name(response, name)) is not None]
+            yield ids, extra
+
+    def _decode_texts(self, batches):
+        """Yield (new text as bytes, pass-through tensors) per batch of new tokens."""
+        tokens = None  # accumulated [batch, beams, n]
+        sent = b""
+        for ids, extra in batches:
             tokens = ids if tokens is None or not self.accumulate else np.concatenate([tokens, ids], axis=-1)
             text = self._detokenize(tokens)
             if self.accumulate:
@@ -228,8 +290,6 @@ class TritonPythonModel:
                 new, sent = stable[len(sent):], stable
             else:
                 new = text
-            extra = [pb_utils.Tensor(name, value.as_numpy()) for name in TRTLLM_OUTPUTS[2:]
-                     if (value := pb_utils.get_output_tensor_by_name(response, name)) is not None]
             yield new, extra
         if self.accumulate and tokens is not None:
             rest = self._detokenize(tokens)[len(sent):]

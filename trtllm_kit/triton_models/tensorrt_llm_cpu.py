@@ -9,9 +9,11 @@ streamed, one response stream per sequence with its ``sequence_index``; a cancel
 turn, and so are those named by a request with ``stop = true`` and the same request id (how the TensorRT-LLM backend
 stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client leaves). A guide
 (``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and the request
-joins the loop once it has. Configuration: the model's ``parameters`` (``cpu_parameters.py``: ``gpt_model_path``,
-the engine's fields of ``EngineConfig``, ``exclude_input_in_output``, ``cpu_threads``,
-``xgrammar_tokenizer_info_path``, the LoRA cache's size).
+joins the loop once it has. Tokens sent in ``draft_input_ids`` (``tensorrt_llm_bls``'s draft-target loop) are
+verified in the step after the prompt's (``runtime/external_drafts.py``); ``draft_logits`` are refused.
+Configuration: the model's ``parameters`` (``cpu_parameters.py``: ``gpt_model_path``, the engine's fields of
+``EngineConfig``, ``exclude_input_in_output``, ``cpu_threads``, ``xgrammar_tokenizer_info_path``, the LoRA cache's
+size).
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ import triton_python_backend_utils as pb_utils
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
+from trtllm_kit.runtime.external_drafts import ExternalDrafts
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info_file
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.loop import EngineLoop, Submission
 from trtllm_kit.runtime.lora import AdapterWeights, cache_capacity, from_rows
+from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.response import perf_of, response_of
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
+from trtllm_kit.runtime.speculation import Speculator
 from trtllm_kit.runtime.stats import GAUGES, gauge_values
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
 from trtllm_kit.triton_models.triton_io import failure_error, input_arrays, output_tensors, triton_error
@@ -120,7 +125,9 @@ class TritonPythonModel:
         if lora_cache is not None:  # the backend's cache in bytes, as adapters
             checkpoint = json.loads((p.checkpoint / "config.json").read_text())
             values["lora_cache_max_adapters"] = str(cache_capacity(checkpoint, *lora_cache))
-        self.engine = Executor.from_checkpoint(p.checkpoint, EngineConfig.from_parameters(values))
+        config = EngineConfig.from_parameters(values)  # draft_input_ids verified in the step, within its budget
+        self.engine = Executor(CheckpointModel.load(p.checkpoint), config,
+                               Speculator(ExternalDrafts(), config.max_num_tokens))
         info, vocab_size = p.tokenizer_info, self.engine.model.dims.vocab_size
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
         labels = {"model": args["model_name"], "version": args["model_version"]}

@@ -117,6 +117,9 @@ class GenerationRequest:
         "Structured output: (guide type, guide), the type one of GUIDE_TYPES.",
         trtllm=("guided_decoding_guide_type", "guided_decoding_guide"),
         llmapi=("guided_decoding_guide_type", "guided_decoding_guide"), strict=True))
+    draft_ids: tuple[int, ...] = field(default=(), metadata=wire(
+        "Tokens drafted after the prompt (draft-target speculation): the model verifies them in one step and emits "
+        "the accepted ones and its own next token.", trtllm=("draft_input_ids",), strict=True))
     keep_end_token: bool | None = _flag(
         "The token that ends the sequence is the last output token, with its logprob.", "keep_end_token",
         "keep_end_token", None)
@@ -168,6 +171,9 @@ class GenerationRequest:
         if not isinstance(strings, tuple | list) or not all(isinstance(s, str) for s in strings):
             raise refusal("stop_strings", "a list of strings", strings)
         object.__setattr__(self, "stop_strings", tuple(strings))
+        if not isinstance(self.draft_ids, tuple | list):
+            raise refusal("draft_ids", "a list of token ids", self.draft_ids)
+        object.__setattr__(self, "draft_ids", _token_ids("draft_ids", self.draft_ids))
         self._check_guide()
         for name, kind in (("lora", LoraAdapter), ("disaggregated", DisaggHandle)):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), kind):

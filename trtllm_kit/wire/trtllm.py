@@ -7,8 +7,10 @@ so ``num_return_sequences`` carries it with ``return_log_probs`` (the caller ran
 cumulative logprob); ``logprobs`` and ``prompt_logprobs`` share one ``num_top_log_probs`` (the larger), and prompt
 logprobs asked with ``return_context_logits`` are the caller's to compute from the logits (the C++ backend's way),
 so ``return_prompt_log_probs`` is not sent then. The LoRA inputs carry the task id and, when sent, the rows in the
-model's ``lora_weights`` type. A request with ``stop`` true is not a generation: it stops the running requests of
-its request id.
+model's ``lora_weights`` type. ``draft_input_ids`` carries the tokens a draft model proposed after the prompt (the
+``tensorrt_llm_bls``'s draft-target loop); their ``draft_logits`` are refused, the kit's runtime verifying the ids
+against its own tokens. A request with ``stop`` true is not a generation: it stops the running
+requests of its request id.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ STRUCTURED = (
     Tensor("num_top_log_probs", "INT32"), Tensor("stop_words_list", "INT32", (2, -1)),
     Tensor("guided_decoding_guide_type", "STRING"), Tensor("guided_decoding_guide", "STRING"),
     Tensor("stop", "BOOL"),  # not a generation: stops the running requests with the same request id
+    Tensor("draft_input_ids", "INT32", (-1,)),  # tokens drafted after the prompt, verified in the model's step
+    Tensor("draft_logits", "FP32", (-1, -1)),  # their draft's logits: the engine's; the kit's runtime refuses them
 )
-HANDLED = ("prompt", "stop_words", "logprobs", "prompt_logprobs", "guide", "lora")
+HANDLED = ("prompt", "stop_words", "logprobs", "prompt_logprobs", "guide", "lora", "draft_ids")
 SELF_ENCODED = ("n", "best_of")  # num_return_sequences carries best_of when it is larger than n
 
 
@@ -142,6 +146,8 @@ def encode_trtllm_request(req: GenerationRequest, declared: Mapping[str, str] | 
         arrays["stop_words_list"] = word_list(req.stop_words)
     if req.guide is not None and may_send(field_row("guide"), "trtllm", declared):
         arrays["guided_decoding_guide_type"], arrays["guided_decoding_guide"] = (strings_array([g]) for g in req.guide)
+    if req.draft_ids and may_send(field_row("draft_ids"), "trtllm", declared):
+        arrays["draft_input_ids"] = np.asarray(req.draft_ids, np.int32)
     arrays.update(_logprob_inputs(req, declared))
     if req.lora is not None:
         arrays.update(encode_lora(req.lora, "trtllm", declared))
@@ -187,5 +193,9 @@ def decode_trtllm_request(arrays: Mapping[str, np.ndarray]) -> GenerationRequest
     guide_type = read_strings(arrays, "guided_decoding_guide_type")
     if guide_type:
         values["guide"] = (guide_type[0], (read_strings(arrays, "guided_decoding_guide") or ("",))[0])
+    if "draft_logits" in arrays:
+        raise WireError("draft_logits", "draft_logits is not used by the CPU runtime, which verifies draft_input_ids "
+                                        "against the target's own tokens; send use_draft_logits false.")
+    values["draft_ids"] = read_ids(arrays, "draft_input_ids") or ()
     values["lora"] = decode_lora(arrays)
     return record(values, "trtllm")
