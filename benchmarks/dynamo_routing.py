@@ -4,7 +4,7 @@ their routing allows, against the ideal; TTFT p50/p99), and the Dynamo frontend'
 kit's own frontend on the same artifact.
 
     python benchmarks/dynamo_routing.py [--prefixes 8] [--users 16] [--turns 3] [--prefix-tokens 512]
-        [--kv-tokens 3072] [--concurrency 4] [--seeds 0,1] [--sequential 100]
+        [--kv-tokens 4096] [--concurrency 4] [--seeds 0,1] [--sequential 100]
 
 Builds ``builtin:tiny-llama`` for the CPU runtime with a KV pool of ``--kv-tokens`` tokens per worker
 (``max_tokens_in_paged_kv_cache``; 0: the default, ``max_batch_size`` x ``max_seq_len``), then, one serve at a
@@ -93,10 +93,11 @@ def main() -> int:
     parser.add_argument("--prefix-tokens", type=int, default=512, help="Tokens per system prompt.")
     parser.add_argument("--turn-tokens", type=int, default=32, help="Tokens per user message.")
     parser.add_argument("--osl", type=int, default=16, help="Tokens per reply.")
-    parser.add_argument("--kv-tokens", type=int, default=3072,
+    parser.add_argument("--kv-tokens", type=int, default=4096,
                         help="KV pool per worker in tokens (max_tokens_in_paged_kv_cache; 0: the default).")
     parser.add_argument("--concurrency", type=int, default=4, help="Requests in flight within a turn.")
-    parser.add_argument("--seeds", default="0,1", help="Comma-separated workload seeds; each runs both routers.")
+    parser.add_argument("--seeds", default="0,1",
+                        help="Comma-separated workload seeds; each runs both routers ('': none).")
     parser.add_argument("--sequential", type=int, default=100,
                         help="Timed 1-token completions per frontend (0: skip the frontends).")
     args = parser.parse_args()
@@ -106,7 +107,7 @@ def main() -> int:
         repo = {"max_tokens_in_paged_kv_cache": args.kv_tokens} if args.kv_tokens else {}
         run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "repo": repo,
                                   "build": {"verify": False, "target": "cpu"}}))
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in (int(s) for s in args.seeds.split(",") if s):
             spec = SharedPrefixSpec(num_prefixes=args.prefixes, num_users=args.users, num_turns=args.turns,
                                     prefix_tokens=args.prefix_tokens, turn_tokens=args.turn_tokens, osl=args.osl,
                                     seed=seed)
