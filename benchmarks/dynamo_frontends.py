@@ -9,8 +9,9 @@ in its own process: Dynamo's frontend (``launch.py``'s command line and environm
 worker registered as ``serve --dynamo``'s worker is (token ids in, one token id out at once), and the kit's frontend
 for Dynamo (``serve/dynamo/gateway.py``). It sends ``--sequential`` non-streamed 1-token completions of one 6-token
 prompt to each frontend, after 10 untimed: A through Dynamo's frontend to the stub, B through the kit's frontend,
-then Dynamo's, to the stub. A is Dynamo's frontend's latency per request; B - A is the kit's frontend's. Prints
-one line of figures with units and the load average.
+then Dynamo's, to the stub. A is Dynamo's frontend's latency per request; B - A is the kit's frontend's. Also
+Dynamo's frontend streamed, as the kit's frontend asks it. Prints one line of figures with units and the load
+average.
 """
 
 from __future__ import annotations
@@ -78,9 +79,10 @@ async def kit_frontend(out: Path, dynamo_url: str, port: int) -> None:
     await runner.cleanup()
 
 
-def sequential_p50_ms(url: str, count: int) -> float:
-    """The p50 of ``count`` non-streamed 1-token completions, after ``WARMUP`` untimed."""
-    body = json.dumps({"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 1, "temperature": 0}).encode()
+def sequential_p50_ms(url: str, count: int, stream: bool = False) -> float:
+    """The p50 of ``count`` 1-token completions (read whole), after ``WARMUP`` untimed."""
+    body = json.dumps({"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 1, "temperature": 0,
+                       "stream": stream}).encode()
     times = []
     for number in range(WARMUP + count):
         request = urllib.request.Request(f"{url}/v1/completions", data=body,
@@ -148,6 +150,7 @@ def main() -> int:
             _wait(lambda: lists_model(dynamo_url, MODEL), "Dynamo's frontend with the stub worker")
             _wait(lambda: _answers(kit_url), "the kit's frontend")
             dynamo = sequential_p50_ms(dynamo_url, args.sequential)
+            streamed = sequential_p50_ms(dynamo_url, args.sequential, stream=True)
             kit = sequential_p50_ms(kit_url, args.sequential)
         except SystemExit:
             for i in range(len(commands)):
@@ -164,7 +167,8 @@ def main() -> int:
                     process.wait()
     print(f"stub worker, p50 of {args.sequential} sequential 1-token completions: Dynamo's frontend {dynamo:.2f} ms; "
           f"the kit's frontend in front of it {kit:.2f} ms, so the kit's frontend {kit - dynamo:.2f} ms per request, "
-          f"Dynamo's {dynamo:.2f} ms ({dynamo - (kit - dynamo):+.2f} ms against the kit's) "
+          f"Dynamo's {dynamo:.2f} ms ({dynamo - (kit - dynamo):+.2f} ms against the kit's); Dynamo's frontend "
+          f"streamed (as the kit's frontend asks it) {streamed:.2f} ms "
           f"[load average {'{:.1f} {:.1f} {:.1f}'.format(*os.getloadavg())}]", flush=True)
     return 0
 
