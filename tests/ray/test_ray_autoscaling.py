@@ -14,13 +14,13 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kit_server import BuildKey, Builds, KitServer
 
-from trtllm_kit.serve.ray.namespace import pids_in
+from trtllm_kit.serve.ray.driver import REPLICA_TITLE
+from trtllm_kit.serve.ray.namespace import pids_in, titled_pids
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray Serve is not installed (pip install -c constraints.txt -e '.[ray]', as .ci/run does).",
@@ -30,22 +30,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 READY_TIMEOUT_S = 600.0
 SCALE_TIMEOUT_S = 300.0  # Ray Serve decides every few seconds; a replica's start on 2 loaded cores takes long
-REPLICA_TITLE = "ray::ServeReplica:trtllm-kit:model"  # the process title Ray gives a replica of the deployment
 NUM_CLIENTS = 6
 LONG_TOKENS = 400
 
 
 def _replicas(server: KitServer) -> list[int]:
     """The pids of the model's replicas in the serve's namespace."""
-    found = []
-    for pid in pids_in(server.state["net_namespace"]):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith(REPLICA_TITLE):
-            found.append(pid)
-    return found
+    return titled_pids(server.state["net_namespace"], REPLICA_TITLE)
 
 
 def _complete(server: KitServer, max_tokens: int) -> dict[str, Any]:
