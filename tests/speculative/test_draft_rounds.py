@@ -17,6 +17,7 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.external_drafts import ExternalDrafts, remaining_draft
 from trtllm_kit.runtime.model import CheckpointModel
+from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.runtime.speculation import Speculator
 from trtllm_kit.triton_models.draft_rounds import (
@@ -29,7 +30,7 @@ from trtllm_kit.triton_models.draft_rounds import (
     request_loop,
 )
 from trtllm_kit.wire.rules import WireError
-from trtllm_kit.wire.trtllm import decode_trtllm_request, word_list
+from trtllm_kit.wire.trtllm import decode_trtllm_request, encode_trtllm_request, word_list
 
 VOCAB = 50
 
@@ -180,7 +181,11 @@ def test_refusals_name_the_field() -> None:
         request_loop({**request, "return_log_probs": np.array([[True]])}, 3, lambda n, a: ([], None), ("d", "t"))
     with pytest.raises(WireError, match=r"^draft_logits is not used by the CPU runtime"):
         decode_trtllm_request({**request, "draft_logits": np.zeros((1, 1, 4), np.float32)})
-    assert decode_trtllm_request({**request, "draft_input_ids": np.array([[7, 8]], np.int32)}).draft_ids == (7, 8)
+    decoded = decode_trtllm_request({**request, "draft_input_ids": np.array([[7, 8]], np.int32)})
+    assert decoded.draft_ids == (7, 8) and sampling_params(decoded).draft_ids == (7, 8)
+    assert encode_trtllm_request(decoded)["draft_input_ids"].tolist() == [7, 8]
+    with pytest.raises(WireError, match=r"^draft_ids is not served by this model: it declares no draft_input_ids"):
+        encode_trtllm_request(decoded, {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32"})
 
 
 def test_the_remaining_draft_follows_the_output_only() -> None:

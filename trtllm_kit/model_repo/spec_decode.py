@@ -3,7 +3,7 @@
 ``tensorrt_llm_draft`` (the same configuration over the draft's engine directory), the BLS naming both
 (``tensorrt_llm_model_name``, ``tensorrt_llm_draft_model_name``), taking ``num_draft_tokens`` and
 ``use_draft_logits`` per request and returning the acceptance figures, and the ensemble routed through the BLS
-(its one step), so both text entry points speculate."""
+(its one step, the same inputs and outputs), so both text entry points speculate."""
 
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ def speculate_through_bls(configs: dict[str, mc.ModelConfig], draft: DraftServin
     set_parameters(bls, {DRAFT_MODEL_PARAMETER: DRAFT_MODEL, "tensorrt_llm_model_name": TRTLLM_MODEL})
     ensemble = configs[ENSEMBLE_MODEL]
     ensemble.input.extend(model_input(t) for t in BLS_DRAFT_INPUTS)
+    ensemble.output.extend(model_output(t) for t in BLS_DRAFT_OUTPUTS)
     del ensemble.ensemble_scheduling.step[:]
     step = ensemble.ensemble_scheduling.step.add(model_name=BLS_MODEL, model_version=-1)
     for tensor in ensemble.input:
