@@ -14,6 +14,7 @@ import yaml
 
 from tests.deploy.conftest import write_artifact
 from trtllm_kit.cli import run
+from trtllm_kit.deploy import gateway
 from trtllm_kit.deploy.pod import security
 from trtllm_kit.deploy.ray_app import IMPORT_PATH
 from trtllm_kit.deploy.render import check_dir
@@ -130,7 +131,7 @@ def test_the_import_path_builds_the_frontend_in_front_of_the_model_deployment_of
     frontend = application._bound_deployment
     assert frontend.name == "frontend" and frontend.func_or_class is Ingress
     model_app, *args = frontend.init_args
-    assert args == ["/models/m", "tiny", 9000]
+    assert args == ["/models/m", "tiny", 9000, None, None]  # no gateway without its files
     deployment = model_app._bound_deployment
     assert deployment.name == "model" and deployment.func_or_class is Replica
     assert deployment.init_args == ("/models/m",)
@@ -176,3 +177,22 @@ def test_every_pod_and_container_runs_as_deploy_k8s_writes_them(tmp_path, capsys
         assert spec["securityContext"] == pod_security
         for container in [*spec.get("initContainers", []), *spec["containers"]]:
             assert container["securityContext"] == container_security, container["name"]
+
+
+def test_the_gateway_holds_in_front_of_the_cluster_frontend_with_a_key_secret(tmp_path, capsys) -> None:
+    art = write_artifact(tmp_path / "art", target="llmapi", tp=1)
+    deploy_ray(art, tmp_path / "ray", capsys, "--pvc", "models", "--api-keys-secret", "keys")
+    doc = service(tmp_path / "ray")
+    [app] = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]
+    assert app["args"]["api_keys"] == gateway.KEYS_PATH and app["args"]["usage_log"] == gateway.USAGE_LOG
+    head = doc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    assert {"name": "api-keys", "secret": {"secretName": "keys", "defaultMode": 0o440,
+                                           "items": [{"key": "keys.json", "path": "keys.json"}]}} in head["volumes"]
+    [container] = head["containers"]
+    assert {"name": "api-keys", "mountPath": gateway.KEYS_DIR, "readOnly": True} in container["volumeMounts"]
+    [sidecar] = head["initContainers"]
+    assert sidecar["restartPolicy"] == "Always" and sidecar["command"][-1] == gateway.USAGE_LOG
+    assert check_dir(tmp_path / "ray")[1] == []
+    deploy_ray(art, tmp_path / "open", capsys, "--pvc", "models")  # without a Secret: no gateway
+    [app] = yaml.safe_load(service(tmp_path / "open")["spec"]["serveConfigV2"])["applications"]
+    assert "api_keys" not in app["args"]

@@ -1,6 +1,6 @@
 """``deploy ray``'s HTTP entry without a cluster: the ingress deployment's class started in-process starts the kit's
 OpenAI frontend on its port, in front of a handle whose calls go to a ``Replica`` of the tiny cpu build in the
-same process; the answer equals a plain serve's."""
+same process; the answer equals a plain serve's, and with a key file the gateway holds in front."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from kit_server import TINY_BUILDS, Builds, Servers
 
+from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.ray.ingress import Ingress
 from trtllm_kit.serve.ray.replica import Replica
 from trtllm_kit.serve.server.launcher import free_port
@@ -70,6 +71,22 @@ async def _serve_and_ask(out: Path, port: int) -> tuple[list[str], dict[str, Any
     return listed, answer
 
 
+async def _statuses(out: Path, port: int, keys: Path, secret: str) -> tuple[int, int, list[str]]:
+    usage = keys.with_name("usage.jsonl")
+    ingress = Ingress(LocalHandle(Replica(str(out))), str(out), "tiny", port, str(keys), str(usage))
+    runner = await ingress.started
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+            async with session.post("/v1/completions", json=BODY) as response:
+                without = response.status
+            async with session.post("/v1/completions", json=BODY,
+                                    headers={"Authorization": f"Bearer {secret}"}) as response:
+                keyed = response.status
+    finally:
+        await runner.cleanup()
+    return without, keyed, usage.read_text().splitlines()
+
+
 def test_the_ingress_serves_the_kit_frontend_in_front_of_the_model(kit_builds: Builds, kit_servers: Servers) -> None:
     out = kit_builds.get(CPU)
     listed, ours = asyncio.run(_serve_and_ask(out, free_port()))
@@ -79,3 +96,12 @@ def test_the_ingress_serves_the_kit_frontend_in_front_of_the_model(kit_builds: B
     theirs = json.loads(raw)
     assert ours["usage"] == theirs["usage"]
     assert ours["choices"][0]["logprobs"]["tokens"] == theirs["choices"][0]["logprobs"]["tokens"]
+
+
+def test_with_a_key_file_the_gateway_holds_in_front(kit_builds: Builds, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    secret, _ = add_key(keys, "team")
+    without, keyed, usage = asyncio.run(_statuses(kit_builds.get(CPU), free_port(), keys, secret))
+    assert (without, keyed) == (401, 200)
+    [line] = usage
+    assert json.loads(line)["key"] == "team" and json.loads(line)["completion_tokens"] == BODY["max_tokens"]

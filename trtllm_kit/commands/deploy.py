@@ -203,6 +203,8 @@ def dynamo(ctx: click.Context, artifact: Path, out: Path, config: Path | None, w
               help="Replicas of the model deployment, one worker pod each (MIN 0 scales to zero).")
 @click.option("--target-ongoing", type=float, help="Requests in flight per replica Ray Serve scales at (default: "
               "deploy k8s's --queue-target, 4).")
+@click.option("--api-keys-secret", help="A Secret whose keys.json (trtllm-kit keys add ... --keys keys.json) the "
+              "frontend on the head requires keys from; the usage log streams to a sidecar's stdout as JSON lines.")
 @_cluster
 @_written
 def ray(ctx: click.Context, artifact: Path, out: Path, config: Path | None, replicas: str,

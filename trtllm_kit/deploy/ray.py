@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from trtllm_kit.deploy import objects
+from trtllm_kit.deploy import gateway, objects
 from trtllm_kit.deploy.image import check_image
 from trtllm_kit.deploy.objects import SERVICE_SUFFIX, Names
 from trtllm_kit.deploy.pod import artifact_mounts, fetch_container, resources, security, volumes
@@ -85,18 +85,21 @@ def check_ray(source: DeploySource, settings: DeploySettings) -> int:
     return gpus
 
 
-def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int, openai_port: int) -> Obj:
+def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int, settings: DeploySettings) -> Obj:
     """``serveConfigV2``: the application, its frontend on the head, its model deployment, Ray Serve's autoscaling
     and each replica's GPUs.
 
     Arguments:
         source: the artifact (its mount path, max batch, name); scaling: replicas and target; gpus: GPUs per
-        replica; openai_port: the frontend's port.
+        replica; settings: the frontend's port and the gateway's key Secret.
     """
+    args: Obj = {"out": source.mount_path, "name": source.model, "port": settings.openai_port}
+    if settings.api_keys_secret is not None:
+        args |= {"api_keys": gateway.KEYS_PATH, "usage_log": gateway.USAGE_LOG}
     max_ongoing = max(source.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(scaling.target_ongoing))
     return {"applications": [{
         "name": APPLICATION, "import_path": IMPORT_PATH, "route_prefix": None,
-        "args": {"out": source.mount_path, "name": source.model, "port": openai_port},
+        "args": args,
         "deployments": [{"name": FRONTEND, "num_replicas": 1,
                          "ray_actor_options": {"num_cpus": 0, "resources": {FRONTEND_RESOURCE: 1}}},
                         {"name": DEPLOYMENT, "max_ongoing_requests": max_ongoing,
@@ -105,11 +108,12 @@ def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int, openai_p
 
 
 def head_group(names: Names, settings: DeploySettings) -> Obj:
-    """The head: GCS, the Serve controller and proxy, and the frontend (the one pod with its resource); ``num-cpus``
-    0 so that no model replica lands on it.
+    """The head: GCS, the Serve controller and proxy, and the frontend (the one pod with its resource) with the
+    gateway's key Secret and usage log sidecar when ``--api-keys-secret`` is given (``deploy/gateway.py``);
+    ``num-cpus`` 0 so that no model replica lands on it.
 
     Arguments:
-        names: the service (the pod's labels); settings: the image and the OpenAI port.
+        names: the service (the pod's labels); settings: the image, the OpenAI port, the key Secret.
     """
     pod_security, container_security = security()
     container = {"name": "ray-head", "image": settings.image,
@@ -119,10 +123,15 @@ def head_group(names: Names, settings: DeploySettings) -> Obj:
                            {"name": "serve", "containerPort": SERVE_PORT},
                            {"name": "openai", "containerPort": settings.openai_port}],
                  "securityContext": container_security}
+    spec: Obj = {"containers": [container], "securityContext": pod_security}
+    if settings.api_keys_secret is not None:
+        container["volumeMounts"] = gateway.mounts(settings)
+        spec |= {"initContainers": gateway.usage_sidecar(settings, container_security),
+                 "volumes": gateway.volumes(settings)}
     return {"rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
             "resources": {FRONTEND_RESOURCE: "1"},
             "template": {"metadata": {"labels": {**names.labels, **HEAD}},  # KubeRay sets HEAD too
-                         "spec": {"containers": [container], "securityContext": pod_security}}}
+                         "spec": spec}}
 
 
 def worker_group(names: Names, source: DeploySource, settings: DeploySettings, scaling: Autoscaling,
@@ -157,8 +166,7 @@ def ray_service(names: Names, source: DeploySource, settings: DeploySettings, sc
                "headGroupSpec": head_group(names, settings),
                "workerGroupSpecs": [worker_group(names, source, settings, scaling, gpus)]}
     return {"apiVersion": API_VERSION, "kind": "RayService", "metadata": names.meta(),
-            "spec": {"serveConfigV2": yaml.safe_dump(serve_config(source, scaling, gpus, settings.openai_port),
-                                                     sort_keys=False),
+            "spec": {"serveConfigV2": yaml.safe_dump(serve_config(source, scaling, gpus, settings), sort_keys=False),
                      "rayClusterConfig": cluster}}
 
 

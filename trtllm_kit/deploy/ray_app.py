@@ -17,7 +17,8 @@ def app(args: dict[str, Any]) -> Any:
 
     Arguments:
         args: ``serveConfigV2``'s application arguments: ``out``, the artifact's path in the pods; ``name``, the
-        served name; ``port``, the frontend's OpenAI port on the head pod.
+        served name; ``port``, the frontend's OpenAI port on the head pod; ``api_keys`` and ``usage_log``, the
+        gateway's files on the head pod (absent: no gateway).
     """
     from ray import serve
 
@@ -26,4 +27,5 @@ def app(args: dict[str, Any]) -> Any:
     from trtllm_kit.serve.ray.replica import Replica
 
     model = serve.deployment(name=DEPLOYMENT)(Replica).bind(args["out"])
-    return serve.deployment(name=FRONTEND)(Ingress).bind(model, args["out"], args["name"], int(args["port"]))
+    return serve.deployment(name=FRONTEND)(Ingress).bind(model, args["out"], args["name"], int(args["port"]),
+                                                         args.get("api_keys"), args.get("usage_log"))
