@@ -16,9 +16,8 @@ cancellations: README, "Serving reliability".)
 stop its generation, which is why ``serve`` prefers the BLS.)
 Errors reach the client as one sentence with the inner model's status code, never a traceback.
 
-Draft-target speculation (a BLS naming ``tensorrt_llm_draft_model_name``, a request with ``num_draft_tokens`` > 0):
-rounds of the draft model then the target verifying its tokens (``draft_rounds.py``), streamed one response per
-round, each with the acceptance outputs so far.
+Draft-target speculation (``tensorrt_llm_draft_model_name`` set, ``num_draft_tokens`` > 0) runs in rounds
+(``draft_rounds.py``), streamed one response per round, each with the acceptance outputs so far.
 """
 
 from __future__ import annotations
@@ -98,8 +97,8 @@ def _triton_error(exc: Exception):
     """The error a client gets for ``exc``: its message in one sentence and, where known, its status code."""
     if isinstance(exc, Cancelled):
         message, code = "the request was cancelled", pb_utils.TritonError.CANCELLED
-    elif isinstance(exc, BlsError):
-        message, code = str(exc), exc.code
+    elif isinstance(exc, BlsError | KitUsageError):  # a refusal of the kit's own: the request's fault
+        message, code = str(exc), exc.code if isinstance(exc, BlsError) else pb_utils.TritonError.INVALID_ARG
     else:
         message, code = f"tensorrt_llm_bls failed: {exc}", None
     try:
@@ -207,10 +206,9 @@ class TritonPythonModel:
         inputs += [t for name in LORA_INPUTS if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None]
         if sender is not None and sender.is_cancelled():
             raise Cancelled
-        if (num_draft := _first(request, NUM_DRAFT_TOKENS)) is not None and num_draft > 0:
-            yield from self._decode_texts(self._speculate(request, {t.name(): t.as_numpy() for t in inputs},
-                                                          int(num_draft), sender))
-            return
+        if (num_draft := int(_first(request, NUM_DRAFT_TOKENS) or 0)) > 0:  # draft-target speculation
+            arrays = {t.name(): t.as_numpy() for t in inputs}
+            return (yield from self._decode_texts(self._speculate(request, arrays, num_draft, sender)))
         inner_id = uuid.uuid4().hex
         call = pb_utils.InferenceRequest(model_name=self.trtllm_name, inputs=inputs, request_id=inner_id,
                                          requested_output_names=list(TRTLLM_OUTPUTS))
@@ -229,35 +227,20 @@ class TritonPythonModel:
                     pass
 
     def _speculate(self, request, arrays, num_draft_tokens: int, sender):
-        """Yield ([1, 1, n] new tokens, the acceptance outputs) per round of draft-target speculation (all rounds
-        at once unless streamed) over the request's ``tensorrt_llm`` ``arrays``; raise ``Cancelled`` when the client
-        left."""
-        try:
-            loop = request_loop(arrays, num_draft_tokens, lambda name, inputs: self._call(name, inputs, sender),
-                                (self.draft_name, self.trtllm_name), bool(_first(request, USE_DRAFT_LOGITS)))
-        except KitUsageError as exc:
-            raise BlsError(str(exc), pb_utils.TritonError.INVALID_ARG) from None
+        """Yield ([1, 1, n] new tokens, the acceptance outputs) per round, or of all rounds unless streamed."""
+        loop = request_loop(arrays, num_draft_tokens, lambda name, inputs: self._call(name, inputs, sender),
+                            (self.draft_name, self.trtllm_name), bool(_first(request, USE_DRAFT_LOGITS)))
         for token_ids in chunks(loop, bool(_first(request, "stream"))):
             yield np.array([[token_ids]], np.int32), [pb_utils.Tensor(name, value) for name, value
                                                       in acceptance_arrays(loop.acceptance).items()]
 
     def _call(self, model_name: str, arrays, sender):
         """The generated ids of a non-streamed call to a ``tensorrt_llm`` model, and its generation logits."""
-        if sender is not None and sender.is_cancelled():
-            raise Cancelled
-        call = pb_utils.InferenceRequest(model_name=model_name, requested_output_names=[
-            "output_ids", "sequence_length", "generation_logits"], inputs=[
-            pb_utils.Tensor(name, value) for name, value in arrays.items()])
-        found: tuple[list[int], np.ndarray | None] = ([], None)
-        for response in call.exec(decoupled=True) if self.decoupled else [_exec(call)]:
-            if response.has_error():
-                raise _error(response.error(), InnerCallError)
-            ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
-            if ids is not None:  # not the empty final response
-                length = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
-                logits = pb_utils.get_output_tensor_by_name(response, "generation_logits")
-                found = ids.as_numpy().reshape(-1)[:length].tolist(), None if logits is None else logits.as_numpy()
-        return found
+        call = pb_utils.InferenceRequest(model_name=model_name, requested_output_names=list(TRTLLM_OUTPUTS),
+                                         inputs=[pb_utils.Tensor(name, value) for name, value in arrays.items()])
+        batches = list(self._token_batches(call.exec(decoupled=True) if self.decoupled else [_exec(call)], sender))
+        ids, extra = batches[-1] if batches else (np.zeros(0, np.int32), [])
+        return ids.reshape(-1).tolist(), next((t.as_numpy() for t in extra if t.name() == "generation_logits"), None)
 
     def _token_batches(self, responses, sender):
         """Yield ([batch, beams, n] new tokens, pass-through tensors) per inner response; raise ``Cancelled`` when
