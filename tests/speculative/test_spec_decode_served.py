@@ -1,18 +1,22 @@
 """Draft-target speculation served for real: a repository of upstream's ``spec_decode`` layout made by the kit's
 generator, the CPU ``tensorrt_llm`` model in both slots (the target, and a perturbed copy of it as
 ``tensorrt_llm_draft``), in a real tritonserver. Through the BLS and the ensemble, whole and streamed, the greedy text
-equals the same target's without speculation, and the acceptance outputs count drafts both kept and rejected."""
+equals the same target's without speculation, and the acceptance outputs count drafts both kept and rejected; the CPU
+model verifies ``draft_input_ids`` in one step."""
 
 from __future__ import annotations
 
 import queue
 import shutil
+import time
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file, save_file
 
 from tests.integration.tritonserver import grpc_inputs, running_server
@@ -129,3 +133,53 @@ def test_zero_draft_tokens_answers_without_speculation(server) -> None:
     expected, _, _ = answer(server, BLS_MODEL, request(PROMPTS[1], num_draft_tokens=None, stream=False))
     text, figures, error = answer(server, BLS_MODEL, request(PROMPTS[1], num_draft_tokens=0, stream=False))
     assert error is None and text == expected and figures == [{}]
+
+
+def iterations(server, model: str) -> float:
+    """``model``'s step counter (``nv_trt_llm_general_metrics``), once it stops moving."""
+    url = f"http://{server.config.endpoints.url('metrics')}/metrics"
+    last = None
+    while True:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        value = next(s.value for family in text_string_to_metric_families(text)
+                     if family.name == "nv_trt_llm_general_metrics" for s in family.samples
+                     if s.labels.get("model") == model and s.labels.get("general_type") == "iteration_counter")
+        if value == last:
+            return value
+        last = value
+        time.sleep(0.5)
+
+
+def generated(server, prompt: list[int], max_tokens: int, draft_ids: list[int] | None) -> list[int]:
+    inputs = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+              "request_output_len": np.array([[max_tokens]], np.int32), "streaming": np.array([[False]], np.bool_)}
+    if draft_ids is not None:
+        inputs["draft_input_ids"] = np.array([draft_ids], np.int32)
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.config.endpoints.url("grpc"))
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", grpc_inputs(inputs), enable_empty_final_response=True)
+        ids: list[int] = []
+        while True:
+            result, error = events.get(timeout=120)
+            assert error is None, error
+            if (found := result.as_numpy("output_ids")) is not None:
+                ids = found.reshape(-1).tolist()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return ids
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_the_cpu_model_verifies_draft_input_ids_in_one_step(server) -> None:
+    prompt = [5, 77, 301, 9, 640, 12, 18]
+    before = iterations(server, "tensorrt_llm")
+    reference = generated(server, prompt, 6, None)
+    plain = iterations(server, "tensorrt_llm") - before
+    assert len(reference) == 6 and plain == 6  # the prompt's step, then one step a token
+    before = iterations(server, "tensorrt_llm")
+    assert generated(server, prompt, 6, reference[:5]) == reference
+    assert iterations(server, "tensorrt_llm") - before == 2  # the prompt's step, then the five drafts verified in one
