@@ -275,7 +275,8 @@ class CheckpointModel:
         last = self.dims.pp_size - 1
         x = self.norm_fn(hidden, self.weights(last, 0)["transformer.ln_f.weight"], self.dims.norm_epsilon)
         shards = [linear(x, self.weights(last, r), "lm_head") for r in range(self.dims.tp_size)]
-        return torch.cat(shards, dim=-1)[..., : self.dims.vocab_size].float()
+        gathered = shards[0] if len(shards) == 1 else torch.cat(shards, dim=-1)  # one shard: no copy
+        return gathered[..., : self.dims.vocab_size].float()
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
