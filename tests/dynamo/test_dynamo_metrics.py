@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +17,15 @@ from trtllm_kit.runtime.block_manager import BlockManager
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.sequence import Sequence
 from trtllm_kit.serve.artifact_llm import artifact_llm
-from trtllm_kit.serve.dynamo.metrics import PrefixCounts, exposition, prefix_counts, scrape, worker_metrics_urls
+from trtllm_kit.serve.dynamo.metrics import (
+    SYSTEM_PORTS,
+    PrefixCounts,
+    exposition,
+    prefix_counts,
+    scrape,
+    system_port,
+    worker_metrics_urls,
+)
 
 
 def _run(manager: BlockManager, seq_id: int, token_ids: list[int]) -> None:
@@ -66,6 +75,23 @@ def test_exposition_names_the_families_and_reads_back() -> None:
 def test_metrics_without_the_families_are_refused() -> None:
     with pytest.raises(KitError, match=r"names no trtllm_kit:prefix_cache_hits or trtllm_kit:prefix_cache_queries"):
         prefix_counts("# TYPE other counter\nother_total 1\n")
+
+
+def test_ready_files_name_each_worker_s_metrics(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    (ready / "worker-1").write_text("http://127.0.0.1:20002/metrics\n")
+    (ready / "worker-0").write_text("http://127.0.0.1:20001/metrics\n")
+    (ready / "worker-2.part").write_text("http://127.0.0.1:2")  # being written
+    assert worker_metrics_urls(tmp_path) == {"worker-0": "http://127.0.0.1:20001/metrics",
+                                             "worker-1": "http://127.0.0.1:20002/metrics"}
+
+
+def test_system_port_is_free_and_below_dynamo_s_bound() -> None:
+    port = system_port("127.0.0.1")
+    assert port in SYSTEM_PORTS and port < 1 << 15
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # free: it binds
 
 
 def test_a_directory_without_ready_files_is_refused(tmp_path: Path) -> None:
