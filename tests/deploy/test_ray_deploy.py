@@ -19,6 +19,7 @@ from trtllm_kit.deploy.pod import security
 from trtllm_kit.deploy.ray_app import IMPORT_PATH
 from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.validate import CRD_FILES, check_object, schema_dir
+from trtllm_kit.serve.ray.routing import PREFIX_ROUTER
 
 IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -61,6 +62,8 @@ def test_rayservice_serves_the_application_with_ray_serve_autoscaling(tmp_path, 
     assert model["ray_actor_options"]["num_gpus"] == 2
     scaling = model["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (0, 3, 6)
+    assert model["request_router_config"] == {  # the prefix router, by the artifact's KV cache block
+        "request_router_class": PREFIX_ROUTER, "request_router_kwargs": {"tokens_per_block": 32}}
     cluster = doc["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # no replica on the head
@@ -196,3 +199,14 @@ def test_the_gateway_holds_in_front_of_the_cluster_frontend_with_a_key_secret(tm
     deploy_ray(art, tmp_path / "open", capsys, "--pvc", "models")  # without a Secret: no gateway
     [app] = yaml.safe_load(service(tmp_path / "open")["spec"]["serveConfigV2"])["applications"]
     assert "api_keys" not in app["args"]
+
+
+def test_ray_serve_reads_the_serve_config_as_written(tmp_path, capsys) -> None:
+    schema = pytest.importorskip("ray.serve.schema")
+    art = write_artifact(tmp_path / "art", target="llmapi", tp=1)
+    deploy_ray(art, tmp_path / "ray", capsys, "--pvc", "models", "--api-keys-secret", "keys")
+    config = schema.ServeDeploySchema.model_validate(yaml.safe_load(service(tmp_path / "ray")["spec"]["serveConfigV2"]))
+    [app] = config.applications
+    assert app.route_prefix is None
+    assert [d.name for d in app.deployments] == ["frontend", "model"]
+    assert app.deployments[1].request_router_config["request_router_class"] == PREFIX_ROUTER

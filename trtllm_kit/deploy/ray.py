@@ -30,9 +30,11 @@ from trtllm_kit.deploy.ray_app import IMPORT_PATH
 from trtllm_kit.deploy.render import names_for, write_checked
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.enums import Router
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.ray.driver import APPLICATION, DEFAULT_MAX_ONGOING, DEPLOYMENT
 from trtllm_kit.serve.ray.ingress import FRONTEND, FRONTEND_RESOURCE
+from trtllm_kit.serve.ray.routing import router_config
 from trtllm_kit.serve.ray.scaling import Autoscaling
 
 Obj = dict[str, Any]
@@ -86,8 +88,8 @@ def check_ray(source: DeploySource, settings: DeploySettings) -> int:
 
 
 def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int, settings: DeploySettings) -> Obj:
-    """``serveConfigV2``: the application, its frontend on the head, its model deployment, Ray Serve's autoscaling
-    and each replica's GPUs.
+    """``serveConfigV2``: the application, its frontend on the head, its model deployment, Ray Serve's autoscaling,
+    the prefix router and each replica's GPUs.
 
     Arguments:
         source: the artifact (its mount path, max batch, name); scaling: replicas and target; gpus: GPUs per
@@ -97,14 +99,16 @@ def serve_config(source: DeploySource, scaling: Autoscaling, gpus: int, settings
     if settings.api_keys_secret is not None:
         args |= {"api_keys": gateway.KEYS_PATH, "usage_log": gateway.USAGE_LOG}
     max_ongoing = max(source.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(scaling.target_ongoing))
+    model: Obj = {"name": DEPLOYMENT, "max_ongoing_requests": max_ongoing, "autoscaling_config": scaling.ray_config(),
+                  "ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}
+    if source.tokens_per_block is not None:  # the prefix router, the default that measured better (docs/ray.md)
+        model["request_router_config"] = router_config(Router.PREFIX, source.tokens_per_block)
     return {"applications": [{
         "name": APPLICATION, "import_path": IMPORT_PATH, "route_prefix": None,
         "args": args,
         "deployments": [{"name": FRONTEND, "num_replicas": 1,
                          "ray_actor_options": {"num_cpus": 0, "resources": {FRONTEND_RESOURCE: 1}}},
-                        {"name": DEPLOYMENT, "max_ongoing_requests": max_ongoing,
-                         "autoscaling_config": scaling.ray_config(),
-                         "ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}}]}]}
+                        model]}]}
 
 
 def head_group(names: Names, settings: DeploySettings) -> Obj:

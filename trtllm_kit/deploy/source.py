@@ -55,6 +55,7 @@ class DeploySource:
     quant_algos: tuple[str, ...] = ()
     serve_command: tuple[str, ...] = ()
     serve_options: str | None = None
+    tokens_per_block: int | None = None  # the KV cache block, when the repository records it
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -104,7 +105,8 @@ def read_source(out: Path) -> DeploySource:
         load_bytes=load_bytes, mount_path=_mount_path(repo.gpt_model_path), files=files,
         gpu=built.gpu if built else None, compute_capability=built.compute_capability if built else None,
         tensorrt_llm=built.tensorrt_llm if built else None, quant_algos=_quant_algos(artifact),
-        serve_command=tuple(engine.command or ()) if engine else (), serve_options=_serve_options(out, engine))
+        serve_command=tuple(engine.command or ()) if engine else (), serve_options=_serve_options(out, engine),
+        tokens_per_block=repo.limits.tokens_per_block)
 
 
 def _sizes(out: Path, artifact: Artifact) -> dict[str, int]:

@@ -35,7 +35,7 @@ from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.ray.client import ReplicaClient
 from trtllm_kit.serve.ray.namespace import LOOPBACK_UP
 from trtllm_kit.serve.ray.replica import Replica
-from trtllm_kit.serve.ray.routing import router_config
+from trtllm_kit.serve.ray.routing import artifact_block, router_config
 from trtllm_kit.serve.ray.scaling import Autoscaling
 from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
 from trtllm_kit.serve.servable import servable
@@ -115,7 +115,7 @@ def start_application(spec: DriverSpec, route: Route) -> Any:
     max_ongoing = max(route.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(spec.scaling.target_ongoing))
     deployment = serve.deployment(name=DEPLOYMENT, max_ongoing_requests=max_ongoing,
                                   autoscaling_config=spec.scaling.ray_config(),
-                                  request_router_config=router_config(spec.router, spec.out),
+                                  request_router_config=router_config(spec.router, artifact_block(spec.out)),
                                   ray_actor_options={"num_cpus": 1})(Replica)
     return serve.run(deployment.bind(str(spec.out.absolute())), name=APPLICATION, route_prefix=None)
 

@@ -29,14 +29,24 @@ def ray_router(router: Router) -> Router:
     return RAY_ROUTERS[router]
 
 
-def router_config(router: Router, out: Path) -> dict[str, Any]:
+def router_config(router: Router, tokens_per_block: int) -> dict[str, Any]:
     """The model deployment's ``request_router_config`` (empty: Ray Serve's default router).
 
     Arguments:
-        router: ``prefix`` or ``pow2``; out: the artifact (its KV cache block is the prefix's length).
+        router: ``prefix`` or ``pow2``; tokens_per_block: the engine's KV cache block (the prefix's length).
     """
     if ray_router(router) is Router.POW2:
         return {}
-    repo = Artifact.read(out).records.repo
-    tokens_per_block = repo.limits.tokens_per_block if repo is not None else 32
     return {"request_router_class": PREFIX_ROUTER, "request_router_kwargs": {"tokens_per_block": tokens_per_block}}
+
+
+def artifact_block(out: Path) -> int:
+    """The KV cache block, in tokens, OUT's repository was built with.
+
+    Arguments:
+        out: a cpu or llmapi artifact.
+    """
+    repo = Artifact.read(out).records.repo
+    if repo is None:
+        raise KitUsageError(f"{out} has no repository record; build it with the repo stage.")
+    return repo.limits.tokens_per_block
