@@ -52,6 +52,8 @@ def test_defaults_are_kv_routing_and_three_migrations() -> None:
      "out."),
     (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000, disagg=True)),
      "--disagg is not available with --dynamo yet; leave it out."),
+    (ServeOptions(Path("out"), ServeSettings(dynamo=True, openai_port=9000, router=Router.PREFIX)),
+     "--router prefix is not one of Dynamo's router modes; give --router kv, round-robin or random with --dynamo."),
 ])
 def test_refusals(options: ServeOptions, message: str) -> None:
     with pytest.raises(KitUsageError) as caught:

@@ -19,6 +19,7 @@ LOOPBACK = "127.0.0.1"
 LOOPBACK_ENV = ("DYN_TCP_RPC_HOST", "DYN_EVENT_PLANE_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_SYSTEM_HOST")
 PLAIN_LOGS = {"NO_COLOR": "1", "DYN_SDK_DISABLE_ANSI_LOGGING": "1"}  # log files without terminal colour codes
 NAMESPACE = "trtllm-kit"
+DYNAMO_ROUTERS = (Router.KV, Router.ROUND_ROBIN, Router.RANDOM)  # the frontend's --router-mode values
 ENDPOINT = f"{NAMESPACE}.worker.generate"  # NAMESPACE.COMPONENT.ENDPOINT, one for every worker of the model
 
 

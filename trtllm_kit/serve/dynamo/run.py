@@ -30,7 +30,7 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.card import write_card
 from trtllm_kit.serve.dynamo.gateway import FRONTEND_CLOSE_S, DynamoFrontend, dynamo_frontend, serve_in_front
-from trtllm_kit.serve.dynamo.launch import LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
+from trtllm_kit.serve.dynamo.launch import DYNAMO_ROUTERS, LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.in_process import claim_artifact, served_name
@@ -63,6 +63,10 @@ def check_dynamo(options: ServeOptions) -> None:
     if options.aliases:
         raise KitUsageError(f"--alias {options.aliases[0]} splits requests over two or more served models, and "
                             "--dynamo serves one; leave it out.")
+    if settings.router not in DYNAMO_ROUTERS:
+        *others, last = (str(router) for router in DYNAMO_ROUTERS)
+        raise KitUsageError(f"--router {settings.router} is not one of Dynamo's router modes; give --router "
+                            f"{', '.join(others)} or {last} with --dynamo.")
     missing = [module for module in DYNAMO_MODULES if not _importable(module)]
     if missing:
         raise KitUsageError(f"--dynamo needs NVIDIA Dynamo, and {missing[0]} is not installed; install it: "
