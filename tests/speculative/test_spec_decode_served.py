@@ -183,3 +183,24 @@ def test_the_cpu_model_verifies_draft_input_ids_in_one_step(server) -> None:
     before = iterations(server, "tensorrt_llm")
     assert generated(server, prompt, 6, reference[:5]) == reference
     assert iterations(server, "tensorrt_llm") - before == 2  # the prompt's step, then the five drafts verified in one
+
+
+def test_a_stop_word_ends_the_speculated_text_where_it_ends_the_targets(server) -> None:
+    prompt = PROMPTS[0]
+    whole, _, _ = answer(server, BLS_MODEL, request(prompt, num_draft_tokens=None, stream=False))
+    stopped = None
+    # the first word the target stops at, short of its whole answer (as the tokenizer spells it mid-text or alone)
+    for word in [spelled for piece in whole.split()[1:] for spelled in (f" {piece}", piece)]:
+        inputs = {**request(prompt, num_draft_tokens=None, stream=False), "stop_words": np.array([[word.encode()]],
+                                                                                                  np.object_)}
+        text, _, error = answer(server, BLS_MODEL, inputs)
+        if error is None and len(text) < len(whole):
+            stopped = word, text
+            break
+    assert stopped is not None, whole
+    word, expected = stopped
+    for stream in (False, True):
+        inputs = {**request(prompt, num_draft_tokens=K, stream=stream), "stop_words": np.array([[word.encode()]],
+                                                                                                np.object_)}
+        text, _, error = answer(server, BLS_MODEL, inputs)
+        assert error is None and text == expected, (word, stream)
