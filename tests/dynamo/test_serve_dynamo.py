@@ -82,11 +82,19 @@ def _groups(state: dict[str, Any]) -> list[int]:
 
 def _busiest_worker(state: dict[str, Any]) -> int:
     """The pid of the worker spending the most CPU over a short window: the one generating the stream."""
-    procs = [psutil.Process(int(w["pid"])) for w in state["workers"].values() if psutil.pid_exists(int(w["pid"]))]
-    before = [sum(p.cpu_times()[:2]) for p in procs]
+    def cpu_seconds(pid: int) -> float | None:  # None for a worker an earlier kill left dead or a zombie
+        try:
+            return sum(psutil.Process(pid).cpu_times()[:2])
+        except psutil.Error:
+            return None
+
+    pids = [int(w["pid"]) for w in state["workers"].values()]
+    before = {pid: cpu_seconds(pid) for pid in pids}
     time.sleep(0.3)
-    spent = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
-    return procs[spent.index(max(spent))].pid
+    spent = {pid: now - start for pid, start in before.items()
+             if start is not None and (now := cpu_seconds(pid)) is not None}
+    assert spent, f"no worker of {pids} is alive"
+    return max(spent, key=lambda pid: spent[pid])
 
 
 def _wait_gone(pgids: list[int], timeout_s: float) -> list[int]:
