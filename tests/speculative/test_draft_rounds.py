@@ -221,3 +221,10 @@ def test_the_runtime_verifies_draft_input_ids_in_its_step(tiny: CheckpointModel)
     assert out == reference[:6] and (drafted, accepted) == (4, 1)
     out, drafted, _ = generate(engine, prompt, SamplingParams(max_tokens=6, top_k=1, draft_ids=(reference[0] + 1,)))
     assert out == reference[:6] and drafted == 0  # the first token left the draft: nothing to verify
+
+
+def test_a_draft_token_outside_the_vocabulary_is_refused_at_admission(tiny: CheckpointModel) -> None:
+    engine = Executor(tiny, EngineConfig(), Speculator(ExternalDrafts(), 64))
+    with pytest.raises(KitUsageError, match=r"^draft_input_ids hold a token outside the vocabulary \[0, 1031\)"):
+        engine.add_request([5, 77, 301], SamplingParams(max_tokens=4, top_k=1, draft_ids=(3, 1031)))
+    assert not engine.has_work()

@@ -129,6 +129,9 @@ class Executor:
         vocab = self.model.dims.vocab_size
         if any(not 0 <= t < vocab for t in [*prompt_ids, *(prefilled[0] if prefilled else [])]):
             raise KitUsageError(f"input_ids hold a token outside the vocabulary [0, {vocab}).")
+        if any(not 0 <= t < vocab for t in params.draft_ids):
+            raise KitUsageError(f"draft_input_ids hold a token outside the vocabulary [0, {vocab}); send the ids of a "
+                                "draft with the target's tokenizer.")
         if (hold_kv or prefilled) and params.num_sequences > 1:
             raise KitUsageError("a disaggregated request samples one sequence; send n and best_of 1.")
         adapter = self.lora_cache.resolve(lora) if lora is not None else None
