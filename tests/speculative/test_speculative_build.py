@@ -51,7 +51,7 @@ def test_without_speculation_the_argv_has_no_speculative_flags(tmp_path: Path,
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--target", "engine", "--speculative", "ngram"],
-     "Error: --speculative ngram is not available on the engine target; build with --target llmapi."),
+     "Error: --speculative ngram is not available on the engine target; build with --target llmapi or cpu."),
     (["--target", "llmapi", "--speculative", "mtp"],
      "Error: --speculative mtp needs a model whose config.json carries MTP layers (num_nextn_predict_layers >= 1), "
      "got 0; use --speculative ngram or draft-target."),

@@ -34,7 +34,7 @@ def options(mode: str, **values: object) -> SpeculativeOptions:
 
 @pytest.mark.parametrize(("mode", "target", "message"), [
     ("ngram", Target.ENGINE, "--speculative ngram is not available on the engine target; build with --target "
-                             "llmapi."),
+                             "llmapi or cpu."),
     ("lookahead", Target.LLMAPI, "--speculative lookahead is not available on the llmapi target; build with "
                                  "--target engine."),
     ("eagle3", Target.ENGINE, "--speculative eagle3 is not available on the engine target; build with --target "
@@ -51,6 +51,7 @@ def test_a_target_that_cannot_build_a_mode_is_refused(mode: str, target: Target,
 
 @pytest.mark.parametrize(("mode", "target"), [("draft-target", Target.ENGINE), ("draft-target", Target.LLMAPI),
                                               ("lookahead", Target.ENGINE), ("ngram", Target.LLMAPI),
+                                              ("ngram", Target.CPU),
                                               ("eagle3", Target.LLMAPI), ("mtp", Target.LLMAPI)])
 def test_a_target_that_can_build_a_mode_passes(mode: str, target: Target) -> None:
     check_build(options(mode), target)

@@ -13,7 +13,7 @@ from trtllm_kit.model_repo.repository import PYTHON_MODELS, python_source, write
 from trtllm_kit.model_repo.spec_decode import DraftServing
 from trtllm_kit.model_repo.validate import Expectation, validate_repository
 from trtllm_kit.spec.repo_options import REPO_FIELDS
-from trtllm_kit.spec.speculative_support import lookahead_parameters
+from trtllm_kit.spec.speculative_support import cpu_parameters, lookahead_parameters
 from trtllm_kit.targets import TARGETS, get_target, limits_from_dir
 from trtllm_kit.targets.base import BuildContext
 
@@ -55,12 +55,13 @@ def repo_stage(ctx: BuildContext) -> None:
     draft = None
     if engine.draft is not None:  # draft-target: the draft engine beside the target, at the target's sizes
         draft = DraftServing(target.limits(ctx.out / engine.draft.dir, {}), ctx.spec.out.absolute() / engine.draft.dir)
+    decoding = lookahead_parameters(ctx.spec.speculative) | cpu_parameters(ctx.spec.speculative)
     record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,
                               model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,
                               plan_fraction=fraction if fraction is not None else build.kv_cache_fraction,
                               final_dir=ctx.spec.out.absolute() / "repo",
                               lora=target.lora_serving(ctx.out / target.model_dir, ctx.spec),
-                              decoding=lookahead_parameters(ctx.spec.speculative), draft=draft)
+                              decoding=decoding, draft=draft)
     expect = Expectation(world_size=ctx.mapping.world_size, kv_cache_fraction=fraction)
     report = validate_repository(ctx.out / "repo", read_limits=limits_from_dir, model_dir=limits.model_dir,
                                  expect=expect)

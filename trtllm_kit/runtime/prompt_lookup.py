@@ -28,11 +28,11 @@ def prompt_lookup(token_ids: list[int], max_draft_len: int, max_ngram: int = DEF
 class PromptLookup:
     """Proposes each sequence's draft from its own tokens; holds no state."""
 
-    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM) -> None:
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, max_draft_len: int | None = None) -> None:
         """Arguments:
-        max_ngram: the longest suffix matched.
+        max_ngram: the longest suffix matched; max_draft_len: its own bound on a draft (None: the speculator's).
         """
-        self.max_ngram = max_ngram
+        self.max_ngram, self.max_draft_len = max_ngram, max_draft_len
 
     def propose(self, seqs: list[Sequence], max_draft_lens: list[int]) -> list[list[int]]:
         """Each sequence's draft, at most its ``max_draft_lens`` entry long.
@@ -40,7 +40,9 @@ class PromptLookup:
         Arguments:
             seqs: sequences in generation; max_draft_lens: the longest draft each may take.
         """
-        return [prompt_lookup(seq.token_ids, k, self.max_ngram) for seq, k in zip(seqs, max_draft_lens, strict=True)]
+        bound = self.max_draft_len
+        return [prompt_lookup(seq.token_ids, k if bound is None else min(k, bound), self.max_ngram)
+                for seq, k in zip(seqs, max_draft_lens, strict=True)]
 
     def forget(self, seq: Sequence) -> None:
         """Nothing is held per sequence.

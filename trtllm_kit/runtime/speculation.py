@@ -28,6 +28,37 @@ class Proposer(Protocol):
     def forget(self, seq: Sequence) -> None: ...
 
 
+class FirstDraft:
+    """Each sequence's draft from the first proposer that has one (the request's own drafts before prompt lookup)."""
+
+    def __init__(self, *proposers: Proposer) -> None:
+        """Arguments:
+        proposers: asked in order.
+        """
+        self.proposers = proposers
+
+    def propose(self, seqs: list[Sequence], max_draft_lens: list[int]) -> list[list[int]]:
+        """Each sequence's first non-empty draft.
+
+        Arguments:
+            seqs: sequences in generation; max_draft_lens: the longest draft each may take.
+        """
+        drafts: list[list[int]] = [[] for _ in seqs]
+        for proposer in self.proposers:
+            for i, draft in enumerate(proposer.propose(seqs, max_draft_lens)):
+                drafts[i] = drafts[i] or draft
+        return drafts
+
+    def forget(self, seq: Sequence) -> None:
+        """Tell every proposer.
+
+        Arguments:
+            seq: a finished sequence.
+        """
+        for proposer in self.proposers:
+            proposer.forget(seq)
+
+
 class Speculator:
     """Owns the proposer, the draft length K and the engine-wide ``DraftCounts``."""
 

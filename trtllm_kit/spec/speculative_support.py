@@ -13,9 +13,9 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation, SpeculativeOptions
 
 # the targets that can build each mode: lookahead's config says backend != pytorch; NGram, EAGLE3 and MTP are the
-# PyTorch backend's; the cpu runtime's speculation is not there yet
+# PyTorch backend's; the cpu target's Python model runs prompt lookup (its draft-target runs through the BLS)
 TARGETS: dict[Speculation, tuple[Target, ...]] = {
-    Speculation.NGRAM: (Target.LLMAPI,),
+    Speculation.NGRAM: (Target.LLMAPI, Target.CPU),
     Speculation.DRAFT_TARGET: (Target.ENGINE, Target.LLMAPI),
     Speculation.EAGLE3: (Target.LLMAPI,),
     Speculation.MTP: (Target.LLMAPI,),
@@ -32,6 +32,7 @@ DECODING_TYPES: dict[Speculation, tuple[str, str]] = {
 MODEL_DIR_KEY = {(1, 2): "speculative_model_dir", (1, 3): "speculative_model"}  # renamed in 1.3 (old name: alias)
 MTP_LAYERS_KEY = "num_nextn_predict_layers"  # the HF config key of models with MTP layers (DeepSeek-V3, GLM-4.5)
 NO_OVERLAP = (Speculation.NGRAM, Speculation.DRAFT_TARGET)  # upstream's examples turn the overlap scheduler off
+CPU_MODE_KEY, CPU_DRAFT_LEN_KEY = "speculative_decoding_mode", "max_draft_len"  # the cpu tensorrt_llm model's
 
 
 def check_build(options: SpeculativeOptions, target: Target) -> None:
@@ -96,6 +97,17 @@ def lookahead_parameters(options: SpeculativeOptions) -> dict[str, str]:
     return {"decoding_mode": "lookahead", "lookahead_window_size": str(options.lookahead_window_size),
             "lookahead_ngram_size": str(options.lookahead_ngram_size),
             "lookahead_verification_set_size": str(options.lookahead_verification_set_size)}
+
+
+def cpu_parameters(options: SpeculativeOptions) -> dict[str, str]:
+    """The cpu target's ``tensorrt_llm`` model parameters for prompt lookup (none for other modes).
+
+    Arguments:
+        options: the ``[speculative]`` table.
+    """
+    if options.mode is not Speculation.NGRAM:
+        return {}
+    return {CPU_MODE_KEY: str(options.mode), CPU_DRAFT_LEN_KEY: str(options.draft_len)}
 
 
 def speculative_config(options: SpeculativeOptions, draft_dir: Path | None, mtp: int = 0,

@@ -32,7 +32,6 @@ import triton_python_backend_utils as pb_utils
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
-from trtllm_kit.runtime.external_drafts import ExternalDrafts
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info_file
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.handle import Failure
@@ -42,9 +41,9 @@ from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.response import perf_of, response_of
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
-from trtllm_kit.runtime.speculation import Speculator
 from trtllm_kit.runtime.stats import GAUGES, gauge_values
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
+from trtllm_kit.triton_models.cpu_speculation import cpu_speculator
 from trtllm_kit.triton_models.triton_io import failure_error, input_arrays, output_tensors, triton_error
 from trtllm_kit.wire import GenerationRequest, LoraAdapter
 from trtllm_kit.wire.tensor import is_stop_request
@@ -126,8 +125,7 @@ class TritonPythonModel:
             checkpoint = json.loads((p.checkpoint / "config.json").read_text())
             values["lora_cache_max_adapters"] = str(cache_capacity(checkpoint, *lora_cache))
         config = EngineConfig.from_parameters(values)  # draft_input_ids verified in the step, within its budget
-        self.engine = Executor(CheckpointModel.load(p.checkpoint), config,
-                               Speculator(ExternalDrafts(), config.max_num_tokens))
+        self.engine = Executor(CheckpointModel.load(p.checkpoint), config, cpu_speculator(values, config))
         info, vocab_size = p.tokenizer_info, self.engine.model.dims.vocab_size
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
         labels = {"model": args["model_name"], "version": args["model_version"]}
