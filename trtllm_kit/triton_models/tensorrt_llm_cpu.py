@@ -10,7 +10,9 @@ turn, and so are those named by a request with ``stop = true`` and the same requ
 stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client leaves). A guide
 (``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and the request
 joins the loop once it has. Tokens sent in ``draft_input_ids`` (``tensorrt_llm_bls``'s draft-target loop) are
-verified in the step after the prompt's (``runtime/external_drafts.py``); ``draft_logits`` are refused.
+verified in the step after the prompt's (``runtime/external_drafts.py``); ``draft_logits`` are refused. With the
+parameter ``speculative_decoding_mode: ngram`` a request without drafts takes prompt-lookup drafts
+(``cpu_speculation.py``).
 Configuration: the model's ``parameters`` (``cpu_parameters.py``: ``gpt_model_path``, the engine's fields of
 ``EngineConfig``, ``exclude_input_in_output``, ``cpu_threads``, ``xgrammar_tokenizer_info_path``, the LoRA cache's
 size).
