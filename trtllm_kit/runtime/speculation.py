@@ -82,8 +82,8 @@ class Speculator:
         budget = config.max_num_tokens - sum(seq.num_scheduled_tokens for seq in seqs)
         ready, limits = [], []
         for seq in seqs:
-            if seq.is_finished or seq.num_output_tokens == 0 or not seq.num_uncomputed_tokens == 1 == \
-                    seq.num_scheduled_tokens:
+            is_generating = seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == seq.num_scheduled_tokens == 1
+            if seq.is_finished or not is_generating:
                 continue
             limit = max(min(self.max_draft_len, seq.params.max_tokens - seq.num_output_tokens - 1, budget), 0)
             if limit:
