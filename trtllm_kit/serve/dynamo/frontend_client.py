@@ -12,7 +12,9 @@ status (the worker raises Dynamo's ``InvalidArgument``, which the frontend answe
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -183,6 +185,7 @@ class DynamoFrontendClient(TextClient):
                                          headers=headers) as answer:
                 if answer.status != 200:
                     raise _refused(answer.status, await answer.text())
+                ack_at_once(answer)
                 async for raw in answer.content:
                     line = raw.decode().strip()
                     if not line.startswith("data:") or line == "data: [DONE]":
@@ -193,6 +196,23 @@ class DynamoFrontendClient(TextClient):
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise GenerationError(f"Dynamo's frontend at {self.url} failed the request: {type(exc).__name__}: "
                                   f"{exc}", status=503) from None
+
+
+def ack_at_once(answer: aiohttp.ClientResponse) -> None:
+    """Acknowledge the rest of ``answer``'s stream as it is read: Dynamo's frontend writes each chunk as its own
+    small segment with Nagle's algorithm on, so each waits for the ACK of the one before, which a kept-alive
+    connection delays (40 ms on Linux) unless ``TCP_QUICKACK`` is set once its answer has begun.
+
+    Arguments:
+        answer: the streamed answer, its headers read.
+    """
+    quickack = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+    connection = answer.connection
+    sock = None if quickack is None or connection is None or connection.transport is None else \
+        connection.transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # a socket that is not TCP
+            sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
 
 
 def _refused(status: int, text: str) -> GenerationError:
