@@ -4,12 +4,12 @@ their routing allows, against the ideal; TTFT p50/p99), and the Dynamo frontend'
 kit's own frontend on the same artifact.
 
     python benchmarks/dynamo_routing.py [--prefixes 8] [--users 16] [--turns 3] [--prefix-tokens 512]
-        [--kv-tokens 4096] [--concurrency 4] [--seeds 0,1] [--sequential 100]
+        [--kv-tokens 4096] [--concurrency 4] [--seeds 0,1] [--routers kv,round-robin] [--sequential 100]
 
 Builds ``builtin:tiny-llama`` for the CPU runtime with a KV pool of ``--kv-tokens`` tokens per worker
 (``max_tokens_in_paged_kv_cache``; 0: the default, ``max_batch_size`` x ``max_seq_len``), then, one serve at a
 time on 127.0.0.1:
-- for each seed, ``serve --dynamo --workers 2 --router R`` for R in kv, round-robin, and ``bench --workload
+- for each seed, ``serve --dynamo --workers 2 --router R`` for R in ``--routers``, and ``bench --workload
   shared-prefix`` against it: the workers' ``trtllm_kit:prefix_cache_*`` counters over the run (``counted``), the
   hit rate modelled from which worker served each request (``profile/prefix_hits.py``, a cache that never evicts)
   and the ideal (every request in one unbounded cache). With more prefixes than one worker's pool holds, a router
@@ -97,7 +97,8 @@ def main() -> int:
                         help="KV pool per worker in tokens (max_tokens_in_paged_kv_cache; 0: the default).")
     parser.add_argument("--concurrency", type=int, default=4, help="Requests in flight within a turn.")
     parser.add_argument("--seeds", default="0,1",
-                        help="Comma-separated workload seeds; each runs both routers ('': none).")
+                        help="Comma-separated workload seeds; each runs every --routers ('': none).")
+    parser.add_argument("--routers", default="kv,round-robin", help="Comma-separated routers run for each seed.")
     parser.add_argument("--sequential", type=int, default=100,
                         help="Timed 1-token completions per frontend (0: skip the frontends).")
     args = parser.parse_args()
@@ -111,7 +112,7 @@ def main() -> int:
             spec = SharedPrefixSpec(num_prefixes=args.prefixes, num_users=args.users, num_turns=args.turns,
                                     prefix_tokens=args.prefix_tokens, turn_tokens=args.turn_tokens, osl=args.osl,
                                     seed=seed)
-            for router in ("kv", "round-robin"):
+            for router in args.routers.split(","):
                 result = _routing(out, router, spec, args.concurrency, root / f"seed{seed}")
                 print(f"seed {seed}, --router {router}, KV pool {args.kv_tokens or 'default'} tokens per worker: "
                       f"{result.line()} [{_load()}]", flush=True)
