@@ -13,7 +13,8 @@ time on 127.0.0.1:
   shared-prefix`` against it: the workers' ``trtllm_kit:prefix_cache_*`` counters over the run (``counted``), the
   hit rate modelled from which worker served each request (``profile/prefix_hits.py``, a cache that never evicts)
   and the ideal (every request in one unbounded cache). With more prefixes than one worker's pool holds, a router
-  that spreads each prefix over both workers makes them evict what the next request needs;
+  that spreads each prefix over both workers makes them evict what the next request needs. The serve hands its
+  environment to Dynamo's frontend, so a ``DYN_ROUTER_*`` variable set here runs another router setting;
 - ``serve --openai-port P`` (the kit's frontend on Triton) and ``serve --dynamo --workers 1``: ``--sequential``
   non-streamed 1-token completions of one short prompt each, after 10 untimed; the p50 of each and their
   difference.
