@@ -1,5 +1,5 @@
-"""The kit's frontend's client of Dynamo's OpenAI frontend: a route's ``stream`` as one streamed ``/v1/completions``
-request to the frontend ``serve --dynamo`` binds on a private loopback port.
+"""The kit's frontend's client of Dynamo's OpenAI frontend: a route's ``stream`` as one ``/v1/completions`` request
+to the frontend ``serve --dynamo`` binds on a private loopback port, on one kept-alive connection.
 
 The kit's frontend (``gateway.py``) parses, checks, tokenizes and applies the chat template, then sends each engine
 request here as token ids; Dynamo's frontend routes it to a worker (KV-aware, migrating a stream whose worker
@@ -7,7 +7,8 @@ dies) and streams text back, with the running usage in every chunk (``continuous
 frontend counts and charges. Stop strings are matched by the kit's frontend, which leaves the stream when one
 arrives (closing the connection cancels the request on the worker). What the workers cannot do is refused here
 in one sentence before anything is sent (``refusal``); a worker's own refusal comes back with its sentence and
-status (the worker raises Dynamo's ``InvalidArgument``, which the frontend answers with its message).
+status (the worker raises Dynamo's ``InvalidArgument``, which the frontend answers with its message). A whole
+answer with no stop strings is asked for whole, one read instead of a stream's chunks (``is_whole``).
 """
 
 from __future__ import annotations
@@ -58,16 +59,27 @@ def refusal(req: GenerationRequest) -> str | None:
     return None
 
 
+def is_whole(req: GenerationRequest) -> bool:
+    """Whether ``req``'s answer is asked of Dynamo's frontend whole, in one read: the client's answer is whole
+    (``streaming`` False) and has no stop strings, which the kit's frontend cuts from a stream and leaves it at.
+
+    Arguments:
+        req: the engine request.
+    """
+    return req.streaming is False and not req.stop_strings
+
+
 def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
-    """Dynamo's streamed completion request for ``req``: the prompt, the sampling fields it sets, ``ignore_eos``
-    for the kit's never-ending end id, its guide, and the running usage asked for.
+    """Dynamo's completion request for ``req``: the prompt, the sampling fields it sets, ``ignore_eos`` for the
+    kit's never-ending end id, its guide; streamed with the running usage asked for, unless ``is_whole``.
 
     Arguments:
         model: the served name; req: the engine request (``refusal`` is None for it).
     """
     prompt = list(req.prompt) if isinstance(req.prompt, tuple) else req.prompt
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": True,
-                            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    streamed = {"stream": False} if is_whole(req) else {
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body: dict[str, Any] = {"model": model, "prompt": prompt, **streamed,
                             **{name: getattr(req, name) for name in SAMPLING if getattr(req, name) is not None}}
     if req.end_id == NEVER_END_ID:
         body["ignore_eos"] = True
@@ -169,7 +181,8 @@ class DynamoFrontendClient(TextClient):
         return False  # an adapter goes by name, and is refused (``refusal``)
 
     async def stream(self, req: GenerationRequest) -> AsyncGenerator[GenerationResponse, None]:
-        """Yield the text of each chunk with the running usage; leaving early cancels the request.
+        """Yield the text of each chunk with the running usage (or of the whole answer, ``is_whole``); leaving
+        early cancels the request.
 
         Arguments:
             req: the request.
@@ -185,6 +198,11 @@ class DynamoFrontendClient(TextClient):
                                          headers=headers) as answer:
                 if answer.status != 200:
                     raise _refused(answer.status, await answer.text())
+                if is_whole(req):
+                    response = chunk_response(json.loads(await answer.read()))
+                    if response is not None:
+                        yield response
+                    return
                 ack_at_once(answer)
                 async for raw in answer.content:
                     line = raw.decode().strip()

@@ -64,8 +64,9 @@ async def serve(metrics: FrontendMetrics, request: web.Request, req: OpenAIReque
     shared: list[SharedSequences] = []
     if len(prompts) * req.n == 1 and req.best_of is None:
         (prompt, prompt_text), = sent
-        jobs = [(ChoiceStream(route, engine_request(route, prompt, req, ident), req,
-                              show_ids=isinstance(prompts[0], tuple)), _scorer(route, req, prompt_text))]
+        gen = engine_request(route, prompt, req, ident, streaming=req.stream)  # a client may read a whole answer once
+        jobs = [(ChoiceStream(route, gen, req, show_ids=isinstance(prompts[0], tuple)),
+                 _scorer(route, req, prompt_text))]
     else:
         jobs = _choices(route, req, sent, ident, shared)
 
