@@ -8,10 +8,10 @@ Builds ``builtin:tiny-llama`` for the CPU runtime (its tokenizer and model card)
 in its own process: Dynamo's frontend (``launch.py``'s command line and environment, file discovery), a stub
 worker registered as ``serve --dynamo``'s worker is (token ids in, one token id out at once), and the kit's frontend
 for Dynamo (``serve/dynamo/gateway.py``). It sends ``--sequential`` non-streamed 1-token completions of one 6-token
-prompt to each frontend, after 10 untimed: A through Dynamo's frontend to the stub, B through the kit's frontend,
-then Dynamo's, to the stub. A is Dynamo's frontend's latency per request; B - A is the kit's frontend's. Also
-Dynamo's frontend streamed, as the kit's frontend asks it. Prints one line of figures with units and the load
-average.
+prompt to each frontend, taking turns request by request after 10 untimed turns: A through Dynamo's frontend to the
+stub, B through the kit's frontend, then Dynamo's, to the stub, then each streamed. A is Dynamo's
+frontend's latency per request; B - A is the kit's frontend's. Prints one line of figures with units and the load
+average before and after.
 """
 
 from __future__ import annotations
@@ -79,23 +79,34 @@ async def kit_frontend(out: Path, dynamo_url: str, port: int) -> None:
     await runner.cleanup()
 
 
-def sequential_p50_ms(url: str, count: int, stream: bool = False) -> float:
-    """The p50 of ``count`` 1-token completions (read whole), after ``WARMUP`` untimed."""
+def completion_ms(url: str, stream: bool = False) -> float:
+    """The time of one 1-token completion of ``PROMPT_IDS`` at ``url``, its answer read whole."""
     body = json.dumps({"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 1, "temperature": 0,
                        "stream": stream}).encode()
-    times = []
+    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    start = time.perf_counter_ns()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        raise SystemExit(f"{url} answered {exc.code}: {exc.read()[:300]!r}") from None
+    return (time.perf_counter_ns() - start) / 1e6
+
+
+def interleaved_ms(paths: dict[str, tuple[str, bool]], count: int) -> dict[str, list[float]]:
+    """Each path's times of ``count`` sequential completions, the paths taking turns request by request (A, B, C,
+    A, B, C, ...) so that the machine's load weighs on each alike, after ``WARMUP`` untimed turns.
+
+    Arguments:
+        paths: name → (frontend url, streamed); count: timed completions per path.
+    """
+    times: dict[str, list[float]] = {name: [] for name in paths}
     for number in range(WARMUP + count):
-        request = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        start = time.perf_counter_ns()
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                response.read()
-        except urllib.error.HTTPError as exc:
-            raise SystemExit(f"{url} answered {exc.code}: {exc.read()[:300]!r}") from None
-        if number >= WARMUP:
-            times.append((time.perf_counter_ns() - start) / 1e6)
-    return statistics.median(times)
+        for name, (url, stream) in paths.items():
+            elapsed = completion_ms(url, stream)
+            if number >= WARMUP:
+                times[name].append(elapsed)
+    return times
 
 
 def _wait(ready: Any, what: str, timeout_s: float = 180) -> None:
@@ -149,9 +160,10 @@ def main() -> int:
         try:
             _wait(lambda: lists_model(dynamo_url, MODEL), "Dynamo's frontend with the stub worker")
             _wait(lambda: _answers(kit_url), "the kit's frontend")
-            dynamo = sequential_p50_ms(dynamo_url, args.sequential)
-            streamed = sequential_p50_ms(dynamo_url, args.sequential, stream=True)
-            kit = sequential_p50_ms(kit_url, args.sequential)
+            load_before = os.getloadavg()[0]
+            times = interleaved_ms({"dynamo": (dynamo_url, False), "kit": (kit_url, False),
+                                    "dynamo streamed": (dynamo_url, True), "kit streamed": (kit_url, True)},
+                                   args.sequential)
         except SystemExit:
             for i in range(len(commands)):
                 print(f"--- process {i}:", *(Path(tmp) / f"{i}.log").read_text().splitlines()[-15:], sep="\n")
@@ -165,11 +177,13 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
-    print(f"stub worker, p50 of {args.sequential} sequential 1-token completions: Dynamo's frontend {dynamo:.2f} ms; "
-          f"the kit's frontend in front of it {kit:.2f} ms, so the kit's frontend {kit - dynamo:.2f} ms per request, "
-          f"Dynamo's {dynamo:.2f} ms ({dynamo - (kit - dynamo):+.2f} ms against the kit's); Dynamo's frontend "
-          f"streamed (as the kit's frontend asks it) {streamed:.2f} ms "
-          f"[load average {'{:.1f} {:.1f} {:.1f}'.format(*os.getloadavg())}]", flush=True)
+    p50 = {name: statistics.median(each) for name, each in times.items()}
+    added = statistics.median(b - a for a, b in zip(times["dynamo"], times["kit"], strict=True))
+    print(f"stub worker, p50 of {args.sequential} sequential 1-token completions per path, A/B/A/B: Dynamo's "
+          f"frontend {p50['dynamo']:.2f} ms; the kit's frontend in front of it {p50['kit']:.2f} ms, so the kit's "
+          f"frontend {p50['kit'] - p50['dynamo']:.2f} ms per request (p50 of each pair's difference {added:.2f} ms); "
+          f"streamed: Dynamo's {p50['dynamo streamed']:.2f} ms, the kit's in front {p50['kit streamed']:.2f} ms "
+          f"[load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after]", flush=True)
     return 0
 
 
