@@ -86,7 +86,7 @@ class EngineRecord:
     plan: BuildPlan | None = None
     built: EngineBuild | None = None
     draft_command: list[str] | None = None  # draft-target speculation: the draft engine's trtllm-build
-    draft: EngineBuild | None = None  # and what it built
+    draft: EngineBuild | CheckpointRecord | None = None  # and what it built (the cpu target: the draft's checkpoint)
 
     @property
     def kv_cache_fraction(self) -> float | None:
@@ -107,7 +107,7 @@ class EngineRecord:
         if self.draft_command is not None:
             values["draft_command"] = self.draft_command
         if self.draft is not None:
-            values["draft"] = asdict(self.draft)
+            values["draft"] = self.draft.to_dict() if isinstance(self.draft, CheckpointRecord) else asdict(self.draft)
         return values
 
     @classmethod
@@ -115,9 +115,16 @@ class EngineRecord:
         built = EngineBuild(**_known(EngineBuild, values)) if values.get("dir") else None
         reason = values.get("reason") or values.get("skipped") or ""  # schema 1 said "skipped" when not compiled
         plan = BuildPlan.from_dict(values["plan"]) if values.get("plan") else None
-        draft = EngineBuild(**_known(EngineBuild, values["draft"])) if values.get("draft") else None
+        draft = _draft_record(values["draft"]) if values.get("draft") else None
         return cls(target=values["target"], reason=reason, command=values.get("command"), plan=plan, built=built,
                    draft_command=values.get("draft_command"), draft=draft)
+
+
+def _draft_record(values: dict[str, Any]) -> EngineBuild | CheckpointRecord:
+    """A draft's record as the manifest holds it: an engine build (it names its GPU) or the cpu target's checkpoint."""
+    if "gpu" in values:
+        return EngineBuild(**_known(EngineBuild, values))
+    return CheckpointRecord.from_dict(values)
 
 
 @dataclass(frozen=True)

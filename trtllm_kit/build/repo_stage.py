@@ -46,15 +46,17 @@ def repo_stage(ctx: BuildContext) -> None:
         ctx.records.repo = own
         return
     build = ctx.spec.build
-    limits = target.limits(ctx.out / target.model_dir, {
+    sizes: dict[str, int | None] = {
         "max_batch_size": build.max_batch_size, "max_num_tokens": build.max_num_tokens,
-        "max_seq_len": build.max_seq_len, "tokens_per_block": build.tokens_per_block})
+        "max_seq_len": build.max_seq_len, "tokens_per_block": build.tokens_per_block}
+    limits = target.limits(ctx.out / target.model_dir, sizes)
     tokenizer_dir = ctx.out / "tokenizer"
     files = sorted(tokenizer_dir.iterdir()) if tokenizer_dir.is_dir() else list(ctx.model.tokenizer_files)
     fraction = engine.kv_cache_fraction
     draft = None
-    if engine.draft is not None:  # draft-target: the draft engine beside the target, at the target's sizes
-        draft = DraftServing(target.limits(ctx.out / engine.draft.dir, {}), ctx.spec.out.absolute() / engine.draft.dir)
+    if engine.draft is not None:  # draft-target: the draft engine (or checkpoint) beside the target, at its sizes
+        draft = DraftServing(target.limits(ctx.out / engine.draft.dir, sizes),
+                             ctx.spec.out.absolute() / engine.draft.dir)
     decoding = lookahead_parameters(ctx.spec.speculative) | cpu_parameters(ctx.spec.speculative)
     record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,
                               model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,

@@ -13,10 +13,10 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation, SpeculativeOptions
 
 # the targets that can build each mode: lookahead's config says backend != pytorch; NGram, EAGLE3 and MTP are the
-# PyTorch backend's; the cpu target's Python model runs prompt lookup (its draft-target runs through the BLS)
+# PyTorch backend's; the cpu target's Python model runs prompt lookup, and its draft-target runs through the BLS
 TARGETS: dict[Speculation, tuple[Target, ...]] = {
     Speculation.NGRAM: (Target.LLMAPI, Target.CPU),
-    Speculation.DRAFT_TARGET: (Target.ENGINE, Target.LLMAPI),
+    Speculation.DRAFT_TARGET: (Target.ENGINE, Target.LLMAPI, Target.CPU),
     Speculation.EAGLE3: (Target.LLMAPI,),
     Speculation.MTP: (Target.LLMAPI,),
     Speculation.LOOKAHEAD: (Target.ENGINE,),

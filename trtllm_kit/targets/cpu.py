@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtllm_kit.artifact import EngineLimits, EngineRecord
+from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord
 from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
@@ -18,8 +18,10 @@ from trtllm_kit.model_repo.model_dir_limits import (
 )
 from trtllm_kit.names import CHECKPOINT_DIR
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.speculative import Speculation
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
+from trtllm_kit.targets.engine_draft import convert_draft, draft_engine_problem
 
 if TYPE_CHECKING:
     from trtllm_kit.model_repo.lora import LoraServing
@@ -47,10 +49,17 @@ class CpuTarget(Target):
         trtllm_checkpoint_stage(ctx)
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
-        """Nothing to compile: record the reason and the command the engine target would run."""
+        """Nothing to compile: record the reason and the command the engine target would run. With draft-target
+        speculation the draft is converted whole into ``draft_checkpoint/``, in the checkpoint's dtype, for the
+        ``tensorrt_llm_draft`` slot."""
+        options, checkpoint = ctx.spec.speculative, ctx.records.checkpoint
+        draft = None
+        if options.mode is Speculation.DRAFT_TARGET and options.draft_model is not None:
+            assert checkpoint is not None, "the checkpoint stage runs (or is reused) before the compile stage"
+            draft = convert_draft(ctx, options.draft_model, checkpoint.dtype)
         return EngineRecord(target=self.name, reason=setup.reason,
                             command=setup.command.argv if setup.command else None,
-                            plan=setup.plan)
+                            plan=setup.plan, draft=draft)
 
     def reads_model_dir(self, config: dict[str, Any]) -> bool:
         return "architecture" in config and "build_config" not in config
@@ -70,6 +79,10 @@ class CpuTarget(Target):
             tokens_per_block=overrides.get("tokens_per_block") or DEFAULT_TOKENS_PER_BLOCK, use_paged_context_fmha=True,
             tp_size=mapping.tp_size, pp_size=mapping.pp_size,
             vocab_size=config.get("vocab_size"))
+
+    def serve_problems(self, artifact: Artifact, machine: Machine | None) -> list[str]:
+        draft = draft_engine_problem(artifact)
+        return [draft] if draft else []
 
     def lora_serving(self, model_dir: Path, spec: BuildSpec) -> LoraServing:
         """Every cpu artifact takes adapters (``lora add`` after the build too), up to ``[build] max_lora_rank``, with
