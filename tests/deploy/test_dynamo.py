@@ -73,7 +73,8 @@ def test_aggregated_graph_validates_and_runs_the_artifact(artifact, tmp_path, ca
     assert [(c["name"], c["type"], c["replicas"]) for c in dgd["spec"]["components"]] == \
         [("Frontend", "frontend", 1), ("TRTLLMWorker", "worker", 2)]
     assert worker_argv(components["Frontend"]) == ["python3", "-m", "dynamo.frontend", "--http-port", "8000",
-                                                   "--router-mode", "kv", "--migration-limit", "3"]
+                                                   "--router-mode", "kv", "--router-kv-overlap-score-credit", "4",
+                                                   "--migration-limit", "3"]
     assert worker_argv(components["TRTLLMWorker"]) == [
         "python3", "-m", "dynamo.trtllm", "--model", CHECKPOINT, "--served-model-name",
         "meta-llama/Llama-3.1-70B-Instruct", "--extra-engine-args", "/etc/trtllm-kit/engine/TRTLLMWorker.yaml",
@@ -132,6 +133,7 @@ def test_frontend_args_parse_as_dynamos_frontend_reads_them() -> None:
     config = frontend_args_module.FrontendConfig.from_cli_args(parsed)
     config.validate()
     assert unknown == [] and (config.router_mode, config.migration_limit, config.http_port) == ("kv", 3, 8000)
+    assert config.overlap_score_credit == 4.0
 
 
 def test_multinode_disaggregated_graph(artifact, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -29,12 +30,25 @@ def test_command_lines(tmp_path: Path) -> None:
     assert frontend_argv(8123, Router.ROUND_ROBIN, 0) == [
         sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", "8123",
         "--router-mode", "round-robin", "--migration-limit", "0"]
+    assert frontend_argv(8123, Router.KV, 3)[7:] == [
+        "--router-mode", "kv", "--router-kv-overlap-score-credit", "4", "--migration-limit", "3"]
     dirs = DynamoDirs(tmp_path / "dynamo")
     assert worker_argv(tmp_path / "out", dirs, "tiny", 1) == [
         sys.executable, "-m", "trtllm_kit.serve.dynamo.worker", str(tmp_path / "out"), "--card",
         str(tmp_path / "dynamo" / "card"), "--model-name", "tiny", "--endpoint", "trtllm-kit.worker.generate",
         "--ready-file", str(tmp_path / "dynamo" / "ready" / "worker-1"),
         "--requests", str(tmp_path / "dynamo" / "requests")]
+
+
+def test_kv_routing_credits_a_cached_block_four_blocks_of_load_in_dynamos_parser() -> None:
+    frontend_args = pytest.importorskip("dynamo.frontend.frontend_args")
+    parser = argparse.ArgumentParser()
+    frontend_args.FrontendArgGroup().add_arguments(parser)
+    with pytest.warns(FutureWarning):  # the flag moves to --router-policy-config in Dynamo 1.7
+        parsed, unknown = parser.parse_known_args(frontend_argv(8123, Router.KV, 3)[3:])
+    config = frontend_args.FrontendConfig.from_cli_args(parsed)
+    config.validate()
+    assert unknown == [] and (config.router_mode, config.overlap_score_credit) == ("kv", 4.0)
 
 
 def test_defaults_are_kv_routing_and_three_migrations() -> None:

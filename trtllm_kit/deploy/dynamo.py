@@ -28,6 +28,7 @@ from trtllm_kit.deploy.render import names_for, write_checked
 from trtllm_kit.deploy.serving import Serving
 from trtllm_kit.deploy.settings import DeploySettings
 from trtllm_kit.deploy.source import DeploySource
+from trtllm_kit.serve.dynamo.launch import router_args
 from trtllm_kit.spec import ServeSettings
 
 Obj = dict[str, Any]
@@ -103,9 +104,10 @@ def worker_component(names: Names, source: DeploySource, settings: DeploySetting
 
 
 def frontend_args() -> list[str]:
-    """``dynamo.frontend``'s arguments: its port, KV-aware routing and migration at ``serve --dynamo``'s defaults."""
+    """``dynamo.frontend``'s arguments: its port, KV-aware routing (with ``serve --dynamo``'s overlap credit) and
+    migration at ``serve --dynamo``'s defaults."""
     serve = ServeSettings()
-    return ["--http-port", str(FRONTEND_PORT), "--router-mode", str(serve.router),
+    return ["--http-port", str(FRONTEND_PORT), *router_args(serve.router),
             "--migration-limit", str(serve.migration_limit)]
 
 

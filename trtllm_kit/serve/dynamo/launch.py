@@ -21,6 +21,9 @@ PLAIN_LOGS = {"NO_COLOR": "1", "DYN_SDK_DISABLE_ANSI_LOGGING": "1"}  # log files
 NAMESPACE = "trtllm-kit"
 DYNAMO_ROUTERS = (Router.KV, Router.ROUND_ROBIN, Router.RANDOM)  # the frontend's --router-mode values
 ENDPOINT = f"{NAMESPACE}.worker.generate"  # NAMESPACE.COMPONENT.ENDPOINT, one for every worker of the model
+# The KV router's credit for a block a worker has cached, against a block of its load: at Dynamo's 1 a worker one
+# request busier than the other loses that request's prefix to it (docs/dynamo.md, "Routing on a bounded cache").
+KV_OVERLAP_SCORE_CREDIT = 4
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,16 @@ def dynamo_env(dirs: DynamoDirs, base: dict[str, str] | None = None) -> dict[str
     return env
 
 
+def router_args(router: Router) -> list[str]:
+    """Dynamo's frontend flags for ``router``: its mode, and for kv the overlap credit.
+
+    Arguments:
+        router: one of ``DYNAMO_ROUTERS``.
+    """
+    credit = ["--router-kv-overlap-score-credit", str(KV_OVERLAP_SCORE_CREDIT)] if router == Router.KV else []
+    return ["--router-mode", str(router), *credit]
+
+
 def frontend_argv(port: int, router: Router, migration_limit: int) -> list[str]:
     """Dynamo's OpenAI frontend on loopback ``port``.
 
@@ -82,7 +95,7 @@ def frontend_argv(port: int, router: Router, migration_limit: int) -> list[str]:
         port: its HTTP port; router: how it picks a worker; migration_limit: how often a stream may move.
     """
     return [sys.executable, "-m", "dynamo.frontend", "--http-host", LOOPBACK, "--http-port", str(port),
-            "--router-mode", str(router), "--migration-limit", str(migration_limit)]
+            *router_args(router), "--migration-limit", str(migration_limit)]
 
 
 def worker_argv(out: Path, dirs: DynamoDirs, model_name: str, index: int) -> list[str]:
