@@ -34,3 +34,11 @@ class DraftCounts:
     def acceptance_length(self) -> float:
         """Tokens emitted per verifying step: 1 + accepted / drafts (1.0 before any draft)."""
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+SPEC_DECODE_COUNTERS: dict[str, str] = {  # vLLM's Prometheus counter → DraftCounts field
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+SPEC_DECODE_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"  # one counter per ``position`` label

@@ -46,6 +46,7 @@ from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 from trtllm_kit.runtime.stats import GAUGES, gauge_values
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
 from trtllm_kit.triton_models.cpu_speculation import cpu_speculator
+from trtllm_kit.triton_models.spec_decode_counters import SpecDecodeCounters
 from trtllm_kit.triton_models.triton_io import failure_error, input_arrays, output_tensors, triton_error
 from trtllm_kit.wire import GenerationRequest, LoraAdapter
 from trtllm_kit.wire.tensor import is_stop_request
@@ -137,6 +138,9 @@ class TritonPythonModel:
                                                        kind=pb_utils.MetricFamily.GAUGE))
             self.gauges.update({field: self.families[-1].Metric(labels={**labels, label: value})
                                 for value, field in by_value.items()})
+        speculator = self.engine.speculator
+        self.spec_counters = None if speculator is None else SpecDecodeCounters(pb_utils, args["model_name"],
+                                                                                  speculator.counts)
         self.loop = EngineLoop(self.engine, on_turn=self._publish)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
@@ -211,3 +215,5 @@ class TritonPythonModel:
         for field, value in gauge_values(self.engine.stats()).items():
             if field in self.gauges:
                 self.gauges[field].set(value)
+        if self.spec_counters is not None:
+            self.spec_counters.publish()
