@@ -66,6 +66,7 @@ def test_a_whole_answer_is_asked_for_whole(fields: dict[str, Any], streamed: boo
 
 def test_a_whole_answer_is_read_once() -> None:
     asked: list[dict[str, Any]] = []
+    channels: list[object] = []
 
     async def completions(request: web.Request) -> web.Response:  # Dynamo's frontend, answering whole
         asked.append(await request.json())
@@ -84,9 +85,11 @@ def test_a_whole_answer_is_read_once() -> None:
         try:
             return [r async for r in client.stream(GenerationRequest((1, 2, 3), 2, streaming=False))]
         finally:
+            channels.append(client._channel)  # the Triton gRPC channel of the base class: never opened here
             await client.close()
             await runner.cleanup()
 
     responses = asyncio.run(run())
     assert [(r.texts, r.num_input_tokens, r.num_output_tokens) for r in responses] == [(("Paris",), 3, 2)]
     assert [body["stream"] for body in asked] == [False]
+    assert channels == [None]

@@ -45,14 +45,23 @@ class TextClient:
         self.model = model
         self.token_model = token_model
         self.metadata = tuple(headers) or None
-        self._channel = grpc.aio.insecure_channel(url)
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._channel: grpc.aio.Channel | None = None  # opened on first use: a client over another transport never does
+        self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._inputs: set[str] | None = None
         self._types: dict[str, str] = {}  # input name → Triton data type
         self._batched = True
 
+    @property
+    def _stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        """Triton's gRPC service at ``url``, over one channel opened on first use."""
+        if self._service is None:
+            self._channel = grpc.aio.insecure_channel(self.url)
+            self._service = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._service
+
     async def close(self) -> None:
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
     async def resolve_model(self) -> str:
         """The model to call: the one given, else the first of ``TEXT_MODELS`` the server has ready."""
