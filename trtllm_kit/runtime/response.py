@@ -1,6 +1,7 @@
 """A sequence's progress as the wire's ``GenerationResponse``: the tokens a response carries and what the request
 asked to come with them (its sequence index, the token counts, logprobs with their alternatives, raw logits, the
-timing and KV-block outputs). The prompt's logprobs and logits come in each sequence's first response.
+timing and KV-block outputs), and its speculative decoding counts once it speculated. The prompt's logprobs and
+logits come in each sequence's first response.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from trtllm_kit.runtime.sequence import Sequence, TokenLogprob
-from trtllm_kit.wire import GenerationRequest, GenerationResponse, Perf, Scored
+from trtllm_kit.wire import DraftAcceptance, GenerationRequest, GenerationResponse, Perf, Scored
 
 
 def scored_of(token_id: int, entry: TokenLogprob | None) -> Scored:
@@ -59,10 +60,14 @@ def response_of(seq: Sequence, req: GenerationRequest, token_ids: list[int], fir
         generation_logits = torch.stack(logits).numpy() if logits else np.zeros((0, 0), np.float32)
     if with_prompt and req.return_context_logits:
         context_logits = torch.stack(seq.context_logits).numpy()
+    counts = seq.draft_counts
+    acceptance = (DraftAcceptance(counts.num_drafts, counts.num_draft_tokens, counts.num_accepted_tokens)
+                  if counts.num_drafts else None)
     return GenerationResponse(
         token_ids=tuple(token_ids), sequence_index=None if req.n is None else seq.index,
         num_input_tokens=seq.num_prompt_tokens if req.return_num_input_tokens else None,
         num_output_tokens=seq.num_output_tokens if req.return_num_output_tokens else None,
         cum_logprobs=(seq.cum_logprob,) if req.logprobs is not None else (),
         num_top=max(req.logprobs or 0, req.prompt_logprobs or 0), scored=scored, prompt_scored=prompt_scored,
-        context_logits=context_logits, generation_logits=generation_logits, perf=perf)
+        context_logits=context_logits, generation_logits=generation_logits, perf=perf,
+        draft_acceptance=acceptance)

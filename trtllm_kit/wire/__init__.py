@@ -8,7 +8,8 @@ so a Triton model file can run it without torch.
 from trtllm_kit.wire.disagg import DisaggHandle
 from trtllm_kit.wire.lora import LoraAdapter
 from trtllm_kit.wire.request import GenerationRequest
-from trtllm_kit.wire.response import GenerationResponse, Perf, Scored
+from trtllm_kit.wire.response import DraftAcceptance, GenerationResponse, Perf, Scored
 from trtllm_kit.wire.rules import WireError
 
-__all__ = ["DisaggHandle", "GenerationRequest", "GenerationResponse", "LoraAdapter", "Perf", "Scored", "WireError"]
+__all__ = ["DisaggHandle", "DraftAcceptance", "GenerationRequest", "GenerationResponse", "LoraAdapter", "Perf",
+           "Scored", "WireError"]

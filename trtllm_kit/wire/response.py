@@ -30,6 +30,21 @@ class Perf:
     kv_cache_alloc_total_blocks: int
 
 
+@dataclass(frozen=True)
+class DraftAcceptance:
+    """What speculative decoding did for one sequence so far: verifying steps that carried a draft (``num_drafts``),
+    the draft tokens they proposed and the draft tokens the target accepted."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens emitted per verifying step: 1 + accepted / drafts."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
 @dataclass(frozen=True, eq=False)
 class GenerationResponse:
     """One response.
@@ -43,7 +58,8 @@ class GenerationResponse:
         dialect counts them apart (llmapi; None: ``num_top``); scored: the carried tokens' logprobs (None: not
         asked for); prompt_scored: the prompt's (None: not in this response); context_logits [P, V],
         generation_logits [T, V]: raw logits; finish_reasons, stop_reasons: per completion (llmapi); perf: timing
-        and KV blocks; disaggregated: the handle a context-only request returned.
+        and KV blocks; disaggregated: the handle a context-only request returned; draft_acceptance: the sequence's
+        speculative decoding counts so far (None: it did not speculate).
     """
 
     token_ids: tuple[int, ...] = ()
@@ -62,6 +78,7 @@ class GenerationResponse:
     stop_reasons: tuple[str, ...] = ()
     perf: Perf | None = None
     disaggregated: DisaggHandle | None = None
+    draft_acceptance: DraftAcceptance | None = None
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, GenerationResponse):

@@ -17,7 +17,7 @@ from dataclasses import fields
 import numpy as np
 
 from trtllm_kit.wire.logprobs import read_scored, scored_arrays
-from trtllm_kit.wire.response import GenerationResponse, Perf
+from trtllm_kit.wire.response import DraftAcceptance, GenerationResponse, Perf
 from trtllm_kit.wire.tensor import Tensor, read_ids, read_scalar, read_strings, scalar_array
 
 RESPONSE_TENSORS = (
@@ -33,6 +33,11 @@ RESPONSE_TENSORS = (
     Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
 )
 TEXT_OUTPUT = Tensor("text_output", "STRING", (-1,))  # the text interface's, beside the outputs above
+# A speculating sequence's counts so far, cumulative as ``num_output_tokens`` (the BLS's acceptance output names,
+# and the kit's count of verifying steps): DraftAcceptance field → tensor.
+DRAFT_ACCEPTANCE = {"num_drafts": Tensor("total_drafts", "INT32"),
+                    "num_draft_tokens": Tensor("total_draft_tokens", "INT32"),
+                    "num_accepted_tokens": Tensor("total_accepted_draft_tokens", "INT32")}
 PERF = {f.name: "INT64" if f.name.endswith("_ns") else "INT32" for f in fields(Perf)}
 
 
@@ -68,6 +73,9 @@ def encode_trtllm_response(response: GenerationResponse) -> dict[str, np.ndarray
         arrays["context_logits"] = np.asarray(response.context_logits, np.float32)
     if response.perf is not None:
         arrays.update({name: scalar_array(getattr(response.perf, name), datatype) for name, datatype in PERF.items()})
+    if response.draft_acceptance is not None:
+        arrays.update({t.name: scalar_array(getattr(response.draft_acceptance, field), t.data_type)
+                       for field, t in DRAFT_ACCEPTANCE.items()})
     return arrays
 
 
@@ -92,6 +100,10 @@ def decode_trtllm_response(arrays: Mapping[str, np.ndarray],
     perf = None
     if all(name in arrays for name in PERF):
         perf = Perf(**{name: int(read_scalar(arrays, name)) for name in PERF})
+    acceptance = None
+    if all(t.name in arrays for t in DRAFT_ACCEPTANCE.values()):
+        acceptance = DraftAcceptance(**{field: int(read_scalar(arrays, tensor.name))
+                                        for field, tensor in DRAFT_ACCEPTANCE.items()})
     cum = arrays.get("cum_log_probs")
     return GenerationResponse(
         token_ids=ids, texts=read_strings(arrays, "text_output") or (),
@@ -101,4 +113,4 @@ def decode_trtllm_response(arrays: Mapping[str, np.ndarray],
         num_top=max(scored[1] if scored else 0, prompt[1] if prompt else 0),
         scored=None if scored is None else scored[0], prompt_scored=None if prompt is None else prompt[0],
         context_logits=_logits(arrays, "context_logits"), generation_logits=_logits(arrays, "generation_logits"),
-        perf=perf)
+        perf=perf, draft_acceptance=acceptance)

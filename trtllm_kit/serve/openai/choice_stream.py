@@ -10,7 +10,7 @@ from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest
 from trtllm_kit.serve.openai.text import StopMatcher
-from trtllm_kit.wire import GenerationRequest, GenerationResponse, Scored
+from trtllm_kit.wire import DraftAcceptance, GenerationRequest, GenerationResponse, Scored
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class ChoiceStream:
         self.finish_reason = "stop"
         self.last_token_id: int | None = None
         self.prompt_scored: tuple[Scored, ...] = ()  # the prompt's logprobs, when asked for
+        self.draft_acceptance: DraftAcceptance | None = None  # the latest counts of a speculating sequence
 
     async def chunks(self) -> AsyncGenerator[Chunk, None]:
         """The chunks of the answer as they may be shown."""
@@ -86,6 +87,8 @@ class ChoiceStream:
             await stream.aclose()
 
     def _count(self, response: GenerationResponse) -> None:
+        if response.draft_acceptance is not None:  # cumulative
+            self.draft_acceptance = response.draft_acceptance
         if not response.texts:  # token ids (the client leaves a token-id answer's text out)
             self.num_reported = (self.num_reported or 0) + len(response.token_ids)
             self.last_token_id = response.token_ids[-1] if response.token_ids else self.last_token_id

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from trtllm_kit.serve.openai.routes import Alias, Route
+from trtllm_kit.wire import DraftAcceptance
 
 MODEL_HEADER, VERSION_HEADER, SPLIT_HEADER = "x-trtllm-kit-model", "x-trtllm-kit-model-version", "x-trtllm-kit-split"
 DONE = b"data: [DONE]\n\n"  # the last event of a stream
@@ -35,7 +36,7 @@ class ChoiceShape:
         return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish_reason}
 
-    def whole(self, choices: list[dict[str, Any]], usage: dict[str, int]) -> dict[str, Any]:
+    def whole(self, choices: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
         return {**self._head(self.kind), "choices": choices, "usage": usage}
 
     def chunk(self, text: str | dict[str, str] | None, finish_reason: str | None,
@@ -50,6 +51,21 @@ class ChoiceShape:
         delta = text if isinstance(text, dict) else ({"content": text} if text is not None else {})
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
         return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
+
+def speculative_usage(acceptances: list[DraftAcceptance]) -> dict[str, Any] | None:
+    """The ``usage`` extension of the choices that speculated: verifying steps with a draft (``drafts``), draft
+    tokens proposed and accepted, and tokens per verifying step (``acceptance_length``); None when none did.
+
+    Arguments:
+        acceptances: each speculating choice's counts at its end.
+    """
+    if not acceptances:
+        return None
+    total = DraftAcceptance(sum(a.num_drafts for a in acceptances), sum(a.num_draft_tokens for a in acceptances),
+                            sum(a.num_accepted_tokens for a in acceptances))
+    return {"drafts": total.num_drafts, "draft_tokens": total.num_draft_tokens,
+            "accepted_tokens": total.num_accepted_tokens, "acceptance_length": round(total.acceptance_length, 4)}
 
 
 def route_headers(route: Route, alias: Alias | None) -> dict[str, str]:

@@ -36,14 +36,14 @@ from trtllm_kit.serve.openai.errors import generation_failure
 from trtllm_kit.serve.openai.fanout import FanOut
 from trtllm_kit.serve.openai.logprobs import Scorer
 from trtllm_kit.serve.openai.metrics import FrontendMetrics
-from trtllm_kit.serve.openai.responses import DONE, ChoiceShape, event_stream, route_headers, send
+from trtllm_kit.serve.openai.responses import DONE, ChoiceShape, event_stream, route_headers, send, speculative_usage
 from trtllm_kit.serve.openai.routes import Alias, Route
 from trtllm_kit.serve.openai.sampling_fields import OpenAIRequest, Prompt
 from trtllm_kit.serve.openai.sequences import SharedSequences
 from trtllm_kit.wire import GenerationResponse
 
 Job = tuple[ChoiceStream, Scorer]
-Usage = Callable[[], dict[str, int]]
+Usage = Callable[[], dict[str, Any]]
 
 
 async def serve(metrics: FrontendMetrics, request: web.Request, req: OpenAIRequest, prompts: list[Prompt],
@@ -70,12 +70,14 @@ async def serve(metrics: FrontendMetrics, request: web.Request, req: OpenAIReque
     else:
         jobs = _choices(route, req, sent, ident, shared)
 
-    def usage() -> dict[str, int]:  # every prompt counted once, every completion (best_of's left-out ones too)
+    def usage() -> dict[str, Any]:  # every prompt counted once, every completion (best_of's left-out ones too)
         each = [stream.usage() for stream, _ in jobs]
         prompt_tokens = sum(u["prompt_tokens"] for u in each[::req.n])
         completion_tokens = sum(u["completion_tokens"] for u in each) + sum(s.num_dropped_tokens for s in shared)
+        speculative = speculative_usage([a for stream, _ in jobs if (a := stream.draft_acceptance) is not None])
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
+                "total_tokens": prompt_tokens + completion_tokens,
+                **({} if speculative is None else {"speculative": speculative})}
 
     request[USAGE] = usage  # the gateway charges it when the request ends
     shape = ChoiceShape(req.kind, ident, route.name, int(time.time()))

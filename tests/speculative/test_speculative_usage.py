@@ -1,0 +1,67 @@
+"""A speculating sequence's counts reach the OpenAI ``usage``: the runtime's ``DraftAcceptance`` in the
+``tensorrt_llm`` response tensors (``total_drafts``, ``total_draft_tokens``, ``total_accepted_draft_tokens``) and
+back, kept by the choice's stream (cumulative: the last response's), summed over choices into ``usage.speculative``
+(absent when no choice speculated), which the ``openai`` client's usage type keeps as an extra field."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from openai.types import CompletionUsage
+
+from trtllm_kit.serve.openai.choice_stream import ChoiceStream
+from trtllm_kit.serve.openai.responses import speculative_usage
+from trtllm_kit.wire import DraftAcceptance, GenerationRequest, GenerationResponse
+from trtllm_kit.wire.trtllm_response import decode_trtllm_response, encode_trtllm_response
+
+
+@pytest.mark.parametrize("acceptance", [DraftAcceptance(4, 12, 6), None])
+def test_the_tensors_carry_the_counts_only_when_the_sequence_speculated(acceptance: DraftAcceptance | None) -> None:
+    arrays = encode_trtllm_response(GenerationResponse(token_ids=(5, 6), draft_acceptance=acceptance))
+    names = {"total_drafts", "total_draft_tokens", "total_accepted_draft_tokens"}
+    assert (names <= arrays.keys()) == (acceptance is not None)
+    assert decode_trtllm_response(arrays).draft_acceptance == acceptance
+
+
+def test_acceptance_length_is_tokens_per_verifying_step() -> None:
+    assert DraftAcceptance(4, 12, 6).acceptance_length == 2.5
+    assert DraftAcceptance(0, 0, 0).acceptance_length == 1.0
+
+
+def choice_stream(responses: list[GenerationResponse]) -> ChoiceStream:
+    async def stream() -> AsyncGenerator[GenerationResponse, None]:
+        for response in responses:
+            yield response
+
+    req: Any = SimpleNamespace(stops=[], include_stop_str_in_output=False, max_tokens=8, prompt_logprobs=None)
+    route: Any = SimpleNamespace(tokenizer=None)
+    return ChoiceStream(route, GenerationRequest(prompt="hi", max_tokens=8), req, responses=stream)
+
+
+def test_the_choice_keeps_the_last_counts_and_usage_sums_the_choices() -> None:
+    first = choice_stream([GenerationResponse(texts=("a",), draft_acceptance=DraftAcceptance(1, 3, 2)),
+                           GenerationResponse(texts=("b",), draft_acceptance=DraftAcceptance(2, 6, 2)),
+                           GenerationResponse(texts=("c",))])
+    plain = choice_stream([GenerationResponse(texts=("a",))])
+
+    async def drain(stream: ChoiceStream) -> str:
+        return "".join([chunk.text async for chunk in stream.chunks()])
+
+    assert asyncio.run(drain(first)) == "abc" and asyncio.run(drain(plain)) == "a"
+    assert (first.draft_acceptance, plain.draft_acceptance) == (DraftAcceptance(2, 6, 2), None)
+    usage = speculative_usage([DraftAcceptance(2, 6, 2), DraftAcceptance(1, 3, 3)])
+    assert usage == {"drafts": 3, "draft_tokens": 9, "accepted_tokens": 5, "acceptance_length": round(1 + 5 / 3, 4)}
+    assert speculative_usage([]) is None
+
+
+def test_the_openai_client_keeps_the_extension() -> None:
+    body = {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12,
+            "speculative": speculative_usage([DraftAcceptance(4, 12, 6)])}
+    usage = CompletionUsage.model_validate(body)
+    assert usage.completion_tokens == 9
+    assert usage.model_extra == {"speculative": {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 6,
+                                                 "acceptance_length": 2.5}}
