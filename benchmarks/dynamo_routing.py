@@ -89,7 +89,7 @@ def _sequential_p50_ms(out: Path, count: int, **settings: Any) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefixes", type=int, default=8, help="System prompts.")
-    parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u % prefixes).")
+    parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u %% prefixes).")
     parser.add_argument("--turns", type=int, default=3, help="Turns per user.")
     parser.add_argument("--prefix-tokens", type=int, default=512, help="Tokens per system prompt.")
     parser.add_argument("--turn-tokens", type=int, default=32, help="Tokens per user message.")

@@ -88,7 +88,7 @@ def run_router(out: Path, router: str, spec: SharedPrefixSpec, concurrency: int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefixes", type=int, default=4, help="System prompts.")
-    parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u % prefixes).")
+    parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u %% prefixes).")
     parser.add_argument("--turns", type=int, default=3, help="Turns per user.")
     parser.add_argument("--prefix-tokens", type=int, default=512, help="Tokens per system prompt.")
     parser.add_argument("--turn-tokens", type=int, default=32, help="Tokens per user message.")
