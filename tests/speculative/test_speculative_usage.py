@@ -1,7 +1,8 @@
 """A speculating sequence's counts reach the OpenAI ``usage``: the runtime's ``DraftAcceptance`` in the
 ``tensorrt_llm`` response tensors (``total_drafts``, ``total_draft_tokens``, ``total_accepted_draft_tokens``) and
 back, kept by the choice's stream (cumulative: the last response's), summed over choices into ``usage.speculative``
-(absent when no choice speculated), which the ``openai`` client's usage type keeps as an extra field."""
+(absent when no choice speculated), which the ``openai`` client's usage type keeps as an extra field, and which
+``bench`` reads from the usage chunk into its summary's acceptance length."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from typing import Any
 import pytest
 from openai.types import CompletionUsage
 
+from trtllm_kit.profile.clients import OpenAIStreamClient
+from trtllm_kit.profile.metrics import summarize
+from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.serve.openai.choice_stream import ChoiceStream
 from trtllm_kit.serve.openai.responses import speculative_usage
 from trtllm_kit.wire import DraftAcceptance, GenerationRequest, GenerationResponse
@@ -65,3 +69,19 @@ def test_the_openai_client_keeps_the_extension() -> None:
     assert usage.completion_tokens == 9
     assert usage.model_extra == {"speculative": {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 6,
                                                  "acceptance_length": 2.5}}
+
+
+def test_bench_reads_the_usage_chunk_and_reports_the_acceptance_length() -> None:
+    records = []
+    for n, speculative in enumerate([{"drafts": 4, "draft_tokens": 12, "accepted_tokens": 6}, None]):
+        record = RequestRecord(f"r{n}", isl=3, osl_requested=2, t_send_ns=0, t_end_ns=10**9)
+        OpenAIStreamClient._read({"choices": [{"text": "ab"}]}, record, 10**8)
+        usage = {"prompt_tokens": 3, "completion_tokens": 2, **({} if speculative is None else
+                                                                {"speculative": speculative})}
+        OpenAIStreamClient._read({"choices": [], "usage": usage}, record, 2 * 10**8)
+        records.append(record)
+    assert records[0].server == {"prompt_tokens": 3, "drafts": 4, "draft_tokens": 12, "accepted_tokens": 6}
+    summary = summarize(records)
+    assert summary["speculative"] == {"num_requests": 1, "drafts": 4, "draft_tokens": 12, "accepted_tokens": 6,
+                                      "acceptance_length": 2.5}
+    assert "speculative" not in summarize(records[1:])

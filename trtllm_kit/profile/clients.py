@@ -20,7 +20,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.names import API_KEY_ENV
-from trtllm_kit.profile.records import RequestRecord
+from trtllm_kit.profile.records import SPECULATIVE_COUNTS, RequestRecord
 from trtllm_kit.profile.workload import Prompt
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.llmapi import encode_llmapi_request, speaks_llmapi
@@ -283,6 +283,10 @@ class OpenAIStreamClient:
             record.osl_server = int(completion)
             if usage.get("prompt_tokens") is not None:
                 record.server["prompt_tokens"] = int(usage["prompt_tokens"])
+        speculative = usage.get("speculative") or {}  # the kit's extension: counts so far, when it speculated
+        for key in SPECULATIVE_COUNTS:
+            if speculative.get(key) is not None:
+                record.server[key] = int(speculative[key])
         for choice in event.get("choices") or []:
             ids = choice.get("token_ids")
             if ids is not None:

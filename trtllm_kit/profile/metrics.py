@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.profile.records import RequestRecord
+from trtllm_kit.profile.records import SPECULATIVE_COUNTS, RequestRecord
 
 NS_PER_MS = 1e6
 SLO_KEYS = ("ttft", "itl", "tpot", "e2e")
@@ -195,6 +195,12 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
              if "first_scheduled_ns" in r.server and "arrival_ns" in r.server]
     if queue:
         summary["server_queue_ms"] = stats(queue)
+    speculating = [r for r in good if "drafts" in r.server]
+    if speculating:
+        drafts, draft_tokens, accepted = (sum(r.server[key] for r in speculating) for key in SPECULATIVE_COUNTS)
+        summary["speculative"] = {"num_requests": len(speculating), "drafts": drafts, "draft_tokens": draft_tokens,
+                                  "accepted_tokens": accepted,
+                                  "acceptance_length": 1 + accepted / drafts if drafts else 1.0}
     lags = [(r.t_send_ns - r.t_scheduled_ns) / NS_PER_MS for r in records if r.t_scheduled_ns is not None]
     if lags and offered_span_ns:
         last_send = max(r.t_send_ns for r in records)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 OK, ERROR = "ok", "error"
+SPECULATIVE_COUNTS = ("drafts", "draft_tokens", "accepted_tokens")  # usage.speculative's counts, kept in ``server``
 
 
 @dataclass

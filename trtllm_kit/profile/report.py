@@ -118,6 +118,12 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
                      f"{_fmt(run['itl_ms'], 'p99')} | {_fmt(run['tpot_ms'])} | {_fmt(run['e2e_ms'])} | "
                      f"{_fmt(run['user_tok_per_s'], 'mean')} | {run['goodput']['request_per_s']:.2f} | "
                      f"{run['num_requests']} | {'yes' if run['valid'] else 'no'} |")
+    speculating = [(run, run["speculative"]) for run in results["runs"] if "speculative" in run]
+    if speculating:
+        lines += ["", "Speculative decoding (the server's `usage.speculative`): " + "; ".join(
+            f"{run['label']} #{run['repeat']} acceptance length {spec['acceptance_length']:.2f} "
+            f"({spec['accepted_tokens']} of {spec['draft_tokens']} draft tokens accepted)"
+            for run, spec in speculating)]
     invalid = [f"- {r['label']} #{r['repeat']}: {'; '.join(r['invalid_reasons'])}" for r in results["runs"]
                if not r["valid"]]
     lines += ["", "## Gates", "", *(invalid or ["All gates passed."]), "", "## Plots", ""]
