@@ -1,12 +1,15 @@
 """Speculative decoding's counters under vLLM's names on Triton's /metrics of a real serve: a copy-heavy greedy
 request on a ``--speculative ngram`` build raises drafts, draft tokens, accepted tokens and accepted tokens per
 position (labelled ``model_name`` and ``position``); the same request on a build without speculation leaves them at
-0. ``SpecDecodeCounters`` publishes only what the engine's counts gained."""
+0. ``SpecDecodeCounters`` publishes only what the engine's counts gained. The CPU ``LLM`` reports each step's drafts as
+the executor's ``specDecodingStats``, which the llmapi model adds to the same counters."""
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,9 @@ from kit_server import TINY_BUILDS, KitServer, Servers
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtllm_kit.cli import run
+from trtllm_kit.llmapi.cpu_llm import LLM, SamplingParams
+from trtllm_kit.llmapi.unified import write_unified
+from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.runtime.draft_counts import SPEC_DECODE_COUNTERS, SPEC_DECODE_PER_POSITION, DraftCounts
 from trtllm_kit.triton_models.spec_decode_counters import SpecDecodeCounters
 
@@ -111,3 +117,37 @@ def test_publish_increments_by_what_the_counts_gained() -> None:
     assert by_name == {"vllm:spec_decode_num_drafts": 2, "vllm:spec_decode_num_draft_tokens": 6,
                        "vllm:spec_decode_num_accepted_tokens": 2, f"{SPEC_DECODE_PER_POSITION}0": 1,
                        f"{SPEC_DECODE_PER_POSITION}1": 1}
+
+
+def test_the_llmapi_counters_add_each_iterations_spec_decoding_stats() -> None:
+    utils = FakeUtils()
+    counters = SpecDecodeCounters(utils, "m")
+    iteration = {"specDecodingStats": {"numRequestsWithDraftTokens": 2, "numDraftTokens": 6, "numAcceptedTokens": 3}}
+    counters.add_iterations([iteration, {"iter": 3}, iteration])
+    by_name: dict[str, float] = {}
+    for labels, value in utils.published:
+        by_name[labels["name"]] = by_name.get(labels["name"], 0) + value
+    assert by_name == {"vllm:spec_decode_num_drafts": 4, "vllm:spec_decode_num_draft_tokens": 12,
+                       "vllm:spec_decode_num_accepted_tokens": 6}
+
+
+def test_the_cpu_llm_reports_each_steps_drafts(tmp_path: Path) -> None:
+    ckpt = tmp_path
+    write_unified(inspect_model("builtin:tiny-llama"), ckpt, "float32")
+    llm = LLM(model=str(ckpt), max_seq_len=256, speculative_config={"decoding_type": "NGram", "max_draft_len": 3})
+
+    async def go() -> None:
+        await llm.generate_async(PROMPT, SamplingParams(max_tokens=40, temperature=0.0)).aresult()
+    try:
+        asyncio.run(asyncio.wait_for(go(), 120))
+        stats = llm.get_stats()
+        counts = llm.engine.speculator.counts  # type: ignore[union-attr]
+    finally:
+        llm.shutdown()
+    spec = [entry["specDecodingStats"] for entry in stats]
+    assert counts.num_drafts >= 1
+    assert sum(s["numRequestsWithDraftTokens"] for s in spec) == counts.num_drafts
+    assert sum(s["numDraftTokens"] for s in spec) == counts.num_draft_tokens
+    assert sum(s["numAcceptedTokens"] for s in spec) == counts.num_accepted_tokens
+    drafted = [s for s in spec if s["numRequestsWithDraftTokens"]]
+    assert all(s["acceptanceLength"] == 1 + s["numAcceptedTokens"] / s["numRequestsWithDraftTokens"] for s in drafted)

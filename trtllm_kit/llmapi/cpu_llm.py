@@ -32,6 +32,7 @@ from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_checkpoint
 from trtllm_kit.runtime.block_manager import KvEvent
 from trtllm_kit.runtime.config import EngineConfig
+from trtllm_kit.runtime.draft_counts import DraftCounts, iteration_stats
 from trtllm_kit.runtime.executor import Executor, ExecutorStats
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
 from trtllm_kit.runtime.guide_service import GuideService
@@ -103,6 +104,7 @@ class LLM:
         self._guides: GuideService | None = None  # made on the first guided request
         self._stats: list[dict[str, Any]] = []
         self._num_kv_events = 0
+        self._draft_counts = DraftCounts()  # the speculator's counts at the last recorded step
         self.disagg = Disaggregation(self.engine, cache_transceiver_config)
         self.loop = self.disagg.loop = EngineLoop(
             self.engine, idle_timeout=lambda _: self.disagg.transceiver.wait_s(), on_turn=self.disagg.expire,
@@ -234,7 +236,12 @@ class LLM:
 
     def _record(self, stats: ExecutorStats) -> None:
         """Keep the step's statistics for ``get_stats`` (engine thread; the last 100)."""
-        self._stats.append(self._snapshot(stats))
+        snapshot, speculator = self._snapshot(stats), self.engine.speculator
+        if speculator is not None:  # the step's drafts under the executor's specDecodingStats keys
+            snapshot["specDecodingStats"] = iteration_stats(speculator.counts, self._draft_counts)
+            self._draft_counts = replace(speculator.counts,
+                                         accepted_per_position=list(speculator.counts.accepted_per_position))
+        self._stats.append(snapshot)
         del self._stats[:-100]
 
     def _snapshot(self, stats: ExecutorStats) -> dict[str, Any]:

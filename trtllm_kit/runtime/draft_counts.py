@@ -42,3 +42,17 @@ SPEC_DECODE_COUNTERS: dict[str, str] = {  # vLLM's Prometheus counter → DraftC
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 SPEC_DECODE_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"  # one counter per ``position`` label
+ITERATION_KEYS = {"numRequestsWithDraftTokens": "num_drafts", "numDraftTokens": "num_draft_tokens",
+                  "numAcceptedTokens": "num_accepted_tokens"}  # the executor's specDecodingStats key → field
+
+
+def iteration_stats(now: DraftCounts, before: DraftCounts) -> dict[str, float]:
+    """One iteration's ``specDecodingStats`` (the C++ executor's keys): what ``now`` gained over ``before``, and
+    its acceptance length.
+
+    Arguments:
+        now: the engine's counts after the step; before: a copy of them before it.
+    """
+    gained = {key: getattr(now, field) - getattr(before, field) for key, field in ITERATION_KEYS.items()}
+    drafts = gained["numRequestsWithDraftTokens"]
+    return {**gained, "acceptanceLength": 1 + gained["numAcceptedTokens"] / drafts if drafts else 1.0}

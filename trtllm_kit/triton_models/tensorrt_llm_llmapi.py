@@ -35,6 +35,7 @@ try:
     from trtllm_kit.triton_models.llmapi_instances import instance_gpus
     from trtllm_kit.triton_models.llmapi_outputs import completion_responses
     from trtllm_kit.triton_models.llmapi_params import check_mode, is_client_error, sampling_params
+    from trtllm_kit.triton_models.spec_decode_counters import SpecDecodeCounters
     from trtllm_kit.triton_models.triton_io import failure_error, input_arrays, output_tensors
     from trtllm_kit.wire import GenerationRequest, GenerationResponse
     from trtllm_kit.wire.llmapi import decode_llmapi_request, request_tensors
@@ -83,6 +84,7 @@ class TritonPythonModel:
         if count > 1:  # several LLMs in one server: a gauge each, summed by whoever scrapes them
             labels["model_instance"] = str(index)  # not "instance": Prometheus keeps that for the scraped target
         self.families, self.gauges = make_gauges(pb_utils, labels)
+        self.spec_counters = SpecDecodeCounters(pb_utils, args["model_name"])  # vLLM's names
         self.metrics_task = asyncio.run_coroutine_threadsafe(self._publish(), self.loop)
 
     def execute(self, requests):
@@ -200,6 +202,7 @@ class TritonPythonModel:
             try:
                 stats = await self.loop.run_in_executor(None, self.llm.get_stats, 0.1)
                 if stats:
+                    self.spec_counters.add_iterations(stats)
                     latest = stats[-1] if isinstance(stats[-1], dict) else {}
                     for path, metric in self.gauges:
                         metric.set(stat_value(latest, path))
