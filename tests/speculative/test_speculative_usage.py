@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from openai.types import CompletionUsage
 
+from trtllm_kit.profile.bench import across_repeats
 from trtllm_kit.profile.clients import OpenAIStreamClient
+from trtllm_kit.profile.compare import compare
 from trtllm_kit.profile.metrics import summarize
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.serve.openai.choice_stream import ChoiceStream
@@ -85,3 +87,19 @@ def test_bench_reads_the_usage_chunk_and_reports_the_acceptance_length() -> None
     assert summary["speculative"] == {"num_requests": 1, "drafts": 4, "draft_tokens": 12, "accepted_tokens": 6,
                                       "acceptance_length": 2.5}
     assert "speculative" not in summarize(records[1:])
+
+
+def test_bench_compare_of_a_build_without_speculation_gives_the_speedup() -> None:
+    def level(tok_per_s: float, acceptance_length: float | None) -> dict[str, Any]:
+        run: dict[str, Any] = {"output_tok_per_s": tok_per_s, "request_per_s": 1.0,
+                               **{name: {"p50": 10.0} for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")}}
+        if acceptance_length is not None:
+            run["speculative"] = {"acceptance_length": acceptance_length}
+        return across_repeats([run, run])
+
+    with_speculation = level(30.0, 2.5)
+    assert with_speculation["speculative_acceptance_length"]["mean"] == 2.5
+    without = level(20.0, None)
+    assert "speculative_acceptance_length" not in without
+    deltas = compare({"levels": {"1": without}}, {"levels": {"1": with_speculation}}).deltas
+    assert [d.change for d in deltas if d.metric == "output_tok_per_s"] == [0.5]  # 1.5x

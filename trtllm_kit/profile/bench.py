@@ -26,7 +26,7 @@ DEFAULT_GRPC_URL = "grpc://127.0.0.1:8001"
 T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 GATE_RATE_TOLERANCE = 0.05
 REPEATED_METRICS = (("output_tok_per_s", None), ("request_per_s", None), ("ttft_ms", "p50"), ("itl_ms", "p50"),
-                    ("tpot_ms", "p50"), ("e2e_ms", "p50"))
+                    ("tpot_ms", "p50"), ("e2e_ms", "p50"), ("speculative", "acceptance_length"))  # the last: when sent
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def across_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """
     out = {}
     for name, stat in REPEATED_METRICS:
-        values = [r[name] if stat is None else r[name].get(stat) for r in runs]
+        values = [r[name] if stat is None else r.get(name, {}).get(stat) for r in runs]
         values = [v for v in values if v is not None]
         if not values:
             continue

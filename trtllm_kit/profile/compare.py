@@ -11,7 +11,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.profile.report import read_summary
 
 HIGHER_IS_BETTER = {"output_tok_per_s": True, "request_per_s": True, "ttft_ms_p50": False, "itl_ms_p50": False,
-                    "tpot_ms_p50": False, "e2e_ms_p50": False}
+                    "tpot_ms_p50": False, "e2e_ms_p50": False, "speculative_acceptance_length": True}
 
 
 @dataclass(frozen=True)
