@@ -16,11 +16,11 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.attention_groups import attention_groups
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.kv_transfer import KvBlocks, check_layout, read_blocks, token_slots, write_tokens
 from trtllm_kit.runtime.logprobs import record_generated, record_prompt
@@ -55,30 +55,6 @@ class ExecutorStats:
     total_scheduled_requests: int
     peak_scheduled: int
     timestamp: float
-
-
-class _Group(NamedTuple):
-    """Sequences attended in one call: padded query rows and key slots, the mask, and where valid rows go."""
-
-    q_index: torch.Tensor  # [G, T] packed-token index of each query row (padding repeats the last one)
-    key_slots: torch.Tensor  # [G, S] pool slots of each sequence's keys (padding: slot 0)
-    mask: torch.Tensor  # [G, 1, T, S]
-    rows: torch.Tensor  # the valid (row, column) pairs of [G, T] ...
-    cols: torch.Tensor
-    out_index: torch.Tensor  # ... and their packed-token indices
-
-
-def _group(starts: list[int], counts: list[int], offsets: list[int], slots: list[torch.Tensor]) -> _Group:
-    """The attention inputs of sequences computing ``counts`` tokens from ``starts``, packed at ``offsets``."""
-    start, count, offset = (torch.tensor(v)[:, None] for v in (starts, counts, offsets))
-    t = torch.arange(max(counts))[None, :]
-    is_query = t < count  # [G, T]
-    key_slots = torch.nn.utils.rnn.pad_sequence(slots, batch_first=True)
-    j = torch.arange(key_slots.shape[1])[None, None, :]
-    mask = ((j <= (start + t)[:, :, None]) & is_query[:, :, None]) | (~is_query[:, :, None] & (j == 0))
-    rows, cols = is_query.nonzero(as_tuple=True)
-    q_index = offset + torch.minimum(t, count - 1)
-    return _Group(q_index, key_slots, mask[:, None], rows, cols, q_index[rows, cols])
 
 
 class Executor:
@@ -265,16 +241,7 @@ class Executor:
         slots = [(torch.tensor(s.block_table)[:, None] * tpb + torch.arange(tpb)).flatten()[:e]
                  for s, e in zip(seqs, ends, strict=True)]
         new_slots = torch.cat([ks[a:b] for ks, a, b in zip(slots, starts, ends, strict=True)])
-        # Generation tokens attend together; each context chunk alone (no query padding across sequences).
-        # Generation tokens are bucketed by key length (at most 2x padding); each context chunk goes alone.
-        members: list[list[int]] = []
-        for i in sorted((i for i, n in enumerate(counts) if n == 1), key=ends.__getitem__):
-            if not members or ends[i] > 2 * ends[members[-1][0]]:
-                members.append([])
-            members[-1].append(i)
-        members += [[i] for i, n in enumerate(counts) if n > 1]
-        groups = [_group([starts[i] for i in m], [counts[i] for i in m], [offsets[i] for i in m],
-                         [slots[i] for i in m]) for m in members]
+        groups = attention_groups(starts, counts, offsets, slots)
         lora = LoraBatch.of_sequences([s.adapter for s in seqs], counts)
         # The query heads sharing a KV head become rows of that head: no repeated K/V, same math.
         heads_per_kv = model.dims.num_heads_per_rank // model.dims.num_kv_heads_per_rank
