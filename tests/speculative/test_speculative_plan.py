@@ -41,3 +41,21 @@ def test_lookahead_adds_only_the_verify_tokens(tmp_path: Path, capsys: pytest.Ca
     assert speculative["max_num_tokens"] == plain["max_num_tokens"] + 8 * 15
     assert speculative["ranks"][0]["weight_bytes"] == plain["ranks"][0]["weight_bytes"]
     assert speculative["ranks"][0]["kv_bytes_per_token"] == plain["ranks"][0]["kv_bytes_per_token"]
+
+
+@pytest.mark.parametrize("target", ["llmapi", "cpu"])
+def test_prompt_lookup_plans_for_a_gpu_on_the_targets_that_run_it(target: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """n-gram has no trtllm-build flags: planning it for a GPU on a target that runs it adds the verify tokens and
+    names no engine mode."""
+    flags = ["--target", target, "--gpu", "H100-80GB", "--max-batch-size", "8", "--max-seq-len", "1024", "--json"]
+    assert run(["plan", "builtin:tiny-llama", "--out", str(tmp_path / "plain"), *flags]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert run(["plan", "builtin:tiny-llama", "--out", str(tmp_path / "ngram"), *flags, "--speculative", "ngram",
+                "--max-draft-len", "4"]) == 0
+    ngram = json.loads(capsys.readouterr().out)
+    assert not any("--speculative_decoding_mode" in command for command in ngram["commands"])
+    if target == "llmapi":  # the LLM API's options carry the speculation; there is no trtllm-build plan
+        assert ngram["llmapi"]["llm_args"]["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4}
+    else:
+        assert ngram["plan"]["max_num_tokens"] == plain["plan"]["max_num_tokens"] + 8 * 4

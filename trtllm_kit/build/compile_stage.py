@@ -79,7 +79,7 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
             if lora is not None else None
         command = build_command(plan, build_gpu, Path("checkpoint"), Path(ENGINE_DIR), workers=workers,
                                 timing_cache=timing_cache_path(build_gpu, machine), overrides=spec.build.build_flags,
-                                lora=plugin, speculative=spec.speculative)
+                                lora=plugin, speculative=spec.speculative if named.name == Target.ENGINE else None)
         if named.name == Target.ENGINE:
             draft = draft_build(spec.speculative, plan, build_gpu, timing_cache=timing_cache_path(build_gpu, machine))
     return EngineSetup(target, reason, plan, build_gpu, command, machine, lora, draft)
