@@ -90,7 +90,8 @@ def test_tensors_are_the_upstream_table_on_both_targets(target: str) -> None:
     config = configs(target)["tensorrt_llm"]
     inputs = {t.name: t for t in config.input}
     assert [t.name for t in config.input] == [t.name for t in T.TRTLLM_INPUTS]
-    assert [t.name for t in config.output] == [t.name for t in (*T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS)]
+    assert [t.name for t in config.output] == [t.name for t in (*T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS,
+                                                              *T.DRAFT_OUTPUTS)]
     assert inputs["guided_decoding_guide_type"].data_type == inputs["guided_decoding_guide"].data_type == 13  # STRING
     assert not inputs["input_ids"].optional and inputs["input_ids"].allow_ragged_batch
     assert inputs["request_output_len"].HasField("reshape") and list(inputs["request_output_len"].dims) == [1]

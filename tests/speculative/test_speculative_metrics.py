@@ -67,9 +67,22 @@ def test_the_counters_rise_on_a_speculating_serve(ngram_server: KitServer) -> No
     assert sum(per_position) == accepted and per_position == sorted(per_position, reverse=True)
 
 
+def test_the_usage_names_the_requests_drafts_whole_and_streamed(ngram_server: KitServer) -> None:
+    """The openai client reads ``usage.speculative`` as the served model's counts of that request; a request on a
+    build without speculation has none (``test_the_counters_stay_zero_without_speculation``)."""
+    whole = complete(ngram_server).usage.model_extra["speculative"]
+    assert whole["drafts"] >= 1 and whole["draft_tokens"] >= whole["drafts"]
+    assert 1 <= whole["accepted_tokens"] <= whole["draft_tokens"]
+    assert whole["acceptance_length"] == pytest.approx(1 + whole["accepted_tokens"] / whole["drafts"])
+    chunks = list(ngram_server.client().completions.create(
+        model="builtin:tiny-llama", prompt=PROMPT, max_tokens=40, temperature=0.0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].usage.model_extra["speculative"] == whole  # greedy: the same drafts as the whole answer
+
+
 def test_the_counters_stay_zero_without_speculation(kit_servers: Servers) -> None:
     server = kit_servers.get(TINY_BUILDS["cpu"])
-    complete(server)
+    assert "speculative" not in (complete(server).usage.model_extra or {})
     assert all(value == 0 for value in spec_counters(server).values())
 
 

@@ -35,9 +35,9 @@ def test_tensorrt_llm_inputs_are_the_declared_ones(weights_type: str) -> None:
 
 
 def test_tensorrt_llm_outputs_are_the_declared_ones() -> None:
-    declared = T.by_name((*T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS))
-    assert [tuple(t) for t in trtllm_response.RESPONSE_TENSORS] == [
-        tuple(declared[t.name]) for t in trtllm_response.RESPONSE_TENSORS]
+    declared = T.by_name((*T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS, *T.DRAFT_OUTPUTS))
+    wire = (*trtllm_response.RESPONSE_TENSORS, *trtllm_response.DRAFT_ACCEPTANCE.values())
+    assert [tuple(t) for t in wire] == [tuple(declared[t.name]) for t in wire]
     assert tuple(trtllm_response.TEXT_OUTPUT) in as_tuples(T.TEXT_OUTPUTS)
 
 
@@ -103,7 +103,8 @@ def _constants(path: Path) -> set[str]:
 def test_every_tensorrt_llm_tensor_the_code_spells_is_on_the_wire(source: str) -> None:
     """Each tensorrt_llm tensor the model file, the runtime's outputs, the client or the BLS names is one the wire
     reads or writes: the switch loses none."""
-    dialect = {t.name for t in (*T.TRTLLM_INPUTS, *T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS, *T.lora_inputs("FP32"))}
+    dialect = {t.name for t in (*T.TRTLLM_INPUTS, *T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS, *T.DRAFT_OUTPUTS,
+                                 *T.lora_inputs("FP32"))}
     wire = {t.name for t in (*trtllm.request_tensors(), *trtllm_response.RESPONSE_TENSORS)}
     # read by no kit code: the BLS passes them on, and neither runtime produces them
     passed_on = {"prompt_embedding_table", "prompt_vocab_size", "batch_index", "first_scheduled_time_ns",

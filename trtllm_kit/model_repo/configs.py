@@ -112,7 +112,7 @@ def tensorrt_llm_config(limits: EngineLimits, options: RepoOptions, model_path: 
     config.model_transaction_policy.decoupled = options.decoupled
     _queue(config, options, limits.max_batch_size, options.max_queue_size or 0)  # the engine's queue is the bound
     config.input.extend(model_input(t, ragged=True, scalar_reshape=True) for t in T.TRTLLM_INPUTS)
-    config.output.extend(model_output(t) for t in (*T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS))
+    config.output.extend(model_output(t) for t in (*T.TRTLLM_OUTPUTS, *T.LOGPROB_OUTPUTS, *T.DRAFT_OUTPUTS))
     _instances(config, 1)
     fraction = options.kv_cache_free_gpu_mem_fraction
     assert fraction is not None, "RepoOptions.resolve fills the KV fraction"

@@ -65,6 +65,9 @@ LOGPROB_OUTPUT_ORDER = (
 _OUTPUTS = {**by_name(trtllm_response.RESPONSE_TENSORS), **UPSTREAM_OUTPUTS}
 TRTLLM_OUTPUTS = tuple(_OUTPUTS[name] for name in TRTLLM_OUTPUT_ORDER)
 LOGPROB_OUTPUTS = tuple(_OUTPUTS[name] for name in LOGPROB_OUTPUT_ORDER)
+# The kit's speculative-decoding counts of a sequence (CPU runtime only, when it speculated; the ensemble and BLS do
+# not pass them through), after the logprob outputs.
+DRAFT_OUTPUTS = tuple(trtllm_response.DRAFT_ACCEPTANCE.values())
 
 PREPROCESSING_INPUTS = (
     _t("QUERY", "STRING", (1,), True),
