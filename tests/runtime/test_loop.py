@@ -11,11 +11,12 @@ import torch
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
-from trtllm_kit.runtime.executor import Executor, ExecutorStats
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.loop import EngineLoop, Submission
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
+from trtllm_kit.runtime.stats import ExecutorStats
 
 torch.set_num_threads(1)
 PROMPT = [5, 17, 301, 42, 7, 99]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from trtllm_kit.runtime.executor import ExecutorStats
-from trtllm_kit.runtime.stats import GAUGES, executor_stats, gauge_values
+from trtllm_kit.runtime.stats import GAUGES, ExecutorStats, executor_stats, gauge_values
 
 STATS = ExecutorStats(**{f.name: i + 1 for i, f in enumerate(fields(ExecutorStats))})
 

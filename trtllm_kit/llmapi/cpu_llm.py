@@ -33,7 +33,7 @@ from trtllm_kit.llmapi.load import load_checkpoint
 from trtllm_kit.runtime.block_manager import KvEvent
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.draft_counts import DraftCounts, iteration_stats
-from trtllm_kit.runtime.executor import Executor, ExecutorStats
+from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.grammar import CompiledGuide, Guide, tokenizer_info
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.handle import failure_of
@@ -41,7 +41,7 @@ from trtllm_kit.runtime.loop import EngineLoop, Submission
 from trtllm_kit.runtime.request import sampling_params as runtime_settings
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
-from trtllm_kit.runtime.stats import executor_stats
+from trtllm_kit.runtime.stats import ExecutorStats, executor_stats
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.request import NEVER_END_ID
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,31 +29,7 @@ from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
 from trtllm_kit.runtime.speculation import Speculator
-
-
-@dataclass
-class ExecutorStats:
-    """A snapshot in the spirit of the ``nv_trt_llm_*`` metrics (request, KV block and batcher families)."""
-
-    active: int
-    waiting: int
-    max: int
-    scheduled: int
-    context: int
-    generation_requests: int
-    total_context_tokens: int
-    step_tokens: int
-    blocks_max: int
-    blocks_free: int
-    blocks_used: int
-    tokens_per_block: int
-    blocks_reused: int
-    blocks_missed: int
-    preemptions: int
-    iteration_counter: int
-    total_scheduled_requests: int
-    peak_scheduled: int
-    timestamp: float
+from trtllm_kit.runtime.stats import ExecutorStats
 
 
 class Executor:

@@ -28,10 +28,11 @@ from trtllm_kit.runtime.handle import Failure, Handle, failure_of
 from trtllm_kit.runtime.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
-    from trtllm_kit.runtime.executor import Executor, ExecutorStats
+    from trtllm_kit.runtime.executor import Executor
     from trtllm_kit.runtime.kv_transfer import KvBlocks
     from trtllm_kit.runtime.lora import AdapterWeights
     from trtllm_kit.runtime.sequence import SamplingParams, Sequence
+    from trtllm_kit.runtime.stats import ExecutorStats
 
 logger = logging.getLogger(__name__)
 CANCELLED = "the request was cancelled"

@@ -5,11 +5,34 @@ iteration statistics JSON (what ``LLM.get_stats`` returns upstream).
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import Any
 
-if TYPE_CHECKING:
-    from trtllm_kit.runtime.executor import ExecutorStats
+
+@dataclass
+class ExecutorStats:
+    """A snapshot in the spirit of the ``nv_trt_llm_*`` metrics (request, KV block and batcher families)."""
+
+    active: int
+    waiting: int
+    max: int
+    scheduled: int
+    context: int
+    generation_requests: int
+    total_context_tokens: int
+    step_tokens: int
+    blocks_max: int
+    blocks_free: int
+    blocks_used: int
+    tokens_per_block: int
+    blocks_reused: int
+    blocks_missed: int
+    preemptions: int
+    iteration_counter: int
+    total_scheduled_requests: int
+    peak_scheduled: int
+    timestamp: float
+
 
 GAUGES: dict[str, tuple[str, dict[str, str]]] = {  # family → (label name, ExecutorStats field per label value)
     "nv_trt_llm_request_metrics": ("request_type", {"active": "active", "max": "max", "scheduled": "scheduled",
