@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from trtllm_kit.artifact.machine import detect_machine
 from trtllm_kit.enums import Router
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
@@ -33,6 +34,7 @@ from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.ray.client import ReplicaClient
+from trtllm_kit.serve.ray.gpu_replica import GpuReplica, artifact_parallel, check_gpu_replicas, deployment_options
 from trtllm_kit.serve.ray.namespace import LOOPBACK_UP
 from trtllm_kit.serve.ray.replica import Replica
 from trtllm_kit.serve.ray.routing import artifact_block, router_config
@@ -60,6 +62,7 @@ class DriverSpec:
     ready_file: Path
     api_keys: Path | None = None
     usage_log: Path | None = None
+    gpu_replicas: bool = False  # each replica runs trtllm-serve on its GPUs (gpu_replica.py), not the CPU runtime
 
 
 class RayFrontend(OpenAIFrontend):
@@ -100,6 +103,19 @@ def frontend_config(name: str, route: Route, api_keys: Path | None = None,
                         api_keys=api_keys, usage_log=usage_log, routes=(route,))
 
 
+def replica_deployment(spec: DriverSpec) -> tuple[type, dict[str, Any], int]:
+    """The replica class, its deployment options (the actor's share, a GPU replica's placement group) and the CPUs
+    one replica takes.
+
+    Arguments:
+        spec: the driver.
+    """
+    if not spec.gpu_replicas:
+        return Replica, {"ray_actor_options": {"num_cpus": 1}}, 1
+    tp_size, pp_size = artifact_parallel(spec.out)
+    return GpuReplica, deployment_options(tp_size, pp_size), tp_size * pp_size
+
+
 def start_application(spec: DriverSpec, route: Route) -> Any:
     """Start the private Ray and the model deployment; its handle.
 
@@ -109,14 +125,15 @@ def start_application(spec: DriverSpec, route: Route) -> Any:
     import ray
     from ray import serve
 
-    ray.init(num_cpus=spec.scaling.max_replicas, include_dashboard=False, log_to_driver=False,
+    replica, options, num_cpus = replica_deployment(spec)
+    ray.init(num_cpus=spec.scaling.max_replicas * num_cpus, include_dashboard=False, log_to_driver=False,
              _temp_dir=str(spec.ray_dir), _node_ip_address=LOOPBACK)
     serve.start(proxy_location="Disabled")
     max_ongoing = max(route.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(spec.scaling.target_ongoing))
     deployment = serve.deployment(name=DEPLOYMENT, max_ongoing_requests=max_ongoing,
                                   autoscaling_config=spec.scaling.ray_config(),
                                   request_router_config=router_config(spec.router, artifact_block(spec.out)),
-                                  ray_actor_options={"num_cpus": 1})(Replica)
+                                  **options)(replica)
     return serve.run(deployment.bind(str(spec.out.absolute())), name=APPLICATION, route_prefix=None)
 
 
@@ -175,12 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-file", type=Path, required=True)
     parser.add_argument("--api-keys", type=Path)
     parser.add_argument("--usage-log", type=Path)
+    parser.add_argument("--gpu-replicas", action="store_true")
     args = parser.parse_args(argv)
     try:
         spec = DriverSpec(out=args.out, name=args.name, ray_dir=args.ray_dir, listen_fd=args.listen_fd,
                           scaling=Autoscaling.parse(args.replicas, args.target_ongoing), router=args.router,
                           ready_file=args.ready_file,
-                          api_keys=args.api_keys, usage_log=args.usage_log)
+                          api_keys=args.api_keys, usage_log=args.usage_log, gpu_replicas=args.gpu_replicas)
+        if spec.gpu_replicas:
+            check_gpu_replicas(spec.out, detect_machine())
         subprocess.run(LOOPBACK_UP, check=True, capture_output=True)
         run_driver(spec)
     except subprocess.CalledProcessError as exc:

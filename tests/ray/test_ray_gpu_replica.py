@@ -1,0 +1,152 @@
+"""``serve --ray --gpu-replicas`` without Ray or a GPU: a replica's placement group as Ray Serve validates it, its
+trtllm-serve command, the request mapping against a stand-in trtllm-serve, and the refusal where GPUs are missing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from kit_server import BuildKey, Builds
+from ray import serve
+from ray.serve.schema import DeploymentSchema
+
+from trtllm_kit.artifact.machine import Machine
+from trtllm_kit.errors import KitUsageError
+from trtllm_kit.gpus import GPU
+from trtllm_kit.serve.ray import driver
+from trtllm_kit.serve.ray.gpu_replica import (
+    COMPLETIONS,
+    GpuReplica,
+    check_gpu_replicas,
+    completion_body,
+    completion_responses,
+    deployment_options,
+    replica_argv,
+)
+from trtllm_kit.serve.server.trtllm_serve import launch_argv
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
+
+LLMAPI = BuildKey.of(target="llmapi")
+H100 = GPU("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0), "nvml")
+
+
+def _machine(num_gpus: int) -> Machine:
+    return Machine("1.2.1", "10.13", "12.9", "575.57", (H100,) * num_gpus, has_trtllm_build=True)
+
+
+@pytest.fixture(scope="module")
+def llmapi_out(kit_builds: Builds) -> Path:
+    return kit_builds.get(LLMAPI)
+
+
+@pytest.mark.parametrize(("tp_size", "pp_size", "num_bundles"), [(1, 1, 1), (2, 1, 2), (2, 2, 4)])
+def test_a_replica_takes_one_gpu_bundle_per_rank_packed_on_one_node(tp_size: int, pp_size: int,
+                                                                     num_bundles: int) -> None:
+    options = deployment_options(tp_size, pp_size)
+    deployment = serve.deployment(name="model", **options)(GpuReplica)  # Ray Serve's own checks of the options
+    assert deployment._replica_config.placement_group_bundles == [{"GPU": 1, "CPU": 1}] * num_bundles
+    assert deployment._replica_config.placement_group_strategy == "STRICT_PACK"
+    assert deployment._replica_config.ray_actor_options["num_cpus"] == 1  # the actor fits in the first bundle
+    schema = DeploymentSchema(name="model", **options)  # and the schema serveConfigV2 is read with
+    assert schema.placement_group_bundles == [{"GPU": 1.0, "CPU": 1.0}] * num_bundles
+    assert schema.placement_group_strategy == "STRICT_PACK"
+
+
+def test_ray_serve_refuses_an_actor_larger_than_the_first_bundle() -> None:
+    options = {**deployment_options(2, 1), "ray_actor_options": {"num_cpus": 2}}
+    with pytest.raises(ValueError, match="subset of the first bundle"):
+        serve.deployment(name="model", **options)(GpuReplica)
+
+
+def test_the_replicas_trtllm_serve_command_is_the_plain_serves(llmapi_out: Path) -> None:
+    argv = replica_argv(llmapi_out, 8123)
+    assert argv == launch_argv(llmapi_out, "127.0.0.1", 8123)
+    assert argv[0] == "trtllm-serve" and argv[1] == str(llmapi_out.absolute() / "checkpoint")
+    assert argv[argv.index("--host") + 1:argv.index("--host") + 2] == ["127.0.0.1"]
+    assert argv[argv.index("--port") + 1] == "8123"
+
+
+def test_without_gpus_the_gpu_replicas_are_refused_in_one_sentence(llmapi_out: Path) -> None:
+    with pytest.raises(KitUsageError) as caught:
+        check_gpu_replicas(llmapi_out, _machine(0))
+    assert str(caught.value) == ("--gpu-replicas needs 1 GPU(s) per replica (tp 1 x pp 1) and this machine has 0 "
+                                 "visible; run it where the GPUs are, or leave --gpu-replicas out to serve on the CPU "
+                                 "runtime.")
+    check_gpu_replicas(llmapi_out, _machine(1))  # one GPU is enough for tp 1
+
+
+def test_the_driver_refuses_gpu_replicas_here_before_ray_starts(llmapi_out: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code = driver.main([str(llmapi_out), "--name", "m", "--ray-dir", str(tmp_path), "--listen-fd", "99",
+                        "--replicas", "1:1", "--target-ongoing", "2", "--router", "pow2",
+                        "--ready-file", str(tmp_path / "ready"), "--gpu-replicas"])
+    assert code == 1
+    assert capsys.readouterr().err.startswith("Error: --gpu-replicas needs 1 GPU(s) per replica (tp 1 x pp 1) and "
+                                              "this machine has 0 visible;")
+    assert not (tmp_path / "ready").exists()
+
+
+async def _stand_in(seen: list[dict[str, Any]]) -> tuple[web.AppRunner, str]:
+    """A stand-in trtllm-serve: /v1/completions answers the prompt's ids plus one, whole or as events."""
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append(body)
+        ids = [token + 1 for token in body["prompt"]]
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(ids)}
+        if not body["stream"]:
+            return web.json_response({"object": "text_completion", "usage": usage, "choices": [
+                {"index": 0, "text": "abc", "token_ids": ids, "finish_reason": "length"}]})
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await answer.prepare(request)
+        for i, token in enumerate(ids):
+            last = i == len(ids) - 1
+            chunk = {"choices": [{"index": 0, "text": f"t{token}", "token_ids": [token],
+                                  "finish_reason": "length" if last else None}], "usage": usage if last else None}
+            await answer.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await answer.write(b"data: [DONE]\n\n")
+        return answer
+
+    app = web.Application()
+    app.router.add_post(COMPLETIONS, completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}{COMPLETIONS}"
+
+
+async def _collect(url: str, req: GenerationRequest) -> list[GenerationResponse]:
+    async with aiohttp.ClientSession() as session:
+        responses: AsyncIterator[GenerationResponse] = completion_responses(session, url, completion_body("m", req))
+        return [response async for response in responses]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_request_round_trips_through_trtllm_serves_completions(streaming: bool) -> None:
+    req = GenerationRequest(prompt=(5, 6, 7), max_tokens=3, temperature=0.0,
+                            streaming=streaming, stop_strings=("\n",))
+    seen: list[dict[str, Any]] = []
+
+    async def run() -> list[GenerationResponse]:
+        runner, url = await _stand_in(seen)
+        try:
+            return await _collect(url, req)
+        finally:
+            await runner.cleanup()
+
+    responses = asyncio.run(run())
+    assert seen == [{"model": "m", "prompt": [5, 6, 7], "stream": streaming, "max_tokens": 3, "temperature": 0.0,
+                     "stop": ["\n"]}]
+    assert [token for response in responses for token in response.token_ids] == [6, 7, 8]
+    assert len(responses) == (3 if streaming else 1)
+    assert responses[-1].finish_reasons == ("length",)
+    assert (responses[-1].num_input_tokens, responses[-1].num_output_tokens) == (3, 3)
+    assert "".join(text for response in responses for text in response.texts) == ("t6t7t8" if streaming else "abc")
