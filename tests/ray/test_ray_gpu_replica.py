@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from ray import serve
 from ray.serve.schema import DeploymentSchema
 
 from trtllm_kit.artifact.machine import Machine
-from trtllm_kit.errors import KitUsageError
+from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.serve.ray import driver
 from trtllm_kit.serve.ray.gpu_replica import (
@@ -28,9 +30,14 @@ from trtllm_kit.serve.ray.gpu_replica import (
     completion_responses,
     deployment_options,
     replica_argv,
+    server_environment,
 )
-from trtllm_kit.serve.server.trtllm_serve import launch_argv
+from trtllm_kit.serve.server.process import group_alive
+from trtllm_kit.serve.server.trtllm_serve import answers, launch_argv
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "llmapi"))
+from fake_trtllm_serve import trtllm_serve_path
 
 LLMAPI = BuildKey.of(target="llmapi")
 H100 = GPU("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0), "nvml")
@@ -70,6 +77,35 @@ def test_the_replicas_trtllm_serve_command_is_the_plain_serves(llmapi_out: Path)
     assert argv[0] == "trtllm-serve" and argv[1] == str(llmapi_out.absolute() / "checkpoint")
     assert argv[argv.index("--host") + 1:argv.index("--host") + 2] == ["127.0.0.1"]
     assert argv[argv.index("--port") + 1] == "8123"
+
+
+def test_a_replica_starts_trtllm_serve_waits_for_health_and_stops_its_group(
+        llmapi_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = trtllm_serve_path(tmp_path / "bin", with_fake=True)
+    for name in ("PATH", "FAKE_CALLS"):
+        monkeypatch.setenv(name, fake.env[name])
+    replica = GpuReplica(str(llmapi_out))
+    pid = replica.server.pid
+    assert pid is not None and group_alive(pid)
+    assert answers(f"http://127.0.0.1:{replica.port}/health")
+    [call] = fake.calls()
+    assert call["argv"] == replica_argv(llmapi_out, replica.port)[1:]
+    assert call["gpus"] == os.environ.get("CUDA_VISIBLE_DEVICES")  # outside Ray: the GPUs are left as they are
+    replica.stop()
+    assert not group_alive(pid)
+
+
+def test_a_replica_without_trtllm_serve_says_what_to_install(llmapi_out: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", trtllm_serve_path(tmp_path / "bin", with_fake=False).env["PATH"])
+    with pytest.raises(KitError, match=r"^trtllm-serve is not on PATH where the replica runs, so .* cannot be "
+                                       r"served with --gpu-replicas; install TensorRT-LLM 1.0 or later"):
+        GpuReplica(str(llmapi_out))
+
+
+def test_trtllm_serve_sees_the_bundles_gpus() -> None:
+    assert server_environment(("2", "3"))["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert server_environment(None).get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def test_without_gpus_the_gpu_replicas_are_refused_in_one_sentence(llmapi_out: Path) -> None:

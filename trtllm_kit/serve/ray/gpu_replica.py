@@ -1,7 +1,8 @@
 """The model deployment on GPUs: each replica runs the llmapi artifact's ``trtllm-serve`` on its placement group.
 
 A replica's placement group is one bundle of ``{"GPU": 1, "CPU": 1}`` per rank (tp x pp), packed on one node
-(``STRICT_PACK``); the replica's actor takes the first bundle's CPU. The replica starts the command the artifact
+(``STRICT_PACK``); the replica's actor takes the first bundle's CPU, and the GPUs Ray reserved for the bundles
+(``bundle_gpu_ids``) are trtllm-serve's ``CUDA_VISIBLE_DEVICES``. The replica starts the command the artifact
 records (``server/trtllm_serve.py`` ``launch_argv``) on a free loopback port, in a process group of its own that
 ends with the replica's process (``PR_SET_PDEATHSIG``) and is stopped when the replica is, and waits for its
 ``/health``. ``generate`` takes the frontend's ``GenerationRequest``, as the CPU replica (``replica.py``) does,
@@ -12,6 +13,8 @@ Without the GPUs a replica needs, ``gpu_problem`` says so in one sentence before
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import tempfile
 from collections.abc import AsyncIterator
@@ -25,7 +28,7 @@ from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.process import _die_with_parent
-from trtllm_kit.serve.server.trtllm_serve import SERVER, answers, launch_argv
+from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, answers, launch_argv
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
 GPU_BUNDLE = {"GPU": 1, "CPU": 1}  # one rank's share of a replica's placement group
@@ -86,6 +89,43 @@ def check_gpu_replicas(out: Path, machine: Machine) -> None:
     problem = gpu_problem(out, machine)
     if problem is not None:
         raise KitUsageError(problem)
+
+
+def _gpu_ids() -> list[Any]:
+    """In a task on one bundle: the GPUs Ray gave it."""
+    import ray
+
+    return list(ray.get_gpu_ids())
+
+
+def bundle_gpu_ids() -> tuple[str, ...] | None:
+    """The GPUs of this replica's placement group, one per bundle in bundle order; None outside a Ray worker or
+    outside a placement group.
+
+    A task taking one GPU is run on each bundle and reports the GPU Ray gave it; the bundles keep them reserved.
+    """
+    import ray
+    from ray.util.placement_group import get_current_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if not ray.is_initialized():  # get_current_placement_group would start a Ray of its own
+        return None
+    group = get_current_placement_group()
+    if group is None:
+        return None
+    probe = ray.remote(num_cpus=0, num_gpus=1)(_gpu_ids)
+    calls = [probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, index)).remote()
+             for index in range(group.bundle_count)]
+    return tuple(str(gpu) for ids in ray.get(calls) for gpu in ids)
+
+
+def server_environment(gpu_ids: tuple[str, ...] | None) -> dict[str, str]:
+    """trtllm-serve's environment: this process's, with ``CUDA_VISIBLE_DEVICES`` the replica's GPUs when known.
+
+    Arguments:
+        gpu_ids: ``bundle_gpu_ids()``.
+    """
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else dict(os.environ)
 
 
 def free_port() -> int:
@@ -168,18 +208,22 @@ class GpuReplica:
     """
 
     def __init__(self, out: str) -> None:
+        self.session: aiohttp.ClientSession | None = None
+        binary = shutil.which(SERVER)
+        if binary is None:
+            raise KitError(f"{SERVER} is not on PATH where the replica runs, so {out} cannot be served with "
+                           f"--gpu-replicas; {INSTALL_HINT}.")
         self.port = free_port()
         argv = replica_argv(Path(out), self.port)
         self.model = argv[1]  # trtllm-serve names the model by the path it was given
         self.server = ProcessGroup(Path(tempfile.mkdtemp(prefix="trtllm-serve-")) / "trtllm-serve.log")
-        self.server.start(argv, prepare=_die_with_parent)
+        self.server.start([binary, *argv[1:]], server_environment(bundle_gpu_ids()), prepare=_die_with_parent)
         not_ready = self.server.wait_ready(lambda: answers(f"http://{LOOPBACK}:{self.port}/health"),
                                            READY_TIMEOUT_S, poll_s=0.5)
         if not_ready is not None:
-            self.server.stop(STOP_GRACE_S)
+            self.stop()
             raise KitError(f"{SERVER} was not ready on {LOOPBACK}:{self.port} (exit code {not_ready.exit_code}, log "
                            f"{self.server.log_path}); last lines:\n{self.server.log_tail()}")
-        self.session: aiohttp.ClientSession | None = None
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationResponse]:
         """Stream trtllm-serve's responses to ``req``; a caller that leaves closes the connection, which cancels it.
@@ -193,7 +237,10 @@ class GpuReplica:
         async for response in completion_responses(self.session, url, completion_body(self.model, req)):
             yield response
 
+    def stop(self) -> int | None:
+        """Stop trtllm-serve's process group (SIGTERM, then SIGKILL after ``STOP_GRACE_S``); its exit code."""
+        return self.server.stop(STOP_GRACE_S)
+
     def __del__(self) -> None:
-        server = getattr(self, "server", None)
-        if server is not None:
-            server.stop(STOP_GRACE_S)
+        if getattr(self, "server", None) is not None:
+            self.stop()
