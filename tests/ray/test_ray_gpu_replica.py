@@ -26,6 +26,7 @@ from trtllm_kit.serve.ray.gpu_replica import (
     COMPLETIONS,
     GpuReplica,
     check_gpu_replicas,
+    choice_response,
     completion_body,
     completion_responses,
     deployment_options,
@@ -129,23 +130,33 @@ def test_the_driver_refuses_gpu_replicas_here_before_ray_starts(llmapi_out: Path
 
 
 async def _stand_in(seen: list[dict[str, Any]]) -> tuple[web.AppRunner, str]:
-    """A stand-in trtllm-serve: /v1/completions answers the prompt's ids plus one, whole or as events."""
+    """A stand-in trtllm-serve: /v1/completions answers the prompt's ids (a text's code points) plus one, as token
+    ids when asked not to detokenize (else as text), whole or as events with the running usage, then the usage
+    alone."""
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append(body)
-        ids = [token + 1 for token in body["prompt"]]
-        usage = {"prompt_tokens": len(ids), "completion_tokens": len(ids)}
+        prompt = body["prompt"] if isinstance(body["prompt"], list) else [ord(c) for c in body["prompt"]]
+        ids = [token + 1 for token in prompt]
+        as_ids = body.get("detokenize", True) is False
+
+        def choice(tokens: list[int], finish_reason: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": "" if as_ids else "".join(f"t{t}" for t in tokens),
+                    "token_ids": tokens if as_ids else None, "finish_reason": finish_reason}
+
+        def usage(num_tokens: int) -> dict[str, int]:
+            return {"prompt_tokens": len(ids), "completion_tokens": num_tokens}
+
         if not body["stream"]:
-            return web.json_response({"object": "text_completion", "usage": usage, "choices": [
-                {"index": 0, "text": "abc", "token_ids": ids, "finish_reason": "length"}]})
+            return web.json_response({"object": "text_completion", "usage": usage(len(ids)),
+                                      "choices": [choice(ids, "length")]})
         answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await answer.prepare(request)
         for i, token in enumerate(ids):
-            last = i == len(ids) - 1
-            chunk = {"choices": [{"index": 0, "text": f"t{token}", "token_ids": [token],
-                                  "finish_reason": "length" if last else None}], "usage": usage if last else None}
+            chunk = {"choices": [choice([token], "length" if i == len(ids) - 1 else None)], "usage": usage(i + 1)}
             await answer.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await answer.write(f"data: {json.dumps({'choices': [], 'usage': usage(len(ids))})}\n\n".encode())
         await answer.write(b"data: [DONE]\n\n")
         return answer
 
@@ -165,10 +176,7 @@ async def _collect(url: str, req: GenerationRequest) -> list[GenerationResponse]
         return [response async for response in responses]
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_a_request_round_trips_through_trtllm_serves_completions(streaming: bool) -> None:
-    req = GenerationRequest(prompt=(5, 6, 7), max_tokens=3, temperature=0.0,
-                            streaming=streaming, stop_strings=("\n",))
+def _round_trip(req: GenerationRequest) -> tuple[list[dict[str, Any]], list[GenerationResponse]]:
     seen: list[dict[str, Any]] = []
 
     async def run() -> list[GenerationResponse]:
@@ -178,11 +186,32 @@ def test_a_request_round_trips_through_trtllm_serves_completions(streaming: bool
         finally:
             await runner.cleanup()
 
-    responses = asyncio.run(run())
-    assert seen == [{"model": "m", "prompt": [5, 6, 7], "stream": streaming, "max_tokens": 3, "temperature": 0.0,
-                     "stop": ["\n"]}]
+    return seen, asyncio.run(run())
+
+
+STREAMED = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_token_id_request_round_trips_through_trtllm_serves_completions(streaming: bool) -> None:
+    req = GenerationRequest(prompt=(5, 6, 7), max_tokens=3, temperature=0.0, streaming=streaming,
+                            stop_strings=("\n",))
+    seen, responses = _round_trip(req)
+    assert seen == [{"model": "m", "prompt": [5, 6, 7], **(STREAMED if streaming else {"stream": False}),
+                     "max_tokens": 3, "temperature": 0.0, "detokenize": False, "stop": ["\n"]}]
     assert [token for response in responses for token in response.token_ids] == [6, 7, 8]
-    assert len(responses) == (3 if streaming else 1)
-    assert responses[-1].finish_reasons == ("length",)
+    assert len(responses) == (4 if streaming else 1)  # streamed: a chunk per token, then the usage alone
+    assert [reason for response in responses for reason in response.finish_reasons] == ["length"]
     assert (responses[-1].num_input_tokens, responses[-1].num_output_tokens) == (3, 3)
-    assert "".join(text for response in responses for text in response.texts) == ("t6t7t8" if streaming else "abc")
+    assert not "".join(text for response in responses for text in response.texts)
+
+
+def test_a_text_request_is_answered_in_text() -> None:
+    seen, responses = _round_trip(GenerationRequest(prompt="hi", max_tokens=2, streaming=False))
+    assert seen == [{"model": "m", "prompt": "hi", "stream": False, "max_tokens": 2}]
+    assert responses[0].texts == ("t105t106",) and responses[0].token_ids == ()
+
+
+def test_an_error_answer_is_refused_with_its_message() -> None:
+    with pytest.raises(KitError, match=r"^trtllm-serve refused the request: max_tokens is too large$"):
+        choice_response({"object": "error", "message": "max_tokens is too large", "type": "BadRequest", "code": 400})

@@ -37,6 +37,7 @@ LOOPBACK = "127.0.0.1"
 COMPLETIONS = "/v1/completions"
 READY_TIMEOUT_S = 600.0  # trtllm-serve loads the checkpoint onto the GPUs before /health answers
 STOP_GRACE_S = 5.0
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}  # each chunk carries the running usage
 # GenerationRequest fields sent under the same name in trtllm-serve's completion request
 SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "repetition_penalty",
             "presence_penalty", "frequency_penalty")
@@ -145,15 +146,19 @@ def replica_argv(out: Path, port: int) -> list[str]:
 
 
 def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
-    """trtllm-serve's completion request for ``req``: its prompt (token ids or text), the sampling fields it sets,
-    its stop strings; streamed when ``req`` is.
+    """trtllm-serve's completion request for ``req``: its prompt, the sampling fields it sets, its stop strings;
+    streamed with the usage when ``req`` is. A token-id prompt asks for token ids back (``detokenize`` false:
+    trtllm-serve then answers ``token_ids`` and no text), as the frontend reads a token-id answer.
 
     Arguments:
         model: the name trtllm-serve serves the model under; req: the frontend's request.
     """
-    prompt: Any = list(req.prompt) if isinstance(req.prompt, tuple) else req.prompt
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": bool(req.streaming),
+    is_tokens = isinstance(req.prompt, tuple)
+    streamed = {"stream": True, "stream_options": STREAM_OPTIONS} if req.streaming else {"stream": False}
+    body: dict[str, Any] = {"model": model, "prompt": list(req.prompt) if is_tokens else req.prompt, **streamed,
                             **{name: getattr(req, name) for name in SAMPLING if getattr(req, name) is not None}}
+    if is_tokens:
+        body["detokenize"] = False
     if req.stop_strings:
         body["stop"] = list(req.stop_strings)
     return body
