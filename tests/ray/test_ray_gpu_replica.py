@@ -30,6 +30,7 @@ from trtllm_kit.serve.ray.gpu_replica import (
     completion_body,
     completion_responses,
     deployment_options,
+    refusal,
     replica_argv,
     server_environment,
 )
@@ -215,3 +216,32 @@ def test_a_text_request_is_answered_in_text() -> None:
 def test_an_error_answer_is_refused_with_its_message() -> None:
     with pytest.raises(KitError, match=r"^trtllm-serve refused the request: max_tokens is too large$"):
         choice_response({"object": "error", "message": "max_tokens is too large", "type": "BadRequest", "code": 400})
+
+
+@pytest.mark.parametrize(("fields", "sentence"), [
+    ({"logprobs": 2}, "logprobs is 2; --gpu-replicas returns no logprobs: leave logprobs (and echo) out."),
+    ({"n": 2}, "n is 2, best_of None and beam_width None; --gpu-replicas answers one choice: send n=1 without "
+               "best_of or beams."),
+    ({}, None)])
+def test_what_a_gpu_replica_does_not_carry_is_refused_in_one_sentence(fields: dict[str, Any],
+                                                                      sentence: str | None) -> None:
+    assert refusal(GenerationRequest(prompt=(1, 2), **fields)) == sentence
+
+
+def test_a_4xx_of_trtllm_serve_is_the_requests_fault() -> None:
+    async def run() -> None:
+        async def bad(_request: web.Request) -> web.Response:
+            return web.Response(status=400, text="prompt too long")
+
+        app = web.Application()
+        app.router.add_post(COMPLETIONS, bad)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            await _collect(f"http://127.0.0.1:{runner.addresses[0][1]}{COMPLETIONS}", GenerationRequest(prompt=(1,)))
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(KitUsageError, match=r"^trtllm-serve answered 400 to /v1/completions: prompt too long$"):
+        asyncio.run(run())

@@ -145,6 +145,25 @@ def replica_argv(out: Path, port: int) -> list[str]:
     return launch_argv(out, LOOPBACK, port)
 
 
+def refusal(req: GenerationRequest) -> str | None:
+    """The sentence refusing what a GPU replica does not carry to trtllm-serve for ``req``, or None.
+
+    Arguments:
+        req: the frontend's request.
+    """
+    if req.lora is not None:
+        return f"the adapter {req.lora.name!r} is not served by --gpu-replicas; name the base model."
+    if req.logprobs is not None or req.prompt_logprobs is not None:
+        return (f"logprobs is {req.logprobs if req.logprobs is not None else req.prompt_logprobs}; --gpu-replicas "
+                "returns no logprobs: leave logprobs (and echo) out.")
+    if (req.n or 1) > 1 or req.best_of is not None or req.beam_width not in (None, 1):
+        return (f"n is {req.n or 1}, best_of {req.best_of} and beam_width {req.beam_width}; --gpu-replicas answers "
+                "one choice: send n=1 without best_of or beams.")
+    if req.guide is not None:
+        return f"the guide {req.guide[0]!r} is not carried by --gpu-replicas; leave response_format out."
+    return None
+
+
 def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
     """trtllm-serve's completion request for ``req``: its prompt, the sampling fields it sets, its stop strings;
     streamed with the usage when ``req`` is. A token-id prompt asks for token ids back (``detokenize`` false:
@@ -194,7 +213,8 @@ async def completion_responses(session: aiohttp.ClientSession, url: str,
     """
     async with session.post(url, json=body) as answer:
         if answer.status != 200:
-            raise KitError(f"{SERVER} answered {answer.status} to {COMPLETIONS}: {(await answer.text())[:300]}")
+            error = KitUsageError if 400 <= answer.status < 500 else KitError  # a 4xx is the request's fault
+            raise error(f"{SERVER} answered {answer.status} to {COMPLETIONS}: {(await answer.text())[:300]}")
         if not body["stream"]:
             yield choice_response(await answer.json())
             return
@@ -236,6 +256,9 @@ class GpuReplica:
         Arguments:
             req: the frontend's request, as the CPU replica takes it.
         """
+        refused = refusal(req)
+        if refused is not None:
+            raise KitUsageError(refused)  # the frontend answers 400 with it
         if self.session is None:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         url = f"http://{LOOPBACK}:{self.port}{COMPLETIONS}"
