@@ -229,6 +229,7 @@ def specs(draw: st.DrawFn) -> BuildSpec:
             values["draft_model"] = values["draft_model"] if values["mode"] in NEEDS_DRAFT_DIR else None
             draft_len = values["mode"] not in (None, Speculation.LOOKAHEAD)
             values["max_draft_len"] = values["max_draft_len"] if draft_len else None
+            values["draft_logits"] = values["draft_logits"] and values["mode"] is Speculation.DRAFT_TARGET
         tables[name] = cls(**values)
     model = draw(st.text(st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters='"\\'),
                          min_size=1, max_size=20))
