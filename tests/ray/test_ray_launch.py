@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_server import TINY_BUILDS, Builds
 
+from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.ray.run import RayDirs, check_ray, driver_argv, listening_socket
@@ -77,3 +79,17 @@ def test_ray_temp_dir_is_short_enough_for_its_sockets_and_linked_from_the_run_di
     assert dirs.temp.stat().st_mode & 0o777 == 0o700
     plasma = dirs.temp / "session_2026-11-29_10-01-23_518081_15539" / "sockets" / "plasma_store"
     assert len(str(plasma.relative_to(tmp_path))) + len("/tmp/") <= 107  # Ray's AF_UNIX bound, from /tmp
+
+
+def test_gpu_replicas_are_refused_on_a_machine_without_gpus_and_passed_to_the_driver(
+        kit_builds: Builds, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--gpu-replicas`` needs tp x pp GPUs per replica: here the serve refuses in one sentence, exit 2, before Ray
+    or anything else starts; where it can run, the driver is told."""
+    out = kit_builds.get(TINY_BUILDS["llmapi"])
+    assert run(["serve", str(out), "--ray", "--openai-port", "9", "--gpu-replicas"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "Error: --gpu-replicas needs 1 GPU(s) per replica (tp 1 x pp 1) and this machine has 0 visible; run it where "
+        "the GPUs are, or leave --gpu-replicas out to serve on the CPU runtime.")
+    dirs = RayDirs(tmp_path / "run" / "out-0123456789abcdef" / "ray", temp_root=tmp_path / "tmp")
+    assert "--gpu-replicas" in driver_argv(out, "tiny", dirs, 7, _options(gpu_replicas=True))
+    assert "--gpu-replicas" not in driver_argv(out, "tiny", dirs, 7, _options())

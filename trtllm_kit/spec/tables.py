@@ -249,6 +249,9 @@ class ServeSettings:
         "With --ray: MIN:MAX replicas Ray Serve's autoscaler keeps (MIN 0: scale to zero).", "--replicas"))
     target_ongoing: float = field(default=4.0, metadata=option(
         "With --ray: requests per replica the autoscaler aims at (deploy's --queue-target).", "--target-ongoing"))
+    gpu_replicas: bool = field(default=False, metadata=option(
+        "With --ray and an llmapi OUT on a machine with GPUs: each replica runs the artifact's trtllm-serve on a "
+        "placement group of tp x pp GPUs instead of the CPU runtime.", "--gpu-replicas"))
 
 
     def __post_init__(self) -> None:

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import Artifact
+from trtllm_kit.artifact.machine import detect_machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.options import ServeOptions
+from trtllm_kit.serve.ray.gpu_replica import check_gpu_replicas
 from trtllm_kit.serve.ray.namespace import LOOPBACK_UP, PRIVATE_NET, end_namespace, net_namespace
 from trtllm_kit.serve.ray.routing import ray_router
 from trtllm_kit.serve.ray.scaling import Autoscaling
@@ -62,6 +64,8 @@ def check_ray(options: ServeOptions) -> None:
             raise KitUsageError(f"{flag} is not available with --ray; leave it out (keys: --api-keys FILE).")
     Autoscaling.parse(settings.replicas, settings.target_ongoing)
     ray_router(settings.router)
+    if settings.gpu_replicas:
+        check_gpu_replicas(options.out, detect_machine())
     if importlib.util.find_spec("ray") is None:
         raise KitUsageError(f"--ray needs Ray Serve, and ray is not installed; install it: {INSTALL_HINT}.")
     for tool in (PRIVATE_NET[0], LOOPBACK_UP[0]):
@@ -111,7 +115,7 @@ def driver_argv(out: Path, name: str, dirs: RayDirs, fd: int, options: ServeOpti
     argv = [*PRIVATE_NET, sys.executable, "-m", "trtllm_kit.serve.ray.driver", str(out.absolute()), "--name", name,
             "--ray-dir", str(dirs.temp), "--listen-fd", str(fd), "--replicas", settings.replicas,
             "--target-ongoing", f"{settings.target_ongoing:g}", "--router", str(ray_router(settings.router)),
-            "--ready-file", str(dirs.ready)]
+            "--ready-file", str(dirs.ready), *(["--gpu-replicas"] if settings.gpu_replicas else [])]
     for flag, path in (("--api-keys", settings.api_keys), ("--usage-log", settings.usage_log)):
         if path is not None:
             argv += [flag, str(Path(path).absolute())]
