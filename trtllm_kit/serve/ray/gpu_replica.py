@@ -27,7 +27,7 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.server.group import ProcessGroup
-from trtllm_kit.serve.server.process import _die_with_parent
+from trtllm_kit.serve.server.process import die_with_parent_thread
 from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, answers, launch_argv
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
@@ -242,7 +242,7 @@ class GpuReplica:
         argv = replica_argv(Path(out), self.port)
         self.model = argv[1]  # trtllm-serve names the model by the path it was given
         self.server = ProcessGroup(Path(tempfile.mkdtemp(prefix="trtllm-serve-")) / "trtllm-serve.log")
-        self.server.start([binary, *argv[1:]], server_environment(bundle_gpu_ids()), prepare=_die_with_parent)
+        self.server.start([binary, *argv[1:]], server_environment(bundle_gpu_ids()), prepare=die_with_parent_thread)
         not_ready = self.server.wait_ready(lambda: answers(f"http://{LOOPBACK}:{self.port}/health"),
                                            READY_TIMEOUT_S, poll_s=0.5)
         if not_ready is not None:

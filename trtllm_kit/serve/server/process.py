@@ -45,7 +45,7 @@ def _private() -> None:
     os.umask(0o077)
 
 
-def _die_with_parent() -> None:
+def die_with_parent_thread() -> None:
     """In the child before exec: end (SIGTERM) when the launching process dies, so nothing is orphaned; private
     files."""
     _private()
@@ -97,7 +97,7 @@ class TritonProcess:
         self.remove_shm()
         env = {**kit_environment(self.install.environment()), **self.env}
         self.log_from = self.group.log_size()
-        prepare = _die_with_parent if die_with_parent else _private
+        prepare = die_with_parent_thread if die_with_parent else _private
         token = self.config.restricted_token
         if token and self.config.world_size == 1:  # under mpirun the ranks' argv pass through mpirun's own
             hidden = HiddenArgs(self.argv, token)
