@@ -157,12 +157,14 @@ def test_a_client_that_leaves_frees_its_reservation_and_is_charged_what_it_used(
         assert time.monotonic() < deadline, "the leaving request was never admitted"
         time.sleep(0.05)
     assert "603 reserved by requests in flight" in answer["error"]["message"]
+    num_before = len(gated.usage(key))  # the requests of 4 tokens admitted before the leaving one
     sock.close()
     while complete(gated, key, body(4))[0] != 200:  # settled: the next request is admitted
         assert time.monotonic() < deadline + 30, "the reservation of a client that left was never settled"
         time.sleep(0.1)
     lines = gated.usage(key)
-    left = [line for line in lines if line["completion_tokens"] != 4]  # the rest: requests of 4 tokens
+    *left, admitted = lines[num_before:]  # the leaving request's line (if charged), then the one admitted after
+    assert admitted["completion_tokens"] == 4
     if stream:  # it streamed some tokens, and is charged them: one line
         assert len(left) == 1 and 0 < left[0]["completion_tokens"] < 600
     else:  # charged what was generated before the handler was cancelled (nothing when no token came)
