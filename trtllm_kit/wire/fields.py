@@ -9,7 +9,8 @@ that has a name for it, encoded and decoded by the table alone (``scalars.py``);
 (the prompt, stop words, logprobs, guide, LoRA, disaggregation), its tensor names listed for the record and its
 codec written in each dialect's module. The dialects: ``trtllm`` (the ``tensorrt_llm`` model's tensors, on both
 the engine and cpu targets), ``llmapi`` (the llmapi target's model) and ``text`` (the text interface of
-``ensemble`` and ``tensorrt_llm_bls``).
+``ensemble`` and ``tensorrt_llm_bls``). A row also says whether an OpenAI completion body carries the field, and
+under which name where it differs (``openai=``, encoded by ``openai.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Wire:
         dtype: the Triton data type of its tensor (None: structured); trtllm, llmapi, text: its tensor in each
         dialect (a tuple for a structured field; None: the dialect cannot carry it); strict: a request that sets it
         is refused where its tensor is missing (the dialect has none, or the model does not declare it), rather
-        than sent without it.
+        than sent without it; openai: the field in an OpenAI completion body (True: under its own name; a string:
+        under that name; False: the body has none).
     """
 
     help: str
@@ -47,16 +49,18 @@ class Wire:
     llmapi: Names = None
     text: Names = None
     strict: bool = False
+    openai: str | bool = False
 
 
 def wire(help: str, default: Any = None, rule: Rule | None = None, dtype: str | None = None, *,
-         trtllm: Names = None, llmapi: Names = None, text: Names = None, strict: bool = False) -> dict[str, Wire]:
+         trtllm: Names = None, llmapi: Names = None, text: Names = None, strict: bool = False,
+         openai: str | bool = False) -> dict[str, Wire]:
     """Field metadata declaring a field of the wire.
 
     Arguments:
-        help, default, rule, dtype, trtllm, llmapi, text, strict: the ``Wire`` fields.
+        help, default, rule, dtype, trtllm, llmapi, text, strict, openai: the ``Wire`` fields.
     """
-    return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict)}
+    return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict, openai)}
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,12 @@ class Row:
     def rule(self) -> Rule | None:
         """The field's rule with its tensor type's integer bounds."""
         return None if self.wire.rule is None else self.wire.rule.bounded(self.wire.dtype)
+
+    @property
+    def openai(self) -> str | None:
+        """The field's name in an OpenAI completion body (None: the body has none)."""
+        name = self.wire.openai
+        return name if isinstance(name, str) else self.name if name else None
 
     def tensors(self, dialect: Dialect) -> tuple[str, ...]:
         """The field's tensors in ``dialect`` (empty: the dialect cannot carry it).

@@ -26,8 +26,10 @@ FLAG = Rule(bool)
 PENALTY = Rule(float, -2, 2)
 
 
-def _flag(help: str, trtllm: str | None, llmapi: str | None, text: str | None, default: Any = False) -> Any:
-    return field(default=None, metadata=wire(help, default, FLAG, "BOOL", trtllm=trtllm, llmapi=llmapi, text=text))
+def _flag(help: str, trtllm: str | None, llmapi: str | None, text: str | None, default: Any = False, *,
+          openai: bool = False) -> Any:
+    return field(default=None, metadata=wire(help, default, FLAG, "BOOL", trtllm=trtllm, llmapi=llmapi, text=text,
+                                             openai=openai))
 
 
 def _token_ids(name: str, ids: tuple[Any, ...] | list[Any]) -> tuple[int, ...]:
@@ -47,27 +49,27 @@ class GenerationRequest:
     max_tokens: int | None = field(default=16, metadata=wire(
         "Tokens to generate at most (None: the LLM API's default; tensorrt_llm requires it).", None, Rule(int, 1),
         "INT32",
-        trtllm="request_output_len", llmapi="sampling_param_max_tokens", text="max_tokens"))
+        trtllm="request_output_len", llmapi="sampling_param_max_tokens", text="max_tokens", openai=True))
     request_id: str = field(default="", metadata=wire("The Triton request id (no tensor; \"\": one is made)."))
     streaming: bool | None = _flag("One response per step.", "streaming", "streaming", "stream")
     temperature: float | None = field(default=None, metadata=wire(
         "Softmax temperature; 0, or below 1e-5, is greedy.", 1.0, Rule(float, 0), "FP32",
-        trtllm="temperature", llmapi="sampling_param_temperature", text="temperature"))
+        trtllm="temperature", llmapi="sampling_param_temperature", text="temperature", openai=True))
     top_k: int | None = field(default=None, metadata=wire(
         "Sample among the k most likely tokens (0 = off).", 0, Rule(int, 0), "INT32",
-        trtllm="runtime_top_k", llmapi="sampling_param_top_k", text="top_k"))
+        trtllm="runtime_top_k", llmapi="sampling_param_top_k", text="top_k", openai=True))
     top_p: float | None = field(default=None, metadata=wire(
         "Nucleus sampling (tensorrt_llm: 0 with top_k 0 is greedy; the LLM API takes (0, 1]).", 0.0,
-        Rule(float, 0, 1), "FP32", trtllm="runtime_top_p", llmapi="sampling_param_top_p", text="top_p"))
+        Rule(float, 0, 1), "FP32", trtllm="runtime_top_p", llmapi="sampling_param_top_p", text="top_p", openai=True))
     min_p: float | None = field(default=None, metadata=wire(
         "vLLM's min_p: drop tokens below min_p times the top probability (0 = off).", 0.0, Rule(float, 0, 1),
-        "FP32", trtllm="runtime_min_p", llmapi="sampling_param_min_p", strict=True))
+        "FP32", trtllm="runtime_min_p", llmapi="sampling_param_min_p", strict=True, openai=True))
     seed: int | None = field(default=None, metadata=wire(
         "The random seed; sequence i of a request draws from seed + i.", 0, Rule(int, 0), "UINT64",
-        trtllm="seed", llmapi="sampling_param_seed", text="seed"))
+        trtllm="seed", llmapi="sampling_param_seed", text="seed", openai=True))
     min_tokens: int | None = field(default=None, metadata=wire(
         "Tokens generated before the end token may end the sequence (at most max_tokens).", 0, Rule(int, 0),
-        "INT32", trtllm="min_tokens", llmapi="sampling_param_min_tokens", text="min_tokens"))
+        "INT32", trtllm="min_tokens", llmapi="sampling_param_min_tokens", text="min_tokens", openai=True))
     end_id: int | None = field(default=None, metadata=wire(
         "The token that ends a sequence (None: the model's; -1: none, as the LLM API's ignore_eos).", None,
         Rule(int, NEVER_END_ID), "INT32", trtllm="end_id", llmapi="sampling_param_end_id", text="end_id"))
@@ -77,14 +79,15 @@ class GenerationRequest:
     repetition_penalty: float | None = field(default=None, metadata=wire(
         "Divides the logits of tokens already seen (1 = off).", 1.0, Rule(float, 0, low_open=True), "FP32",
         trtllm="repetition_penalty", llmapi="sampling_param_repetition_penalty", text="repetition_penalty",
-        strict=True))
+        strict=True, openai=True))
     presence_penalty: float | None = field(default=None, metadata=wire(
         "Subtracted once from the logits of tokens already seen.", 0.0, PENALTY, "FP32",
-        trtllm="presence_penalty", llmapi="sampling_param_presence_penalty", text="presence_penalty", strict=True))
+        trtllm="presence_penalty", llmapi="sampling_param_presence_penalty", text="presence_penalty", strict=True,
+        openai=True))
     frequency_penalty: float | None = field(default=None, metadata=wire(
         "Subtracted per occurrence from the logits of tokens already seen.", 0.0, PENALTY, "FP32",
         trtllm="frequency_penalty", llmapi="sampling_param_frequency_penalty", text="frequency_penalty",
-        strict=True))
+        strict=True, openai=True))
     n: int | None = field(default=None, metadata=wire(
         "Sequences returned, each response tagged with its sequence_index (None: one, untagged); tensorrt_llm's "
         "num_return_sequences carries best_of when it is larger.", 1, Rule(int, 1), "INT32",
@@ -110,9 +113,10 @@ class GenerationRequest:
     stop_words: tuple[tuple[int, ...], ...] = field(default=(), metadata=wire(
         "Stop sequences as token ids (empty ones are not sent).", trtllm=("stop_words_list",)))
     stop_strings: tuple[str, ...] = field(default=(), metadata=wire(
-        "Stop sequences as text (the LLM API's stop).", llmapi=("sampling_param_stop",)))
+        "Stop sequences as text (the LLM API's stop).", llmapi=("sampling_param_stop",), openai="stop"))
     include_stop_str_in_output: bool | None = _flag(
-        "A matched stop string stays in the output.", None, "sampling_param_include_stop_str_in_output", None)
+        "A matched stop string stays in the output.", None, "sampling_param_include_stop_str_in_output", None,
+        openai=True)
     guide: tuple[str, str] | None = field(default=None, metadata=wire(
         "Structured output: (guide type, guide), the type one of GUIDE_TYPES.",
         trtllm=("guided_decoding_guide_type", "guided_decoding_guide"),

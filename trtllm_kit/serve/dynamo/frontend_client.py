@@ -25,17 +25,14 @@ import aiohttp
 from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
-from trtllm_kit.wire.request import NEVER_END_ID
+from trtllm_kit.wire.openai_body import encode_openai_body
 
 COMPLETIONS = "/v1/completions"
 MODELS = "/v1/models"
 METRICS = "/metrics"
 READY_TIMEOUT_S = 10.0
 REQUEST_ID_HEADER = "x-dynamo-request-id"  # Dynamo's frontend takes a UUID there as the request's id
-# GenerationRequest fields sent under the same name in Dynamo's completion request
-SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "repetition_penalty",
-            "presence_penalty", "frequency_penalty")
-ANY_JSON = {"type": "object"}  # the schema of ``response_format`` ``json_object``
+MATCHED_HERE = ("stop_strings", "include_stop_str_in_output")  # the kit's frontend matches stop strings itself
 WHY = "serve --dynamo's workers"
 
 
@@ -70,32 +67,14 @@ def is_whole(req: GenerationRequest) -> bool:
 
 
 def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
-    """Dynamo's completion request for ``req``: the prompt, the sampling fields it sets, ``ignore_eos`` for the
-    kit's never-ending end id, its guide; streamed with the running usage asked for, unless ``is_whole``.
+    """Dynamo's completion request for ``req``: the wire's OpenAI body but the stop strings (``MATCHED_HERE``);
+    streamed with the running usage asked for, unless ``is_whole``. The worker refuses a guide the CPU runtime
+    cannot guide by, in its sentence.
 
     Arguments:
         model: the served name; req: the engine request (``refusal`` is None for it).
     """
-    prompt = list(req.prompt) if isinstance(req.prompt, tuple) else req.prompt
-    streamed = {"stream": False} if is_whole(req) else {
-        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    body: dict[str, Any] = {"model": model, "prompt": prompt, **streamed,
-                            **{name: getattr(req, name) for name in SAMPLING if getattr(req, name) is not None}}
-    if req.end_id == NEVER_END_ID:
-        body["ignore_eos"] = True
-    if req.guide is not None:
-        body.update(_guide(*req.guide))
-    return body
-
-
-def _guide(kind: str, value: str) -> dict[str, Any]:
-    """The kit's guide (``wire.request.GUIDE_TYPES``) as Dynamo's ``guided_*`` field; the worker refuses what the
-    CPU runtime cannot guide by, in its sentence."""
-    if kind == "json":
-        return {"guided_json": ANY_JSON}
-    if kind in ("json_schema", "choice"):
-        return {f"guided_{kind.removesuffix('_schema')}": json.loads(value)}
-    return {"guided_regex" if kind == "regex" else "guided_grammar": value}
+    return encode_openai_body(req, model, stream=not is_whole(req), skip=MATCHED_HERE)
 
 
 def dynamo_request_id(request_id: str) -> str | None:

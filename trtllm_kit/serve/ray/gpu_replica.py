@@ -30,6 +30,7 @@ from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.process import die_with_parent_thread
 from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, answers, launch_argv
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
+from trtllm_kit.wire.openai_body import encode_openai_body
 
 GPU_BUNDLE = {"GPU": 1, "CPU": 1}  # one rank's share of a replica's placement group
 PLACEMENT_STRATEGY = "STRICT_PACK"  # a replica's ranks on one node
@@ -37,10 +38,6 @@ LOOPBACK = "127.0.0.1"
 COMPLETIONS = "/v1/completions"
 READY_TIMEOUT_S = 600.0  # trtllm-serve loads the checkpoint onto the GPUs before /health answers
 STOP_GRACE_S = 5.0
-STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}  # each chunk carries the running usage
-# GenerationRequest fields sent under the same name in trtllm-serve's completion request
-SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "repetition_penalty",
-            "presence_penalty", "frequency_penalty")
 
 
 def deployment_options(tp_size: int, pp_size: int) -> dict[str, Any]:
@@ -165,21 +162,16 @@ def refusal(req: GenerationRequest) -> str | None:
 
 
 def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
-    """trtllm-serve's completion request for ``req``: its prompt, the sampling fields it sets, its stop strings;
-    streamed with the usage when ``req`` is. A token-id prompt asks for token ids back (``detokenize`` false:
-    trtllm-serve then answers ``token_ids`` and no text), as the frontend reads a token-id answer.
+    """trtllm-serve's completion request for ``req`` (the wire's OpenAI body, stop strings included), streamed with
+    the usage when ``req`` is. A token-id prompt asks for token ids back (``detokenize`` false: trtllm-serve then
+    answers ``token_ids`` and no text), as the frontend reads a token-id answer.
 
     Arguments:
         model: the name trtllm-serve serves the model under; req: the frontend's request.
     """
-    is_tokens = isinstance(req.prompt, tuple)
-    streamed = {"stream": True, "stream_options": STREAM_OPTIONS} if req.streaming else {"stream": False}
-    body: dict[str, Any] = {"model": model, "prompt": list(req.prompt) if is_tokens else req.prompt, **streamed,
-                            **{name: getattr(req, name) for name in SAMPLING if getattr(req, name) is not None}}
-    if is_tokens:
+    body = encode_openai_body(req, model, stream=bool(req.streaming))
+    if isinstance(req.prompt, tuple):
         body["detokenize"] = False
-    if req.stop_strings:
-        body["stop"] = list(req.stop_strings)
     return body
 
 
