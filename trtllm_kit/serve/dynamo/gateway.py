@@ -12,19 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from aiohttp import web
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient
 from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.artifact_route import artifact_route, route_config
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.metrics import CONTENT_TYPE
-from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.options import ServeOptions
-from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
-from trtllm_kit.serve.servable import servable
 
 DYNAMO_MODEL = "dynamo"  # the route's one model: Dynamo's frontend, which takes token ids
 FRONTEND_CLOSE_S = 0.5  # the kit's frontend's streams end as Dynamo's processes do
@@ -54,28 +51,16 @@ class DynamoFrontend(OpenAIFrontend):
         return web.Response(body=ours.body + theirs, headers={"Content-Type": CONTENT_TYPE})
 
 
-def dynamo_route(out: Path, name: str) -> Route:
-    """The kit's frontend's route to Dynamo's frontend: token ids in (tokenized by the kit when OUT has a
-    tokenizer), OUT's sequence and batch bounds.
-
-    Arguments:
-        out: the artifact; name: the served name (Dynamo's frontend serves it under the same).
-    """
-    target = servable(out)
-    return Route(name, DYNAMO_MODEL, DYNAMO_MODEL, target.tokenizer_dir, max_seq_len(target.repo), 1,
-                 (DYNAMO_MODEL,), out, context_logits=None, max_batch_size=max_batch_size(target.repo))
-
-
 def dynamo_frontend(options: ServeOptions, name: str, dynamo_url: str) -> DynamoFrontend:
-    """The kit's frontend of a ``--dynamo`` serve: OUT's route, the serve's key or key file and usage log.
+    """The kit's frontend of a ``--dynamo`` serve: OUT's route (Dynamo's frontend serves it under the same name),
+    the serve's key or key file and usage log.
 
     Arguments:
         options: the serve; name: the served name; dynamo_url: where Dynamo's frontend listens.
     """
     settings = options.settings
-    config = OpenAIConfig(grpc_url=dynamo_url, served_name=name, triton_model=DYNAMO_MODEL,
-                          api_key=options.api_key, api_keys=settings.api_keys, usage_log=settings.usage_log,
-                          routes=(dynamo_route(options.out, name),))
+    config = route_config(artifact_route(options.out, name, DYNAMO_MODEL), dynamo_url, api_key=options.api_key,
+                          api_keys=settings.api_keys, usage_log=settings.usage_log)
     return DynamoFrontend(config, dynamo_url)
 
 

@@ -31,6 +31,7 @@ from trtllm_kit.enums import Router
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL
 from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
+from trtllm_kit.serve.openai.artifact_route import artifact_route, route_config
 from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.ray.client import ReplicaClient
@@ -39,8 +40,6 @@ from trtllm_kit.serve.ray.namespace import LOOPBACK_UP
 from trtllm_kit.serve.ray.replica import Replica
 from trtllm_kit.serve.ray.routing import artifact_block, router_config
 from trtllm_kit.serve.ray.scaling import Autoscaling
-from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
-from trtllm_kit.serve.servable import servable
 
 APPLICATION = "trtllm-kit"
 DEPLOYMENT = "model"
@@ -87,20 +86,16 @@ def model_route(out: Path, name: str) -> Route:
     Arguments:
         out: the artifact; name: the served name.
     """
-    target = servable(out)
-    return Route(name, TRTLLM_MODEL, TRTLLM_MODEL, target.tokenizer_dir, max_seq_len(target.repo), 1,
-                 (TRTLLM_MODEL,), out, context_logits=None, max_batch_size=max_batch_size(target.repo))
+    return artifact_route(out, name, TRTLLM_MODEL)
 
 
-def frontend_config(name: str, route: Route, api_keys: Path | None = None,
-                    usage_log: Path | None = None) -> OpenAIConfig:
+def frontend_config(route: Route, api_keys: Path | None = None, usage_log: Path | None = None) -> OpenAIConfig:
     """The OpenAI frontend's configuration in front of the model deployment.
 
     Arguments:
-        name: the served name; route: the model's route; api_keys, usage_log: the gateway's files (None: no gateway).
+        route: the model's route (``model_route``); api_keys, usage_log: the gateway's files (None: no gateway).
     """
-    return OpenAIConfig(grpc_url=f"ray-serve:{DEPLOYMENT}", served_name=name, triton_model=TRTLLM_MODEL,
-                        api_keys=api_keys, usage_log=usage_log, routes=(route,))
+    return route_config(route, f"ray-serve:{DEPLOYMENT}", api_keys=api_keys, usage_log=usage_log)
 
 
 def replica_deployment(spec: DriverSpec) -> tuple[type, dict[str, Any], int]:
@@ -143,7 +138,7 @@ async def serve_frontend(spec: DriverSpec, route: Route, handle: Any) -> None:
     Arguments:
         spec: the driver; route: the model's route; handle: the model deployment's handle.
     """
-    config = frontend_config(spec.name, route, spec.api_keys, spec.usage_log)
+    config = frontend_config(route, spec.api_keys, spec.usage_log)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

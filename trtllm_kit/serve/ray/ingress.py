@@ -33,7 +33,7 @@ class Ingress:
 
     def __init__(self, model: Any, out: str, name: str, port: int, api_keys: str | None = None,
                  usage_log: str | None = None) -> None:
-        config = frontend_config(name, model_route(Path(out), name), Path(api_keys) if api_keys else None,
+        config = frontend_config(model_route(Path(out), name), Path(api_keys) if api_keys else None,
                                  Path(usage_log) if usage_log else None)
         self.started: asyncio.Task[web.AppRunner] = asyncio.get_running_loop().create_task(
             start_frontend(RayFrontend(config, model), ALL_INTERFACES, port))
