@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.profile.shared_prefix import SharedPrefixSpec
+from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, add_spec_arguments, spec_of
 from trtllm_kit.profile.shared_prefix_run import SharedPrefixResult, run_shared_prefix
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
@@ -88,15 +88,9 @@ def _sequential_p50_ms(out: Path, count: int, **settings: Any) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prefixes", type=int, default=8, help="System prompts.")
-    parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u %% prefixes).")
-    parser.add_argument("--turns", type=int, default=3, help="Turns per user.")
-    parser.add_argument("--prefix-tokens", type=int, default=512, help="Tokens per system prompt.")
-    parser.add_argument("--turn-tokens", type=int, default=32, help="Tokens per user message.")
-    parser.add_argument("--osl", type=int, default=16, help="Tokens per reply.")
+    add_spec_arguments(parser, SharedPrefixSpec(num_prefixes=8))
     parser.add_argument("--kv-tokens", type=int, default=4096,
                         help="KV pool per worker in tokens (max_tokens_in_paged_kv_cache; 0: the default).")
-    parser.add_argument("--concurrency", type=int, default=4, help="Requests in flight within a turn.")
     parser.add_argument("--seeds", default="0,1",
                         help="Comma-separated workload seeds; each runs every --routers ('': none).")
     parser.add_argument("--routers", default="kv,round-robin", help="Comma-separated routers run for each seed.")
@@ -110,9 +104,7 @@ def main() -> int:
         run_build(build_spec({}, {"model": "builtin:tiny-llama", "out": out, "repo": repo,
                                   "build": {"verify": False, "target": "cpu"}}))
         for seed in (int(s) for s in args.seeds.split(",") if s):
-            spec = SharedPrefixSpec(num_prefixes=args.prefixes, num_users=args.users, num_turns=args.turns,
-                                    prefix_tokens=args.prefix_tokens, turn_tokens=args.turn_tokens, osl=args.osl,
-                                    seed=seed)
+            spec = spec_of(args, seed)
             for router in args.routers.split(","):
                 result = _routing(out, router, spec, args.concurrency, root / f"seed{seed}")
                 print(f"seed {seed}, --router {router}, KV pool {args.kv_tokens or 'default'} tokens per worker: "

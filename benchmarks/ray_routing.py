@@ -24,7 +24,7 @@ from pathlib import Path
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.enums import Router
 from trtllm_kit.profile.prefix_hits import modelled_hits, total
-from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, turns
+from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, add_spec_arguments, spec_of, turns
 from trtllm_kit.profile.shared_prefix_run import SharedPrefixResult, run_shared_prefix
 from trtllm_kit.serve.ray.engine_load import ENDED, EngineLoad, replica_logs
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
@@ -87,19 +87,11 @@ def run_router(out: Path, router: str, spec: SharedPrefixSpec, concurrency: int,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prefixes", type=int, default=4, help="System prompts.")
-    parser.add_argument("--users", type=int, default=16, help="Users (user u under system prompt u %% prefixes).")
-    parser.add_argument("--turns", type=int, default=3, help="Turns per user.")
-    parser.add_argument("--prefix-tokens", type=int, default=512, help="Tokens per system prompt.")
-    parser.add_argument("--turn-tokens", type=int, default=32, help="Tokens per user message.")
-    parser.add_argument("--osl", type=int, default=16, help="Tokens per reply.")
-    parser.add_argument("--concurrency", type=int, default=4, help="Requests in flight within a turn.")
+    add_spec_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--routers", default="prefix,pow2", help="Routers to run, in order.")
     args = parser.parse_args()
-    spec = SharedPrefixSpec(num_prefixes=args.prefixes, num_users=args.users, num_turns=args.turns,
-                            prefix_tokens=args.prefix_tokens, turn_tokens=args.turn_tokens, osl=args.osl,
-                            seed=args.seed)
+    spec = spec_of(args, args.seed)
     ideal = ideal_hit_rate(spec)
     with tempfile.TemporaryDirectory(prefix="ray-routing.") as tmp:
         root = Path(tmp)

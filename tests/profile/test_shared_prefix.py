@@ -3,13 +3,21 @@ hit rate modelled from routing."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.profile.prefix_hits import modelled_hits, response_request_id, served_by, total
-from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, system_prompt, turn_prompt, turns
+from trtllm_kit.profile.shared_prefix import (
+    SharedPrefixSpec,
+    add_spec_arguments,
+    spec_of,
+    system_prompt,
+    turn_prompt,
+    turns,
+)
 
 SPEC = SharedPrefixSpec(num_prefixes=3, num_users=7, num_turns=3, prefix_tokens=40, turn_tokens=5, osl=4,
                         vocab_size=500, seed=11)
@@ -98,3 +106,16 @@ def test_bench_refuses_a_shared_prefix_run_it_cannot_make(flags: list[str], mess
 
     result = CliRunner().invoke(cli, ["bench", "--workload", "shared-prefix", "--out", str(tmp_path), *flags])
     assert (result.exit_code, result.output) == (2, message)
+
+
+def test_a_benchmarks_flags_give_the_workload() -> None:
+    parser = argparse.ArgumentParser()
+    add_spec_arguments(parser, SharedPrefixSpec(num_prefixes=8))
+    args = parser.parse_args(["--users", "9", "--turns", "2", "--prefix-tokens", "64", "--turn-tokens", "8",
+                              "--osl", "5", "--concurrency", "3"])
+    assert spec_of(args, 7) == SharedPrefixSpec(num_prefixes=8, num_users=9, num_turns=2, prefix_tokens=64,
+                                                turn_tokens=8, osl=5, seed=7)
+    assert args.concurrency == 3
+    defaults = argparse.ArgumentParser()
+    add_spec_arguments(defaults)
+    assert spec_of(defaults.parse_args([])) == SharedPrefixSpec()

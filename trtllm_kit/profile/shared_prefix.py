@@ -8,6 +8,7 @@ workload does not depend on what the server answered), so the whole workload is 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +61,37 @@ class SharedPrefixSpec:
     def prefix_of(self, user: int) -> int:
         """The system prompt user ``user`` talks under."""
         return user % self.num_prefixes
+
+
+FLAGS = {  # a benchmark's flag → (the spec's field, its help)
+    "--prefixes": ("num_prefixes", "System prompts."),
+    "--users": ("num_users", "Users (user u under system prompt u %% prefixes)."),
+    "--turns": ("num_turns", "Turns per user."),
+    "--prefix-tokens": ("prefix_tokens", "Tokens per system prompt."),
+    "--turn-tokens": ("turn_tokens", "Tokens per user message."),
+    "--osl": ("osl", "Tokens per reply."),
+}
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser, defaults: SharedPrefixSpec | None = None) -> None:
+    """The workload's flags (``FLAGS``) and ``--concurrency`` on a benchmark's parser.
+
+    Arguments:
+        parser: the benchmark's parser; defaults: the flags' defaults (the spec's own when None).
+    """
+    defaults = defaults or SharedPrefixSpec()
+    for flag, (name, help) in FLAGS.items():
+        parser.add_argument(flag, dest=name, type=int, default=getattr(defaults, name), metavar="N", help=help)
+    parser.add_argument("--concurrency", type=int, default=4, help="Requests in flight within a turn.")
+
+
+def spec_of(args: argparse.Namespace, seed: int = 0) -> SharedPrefixSpec:
+    """The workload ``add_spec_arguments``' flags give, with ``seed``.
+
+    Arguments:
+        args: the parsed flags; seed: the workload's seed.
+    """
+    return SharedPrefixSpec(seed=seed, **{name: getattr(args, name) for name, _ in FLAGS.values()})
 
 
 def _ids(spec: SharedPrefixSpec, stream: int, key: tuple[int, ...], count: int) -> tuple[int, ...]:
