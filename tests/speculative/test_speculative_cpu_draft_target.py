@@ -1,8 +1,9 @@
 """``build --target cpu --speculative draft-target``: the draft (another built-in family with the same tokenizer)
 converted into ``draft_checkpoint/`` and recorded in the manifest, the repository in the ``spec_decode`` layout with
-the CPU model in both slots, and ``serve OUT`` answering ``/v1/completions`` and, through its tritonserver, the BLS
-with speculation (``num_draft_tokens`` K): greedy text equal to the same target's without speculation, whole and
-streamed."""
+the CPU model in both slots, the ``tensorrt_llm`` model naming the draft to run in its own engine, and ``serve OUT``
+answering ``/v1/completions`` with speculation (its ``usage.speculative`` and the ``vllm:spec_decode_*`` counters)
+and, through its tritonserver, the BLS with speculation (``num_draft_tokens`` K): greedy text equal to the same
+target's without speculation, whole and streamed."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from kit_cli import KIT
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from trtllm_kit.artifact import Artifact, CheckpointRecord
@@ -88,6 +90,11 @@ def test_the_draft_is_converted_recorded_and_served_from_its_checkpoint(out: Pat
     assert config.parameters["gpt_model_path"].string_value == str((out / DRAFT_CHECKPOINT_DIR).absolute())
     assert (out / "repo" / DRAFT_MODEL / "1" / "model.py").read_bytes() == \
         (out / "repo" / "tensorrt_llm" / "1" / "model.py").read_bytes()
+    target = parse_config((out / "repo" / "tensorrt_llm" / "config.pbtxt").read_text())
+    values = {k: v.string_value for k, v in target.parameters.items()}
+    assert (values["speculative_decoding_mode"], values["max_draft_len"], values["draft_model_path"]) == \
+        ("draft-target", str(K), str((out / DRAFT_CHECKPOINT_DIR).absolute()))
+    assert "speculative_decoding_mode" not in config.parameters  # the draft's model runs no draft of its own
 
 
 def test_serve_refuses_an_artifact_whose_draft_checkpoint_is_missing(out: Path, tmp_path: Path) -> None:
@@ -120,6 +127,47 @@ def test_completions_answer_the_targets_greedy_text(served: dict[str, Any], expe
         else:
             text = json.loads(body)["choices"][0]["text"]
         assert text == expected[prompt], prompt
+
+
+def spec_counters(served: dict[str, Any]) -> dict[str, float]:
+    """The target model's ``vllm:spec_decode_*`` counters on Triton's /metrics, by name."""
+    with urllib.request.urlopen(f"http://{served['metrics']}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {sample.name.removesuffix("_total"): sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name.startswith("vllm:spec_decode_num_")
+            and sample.labels.get("model_name") == "tensorrt_llm" and "position" not in sample.labels}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_speculate_with_the_draft_and_count_it(served: dict[str, Any], expected: dict[str, str],
+                                                            stream: bool) -> None:
+    before = spec_counters(served)
+    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    for prompt in PROMPTS:
+        body = post(served, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                                 "temperature": 0, "stream": stream,
+                                                 **({"stream_options": {"include_usage": True}} if stream else {})})
+        if stream:
+            events = [e[len("data: "):] for e in body.decode().split("\n\n") if e]
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            text = "".join(c["text"] for chunk in chunks for c in chunk["choices"])
+            usage = chunks[-1]["usage"]
+        else:
+            answer = json.loads(body)
+            text, usage = answer["choices"][0]["text"], answer["usage"]
+        assert text == expected[prompt], prompt
+        speculative = usage["speculative"]
+        drafts, drafted, accepted = (speculative[k] for k in ("drafts", "draft_tokens", "accepted_tokens"))
+        assert drafts > 0 and drafted <= K * drafts and 0 <= accepted <= drafted
+        assert speculative["acceptance_length"] == round(1 + accepted / drafts, 4)
+        assert drafts < usage["completion_tokens"]  # the prompt's step emits a token, each verifying step one or more
+        for name in totals:
+            totals[name] += speculative[name]
+    after = spec_counters(served)
+    rises = {name: after[f"vllm:spec_decode_num_{name}"] - before.get(f"vllm:spec_decode_num_{name}", 0.0)
+             for name in totals}
+    assert rises == totals  # the requests ran alone on the target: its counters rose by their usage
 
 
 def ensemble_answer(served: dict[str, Any], prompt: str, stream: bool) -> tuple[str, dict[str, float]]:

@@ -56,10 +56,16 @@ def test_the_speculator_keeps_the_greedy_output_and_prefers_the_requests_drafts(
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"speculative_decoding_mode": "lookahead", "max_draft_len": "4"},
-     "parameter speculative_decoding_mode is 'lookahead'; the CPU runtime's model runs ngram (draft-target runs "
-     "through tensorrt_llm_bls), or leave it empty."),
+     "parameter speculative_decoding_mode is 'lookahead'; the CPU runtime's model runs ngram or draft-target, or "
+     "leave it empty."),
     ({"speculative_decoding_mode": "ngram", "max_draft_len": "0"},
      "parameter max_draft_len is '0'; set a whole number of draft tokens, at least 1."),
+    ({"speculative_decoding_mode": "draft-target", "max_draft_len": "3", "draft_model_path": "/nonexistent/draft"},
+     "parameter draft_model_path is '/nonexistent/draft', which holds no draft checkpoint (config.json); point it "
+     "at the draft's checkpoint, or rebuild with --speculative draft-target --draft-model DIR."),
+    ({"speculative_decoding_mode": "draft-target", "max_draft_len": "3"},
+     "parameter draft_model_path is '', which holds no draft checkpoint (config.json); point it at the draft's "
+     "checkpoint, or rebuild with --speculative draft-target --draft-model DIR."),
 ])
 def test_parameters_the_model_cannot_run_are_refused(values: dict[str, str], message: str) -> None:
     with pytest.raises(KitUsageError) as error:
@@ -71,3 +77,18 @@ def test_without_the_parameter_only_the_requests_drafts_are_verified() -> None:
     speculator = cpu_speculator({"speculative_decoding_mode": "${speculative_decoding_mode}"}, CONFIG)
     assert type(speculator.proposer).__name__ == "ExternalDrafts"
     assert speculator.max_draft_len == CONFIG.max_num_tokens
+
+
+def test_draft_target_drafts_k_tokens_from_the_draft_checkpoint_and_keeps_the_greedy_output(tmp_path: Path) -> None:
+    convert_checkpoint(builtin_dir("tiny-llama"), tmp_path / "ckpt", tp_size=1, pp_size=1, dtype="float32")
+    convert_checkpoint(builtin_dir("tiny-qwen2"), tmp_path / "draft", tp_size=1, pp_size=1, dtype="float32")
+    model = CheckpointModel.load(tmp_path / "ckpt")
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5]
+    params = [SamplingParams(max_tokens=20) for _ in prompts]
+    reference = Executor(model, CONFIG).generate(prompts, params)
+    values = {"speculative_decoding_mode": "draft-target", "max_draft_len": "3", "draft_model_path": "draft"}
+    speculator = cpu_speculator(values, CONFIG, tmp_path, model.dims.vocab_size)  # relative to the repository
+    assert Executor(model, CONFIG, speculator).generate(prompts, params) == reference
+    counts = speculator.counts
+    assert counts.num_drafts > 0 and counts.num_draft_tokens <= 3 * counts.num_drafts  # K at most (of 64 allowed)
+    assert 0 <= counts.num_accepted_tokens <= counts.num_draft_tokens

@@ -57,7 +57,9 @@ def repo_stage(ctx: BuildContext) -> None:
     if engine.draft is not None:  # draft-target: the draft engine (or checkpoint) beside the target, at its sizes
         draft = DraftServing(target.limits(ctx.out / engine.draft.dir, sizes),
                              ctx.spec.out.absolute() / engine.draft.dir)
-    decoding = lookahead_parameters(ctx.spec.speculative) | cpu_parameters(ctx.spec.speculative)
+    decoding = lookahead_parameters(ctx.spec.speculative)
+    if target.slot_model is not None:  # the kit's CPU model speculates itself (draft-target: in its own engine too)
+        decoding |= cpu_parameters(ctx.spec.speculative, None if draft is None else draft.model_path)
     record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,
                               model_path=ctx.spec.out.absolute() / target.model_dir, tokenizer_files=files,
                               plan_fraction=fraction if fraction is not None else build.kv_cache_fraction,

@@ -59,6 +59,33 @@ class FirstDraft:
             proposer.forget(seq)
 
 
+class AtMost:
+    """A proposer asked for at most K tokens per sequence (a draft model decodes as many steps as the longest
+    draft it is asked for, so a speculator whose K bounds a request's own drafts caps it here)."""
+
+    def __init__(self, proposer: Proposer, max_draft_len: int) -> None:
+        """Arguments:
+        proposer: the bounded proposer; max_draft_len: K, the most tokens it is asked for.
+        """
+        self.proposer, self.max_draft_len = proposer, max_draft_len
+
+    def propose(self, seqs: list[Sequence], max_draft_lens: list[int]) -> list[list[int]]:
+        """The proposer's drafts, each at most K long.
+
+        Arguments:
+            seqs: sequences in generation; max_draft_lens: the longest draft each may take.
+        """
+        return self.proposer.propose(seqs, [min(limit, self.max_draft_len) for limit in max_draft_lens])
+
+    def forget(self, seq: Sequence) -> None:
+        """Tell the proposer.
+
+        Arguments:
+            seq: a finished sequence.
+        """
+        self.proposer.forget(seq)
+
+
 class Speculator:
     """Owns the proposer, the draft length K and the engine-wide ``DraftCounts``."""
 

@@ -13,7 +13,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation, SpeculativeOptions
 
 # the targets that can build each mode: lookahead's config says backend != pytorch; NGram, EAGLE3 and MTP are the
-# PyTorch backend's; the cpu target's Python model runs prompt lookup, and its draft-target runs through the BLS
+# PyTorch backend's; the cpu target's Python model runs prompt lookup and draft-target (the BLS's too)
 TARGETS: dict[Speculation, tuple[Target, ...]] = {
     Speculation.NGRAM: (Target.LLMAPI, Target.CPU),
     Speculation.DRAFT_TARGET: (Target.ENGINE, Target.LLMAPI, Target.CPU),
@@ -33,6 +33,8 @@ MODEL_DIR_KEY = {(1, 2): "speculative_model_dir", (1, 3): "speculative_model"}  
 MTP_LAYERS_KEY = "num_nextn_predict_layers"  # the HF config key of models with MTP layers (DeepSeek-V3, GLM-4.5)
 NO_OVERLAP = (Speculation.NGRAM, Speculation.DRAFT_TARGET)  # upstream's examples turn the overlap scheduler off
 CPU_MODE_KEY, CPU_DRAFT_LEN_KEY = "speculative_decoding_mode", "max_draft_len"  # the cpu tensorrt_llm model's
+CPU_DRAFT_PATH_KEY = "draft_model_path"  # and, for draft-target, the draft checkpoint it runs in its engine
+CPU_MODES = (Speculation.NGRAM, Speculation.DRAFT_TARGET)  # what the CPU tensorrt_llm model runs itself
 
 
 def check_build(options: SpeculativeOptions, target: Target) -> None:
@@ -99,15 +101,21 @@ def lookahead_parameters(options: SpeculativeOptions) -> dict[str, str]:
             "lookahead_verification_set_size": str(options.lookahead_verification_set_size)}
 
 
-def cpu_parameters(options: SpeculativeOptions) -> dict[str, str]:
-    """The cpu target's ``tensorrt_llm`` model parameters for prompt lookup (none for other modes).
+def cpu_parameters(options: SpeculativeOptions, draft_dir: Path | None = None) -> dict[str, str]:
+    """The CPU ``tensorrt_llm`` model's parameters for prompt lookup, or for draft-target with the draft checkpoint
+    the model runs in its own engine, so that requests sent straight to it (the OpenAI routes) speculate (none
+    for other modes).
 
     Arguments:
-        options: the ``[speculative]`` table.
+        options: the ``[speculative]`` table; draft_dir: the draft checkpoint as the server sees it (draft-target).
     """
-    if options.mode is not Speculation.NGRAM:
+    if options.mode not in CPU_MODES:
         return {}
-    return {CPU_MODE_KEY: str(options.mode), CPU_DRAFT_LEN_KEY: str(options.draft_len)}
+    values = {CPU_MODE_KEY: str(options.mode), CPU_DRAFT_LEN_KEY: str(options.draft_len)}
+    if options.mode is Speculation.DRAFT_TARGET:
+        assert draft_dir is not None, "a draft-target build converts its draft before the repo stage"
+        values[CPU_DRAFT_PATH_KEY] = str(draft_dir)
+    return values
 
 
 def speculative_config(options: SpeculativeOptions, draft_dir: Path | None, mtp: int = 0,

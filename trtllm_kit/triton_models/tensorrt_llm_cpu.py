@@ -11,8 +11,8 @@ stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its clie
 (``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and the request
 joins the loop once it has. Tokens sent in ``draft_input_ids`` (``tensorrt_llm_bls``'s draft-target loop) are
 verified in the step after the prompt's (``runtime/external_drafts.py``); ``draft_logits`` are refused. With the
-parameter ``speculative_decoding_mode: ngram`` a request without drafts takes prompt-lookup drafts
-(``cpu_speculation.py``).
+parameter ``speculative_decoding_mode`` (``ngram``, or ``draft-target`` with ``draft_model_path``) a request without
+drafts takes prompt-lookup or draft-model drafts (``cpu_speculation.py``).
 Configuration: the model's ``parameters`` (``cpu_parameters.py``: ``gpt_model_path``, the engine's fields of
 ``EngineConfig``, ``exclude_input_in_output``, ``cpu_threads``, ``xgrammar_tokenizer_info_path``, the LoRA cache's
 size).
@@ -128,8 +128,10 @@ class TritonPythonModel:
             checkpoint = json.loads((p.checkpoint / "config.json").read_text())
             values["lora_cache_max_adapters"] = str(cache_capacity(checkpoint, *lora_cache))
         config = EngineConfig.from_parameters(values)  # draft_input_ids verified in the step, within its budget
-        self.engine = Executor(CheckpointModel.load(p.checkpoint), config, cpu_speculator(values, config))
-        info, vocab_size = p.tokenizer_info, self.engine.model.dims.vocab_size
+        model = CheckpointModel.load(p.checkpoint)
+        info, vocab_size = p.tokenizer_info, model.dims.vocab_size
+        self.engine = Executor(model, config, cpu_speculator(values, config, Path(args["model_repository"]),
+                                                             vocab_size))
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.gauges, self.families = {}, []  # a family must outlive its metrics
