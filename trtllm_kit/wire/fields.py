@@ -10,7 +10,7 @@ that has a name for it, encoded and decoded by the table alone (``scalars.py``);
 codec written in each dialect's module. The dialects: ``trtllm`` (the ``tensorrt_llm`` model's tensors, on both
 the engine and cpu targets), ``llmapi`` (the llmapi target's model) and ``text`` (the text interface of
 ``ensemble`` and ``tensorrt_llm_bls``). A row also says whether an OpenAI completion body carries the field, and
-under which name where it differs (``openai=``, encoded by ``openai.py``).
+under which name where it differs (``openai=``, encoded by ``openai_body.py``).
 """
 
 from __future__ import annotations
