@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -33,17 +32,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psutil
 
 from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient
+from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.request import NEVER_END_ID
 
 MIGRATIONS = "dynamo_frontend_model_migration_total"
 PROMPT_TOKENS = 24
 READY_WAIT_S = 60.0
+ANSWER_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -112,35 +115,31 @@ class Restarter:
                 child.wait()
 
 
-async def stream(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int) -> str:
-    """One greedy streamed completion's text; raises on an HTTP error or an error event."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    text = ""
-    async with session.post(f"{url}/v1/completions", json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            event = json.loads(line.removeprefix("data:"))
-            if "error" in event:
-                raise RuntimeError(f"error event: {line[:200]}")
-            text += "".join(choice.get("text") or "" for choice in event.get("choices") or [])
-    return text
+async def stream(client: DynamoFrontendClient, prompt: list[int], max_tokens: int) -> str:
+    """One greedy streamed completion's text (``ignore_eos``: ``max_tokens`` tokens), through the kit's client of
+    Dynamo's frontend; raises ``GenerationError`` on a refusal or failure, ``TimeoutError`` after
+    ``ANSWER_TIMEOUT_S``."""
+    req = GenerationRequest(tuple(prompt), max_tokens, top_k=1, end_id=NEVER_END_ID, streaming=True)
+
+    async def text() -> str:
+        return "".join([piece async for response in client.stream(req) for piece in response.texts])
+
+    return await asyncio.wait_for(text(), ANSWER_TIMEOUT_S)
 
 
 async def reference(url: str, model: str, prompts: list[list[int]], max_tokens: int, streams: int) -> list[str]:
     """Every prompt's answer without faults, ``streams`` at a time."""
     gate = asyncio.Semaphore(streams)
+    client = DynamoFrontendClient(url, model)
 
-    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> str:
+    async def one(prompt: list[int]) -> str:
         async with gate:
-            return await stream(session, url, model, prompt, max_tokens)
+            return await stream(client, prompt, max_tokens)
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        return list(await asyncio.gather(*(one(session, p) for p in prompts)))
+    try:
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+    finally:
+        await client.close()
 
 
 async def faulted(url: str, model: str, prompts: list[list[int]], answers: list[str], max_tokens: int,
@@ -153,13 +152,13 @@ async def faulted(url: str, model: str, prompts: list[list[int]], answers: list[
         while not stop.wait(kill_every_s) and time.monotonic() < end:
             restarter.kill_next()
 
-    async def client(session: aiohttp.ClientSession, number: int) -> None:
+    async def streams(client: DynamoFrontendClient, number: int) -> None:
         index = number
         while time.monotonic() < end:
             result.sent += 1
             try:
-                text = await stream(session, url, model, prompts[index % len(prompts)], max_tokens)
-            except (OSError, RuntimeError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                text = await stream(client, prompts[index % len(prompts)], max_tokens)
+            except (GenerationError, asyncio.TimeoutError) as exc:
                 result.failed += 1
                 result.errors.append(f"{type(exc).__name__}: {exc}"[:300])
             else:
@@ -169,10 +168,11 @@ async def faulted(url: str, model: str, prompts: list[list[int]], answers: list[
 
     thread = threading.Thread(target=killer, name="killer", daemon=True)
     thread.start()
+    client = DynamoFrontendClient(url, model)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-            await asyncio.gather(*(client(session, n) for n in range(result.streams)))
+        await asyncio.gather(*(streams(client, n) for n in range(result.streams)))
     finally:
+        await client.close()
         stop.set()
         thread.join()
     result.kills = restarter.num_kills
