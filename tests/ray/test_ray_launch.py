@@ -1,8 +1,10 @@
-"""``serve --ray`` before anything starts: its refusals, the driver's command line, and the listening socket."""
+"""``serve --ray`` before anything starts: its refusals, the driver's command line and imports, and the listening
+socket."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,10 @@ def test_gpu_replicas_are_refused_on_a_machine_without_gpus_and_passed_to_the_dr
     dirs = RayDirs(tmp_path / "run" / "out-0123456789abcdef" / "ray", temp_root=tmp_path / "tmp")
     assert "--gpu-replicas" in driver_argv(out, "tiny", dirs, 7, _options(gpu_replicas=True))
     assert "--gpu-replicas" not in driver_argv(out, "tiny", dirs, 7, _options())
+
+
+def test_the_driver_starts_ray_without_torch() -> None:
+    """The driver names the replica's class; torch (seconds to import on a loaded machine) loads in the replicas."""
+    code = "import sys, trtllm_kit.serve.ray.driver; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "False"

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.serve.artifact_llm import artifact_llm
 from trtllm_kit.serve.ray.engine_load import SERVE_LOGGER, ended_line, watch_load
 from trtllm_kit.serve.ray.prefix import prefix_key
 from trtllm_kit.triton_models.llmapi_classes import llm_classes
@@ -33,6 +32,9 @@ class Replica:
     """
 
     def __init__(self, out: str) -> None:
+        # imported here, in the replica: the driver names this class and so starts Ray without loading torch
+        from trtllm_kit.serve.artifact_llm import artifact_llm
+
         self.classes = llm_classes()
         self.llm, self.limits = artifact_llm(Path(out))
         self.logger = logging.getLogger(SERVE_LOGGER)
