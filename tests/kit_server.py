@@ -1,5 +1,6 @@
 """A served build for tests: the build made once per session from what it is built of, ``trtllm-kit serve`` of it
-on free loopback ports with the OpenAI frontend, its ``url``, an ``openai`` ``client``, raw ``post`` and ``stop``.
+on free loopback ports with the OpenAI frontend, its ``url``, an ``openai`` ``client``, raw ``post`` and ``stop``; and
+``open_stream``, a raw request a test can leave mid-stream.
 
 ``Builds`` and ``Servers`` (``tests/conftest.py`` gives one of each per session) let modules that serve the same
 build share one running server. A test that changes its server (kills it, loads adapters, reloads, fills its disk,
@@ -8,7 +9,9 @@ edits its keys) starts a ``KitServer`` of its own, on its own copy of the build 
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -151,6 +154,29 @@ class KitServer:
                 return response.status, dict(response.headers), response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
+
+
+def open_stream(state: dict[str, Any], body: dict[str, Any], num_events: int = 3, path: str = "/v1/completions",
+                headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> socket.socket:
+    """POST ``body`` to a serve's OpenAI frontend over a raw socket and read until ``num_events`` server-sent events
+    arrived (0: none); the socket, for the caller to read on or close (a client that leaves).
+
+    Arguments:
+        state: the serve's state (its ``openai`` endpoint); body: the request; num_events: events to wait for;
+        path: e.g. ``/v1/chat/completions``; headers: more headers (a key); timeout_s: the socket timeout.
+    """
+    host, port = state["openai"].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+    data = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}Content-Length: "
+                 f"{len(data)}\r\n\r\n".encode() + data)
+    received = b""
+    while received.count(b"data: ") < num_events:
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    return sock
 
 
 class Servers:

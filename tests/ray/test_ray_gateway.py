@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit_server import TINY_BUILDS, Builds, KitServer, Servers
+from kit_server import TINY_BUILDS, Builds, KitServer, Servers, open_stream
 from prefix_turns import replicas_by_prefix
 
 from trtllm_kit.serve.gateway.keys import add_key
@@ -104,19 +103,6 @@ def test_a_spent_quota_is_refused_429_and_usage_is_counted(gated: Gated) -> None
     assert [(line["prompt_tokens"], line["completion_tokens"]) for line in usage] == [(6, 8), (6, 8)]
 
 
-def _open_stream(gated: Gated, body: dict[str, Any], num_events: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", gated.server.port), timeout=HANG_S)
-    data = json.dumps(body).encode()
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: "
-                 f"Bearer {gated.secrets['open']}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
-    received = b""
-    while received.count(b"data: ") < num_events:
-        chunk = sock.recv(65536)
-        assert chunk, received
-        received += chunk
-    return sock
-
-
 def _last_step(lines: list[str]) -> int:
     loads = [load for load in map(EngineLoad.parse, lines) if load is not None]
     return loads[-1].step if loads else 0
@@ -124,7 +110,8 @@ def _last_step(lines: list[str]) -> int:
 
 def test_a_dropped_stream_frees_the_replicas_request(gated: Gated) -> None:
     before = gated.logs()
-    sock = _open_stream(gated, _body(LONG_TOKENS, stream=True), 3)
+    sock = open_stream(gated.server.state, _body(LONG_TOKENS, stream=True), 3,
+                       headers={"Authorization": f"Bearer {gated.secrets['open']}"}, timeout_s=HANG_S)
     sock.close()
     deadline = time.monotonic() + HANG_S
     while True:

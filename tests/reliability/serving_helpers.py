@@ -3,7 +3,6 @@ raw HTTP clients that can leave mid-stream, and the processes and shared memory 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import psutil
 from kit_server import KitServer
+from kit_server import open_stream as open_stream  # the raw client these tests leave mid-stream, said once there
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "builtin:tiny-llama"  # the served name
@@ -54,23 +54,6 @@ def wait_idle(state: dict[str, Any], timeout_s: float) -> tuple[float, dict[str,
         if now["active"] == 0 or time.perf_counter() - started > timeout_s:
             return time.perf_counter() - started, now
         time.sleep(0.02)
-
-
-def open_stream(state: dict[str, Any], body: dict[str, Any], num_events: int = 3,
-                path: str = "/v1/completions", headers: dict[str, str] | None = None) -> socket.socket:
-    """POST ``body`` over a raw socket and read until ``num_events`` server-sent events arrived (0: none)."""
-    host, port = state["openai"].rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=60)
-    data = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}Content-Length: "
-                 f"{len(data)}\r\n\r\n".encode() + data)
-    received = b""
-    while received.count(b"data: ") < num_events:
-        chunk = sock.recv(65536)
-        assert chunk, received
-        received += chunk
-    return sock
 
 
 def read_rest(sock: socket.socket, timeout_s: float) -> bytes:
