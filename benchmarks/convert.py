@@ -24,7 +24,7 @@ ratios whose variants did not run are left out.
 Calibration runs once, in its own process: the real forward hooks on the float32 ``transformers`` model, but on
 ``--calib-samples`` windows of ``--calib-seq-len`` seeded random token ids (the synthetic checkpoint has no
 tokenizer, and a full 512 x 512 calibration of a 1.1B model takes long on a CPU). The quantization kernels are
-also timed alone, on one thread, over the largest MLP weight: GB/s of bf16 input.
+then timed alone (``benchmarks/quant_kernels.py``).
 
 Each prints wall time, input GB/s and peak anonymous memory (RssAnon sampled every 5 ms: the page cache
 that memory-mapped reads fill is not counted). Input files are in the page cache for all three (the
@@ -43,79 +43,36 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quant_kernels import print_kernel_figures
+from run_figures import AnonPeak, Figures, pick
+
+if TYPE_CHECKING:
+    from trtllm_kit.quant.algos import QuantConfig
+    from trtllm_kit.quant.calibrate import CalibrationStats
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@dataclass
-class Figures:
-    variant: str
-    seconds: float
-    input_gb: float
-    peak_anon_mb: float
-
-    @property
-    def gb_per_s(self) -> float:
-        return self.input_gb / self.seconds
-
-
-class AnonPeak:
-    """Samples RssAnon of this process in a thread; ``peak_mb`` is the maximum seen."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self.interval, self.peak_kb, self._stop = interval, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_kb = max(self.peak_kb, _rss_anon_kb())
-            time.sleep(self.interval)
-
-    def __enter__(self) -> AnonPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_kb = max(self.peak_kb, _rss_anon_kb())
-
-    @property
-    def peak_mb(self) -> float:
-        return self.peak_kb / 1024
-
-
-def _rss_anon_kb() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    return 0
-
-
-def pick(figures: list[Figures], statistic: str) -> Figures:
-    """The fastest (``best``) or the median run, with the largest peak memory of all runs."""
-    ordered = sorted(figures, key=lambda f: f.seconds)
-    run = ordered[0] if statistic == "best" else ordered[len(ordered) // 2]
-    return Figures(run.variant, run.seconds, run.input_gb, max(f.peak_anon_mb for f in figures))
-
-
-def run_kit(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
-    from trtllm_kit.checkpoint.convert import convert, quant_transform
-    from trtllm_kit.layout import Mapping
-    from trtllm_kit.models.inspect import inspect_model
+def quantization(src: Path, quant: str) -> tuple[QuantConfig, CalibrationStats | None]:
+    """``--quant QUANT``'s configuration and the statistics calibrated beforehand next to ``src`` when it needs them."""
     from trtllm_kit.quant.algos import QuantConfig
     from trtllm_kit.quant.calibrate import CalibrationStats
 
-    dst.mkdir()
-    model, mapping = inspect_model(str(src)), Mapping(tp, 1)
     config = QuantConfig(quant=quant)
-    stats = CalibrationStats.load(src.parent / "calibration") if config.needs_calibration else None
-    convert(model, dst, mapping, "auto", transform=quant_transform(model, mapping, "auto", config, stats))
+    return config, CalibrationStats.load(src.parent / "calibration") if config.needs_calibration else None
+
+
+def run_kit(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
+    from trtllm_kit.checkpoint.convert import convert_checkpoint
+
+    dst.mkdir()
+    config, stats = quantization(src, quant)
+    convert_checkpoint(src, dst, tp_size=tp, quant=config, stats=stats)
 
 
 def run_calibration(src: Path, samples: int, seq_len: int) -> float:
@@ -132,44 +89,6 @@ def run_calibration(src: Path, samples: int, seq_len: int) -> float:
     seconds = time.perf_counter() - start
     stats.save(src.parent / "calibration")
     return seconds
-
-
-def kernel_figures(preset: str, workers: int) -> dict[str, float]:
-    """GB/s of bf16 input of each quantization kernel with ``workers`` block threads, one intra-op thread each
-    (median of 5, after a warm-up)."""
-    import torch
-    from synthetic_checkpoint import PRESETS
-
-    from trtllm_kit.llmapi.quant_format import quantize_weight
-    from trtllm_kit.quant.blocks import BlockBuffer
-    from trtllm_kit.quant.fp8 import fp8_quantize
-    from trtllm_kit.quant.int8 import quantize_rows_int8, smoothed_row_amax, w8a16_quantize
-
-    torch.set_num_threads(1)
-    dims = PRESETS[preset]
-    weight = (torch.randn(dims["intermediate_size"], dims["hidden_size"]) * 0.02).to(torch.bfloat16)
-    smoother = torch.rand(dims["hidden_size"]) + 0.5
-    row_scale = torch.full((weight.shape[0],), 127.0 / 0.1)
-    buffer = BlockBuffer(workers=workers)
-    buffer_pool = ThreadPoolExecutor(workers)  # the unified export's FP8 kernel takes a pool, as write_unified does
-    kernels = {
-        "fp8": lambda: fp8_quantize(weight, 1e-4, buffer),
-        "sq-int8": lambda: quantize_rows_int8(weight, row_scale, smoother, buffer),
-        "sq-amax": lambda: smoothed_row_amax(weight, smoother, buffer),
-        "w8a16": lambda: w8a16_quantize(weight, buffer),
-        "llmapi-fp8": lambda: quantize_weight(weight, torch.tensor(1e-4), buffer_pool, workers),
-    }
-    figures = {}
-    for name, kernel in kernels.items():
-        kernel()
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            kernel()
-            times.append(time.perf_counter() - start)
-        figures[name] = weight.numel() * 2 / sorted(times)[2] / 1e9
-    buffer_pool.shutdown()
-    return figures
 
 
 ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
@@ -220,12 +139,9 @@ def run_llmapi(src: Path, dst: Path, tp: int, quant: str = "none") -> None:
     model.yaml there, so it does not change the export)."""
     from trtllm_kit.llmapi.unified import write_unified
     from trtllm_kit.models.inspect import inspect_model
-    from trtllm_kit.quant.algos import QuantConfig
-    from trtllm_kit.quant.calibrate import CalibrationStats
 
     dst.mkdir()
-    config = QuantConfig(quant=quant)
-    stats = CalibrationStats.load(src.parent / "calibration") if config.needs_calibration else None
+    config, stats = quantization(src, quant)
     write_unified(inspect_model(str(src)), dst, "auto", config, stats, lambda _name, _nbytes: None)
 
 
@@ -337,14 +253,8 @@ def main() -> None:
         if "kit" in runs:
             print(f"kit peak anon {pick(runs['kit'], 'best').peak_anon_mb:.0f} MB vs budget {budget:.0f} MB "
                   "(2 x largest tensor + 300 MB)")
-        if not set(CALIBRATED) & set(runs):
-            return
-        from trtllm_kit.quant.blocks import default_workers
-
-        for workers in sorted({1, default_workers()}):
-            kernels = kernel_figures(args.preset, workers)
-            print(f"quantization kernels, {workers} thread(s), GB/s of bf16 input (target >= 1 on one): "
-                  + ", ".join(f"{name} {rate:.2f}" for name, rate in kernels.items()))
+        if set(CALIBRATED) & set(runs):
+            print_kernel_figures(args.preset)
 
 
 if __name__ == "__main__":
