@@ -1,7 +1,9 @@
-"""``serve --ray`` with real Ray on this machine: a private Ray in a network namespace of its own, the model as
-replicas of a Ray Serve deployment behind the kit's OpenAI frontend.
+"""``serve --ray --replicas 2:2 --router pow2`` with real Ray on this machine: a private Ray in a network namespace of
+its own, the model as two replicas of a Ray Serve deployment behind the kit's OpenAI frontend.
 
-The greedy answer equals a plain serve's token for token, streamed and whole; stop leaves no process of Ray.
+The greedy answer equals a plain serve's token for token, streamed and whole; Ray Serve's default router spreads the
+prompts of one prefix over both replicas (what the prefix router, ``test_ray_gateway.py``, does not); stop leaves no
+process of Ray.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 from kit_server import BuildKey, Builds, KitServer, Servers
+from prefix_turns import replicas_by_prefix
 
 from trtllm_kit.serve.ray.namespace import pids_in
 
@@ -28,7 +31,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LLMAPI = BuildKey.of(target="llmapi")
 PROMPT_IDS = [1, 264, 333, 84, 534, 332]  # token ids: both frontends see the same prompt, BOS included
-READY_TIMEOUT_S = 600.0  # a private Ray, its controller and a replica on 2 loaded cores
+READY_TIMEOUT_S = 600.0  # a private Ray, its controller and two replicas on 2 loaded cores
+NUM_TURNS = 8  # both prefixes on one replica each by chance: 1 in 2**14
 
 
 def _body(model: str, max_tokens: int, **more: Any) -> bytes:
@@ -64,7 +68,7 @@ def _stream(server: KitServer, model: str, max_tokens: int) -> tuple[list[str], 
 @pytest.fixture(scope="module")
 def on_ray(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
     out = kit_builds.copy(LLMAPI, tmp_path_factory.mktemp("ray") / "out")
-    with KitServer(out, ray=True, replicas="1:2", target_ongoing=2.0, ready_timeout_s=READY_TIMEOUT_S) as server:
+    with KitServer(out, ray=True, replicas="2:2", router="pow2", ready_timeout_s=READY_TIMEOUT_S) as server:
         yield server
 
 
@@ -73,7 +77,7 @@ def test_models_lists_the_artifact_and_the_state_says_ray(on_ray: KitServer) -> 
         listed = json.loads(response.read())
     assert [m["id"] for m in listed["data"]] == [on_ray.state["model"]]
     assert on_ray.state["server"] == "ray"
-    assert on_ray.state["replicas"] == {"min": 1, "max": 2}
+    assert on_ray.state["replicas"] == {"min": 2, "max": 2}
     assert Path(on_ray.state["run_dir"], "ray", "tmp").resolve().is_dir()  # Ray's temp dir, linked from the run dir
 
 
@@ -103,6 +107,12 @@ def test_the_ray_processes_live_in_the_serves_own_network_namespace(on_ray: KitS
     names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids_in(namespace)}
     assert {"gcs_server", "raylet"} <= names
     assert any(name.startswith("ray::ServeRepl") for name in names)  # a replica of the model
+
+
+def test_without_the_prefix_router_a_prefix_goes_to_both_replicas(on_ray: KitServer) -> None:
+    assert on_ray.state["router"] == "pow2"
+    served = replicas_by_prefix(on_ray, NUM_TURNS)
+    assert any(len(replicas) == 2 for replicas in served.values()), served
 
 
 def test_stop_leaves_no_process_of_ray(on_ray: KitServer) -> None:
