@@ -44,14 +44,16 @@ def checkpoints(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return out
 
 
-def test_fp32_checkpoint_passes(checkpoints, hf_dir):
+def test_fp32_checkpoint_passes(checkpoints, hf_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRTLLM_KIT_CACHE", str(tmp_path))  # an empty cache: the reference is computed
     report = verify_checkpoint(checkpoints["float32"], hf_dir)
     assert report.passed and report.tolerance == 1e-4 and report.compute_dtype == "float32"
     assert report.max_abs_err < 1e-4 and report.top1_agreement == 1.0
     assert report.num_tokens == sum(DEFAULT_PROMPT_LENGTHS)
     assert report.to_dict() == {"max_abs_err": report.max_abs_err, "max_rel_err": report.max_rel_err,
                                 "top1_agreement": 1.0, "num_tokens": sum(DEFAULT_PROMPT_LENGTHS),
-                                "compute_dtype": "float32", "tolerance": 1e-4, "passed": True}
+                                "compute_dtype": "float32", "tolerance": 1e-4, "passed": True,
+                                "reference_cached": False}
 
 
 def test_bf16_checkpoint_computed_in_fp32_meets_fp32_tolerance(checkpoints, hf_dir):

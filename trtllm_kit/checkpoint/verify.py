@@ -11,14 +11,15 @@ from typing import Any
 import torch
 
 from trtllm_kit.artifact import MANIFEST, Artifact
-from trtllm_kit.checkpoint.quality import choice_scores, heldout_path, load_questions
+from trtllm_kit.checkpoint.heldout import corpus_windows, window_scores
+from trtllm_kit.checkpoint.quality import ChoiceScores, choice_scores, load_questions
+from trtllm_kit.checkpoint.reference import load_hf_reference as load_hf_reference  # its tests import it from here
+from trtllm_kit.checkpoint.reference import reference_outputs
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import read_hf_config
-from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.text_tokenizer import load_text_tokenizer
 from trtllm_kit.runtime.model import CheckpointModel
 
-Forward = Callable[[torch.Tensor], torch.Tensor]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FP32_ATOL = 1e-4
 # Low-precision tolerance, relative to the logit scale (max |reference logit|). The HF model runs in the same
@@ -62,8 +63,6 @@ PERPLEXITY_BOUNDS = {"W8A16": 0.01, "FP8": 0.06, "SQ": 0.03, "NVFP4": 0.32, "W4A
 KL_BOUNDS = {"W8A16": 0.02, "FP8": 0.2, "SQ": 0.1, "NVFP4": 0.65, "W4A16_AWQ": 0.8, None: 0.05}
 TOP1_BOUNDS = {"W8A16": 0.6, "FP8": 0.25, "SQ": 0.5, "NVFP4": 0.07, "W4A16_AWQ": 0.05, None: 0.6}
 PERPLEXITY_MARGIN_NATS = 1.0
-PERPLEXITY_WINDOW = 256
-PERPLEXITY_MAX_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,7 @@ class VerifyReport:
     compute_dtype: str
     tolerance: float       # the absolute tolerance max_abs_err was held to (unquantized checkpoints)
     passed: bool
+    reference_cached: bool = False         # the HF model's answers came from the kit's cache (reference_cache)
     quantization: str | None = None        # "quant_algo/kv_cache_quant_algo" of a quantized checkpoint
     perplexity: float | None = None        # of the checkpoint on the held-out text (quantized checkpoints)
     reference_perplexity: float | None = None  # of the unquantized HF model on the same tokens
@@ -118,7 +118,8 @@ class VerifyReport:
         values = asdict(self)
         if self.quantization is None:
             values = {k: v for k, v in values.items() if k in ("max_abs_err", "max_rel_err", "top1_agreement",
-                                                                 "num_tokens", "compute_dtype", "tolerance", "passed")}
+                                                                 "num_tokens", "compute_dtype", "tolerance", "passed",
+                                                                 "reference_cached")}
         return values
 
 
@@ -162,18 +163,6 @@ def tolerance_for(compute_dtype: str, logit_scale: float) -> float:
     return LOW_PRECISION_REL_TOL[compute_dtype] * logit_scale
 
 
-def load_hf_reference(hf_dir: Path, weight_dtype: torch.dtype, compute_dtype: torch.dtype) -> torch.nn.Module:
-    """The HF model with weights rounded to the checkpoint dtype, computing in ``compute_dtype``.
-
-    Loading in the checkpoint's dtype gives both sides the same rounded weights; the cast that follows gives
-    them the same arithmetic.
-
-    Arguments:
-        hf_dir: the HF model directory; weight_dtype: the checkpoint dtype; compute_dtype: the compute dtype.
-    """
-    return load_causal_lm(hf_dir, weight_dtype).to(compute_dtype)
-
-
 def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] | None = None,
                       compute_dtype: str = "float32", atol: float | None = None,
                       load: Callable[[torch.dtype], CheckpointModel] | None = None) -> VerifyReport:
@@ -184,7 +173,8 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] 
     measured on the built-in models, where conversion bugs measure 83-141%). The HF model then runs in the
     same low precision with the same rounded weights. Verify conversions in float32; low precision shows
     that GPU-like rounding stays within the dtype's usual noise. A numerical mismatch (NaN included) is
-    reported as ``passed=False``, never raised; a checkpoint of another model raises ``KitUsageError``.
+    reported as ``passed=False``, never raised; a checkpoint of another model raises ``KitUsageError``. The HF
+    model's answers come from the kit's cache when it has run on the same files and inputs (``reference_cache``).
 
     Arguments:
         ckpt_dir: a TensorRT-LLM checkpoint directory.
@@ -214,13 +204,17 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] 
             raise KitUsageError(f"{ckpt_dir} was not converted from {hf_dir}: {key} is {ckpt_value} in the "
                                 f"checkpoint but {hf_value} in the HF model.")
     weight_dtype = DTYPES.get(str(runtime.config.get("dtype")), torch.float32)
-    reference = load_hf_reference(Path(hf_dir), weight_dtype, DTYPES[compute_dtype])
+    quant = runtime.config.get("quantization") or {}
+    algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
+    is_quantized = algo is not None or kv_algo is not None
+    windows, questions = (corpus_windows(Path(hf_dir)), load_questions()) if is_quantized else ([], [])
+    reference = reference_outputs(Path(hf_dir), weight_dtype, DTYPES[compute_dtype], prompts, windows, questions)
     max_abs = scale = 0.0
     agree = total = 0
     with torch.no_grad():
-        for prompt in prompts:
+        for prompt, logits in zip(prompts, reference.prompt_logits, strict=True):
             ids = torch.tensor([prompt], dtype=torch.int64)
-            got, want = runtime.forward(ids), reference(ids).logits.float()
+            got, want = runtime.forward(ids), logits.float()
             error = (got - want).abs().max().item()
             max_abs = max(max_abs, math.inf if math.isnan(error) else error)
             scale = max(scale, want.abs().max().item())
@@ -229,16 +223,12 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, *, prompts: list[list[int]] 
     tolerance = atol if atol is not None else tolerance_for(compute_dtype, scale)
     report = VerifyReport(max_abs_err=max_abs, max_rel_err=max_abs / scale if scale else 0.0,
                           top1_agreement=agree / total, num_tokens=total, compute_dtype=compute_dtype,
-                          tolerance=tolerance, passed=max_abs <= tolerance)
-    quant = runtime.config.get("quantization") or {}
-    algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
-    if algo is None and kv_algo is None:
+                          tolerance=tolerance, passed=max_abs <= tolerance, reference_cached=reference.is_cached)
+    if not is_quantized:
         return report
-    scores = corpus_scores(runtime.forward, lambda ids: reference(ids).logits.float(), corpus_windows(Path(hf_dir)))
-    ppl, ppl_ref, kl, top1 = scores
-    questions, encode = load_questions(), load_text_tokenizer(Path(hf_dir)).encode
-    picks = choice_scores(runtime.forward, encode, questions)
-    reference_picks = choice_scores(lambda ids: reference(ids).logits, encode, questions)
+    ppl, ppl_ref, kl, top1 = window_scores(runtime.forward, reference.window_logits, windows)
+    picks = choice_scores(runtime.forward, load_text_tokenizer(Path(hf_dir)).encode, questions)
+    reference_picks = ChoiceScores(reference.picks)
     change = ppl / ppl_ref - 1.0
     bound, kl_bound = quality_bounds(algo)
     top1_bound = TOP1_BOUNDS[_bound_key(algo)]
@@ -276,51 +266,3 @@ def quality_bounds(quant_algo: str | None) -> tuple[float, float]:
 
 def _bound_key(quant_algo: str | None) -> str | None:
     return "SQ" if quant_algo and quant_algo.startswith("W8A8_SQ") else quant_algo
-
-
-def corpus_windows(hf_dir: Path, window: int = PERPLEXITY_WINDOW,
-                   max_tokens: int = PERPLEXITY_MAX_TOKENS) -> list[list[int]]:
-    """Consecutive windows of the held-out text (``heldout_path``; calibration reads the corpus), tokenized with
-    the model's tokenizer, for perplexity.
-
-    Arguments:
-        hf_dir: the HF model (its tokenizer); window: tokens per window; max_tokens: tokens in all.
-    """
-    from transformers import AutoTokenizer
-
-
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-    stream: list[int] = []
-    for line in heldout_path().read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            stream += tokenizer(line, add_special_tokens=False)["input_ids"]
-        if len(stream) >= max_tokens:
-            break
-    stream = stream[:max_tokens]
-    return [stream[i:i + window] for i in range(0, len(stream), window) if len(stream[i:i + window]) > 1]
-
-
-def corpus_scores(forward: Forward, reference: Forward,
-                  windows: list[list[int]]) -> tuple[float, float, float, float]:
-    """(perplexity of ``forward``, perplexity of ``reference``, mean KL(reference ‖ forward), share of tokens
-    whose argmax agrees) over the windows.
-
-    Arguments:
-        forward: token ids [1, T] → logits [1, T, V] (the checkpoint); reference: the same for the HF model;
-        windows: token-id lists.
-    """
-    nll = nll_ref = kl = 0.0
-    count = agree = 0
-    with torch.no_grad():
-        for ids in windows:
-            batch, targets = torch.tensor([ids], dtype=torch.int64), torch.tensor(ids[1:])
-            got = forward(batch).float()[0, :-1].log_softmax(-1)
-            want = reference(batch).float()[0, :-1].log_softmax(-1)
-            nll += float(torch.nn.functional.nll_loss(got, targets, reduction="sum"))
-            nll_ref += float(torch.nn.functional.nll_loss(want, targets, reduction="sum"))
-            kl += float((want.exp() * (want - got)).sum())
-            agree += int((got.argmax(-1) == want.argmax(-1)).sum())
-            count += len(ids) - 1
-    if not count:
-        return math.nan, math.nan, math.nan, math.nan
-    return math.exp(nll / count), math.exp(nll_ref / count), kl / count, agree / count

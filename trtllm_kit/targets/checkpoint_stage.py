@@ -103,6 +103,8 @@ def run_verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter, load: Any =
         raise VerifyError(f"verify failed: max abs logit error {report.max_abs_err:.3g} exceeds the tolerance "
                           f"{report.tolerance:.3g} (top-1 agreement {report.top1_agreement:.1%}); the checkpoint "
                           "does not compute what the HF model does.")
+    if report.reference_cached:
+        reporter.note("verify: the unquantized model's answers came from the kit's cache (verify-reference/)")
     reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, max rel error {report.max_rel_err:.2e}, "
                   f"top-1 agreement {report.top1_agreement:.1%}")
     if report.quantization:
