@@ -15,6 +15,7 @@ import torch
 from trtllm_kit.llmapi.cpu_types import CompletionOutput, Logprob, SamplingParams, TokenLogprobs, logprob_dict
 from trtllm_kit.runtime.handle import Failure
 from trtllm_kit.runtime.sequence import Sequence
+from trtllm_kit.wire import DraftAcceptance
 
 ERROR = "error: "  # a finish reason that carries why the request could not run
 
@@ -47,6 +48,7 @@ class Update:
     generation_logits: Any = None
     context_logits: Any = None
     disaggregated_params: Any = None  # a finished context-only request's DisaggregatedParams
+    draft_acceptance: DraftAcceptance | None = None  # the sequence's speculation so far (None: it drafted nothing)
 
 
 class RequestOutput:
@@ -93,6 +95,8 @@ class RequestOutput:
             self.context_logits = update.context_logits
         if update.disaggregated_params is not None:
             out.disaggregated_params = update.disaggregated_params
+        if update.draft_acceptance is not None:
+            out.draft_acceptance = update.draft_acceptance
         if update.reason is not None:
             out.finish_reason = FINISH_REASONS.get(update.reason, update.reason)
         if all(o.finish_reason is not None for o in self._all):
@@ -159,7 +163,7 @@ class ResultHandle:
             else None,
             torch.stack(seq.generation_logits) if params.return_generation_logits and seq.generation_logits else None,
             torch.stack(seq.context_logits) if params.return_context_logits and sent == 0 and seq.context_logits
-            else None, self._finished(seq) if seq.is_finished else None))
+            else None, self._finished(seq) if seq.is_finished else None, seq.draft_counts.acceptance()))
 
     def failed(self, message: str, kind: Failure) -> None:
         self.output._push(Update(0, [], f"{ERROR}{message}", 0.0))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtllm_kit.runtime.sequence import TokenLogprob
+from trtllm_kit.wire import DraftAcceptance
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,8 @@ class CompletionOutput:
     prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=list)
     generation_logits: Any = None  # torch.Tensor [tokens, vocab] with return_generation_logits
     disaggregated_params: Any = None  # a context-only request's DisaggregatedParams, once finished
+    # the CPU runtime's own (TensorRT-LLM's CompletionOutput has no such field): what speculation drafted and kept
+    draft_acceptance: DraftAcceptance | None = None
     text_diff: str = ""
     token_ids_diff: list[int] = field(default_factory=list)
     logprobs_diff: TokenLogprobs = field(default_factory=list)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trtllm_kit.wire import DraftAcceptance
+
 
 @dataclass
 class DraftCounts:
@@ -15,6 +17,12 @@ class DraftCounts:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+
+    def acceptance(self) -> DraftAcceptance | None:
+        """A sequence's counts as its responses carry them (None: it never speculated)."""
+        if not self.num_drafts:
+            return None
+        return DraftAcceptance(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
 
     def record(self, num_draft_tokens: int, num_accepted: int) -> None:
         """Count one verified draft.

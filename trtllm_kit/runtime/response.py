@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from trtllm_kit.runtime.sequence import Sequence, TokenLogprob
-from trtllm_kit.wire import DraftAcceptance, GenerationRequest, GenerationResponse, Perf, Scored
+from trtllm_kit.wire import GenerationRequest, GenerationResponse, Perf, Scored
 
 
 def scored_of(token_id: int, entry: TokenLogprob | None) -> Scored:
@@ -60,9 +60,6 @@ def response_of(seq: Sequence, req: GenerationRequest, token_ids: list[int], fir
         generation_logits = torch.stack(logits).numpy() if logits else np.zeros((0, 0), np.float32)
     if with_prompt and req.return_context_logits:
         context_logits = torch.stack(seq.context_logits).numpy()
-    counts = seq.draft_counts
-    acceptance = (DraftAcceptance(counts.num_drafts, counts.num_draft_tokens, counts.num_accepted_tokens)
-                  if counts.num_drafts else None)
     return GenerationResponse(
         token_ids=tuple(token_ids), sequence_index=None if req.n is None else seq.index,
         num_input_tokens=seq.num_prompt_tokens if req.return_num_input_tokens else None,
@@ -70,4 +67,4 @@ def response_of(seq: Sequence, req: GenerationRequest, token_ids: list[int], fir
         cum_logprobs=(seq.cum_logprob,) if req.logprobs is not None else (),
         num_top=max(req.logprobs or 0, req.prompt_logprobs or 0), scored=scored, prompt_scored=prompt_scored,
         context_logits=context_logits, generation_logits=generation_logits, perf=perf,
-        draft_acceptance=acceptance)
+        draft_acceptance=seq.draft_counts.acceptance())

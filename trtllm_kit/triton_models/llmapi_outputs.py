@@ -76,4 +76,5 @@ def response_of(req: GenerationRequest, output: Any, completions: list[Any], dif
         num_top=req.logprobs or 0, num_prompt_top=req.prompt_logprobs, scored=scored, prompt_scored=prompt_scored,
         finish_reasons=tuple(str(c.finish_reason) for c in completions) if req.return_finish_reason else (),
         stop_reasons=tuple(str(c.stop_reason) for c in completions) if req.return_stop_reason else (),
-        disaggregated=None if params is None else handle_of(params))
+        disaggregated=None if params is None else handle_of(params),
+        draft_acceptance=getattr(first, "draft_acceptance", None))  # the CPU LLM's; TensorRT-LLM's has none

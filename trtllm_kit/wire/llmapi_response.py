@@ -4,8 +4,9 @@ Every response carries ``text_output`` (one text per completion it reports), ``o
 completion's tokens: streamed, the new ones), ``num_input_tokens`` and ``num_output_tokens`` (the completion's
 tokens so far); on request ``finish_reason``, ``stop_reason`` and ``cumulative_logprob`` per completion,
 ``sequence_index``, the logprob outputs ([T] and [T, k]; per prompt token [P] and [P, k'], in a completion's first
-response: the LLM API counts the two kinds of alternatives apart) and, from a context-only request,
-``disaggregated_params``.
+response: the LLM API counts the two kinds of alternatives apart), from a context-only request,
+``disaggregated_params``, and from a completion that speculated (the CPU ``LLM``'s) its counts so far under the
+``tensorrt_llm`` model's names (``total_drafts``, ``total_draft_tokens``, ``total_accepted_draft_tokens``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from trtllm_kit.wire.disagg import DisaggHandle
 from trtllm_kit.wire.logprobs import read_scored, scored_arrays
 from trtllm_kit.wire.response import GenerationResponse
 from trtllm_kit.wire.tensor import Tensor, read_ids, read_scalar, read_strings, scalar_array, strings_array
+from trtllm_kit.wire.trtllm_response import DRAFT_ACCEPTANCE, draft_acceptance_arrays, read_draft_acceptance
 
 RESPONSE_TENSORS = (
     Tensor("text_output", "STRING", (-1,)), Tensor("finish_reason", "STRING", (-1,)),
@@ -27,7 +29,7 @@ RESPONSE_TENSORS = (
     Tensor("output_log_probs", "FP32", (-1,)), Tensor("top_log_probs", "FP32", (-1, -1)),
     Tensor("top_log_prob_ids", "INT32", (-1, -1)), Tensor("prompt_log_probs", "FP32", (-1,)),
     Tensor("prompt_top_log_probs", "FP32", (-1, -1)), Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
-    Tensor("disaggregated_params", "STRING", (1,)),
+    Tensor("disaggregated_params", "STRING", (1,)), *DRAFT_ACCEPTANCE.values(),
 )
 
 
@@ -50,6 +52,8 @@ def encode_llmapi_response(response: GenerationResponse) -> dict[str, np.ndarray
         arrays["cumulative_logprob"] = np.array(response.cum_logprobs, np.float32)
     if response.disaggregated is not None:
         arrays["disaggregated_params"] = strings_array([response.disaggregated.to_json()])
+    if response.draft_acceptance is not None:
+        arrays.update(draft_acceptance_arrays(response.draft_acceptance))
     prompt_k = response.num_top if response.num_prompt_top is None else response.num_prompt_top
     for prefix, top, scored, k in (("output_", "top_", response.scored, response.num_top),
                                    ("prompt_", "prompt_top_", response.prompt_scored, prompt_k)):
@@ -84,4 +88,5 @@ def decode_llmapi_response(arrays: Mapping[str, np.ndarray],
         scored=None if scored is None else scored[0], prompt_scored=None if prompt is None else prompt[0],
         finish_reasons=read_strings(arrays, "finish_reason") or (),
         stop_reasons=read_strings(arrays, "stop_reason") or (),
-        disaggregated=DisaggHandle.from_json(handle) if handle else None)
+        disaggregated=DisaggHandle.from_json(handle) if handle else None,
+        draft_acceptance=read_draft_acceptance(arrays))

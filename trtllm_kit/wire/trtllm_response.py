@@ -74,9 +74,28 @@ def encode_trtllm_response(response: GenerationResponse) -> dict[str, np.ndarray
     if response.perf is not None:
         arrays.update({name: scalar_array(getattr(response.perf, name), datatype) for name, datatype in PERF.items()})
     if response.draft_acceptance is not None:
-        arrays.update({t.name: scalar_array(getattr(response.draft_acceptance, field), t.data_type)
-                       for field, t in DRAFT_ACCEPTANCE.items()})
+        arrays.update(draft_acceptance_arrays(response.draft_acceptance))
     return arrays
+
+
+def draft_acceptance_arrays(acceptance: DraftAcceptance) -> dict[str, np.ndarray]:
+    """A sequence's speculation counts as their tensors (the llmapi model's too).
+
+    Arguments:
+        acceptance: the counts.
+    """
+    return {t.name: scalar_array(getattr(acceptance, field), t.data_type) for field, t in DRAFT_ACCEPTANCE.items()}
+
+
+def read_draft_acceptance(arrays: Mapping[str, np.ndarray]) -> DraftAcceptance | None:
+    """The speculation counts a response's tensors carry (None unless all three are there).
+
+    Arguments:
+        arrays: the response's tensors by name.
+    """
+    if not all(t.name in arrays for t in DRAFT_ACCEPTANCE.values()):
+        return None
+    return DraftAcceptance(**{field: int(read_scalar(arrays, t.name)) for field, t in DRAFT_ACCEPTANCE.items()})
 
 
 def _logits(arrays: Mapping[str, np.ndarray], name: str) -> np.ndarray | None:
@@ -100,10 +119,6 @@ def decode_trtllm_response(arrays: Mapping[str, np.ndarray],
     perf = None
     if all(name in arrays for name in PERF):
         perf = Perf(**{name: int(read_scalar(arrays, name)) for name in PERF})
-    acceptance = None
-    if all(t.name in arrays for t in DRAFT_ACCEPTANCE.values()):
-        acceptance = DraftAcceptance(**{field: int(read_scalar(arrays, tensor.name))
-                                        for field, tensor in DRAFT_ACCEPTANCE.items()})
     cum = arrays.get("cum_log_probs")
     return GenerationResponse(
         token_ids=ids, texts=read_strings(arrays, "text_output") or (),
@@ -113,4 +128,4 @@ def decode_trtllm_response(arrays: Mapping[str, np.ndarray],
         num_top=max(scored[1] if scored else 0, prompt[1] if prompt else 0),
         scored=None if scored is None else scored[0], prompt_scored=None if prompt is None else prompt[0],
         context_logits=_logits(arrays, "context_logits"), generation_logits=_logits(arrays, "generation_logits"),
-        perf=perf, draft_acceptance=acceptance)
+        perf=perf, draft_acceptance=read_draft_acceptance(arrays))
