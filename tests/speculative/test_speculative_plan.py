@@ -59,3 +59,23 @@ def test_prompt_lookup_plans_for_a_gpu_on_the_targets_that_run_it(target: str, t
         assert ngram["llmapi"]["llm_args"]["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4}
     else:
         assert ngram["plan"]["max_num_tokens"] == plain["plan"]["max_num_tokens"] + 8 * 4
+
+
+def test_the_plan_predicts_the_speedup_from_the_drafts_cost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    draft = builtin_dir("tiny-qwen2")
+    flags = ["--speculative", "draft-target", "--draft-model", str(draft), "--max-draft-len", "4", "--json"]
+    assert run(["plan", "builtin:tiny-llama", "--out", str(tmp_path / "out"), *PLAN, *flags]) == 0
+    report = json.loads(capsys.readouterr().out)["speculation"]
+    cost = read_hf_config(draft).num_parameters / read_hf_config(builtin_dir("tiny-llama")).num_parameters
+    assert 0.8 < cost < 0.9  # a draft nearly the target's size
+    assert report == {"draft_len": 4, "draft_cost": round(cost, 4),
+                      "break_even_acceptance_length": round(1 + 4 * cost, 4),
+                      "predicted_speedup": {f"{n:g}": round(n / (1 + 4 * cost), 3) for n in (1.5, 2.0, 3.0, 4.0)}}
+
+
+def test_prompt_lookup_costs_no_draft_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--target", "cpu", "--speculative", "ngram", "--max-draft-len", "2", "--json"]
+    assert run(["plan", "builtin:tiny-llama", "--out", str(tmp_path / "out"), *flags]) == 0
+    report = json.loads(capsys.readouterr().out)["speculation"]
+    assert report == {"draft_len": 2, "draft_cost": 0.0, "break_even_acceptance_length": 1.0,
+                      "predicted_speedup": {"1.5": 1.5, "2": 2.0, "3": 3.0}}  # no length past K + 1 = 3

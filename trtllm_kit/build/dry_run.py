@@ -30,6 +30,7 @@ from trtllm_kit.models.registry import family_for
 from trtllm_kit.quant.calib_size import calibration_device, calibration_memory, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
 from trtllm_kit.spec.draft_tokenizer import check_draft
+from trtllm_kit.spec.speculative_speedup import speculation_report
 from trtllm_kit.targets.base import EngineSetup
 
 MIB = 2**20
@@ -61,6 +62,9 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "commands": [engine.command.argv] if engine.command else [],
         "command_lines": [engine.command.line] if engine.command else [],
     }
+    speculation = speculation_report(spec.speculative, hf, spec.build.tp)
+    if speculation is not None:  # the verify step's time model (spec/speculative_speedup.py)
+        report["speculation"] = speculation
     if engine.draft is not None:  # draft-target: the draft engine's trtllm-build, run after the target's
         report["draft_command"], report["draft_command_line"] = engine.draft.command.argv, engine.draft.command.line
     if engine.lora is not None:
@@ -167,6 +171,12 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
                       + (f" + AWQ scale search {c['search_bytes'] / GIB:.2f} GiB" if c.get("search_bytes") else "")
                       + ")",
                       highlight=False, markup=False)
+    if report.get("speculation"):
+        s = report["speculation"]
+        speedups = ", ".join(f"{length}: {x:.2f}x" for length, x in s["predicted_speedup"].items())
+        console.print(f"Speculation (K {s['draft_len']}, a draft step {s['draft_cost']:.3f} of the target's): pays "
+                      f"above acceptance length {s['break_even_acceptance_length']:.2f}; predicted speedup at batch 1 "
+                      f"by acceptance length {speedups}", highlight=False, markup=False, soft_wrap=True)
     stages = Table("stage", "status", "why")
     for row in report["stages"]:
         stages.add_row(row["stage"], row["status"], row["why"])

@@ -18,11 +18,23 @@ and a plain step ``b`` tokens for ``step(b)``, so
 which is ``L / (1 + K c)`` while memory-bound: speculation pays when ``L > 1 + K c``. With a per-token acceptance
 rate ``a`` (each draft token kept with probability ``a`` given the ones before it were),
 ``L = (1 - a^(K + 1)) / (1 - a)``.
+
+``plan`` reports the memory-bound figures (``speculation_report``): a draft model's ``c`` is its parameters over the
+target's per tensor-parallel rank (the draft runs whole on every rank, the target's step is sharded ``tp`` ways);
+prompt lookup, lookahead and heads the plan does not size count ``c = 0``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.models.hf_config import HFConfig, read_hf_config
+from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
+from trtllm_kit.spec.speculative_support import mtp_layers
+
+REPORTED_LENGTHS = (1.5, 2.0, 3.0, 4.0)  # acceptance lengths ``plan`` predicts a speedup for (those up to K + 1)
 
 
 def acceptance_length(acceptance_rate: float, draft_len: int) -> float:
@@ -82,3 +94,23 @@ def break_even_length(draft_len: int, draft_cost: float) -> float:
 def _check_draft_len(draft_len: int) -> None:
     if draft_len < 1:
         raise KitUsageError(f"draft length {draft_len} is below 1; give K, the draft tokens per step.")
+
+
+def speculation_report(options: SpeculativeOptions, hf: HFConfig, tp_size: int) -> dict[str, Any] | None:
+    """``plan``'s speculation figures: K, the draft's cost ``c``, the break-even acceptance length and the predicted
+    speedup at a few acceptance lengths, at batch 1 (memory-bound); None without speculation.
+
+    Arguments:
+        options: the ``[speculative]`` table; hf: the target's config; tp_size: the target's tensor-parallel ranks.
+    """
+    if options.mode is None:
+        return None
+    draft_len = mtp_layers(options, hf.raw) if options.mode is Speculation.MTP else options.draft_len
+    cost = 0.0
+    if options.mode is Speculation.DRAFT_TARGET and options.draft_model is not None:
+        cost = read_hf_config(options.draft_model).num_parameters * tp_size / hf.num_parameters
+    predicted: Mapping[str, float] = {f"{length:g}": round(predicted_speedup(length, draft_len, cost), 3)
+                                      for length in REPORTED_LENGTHS if length <= draft_len + 1}
+    return {"draft_len": draft_len, "draft_cost": round(cost, 4),
+            "break_even_acceptance_length": round(break_even_length(draft_len, cost), 4),
+            "predicted_speedup": dict(predicted)}
