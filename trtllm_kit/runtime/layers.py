@@ -19,6 +19,7 @@ import torch
 from trtllm_kit.errors import CheckpointError
 from trtllm_kit.layout import LINEARS, NORM_INPUTS, ROW_LINEARS, split_name
 from trtllm_kit.models.rope import ROPE_TYPES, inv_freq, rope_type
+from trtllm_kit.quant import decoder_layer
 from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_round_trip
 from trtllm_kit.quant.int8 import quantize_activation_int8, quantize_per_token_int8, w8a16_round_trip
@@ -56,6 +57,7 @@ class Rope:
                                   f"runtime does not implement (it supports {', '.join(ROPE_TYPES)}).")
         self._inv_freqs: dict[int, torch.Tensor] = {}
         self._last_angles: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
+        self._last_signed: tuple[torch.Tensor, torch.Tensor] | None = None  # (sin, sin with its first half negated)
 
     def inv_freq(self, seq_len: int) -> torch.Tensor:
         """Inverse frequencies [dim/2] in float32, computed as transformers computes them (``models/rope.py``),
@@ -93,12 +95,46 @@ class Rope:
         """
         cos, sin = self.angles(positions, seq_len)
         xf, half = x.float(), x.shape[-1] // 2
-        rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-        return (xf * cos + rotated * sin).to(x.dtype)
+        if self._last_signed is None or self._last_signed[0] is not sin:
+            self._last_signed = (sin, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1))
+        # [-x2, x1] * sin as [x2, x1] * [-sin1, sin2]: a negation is exact, so the same bits with fewer ops a layer
+        return (xf * cos + xf.roll(half, -1) * self._last_signed[1]).to(x.dtype)
 
     def _frequency_key(self, seq_len: int) -> int:
         """``seq_len`` where the frequencies depend on it (dynamic scaling past the trained length), else 0."""
         return seq_len if self.rope_type == "dynamic" and seq_len > self.max_positions else 0
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with transformers' arithmetic (``quant.decoder_layer.rms_norm``); in float32 torch's one fused call,
+    which rounds the same way (``tests/runtime/test_layers.py``) without the chain of small ops.
+
+    Arguments:
+        x: hidden states [..., H]; weight: the scale [H]; eps: the norm's epsilon.
+    """
+    if x.dtype == weight.dtype == torch.float32:
+        return torch.nn.functional.rms_norm(x, weight.shape, weight, eps)
+    return decoder_layer.rms_norm(x, weight, eps)
+
+
+def fuse_gate_up(weights: Weights, layer_prefix: str) -> torch.Tensor | None:
+    """A layer's ``mlp.fc`` and ``mlp.gate`` weights as one [fc rows + gate rows, in] tensor for one matmul (each
+    output column is the same dot product as alone: the same bits); the two entries of ``weights`` become views of
+    its halves, so the weights are held once. None when there is nothing to fuse: no ``mlp.gate`` (``swiglu``
+    holds both in ``mlp.fc``), a quantized weight or a bias.
+
+    Arguments:
+        weights: a rank's prepared tensors (changed in place); layer_prefix: ``transformer.layers.{i}``.
+    """
+    names = [f"{layer_prefix}.mlp.{module}.weight" for module in ("fc", "gate")]
+    fc, gate = (weights.get(name) for name in names)
+    has_bias = any(f"{layer_prefix}.mlp.{module}.bias" in weights for module in ("fc", "gate"))
+    if fc is None or gate is None or fc.shape != gate.shape or fc.dtype != gate.dtype \
+            or fc.dtype in (torch.int8, FP8_DTYPE) or has_bias:
+        return None
+    fused = torch.cat([fc, gate])
+    weights[names[0]], weights[names[1]] = fused.split([fc.shape[0], gate.shape[0]])
+    return fused
 
 
 def linear(x: torch.Tensor, weights: Weights, prefix: str, *, with_bias: bool = True) -> torch.Tensor:
@@ -214,16 +250,17 @@ def causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:
     return torch.arange(num_keys)[None, :] <= torch.arange(num_queries)[:, None] + (num_keys - num_queries)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Scaled dot-product attention of one rank with grouped KV heads, as fused attention kernels round it:
     scores and softmax in float32, probabilities rounded to the compute dtype for the product with ``v``.
 
     Arguments:
-        q: [B, Hq_r, T, d]; k, v: [B, Hkv_r, S, d]; mask: boolean, broadcastable to [B, Hq_r, T, S].
+        q: [B, Hq_r, T, d]; k, v: [B, Hkv_r, S, d]; mask: boolean, broadcastable to [B, Hq_r, T, S] (None: every
+        key visible, as an all-True mask).
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    probs = torch.softmax(scores if mask is None else scores.masked_fill(~mask, float("-inf")), dim=-1)
     return torch.matmul(probs.to(q.dtype), v)

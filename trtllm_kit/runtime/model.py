@@ -9,7 +9,6 @@ are public so that a runtime with a paged KV cache can call them on its own tens
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +16,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from trtllm_kit.errors import CheckpointError, KitUsageError
+from trtllm_kit.errors import CheckpointError
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.layout import (
-    Mapping,
-    check_tp,
-    kv_heads_per_rank,
-    layers_for_rank,
-)
-from trtllm_kit.models.base import Activation, Family, Norm
+from trtllm_kit.models.base import Activation, Family
 from trtllm_kit.models.registry import family_of_checkpoint
-from trtllm_kit.quant.decoder_layer import rms_norm  # transformers' arithmetic, as calibration runs it
 from trtllm_kit.runtime.checkpoint_checks import check_quantized, check_rank, check_replicas, expected_tensors
+from trtllm_kit.runtime.dims import NORMS, Dims
 from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
     LINEAR_WEIGHTS,
     ROPE_TYPES,
@@ -37,82 +30,13 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
     attend,
     causal_mask,
     check_quantization,
+    fuse_gate_up,
     kv_cache,
     linear,
     prepare_weights,
     reduce,
 )
 from trtllm_kit.runtime.lora import LoraBatch, rank_parts
-
-NORMS = {Norm.RMS: rms_norm}  # the norm forms the runtime computes
-
-
-@dataclass(frozen=True)
-class Dims:
-    """The sizes the forward pass needs, read from a checkpoint ``config.json``."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_size: int
-    intermediate_size: int
-    norm_epsilon: float
-    tp_size: int
-    pp_size: int
-
-    @property
-    def num_heads_per_rank(self) -> int:
-        return self.num_heads // self.tp_size
-
-    @property
-    def num_kv_heads_per_rank(self) -> int:
-        return kv_heads_per_rank(self.num_kv_heads, self.tp_size)
-
-    @property
-    def mapping(self) -> Mapping:
-        return Mapping(self.tp_size, self.pp_size)
-
-    def layers_for_stage(self, pp_rank: int) -> list[int]:
-        """The global layers of a pipeline stage (TensorRT-LLM 1.x: ``tensor_split``)."""
-        return list(layers_for_rank(self.num_layers, self.pp_size, pp_rank))
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], source: str) -> Dims:
-        """Validate a checkpoint config and read its sizes.
-
-        Arguments:
-            config: the parsed ``config.json``; source: its path, for error messages.
-        """
-        family = family_of_checkpoint(config.get("architecture"), source)
-        check_quantization(config.get("quantization") or {}, source)
-        for key, want in (("position_embedding_type", "rope_gpt_neox"), ("hidden_act", family.activation.value),
-                          ("rotary_pct", 1.0)):
-            if config.get(key, want) != want:
-                raise CheckpointError(f"{source} has {key} {config[key]!r}; the CPU runtime needs {want!r}.")
-        if family.norm not in NORMS:
-            raise CheckpointError(f"{source}: the CPU runtime has no {family.norm.value} norm.")
-        mapping = Mapping.from_dict(config.get("mapping") or {}, source)
-        tp, pp = mapping.tp_size, mapping.pp_size
-        try:
-            heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
-            dims = cls(vocab_size=int(config["vocab_size"]), hidden_size=hidden,
-                       num_layers=int(config["num_hidden_layers"]), num_heads=heads,
-                       num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                       head_size=int(config.get("head_size") or hidden // heads),
-                       intermediate_size=int(config["intermediate_size"]),
-                       norm_epsilon=float(config.get("norm_epsilon", 1e-5)), tp_size=tp, pp_size=pp)
-        except KeyError as missing:
-            raise CheckpointError(f"{source} lacks the key {missing.args[0]!r}.") from None
-        try:
-            check_tp(heads, dims.num_kv_heads, dims.intermediate_size, tp)
-            layers_for_rank(dims.num_layers, pp, 0)
-        except KitUsageError:
-            raise CheckpointError(f"{source}: {heads} heads, {dims.num_kv_heads} KV heads, intermediate size "
-                                  f"{dims.intermediate_size} and {dims.num_layers} layers cannot be split "
-                                  f"over tp_size {tp} and pp_size {pp}.") from None
-        return dims
 
 
 class CheckpointModel:
@@ -135,6 +59,9 @@ class CheckpointModel:
         self.layer_places = [(p, i) for p in range(self.dims.pp_size)
                              for i, _ in enumerate(self.dims.layers_for_stage(p))]
         self.lora_parts = [rank_parts(config, self.dims.tp_size, r) for r in range(self.dims.tp_size)]
+        self.gate_up = {(p, r, i): fused for p in range(self.dims.pp_size) for r in range(self.dims.tp_size)
+                        for i, _ in enumerate(self.dims.layers_for_stage(p))  # (pp_rank, tp_rank, local layer)
+                        if (fused := fuse_gate_up(self.weights(p, r), f"transformer.layers.{i}")) is not None}
         # A split table (use_parallel_embedding) is gathered once: per-rank lookups followed by the GPU's
         # all-reduce (vocab rows) or all-gather (hidden columns) give exactly the full table's rows.
         tables = [self.weights(0, r)["transformer.vocab_embedding.weight"] for r in range(self.dims.tp_size)]
@@ -247,6 +174,12 @@ class CheckpointModel:
             if self.family.activation is Activation.SWIGLU:
                 x1, gate = self.rank_linear(layer, r, "mlp.fc", x, lora).chunk(2, dim=-1)
                 act = x1 * torch.nn.functional.silu(gate)
+            elif (fused := self.gate_up.get((pp_rank, r, local))) is not None:  # one matmul for both
+                fc, gate = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
+                if lora is not None:
+                    fc, gate = (lora.add(layer, x, out, self.lora_parts[r][name])
+                                for out, name in ((fc, "mlp.fc"), (gate, "mlp.gate")))
+                act = torch.nn.functional.silu(fc) * gate
             else:
                 act = torch.nn.functional.silu(self.rank_linear(layer, r, "mlp.fc", x, lora)) * \
                     self.rank_linear(layer, r, "mlp.gate", x, lora)
