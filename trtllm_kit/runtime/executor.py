@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.runtime.attention_groups import attention_groups
+from trtllm_kit.runtime.attention_groups import attend_groups, attention_groups, span_of
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.kv_transfer import KvBlocks, check_layout, read_blocks, token_slots, write_tokens
 from trtllm_kit.runtime.logprobs import record_generated, record_prompt
 from trtllm_kit.runtime.lora import AdapterCache, AdapterWeights, LoraBatch
-from trtllm_kit.runtime.model import CheckpointModel, attend
+from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
@@ -216,11 +216,12 @@ class Executor:
         slots = [(torch.tensor(s.block_table)[:, None] * tpb + torch.arange(tpb)).flatten()[:e]
                  for s, e in zip(seqs, ends, strict=True)]
         new_slots = torch.cat([ks[a:b] for ks, a, b in zip(slots, starts, ends, strict=True)])
+        written = span_of(new_slots) or new_slots  # consecutive slots: a copy into a view, not a scatter
         groups = attention_groups(starts, counts, offsets, slots)
         lora = LoraBatch.of_sequences([s.adapter for s in seqs], counts)
         # The query heads sharing a KV head become rows of that head: no repeated K/V, same math.
         heads_per_kv = model.dims.num_heads_per_rank // model.dims.num_kv_heads_per_rank
-        masks = [g.mask.repeat(1, 1, heads_per_kv, 1) for g in groups]  # once per step, not per layer
+        masks = [None if g.mask is None else g.mask.repeat(1, 1, heads_per_kv, 1) for g in groups]  # once a step
         is_whole = len(groups) == 1 and groups[0].out_index.tolist() == list(range(len(ids)))
         hidden = model.embed(torch.tensor([ids]))
         for layer in range(model.dims.num_layers):
@@ -229,22 +230,8 @@ class Executor:
             for rank in range(model.dims.tp_size):
                 q, k, v = model.qkv(layer, rank, x, positions, max(ends), lora)  # [1, heads, N, d]
                 k_cache, v_cache = self.k_cache[layer, rank], self.v_cache[layer, rank]
-                k_cache[new_slots], v_cache[new_slots] = k[0].transpose(0, 1), v[0].transpose(0, 1)
-                pieces = []  # each group's valid rows [heads, rows, d]
-                for g, mask in zip(groups, masks, strict=True):
-                    keys, values = k_cache[g.key_slots].transpose(1, 2), v_cache[g.key_slots].transpose(1, 2)
-                    queries = q[0][:, g.q_index].transpose(0, 1)  # [G, heads, T, d]
-                    shape, kv_heads = queries.shape, keys.shape[1]
-                    out = attend(queries.reshape(shape[0], kv_heads, -1, shape[-1]), keys, values, mask).reshape(shape)
-                    pieces.append(out[:, :, 0].transpose(0, 1) if shape[2] == 1  # generation tokens: every row
-                                  else out.transpose(0, 1)[:, g.rows, g.cols])
-                if is_whole:  # the step's one group, its rows in packed order: no scatter
-                    context = pieces[0]
-                else:
-                    context = torch.empty_like(q[0])
-                    for g, piece in zip(groups, pieces, strict=True):
-                        context[:, g.out_index] = piece
-                contexts.append(context[None])
+                k_cache[written], v_cache[written] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+                contexts.append(attend_groups(q, k_cache, v_cache, groups, masks, is_whole)[None])
             hidden = hidden + model.attention_output(layer, contexts, lora)
             hidden = hidden + model.mlp(layer, model.norm(layer, "post_layernorm", hidden), lora)
         last = {s.seq_id: o + c - 1 for s, o, c in zip(seqs, offsets, counts, strict=True)}
