@@ -26,7 +26,7 @@ from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import int4_dequantize
-from trtllm_kit.quant.calibrate import calibrate, token_windows
+from trtllm_kit.quant.calibrate import CalibrationStats, calibrate, token_windows
 from trtllm_kit.runtime.model import CheckpointModel
 
 mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install "
@@ -60,7 +60,8 @@ def greedy(forward, prompt: list[int]) -> list[int]:  # type: ignore[no-untyped-
     return ids[len(prompt):]
 
 
-def modelopt_trtllm(model: str, out: Path, config: QuantConfig, tp_size: int) -> Path:
+def modelopt_quantized(model: str, config: QuantConfig) -> torch.nn.Module:
+    """The HF model as ModelOpt's INT4 AWQ quantizes it on the kit's calibration windows."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(model)
@@ -77,20 +78,35 @@ def modelopt_trtllm(model: str, out: Path, config: QuantConfig, tp_size: int) ->
         if entry["quantizer_name"] == "*weight_quantizer":
             entry["cfg"]["block_sizes"][-1] = config.awq_group_size
     mtq.quantize(hf, recipe, forward_loop)
-    export.export_tensorrt_llm_checkpoint(hf, "llama", torch.bfloat16, export_dir=str(out),
-                                          inference_tensor_parallel=tp_size, inference_pipeline_parallel=1)
-    return out
+    return hf
+
+
+Calibrated = tuple[CalibrationStats, torch.nn.Module]
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> dict[tuple[str, int], Calibrated]:
+    """(model, group size) -> the kit's calibration and ModelOpt's quantized model: neither depends on the tp size,
+    so the tp sizes of one model and group size share them. Filled by the test that first asks, at the oracle's
+    thread count (a module fixture would run before ``oracle_threads``)."""
+    return {}
 
 
 @pytest.mark.parametrize(("model", "tp_size", "group_size"), [
     ("builtin:tiny-llama", 1, 128), ("builtin:tiny-llama", 2, 128), ("builtin:tiny-qwen2", 1, 128),
     ("builtin:tiny-llama", 1, 64), ("builtin:tiny-llama", 2, 64)])
-def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, group_size: int, tmp_path: Path) -> None:
+def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, group_size: int, tmp_path: Path,
+                                                calibrated: dict[tuple[str, int], Calibrated]) -> None:
     config = QuantConfig(quant="int4-awq", calib_samples=SAMPLES, calib_seq_len=SEQ_LEN, awq_group_size=group_size)
-    stats = calibrate(resolve_model_path(model), config, device="cpu")
+    if (model, group_size) not in calibrated:
+        calibrated[model, group_size] = (calibrate(resolve_model_path(model), config, device="cpu"),
+                                         modelopt_quantized(model, config))
+    stats, quantized = calibrated[model, group_size]
     ours = tmp_path / "kit"
     convert_checkpoint(model, ours, tp_size=tp_size, dtype="bfloat16", quant=config, stats=stats)
-    ref = modelopt_trtllm(model, tmp_path / "modelopt", config, tp_size)
+    ref = tmp_path / "modelopt"  # the export may change the model it is given: a copy of the shared one
+    export.export_tensorrt_llm_checkpoint(copy.deepcopy(quantized), "llama", torch.bfloat16, export_dir=str(ref),
+                                          inference_tensor_parallel=tp_size, inference_pipeline_parallel=1)
     vocab = {name: ([], []) for name in PADDED}  # each side's vocabulary rows, rank after rank
     for rank in range(tp_size):
         with safe_open(str(ours / f"rank{rank}.safetensors"), framework="pt") as got, \
