@@ -117,7 +117,7 @@ def read_entry(path: Path, key: dict[str, Any]) -> Reference | None:
 def write_entry(path: Path, key: dict[str, Any], reference: Reference) -> None:
     """``reference`` as the entry of ``key`` at ``path``: a temporary file in the same directory, renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_tmp(path.parent)
+    remove_stale_tmp_files(path.parent)
     tensors = {f"prompt.{i}": t.contiguous() for i, t in enumerate(reference.prompt_logits)}
     tensors |= {f"window.{i}": t.contiguous() for i, t in enumerate(reference.window_logits)}
     metadata = {"key": json.dumps(key), "num_prompts": str(len(reference.prompt_logits)),
@@ -132,7 +132,7 @@ def write_entry(path: Path, key: dict[str, Any], reference: Reference) -> None:
             os.unlink(tmp)
 
 
-def remove_stale_tmp(folder: Path) -> None:
+def remove_stale_tmp_files(folder: Path) -> None:
     """Remove temporary files a killed process left in ``folder`` (older than ``STALE_TMP_SECONDS``)."""
     for stale in folder.glob(".*.tmp"):
         with contextlib.suppress(FileNotFoundError):
