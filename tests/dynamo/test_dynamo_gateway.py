@@ -4,6 +4,7 @@ answers (whole and streamed) are Dynamo's own."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import time
@@ -18,6 +19,7 @@ import pytest
 from kit_server import BuildKey, Builds, KitServer
 
 from trtllm_kit.serve.dynamo.frontend_client import completion_body, dynamo_request_id, refusal
+from trtllm_kit.serve.dynamo.metrics import serve_net
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.wire import GenerationRequest, LoraAdapter
@@ -54,6 +56,16 @@ class Gated:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
+
+    def post_to_dynamo(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        """POST ``body`` to Dynamo's own frontend's /v1/completions, keyless, from inside the serve's network
+        namespace (the only place it answers)."""
+        net = serve_net(Path(self.server.state["run_dir"]) / "dynamo")
+        try:
+            return net.call(functools.partial(self.post, "/v1/completions", body, None,
+                                              url=f"http://{self.server.state['dynamo_frontend']}"))
+        finally:
+            net.close()
 
     def usage(self, key: str) -> list[dict[str, Any]]:
         path = self.keys_path.with_name(self.keys_path.name + ".usage.jsonl")
@@ -142,8 +154,7 @@ def test_greedy_answers_through_the_gateway_equal_dynamos_own(gated: Gated, prom
     ours_status, ours = gated.post("/v1/completions", body)
     # a text prompt is tokenized by the kit as a plain serve does (BOS included; Dynamo's frontend adds none)
     sent = list(Tokenizer(gated.server.out / "tokenizer").encode(prompt)) if isinstance(prompt, str) else prompt
-    theirs_status, theirs = gated.post("/v1/completions", {**body, "prompt": sent}, None,
-                                       url=f"http://{gated.server.state['dynamo_frontend']}")
+    theirs_status, theirs = gated.post_to_dynamo({**body, "prompt": sent})
     assert (ours_status, theirs_status) == (200, 200), (ours, theirs)
     ours_json, theirs_json = json.loads(ours), json.loads(theirs)
     assert ours_json["choices"][0]["text"] == theirs_json["choices"][0]["text"] != ""
@@ -164,9 +175,8 @@ def test_a_chat_answer_is_dynamos_answer_to_the_kits_template(gated: Gated, stre
         content = json.loads(raw)["choices"][0]["message"]["content"]
     tokenizer = Tokenizer(gated.server.out / "tokenizer")
     ids = list(tokenizer.encode(tokenizer.chat_prompt(messages)))
-    theirs_status, theirs = gated.post("/v1/completions", {"model": gated.model, "prompt": ids, "max_tokens": 8,
-                                                           "temperature": 0, "ignore_eos": True}, None,
-                                       url=f"http://{gated.server.state['dynamo_frontend']}")
+    theirs_status, theirs = gated.post_to_dynamo({"model": gated.model, "prompt": ids, "max_tokens": 8,
+                                                  "temperature": 0, "ignore_eos": True})
     assert theirs_status == 200, theirs
     assert content == json.loads(theirs)["choices"][0]["text"] != ""
 

@@ -23,6 +23,7 @@ from trtllm_kit.serve.dynamo.metrics import (
     exposition,
     prefix_counts,
     scrape,
+    serve_net,
     system_port,
     worker_metrics_urls,
 )
@@ -122,22 +123,30 @@ def test_worker_llm_has_the_cpu_artifact_s_kv_pool_and_reuse(kit_builds: Builds,
 def test_worker_metrics_count_a_repeated_prefix_and_not_a_fresh_one(kit_builds: Builds, tmp_path: Path) -> None:
     out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
     with KitServer(out, dynamo=True, workers=1) as server:
-        urls = worker_metrics_urls(Path(server.state["run_dir"]) / "dynamo")
+        root = Path(server.state["run_dir"]) / "dynamo"
+        urls = worker_metrics_urls(root)
         assert list(urls) == ["worker-0"] and urls["worker-0"].startswith("http://127.0.0.1:")
+        net = serve_net(root)  # the workers' /metrics answer inside the serve's network namespace alone
 
         def complete(prompt: list[int]) -> PrefixCounts:
             body = {"model": server.state["model"], "prompt": prompt, "max_tokens": 2, "temperature": 0}
             status, _, raw = server.post("/v1/completions", json.dumps(body).encode())
             assert status == 200, raw
-            return scrape(urls["worker-0"])
+            return net.call(scrape, urls["worker-0"])
 
-        prefix = [1] + [200 + i % 300 for i in range(160)]
-        start = scrape(urls["worker-0"])
-        first = complete([*prefix, 7])
-        again = complete([*prefix, 8])
-        fresh = complete([1] + [600 + i % 300 for i in range(160)] + [9])
-        with urllib.request.urlopen(urls["worker-0"], timeout=10) as response:
-            text = response.read().decode()
+        def read(url: str) -> str:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return str(response.read().decode())
+
+        try:
+            prefix = [1] + [200 + i % 300 for i in range(160)]
+            start = net.call(scrape, urls["worker-0"])
+            first = complete([*prefix, 7])
+            again = complete([*prefix, 8])
+            fresh = complete([1] + [600 + i % 300 for i in range(160)] + [9])
+            text = net.call(read, urls["worker-0"])
+        finally:
+            net.close()
     assert "dynamo_component_requests_total" in text  # Dynamo's own worker metrics beside the kit's
     assert first.queried_tokens - start.queried_tokens == 162
     assert again - first == PrefixCounts(162, 160)  # 5 blocks of 32 tokens found cached

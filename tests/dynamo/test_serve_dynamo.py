@@ -10,16 +10,19 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
 from kit_server import BuildKey, Builds, KitServer, Servers
 
+from trtllm_kit.serve.dynamo.metrics import serve_net, worker_metrics_urls
 from trtllm_kit.serve.server.reaper import group_alive
 
 if importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None:
@@ -117,6 +120,31 @@ def test_models_lists_the_artifact(dynamo: KitServer) -> None:
         raw = response.read()
     assert [m["id"] for m in json.loads(raw)["data"]] == [dynamo.state["model"]]
     assert dynamo.state["server"] == "dynamo" and len(dynamo.state["workers"]) == 2
+
+
+def _answers(address: str) -> bool:
+    """Whether a TCP connection to ``host:port`` is accepted from this thread's network namespace."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except ConnectionRefusedError:
+        return False
+    return True
+
+
+def test_dynamo_s_ports_are_closed_outside_the_serve_s_network_namespace(dynamo: KitServer) -> None:
+    root = Path(dynamo.state["run_dir"]) / "dynamo"
+    private = [dynamo.state["dynamo_frontend"],
+               *(urlsplit(url).netloc for url in worker_metrics_urls(root).values())]
+    assert len(private) == 3
+    assert _answers(f"127.0.0.1:{dynamo.port}")  # the public port
+    assert [address for address in private if _answers(address)] == []
+    net = serve_net(root)
+    try:
+        assert net.namespace == dynamo.state["net_namespace"]
+        assert [address for address in private if not net.call(_answers, address)] == []  # they listen inside
+    finally:
+        net.close()
 
 
 def test_greedy_answer_equals_a_plain_serve(dynamo: KitServer, kit_servers: Servers) -> None:

@@ -20,7 +20,7 @@ import pytest
 from kit_server import BuildKey, Builds, KitServer
 
 from trtllm_kit.serve.ray.driver import REPLICA_TITLE
-from trtllm_kit.serve.ray.namespace import pids_in, titled_pids
+from trtllm_kit.serve.server.netns import pids_in, titled_pids
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray Serve is not installed (pip install -c constraints.txt -e '.[ray]', as .ci/run does).",

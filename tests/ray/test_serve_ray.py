@@ -21,7 +21,7 @@ import pytest
 from kit_server import BuildKey, Builds, KitServer, Servers
 from prefix_turns import replicas_by_prefix
 
-from trtllm_kit.serve.ray.namespace import pids_in
+from trtllm_kit.serve.server.netns import pids_in
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray Serve is not installed (pip install -c constraints.txt -e '.[ray]', as .ci/run does).",

@@ -34,7 +34,8 @@ def shared_prefix_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dynamo-logs", type=click.Path(path_type=Path),
                      help="Shared-prefix on serve --dynamo: its RUN_DIR/dynamo, for requests per worker, the "
                      "prefix hit rate the routing allows and the one the workers counted (--openai-url: Dynamo's "
-                     "own frontend, the serve state's dynamo_frontend)."),
+                     "own frontend, the serve state's dynamo_frontend; the bench runs in the serve's private "
+                     "network namespace, as the serve's user)."),
         click.option("--block-size", type=int, help="Shared-prefix: the workers' tokens per KV block (default: "
                      "the Dynamo frontend's /metrics)."),
     ]
@@ -50,6 +51,7 @@ def bench_shared_prefix(values: dict[str, Any], as_json: bool) -> None:
     """
     from trtllm_kit.profile.shared_prefix import SharedPrefixSpec
     from trtllm_kit.profile.shared_prefix_run import RESULT_FILE, run_shared_prefix
+    from trtllm_kit.serve.dynamo.metrics import serve_net
 
     if values["out"] is None:
         raise KitUsageError("no result directory given; pass --out DIR.")
@@ -64,9 +66,17 @@ def bench_shared_prefix(values: dict[str, Any], as_json: bool) -> None:
                             num_turns=values["num_turns"], prefix_tokens=values["prefix_tokens"],
                             turn_tokens=values["isl"], osl=values["osl"], vocab_size=values["vocab_size"],
                             seed=values["seed"])
-    result = asyncio.run(run_shared_prefix(spec, values["openai_url"], values["out"], int(concurrency),
-                                           values["dynamo_logs"], values["block_size"], values["model"],
-                                           values["api_key"], values["timeout_s"]))
+    run = functools.partial(run_shared_prefix, spec, values["openai_url"], values["out"], int(concurrency),
+                            values["dynamo_logs"], values["block_size"], values["model"], values["api_key"],
+                            values["timeout_s"])
+    if values["dynamo_logs"] is None:
+        result = asyncio.run(run())
+    else:  # Dynamo's frontend and the workers' /metrics answer inside the serve's network namespace alone
+        net = serve_net(values["dynamo_logs"])
+        try:
+            result = net.call(lambda: asyncio.run(run()))
+        finally:
+            net.close()
     if as_json:
         click.echo(json.dumps(asdict(result), indent=2, default=str))
         return

@@ -17,7 +17,7 @@ import contextlib
 import json
 import socket
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
@@ -34,6 +34,7 @@ READY_TIMEOUT_S = 10.0
 REQUEST_ID_HEADER = "x-dynamo-request-id"  # Dynamo's frontend takes a UUID there as the request's id
 MATCHED_HERE = ("stop_strings", "include_stop_str_in_output")  # the kit's frontend matches stop strings itself
 WHY = "serve --dynamo's workers"
+SocketFactory = Callable[[tuple[Any, ...]], socket.socket]  # aiohttp's socket_factory
 
 
 def refusal(req: GenerationRequest) -> str | None:
@@ -117,18 +118,22 @@ class DynamoFrontendClient(TextClient):
     """Streams from Dynamo's OpenAI frontend at ``url``.
 
     Arguments:
-        url: ``http://host:port`` of Dynamo's frontend; model: the name it serves the model under.
+        url: ``http://host:port`` of Dynamo's frontend; model: the name it serves the model under;
+        socket_factory: makes the connections' sockets (aiohttp's own when None).
     """
 
-    def __init__(self, url: str, model: str) -> None:
+    def __init__(self, url: str, model: str, socket_factory: SocketFactory | None = None) -> None:
         super().__init__(url, model)
+        self.socket_factory = socket_factory
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        """One HTTP session (made inside the running event loop on first use)."""
+        """One HTTP session (made inside the running event loop on first use), its sockets made by
+        ``socket_factory`` (the serve's private network namespace) when given."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                                                  connector=aiohttp.TCPConnector(socket_factory=self.socket_factory))
         return self._session
 
     async def close(self) -> None:

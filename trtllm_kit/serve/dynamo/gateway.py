@@ -1,10 +1,11 @@
 """The kit's OpenAI frontend and gateway in front of ``serve --dynamo``: the serve's only public port.
 
-Dynamo's frontend binds a private loopback port; the kit's frontend (``serve/frontend.py``: the OpenAI routes, and
-the gateway of ``--api-keys``) runs on the OpenAI port in the serve's process, parses and checks each
-request as a plain serve does (keys, limits, quotas, usage, the served name) and streams it from Dynamo's frontend
-(``frontend_client.py``). Its one route tokenizes with the artifact's tokenizer, so text and chat prompts reach
-Dynamo as the token ids a plain serve would run.
+Dynamo's frontend binds a loopback port of the serve's private network namespace; the kit's frontend
+(``serve/frontend.py``: the OpenAI routes, and the gateway of ``--api-keys``) runs on the OpenAI port in the serve's
+process, outside the namespace, parses and checks each request as a plain serve does (keys, limits, quotas, usage,
+the served name) and streams it from Dynamo's frontend (``frontend_client.py``) over sockets made in that namespace.
+Its one route tokenizes with the artifact's tokenizer, so text and chat prompts reach Dynamo as the token ids a
+plain serve would run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from trtllm_kit.errors import KitError
-from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient
+from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient, SocketFactory
 from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.artifact_route import artifact_route, route_config
 from trtllm_kit.serve.openai.config import OpenAIConfig
@@ -31,16 +32,18 @@ class DynamoFrontend(OpenAIFrontend):
     """The kit's OpenAI frontend whose route streams from Dynamo's frontend.
 
     Arguments:
-        config: the served model and the gateway's files; dynamo_url: ``http://host:port`` of Dynamo's frontend.
+        config: the served model and the gateway's files; dynamo_url: ``http://host:port`` of Dynamo's frontend;
+        socket_factory: makes the sockets that reach it (the serve's private namespace's).
     """
 
-    def __init__(self, config: OpenAIConfig, dynamo_url: str) -> None:
+    def __init__(self, config: OpenAIConfig, dynamo_url: str, socket_factory: SocketFactory | None = None) -> None:
         super().__init__(config)
         self.dynamo_url = dynamo_url
+        self.socket_factory = socket_factory
 
     async def _open(self, _app: web.Application) -> None:
         for route in self.table.routes.values():
-            route.client = DynamoFrontendClient(self.dynamo_url, route.name)
+            route.client = DynamoFrontendClient(self.dynamo_url, route.name, self.socket_factory)
 
     async def prometheus_metrics(self, request: web.Request) -> web.Response:
         """The kit's frontend's series, then Dynamo's frontend's (its router's, read through the private port)."""
@@ -51,17 +54,19 @@ class DynamoFrontend(OpenAIFrontend):
         return web.Response(body=ours.body + theirs, headers={"Content-Type": CONTENT_TYPE})
 
 
-def dynamo_frontend(options: ServeOptions, name: str, dynamo_url: str) -> DynamoFrontend:
+def dynamo_frontend(options: ServeOptions, name: str, dynamo_url: str,
+                    socket_factory: SocketFactory | None = None) -> DynamoFrontend:
     """The kit's frontend of a ``--dynamo`` serve: OUT's route (Dynamo's frontend serves it under the same name),
     the serve's key or key file and usage log.
 
     Arguments:
-        options: the serve; name: the served name; dynamo_url: where Dynamo's frontend listens.
+        options: the serve; name: the served name; dynamo_url: where Dynamo's frontend listens;
+        socket_factory: makes the sockets that reach it.
     """
     settings = options.settings
     config = route_config(artifact_route(options.out, name, DYNAMO_MODEL), dynamo_url, api_key=options.api_key,
                           api_keys=settings.api_keys, usage_log=settings.usage_log)
-    return DynamoFrontend(config, dynamo_url)
+    return DynamoFrontend(config, dynamo_url, socket_factory)
 
 
 async def serve_in_front(frontend: OpenAIFrontend, host: str, port: int, serving: Callable[[], Awaitable[None]],

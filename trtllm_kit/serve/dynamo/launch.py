@@ -57,6 +57,12 @@ class DynamoDirs:
         """The workers' ledger of requests in flight (``migration.py``)."""
         return self.root / "requests"
 
+    @property
+    def net(self) -> Path:
+        """The file naming the serve's private network namespace (``/proc/PID/task/TID/ns/net``) while it serves:
+        what reads Dynamo's frontend or the workers' ``/metrics`` joins it (``server/netns.py``)."""
+        return self.root / "net"
+
     def ready_file(self, index: int) -> Path:
         """The file worker ``index`` touches once it is registered."""
         return self.ready / f"worker-{index}"

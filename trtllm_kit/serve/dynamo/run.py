@@ -1,13 +1,17 @@
 """``trtllm-kit serve OUT --dynamo``: Dynamo's frontend and ``--workers`` kit workers started, made ready, watched
 and stopped as one service, behind the kit's OpenAI frontend and gateway.
 
-Each process runs in a session of its own (``server/group.py``) with its log under ``RUN_DIR/dynamo``, and the
-reaper (``server/reaper.py``) is told every process group, so nothing outlives a ``serve`` that is killed. Ready
-is every worker registered (its ready file), Dynamo's frontend listing the model on ``/v1/models`` on its private
-loopback port, and the kit's frontend (``gateway.py``) listening on the OpenAI port, the one public. A worker that
-dies while serving is logged and the others carry on (the frontend moves its streams, ``--migration-limit``); the
-serve fails when the frontend or the last worker dies. Stop: SIGTERM to every group at once, SIGKILL after
-``STOP_GRACE_S``; the kit's frontend closes meanwhile (``FRONTEND_CLOSE_S`` at most).
+Dynamo's processes live in a private network namespace (``server/netns.py``: ``PrivateNet``, held by one thread of
+the serve, which starts them), loopback its only interface: Dynamo's frontend, the workers' request plane and their
+status servers cannot be reached from the machine, only through the kit's frontend, which listens outside on the
+OpenAI port and opens its connections to Dynamo's frontend inside. Each process runs in a session of its own
+(``server/group.py``) with its log under ``RUN_DIR/dynamo``, and the reaper (``server/reaper.py``) is told every
+process group, so nothing outlives a ``serve`` that is killed. Ready is every worker registered (its ready file),
+Dynamo's frontend listing the model on ``/v1/models`` on its private loopback port, and the kit's frontend
+(``gateway.py``) listening on the OpenAI port, the one public. A worker that dies while serving is logged and the
+others carry on (the frontend moves its streams, ``--migration-limit``); the serve fails when the frontend or the
+last worker dies. Stop: SIGTERM to every group at once, SIGKILL after ``STOP_GRACE_S``, then SIGKILL to every
+process left in the namespace; the kit's frontend closes meanwhile (``FRONTEND_CLOSE_S`` at most).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -35,6 +40,7 @@ from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.in_process import claim_artifact, served_name
 from trtllm_kit.serve.server.launcher import free_port
+from trtllm_kit.serve.server.netns import LOOPBACK_UP, PrivateNet, end_namespace
 from trtllm_kit.serve.server.reaper import Reaper
 from trtllm_kit.serve.server.state import clear_run, write_pid, write_state
 from trtllm_kit.serve.server.stop_signals import stop_requests
@@ -67,6 +73,9 @@ def check_dynamo(options: ServeOptions) -> None:
         *others, last = (str(router) for router in DYNAMO_ROUTERS)
         raise KitUsageError(f"--router {settings.router} is not one of Dynamo's router modes; give --router "
                             f"{', '.join(others)} or {last} with --dynamo.")
+    if shutil.which(LOOPBACK_UP[0]) is None:
+        raise KitUsageError(f"--dynamo runs Dynamo in a private network namespace and {LOOPBACK_UP[0]} is not on "
+                            "PATH; install iproute2.")
     missing = [module for module in DYNAMO_MODULES if not _importable(module)]
     if missing:
         raise KitUsageError(f"--dynamo needs NVIDIA Dynamo, and {missing[0]} is not installed; install it: "
@@ -98,13 +107,26 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
         directory.mkdir(mode=0o700)
     write_card(out, dirs.card)
     name = served_name(options, artifact)
-    dynamo_port = free_port()  # Dynamo's frontend: loopback, behind the kit's
-    # made first: a refused key setting or an unreadable key file stops the serve before anything starts
-    frontend = dynamo_frontend(options, name, f"http://{LOOPBACK}:{dynamo_port}")
-    commands = {"frontend": frontend_argv(dynamo_port, settings.router, settings.migration_limit),
-                **{f"worker-{i}": worker_argv(out, dirs, name, i) for i in range(settings.workers)}}
-    with stop_requests() as stop:
-        _run(options, dirs, name, frontend, commands, stop, on_ready)
+    net = private_net()
+    try:
+        dynamo_port = net.call(free_port)  # Dynamo's frontend: the namespace's loopback, behind the kit's
+        # made first: a refused key setting or an unreadable key file stops the serve before anything starts
+        frontend = dynamo_frontend(options, name, f"http://{LOOPBACK}:{dynamo_port}", net.socket)
+        commands = {"frontend": frontend_argv(dynamo_port, settings.router, settings.migration_limit),
+                    **{f"worker-{i}": worker_argv(out, dirs, name, i) for i in range(settings.workers)}}
+        with stop_requests() as stop:
+            _run(options, dirs, name, frontend, commands, net, stop, on_ready)
+    finally:
+        net.close()
+
+
+def private_net() -> PrivateNet:
+    """The serve's private network namespace; refused in one sentence when this user may not make one."""
+    try:
+        return PrivateNet.private()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise KitUsageError(f"--dynamo runs Dynamo in a private network namespace, and this user may not make one "
+                            f"({exc}); serve as root or with CAP_SYS_ADMIN.") from None
 
 
 def lists_model(url: str, name: str) -> bool:
@@ -122,7 +144,7 @@ def lists_model(url: str, name: str) -> bool:
 
 
 def _run(options: ServeOptions, dirs: DynamoDirs, name: str, frontend: DynamoFrontend, commands: dict[str, list[str]],
-         stop: threading.Event, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+         net: PrivateNet, stop: threading.Event, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     settings, out = options.settings, options.out
     assert settings.openai_port is not None
     url = frontend.dynamo_url
@@ -135,11 +157,11 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, frontend: DynamoFro
     started = time.perf_counter()
     try:
         for process, argv in commands.items():
-            reaper.watch(groups[process].start(argv, env).pid)
+            reaper.watch(net.call(groups[process].start, argv, env).pid)  # started in the namespace
 
         def ready() -> bool:
             registered = sum(dirs.ready_file(i).exists() for i in range(len(workers)))
-            return registered == len(workers) and lists_model(url, name)
+            return registered == len(workers) and net.call(lists_model, url, name)
 
         def worker_exited() -> str | None:
             for process in workers:
@@ -163,13 +185,15 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, frontend: DynamoFro
         state = {"pid": os.getpid(), "server": "dynamo", "model": name, "target": Artifact.read(out).target,
                  "openai": options.endpoints.url("http").rsplit(":", 1)[0] + f":{settings.openai_port}",
                  "dynamo_frontend": url.removeprefix("http://"), "router": str(settings.router),
-                 "migration_limit": settings.migration_limit, "server_pid": groups["frontend"].pid,
+                 "migration_limit": settings.migration_limit, "net_namespace": net.namespace,
+                 "server_pid": groups["frontend"].pid,
                  "log": str(groups["frontend"].log_path), "run_dir": str(dirs.root.parent),
                  "workers": {process: {"pid": groups[process].pid, "log": str(groups[process].log_path)}
                              for process in workers},
                  "ready_s": round(time.perf_counter() - started, 3), "ready": True}
 
         async def serving() -> None:
+            dirs.net.write_text(f"{net.path}\n")
             write_state([out], state)
             if on_ready is not None:
                 on_ready(state)
@@ -183,8 +207,11 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, frontend: DynamoFro
         asyncio.run(serve_in_front(frontend, options.endpoints.host, settings.openai_port, serving, stopping))
     finally:
         _stop_all(list(groups.values()), grace_s)
+        left = end_namespace(net.namespace)
         reaper.close()
         clear_run([out])
+    if left:
+        raise KitError(f"Dynamo's processes {left} outlived SIGKILL; end them with kill -9.")
 
 
 async def _watch(groups: dict[str, ProcessGroup], workers: list[str], stop: threading.Event) -> None:

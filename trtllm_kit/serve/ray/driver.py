@@ -36,10 +36,10 @@ from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.ray.client import ReplicaClient
 from trtllm_kit.serve.ray.gpu_replica import GpuReplica, artifact_parallel, check_gpu_replicas, deployment_options
-from trtllm_kit.serve.ray.namespace import LOOPBACK_UP
 from trtllm_kit.serve.ray.replica import Replica
 from trtllm_kit.serve.ray.routing import artifact_block, router_config
 from trtllm_kit.serve.ray.scaling import Autoscaling
+from trtllm_kit.serve.server.netns import LOOPBACK_UP
 
 APPLICATION = "trtllm-kit"
 DEPLOYMENT = "model"

@@ -2,7 +2,7 @@
 watched and stopped as one service.
 
 The serve binds the OpenAI port on the machine's loopback, then starts the driver (``driver.py``) in a network
-namespace of its own (``namespace.py``) with that socket as its one way in; Ray, its Serve controller and the
+namespace of its own (``server/netns.py``) with that socket as its one way in; Ray, its Serve controller and the
 model's replicas all start inside, bound to the namespace's loopback, with their temp directory and HOME under
 ``RUN_DIR/ray``. The driver's session is a process group the reaper (``server/reaper.py``) is told, so a killed
 serve takes the driver and Ray's head with it. Ready is the driver's ready file (the application runs, the
@@ -31,11 +31,11 @@ from trtllm_kit.artifact.machine import detect_machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.ray.gpu_replica import check_gpu_replicas
-from trtllm_kit.serve.ray.namespace import LOOPBACK_UP, PRIVATE_NET, end_namespace, net_namespace
 from trtllm_kit.serve.ray.routing import ray_router
 from trtllm_kit.serve.ray.scaling import Autoscaling
 from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
 from trtllm_kit.serve.server.in_process import claim_artifact, served_name
+from trtllm_kit.serve.server.netns import LOOPBACK_UP, PRIVATE_NET, end_namespace, net_namespace
 from trtllm_kit.serve.server.reaper import Reaper
 from trtllm_kit.serve.server.state import clear_run, write_pid, write_state
 from trtllm_kit.serve.server.stop_signals import stop_requests
