@@ -13,7 +13,8 @@ every answer is ``--max-tokens`` tokens) until the time is up, while every ``--k
 is SIGKILLed and started again with its command line and environment (the serve does not restart a dead worker,
 and it ends when its last worker dies, so worker-0 is never killed: the others are killed in turn). A request
 whose worker dies is migrated by Dynamo's frontend to a live worker, which continues it. Requests are sent to
-Dynamo's frontend (the serve's ``dynamo_frontend``). Prints one line of figures with units and the load average.
+Dynamo's frontend (the serve's ``dynamo_frontend``) from inside the serve's private network namespace, where the
+killed workers are started again too. Prints one line of figures with units and the load average.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import psutil
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient
+from trtllm_kit.serve.dynamo.metrics import serve_net
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
@@ -210,14 +212,20 @@ def main() -> int:
         url, model = f"http://{state['dynamo_frontend']}", state["model"]
         restarter = Restarter(state)
         result = MigrationResult(args.minutes, args.streams, args.workers)
-        try:
+
+        def measure() -> None:
             answers = asyncio.run(reference(url, model, prompts, args.max_tokens, args.streams))
             before = migrations(url)
             asyncio.run(faulted(url, model, prompts, answers, args.max_tokens, result, args.kill_every_s,
                                 restarter))
             time.sleep(1)
             result.migrated = migrations(url) - before
+
+        net = serve_net(Path(state["run_dir"]) / "dynamo")
+        try:
+            net.call(measure)  # in the serve's network namespace: Dynamo's frontend, and the restarted workers
         finally:
+            net.close()
             restarter.close()
             stop_serving(out, 30)
     for error in sorted(set(result.errors))[:5]:

@@ -38,6 +38,7 @@ from typing import Any
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, add_spec_arguments, spec_of
 from trtllm_kit.profile.shared_prefix_run import SharedPrefixResult, run_shared_prefix
+from trtllm_kit.serve.dynamo.metrics import serve_net
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec
@@ -60,10 +61,13 @@ def _load() -> str:
 
 def _routing(out: Path, router: str, spec: SharedPrefixSpec, concurrency: int, root: Path) -> SharedPrefixResult:
     url, state = _serve(out, dynamo=True, workers=2, router=router)
+    logs = Path(state["run_dir"]) / "dynamo"
+    net = serve_net(logs)  # Dynamo's frontend and the workers' /metrics answer in the serve's namespace alone
     try:
-        return asyncio.run(run_shared_prefix(spec, f"{url}/v1", root / f"bench-{router}", concurrency,
-                                             Path(state["run_dir"]) / "dynamo"))
+        return net.call(lambda: asyncio.run(run_shared_prefix(spec, f"{url}/v1", root / f"bench-{router}",
+                                                              concurrency, logs)))
     finally:
+        net.close()
         stop_serving(out, 30)
 
 
@@ -71,7 +75,8 @@ def _sequential_p50_ms(out: Path, count: int, **settings: Any) -> float:
     url, state = _serve(out, **settings)
     body = json.dumps({"model": state["model"], "prompt": PROMPT_IDS, "max_tokens": 1, "temperature": 0}).encode()
     times = []
-    try:
+
+    def send() -> None:
         for number in range(WARMUP + count):
             request = urllib.request.Request(f"{url}/v1/completions", data=body,
                                              headers={"Content-Type": "application/json"})
@@ -81,7 +86,17 @@ def _sequential_p50_ms(out: Path, count: int, **settings: Any) -> float:
                 response.read()
             if number >= WARMUP:
                 times.append((time.perf_counter_ns() - start) / 1e6)
+
+    # Dynamo's frontend answers in the serve's network namespace alone
+    net = serve_net(Path(state["run_dir"]) / "dynamo") if "dynamo_frontend" in state else None
+    try:
+        if net is None:
+            send()
+        else:
+            net.call(send)
     finally:
+        if net is not None:
+            net.close()
         stop_serving(out, 30)
     return statistics.median(times)
 
