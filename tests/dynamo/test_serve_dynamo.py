@@ -23,6 +23,7 @@ import pytest
 from kit_server import BuildKey, Builds, KitServer, Servers
 
 from trtllm_kit.serve.dynamo.metrics import serve_net, worker_metrics_urls
+from trtllm_kit.serve.server.netns import pids_in
 from trtllm_kit.serve.server.reaper import group_alive
 
 if importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None:
@@ -231,8 +232,11 @@ def test_stop_leaves_no_process(kit_builds: Builds, tmp_path: Path) -> None:
     groups = _groups(server.state)
     assert all(group_alive(g) for g in groups)
     assert os.stat(Path(server.state["run_dir"]) / "dynamo").st_mode & 0o777 == 0o700
+    namespace = server.state["net_namespace"]
+    assert set(groups) <= set(pids_in(namespace))  # Dynamo's frontend and the worker live in it
     server.stop()
     assert _wait_gone(groups, 5) == []
+    assert pids_in(namespace) == []
     assert not os.path.exists(f"/proc/{server.state['pid']}") or \
         psutil.Process(server.state["pid"]).status() == psutil.STATUS_ZOMBIE
 
@@ -244,6 +248,7 @@ def test_sigkill_of_serve_leaves_no_orphan(kit_builds: Builds, tmp_path: Path) -
     try:
         os.kill(server.state["pid"], signal.SIGKILL)
         assert _wait_gone(groups, 30) == []  # the reaper ends every group it was given
+        assert pids_in(server.state["net_namespace"]) == []
     finally:
         server.stop()
 
