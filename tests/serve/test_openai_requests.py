@@ -7,7 +7,9 @@ import pytest
 
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
-from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.serve.openai.sampling_fields import EXTRA_ROWS
+from trtllm_kit.wire import GenerationRequest, WireError
+from trtllm_kit.wire.fields import Row, rows
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -74,3 +76,20 @@ def test_a_value_only_the_wire_refuses_is_a_400_naming_it() -> None:
     with pytest.raises(HTTPError) as info:
         req.to_generation("p", "r", best_of=1, n=2)
     assert info.value.param == "best_of" and info.value.status == 400
+
+
+def test_every_field_a_wire_row_names_in_an_openai_body_is_parsed() -> None:
+    carried = {row.openai for row in rows(GenerationRequest) if row.openai is not None}
+    assert carried <= set(CompletionRequest.model_fields) and carried <= set(ChatRequest.model_fields)
+
+
+@pytest.mark.parametrize("row", EXTRA_ROWS, ids=lambda row: row.name)
+def test_a_sampling_extra_reaches_its_wire_field_and_is_refused_in_its_rows_sentence(row: Row) -> None:
+    req = CompletionRequest.parse({"prompt": "p", str(row.openai): 1})
+    assert getattr(req.to_generation("p", "r"), row.name) == 1
+    assert row.rule is not None
+    with pytest.raises(WireError) as wire:
+        row.rule.checked(row.name, "x")
+    with pytest.raises(HTTPError) as info:
+        CompletionRequest.parse({"prompt": "p", str(row.openai): "x"})
+    assert (str(info.value), info.value.param) == (str(wire.value), row.openai)

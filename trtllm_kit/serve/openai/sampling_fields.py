@@ -2,8 +2,9 @@
 requests are ``requests.py``'s): the fields, their parse and the generation they ask for.
 
 The parse is strict (no coercion; a boolean is not a number) and keeps OpenAI's own bounds (temperature in [0, 2],
-top_p in (0, 1], n ≤ ``MAX_N``, the stop and prompt bounds of ``request_limits``); vLLM's sampling extras (``top_k``,
-``min_p``, the penalties) are checked by the wire's rows (``trtllm_kit.wire.request``), which state their ranges once.
+top_p in (0, 1], n ≤ ``MAX_N``, the stop and prompt bounds of ``request_limits``). vLLM's sampling extras are the
+wire's rows that name an OpenAI field (``openai=`` in ``trtllm_kit.wire.request``) which OpenAI's own fields here do
+not declare: the parse takes them from the rows (``SamplingExtras``), and each row's rule checks its values.
 ``to_generation`` says the request in the wire's terms: temperature 0 (or below ``MIN_TEMPERATURE``) is greedy (top_k
 1), else top_p defaults to 1 (TensorRT-LLM takes top_k = top_p = 0 as greedy); ``ignore_eos`` sends ``end_id`` -1.
 """
@@ -11,7 +12,7 @@ top_p in (0, 1], n ≤ ``MAX_N``, the stop and prompt bounds of ``request_limits
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -22,6 +23,7 @@ from pydantic import (
     Strict,
     ValidationError,
     ValidationInfo,
+    create_model,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -33,7 +35,7 @@ from trtllm_kit.serve.openai.logprobs import Scoring
 from trtllm_kit.serve.openai.refusals import PRIORITY_RANGE, field_refusal, refused
 from trtllm_kit.serve.openai.request_limits import MAX_N, stops_problem
 from trtllm_kit.wire import GenerationRequest, WireError
-from trtllm_kit.wire.fields import rows
+from trtllm_kit.wire.fields import Row, rows
 from trtllm_kit.wire.request import NEVER_END_ID
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
@@ -42,18 +44,18 @@ Int = Annotated[int, Strict()]
 Prompt = str | tuple[int, ...]
 R = TypeVar("R", bound="OpenAIRequest")
 NULL_REFUSED = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo")
-WIRE_RULES = {row.name: row.rule for row in rows(GenerationRequest)}
+VLLM_OFF = {"top_k": -1}  # vLLM's "off" of an extra where the wire's row says 0
 
 
-def _by_wire_row(name: str) -> BeforeValidator:
-    """A sampling extra checked by its wire row (vLLM's ``top_k`` -1 is off, as 0 is)."""
-    rule = WIRE_RULES[name]
+def _by_wire_row(row: Row) -> BeforeValidator:
+    """A sampling extra checked by its wire row (vLLM's ``VLLM_OFF`` value is the row's 0)."""
+    name, rule = row.name, row.rule
     assert rule is not None, f"{name} has a rule on the wire"
 
     def check(value: Any) -> Any:
         if value is None:
             return None
-        if name == "top_k" and value == -1 and not isinstance(value, bool):
+        if name in VLLM_OFF and value == VLLM_OFF[name] and not isinstance(value, bool):
             value = 0
         try:
             return rule.checked(name, value)
@@ -108,11 +110,10 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class OpenAIRequest(BaseModel):
-    """The fields a completion and a chat request share, in the order they are checked."""
+class OpenAIFields(BaseModel):
+    """OpenAI's own sampling fields, the first a completion and a chat request check."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
-    kind: ClassVar[str]
     model: Any = None  # resolved by the handler before the parse
     user: Any = None  # labels the request (an alias picks its model by it)
     max_tokens: Int  # max_completion_tokens, else max_tokens, else the endpoint's default
@@ -124,11 +125,24 @@ class OpenAIRequest(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    top_k: Annotated[int | None, _by_wire_row("top_k")] = None
-    min_p: Annotated[float | None, _by_wire_row("min_p")] = None
-    repetition_penalty: Annotated[float | None, _by_wire_row("repetition_penalty")] = None
-    presence_penalty: Annotated[float | None, _by_wire_row("presence_penalty")] = None
-    frequency_penalty: Annotated[float | None, _by_wire_row("frequency_penalty")] = None
+
+
+# the wire's rows an OpenAI body carries that OpenAI's own fields do not declare: vLLM's sampling extras
+EXTRA_ROWS = tuple(row for row in rows(GenerationRequest)
+                   if row.openai is not None and row.openai not in OpenAIFields.model_fields)
+if TYPE_CHECKING:
+    SamplingExtras = OpenAIFields
+else:
+    SamplingExtras = create_model(
+        "SamplingExtras", __base__=OpenAIFields, __module__=__name__,
+        **{str(row.openai): (Annotated[row.rule.kind | None, _by_wire_row(row)], None) for row in EXTRA_ROWS})
+
+
+class OpenAIRequest(SamplingExtras):
+    """The fields a completion and a chat request share, in the order they are checked: OpenAI's own, vLLM's
+    sampling extras (``EXTRA_ROWS``), then the rest."""
+
+    kind: ClassVar[str]
     n: Int = Field(1, ge=1, le=MAX_N)  # choices per prompt
     best_of: Int | None = None  # resolved: None unless more sequences than n are generated
     priority: Int | None = Field(None, ge=-PRIORITY_RANGE, le=PRIORITY_RANGE)
@@ -222,8 +236,8 @@ class OpenAIRequest(BaseModel):
     @property
     def extras(self) -> dict[str, float | int]:
         """The sampling extras the request sets, in the wire's terms."""
-        names = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        values = {row.name: getattr(self, str(row.openai)) for row in EXTRA_ROWS}
+        return {name: value for name, value in values.items() if value is not None}
 
     def to_generation(self, prompt: Prompt, request_id: str, *, eos_id: int | None = None,
                       stop_words: tuple[tuple[int, ...], ...] = (), context_logits: bool | None = None,
@@ -250,7 +264,7 @@ class OpenAIRequest(BaseModel):
         max_tokens = max(1, self.max_tokens)
         try:
             if is_greedy_temperature(temperature):
-                common.pop("top_k", None)  # greedy is top_k 1, and min_p keeps the most likely token
+                common.pop("top_k", None)  # greedy is top_k 1 (a filtering extra keeps the most likely token)
                 return GenerationRequest(prompt, max_tokens, top_k=1, **common)
             return GenerationRequest(prompt, max_tokens, temperature=temperature,
                                      top_p=1.0 if self.top_p is None else self.top_p, **common)
