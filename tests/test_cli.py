@@ -350,6 +350,17 @@ def test_verify_of_a_missing_checkpoint_says_it_does_not_exist(tiny_llama: Path,
                                           "directory or a build's --out."]
 
 
+def test_verify_says_when_the_unquantized_reference_came_from_the_cache(tiny_llama: Path, checkpoint: Path,
+                                                                        tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTLLM_KIT_CACHE", str(tmp_path / "cache"))  # empty: the first verify computes the reference
+    said = "the unquantized model's answers came from the kit's cache (verify-reference/)"
+    first, second = (invoke("verify", str(checkpoint), "--against", str(tiny_llama)) for _ in range(2))
+    assert first.exit_code == second.exit_code == 0
+    assert said not in first.stdout and second.stdout.splitlines()[0] == said
+    assert second.stdout.splitlines()[1:] == first.stdout.splitlines()  # the same figures
+
+
 def test_verify_of_a_build_directory_checks_its_checkpoint(tiny_llama: Path, checkpoint: Path) -> None:
     by_build = invoke("verify", str(checkpoint.parent), "--against", str(tiny_llama), "--json")
     by_checkpoint = invoke("verify", str(checkpoint), "--against", str(tiny_llama), "--json")

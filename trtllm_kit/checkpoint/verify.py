@@ -15,6 +15,7 @@ from trtllm_kit.checkpoint.heldout import corpus_windows, window_scores
 from trtllm_kit.checkpoint.quality import ChoiceScores, choice_scores, load_questions
 from trtllm_kit.checkpoint.reference import load_hf_reference as load_hf_reference  # its tests import it from here
 from trtllm_kit.checkpoint.reference import reference_outputs
+from trtllm_kit.checkpoint.reference_cache import CACHE_DIR
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.text_tokenizer import load_text_tokenizer
@@ -63,6 +64,8 @@ PERPLEXITY_BOUNDS = {"W8A16": 0.01, "FP8": 0.06, "SQ": 0.03, "NVFP4": 0.32, "W4A
 KL_BOUNDS = {"W8A16": 0.02, "FP8": 0.2, "SQ": 0.1, "NVFP4": 0.65, "W4A16_AWQ": 0.8, None: 0.05}
 TOP1_BOUNDS = {"W8A16": 0.6, "FP8": 0.25, "SQ": 0.5, "NVFP4": 0.07, "W4A16_AWQ": 0.05, None: 0.6}
 PERPLEXITY_MARGIN_NATS = 1.0
+# what build and verify note when the HF model's answers were read, not computed (``reference_cached``)
+CACHED_REFERENCE = f"the unquantized model's answers came from the kit's cache ({CACHE_DIR}/)"
 
 
 @dataclass(frozen=True)

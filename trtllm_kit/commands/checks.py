@@ -122,7 +122,7 @@ def verify(checkpoint: Path, hf_source: str | None, compute_dtype: str, as_json:
       trtllm-kit verify out/checkpoint --against builtin:tiny-llama
     """
     from trtllm_kit.artifact.files import checkpoint_dir
-    from trtllm_kit.checkpoint.verify import recorded_source, verify_checkpoint
+    from trtllm_kit.checkpoint.verify import CACHED_REFERENCE, recorded_source, verify_checkpoint
     from trtllm_kit.errors import VerifyError
     from trtllm_kit.llmapi.load import unified_loader
     from trtllm_kit.models.inspect import resolve_model_path
@@ -134,6 +134,8 @@ def verify(checkpoint: Path, hf_source: str | None, compute_dtype: str, as_json:
     if as_json:
         emit_json(report.to_dict())
     else:
+        if report.reference_cached:
+            click.echo(CACHED_REFERENCE)
         click.echo(f"max abs error {report.max_abs_err:.3e}, max rel error {report.max_rel_err:.3e}, "
                    f"top-1 agreement {report.top1_agreement:.2%} over {report.num_tokens} tokens "
                    + (f"(quantized, {report.compute_dtype})" if report.quantization else

@@ -93,7 +93,7 @@ def run_verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter, load: Any =
         ckpt_dir: the checkpoint; model: the HF model; reporter: notes; load: the checkpoint's loader (see
         ``verify_checkpoint``; default: the TensorRT-LLM checkpoint's).
     """
-    from trtllm_kit.checkpoint.verify import verify_checkpoint  # torch, transformers
+    from trtllm_kit.checkpoint.verify import CACHED_REFERENCE, verify_checkpoint  # torch, transformers
 
     reporter.note("verify: running the checkpoint on the CPU against transformers")
     report = verify_checkpoint(ckpt_dir, model.path, load=load)
@@ -104,7 +104,7 @@ def run_verify(ckpt_dir: Path, model: ModelSpec, reporter: Reporter, load: Any =
                           f"{report.tolerance:.3g} (top-1 agreement {report.top1_agreement:.1%}); the checkpoint "
                           "does not compute what the HF model does.")
     if report.reference_cached:
-        reporter.note("verify: the unquantized model's answers came from the kit's cache (verify-reference/)")
+        reporter.note(f"verify: {CACHED_REFERENCE}")
     reporter.note(f"verify: max abs error {report.max_abs_err:.2e}, max rel error {report.max_rel_err:.2e}, "
                   f"top-1 agreement {report.top1_agreement:.1%}")
     if report.quantization:
