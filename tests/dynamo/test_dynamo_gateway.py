@@ -227,6 +227,10 @@ def test_a_single_api_key_is_required(kit_builds: Builds, tmp_path: Path) -> Non
                "and no best_of, or the prompt as text."),
     ({"prompt_logprobs": 1}, "logprobs is 1; serve --dynamo's workers return no logprobs: leave logprobs (and "
                              "echo) out, or serve without --dynamo."),
+    ({"length_penalty": 0.5}, "beam_width is None and length_penalty 0.5; serve --dynamo's workers decode without "
+                              "beams: leave beam_width and length_penalty out."),
+    ({"beam_width": 2}, "beam_width is 2 and length_penalty None; serve --dynamo's workers decode without beams: "
+                        "leave beam_width and length_penalty out."),
 ])
 def test_what_the_workers_cannot_do_is_refused_before_it_is_sent(fields: dict[str, Any], sentence: str) -> None:
     assert refusal(GenerationRequest((1, 2, 3), 4, **fields)) == sentence

@@ -222,6 +222,8 @@ def test_an_error_answer_is_refused_with_its_message() -> None:
     ({"logprobs": 2}, "logprobs is 2; --gpu-replicas returns no logprobs: leave logprobs (and echo) out."),
     ({"n": 2}, "n is 2, best_of None and beam_width None; --gpu-replicas answers one choice: send n=1 without "
                "best_of or beams."),
+    ({"length_penalty": 0.5}, "length_penalty is 0.5; --gpu-replicas decode without beams, which it weighs: leave "
+                              "length_penalty out."),
     ({}, None)])
 def test_what_a_gpu_replica_does_not_carry_is_refused_in_one_sentence(fields: dict[str, Any],
                                                                       sentence: str | None) -> None:

@@ -53,7 +53,8 @@ def refusal(req: GenerationRequest) -> str | None:
         return (f"n is {req.n or 1} and best_of {req.best_of}; {WHY} answer one choice per token-id prompt: send "
                 "n=1 and no best_of, or the prompt as text.")
     if req.beam_width not in (None, 1) or req.length_penalty is not None:
-        return f"beam_width is {req.beam_width}; {WHY} decode without beams: leave beams and length_penalty out."
+        return (f"beam_width is {req.beam_width} and length_penalty {req.length_penalty}; {WHY} decode without "
+                "beams: leave beam_width and length_penalty out.")
     return None
 
 

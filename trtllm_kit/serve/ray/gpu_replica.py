@@ -156,6 +156,9 @@ def refusal(req: GenerationRequest) -> str | None:
     if (req.n or 1) > 1 or req.best_of is not None or req.beam_width not in (None, 1):
         return (f"n is {req.n or 1}, best_of {req.best_of} and beam_width {req.beam_width}; --gpu-replicas answers "
                 "one choice: send n=1 without best_of or beams.")
+    if req.length_penalty is not None:  # it weighs beams only, which a replica does not run
+        return (f"length_penalty is {req.length_penalty}; --gpu-replicas decode without beams, which it weighs: "
+                "leave length_penalty out.")
     if req.guide is not None:
         return f"the guide {req.guide[0]!r} is not carried by --gpu-replicas; leave response_format out."
     return None
