@@ -4,7 +4,7 @@ another OpenAI server behind it (Dynamo's frontend, trtllm-serve) for a generati
 Each set field whose row names an OpenAI field (``openai=`` in ``request.py``) goes under that name; a token-id
 prompt goes as a list; ``end_id`` -1 (no end token) is vLLM's ``ignore_eos``; the guide is vLLM's ``guided_*``
 field (``json``: any JSON object). A streamed body asks for the running usage in every chunk. What the body cannot
-carry (an adapter, logprobs, n, beams and their length_penalty) is the caller's to refuse before it sends.
+carry (an adapter, logprobs, n, beams) is the caller's to refuse before it sends.
 """
 
 from __future__ import annotations
