@@ -29,8 +29,8 @@ from pathlib import Path
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.serve.ray.driver import REPLICA_TITLE
-from trtllm_kit.serve.ray.namespace import titled_pids
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
+from trtllm_kit.serve.server.netns import titled_pids
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec
 
