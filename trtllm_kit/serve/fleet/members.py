@@ -16,6 +16,7 @@ from pathlib import Path
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.fleet.merge import TRTLLM_MODEL, Copied, copy_models, slug
+from trtllm_kit.serve.openai.bls_route import bls_num_draft_tokens
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.repository_limits import max_batch_size, max_seq_len
 from trtllm_kit.serve.servable import Servable
@@ -101,10 +102,11 @@ def route(member: Member, copied: Copied, text_model: str) -> Route:
     if text_model not in copied.names:
         raise KitUsageError(f"{member.target.repo} has no {text_model} model; it has {', '.join(copied.names)}.")
     token_model = copied.names.get(TRTLLM_MODEL, TRTLLM_MODEL)
+    artifact = member.target.artifact
     return Route(member.name, copied.name(text_model), token_model, member.target.tokenizer_dir,
                  max_seq_len(member.target.repo), member.version, tuple(copied.ordered()), member.target.out,
-                 context_logits=context_logits(member.target.artifact),
-                 max_batch_size=max_batch_size(member.target.repo))
+                 context_logits=context_logits(artifact), max_batch_size=max_batch_size(member.target.repo),
+                 num_draft_tokens=bls_num_draft_tokens(artifact.target, artifact.spec.speculative))
 
 
 def context_logits(artifact: Artifact) -> bool | None:

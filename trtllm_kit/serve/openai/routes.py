@@ -18,6 +18,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.client import TOKEN_MODEL, TextClient
 from trtllm_kit.serve.disagg.two_step_client import TwoStepClient
 from trtllm_kit.serve.openai.adapters import Adapter, AdapterSet
+from trtllm_kit.serve.openai.bls_client import BlsClient
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
@@ -43,6 +44,8 @@ class Route:
     adapter: Adapter | None = None  # the LoRA adapter this view of a base model's route runs with
     context_grpc_url: str | None = None  # a disaggregated serve's context server (``disagg/two_step_client.py``)
     max_batch_size: int | None = None  # sequences the engine runs at once (None: not stated)
+    # ``bls_route.bls_num_draft_tokens``: text goes to the BLS with this many draft tokens (None: the direct route)
+    num_draft_tokens: int | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -52,14 +55,17 @@ class Route:
     @property
     def tokenizes(self) -> bool:
         """Whether the frontend tokenizes text prompts and streams them as ids from the token model (which the
-        route's repository must hold), decoding the answer itself."""
-        return self.tokenizer is not None and self.token_model in self.models
+        route's repository must hold), decoding the answer itself; not when it speculates through the BLS."""
+        return self.tokenizer is not None and self.token_model in self.models and self.num_draft_tokens is None
 
     def open(self, grpc_url: str, headers: tuple[tuple[str, str], ...]) -> None:
         """Create the route's Triton client (inside the running event loop)."""
         if self.context_grpc_url is not None:
             self.client = TwoStepClient(grpc_url, self.context_grpc_url, self.triton_model, headers,
                                         token_model=self.token_model)
+        elif self.num_draft_tokens is not None:
+            self.client = BlsClient(grpc_url, self.triton_model, headers, token_model=self.token_model,
+                                    num_draft_tokens=self.num_draft_tokens, tokenizer=self.tokenizer)
         else:
             self.client = TextClient(grpc_url, self.triton_model, headers, token_model=self.token_model)
 

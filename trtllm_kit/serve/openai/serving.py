@@ -25,6 +25,7 @@ from aiohttp import web
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.http.exchange import ADMIT, USAGE
+from trtllm_kit.serve.openai.bls_route import refuse_unanswered
 from trtllm_kit.serve.openai.choice_stream import ChoiceStream, Chunk
 from trtllm_kit.serve.openai.engine_input import (
     check_logprob_entries,
@@ -54,6 +55,8 @@ async def serve(metrics: FrontendMetrics, request: web.Request, req: OpenAIReque
         metrics: the frontend's metrics; request: the HTTP request; req: the parsed request; prompts: its prompts
         (text or token ids); route, alias: where it goes.
     """
+    if route.num_draft_tokens is not None:
+        refuse_unanswered(req, prompts)
     check_logprob_entries(route, prompts, req)
     sent = [prompt_as_sent(route, prompt, req) for prompt in prompts]
     admit = request.get(ADMIT)
