@@ -139,13 +139,13 @@ def test_a_worker_refusal_reaches_the_client_in_its_sentence(gated: Gated, strea
     assert json.loads(raw)["error"]["message"] == GUIDE_REFUSAL
 
 
-def test_logprobs_are_refused_in_one_sentence(gated: Gated) -> None:
+def test_echo_with_logprobs_is_refused_in_one_sentence(gated: Gated) -> None:
     status, raw = gated.post("/v1/completions", {"model": gated.model, "prompt": "hi", "max_tokens": 2,
-                                                 "logprobs": 2})
+                                                 "logprobs": 2, "echo": True})
     assert status == 400
     assert json.loads(raw)["error"]["message"] == (
-        "logprobs is 2; serve --dynamo's workers return no logprobs: leave logprobs (and echo) out, or serve "
-        "without --dynamo.")
+        "prompt_logprobs is 2 (echo with logprobs asks for it); serve --dynamo's workers score generated tokens "
+        "only: leave echo and prompt_logprobs out, or serve without --dynamo.")
 
 
 @pytest.mark.parametrize("prompt", [PROMPT_IDS, "The capital of France is"])
@@ -225,8 +225,9 @@ def test_a_single_api_key_is_required(kit_builds: Builds, tmp_path: Path) -> Non
                                    "base model alone; name the base model, or serve the adapter without --dynamo."),
     ({"n": 2}, "n is 2 and best_of None; serve --dynamo's workers answer one choice per token-id prompt: send n=1 "
                "and no best_of, or the prompt as text."),
-    ({"prompt_logprobs": 1}, "logprobs is 1; serve --dynamo's workers return no logprobs: leave logprobs (and "
-                             "echo) out, or serve without --dynamo."),
+    ({"prompt_logprobs": 1}, "prompt_logprobs is 1 (echo with logprobs asks for it); serve --dynamo's workers "
+                             "score generated tokens only: leave echo and prompt_logprobs out, or serve without "
+                             "--dynamo."),
     ({"length_penalty": 0.5}, "beam_width is None and length_penalty 0.5; serve --dynamo's workers decode without "
                               "beams: leave beam_width and length_penalty out."),
     ({"beam_width": 2}, "beam_width is 2 and length_penalty None; serve --dynamo's workers decode without beams: "

@@ -9,7 +9,7 @@ import pytest
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.dynamo.card import card_config, write_card
-from trtllm_kit.serve.dynamo.request import DynamoRequestError, response_chunk, worker_request
+from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION, DynamoRequestError, response_chunk, worker_request
 
 # a request as Dynamo 1.6's frontend sends it for a /v1/completions call (observed)
 OBSERVED = {"model": "tiny", "token_ids": [264, 333, 84, 534, 332],
@@ -79,8 +79,8 @@ def test_guided_decoding_json_maps_and_choice_is_refused() -> None:
     ("sampling_options", {"use_beam_search": True}, "sampling_options.use_beam_search is True; serve --dynamo "
                                                     "decodes without beams."),
     ("sampling_options", {"length_penalty": 0.5}, "sampling_options.length_penalty is 0.5;"),
-    ("output_options", {"logprobs": 2}, "output_options.logprobs is 2; serve --dynamo does not return logprobs"),
-    ("output_options", {"prompt_logprobs": 1}, "output_options.prompt_logprobs is 1;"),
+    ("output_options", {"prompt_logprobs": 1}, "output_options.prompt_logprobs is 1; serve --dynamo scores "
+                                               "generated tokens only"),
     ("stop_conditions", {"max_thinking_tokens": 8}, "stop_conditions.max_thinking_tokens is 8; the CPU runtime "
                                                     "has no thinking budget."),
 ])
@@ -96,6 +96,30 @@ def test_prompt_filling_the_context_and_empty_prompt_are_refused() -> None:
         worker_request(OBSERVED, max_seq_len=5)
     with pytest.raises(DynamoRequestError, match="token_ids is empty"):
         worker_request({**OBSERVED, "token_ids": []}, max_seq_len=64)
+
+
+def test_logprobs_map_and_the_kits_annotation_asks_beyond_the_frontends_bound() -> None:
+    assert worker_request(OBSERVED, max_seq_len=64).sampling.logprobs is None
+    assert worker_request(_with("output_options", logprobs=0), max_seq_len=64).sampling.logprobs == 0
+    annotated = {**_with("output_options", logprobs=5), "annotations": ["other", f"{LOGPROBS_ANNOTATION}20"]}
+    assert worker_request(annotated, max_seq_len=64).sampling.logprobs == 20
+
+
+@pytest.mark.parametrize("value", ["21", "-1", "x"])
+def test_an_annotation_asking_for_too_many_alternatives_is_refused(value: str) -> None:
+    with pytest.raises(DynamoRequestError) as caught:
+        worker_request({**OBSERVED, "annotations": [f"{LOGPROBS_ANNOTATION}{value}"]}, max_seq_len=64)
+    assert str(caught.value) == (f"the annotation '{LOGPROBS_ANNOTATION}{value}' asks for '{value}' alternatives "
+                                 f"per token; send {LOGPROBS_ANNOTATION}N with N from 0 to 20.")
+
+
+def test_chunks_carry_the_tokens_logprobs_and_alternatives_by_rank() -> None:
+    scored = ((7, -0.5, ((7, -0.5), (9, -1.25))), (8, -2.0, ((3, -1.0),)))
+    assert response_chunk([7, 8], None, 5, 2, scored) == {
+        "token_ids": [7, 8], "index": 0, "log_probs": [-0.5, -2.0],
+        "top_logprobs": [[{"rank": 1, "token_id": 7, "token": None, "logprob": -0.5},
+                          {"rank": 2, "token_id": 9, "token": None, "logprob": -1.25}],
+                         [{"rank": 1, "token_id": 3, "token": None, "logprob": -1.0}]]}
 
 
 def test_chunks_carry_usage_only_when_finished() -> None:

@@ -9,6 +9,10 @@ arrives (closing the connection cancels the request on the worker). What the wor
 in one sentence before anything is sent (``refusal``); a worker's own refusal comes back with its sentence and
 status (the worker raises Dynamo's ``InvalidArgument``, which the frontend answers with its message). A whole
 answer with no stop strings is asked for whole, one read instead of a stream's chunks (``is_whole``).
+
+Logprobs are asked for with ``return_tokens_as_token_ids``: Dynamo's frontend then names each token, and each
+alternative, ``token_id:N`` (by text, two tokens that decode alike would be one), and the client answers the kit's
+frontend in token ids with their scores, which it decodes and turns into OpenAI's logprobs as a plain serve does.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any
 import aiohttp
 
 from trtllm_kit.serve.client import TextClient
+from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION
 from trtllm_kit.serve.generation import GenerationError
-from trtllm_kit.wire import GenerationRequest, GenerationResponse
+from trtllm_kit.wire import GenerationRequest, GenerationResponse, Scored
 from trtllm_kit.wire.openai_body import encode_openai_body
 
 COMPLETIONS = "/v1/completions"
@@ -33,6 +38,9 @@ METRICS = "/metrics"
 READY_TIMEOUT_S = 10.0
 REQUEST_ID_HEADER = "x-dynamo-request-id"  # Dynamo's frontend takes a UUID there as the request's id
 MATCHED_HERE = ("stop_strings", "include_stop_str_in_output")  # the kit's frontend matches stop strings itself
+TOKENS_AS_IDS = "return_tokens_as_token_ids"  # Dynamo's frontend names logprobs' tokens TOKEN_ID_PREFIX + id
+TOKEN_ID_PREFIX = "token_id:"
+DYNAMO_MAX_LOGPROBS = 5  # the completions logprobs Dynamo's frontend takes
 WHY = "serve --dynamo's workers"
 SocketFactory = Callable[[tuple[Any, ...]], socket.socket]  # aiohttp's socket_factory
 
@@ -46,9 +54,9 @@ def refusal(req: GenerationRequest) -> str | None:
     if req.lora is not None:
         return (f"the adapter {req.lora.name!r} cannot run on {WHY}, which serve the base model alone; name the "
                 "base model, or serve the adapter without --dynamo.")
-    if req.logprobs is not None or req.prompt_logprobs is not None:
-        return (f"logprobs is {req.logprobs if req.logprobs is not None else req.prompt_logprobs}; {WHY} return "
-                "no logprobs: leave logprobs (and echo) out, or serve without --dynamo.")
+    if req.prompt_logprobs is not None:
+        return (f"prompt_logprobs is {req.prompt_logprobs} (echo with logprobs asks for it); {WHY} score generated "
+                "tokens only: leave echo and prompt_logprobs out, or serve without --dynamo.")
     if (req.n or 1) > 1 or req.best_of is not None:
         return (f"n is {req.n or 1} and best_of {req.best_of}; {WHY} answer one choice per token-id prompt: send "
                 "n=1 and no best_of, or the prompt as text.")
@@ -70,13 +78,17 @@ def is_whole(req: GenerationRequest) -> bool:
 
 def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
     """Dynamo's completion request for ``req``: the wire's OpenAI body but the stop strings (``MATCHED_HERE``);
-    streamed with the running usage asked for, unless ``is_whole``. The worker refuses a guide the CPU runtime
-    cannot guide by, in its sentence.
+    streamed with the running usage asked for, unless ``is_whole``; logprobs with their tokens named by id. The
+    worker refuses a guide the CPU runtime cannot guide by, in its sentence.
 
     Arguments:
         model: the served name; req: the engine request (``refusal`` is None for it).
     """
-    return encode_openai_body(req, model, stream=not is_whole(req), skip=MATCHED_HERE)
+    body = encode_openai_body(req, model, stream=not is_whole(req), skip=MATCHED_HERE)
+    if req.logprobs is not None:  # the worker's alternatives are the annotation's, beyond the frontend's bound
+        body.update({"logprobs": min(req.logprobs, DYNAMO_MAX_LOGPROBS), TOKENS_AS_IDS: True,
+                     "nvext": {"annotations": [f"{LOGPROBS_ANNOTATION}{req.logprobs}"]}})
+    return body
 
 
 def dynamo_request_id(request_id: str) -> str | None:
@@ -95,24 +107,64 @@ def dynamo_request_id(request_id: str) -> str | None:
     return rest
 
 
-def chunk_response(event: dict[str, Any]) -> GenerationResponse | None:
-    """One streamed chunk of Dynamo's frontend as the kit's frontend reads it (the text and the running counts),
-    None for a chunk carrying neither; an error event raises ``GenerationError`` with its message and code.
+def chunk_response(event: dict[str, Any], num_top: int | None = None) -> GenerationResponse | None:
+    """One streamed chunk of Dynamo's frontend as the kit's frontend reads it: the text and the running counts, or
+    with logprobs asked for, the token ids and their scores; None for a chunk carrying none of them. An error event
+    raises ``GenerationError`` with its message and code.
 
     Arguments:
-        event: the chunk's JSON.
+        event: the chunk's JSON (or a whole answer's); num_top: the alternatives asked per token (None: no
+        logprobs).
     """
     error = event.get("error")
     if error is not None:
         status = error.get("code") if isinstance(error, dict) else None
         message = error.get("message") if isinstance(error, dict) else str(error)
         raise GenerationError(str(message), status=status if isinstance(status, int) else 500)
+    if num_top is not None:
+        scored = tuple(token for choice in event.get("choices") or []
+                       for token in scored_tokens(choice.get("logprobs") or {}, num_top))
+        return GenerationResponse(token_ids=tuple(t for t, _, _ in scored), scored=scored,
+                                  num_top=num_top) if scored else None
     text = "".join(choice.get("text") or "" for choice in event.get("choices") or [])
     usage = event.get("usage") or {}
     if not text and not usage:
         return None
     return GenerationResponse(texts=(text,), num_input_tokens=usage.get("prompt_tokens"),
                               num_output_tokens=usage.get("completion_tokens"))
+
+
+def scored_tokens(logprobs: dict[str, Any], num_top: int) -> tuple[Scored, ...]:
+    """The scored tokens of a completion choice's ``logprobs`` object named by id (``TOKENS_AS_IDS``): each token
+    with its logprob and the first ``num_top`` entries of its ``top_logprobs``, which are the worker's alternatives,
+    best first (Dynamo's frontend appends the token itself after them when they do not hold it). The token's logprob
+    is read from ``top_logprobs``, which holds it at full precision (``token_logprobs`` is rounded to float32's
+    shortest digits).
+
+    Arguments:
+        logprobs: ``tokens``, ``token_logprobs`` and ``top_logprobs``; num_top: the alternatives asked per token.
+    """
+    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or [{}] * len(tokens)
+    if not len(tokens) == len(values) == len(tops):
+        raise GenerationError(f"Dynamo's frontend scored {len(tokens)} tokens with {len(values)} logprobs and "
+                              f"{len(tops)} top_logprobs; each token needs one of each.", status=502)
+    return tuple((token_id(token), float((top or {}).get(token, value)),
+                  tuple((token_id(t), float(v)) for t, v in list((top or {}).items())[:num_top]))
+                 for token, value, top in zip(tokens, values, tops, strict=True))
+
+
+def token_id(token: str) -> int:
+    """The id in a token Dynamo's frontend named ``token_id:N``.
+
+    Arguments:
+        token: the token as the frontend named it.
+    """
+    digits = token.removeprefix(TOKEN_ID_PREFIX)
+    if digits == token or not digits.isdigit():
+        raise GenerationError(f"Dynamo's frontend named a logprobs token {token!r}, not {TOKEN_ID_PREFIX}N; run "
+                              f"an ai-dynamo that honours {TOKENS_AS_IDS}.", status=502)
+    return int(digits)
 
 
 class DynamoFrontendClient(TextClient):
@@ -184,7 +236,7 @@ class DynamoFrontendClient(TextClient):
                 if answer.status != 200:
                     raise _refused(answer.status, await answer.text())
                 if is_whole(req):
-                    response = chunk_response(json.loads(await answer.read()))
+                    response = chunk_response(json.loads(await answer.read()), req.logprobs)
                     if response is not None:
                         yield response
                     return
@@ -193,7 +245,7 @@ class DynamoFrontendClient(TextClient):
                     line = raw.decode().strip()
                     if not line.startswith("data:") or line == "data: [DONE]":
                         continue
-                    response = chunk_response(json.loads(line.removeprefix("data:")))
+                    response = chunk_response(json.loads(line.removeprefix("data:")), req.logprobs)
                     if response is not None:
                         yield response
         except (aiohttp.ClientError, TimeoutError) as exc:

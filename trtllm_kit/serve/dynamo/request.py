@@ -1,8 +1,12 @@
 """Dynamo's ``PreprocessedRequest`` (token ids in) as the kit's CPU ``LLM`` request, and its chunks back.
 
 The frontend tokenizes, applies the chat template, matches stop strings and hidden stop tokens and detokenizes;
-the worker generates token ids. A field the CPU runtime cannot honour is refused in one sentence
-(``DynamoRequestError``), never dropped.
+the worker generates token ids, and with ``output_options.logprobs`` N each token's logprob and its N best
+alternatives (``log_probs`` and ``top_logprobs``, which the frontend turns into OpenAI's; it adds the token itself
+to a position's alternatives when they do not hold it). The frontend takes N up to 5 (OpenAI's completions bound);
+the kit's frontend asks for more (chat's ``top_logprobs`` go to 20) in the annotation ``LOGPROBS_ANNOTATION`` N,
+which the worker reads before ``output_options.logprobs``. A field the CPU runtime cannot honour is refused in one
+sentence (``DynamoRequestError``), never dropped.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ from typing import Any
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.llmapi.cpu_llm import GuidedDecodingParams, SamplingParams
 from trtllm_kit.triton_models.llmapi_params import SAMPLING_FIELDS
+from trtllm_kit.wire import Scored
+from trtllm_kit.wire.request import MAX_LOGPROBS
 
 # sampling_options keys are the wire's field names, which SAMPLING_FIELDS maps onto SamplingParams; the one rename:
 GUIDED_DECODING = "guided_decoding"  # the wire's guide, mapped by _guide
 # guided_decoding fields and their GuidedDecodingParams names
 GUIDE_FIELDS = {"json": "json", "regex": "regex", "grammar": "grammar"}
+LOGPROBS_ANNOTATION = "trtllm-kit.logprobs:"  # + N: the alternatives asked per token, which the frontend caps at 5
 
 
 class DynamoRequestError(KitUsageError):
@@ -49,8 +56,8 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
     _refuse_set(stop, "stop_conditions", ("max_thinking_tokens",), "the CPU runtime has no thinking budget")
     _refuse_set(sampling, "sampling_options", ("use_beam_search", "length_penalty"),
                 "serve --dynamo decodes without beams")
-    _refuse_set(output, "output_options", ("logprobs", "prompt_logprobs"),
-                "serve --dynamo does not return logprobs yet; leave them out or use a plain serve")
+    _refuse_set(output, "output_options", ("prompt_logprobs",),
+                "serve --dynamo scores generated tokens only; leave echo or prompt_logprobs out, or use a plain serve")
     for name in ("n", "best_of"):
         if sampling.get(name) not in (None, 1):
             raise DynamoRequestError(f"sampling_options.{name} is {sampling[name]}; serve --dynamo answers one "
@@ -64,7 +71,7 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
     params = SamplingParams(
         max_tokens=room if max_tokens is None else int(max_tokens),
         min_tokens=stop.get("min_tokens"), ignore_eos=bool(stop.get("ignore_eos")),
-        end_id=eos_ids[0] if eos_ids else None,
+        end_id=eos_ids[0] if eos_ids else None, logprobs=_num_top(request.get("annotations"), output.get("logprobs")),
         guided_decoding=_guide(sampling.get(GUIDED_DECODING)), **_sampling_fields(sampling))
     return WorkerRequest(token_ids=token_ids, sampling=params)
 
@@ -80,6 +87,18 @@ def _sampling_fields(sampling: dict[str, Any]) -> dict[str, Any]:
                                      "leave it out.")
         kwargs[SAMPLING_FIELDS[name]] = value
     return kwargs
+
+
+def _num_top(annotations: list[str] | None, logprobs: int | None) -> int | None:
+    """The alternatives asked per token: the kit's annotation's N when sent, else ``output_options.logprobs``."""
+    for annotation in annotations or []:
+        if annotation.startswith(LOGPROBS_ANNOTATION):
+            value = annotation.removeprefix(LOGPROBS_ANNOTATION)
+            if not value.isdigit() or int(value) > MAX_LOGPROBS:
+                raise DynamoRequestError(f"the annotation {annotation!r} asks for {value!r} alternatives per token; "
+                                         f"send {LOGPROBS_ANNOTATION}N with N from 0 to {MAX_LOGPROBS}.")
+            return int(value)
+    return None if logprobs is None else int(logprobs)
 
 
 def _refuse_set(values: dict[str, Any], where: str, names: tuple[str, ...], why: str) -> None:
@@ -103,14 +122,21 @@ def _guide(guided: dict[str, Any] | None) -> GuidedDecodingParams | None:
 
 
 def response_chunk(token_ids: list[int], finish_reason: str | None, num_prompt_tokens: int,
-                   num_output_tokens: int) -> dict[str, Any]:
-    """One response chunk as the frontend reads it: the new token ids; the last adds the finish reason and usage.
+                   num_output_tokens: int, scored: tuple[Scored, ...] | None = None) -> dict[str, Any]:
+    """One response chunk as the frontend reads it: the new token ids (and their logprobs when asked for); the last
+    adds the finish reason and usage.
 
     Arguments:
         token_ids: the tokens generated since the previous chunk; finish_reason: ``stop``, ``length`` or
-        ``cancelled`` on the last chunk (None before); num_prompt_tokens, num_output_tokens: the usage so far.
+        ``cancelled`` on the last chunk (None before); num_prompt_tokens, num_output_tokens: the usage so far;
+        scored: the new tokens' logprobs and alternatives, best first (None: not asked for).
     """
     chunk: dict[str, Any] = {"token_ids": token_ids, "index": 0}
+    if scored is not None:
+        chunk["log_probs"] = [0.0 if logprob is None else logprob for _, logprob, _ in scored]  # never None here
+        chunk["top_logprobs"] = [[{"rank": rank, "token_id": token_id, "token": None, "logprob": logprob}
+                                  for rank, (token_id, logprob) in enumerate(alternatives, start=1)]
+                                 for _, _, alternatives in scored]
     if finish_reason is not None:
         chunk["finish_reason"] = finish_reason
         chunk["completion_usage"] = {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens,

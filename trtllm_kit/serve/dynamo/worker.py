@@ -26,11 +26,12 @@ from typing import Any
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
 from trtllm_kit.serve.artifact_llm import artifact_llm
-from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
+from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, RouterBlocks, relay_events
 from trtllm_kit.serve.dynamo.launch import LOOPBACK
 from trtllm_kit.serve.dynamo.metrics import SYSTEM_PORT_ENV, exposition, system_port
 from trtllm_kit.serve.dynamo.migration import Ledger, MigrationRefused, continuation
 from trtllm_kit.serve.dynamo.request import WorkerRequest, response_chunk, worker_request
+from trtllm_kit.triton_models.llmapi_outputs import scored_of
 
 DISCOVERY_BACKEND = "file"
 REQUEST_PLANE = "tcp"
@@ -57,11 +58,15 @@ class Generator:
         llm: the loaded model; max_seq_len: its prompt + output bound;
         refusal: makes, from a sentence, the exception the frontend answers 400 with that sentence for (Dynamo's
         ``InvalidArgument``; its ``HttpError`` reaches the client as "Bad Request" alone);
-        ledger: the requests in flight on the serve's workers, which tells a migrated request's generated tokens.
+        ledger: the requests in flight on the serve's workers, which tells a migrated request's generated tokens;
+        blocks: what the KV router holds for this worker, told of each request's full blocks when it arrives and
+        of those it leaves unsealed when it ends (``kv_events.py``; None: KV reuse is off).
     """
 
-    def __init__(self, llm: LLM, max_seq_len: int, refusal: Any, ledger: Ledger) -> None:
+    def __init__(self, llm: LLM, max_seq_len: int, refusal: Any, ledger: Ledger,
+                 blocks: RouterBlocks | None = None) -> None:
         self.llm, self.max_seq_len, self.refusal, self.ledger = llm, max_seq_len, refusal, ledger
+        self.blocks = blocks
 
     async def generate(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """Stream the answer to one ``PreprocessedRequest`` as Dynamo's response chunks.
@@ -73,21 +78,25 @@ class Generator:
         try:
             asked, num_prompt_tokens = self._continued(worker_request(request, self.max_seq_len), request_id)
             output = self.llm.generate_async(asked.token_ids, asked.sampling, streaming=True)
+            if self.blocks is not None:
+                self.blocks.announce(request_id, asked.token_ids)
         except (KitUsageError, ValueError) as exc:
             self.ledger.end(request_id)
             if isinstance(exc, MigrationRefused):
                 LOG.warning("request %s: %s", request_id, exc)
             raise self.refusal(str(exc)) from exc
         num_generated = len(asked.token_ids) - num_prompt_tokens  # by a worker that died
-        sent, finished = 0, False
+        sent, finished, num_top = 0, False, asked.sampling.logprobs
         try:
             async for result in output:
                 completion = result.outputs[0]
                 new_ids = completion.token_ids[sent:]
+                scored = None if num_top is None else scored_of(completion.logprobs[sent:], new_ids, num_top)
                 sent = len(completion.token_ids)
                 finished = completion.finish_reason is not None
                 if new_ids or finished:
-                    yield response_chunk(new_ids, completion.finish_reason, num_prompt_tokens, num_generated + sent)
+                    yield response_chunk(new_ids, completion.finish_reason, num_prompt_tokens, num_generated + sent,
+                                         scored)
                 if context.is_stopped():
                     break
         except RequestError as exc:
@@ -97,6 +106,9 @@ class Generator:
             self.ledger.end(request_id)
             if not finished:
                 output.abort()
+            if self.blocks is not None:
+                self.blocks.drain(self.llm)  # its sealed blocks first: what it announced and sealed stays
+                self.blocks.release(request_id)
 
     def _continued(self, asked: WorkerRequest, request_id: str) -> tuple[WorkerRequest, int]:
         """The request as this worker runs it, and its original prompt length: a migrated one continued where its
@@ -130,15 +142,17 @@ async def run_worker(spec: WorkerSpec) -> None:
         await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, str(spec.card),
                              spec.model_name, worker_type=WorkerType.Aggregated,
                              kv_cache_block_size=limits.tokens_per_block)
-        publisher = KvEventPublisher(endpoint, kv_block_size=limits.tokens_per_block)
-        relay = asyncio.create_task(relay_events(llm, publisher))
+        router_blocks = RouterBlocks(KvEventPublisher(endpoint, kv_block_size=limits.tokens_per_block),
+                                     limits.tokens_per_block)
+        relay = asyncio.create_task(relay_events(llm, router_blocks))
         blocks = llm.engine.scheduler.block_manager
         endpoint.metrics.register_prometheus_expfmt_callback(lambda: exposition(blocks, spec.model_name))
         spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
         written = spec.ready_file.with_name(f"{spec.ready_file.name}.part")
         written.write_text(f"http://{LOOPBACK}:{metrics_port}/metrics\n")
         written.replace(spec.ready_file)  # whole, or not there yet
-        generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests))
+        generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests),
+                              router_blocks if blocks.enable_reuse else None)
         await endpoint.serve_endpoint(generator.generate,
                                       graceful_shutdown=False)
         relay.cancel()
