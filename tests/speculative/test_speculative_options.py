@@ -53,7 +53,7 @@ def test_default_draft_lengths(mode: str, draft_len: int, tmp_path: Path) -> Non
                            "mode) or drop it."),
     ({"mode": "lookahead", "max_draft_len": 3}, "--max-draft-len 3 does not apply to lookahead"),
     ({"mode": "ngram", "max_draft_len": 0}, "max_draft_len must be a positive integer, got 0."),
-    ({"mode": "medusa"}, "mode"),
+    ({"mode": "redrafter"}, "mode"),
 ])
 def test_refusals(values: dict[str, object], message: str) -> None:
     with pytest.raises(KitUsageError) as error:

@@ -87,6 +87,7 @@ class EngineRecord:
     built: EngineBuild | None = None
     draft_command: list[str] | None = None  # draft-target speculation: the draft engine's trtllm-build
     draft: EngineBuild | CheckpointRecord | None = None  # and what it built (the cpu target: the draft's checkpoint)
+    heads: dict[str, Any] | None = None  # speculative heads built into the engine (Medusa: kind, source, counts)
 
     @property
     def kv_cache_fraction(self) -> float | None:
@@ -108,6 +109,8 @@ class EngineRecord:
             values["draft_command"] = self.draft_command
         if self.draft is not None:
             values["draft"] = self.draft.to_dict() if isinstance(self.draft, CheckpointRecord) else asdict(self.draft)
+        if self.heads is not None:
+            values["heads"] = self.heads
         return values
 
     @classmethod
@@ -117,7 +120,7 @@ class EngineRecord:
         plan = BuildPlan.from_dict(values["plan"]) if values.get("plan") else None
         draft = _draft_record(values["draft"]) if values.get("draft") else None
         return cls(target=values["target"], reason=reason, command=values.get("command"), plan=plan, built=built,
-                   draft_command=values.get("draft_command"), draft=draft)
+                   draft_command=values.get("draft_command"), draft=draft, heads=values.get("heads"))
 
 
 def _draft_record(values: dict[str, Any]) -> EngineBuild | CheckpointRecord:

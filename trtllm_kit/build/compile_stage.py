@@ -25,6 +25,7 @@ from trtllm_kit.plan import Limits, Precision, make_plan
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides
 from trtllm_kit.spec.draft_memory import draft_memory
+from trtllm_kit.spec.medusa_heads import check_heads_precision
 from trtllm_kit.spec.speculative_support import check_build, mtp_layers
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
@@ -57,6 +58,7 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
     if named.name == Target.ENGINE:
         check_draft_layout(spec.speculative, spec.build.tp, spec.build.pp)
     mtp_layers(spec.speculative, hf.raw)
+    check_heads_precision(spec.speculative, precision_of(spec, hf))
     gpu = resolve_gpu(spec.build.gpu, spec.build.gpu_memory, list(machine.gpus))
     plan = None
     if gpu is not None:
@@ -64,7 +66,8 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
         precision = precision_of(spec, hf)  # the engine target's draft is unquantized (trtllm_build/draft.py)
         drafted = draft_precision(precision) if named.name == Target.ENGINE else precision
         limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
-                        b.kv_cache_fraction, b.context_logits, draft_memory(spec.speculative, hf.raw, drafted))
+                        b.kv_cache_fraction, b.context_logits,
+                        draft_memory(spec.speculative, hf.raw, drafted, spec.build.tp))
         plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)

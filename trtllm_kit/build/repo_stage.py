@@ -13,7 +13,7 @@ from trtllm_kit.model_repo.repository import PYTHON_MODELS, python_source, write
 from trtllm_kit.model_repo.spec_decode import DraftServing
 from trtllm_kit.model_repo.validate import Expectation, validate_repository
 from trtllm_kit.spec.repo_options import REPO_FIELDS
-from trtllm_kit.spec.speculative_support import cpu_parameters, lookahead_parameters
+from trtllm_kit.spec.speculative_support import cpu_parameters, decoding_parameters
 from trtllm_kit.targets import TARGETS, get_target, limits_from_dir
 from trtllm_kit.targets.base import BuildContext
 
@@ -57,7 +57,7 @@ def repo_stage(ctx: BuildContext) -> None:
     if engine.draft is not None:  # draft-target: the draft engine (or checkpoint) beside the target, at its sizes
         draft = DraftServing(target.limits(ctx.out / engine.draft.dir, sizes),
                              ctx.spec.out.absolute() / engine.draft.dir)
-    decoding = lookahead_parameters(ctx.spec.speculative)
+    decoding = decoding_parameters(ctx.spec.speculative)
     if target.slot_model is not None:  # the kit's CPU model speculates itself (draft-target: in its own engine too)
         decoding |= cpu_parameters(ctx.spec.speculative, None if draft is None else draft.model_path)
     record = write_repository(ctx.out / "repo", limits, ctx.spec.repo,

@@ -1,28 +1,35 @@
 """What speculation adds to a memory plan: the verify step's draft tokens and, for draft-target, the draft model's
-weights and KV cache (the draft is whole on every rank, at the precision its target builds it in)."""
+weights and KV cache (the draft is whole on every rank, at the precision its target builds it in); for Medusa, the
+heads' weights on each rank (split as the target's linears, in its dtype, unquantized; no KV cache)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from trtllm_kit.models.hf_config import read_hf_config
+from trtllm_kit.models.hf_config import parse_hf_config, read_hf_config
 from trtllm_kit.plan import ITEMSIZE, DraftMemory, Precision, kv_bytes_per_token
+from trtllm_kit.spec.medusa_heads import read_medusa_heads
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 from trtllm_kit.spec.speculative_support import mtp_layers
 
 
-def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], precision: Precision) -> DraftMemory | None:
+def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], precision: Precision, tp_size: int = 1
+                 ) -> DraftMemory | None:
     """The plan's ``Limits.draft`` for a ``[speculative]`` table (None without speculation).
 
     Arguments:
-        options: the table; hf_config: the target's ``config.json`` (MTP's layers); precision: the draft's (the
-        engine target builds it unquantized in the target's dtype; the llmapi target at the target's precision).
+        options: the table; hf_config: the target's ``config.json`` (MTP's layers, Medusa's sizes); precision: the
+        draft's (the engine target builds it unquantized in the target's dtype; the llmapi target at the target's
+        precision); tp_size: the target's tensor-parallel size (Medusa's heads are split as its linears).
     """
     if options.mode is None:
         return None
     if options.mode is Speculation.MTP:
         return DraftMemory(mtp_layers(options, hf_config))
+    if options.mode is Speculation.MEDUSA and options.draft_model is not None:
+        heads = read_medusa_heads(options.draft_model, parse_hf_config(dict(hf_config), "the model's config.json"))
+        return DraftMemory(options.draft_len, heads.rank_numel(tp_size) * ITEMSIZE[precision.dtype])
     if options.mode is not Speculation.DRAFT_TARGET or options.draft_model is None:
         return DraftMemory(options.draft_len)
     draft = read_hf_config(options.draft_model)

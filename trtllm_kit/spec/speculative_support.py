@@ -10,20 +10,23 @@ from typing import Any
 
 from trtllm_kit.enums import Target
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.spec.medusa_heads import medusa_choices
 from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation, SpeculativeOptions
 
 # the targets that can build each mode: lookahead's config says backend != pytorch; NGram, EAGLE3 and MTP are the
-# PyTorch backend's; the cpu target's Python model runs prompt lookup and draft-target (the BLS's too)
+# PyTorch backend's; the cpu target's Python model runs prompt lookup and draft-target (the BLS's too); Medusa is the
+# engine path's (speculative_config: "Medusa (engine only)")
 TARGETS: dict[Speculation, tuple[Target, ...]] = {
     Speculation.NGRAM: (Target.LLMAPI, Target.CPU),
     Speculation.DRAFT_TARGET: (Target.ENGINE, Target.LLMAPI, Target.CPU),
     Speculation.EAGLE3: (Target.LLMAPI,),
     Speculation.MTP: (Target.LLMAPI,),
     Speculation.LOOKAHEAD: (Target.ENGINE,),
+    Speculation.MEDUSA: (Target.ENGINE,),
 }
 # trtllm-build --speculative_decoding_mode, for the modes the engine path builds
 ENGINE_MODES: dict[Speculation, str] = {Speculation.DRAFT_TARGET: "draft_tokens_external",
-                                        Speculation.LOOKAHEAD: "lookahead_decoding"}
+                                        Speculation.LOOKAHEAD: "lookahead_decoding", Speculation.MEDUSA: "medusa"}
 # speculative_config's decoding_type, 1.2.x then 1.3
 DECODING_TYPES: dict[Speculation, tuple[str, str]] = {
     Speculation.NGRAM: ("NGram", "NGram"), Speculation.DRAFT_TARGET: ("DraftTarget", "DraftTarget"),
@@ -99,6 +102,19 @@ def lookahead_parameters(options: SpeculativeOptions) -> dict[str, str]:
     return {"decoding_mode": "lookahead", "lookahead_window_size": str(options.lookahead_window_size),
             "lookahead_ngram_size": str(options.lookahead_ngram_size),
             "lookahead_verification_set_size": str(options.lookahead_verification_set_size)}
+
+
+def decoding_parameters(options: SpeculativeOptions) -> dict[str, str]:
+    """The engine's ``tensorrt_llm`` model parameters for its speculative decoding: lookahead's sizes, or Medusa's
+    ``decoding_mode`` and ``medusa_choices`` (the backend's default tree has 63 nodes, more than a kit engine's
+    ``--max_draft_len``, so the tree is always given); none for other modes.
+
+    Arguments:
+        options: the ``[speculative]`` table.
+    """
+    if options.mode is Speculation.MEDUSA:
+        return {"decoding_mode": "medusa", "medusa_choices": medusa_choices(options.draft_len)}
+    return lookahead_parameters(options)
 
 
 def cpu_parameters(options: SpeculativeOptions, draft_dir: Path | None = None) -> dict[str, str]:

@@ -12,6 +12,8 @@ from trtllm_kit.artifact import CheckpointRecord
 from trtllm_kit.errors import VerifyError
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.medusa_heads import MedusaHeads, read_medusa_heads
+from trtllm_kit.spec.speculative import Speculation
 from trtllm_kit.targets.base import BuildContext
 
 # Conversion, calibration and verification import torch; the registry imports this module, and serve and the CLI
@@ -50,6 +52,7 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     pre-quantized input is converted with its own scales (``checkpoint/prequantized.py``): no calibration, and
     no verify against transformers (which cannot load every such format)."""
     from trtllm_kit.checkpoint.convert import convert, quant_transform  # torch
+    from trtllm_kit.checkpoint.medusa import add_medusa_config
     from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
     from trtllm_kit.quant.prequantized import detect_prequantized
 
@@ -58,9 +61,10 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     fmt = detect_prequantized(ctx.model.path)
     quant, stats = ctx.spec.quant_config(), None if fmt else calibration_stats(ctx)
     transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.build.dtype, quant, stats)
+    heads = medusa_heads(ctx.spec, ctx.model)
     with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
         result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.build.dtype, lambda _name, n: advance(n),
-                         transform)
+                         transform, heads)
     copy_tokenizer(ctx.model, ctx.out / "tokenizer")
     quantization = transform.quantization if transform else None
     if isinstance(transform, PreQuantizedTransform):
@@ -73,6 +77,22 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
         t0 = time.perf_counter()
         ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter)
         ctx.timings["verify"] = time.perf_counter() - t0
+    if heads is not None:  # after verify: the CPU runtime runs the base architecture
+        add_medusa_config(ckpt_dir, heads, ctx.spec.speculative.draft_len)
+        ctx.reporter.note(f"convert: {heads.num_heads} Medusa heads of {heads.num_layers} layer(s) from "
+                          f"{ctx.spec.speculative.draft_model}")
+
+
+def medusa_heads(spec: BuildSpec, model: ModelSpec) -> MedusaHeads | None:
+    """The Medusa heads a ``--speculative medusa`` build writes into its checkpoint (None for other builds).
+
+    Arguments:
+        spec: the build spec; model: the inspected base.
+    """
+    options = spec.speculative
+    if options.mode is not Speculation.MEDUSA or options.draft_model is None:
+        return None
+    return read_medusa_heads(options.draft_model, model.hf)
 
 
 def copy_tokenizer(model: ModelSpec, dest: Path) -> None:
