@@ -157,6 +157,65 @@ def test_greedy_answer_equals_a_plain_serve(dynamo: KitServer, kit_servers: Serv
     assert ours["choices"][0]["text"]
 
 
+LOGPROB_ATOL = 1e-5  # the plain serve's logprob tests' tolerance
+FLOAT32_REL = 1e-5  # float32 sums of another order: a few units of its 1.2e-7 epsilon, times the layers
+
+
+Scored = tuple[str, float, list[tuple[str, float]], int | None]
+
+
+def _scored(server: KitServer, model: str, chat: bool, stream: bool, num_top: int, max_tokens: int = 12,
+            on_chunk: Any = None) -> list[Scored]:
+    """A greedy answer's logprobs as the ``openai`` client parses them: per token its string, logprob, alternatives
+    (token, logprob; chat's bytes checked against the string) and ``text_offset`` (completions; None for chat)."""
+    api = server.client()
+    found: list[Scored] = []
+    if chat:
+        answer: Any = api.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=max_tokens,
+            temperature=0, logprobs=True, top_logprobs=num_top, stream=stream, extra_body={"ignore_eos": True})
+    else:
+        answer = api.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=max_tokens, temperature=0,
+                                        logprobs=num_top, stream=stream, extra_body={"ignore_eos": True})
+    for chunks, chunk in enumerate(answer if stream else [answer], start=1):
+        for choice in chunk.choices:
+            if choice.logprobs is None:
+                continue
+            if chat:
+                for entry in choice.logprobs.content or []:
+                    assert bytes(entry.bytes or []) == entry.token.encode()
+                    found.append((entry.token, entry.logprob, [(t.token, t.logprob) for t in entry.top_logprobs],
+                                  None))
+            else:
+                lp = choice.logprobs
+                found += [(token, logprob, list(top.items()), offset) for token, logprob, top, offset in
+                          zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset, strict=True)]
+        if on_chunk is not None:
+            on_chunk(chunks)
+    return found
+
+
+def _assert_same_logprobs(ours: list[Scored], theirs: list[Scored], rel: float | None = None) -> None:
+    assert [(token, [t for t, _ in top], offset) for token, _, top, offset in ours] == \
+        [(token, [t for t, _ in top], offset) for token, _, top, offset in theirs]
+    assert [lp for _, lp, _, _ in ours] == pytest.approx([lp for _, lp, _, _ in theirs], rel=rel, abs=LOGPROB_ATOL)
+    assert [[v for _, v in top] for _, _, top, _ in ours] == \
+        [pytest.approx([v for _, v in top], rel=rel, abs=LOGPROB_ATOL) for _, _, top, _ in theirs]
+
+
+@pytest.mark.parametrize("chat, num_top", [(False, 0), (False, 5), (True, 3), (True, 20)])
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_equal_a_plain_serve(dynamo: KitServer, kit_servers: Servers, chat: bool, num_top: int,
+                                      stream: bool) -> None:
+    plain = kit_servers.get(LLMAPI)
+    model = dynamo.state["model"]
+    ours, theirs = (_scored(server, model, chat, stream, num_top) for server in (dynamo, plain))
+    assert len(ours) == 12
+    # chat: the k best; completions: a dict of the k best by text (greedy: the token among them; with 0, itself)
+    assert all(len(top) == num_top if chat else 0 < len(top) <= max(num_top, 1) for _, _, top, _ in ours)
+    _assert_same_logprobs(ours, theirs)
+
+
 def test_worker_killed_mid_stream_migrates_and_the_stream_is_unchanged(dynamo: KitServer) -> None:
     model = dynamo.state["model"]
     unfaulted, reason = _stream(dynamo, model, LONG_TOKENS)
@@ -206,6 +265,19 @@ def test_min_tokens_continue_across_a_migration(migrating: KitServer) -> None:
                               min_tokens=LONG_TOKENS)
     assert killed, "the stream ended before a worker could be killed"
     assert reason == "length" and faulted == unfaulted  # min_tokens reduced by the tokens the dead worker sent
+
+
+def test_logprobs_continue_across_a_migration(migrating: KitServer) -> None:
+    model = migrating.state["model"]
+    unfaulted = _scored(migrating, model, chat=False, stream=True, num_top=2, max_tokens=LONG_TOKENS)
+    killed: list[int] = []
+    faulted = _scored(migrating, model, chat=False, stream=True, num_top=2, max_tokens=LONG_TOKENS,
+                      on_chunk=_killer(migrating.state, killed))
+    assert killed, "the stream ended before a worker could be killed"
+    assert len(faulted) == LONG_TOKENS  # the tokens sent keep theirs, the new worker scores the rest
+    # the new worker computes the generated tokens' keys and values in one prefill, not step by step: its float32
+    # sums round otherwise (observed: 1.3e-5 at a logprob of -4.49), the same tokens and alternatives
+    _assert_same_logprobs(faulted, unfaulted, rel=FLOAT32_REL)
 
 
 @pytest.mark.parametrize("extra, field", [
