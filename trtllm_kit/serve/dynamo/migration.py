@@ -9,7 +9,9 @@ length tokens in.
 
 What continues exactly on the longer prompt: greedy and unseeded sampling with its truncations (top-k, top-p, the
 probability floor), the repetition penalty (the CPU runtime counts prompt and output tokens alike), stop strings
-(the frontend's), and ``min_tokens`` (reduced by the tokens generated). What does not, and is refused: seeded
+(the frontend's), ``min_tokens`` (reduced by the tokens generated) and logprobs (the tokens already sent keep
+theirs; the new worker scores the rest, the same alternatives with values within float32 rounding, as it computes
+the generated tokens' keys and values in one prefill rather than step by step). What does not, and is refused: seeded
 sampling (the new worker's random stream starts again), presence and frequency penalties (they count output tokens
 only) and guided decoding (the grammar would start again at the generated text; Dynamo's frontend does not migrate
 those either). """
