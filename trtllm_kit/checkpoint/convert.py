@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from safetensors import safe_open
 
-from trtllm_kit.checkpoint.medusa import heads_layout, iter_heads
+from trtllm_kit.checkpoint.heads import heads_layout, iter_heads
 from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
 from trtllm_kit.checkpoint.prequantized_checks import check_trtllm_input
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
@@ -34,7 +34,7 @@ from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.quant.checkpoint import QuantTransform
 from trtllm_kit.quant.prequantized import detect_prequantized
 from trtllm_kit.safetensors_io import FileSlice, SafetensorsWriter
-from trtllm_kit.spec.medusa_heads import MedusaHeads
+from trtllm_kit.spec.heads import SpeculativeHeads
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 STORED_DTYPES = {**TORCH_DTYPES, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # layout names → torch
@@ -237,9 +237,9 @@ def iter_shards(model: ModelSpec, items: list[WorkItem], mapping: Mapping, dtype
 
 def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "auto",
             on_tensor: OnTensor | None = None, transform: TensorTransform | None = None,
-            heads: MedusaHeads | None = None) -> ConvertResult:
-    """Write ``config.json`` and ``rank{N}.safetensors`` for ``model`` into ``out_dir`` (with Medusa heads: their
-    tensors in every rank file, ``checkpoint/medusa.py``).
+            heads: SpeculativeHeads | None = None) -> ConvertResult:
+    """Write ``config.json`` and ``rank{N}.safetensors`` for ``model`` into ``out_dir`` (with speculative heads:
+    their tensors in every rank file, ``checkpoint/heads.py``).
 
     Arguments:
         model: an inspected model.
@@ -248,7 +248,7 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
         dtype: ``auto``, ``float16``, ``bfloat16`` or ``float32``.
         on_tensor: called with (tensor name, bytes read) after each tensor, for progress.
         transform: a quantization hook (``trtllm_kit.quant.checkpoint.QuantTransform``), or None.
-        heads: Medusa heads to write beside the base's weights (unquantized, in the checkpoint's dtype), or None.
+        heads: speculative heads to write beside the base's weights (unquantized, in the checkpoint's dtype), or None.
     """
     hf = model.hf
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
@@ -285,8 +285,8 @@ def convert(model: ModelSpec, out_dir: Path, mapping: Mapping, dtype: str = "aut
                 on_tensor(item.target, nbytes)
         while checking:
             checking.pop().result()
-        for row, original, converted in iter_heads(heads, TORCH_DTYPES[dtype]) if heads is not None else ():
-            check_finite(row.source, original, converted, dtype)
+        for row, original, converted in iter_heads(heads, TORCH_DTYPES[dtype], reader.read) if heads else ():
+            check_finite(row.name, original, converted, dtype)
             for rank in mapping.ranks():
                 writers[rank].write(row.name, shard(converted, row.split, mapping.tp_size, mapping.tp_rank(rank)))
             total += original.numel() * original.element_size()

@@ -9,6 +9,7 @@ from typing import Any
 
 from trtllm_kit.models.hf_config import parse_hf_config, read_hf_config
 from trtllm_kit.plan import ITEMSIZE, DraftMemory, Precision, kv_bytes_per_token
+from trtllm_kit.spec.heads import rank_numel
 from trtllm_kit.spec.medusa_heads import read_medusa_heads
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 from trtllm_kit.spec.speculative_support import mtp_layers
@@ -29,7 +30,7 @@ def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], prec
         return DraftMemory(mtp_layers(options, hf_config))
     if options.mode is Speculation.MEDUSA and options.draft_model is not None:
         heads = read_medusa_heads(options.draft_model, parse_hf_config(dict(hf_config), "the model's config.json"))
-        return DraftMemory(options.draft_len, heads.rank_numel(tp_size) * ITEMSIZE[precision.dtype])
+        return DraftMemory(options.draft_len, rank_numel(heads, tp_size) * ITEMSIZE[precision.dtype])
     if options.mode is not Speculation.DRAFT_TARGET or options.draft_model is None:
         return DraftMemory(options.draft_len)
     draft = read_hf_config(options.draft_model)

@@ -7,18 +7,17 @@ the ``medusa_choices`` tree the ``tensorrt_llm`` model is given; the heads' byte
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any
 
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.layout import shard_shape
 from trtllm_kit.models.base import Split
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import Precision
 from trtllm_kit.safetensors_io import read_header
+from trtllm_kit.spec.heads import HeadTensor
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
@@ -26,15 +25,6 @@ PICKLE_FILE = "medusa_lm_head.pt"  # upstream's other spelling: a pickle, which 
 HEADS_KEY, LAYERS_KEY = "medusa_num_heads", "medusa_num_layers"
 BASE_ARCHITECTURES = ("LlamaForCausalLM",)  # the converter reads the base as LlamaConfig / LlamaForCausalLM
 MEDUSA_ARCHITECTURE = "MedusaForCausalLM"
-
-
-class HeadTensor(NamedTuple):
-    """One tensor of the heads: its name in the heads file, in the TensorRT-LLM checkpoint, its shape and split."""
-
-    source: str
-    name: str
-    shape: tuple[int, ...]
-    split: Split
 
 
 @dataclass(frozen=True)
@@ -54,31 +44,24 @@ class MedusaHeads:
         for head in range(self.num_heads):
             for layer in range(self.num_layers):
                 prefix = f"medusa_heads.{head}.medusa_layers.{layer}.linear"
-                rows += [HeadTensor(f"{head}.{layer}.linear.weight", f"{prefix}.weight", (hidden, hidden),
+                rows += [HeadTensor((f"{head}.{layer}.linear.weight",), f"{prefix}.weight", (hidden, hidden),
                                     Split.COLUMN),
-                         HeadTensor(f"{head}.{layer}.linear.bias", f"{prefix}.bias", (hidden,), Split.COLUMN)]
-            rows.append(HeadTensor(f"{head}.{self.num_layers}.weight", f"medusa_heads.{head}.lm_head.weight",
+                         HeadTensor((f"{head}.{layer}.linear.bias",), f"{prefix}.bias", (hidden,), Split.COLUMN)]
+            rows.append(HeadTensor((f"{head}.{self.num_layers}.weight",), f"medusa_heads.{head}.lm_head.weight",
                                    (self.vocab_size, hidden), Split.VOCAB))
         return rows
 
-    def rank_numel(self, tp_size: int) -> int:
-        """Elements of the heads on one rank (every pipeline stage holds all heads, as upstream's).
-
-        Arguments:
-            tp_size: tensor-parallel size.
-        """
-        return sum(math.prod(shard_shape(t.shape, t.split, tp_size)) for t in self.tensors())
-
-    def record(self) -> dict[str, object]:
+    def record(self) -> dict[str, Any]:
         """What the manifest's checkpoint record keeps of the heads."""
         return {"kind": "medusa", "source": str(self.weights.parent), "num_heads": self.num_heads,
                 "num_layers": self.num_layers}
 
-    def config_keys(self, draft_len: int) -> dict[str, object]:
+    def config_keys(self, base: dict[str, Any], draft_len: int) -> dict[str, Any]:
         """What the TensorRT-LLM checkpoint's ``config.json`` gains over the base's (``MedusaConfig.to_dict``).
 
         Arguments:
-            draft_len: the engine's draft tokens per step (the tree's nodes).
+            base: the base's checkpoint ``config.json``; draft_len: the engine's draft tokens per step (the tree's
+            nodes).
         """
         return {"architecture": MEDUSA_ARCHITECTURE, "num_medusa_heads": self.num_heads,
                 "num_medusa_layers": self.num_layers, "max_draft_len": draft_len}
@@ -152,7 +135,7 @@ def _check_shapes(heads: MedusaHeads, heads_dir: Path, base: HFConfig) -> None:
         header = read_header(heads.weights)
     except CheckpointError as exc:
         raise KitUsageError(f"--draft-model {heads_dir}: {exc}") from None
-    for name, _, shape, _ in heads.tensors():
+    for (name,), _, shape, _, _ in heads.tensors():
         if name not in header:
             raise KitUsageError(f"--draft-model {heads_dir}/{WEIGHTS_FILE} lacks the tensor {name!r} that "
                                 f"{HEADS_KEY} {heads.num_heads} and {LAYERS_KEY} {heads.num_layers} imply; pass a "

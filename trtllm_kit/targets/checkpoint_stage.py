@@ -52,7 +52,7 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     pre-quantized input is converted with its own scales (``checkpoint/prequantized.py``): no calibration, and
     no verify against transformers (which cannot load every such format)."""
     from trtllm_kit.checkpoint.convert import convert, quant_transform  # torch
-    from trtllm_kit.checkpoint.medusa import add_medusa_config
+    from trtllm_kit.checkpoint.heads import add_heads_config
     from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
     from trtllm_kit.quant.prequantized import detect_prequantized
 
@@ -78,7 +78,7 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
         ctx.records.verify = run_verify(ckpt_dir, ctx.model, ctx.reporter)
         ctx.timings["verify"] = time.perf_counter() - t0
     if heads is not None:  # after verify: the CPU runtime runs the base architecture
-        add_medusa_config(ckpt_dir, heads, ctx.spec.speculative.draft_len)
+        add_heads_config(ckpt_dir, heads, ctx.spec.speculative.draft_len)
         ctx.reporter.note(f"convert: {heads.num_heads} Medusa heads of {heads.num_layers} layer(s) from "
                           f"{ctx.spec.speculative.draft_model}")
 
