@@ -25,7 +25,8 @@ from trtllm_kit.plan import Limits, Precision, make_plan
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides
 from trtllm_kit.spec.draft_memory import draft_memory
-from trtllm_kit.spec.medusa_heads import check_heads_precision
+from trtllm_kit.spec.eagle_heads import check_eagle_layout
+from trtllm_kit.spec.heads_reader import check_heads_precision
 from trtllm_kit.spec.speculative_support import check_build, mtp_layers
 from trtllm_kit.targets import choose_target, get_target
 from trtllm_kit.targets.base import BuildContext, EngineSetup
@@ -57,6 +58,7 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
     check_build(spec.speculative, Target(named.name))
     if named.name == Target.ENGINE:
         check_draft_layout(spec.speculative, spec.build.tp, spec.build.pp)
+        check_eagle_layout(spec.speculative, spec.build.tp, spec.build.pp)
     mtp_layers(spec.speculative, hf.raw)
     check_heads_precision(spec.speculative, precision_of(spec, hf))
     gpu = resolve_gpu(spec.build.gpu, spec.build.gpu_memory, list(machine.gpus))

@@ -1,6 +1,7 @@
 """What speculation adds to a memory plan: the verify step's draft tokens and, for draft-target, the draft model's
 weights and KV cache (the draft is whole on every rank, at the precision its target builds it in); for Medusa, the
-heads' weights on each rank (split as the target's linears, in its dtype, unquantized; no KV cache)."""
+heads' weights on each rank (split as the target's linears, in its dtype, unquantized; no KV cache); for EAGLE-1,
+the EagleNets' weights and their decoder layer's KV cache."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 
 from trtllm_kit.models.hf_config import parse_hf_config, read_hf_config
 from trtllm_kit.plan import ITEMSIZE, DraftMemory, Precision, kv_bytes_per_token
+from trtllm_kit.spec.eagle_heads import EagleHeads
 from trtllm_kit.spec.heads import rank_numel
-from trtllm_kit.spec.medusa_heads import read_medusa_heads
+from trtllm_kit.spec.heads_reader import read_heads
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 from trtllm_kit.spec.speculative_support import mtp_layers
 
@@ -28,9 +30,10 @@ def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], prec
         return None
     if options.mode is Speculation.MTP:
         return DraftMemory(mtp_layers(options, hf_config))
-    if options.mode is Speculation.MEDUSA and options.draft_model is not None:
-        heads = read_medusa_heads(options.draft_model, parse_hf_config(dict(hf_config), "the model's config.json"))
-        return DraftMemory(options.draft_len, rank_numel(heads, tp_size) * ITEMSIZE[precision.dtype])
+    heads = read_heads(options, parse_hf_config(dict(hf_config), "the model's config.json"))
+    if heads is not None:
+        kv = heads.kv_bytes_per_token(precision.kv_bytes) if isinstance(heads, EagleHeads) else 0
+        return DraftMemory(options.draft_len, rank_numel(heads, tp_size) * ITEMSIZE[precision.dtype], kv)
     if options.mode is not Speculation.DRAFT_TARGET or options.draft_model is None:
         return DraftMemory(options.draft_len)
     draft = read_hf_config(options.draft_model)

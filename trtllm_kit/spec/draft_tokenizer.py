@@ -1,6 +1,6 @@
 """A draft model's tokenizer against the target's: the same vocabulary (token → id) and the same special tokens,
 or the draft's tokens would not mean the target's; ``check_draft``, the check of a build's draft before any work
-(Medusa heads: ``spec.medusa_heads``)."""
+(heads: ``spec.heads_reader``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import read_hf_config
-from trtllm_kit.spec.medusa_heads import check_draft_len, read_medusa_heads
+from trtllm_kit.spec.heads_reader import HEADS_MODES, read_heads
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -71,18 +71,17 @@ def check_draft_tokenizer(target_dir: Path, draft_dir: Path) -> None:
 
 
 def check_draft(options: SpeculativeOptions, target_dir: Path) -> None:
-    """For a draft-target build, refuse a draft whose tokenizer is not the target's; for Medusa, heads that are not a
-    Medusa heads checkpoint of the target or fewer heads than the draft length (nothing for other modes; a missing
-    directory is ``speculative_support.check_build``'s refusal).
+    """For a draft-target build, refuse a draft whose tokenizer is not the target's; for Medusa and EAGLE, heads that
+    are not such heads for the target (``spec.heads_reader``; nothing for other modes; a missing directory is
+    ``speculative_support.check_build``'s refusal).
 
     Arguments:
         options: the ``[speculative]`` table; target_dir: the target model's directory.
     """
     if options.mode is Speculation.DRAFT_TARGET and options.draft_model is not None:
         check_draft_tokenizer(target_dir, options.draft_model)
-    if options.mode is Speculation.MEDUSA and options.draft_model is not None and options.draft_model.is_dir():
-        heads = read_medusa_heads(options.draft_model, read_hf_config(target_dir))
-        check_draft_len(heads, options.draft_len, options.draft_model)
+    if options.mode in HEADS_MODES:
+        read_heads(options, read_hf_config(target_dir))
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -15,10 +15,8 @@ from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.models.base import Split
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.plan import Precision
 from trtllm_kit.safetensors_io import read_header
 from trtllm_kit.spec.heads import HeadTensor
-from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
 PICKLE_FILE = "medusa_lm_head.pt"  # upstream's other spelling: a pickle, which the kit does not load
@@ -106,18 +104,6 @@ def check_draft_len(heads: MedusaHeads, draft_len: int, heads_dir: Path) -> None
         raise KitUsageError(f"--max-draft-len {draft_len} exceeds the {heads.num_heads} heads of --draft-model "
                             f"{heads_dir} (the tree takes one token per head); pass --max-draft-len "
                             f"{heads.num_heads} or less.")
-
-
-def check_heads_precision(options: SpeculativeOptions, precision: Precision) -> None:
-    """Refuse quantized weights under Medusa heads: the kit writes the heads unquantized, and a quantized
-    ``MedusaForCausalLM`` would quantize their linears too.
-
-    Arguments:
-        options: the ``[speculative]`` table; precision: the target's checkpoint precision.
-    """
-    if options.mode is Speculation.MEDUSA and precision.quant_algo is not None:
-        raise KitUsageError(f"--speculative medusa builds the heads unquantized, but the weights' quant_algo is "
-                            f"{precision.quant_algo}; build with --quant none (--kv-cache may stay quantized).")
 
 
 def medusa_choices(draft_len: int) -> str:

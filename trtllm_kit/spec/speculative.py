@@ -18,7 +18,8 @@ LOOKAHEAD_DEFAULTS = (4, 3, 4)  # window, n-gram and verification-set sizes: Ten
 
 class Speculation(Choice):
     """How draft tokens are proposed: a draft model, prompt lookup (n-grams of the prompt and the output),
-    EAGLE3 heads, the model's own MTP layers, lookahead (Jacobi) decoding, or Medusa heads on the target."""
+    EAGLE3 heads, the model's own MTP layers, lookahead (Jacobi) decoding, or Medusa or EAGLE-1 heads built into the
+    target's engine."""
 
     NGRAM = "ngram"
     DRAFT_TARGET = "draft-target"
@@ -26,10 +27,12 @@ class Speculation(Choice):
     MTP = "mtp"
     LOOKAHEAD = "lookahead"
     MEDUSA = "medusa"
+    EAGLE = "eagle"
 
 
 NEEDS_DRAFT_DIR = {Speculation.DRAFT_TARGET: "a draft model directory", Speculation.EAGLE3: "an EAGLE3 heads "
-                   "checkpoint directory", Speculation.MEDUSA: "a Medusa heads checkpoint directory"}
+                   "checkpoint directory", Speculation.MEDUSA: "a Medusa heads checkpoint directory",
+                   Speculation.EAGLE: "an EAGLE-1 heads checkpoint directory"}
 
 
 @dataclass(frozen=True)
@@ -39,15 +42,17 @@ class SpeculativeOptions:
     mode: Speculation | None = field(default=None, metadata=option(
         "Speculative decoding: ngram (prompt lookup, llmapi), draft-target (a --draft-model sharing the tokenizer; "
         "engine, llmapi), eagle3 (--draft-model is the heads checkpoint; llmapi), mtp (models with MTP layers; "
-        "llmapi), lookahead (engine), medusa (--draft-model is the Medusa heads checkpoint; engine).",
+        "llmapi), lookahead (engine), medusa and eagle (--draft-model is the Medusa or EAGLE-1 heads checkpoint; "
+        "engine).",
         "--speculative"))
     draft_model: Path | None = field(default=None, metadata=option(
-        "With --speculative draft-target: the draft model directory; with eagle3 or medusa: the heads checkpoint.",
+        "With --speculative draft-target: the draft model directory; with eagle3, eagle or medusa: the heads "
+        "checkpoint.",
         "--draft-model"))
     max_draft_len: int | None = field(default=None, metadata=option(
         f"Draft tokens proposed per step (default {DEFAULT_MAX_DRAFT_LEN}, eagle3 {DEFAULT_EAGLE3_DRAFT_LEN}, mtp "
-        "the model's MTP layers; lookahead: from its sizes; medusa: the depth of its top-1 tree, at most the "
-        "heads).", "--max-draft-len", minimum=1))
+        "the model's MTP layers; lookahead: from its sizes; medusa and eagle: the depth of their top-1 tree, for "
+        "medusa at most the heads).", "--max-draft-len", minimum=1))
     draft_logits: bool = field(default=False, metadata=option(
         "Draft-target on the engine target: build the draft with --gather_generation_logits, so a request may set "
         "use_draft_logits (the target accepts drafts on the draft's logits, not only its tokens)."))

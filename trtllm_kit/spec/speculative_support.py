@@ -15,7 +15,8 @@ from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation, Speculativ
 
 # the targets that can build each mode: lookahead's config says backend != pytorch; NGram, EAGLE3 and MTP are the
 # PyTorch backend's; the cpu target's Python model runs prompt lookup and draft-target (the BLS's too); Medusa is the
-# engine path's (speculative_config: "Medusa (engine only)")
+# engine path's (speculative_config: "Medusa (engine only)"), as EAGLE-1 is (trtllm-build's "eagle"; EAGLE-3 is not
+# among its --speculative_decoding_mode choices)
 TARGETS: dict[Speculation, tuple[Target, ...]] = {
     Speculation.NGRAM: (Target.LLMAPI, Target.CPU),
     Speculation.DRAFT_TARGET: (Target.ENGINE, Target.LLMAPI, Target.CPU),
@@ -23,10 +24,14 @@ TARGETS: dict[Speculation, tuple[Target, ...]] = {
     Speculation.MTP: (Target.LLMAPI,),
     Speculation.LOOKAHEAD: (Target.ENGINE,),
     Speculation.MEDUSA: (Target.ENGINE,),
+    Speculation.EAGLE: (Target.ENGINE,),
 }
 # trtllm-build --speculative_decoding_mode, for the modes the engine path builds
 ENGINE_MODES: dict[Speculation, str] = {Speculation.DRAFT_TARGET: "draft_tokens_external",
-                                        Speculation.LOOKAHEAD: "lookahead_decoding", Speculation.MEDUSA: "medusa"}
+                                        Speculation.LOOKAHEAD: "lookahead_decoding", Speculation.MEDUSA: "medusa",
+                                        Speculation.EAGLE: "eagle"}
+# the tensorrt_llm model's decoding_mode and the parameter naming its tree, for the modes with heads
+TREE_PARAMETERS = {Speculation.MEDUSA: ("medusa", "medusa_choices"), Speculation.EAGLE: ("eagle", "eagle_choices")}
 # speculative_config's decoding_type, 1.2.x then 1.3
 DECODING_TYPES: dict[Speculation, tuple[str, str]] = {
     Speculation.NGRAM: ("NGram", "NGram"), Speculation.DRAFT_TARGET: ("DraftTarget", "DraftTarget"),
@@ -106,14 +111,15 @@ def lookahead_parameters(options: SpeculativeOptions) -> dict[str, str]:
 
 def decoding_parameters(options: SpeculativeOptions) -> dict[str, str]:
     """The engine's ``tensorrt_llm`` model parameters for its speculative decoding: lookahead's sizes, or Medusa's
-    ``decoding_mode`` and ``medusa_choices`` (the backend's default tree has 63 nodes, more than a kit engine's
-    ``--max_draft_len``, so the tree is always given); none for other modes.
+    and EAGLE's ``decoding_mode`` and tree (``medusa_choices``, ``eagle_choices``: the backend's default tree has 63
+    nodes, more than a kit engine's ``--max_draft_len``, so the tree is always given); none for other modes.
 
     Arguments:
         options: the ``[speculative]`` table.
     """
-    if options.mode is Speculation.MEDUSA:
-        return {"decoding_mode": "medusa", "medusa_choices": medusa_choices(options.draft_len)}
+    if options.mode in TREE_PARAMETERS:
+        mode, tree = TREE_PARAMETERS[options.mode]
+        return {"decoding_mode": mode, tree: medusa_choices(options.draft_len)}
     return lookahead_parameters(options)
 
 

@@ -12,8 +12,7 @@ from trtllm_kit.artifact import CheckpointRecord
 from trtllm_kit.errors import VerifyError
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
-from trtllm_kit.spec.medusa_heads import MedusaHeads, read_medusa_heads
-from trtllm_kit.spec.speculative import Speculation
+from trtllm_kit.spec.heads_reader import read_heads
 from trtllm_kit.targets.base import BuildContext
 
 # Conversion, calibration and verification import torch; the registry imports this module, and serve and the CLI
@@ -61,7 +60,7 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     fmt = detect_prequantized(ctx.model.path)
     quant, stats = ctx.spec.quant_config(), None if fmt else calibration_stats(ctx)
     transform = quant_transform(ctx.model, ctx.mapping, ctx.spec.build.dtype, quant, stats)
-    heads = medusa_heads(ctx.spec, ctx.model)
+    heads = read_heads(ctx.spec.speculative, ctx.model.hf)
     with ctx.reporter.task("convert", ctx.model.weight_bytes) as advance:
         result = convert(ctx.model, ckpt_dir, ctx.mapping, ctx.spec.build.dtype, lambda _name, n: advance(n),
                          transform, heads)
@@ -79,20 +78,8 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
         ctx.timings["verify"] = time.perf_counter() - t0
     if heads is not None:  # after verify: the CPU runtime runs the base architecture
         add_heads_config(ckpt_dir, heads, ctx.spec.speculative.draft_len)
-        ctx.reporter.note(f"convert: {heads.num_heads} Medusa heads of {heads.num_layers} layer(s) from "
-                          f"{ctx.spec.speculative.draft_model}")
-
-
-def medusa_heads(spec: BuildSpec, model: ModelSpec) -> MedusaHeads | None:
-    """The Medusa heads a ``--speculative medusa`` build writes into its checkpoint (None for other builds).
-
-    Arguments:
-        spec: the build spec; model: the inspected base.
-    """
-    options = spec.speculative
-    if options.mode is not Speculation.MEDUSA or options.draft_model is None:
-        return None
-    return read_medusa_heads(options.draft_model, model.hf)
+        ctx.reporter.note(f"convert: the {ctx.spec.speculative.mode} heads of {ctx.spec.speculative.draft_model} "
+                          "are in every rank file")
 
 
 def copy_tokenizer(model: ModelSpec, dest: Path) -> None:

@@ -13,8 +13,9 @@ from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitError
 from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.spec import BuildSpec
+from trtllm_kit.spec.heads_reader import read_heads
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
-from trtllm_kit.targets.checkpoint_stage import medusa_heads, trtllm_checkpoint_stage
+from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 from trtllm_kit.targets.engine_draft import build_draft_engine, draft_engine_problem
 from trtllm_kit.trtllm_build.compile import effective_settings, run_trtllm_build
 from trtllm_kit.trtllm_build.config_file import read_engine_config
@@ -62,7 +63,7 @@ class EngineTarget(Target):
             tensorrt_llm=machine.tensorrt_llm, tensorrt=machine.tensorrt, cuda=machine.cuda, driver=machine.driver,
             gpu=setup.build_gpu.name, compute_capability=setup.build_gpu.sm,
             effective=effective_settings(result.engine_config), compile_seconds=round(result.seconds, 3))
-        draft, heads = setup.draft, medusa_heads(ctx.spec, ctx.model)
+        draft, heads = setup.draft, read_heads(ctx.spec.speculative, ctx.model.hf)
         return EngineRecord(target=self.name, reason=setup.reason, command=setup.command.argv,
                             plan=setup.plan, built=built, draft_command=draft.command.argv if draft else None,
                             draft=build_draft_engine(ctx, setup, draft) if draft else None,
