@@ -99,8 +99,10 @@ def test_prompt_filling_the_context_and_empty_prompt_are_refused() -> None:
 
 
 def test_logprobs_map_and_the_kits_annotation_asks_beyond_the_frontends_bound() -> None:
-    assert worker_request(OBSERVED, max_seq_len=64).sampling.logprobs is None
-    assert worker_request(_with("output_options", logprobs=0), max_seq_len=64).sampling.logprobs == 0
+    unscored, scored = (worker_request(_with("output_options", logprobs=k), max_seq_len=64).sampling
+                        for k in (None, 0))
+    assert (unscored.logprobs, unscored.keep_end_token) == (None, False)
+    assert (scored.logprobs, scored.keep_end_token) == (0, True)  # the end token comes with its logprob
     annotated = {**_with("output_options", logprobs=5), "annotations": ["other", f"{LOGPROBS_ANNOTATION}20"]}
     assert worker_request(annotated, max_seq_len=64).sampling.logprobs == 20
 

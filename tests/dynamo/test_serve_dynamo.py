@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LLMAPI = BuildKey.of(target="llmapi")
 PROMPT_IDS = [1, 264, 333, 84, 534, 332]  # token ids: both frontends see the same prompt, BOS included
 LONG_TOKENS = 300  # long enough that a worker dies mid-stream
+EOS_PROMPT_IDS = [1, 75, 613, 917, 149]  # the tiny model's greedy answer ends on its end token, 4 tokens in
 
 
 def _stream(server: KitServer, model: str, max_tokens: int, on_chunk: Any = None,
@@ -214,6 +215,28 @@ def test_logprobs_equal_a_plain_serve(dynamo: KitServer, kit_servers: Servers, c
     # chat: the k best; completions: a dict of the k best by text (greedy: the token among them; with 0, itself)
     assert all(len(top) == num_top if chat else 0 < len(top) <= max(num_top, 1) for _, _, top, _ in ours)
     _assert_same_logprobs(ours, theirs)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_ending_on_its_end_token_is_scored_as_a_plain_serve_s(dynamo: KitServer, kit_servers: Servers,
+                                                                        stream: bool) -> None:
+    model = dynamo.state["model"]
+    answers = []
+    for server in (dynamo, kit_servers.get(LLMAPI)):
+        body = {"model": model, "prompt": EOS_PROMPT_IDS, "max_tokens": 40, "temperature": 0, "logprobs": 1,
+                "stream": stream}
+        status, _, raw = server.post("/v1/completions", json.dumps(body).encode())
+        assert status == 200, raw
+        events = [json.loads(line.removeprefix("data:")) for line in raw.decode().splitlines()
+                  if line.startswith("data:") and line != "data: [DONE]"] if stream else [json.loads(raw)]
+        choices = [choice for event in events for choice in event["choices"]]
+        answers.append(([t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]],
+                        [lp for c in choices if c["logprobs"] for lp in c["logprobs"]["token_logprobs"]],
+                        [c["finish_reason"] for c in choices if c["finish_reason"]]))
+    (tokens, logprobs, reasons), (plain_tokens, plain_logprobs, plain_reasons) = answers
+    assert reasons == plain_reasons == ["stop"] and 1 < len(tokens) < 40
+    assert tokens == plain_tokens and tokens[-1] == ""  # the end token last, with its logprob, as OpenAI's
+    assert logprobs == pytest.approx(plain_logprobs, abs=LOGPROB_ATOL)
 
 
 def test_worker_killed_mid_stream_migrates_and_the_stream_is_unchanged(dynamo: KitServer) -> None:

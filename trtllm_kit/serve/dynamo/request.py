@@ -3,10 +3,12 @@
 The frontend tokenizes, applies the chat template, matches stop strings and hidden stop tokens and detokenizes;
 the worker generates token ids, and with ``output_options.logprobs`` N each token's logprob and its N best
 alternatives (``log_probs`` and ``top_logprobs``, which the frontend turns into OpenAI's; it adds the token itself
-to a position's alternatives when they do not hold it). The frontend takes N up to 5 (OpenAI's completions bound);
-the kit's frontend asks for more (chat's ``top_logprobs`` go to 20) in the annotation ``LOGPROBS_ANNOTATION`` N,
-which the worker reads before ``output_options.logprobs``. A field the CPU runtime cannot honour is refused in one
-sentence (``DynamoRequestError``), never dropped.
+to a position's alternatives when they do not hold it). A scored answer ends with its end token and that token's
+logprob, as a plain serve's does (``keep_end_token``); the frontend keeps it in the logprobs, not in the text.
+The frontend takes N up to 5 (OpenAI's completions bound); the kit's frontend asks for more (chat's
+``top_logprobs`` go to 20) in the annotation ``LOGPROBS_ANNOTATION`` N, which the worker reads before
+``output_options.logprobs``. A field the CPU runtime cannot honour is refused in one sentence
+(``DynamoRequestError``), never dropped.
 """
 
 from __future__ import annotations
@@ -68,10 +70,11 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
         raise DynamoRequestError(f"the prompt has {len(token_ids)} tokens and max_seq_len is {max_seq_len}; "
                                  "shorten the prompt.")
     eos_ids = [int(t) for t in request.get("eos_token_ids") or []]
+    num_top = _num_top(request.get("annotations"), output.get("logprobs"))
     params = SamplingParams(
         max_tokens=room if max_tokens is None else int(max_tokens),
         min_tokens=stop.get("min_tokens"), ignore_eos=bool(stop.get("ignore_eos")),
-        end_id=eos_ids[0] if eos_ids else None, logprobs=_num_top(request.get("annotations"), output.get("logprobs")),
+        end_id=eos_ids[0] if eos_ids else None, logprobs=num_top, keep_end_token=num_top is not None,
         guided_decoding=_guide(sampling.get(GUIDED_DECODING)), **_sampling_fields(sampling))
     return WorkerRequest(token_ids=token_ids, sampling=params)
 
