@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,22 +82,27 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("medusa")
     heads = make_heads(root / "heads")
     with pytest.MonkeyPatch.context() as patch:
-        bin_dir = root / "fake-bin"
-        bin_dir.mkdir()
-        script = bin_dir / "trtllm-build"
-        script.write_text(FAKES.FAKE_TRTLLM_BUILD.format(python=sys.executable))
-        script.chmod(0o755)
-        patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        patch.setenv("FAKE_TRTLLM_ARGV", str(root / "argv.jsonl"))
-        patch.delenv("FAKE_TRTLLM_FAIL", raising=False)
-        patch.delenv("FAKE_TRTLLM_RANKS", raising=False)
-        machine = FAKES.h100_machine()
-        patch.setattr("trtllm_kit.build.pipeline.detect_machine", lambda: machine)
+        machine = _install_fakes(root, patch)
         out = root / "out"
         assert run(["build", "builtin:tiny-llama", "--tp", "2", *LIMITS, "--out", str(out), "--speculative",
                     "medusa", "--draft-model", str(heads), "--max-draft-len", str(DRAFT_LEN)]) == 0
         [argv] = [json.loads(line)["argv"] for line in (root / "argv.jsonl").read_text().splitlines()]
         yield {"out": out, "heads": heads, "argv": argv, "machine": machine}
+
+
+def _install_fakes(root: Path, patch: pytest.MonkeyPatch) -> Any:
+    bin_dir = root / "fake-bin"
+    bin_dir.mkdir()
+    script = bin_dir / "trtllm-build"
+    script.write_text(FAKES.FAKE_TRTLLM_BUILD.format(python=sys.executable))
+    script.chmod(0o755)
+    patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    patch.setenv("FAKE_TRTLLM_ARGV", str(root / "argv.jsonl"))
+    patch.delenv("FAKE_TRTLLM_FAIL", raising=False)
+    patch.delenv("FAKE_TRTLLM_RANKS", raising=False)
+    machine = FAKES.h100_machine()
+    patch.setattr("trtllm_kit.build.pipeline.detect_machine", lambda: machine)
+    return machine
 
 
 def flag_values(argv: list[str]) -> dict[str, str]:
@@ -178,6 +184,19 @@ def test_serve_on_a_cpu_machine_refuses_the_medusa_engine(built: dict[str, Any])
     assert str(refused.value) == (
         f"{out} cannot be served here: the engines need 2 GPU(s) of compute capability 9.0, none is visible; rebuild "
         f"it on this machine (trtllm-kit build ... --out {out} --force) or serve it where it was built.")
+
+
+def test_a_rebuild_with_another_draft_length_converts_again(built: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(built["out"], out, symlinks=True)
+    with pytest.MonkeyPatch.context() as patch:
+        _install_fakes(tmp_path, patch)
+        assert run(["build", "builtin:tiny-llama", "--tp", "2", *LIMITS, "--out", str(out),
+                    "--speculative", "medusa", "--draft-model", str(built["heads"]), "--max-draft-len", "2"]) == 0
+    config = json.loads((out / "checkpoint" / "config.json").read_text())
+    assert (config["architecture"], config["max_draft_len"]) == ("MedusaForCausalLM", 2)
+    repo = parse_config((out / "repo" / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert repo.parameters["medusa_choices"].string_value == "{0}, {0, 0}"
 
 
 def dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from trtllm_kit.quant.algos import check_model
 from trtllm_kit.quant.calib_size import calibration_device, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
 from trtllm_kit.spec.draft_tokenizer import check_draft
+from trtllm_kit.spec.heads_reader import HEADS_MODES
 from trtllm_kit.targets.base import BuildContext, EngineSetup
 from trtllm_kit.targets.checkpoint_stage import should_verify
 
@@ -88,6 +89,8 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
              "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}}
     if spec.speculative.draft_model is not None:  # converted (engine) or copied (llmapi) with the checkpoint
         parts["draft"] = draft_fingerprints(spec.speculative.draft_model)
+    if spec.speculative.mode in HEADS_MODES:  # the heads and their draft length are written into the checkpoint
+        parts["heads"] = {"mode": str(spec.speculative.mode), "draft_len": spec.speculative.draft_len}
     checkpoint = stage_key("checkpoint", parts)
     engine_key = stage_key("engine", {"checkpoint": checkpoint, **engine.key_parts()})
     return {"checkpoint": checkpoint, "engine": engine_key,
