@@ -276,7 +276,7 @@ def _killer(state: dict[str, Any], killed: list[int]) -> Any:
 def migrating(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
     """A serve with a worker for each migration test to kill and one left to take the stream over."""
     out = kit_builds.copy(LLMAPI, tmp_path_factory.mktemp("migrating") / "out")
-    with KitServer(out, dynamo=True, workers=4, migration_limit=3) as server:
+    with KitServer(out, dynamo=True, workers=5, migration_limit=3) as server:
         yield server
 
 
