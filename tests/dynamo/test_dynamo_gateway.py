@@ -139,15 +139,6 @@ def test_a_worker_refusal_reaches_the_client_in_its_sentence(gated: Gated, strea
     assert json.loads(raw)["error"]["message"] == GUIDE_REFUSAL
 
 
-def test_echo_with_logprobs_is_refused_in_one_sentence(gated: Gated) -> None:
-    status, raw = gated.post("/v1/completions", {"model": gated.model, "prompt": "hi", "max_tokens": 2,
-                                                 "logprobs": 2, "echo": True})
-    assert status == 400
-    assert json.loads(raw)["error"]["message"] == (
-        "prompt_logprobs is 2 (echo with logprobs asks for it); serve --dynamo's workers score generated tokens "
-        "only: leave echo and prompt_logprobs out, or serve without --dynamo.")
-
-
 @pytest.mark.parametrize("prompt", [PROMPT_IDS, "The capital of France is"])
 def test_greedy_answers_through_the_gateway_equal_dynamos_own(gated: Gated, prompt: list[int] | str) -> None:
     body = {"model": gated.model, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -225,9 +216,8 @@ def test_a_single_api_key_is_required(kit_builds: Builds, tmp_path: Path) -> Non
                                    "base model alone; name the base model, or serve the adapter without --dynamo."),
     ({"n": 2}, "n is 2 and best_of None; serve --dynamo's workers answer one choice per token-id prompt: send n=1 "
                "and no best_of, or the prompt as text."),
-    ({"prompt_logprobs": 1}, "prompt_logprobs is 1 (echo with logprobs asks for it); serve --dynamo's workers "
-                             "score generated tokens only: leave echo and prompt_logprobs out, or serve without "
-                             "--dynamo."),
+    ({"prompt_logprobs": 1}, "prompt_logprobs is 1 without logprobs; serve --dynamo's workers score a prompt only "
+                             "with its answer: set logprobs too, or serve without --dynamo."),
     ({"length_penalty": 0.5}, "beam_width is None and length_penalty 0.5; serve --dynamo's workers decode without "
                               "beams: leave beam_width and length_penalty out."),
     ({"beam_width": 2}, "beam_width is 2 and length_penalty None; serve --dynamo's workers decode without beams: "

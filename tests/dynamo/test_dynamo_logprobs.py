@@ -1,6 +1,7 @@
 """Logprobs through Dynamo's frontend, as the kit's client asks for and reads them: tokens named by id, the worker's
 alternatives first, the token's logprob at full precision, more alternatives than the frontend's bound asked for
-in the kit's annotation. Answers are shaped as Dynamo 1.6's frontend answered the kit's worker (observed)."""
+in the kit's annotation, the prompt's in the first chunk's engine data. Answers are shaped as Dynamo 1.6's frontend
+answered the kit's worker (observed)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from trtllm_kit.serve.dynamo.frontend_client import chunk_response, completion_body, scored_tokens
-from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION
+from trtllm_kit.serve.dynamo.frontend_client import chunk_response, completion_body, is_whole, refusal
+from trtllm_kit.serve.dynamo.logprobs import scored_tokens
+from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION, PROMPT_LOGPROBS_ANNOTATION, response_chunk
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.wire import GenerationRequest
 
@@ -76,3 +78,28 @@ def test_logprobs_are_asked_by_id_and_beyond_the_frontends_bound_by_annotation(n
     assert body["nvext"] == {"annotations": [f"{LOGPROBS_ANNOTATION}{num_top}"]}
     plain = completion_body("tiny", GenerationRequest((1, 2, 3), 4))
     assert not {"logprobs", "return_tokens_as_token_ids", "nvext"} & set(plain)
+
+
+def test_the_prompts_logprobs_are_asked_by_annotation_streamed_with_the_engine_data() -> None:
+    req = GenerationRequest((1, 2, 3), 4, logprobs=2, prompt_logprobs=2, streaming=False)
+    body = completion_body("tiny", req)
+    assert body["nvext"] == {"annotations": [f"{LOGPROBS_ANNOTATION}2", f"{PROMPT_LOGPROBS_ANNOTATION}2"],
+                             "extra_fields": ["engine_data"]}
+    assert not is_whole(req) and body["stream"] is True  # the prompt's logprobs come with the first chunk
+    assert refusal(req) is None
+
+
+def test_the_first_chunk_carries_the_prompts_logprobs_as_the_worker_sent_them() -> None:
+    prompt = ((1, None, ()), (5, -2.5, ((7, -0.5), (5, -2.5))))
+    sent = response_chunk([450], None, 2, 1, ((450, -0.1, ()),), prompt)
+    event = {**STREAMED, "nvext": {"engine_data": sent["engine_data"]}}  # as the frontend passes it on
+    response = chunk_response(event, 2)
+    assert response is not None and response.prompt_scored == prompt
+    assert response.token_ids == (450,)
+    assert chunk_response(STREAMED, 2).prompt_scored is None  # type: ignore[union-attr]
+
+
+def test_prompt_logprobs_without_logprobs_are_refused() -> None:
+    assert refusal(GenerationRequest((1, 2, 3), 4, prompt_logprobs=1)) == (
+        "prompt_logprobs is 1 without logprobs; serve --dynamo's workers score a prompt only with its answer: set "
+        "logprobs too, or serve without --dynamo.")

@@ -21,6 +21,11 @@ def test_the_ledger_tells_a_migrated_request_by_its_id(tmp_path: Path) -> None:
     assert Ledger(tmp_path).begin("../escape", 4) == 4 and not (tmp_path.parent / "escape").exists()
 
 
+def test_the_prompts_logprobs_are_not_asked_again() -> None:
+    continued = continuation(SamplingParams(max_tokens=10, logprobs=2, prompt_logprobs=2), 20)
+    assert (continued.prompt_logprobs, continued.logprobs) == (None, 2)  # the first chunk carried them
+
+
 def test_min_tokens_continue_reduced_by_the_tokens_generated() -> None:
     assert continuation(SamplingParams(max_tokens=280, min_tokens=300), 20).min_tokens == 280
     assert continuation(SamplingParams(max_tokens=10, min_tokens=5), 20).min_tokens == 0

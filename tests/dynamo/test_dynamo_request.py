@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.llmapi.cpu_types import Logprob
 from trtllm_kit.serve.dynamo.card import card_config, write_card
-from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION, DynamoRequestError, response_chunk, worker_request
+from trtllm_kit.serve.dynamo.request import (
+    LOGPROBS_ANNOTATION,
+    PROMPT_LOGPROBS_ANNOTATION,
+    DynamoRequestError,
+    prompt_scored,
+    response_chunk,
+    worker_request,
+)
 
 # a request as Dynamo 1.6's frontend sends it for a /v1/completions call (observed)
 OBSERVED = {"model": "tiny", "token_ids": [264, 333, 84, 534, 332],
@@ -79,8 +87,9 @@ def test_guided_decoding_json_maps_and_choice_is_refused() -> None:
     ("sampling_options", {"use_beam_search": True}, "sampling_options.use_beam_search is True; serve --dynamo "
                                                     "decodes without beams."),
     ("sampling_options", {"length_penalty": 0.5}, "sampling_options.length_penalty is 0.5;"),
-    ("output_options", {"prompt_logprobs": 1}, "output_options.prompt_logprobs is 1; serve --dynamo scores "
-                                               "generated tokens only"),
+    ("output_options", {"prompt_logprobs": 1}, "output_options.prompt_logprobs is 1; Dynamo's frontend returns no "
+                                               "prompt logprobs; ask serve --dynamo's OpenAI port for echo with "
+                                               "logprobs."),
     ("stop_conditions", {"max_thinking_tokens": 8}, "stop_conditions.max_thinking_tokens is 8; the CPU runtime "
                                                     "has no thinking budget."),
 ])
@@ -122,6 +131,16 @@ def test_chunks_carry_the_tokens_logprobs_and_alternatives_by_rank() -> None:
         "top_logprobs": [[{"rank": 1, "token_id": 7, "token": None, "logprob": -0.5},
                           {"rank": 2, "token_id": 9, "token": None, "logprob": -1.25}],
                          [{"rank": 1, "token_id": 3, "token": None, "logprob": -1.0}]]}
+
+
+def test_the_prompts_logprobs_are_asked_by_annotation_and_sent_aligned_on_its_last_token() -> None:
+    asked = worker_request({**OBSERVED, "annotations": [f"{PROMPT_LOGPROBS_ANNOTATION}1"]}, max_seq_len=64)
+    assert asked.sampling.prompt_logprobs == 1 and asked.sampling.logprobs is None
+    entries = [{333: Logprob(-1.5, 2), 7: Logprob(-0.5, 1)}, {84: Logprob(-3.0, 1)}]  # the last two positions
+    scored = prompt_scored(entries, [1, 333, 84], 1)
+    assert scored == ((1, None, ()), (333, -1.5, ((7, -0.5),)), (84, -3.0, ((84, -3.0),)))
+    assert response_chunk([9], None, 3, 1, prompt=scored)["engine_data"] == {
+        "prompt_scored": [[1, None, []], [333, -1.5, [[7, -0.5]]], [84, -3.0, [[84, -3.0]]]]}
 
 
 def test_chunks_carry_usage_only_when_finished() -> None:

@@ -217,6 +217,32 @@ def test_logprobs_equal_a_plain_serve(dynamo: KitServer, kit_servers: Servers, c
     _assert_same_logprobs(ours, theirs)
 
 
+@pytest.mark.parametrize("max_tokens", [4, 0])  # 0: the prompt scored alone, as lm-eval's loglikelihood asks
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_logprobs_equals_a_plain_serve(dynamo: KitServer, kit_servers: Servers, max_tokens: int,
+                                                 stream: bool) -> None:
+    answers = []
+    for server in (dynamo, kit_servers.get(LLMAPI)):
+        answer: Any = server.client().completions.create(
+            model=dynamo.state["model"], prompt="The capital of France is", max_tokens=max_tokens, temperature=0,
+            logprobs=2, echo=True, stream=stream, extra_body={"ignore_eos": True})
+        found: list[Scored] = []
+        text = ""
+        for chunk in answer if stream else [answer]:
+            for choice in chunk.choices:
+                text += choice.text
+                lp = choice.logprobs
+                if lp is not None:
+                    found += [(token, logprob, list((top or {}).items()), offset) for token, logprob, top, offset in
+                              zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset, strict=True)]
+        answers.append((text, found))
+    (text, ours), (plain_text, theirs) = answers
+    assert text == plain_text and text.startswith("The capital of France is")
+    assert ours[0][1] is None and theirs[0][1] is None  # the first prompt token has no logprob
+    assert len(ours) == len(theirs) > 6
+    _assert_same_logprobs(ours[1:], theirs[1:])
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_answer_ending_on_its_end_token_is_scored_as_a_plain_serve_s(dynamo: KitServer, kit_servers: Servers,
                                                                         stream: bool) -> None:

@@ -10,9 +10,9 @@ in one sentence before anything is sent (``refusal``); a worker's own refusal co
 status (the worker raises Dynamo's ``InvalidArgument``, which the frontend answers with its message). A whole
 answer with no stop strings is asked for whole, one read instead of a stream's chunks (``is_whole``).
 
-Logprobs are asked for with ``return_tokens_as_token_ids``: Dynamo's frontend then names each token, and each
-alternative, ``token_id:N`` (by text, two tokens that decode alike would be one), and the client answers the kit's
-frontend in token ids with their scores, which it decodes and turns into OpenAI's logprobs as a plain serve does.
+With logprobs asked for, the client answers the kit's frontend in token ids with their scores (``logprobs.py``),
+which it decodes and turns into OpenAI's logprobs as a plain serve does; an answer with the prompt's logprobs is
+streamed from Dynamo's frontend even when whole, as they come with its first chunk.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 
 from trtllm_kit.serve.client import TextClient
-from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION
+from trtllm_kit.serve.dynamo.logprobs import logprob_fields, prompt_scored, scored_tokens
 from trtllm_kit.serve.generation import GenerationError
-from trtllm_kit.wire import GenerationRequest, GenerationResponse, Scored
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
 from trtllm_kit.wire.openai_body import encode_openai_body
 
 COMPLETIONS = "/v1/completions"
@@ -38,9 +38,6 @@ METRICS = "/metrics"
 READY_TIMEOUT_S = 10.0
 REQUEST_ID_HEADER = "x-dynamo-request-id"  # Dynamo's frontend takes a UUID there as the request's id
 MATCHED_HERE = ("stop_strings", "include_stop_str_in_output")  # the kit's frontend matches stop strings itself
-TOKENS_AS_IDS = "return_tokens_as_token_ids"  # Dynamo's frontend names logprobs' tokens TOKEN_ID_PREFIX + id
-TOKEN_ID_PREFIX = "token_id:"
-DYNAMO_MAX_LOGPROBS = 5  # the completions logprobs Dynamo's frontend takes
 WHY = "serve --dynamo's workers"
 SocketFactory = Callable[[tuple[Any, ...]], socket.socket]  # aiohttp's socket_factory
 
@@ -54,9 +51,9 @@ def refusal(req: GenerationRequest) -> str | None:
     if req.lora is not None:
         return (f"the adapter {req.lora.name!r} cannot run on {WHY}, which serve the base model alone; name the "
                 "base model, or serve the adapter without --dynamo.")
-    if req.prompt_logprobs is not None:
-        return (f"prompt_logprobs is {req.prompt_logprobs} (echo with logprobs asks for it); {WHY} score generated "
-                "tokens only: leave echo and prompt_logprobs out, or serve without --dynamo.")
+    if req.prompt_logprobs is not None and req.logprobs is None:
+        return (f"prompt_logprobs is {req.prompt_logprobs} without logprobs; {WHY} score a prompt only with its "
+                "answer: set logprobs too, or serve without --dynamo.")
     if (req.n or 1) > 1 or req.best_of is not None:
         return (f"n is {req.n or 1} and best_of {req.best_of}; {WHY} answer one choice per token-id prompt: send "
                 "n=1 and no best_of, or the prompt as text.")
@@ -68,12 +65,13 @@ def refusal(req: GenerationRequest) -> str | None:
 
 def is_whole(req: GenerationRequest) -> bool:
     """Whether ``req``'s answer is asked of Dynamo's frontend whole, in one read: the client's answer is whole
-    (``streaming`` False) and has no stop strings, which the kit's frontend cuts from a stream and leaves it at.
+    (``streaming`` False) and has no stop strings, which the kit's frontend cuts from a stream and leaves it at, nor
+    prompt logprobs, which come with the first chunk.
 
     Arguments:
         req: the engine request.
     """
-    return req.streaming is False and not req.stop_strings
+    return req.streaming is False and not req.stop_strings and req.prompt_logprobs is None
 
 
 def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
@@ -84,11 +82,7 @@ def completion_body(model: str, req: GenerationRequest) -> dict[str, Any]:
     Arguments:
         model: the served name; req: the engine request (``refusal`` is None for it).
     """
-    body = encode_openai_body(req, model, stream=not is_whole(req), skip=MATCHED_HERE)
-    if req.logprobs is not None:  # the worker's alternatives are the annotation's, beyond the frontend's bound
-        body.update({"logprobs": min(req.logprobs, DYNAMO_MAX_LOGPROBS), TOKENS_AS_IDS: True,
-                     "nvext": {"annotations": [f"{LOGPROBS_ANNOTATION}{req.logprobs}"]}})
-    return body
+    return {**encode_openai_body(req, model, stream=not is_whole(req), skip=MATCHED_HERE), **logprob_fields(req)}
 
 
 def dynamo_request_id(request_id: str) -> str | None:
@@ -109,8 +103,8 @@ def dynamo_request_id(request_id: str) -> str | None:
 
 def chunk_response(event: dict[str, Any], num_top: int | None = None) -> GenerationResponse | None:
     """One streamed chunk of Dynamo's frontend as the kit's frontend reads it: the text and the running counts, or
-    with logprobs asked for, the token ids and their scores; None for a chunk carrying none of them. An error event
-    raises ``GenerationError`` with its message and code.
+    with logprobs asked for, the token ids and their scores (and the first chunk, the prompt's when asked for);
+    None for a chunk carrying none of them. An error event raises ``GenerationError`` with its message and code.
 
     Arguments:
         event: the chunk's JSON (or a whole answer's); num_top: the alternatives asked per token (None: no
@@ -124,47 +118,15 @@ def chunk_response(event: dict[str, Any], num_top: int | None = None) -> Generat
     if num_top is not None:
         scored = tuple(token for choice in event.get("choices") or []
                        for token in scored_tokens(choice.get("logprobs") or {}, num_top))
-        return GenerationResponse(token_ids=tuple(t for t, _, _ in scored), scored=scored,
-                                  num_top=num_top) if scored else None
+        prompt = prompt_scored(event)
+        return GenerationResponse(token_ids=tuple(t for t, _, _ in scored), scored=scored, num_top=num_top,
+                                  prompt_scored=prompt) if scored or prompt else None
     text = "".join(choice.get("text") or "" for choice in event.get("choices") or [])
     usage = event.get("usage") or {}
     if not text and not usage:
         return None
     return GenerationResponse(texts=(text,), num_input_tokens=usage.get("prompt_tokens"),
                               num_output_tokens=usage.get("completion_tokens"))
-
-
-def scored_tokens(logprobs: dict[str, Any], num_top: int) -> tuple[Scored, ...]:
-    """The scored tokens of a completion choice's ``logprobs`` object named by id (``TOKENS_AS_IDS``): each token
-    with its logprob and the first ``num_top`` entries of its ``top_logprobs``, which are the worker's alternatives,
-    best first (Dynamo's frontend appends the token itself after them when they do not hold it). The token's logprob
-    is read from ``top_logprobs``, which holds it at full precision (``token_logprobs`` is rounded to float32's
-    shortest digits).
-
-    Arguments:
-        logprobs: ``tokens``, ``token_logprobs`` and ``top_logprobs``; num_top: the alternatives asked per token.
-    """
-    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
-    tops = logprobs.get("top_logprobs") or [{}] * len(tokens)
-    if not len(tokens) == len(values) == len(tops):
-        raise GenerationError(f"Dynamo's frontend scored {len(tokens)} tokens with {len(values)} logprobs and "
-                              f"{len(tops)} top_logprobs; each token needs one of each.", status=502)
-    return tuple((token_id(token), float((top or {}).get(token, value)),
-                  tuple((token_id(t), float(v)) for t, v in list((top or {}).items())[:num_top]))
-                 for token, value, top in zip(tokens, values, tops, strict=True))
-
-
-def token_id(token: str) -> int:
-    """The id in a token Dynamo's frontend named ``token_id:N``.
-
-    Arguments:
-        token: the token as the frontend named it.
-    """
-    digits = token.removeprefix(TOKEN_ID_PREFIX)
-    if digits == token or not digits.isdigit():
-        raise GenerationError(f"Dynamo's frontend named a logprobs token {token!r}, not {TOKEN_ID_PREFIX}N; run "
-                              f"an ai-dynamo that honours {TOKENS_AS_IDS}.", status=502)
-    return int(digits)
 
 
 class DynamoFrontendClient(TextClient):

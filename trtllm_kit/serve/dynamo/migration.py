@@ -11,7 +11,8 @@ What continues exactly on the longer prompt: greedy and unseeded sampling with i
 probability floor), the repetition penalty (the CPU runtime counts prompt and output tokens alike), stop strings
 (the frontend's), ``min_tokens`` (reduced by the tokens generated) and logprobs (the tokens already sent keep
 theirs; the new worker scores the rest, the same alternatives with values within float32 rounding, as it computes
-the generated tokens' keys and values in one prefill rather than step by step). What does not, and is refused: seeded
+the generated tokens' keys and values in one prefill rather than step by step; the prompt's logprobs came with
+the first chunk, and are not computed again). What does not, and is refused: seeded
 sampling (the new worker's random stream starts again), presence and frequency penalties (they count output tokens
 only) and guided decoding (the grammar would start again at the generated text; Dynamo's frontend does not migrate
 those either). """
@@ -87,6 +88,8 @@ def continuation(sampling: SamplingParams, num_generated: int) -> SamplingParams
     if sampling.guided_decoding is not None:
         raise MigrationRefused(f"{lost}sampling_options.guided_decoding is set, whose grammar another worker would "
                                "start again; send it again.")
+    if sampling.prompt_logprobs is not None:  # the first chunk, which the dead worker sent, carried them
+        sampling = replace(sampling, prompt_logprobs=None)
     if sampling.min_tokens:
         return replace(sampling, min_tokens=max(0, sampling.min_tokens - num_generated))
     return sampling

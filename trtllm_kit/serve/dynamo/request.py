@@ -7,7 +7,10 @@ to a position's alternatives when they do not hold it). A scored answer ends wit
 logprob, as a plain serve's does (``keep_end_token``); the frontend keeps it in the logprobs, not in the text.
 The frontend takes N up to 5 (OpenAI's completions bound); the kit's frontend asks for more (chat's
 ``top_logprobs`` go to 20) in the annotation ``LOGPROBS_ANNOTATION`` N, which the worker reads before
-``output_options.logprobs``. A field the CPU runtime cannot honour is refused in one sentence
+``output_options.logprobs``. The prompt's logprobs (echo with logprobs), which Dynamo's frontend has no field for,
+are asked in the annotation ``PROMPT_LOGPROBS_ANNOTATION`` N and come back in the first chunk's ``engine_data``
+(``PROMPT_SCORED``: per prompt token its id, logprob and alternatives, the first with none), which the frontend
+passes on as ``nvext.engine_data``. A field the CPU runtime cannot honour is refused in one sentence
 (``DynamoRequestError``), never dropped.
 """
 
@@ -18,6 +21,7 @@ from typing import Any
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.llmapi.cpu_llm import GuidedDecodingParams, SamplingParams
+from trtllm_kit.triton_models.llmapi_outputs import scored_of
 from trtllm_kit.triton_models.llmapi_params import SAMPLING_FIELDS
 from trtllm_kit.wire import Scored
 from trtllm_kit.wire.request import MAX_LOGPROBS
@@ -27,6 +31,8 @@ GUIDED_DECODING = "guided_decoding"  # the wire's guide, mapped by _guide
 # guided_decoding fields and their GuidedDecodingParams names
 GUIDE_FIELDS = {"json": "json", "regex": "regex", "grammar": "grammar"}
 LOGPROBS_ANNOTATION = "trtllm-kit.logprobs:"  # + N: the alternatives asked per token, which the frontend caps at 5
+PROMPT_LOGPROBS_ANNOTATION = "trtllm-kit.prompt_logprobs:"  # + N: the prompt's logprobs with N alternatives
+PROMPT_SCORED = "prompt_scored"  # engine_data's key of the prompt's scored tokens
 
 
 class DynamoRequestError(KitUsageError):
@@ -59,7 +65,7 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
     _refuse_set(sampling, "sampling_options", ("use_beam_search", "length_penalty"),
                 "serve --dynamo decodes without beams")
     _refuse_set(output, "output_options", ("prompt_logprobs",),
-                "serve --dynamo scores generated tokens only; leave echo or prompt_logprobs out, or use a plain serve")
+                "Dynamo's frontend returns no prompt logprobs; ask serve --dynamo's OpenAI port for echo with logprobs")
     for name in ("n", "best_of"):
         if sampling.get(name) not in (None, 1):
             raise DynamoRequestError(f"sampling_options.{name} is {sampling[name]}; serve --dynamo answers one "
@@ -70,11 +76,14 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
         raise DynamoRequestError(f"the prompt has {len(token_ids)} tokens and max_seq_len is {max_seq_len}; "
                                  "shorten the prompt.")
     eos_ids = [int(t) for t in request.get("eos_token_ids") or []]
-    num_top = _num_top(request.get("annotations"), output.get("logprobs"))
+    annotations = request.get("annotations") or []
+    num_top = _annotated(annotations, LOGPROBS_ANNOTATION)
+    num_top = num_top if num_top is not None or output.get("logprobs") is None else int(output["logprobs"])
     params = SamplingParams(
         max_tokens=room if max_tokens is None else int(max_tokens),
         min_tokens=stop.get("min_tokens"), ignore_eos=bool(stop.get("ignore_eos")),
         end_id=eos_ids[0] if eos_ids else None, logprobs=num_top, keep_end_token=num_top is not None,
+        prompt_logprobs=_annotated(annotations, PROMPT_LOGPROBS_ANNOTATION),
         guided_decoding=_guide(sampling.get(GUIDED_DECODING)), **_sampling_fields(sampling))
     return WorkerRequest(token_ids=token_ids, sampling=params)
 
@@ -92,16 +101,27 @@ def _sampling_fields(sampling: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _num_top(annotations: list[str] | None, logprobs: int | None) -> int | None:
-    """The alternatives asked per token: the kit's annotation's N when sent, else ``output_options.logprobs``."""
-    for annotation in annotations or []:
-        if annotation.startswith(LOGPROBS_ANNOTATION):
-            value = annotation.removeprefix(LOGPROBS_ANNOTATION)
+def _annotated(annotations: list[str], prefix: str) -> int | None:
+    """The alternatives per token the kit's annotation ``prefix`` N asks for (None: not sent)."""
+    for annotation in annotations:
+        if annotation.startswith(prefix):
+            value = annotation.removeprefix(prefix)
             if not value.isdigit() or int(value) > MAX_LOGPROBS:
                 raise DynamoRequestError(f"the annotation {annotation!r} asks for {value!r} alternatives per token; "
-                                         f"send {LOGPROBS_ANNOTATION}N with N from 0 to {MAX_LOGPROBS}.")
+                                         f"send {prefix}N with N from 0 to {MAX_LOGPROBS}.")
             return int(value)
-    return None if logprobs is None else int(logprobs)
+    return None
+
+
+def prompt_scored(entries: list[Any] | None, token_ids: list[int], num_top: int) -> tuple[Scored, ...]:
+    """The prompt's scored tokens from the CPU ``LLM``'s ``prompt_logprobs`` (aligned on the last prompt token).
+
+    Arguments:
+        entries: a ``{token_id: Logprob}`` dict (or None) per scored prompt position; token_ids: the prompt;
+        num_top: alternatives per position.
+    """
+    found = list(entries or [])
+    return scored_of([None] * (len(token_ids) - len(found)) + found, token_ids, num_top)
 
 
 def _refuse_set(values: dict[str, Any], where: str, names: tuple[str, ...], why: str) -> None:
@@ -125,16 +145,21 @@ def _guide(guided: dict[str, Any] | None) -> GuidedDecodingParams | None:
 
 
 def response_chunk(token_ids: list[int], finish_reason: str | None, num_prompt_tokens: int,
-                   num_output_tokens: int, scored: tuple[Scored, ...] | None = None) -> dict[str, Any]:
+                   num_output_tokens: int, scored: tuple[Scored, ...] | None = None,
+                   prompt: tuple[Scored, ...] | None = None) -> dict[str, Any]:
     """One response chunk as the frontend reads it: the new token ids (and their logprobs when asked for); the last
     adds the finish reason and usage.
 
     Arguments:
         token_ids: the tokens generated since the previous chunk; finish_reason: ``stop``, ``length`` or
         ``cancelled`` on the last chunk (None before); num_prompt_tokens, num_output_tokens: the usage so far;
-        scored: the new tokens' logprobs and alternatives, best first (None: not asked for).
+        scored: the new tokens' logprobs and alternatives, best first (None: not asked for); prompt: the prompt's
+        (the first chunk's, when asked for).
     """
     chunk: dict[str, Any] = {"token_ids": token_ids, "index": 0}
+    if prompt is not None:
+        chunk["engine_data"] = {PROMPT_SCORED: [[token_id, logprob, [list(pair) for pair in alternatives]]
+                                                for token_id, logprob, alternatives in prompt]}
     if scored is not None:
         chunk["log_probs"] = [0.0 if logprob is None else logprob for _, logprob, _ in scored]  # never None here
         chunk["top_logprobs"] = [[{"rank": rank, "token_id": token_id, "token": None, "logprob": logprob}

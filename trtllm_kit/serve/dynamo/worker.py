@@ -30,7 +30,7 @@ from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, RouterBlocks, relay_
 from trtllm_kit.serve.dynamo.launch import LOOPBACK
 from trtllm_kit.serve.dynamo.metrics import SYSTEM_PORT_ENV, exposition, system_port
 from trtllm_kit.serve.dynamo.migration import Ledger, MigrationRefused, continuation
-from trtllm_kit.serve.dynamo.request import WorkerRequest, response_chunk, worker_request
+from trtllm_kit.serve.dynamo.request import WorkerRequest, prompt_scored, response_chunk, worker_request
 from trtllm_kit.triton_models.llmapi_outputs import scored_of
 
 DISCOVERY_BACKEND = "file"
@@ -87,16 +87,19 @@ class Generator:
             raise self.refusal(str(exc)) from exc
         num_generated = len(asked.token_ids) - num_prompt_tokens  # by a worker that died
         sent, finished, num_top = 0, False, asked.sampling.logprobs
+        num_prompt_top = asked.sampling.prompt_logprobs  # the first chunk carries the prompt's logprobs
         try:
             async for result in output:
                 completion = result.outputs[0]
                 new_ids = completion.token_ids[sent:]
                 scored = None if num_top is None else scored_of(completion.logprobs[sent:], new_ids, num_top)
+                prompt = None if sent or num_prompt_top is None else \
+                    prompt_scored(completion.prompt_logprobs, asked.token_ids, num_prompt_top)
                 sent = len(completion.token_ids)
                 finished = completion.finish_reason is not None
                 if new_ids or finished:
                     yield response_chunk(new_ids, completion.finish_reason, num_prompt_tokens, num_generated + sent,
-                                         scored)
+                                         scored, prompt)
                 if context.is_stopped():
                     break
         except RequestError as exc:
