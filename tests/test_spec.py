@@ -36,15 +36,16 @@ from trtllm_kit.quant.algos import KV_ALGOS, VALID_COMBINATIONS
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.spec import TABLES, BuildSpec, all_declared, build_spec, load_table, load_toml, nest_flat_spec
 from trtllm_kit.spec.repo_options import RepoOptions
-from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation
+from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, TREE_MODES, Speculation
 
 SPEC_DOC = Path(__file__).parents[1] / "docs" / "triton-repo.md"
 FLAGGED = [d for d in all_declared() if d.option.flag]
 COMMAND = {"build": "build", "quant": "build", "repo": "build", "serve": "serve", "speculative": "build", None: "build"}
 CONTEXT = {"per_channel": ["--quant", "int8-sq"], "per_token": ["--quant", "int8-sq"],  # what a field needs
            "awq_group_size": ["--quant", "int4-awq"], "draft_model": ["--speculative", "draft-target"],
-           "max_draft_len": ["--speculative", "ngram"]}
-SAMPLES = {"gpu_device_ids": "0;1", "awq_group_size": 64}  # fields whose values have a syntax or a set
+           "max_draft_len": ["--speculative", "ngram"], "draft_choices": ["--speculative", "medusa"]}
+SAMPLES = {"gpu_device_ids": "0;1", "awq_group_size": 64,  # fields whose values have a syntax or a set
+           "draft_choices": "[[0], [0, 0], [1]]"}
 
 
 def sample(d: Declared) -> Any:
@@ -230,6 +231,9 @@ def specs(draw: st.DrawFn) -> BuildSpec:
             draft_len = values["mode"] not in (None, Speculation.LOOKAHEAD)
             values["max_draft_len"] = values["max_draft_len"] if draft_len else None
             values["draft_logits"] = values["draft_logits"] and values["mode"] is Speculation.DRAFT_TARGET
+            trees = [None, "[[0]]", "[[0], [0, 0], [1]]"] if values["mode"] in TREE_MODES else [None]
+            values["draft_choices"] = draw(st.sampled_from(trees))
+            values["max_draft_len"] = None if values["draft_choices"] else values["max_draft_len"]
         tables[name] = cls(**values)
     model = draw(st.text(st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters='"\\'),
                          min_size=1, max_size=20))

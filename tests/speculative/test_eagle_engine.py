@@ -30,6 +30,8 @@ from trtllm_kit.model_repo.configs import BACKEND_DEFAULT_KEYS, parse_config
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.safetensors_io import read_header
+from trtllm_kit.spec.draft_tree import top1_chain
+from trtllm_kit.spec.eagle_heads import read_eagle_heads
 
 BASE = read_hf_config(builtin_dir("tiny-llama"))
 DRAFT_LEN = 3
@@ -168,9 +170,7 @@ def test_the_manifest_records_the_heads(built: dict[str, Any]) -> None:
 
 
 def test_heads_without_an_embedding_take_the_bases(tmp_path: Path) -> None:
-    from trtllm_kit.spec.eagle_heads import read_eagle_heads
-
-    heads = read_eagle_heads(make_heads(tmp_path / "heads", embedding=False), BASE, 2)
+    heads = read_eagle_heads(make_heads(tmp_path / "heads", embedding=False), BASE, top1_chain(2))
     [embedding] = [row for row in heads.tensors() if row.name == "eagle_nets.0.drafter.vocab_embedding.weight"]
     assert (embedding.sources, embedding.from_base) == (("model.embed_tokens.weight",), True)
 

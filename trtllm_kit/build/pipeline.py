@@ -89,8 +89,8 @@ def stage_keys(spec: BuildSpec, model: ModelSpec, digests: dict[str, str], engin
              "tools": {k: tools.get(k) for k in CHECKPOINT_TOOLS}}
     if spec.speculative.draft_model is not None:  # converted (engine) or copied (llmapi) with the checkpoint
         parts["draft"] = draft_fingerprints(spec.speculative.draft_model)
-    if spec.speculative.mode in HEADS_MODES:  # the heads and their draft length are written into the checkpoint
-        parts["heads"] = {"mode": str(spec.speculative.mode), "draft_len": spec.speculative.draft_len}
+    if spec.speculative.mode in HEADS_MODES:  # the heads and their tree's size are in the checkpoint
+        parts["heads"] = {"mode": str(spec.speculative.mode), "tree": spec.speculative.tree}
     checkpoint = stage_key("checkpoint", parts)
     engine_key = stage_key("engine", {"checkpoint": checkpoint, **engine.key_parts()})
     return {"checkpoint": checkpoint, "engine": engine_key,

@@ -7,8 +7,9 @@ weights holding ``fc.weight`` [hidden, 2 hidden] and ``fc.bias`` (the fused embe
 In the checkpoint (``EagleForCausalLM``, ``tensorrt_llm/models/eagle/model.py``) each of the ``num_eagle_layers``
 EagleNets holds a copy: ``eagle_nets.{i}.drafter.{fc, vocab_embedding, layers.0.*}`` and ``eagle_nets.{i}.lm_head``,
 the base's lm_head; ``config.json`` gains ``num_eagle_layers``, ``max_non_leaves_per_layer``, ``max_draft_len`` and
-``eagle_net_config`` (a ``LlamaForCausalLM`` config of the heads). The kit's tree is the top-1 path of K tokens, so K
-EagleNets. The EagleNets are written whole: the kit builds EAGLE at tp 1, pp 1 (``check_eagle_layout``)."""
+``eagle_net_config`` (a ``LlamaForCausalLM`` config of the heads). One EagleNet per depth of the draft tree
+(``spec.draft_tree``: K for the top-1 path of K tokens). The EagleNets are written whole: the kit builds EAGLE at
+tp 1, pp 1 (``check_eagle_layout``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from trtllm_kit.errors import CheckpointError, KitError, KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.models.base import Split
 from trtllm_kit.models.hf_config import HFConfig, parse_hf_config
-from trtllm_kit.safetensors_io import read_header
+from trtllm_kit.spec.draft_tree import depth, max_non_leaves
 from trtllm_kit.spec.heads import HeadTensor
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 
@@ -48,7 +49,7 @@ class EagleHeads:
     weights: Path
     config: HFConfig  # the heads' decoder layer
     base: HFConfig
-    num_eagle_layers: int  # EagleNets: the depth of the kit's top-1 tree, K
+    num_eagle_layers: int  # EagleNets: the draft tree's depth
     has_embedding: bool  # embed_tokens.weight in the heads (else the base's)
 
     def tensors(self) -> list[HeadTensor]:
@@ -111,12 +112,16 @@ class EagleHeads:
                 "eagle_net_config": net}
 
 
-def read_eagle_heads(heads_dir: Path, base: HFConfig, draft_len: int) -> EagleHeads:
+def read_eagle_heads(heads_dir: Path, base: HFConfig, tree: tuple[tuple[int, ...], ...]) -> EagleHeads:
     """The heads in ``heads_dir``, refused in one sentence unless it is an EAGLE-1 heads checkpoint for ``base``.
 
     Arguments:
-        heads_dir: --draft-model; base: the target model's config; draft_len: K, the EagleNets.
+        heads_dir: --draft-model; base: the target model's config; tree: the draft tree (its depth: the EagleNets).
     """
+    if max_non_leaves(tree) > MAX_NON_LEAVES_PER_LAYER:
+        raise KitUsageError(f"--draft-choices has {max_non_leaves(tree)} nodes with children at one depth, more than "
+                            f"the engine's max_non_leaves_per_layer {MAX_NON_LEAVES_PER_LAYER}; pass a narrower "
+                            "tree.")
     if base.architecture not in BASE_ARCHITECTURES:
         raise KitUsageError(f"--speculative eagle needs a base of architecture {' or '.join(BASE_ARCHITECTURES)} "
                             f"(TensorRT-LLM's EagleForCausalLM), got {base.architecture}; use --speculative "
@@ -133,6 +138,8 @@ def read_eagle_heads(heads_dir: Path, base: HFConfig, draft_len: int) -> EagleHe
         found = f"only {PICKLE_FILE}, a pickle the kit does not load" if (heads_dir / PICKLE_FILE).is_file() else \
             f"no {WEIGHTS_FILE}"
         raise KitUsageError(f"--draft-model {heads_dir} has {found}; save the heads as {WEIGHTS_FILE}.")
+    from trtllm_kit.safetensors_io import read_header  # imports torch
+
     try:
         header = read_header(weights)
     except CheckpointError as exc:
@@ -153,7 +160,7 @@ def read_eagle_heads(heads_dir: Path, base: HFConfig, draft_len: int) -> EagleHe
         raise KitUsageError(f"--draft-model {heads_dir} has {config.num_hidden_layers} decoder layers where EAGLE-1 "
                             "heads have 1 (TensorRT-LLM's EagleNet drops the first layer's input layernorm only); "
                             "pass EAGLE-1 heads.")
-    heads = EagleHeads(weights, config, base, draft_len, "embed_tokens.weight" in header)
+    heads = EagleHeads(weights, config, base, depth(tree), "embed_tokens.weight" in header)
     for row in heads.tensors():
         parts = [tuple(header[name]["shape"]) if name in header else None for name in row.sources]
         if row.from_base or (None not in parts and _stacked(parts) == row.shape):

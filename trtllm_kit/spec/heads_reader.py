@@ -8,7 +8,7 @@ from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import Precision
 from trtllm_kit.spec.eagle_heads import read_eagle_heads
 from trtllm_kit.spec.heads import SpeculativeHeads
-from trtllm_kit.spec.medusa_heads import check_draft_len, read_medusa_heads
+from trtllm_kit.spec.medusa_heads import check_tree_depth, read_medusa_heads
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 
 HEADS_MODES = (Speculation.MEDUSA, Speculation.EAGLE)  # the modes whose --draft-model is heads on the target
@@ -25,9 +25,9 @@ def read_heads(options: SpeculativeOptions, base: HFConfig) -> SpeculativeHeads 
     if options.mode not in HEADS_MODES or heads_dir is None or not heads_dir.is_dir():
         return None
     if options.mode is Speculation.EAGLE:
-        return read_eagle_heads(heads_dir, base, options.draft_len)
+        return read_eagle_heads(heads_dir, base, options.tree)
     medusa = read_medusa_heads(heads_dir, base)
-    check_draft_len(medusa, options.draft_len, heads_dir)
+    check_tree_depth(medusa, options, heads_dir)
     return medusa
 
 

@@ -3,7 +3,7 @@ reads it (``examples/medusa/convert_checkpoint.py``, ``tensorrt_llm/models/medus
 ``config.json`` with ``medusa_num_heads`` (and ``medusa_num_layers``, default 1), and ``medusa_lm_head.safetensors``
 where head ``h`` holds ``h.l.linear.weight`` [hidden, hidden] and ``h.l.linear.bias`` [hidden] per layer ``l``, then
 its lm_head ``h.L.weight`` [vocab, hidden]. Read from headers only and checked against the base before any work;
-the ``medusa_choices`` tree the ``tensorrt_llm`` model is given; the heads' bytes on each rank."""
+the tree's depth against the heads."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.jsonfile import read_json
 from trtllm_kit.models.base import Split
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.safetensors_io import read_header
+from trtllm_kit.spec.draft_tree import depth
 from trtllm_kit.spec.heads import HeadTensor
+from trtllm_kit.spec.speculative import SpeculativeOptions
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
 PICKLE_FILE = "medusa_lm_head.pt"  # upstream's other spelling: a pickle, which the kit does not load
@@ -94,29 +95,26 @@ def read_medusa_heads(heads_dir: Path, base: HFConfig) -> MedusaHeads:
     return heads
 
 
-def check_draft_len(heads: MedusaHeads, draft_len: int, heads_dir: Path) -> None:
-    """Refuse a draft length the heads cannot fill: the kit's tree takes each head's top token, one per head.
+def check_tree_depth(heads: MedusaHeads, options: SpeculativeOptions, heads_dir: Path) -> None:
+    """Refuse a tree deeper than the heads: head ``d`` drafts the token at depth ``d + 1``.
 
     Arguments:
-        heads: the checked heads; draft_len: K; heads_dir: --draft-model, for the message.
+        heads: the checked heads; options: the ``[speculative]`` table (its tree); heads_dir: --draft-model.
     """
-    if draft_len > heads.num_heads:
-        raise KitUsageError(f"--max-draft-len {draft_len} exceeds the {heads.num_heads} heads of --draft-model "
+    deep = depth(options.tree)
+    if deep <= heads.num_heads:
+        return
+    if options.draft_choices is None:
+        raise KitUsageError(f"--max-draft-len {deep} exceeds the {heads.num_heads} heads of --draft-model "
                             f"{heads_dir} (the tree takes one token per head); pass --max-draft-len "
                             f"{heads.num_heads} or less.")
-
-
-def medusa_choices(draft_len: int) -> str:
-    """The ``tensorrt_llm`` model's ``medusa_choices``: the top-1 path through the first ``draft_len`` heads, in the
-    backend's spelling (``"{0}, {0, 0}"``: one brace group per node, the top-k index at each depth).
-
-    Arguments:
-        draft_len: K, the tree's nodes.
-    """
-    return ", ".join("{" + ", ".join(["0"] * depth) + "}" for depth in range(1, draft_len + 1))
+    raise KitUsageError(f"--draft-choices reaches depth {deep}, beyond the {heads.num_heads} heads of --draft-model "
+                        f"{heads_dir}; pass paths of {heads.num_heads} indices or fewer.")
 
 
 def _check_shapes(heads: MedusaHeads, heads_dir: Path, base: HFConfig) -> None:
+    from trtllm_kit.safetensors_io import read_header  # imports torch
+
     try:
         header = read_header(heads.weights)
     except CheckpointError as exc:

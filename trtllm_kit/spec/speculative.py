@@ -10,6 +10,7 @@ from pathlib import Path
 from trtllm_kit.enums import Choice
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.option import check_declared, option
+from trtllm_kit.spec.draft_tree import parse_choices, top1_chain
 
 DEFAULT_MAX_DRAFT_LEN = 4  # draft tokens per step when --max-draft-len is not given (EAGLE3: 3, as NVIDIA's example)
 DEFAULT_EAGLE3_DRAFT_LEN = 3
@@ -30,6 +31,7 @@ class Speculation(Choice):
     EAGLE = "eagle"
 
 
+TREE_MODES = (Speculation.MEDUSA, Speculation.EAGLE)  # the engine verifies a tree of draft tokens
 NEEDS_DRAFT_DIR = {Speculation.DRAFT_TARGET: "a draft model directory", Speculation.EAGLE3: "an EAGLE3 heads "
                    "checkpoint directory", Speculation.MEDUSA: "a Medusa heads checkpoint directory",
                    Speculation.EAGLE: "an EAGLE-1 heads checkpoint directory"}
@@ -51,8 +53,11 @@ class SpeculativeOptions:
         "--draft-model"))
     max_draft_len: int | None = field(default=None, metadata=option(
         f"Draft tokens proposed per step (default {DEFAULT_MAX_DRAFT_LEN}, eagle3 {DEFAULT_EAGLE3_DRAFT_LEN}, mtp "
-        "the model's MTP layers; lookahead: from its sizes; medusa and eagle: the depth of their top-1 tree, for "
-        "medusa at most the heads).", "--max-draft-len", minimum=1))
+        "the model's MTP layers; lookahead: from its sizes; medusa and eagle: the length of their top-1 path, or "
+        "--draft-choices' paths).", "--max-draft-len", minimum=1))
+    draft_choices: str | None = field(default=None, metadata=option(
+        "Medusa and eagle: the tree of draft tokens as upstream's examples write it, paths of top-k indices (e.g. "
+        "'[[0], [0, 0], [1]]'); K is its paths. Default: the top-1 path of K tokens.", "--draft-choices"))
     draft_logits: bool = field(default=False, metadata=option(
         "Draft-target on the engine target: build the draft with --gather_generation_logits, so a request may set "
         "use_draft_logits (the target accepts drafts on the draft's logits, not only its tokens)."))
@@ -66,10 +71,11 @@ class SpeculativeOptions:
     def __post_init__(self) -> None:
         check_declared(self, "speculative")
         if self.mode is None:
-            if self.draft_model is not None or self.max_draft_len is not None or self.draft_logits:
-                given = "--draft-model" if self.draft_model is not None else \
-                    "--max-draft-len" if self.max_draft_len is not None else "[speculative] draft_logits"
-                raise KitUsageError(f"{given} is given without --speculative; add --speculative draft-target (or "
+            given = [name for name, value in (("--draft-model", self.draft_model), ("--max-draft-len",
+                     self.max_draft_len), ("[speculative] draft_logits", self.draft_logits or None),
+                     ("--draft-choices", self.draft_choices)) if value is not None]
+            if given:
+                raise KitUsageError(f"{given[0]} is given without --speculative; add --speculative draft-target (or "
                                     "another mode) or drop it.")
             return
         if self.mode not in NEEDS_DRAFT_DIR and self.draft_model is not None:
@@ -78,10 +84,25 @@ class SpeculativeOptions:
         if self.draft_logits and self.mode is not Speculation.DRAFT_TARGET:
             raise KitUsageError(f"[speculative] draft_logits applies to draft-target only, got mode {self.mode}; "
                                 "drop it.")
+        if self.draft_choices is not None:
+            self._check_choices(self.draft_choices)
         if self.mode is Speculation.LOOKAHEAD and self.max_draft_len is not None:
             raise KitUsageError(f"--max-draft-len {self.max_draft_len} does not apply to lookahead, whose draft "
                                 "length follows from [speculative] lookahead_window_size, lookahead_ngram_size and "
                                 "lookahead_verification_set_size; drop it.")
+
+    def _check_choices(self, text: str) -> None:
+        if self.mode not in TREE_MODES:
+            raise KitUsageError(f"--draft-choices applies to --speculative medusa or eagle, got {self.mode}; drop it.")
+        paths = parse_choices(text)
+        if self.max_draft_len is not None and self.max_draft_len != len(paths):
+            raise KitUsageError(f"--max-draft-len {self.max_draft_len} differs from the {len(paths)} paths of "
+                                "--draft-choices, which set the draft length; drop --max-draft-len.")
+
+    @property
+    def tree(self) -> tuple[tuple[int, ...], ...]:
+        """The paths of the draft tree a Medusa or EAGLE engine verifies: ``--draft-choices`` or the top-1 path."""
+        return parse_choices(self.draft_choices) if self.draft_choices is not None else top1_chain(self.draft_len)
 
     @property
     def draft_len(self) -> int:
@@ -92,6 +113,8 @@ class SpeculativeOptions:
         if self.mode is Speculation.LOOKAHEAD:
             return lookahead_draft_len(self.lookahead_window_size, self.lookahead_ngram_size,
                                        self.lookahead_verification_set_size)
+        if self.draft_choices is not None:
+            return len(parse_choices(self.draft_choices))
         if self.max_draft_len is not None:
             return self.max_draft_len
         return DEFAULT_EAGLE3_DRAFT_LEN if self.mode is Speculation.EAGLE3 else DEFAULT_MAX_DRAFT_LEN

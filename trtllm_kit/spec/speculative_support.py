@@ -10,7 +10,7 @@ from typing import Any
 
 from trtllm_kit.enums import Target
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.spec.medusa_heads import medusa_choices
+from trtllm_kit.spec.draft_tree import choices_text
 from trtllm_kit.spec.speculative import NEEDS_DRAFT_DIR, Speculation, SpeculativeOptions
 
 # the targets that can build each mode: lookahead's config says backend != pytorch; NGram, EAGLE3 and MTP are the
@@ -119,7 +119,7 @@ def decoding_parameters(options: SpeculativeOptions) -> dict[str, str]:
     """
     if options.mode in TREE_PARAMETERS:
         mode, tree = TREE_PARAMETERS[options.mode]
-        return {"decoding_mode": mode, tree: medusa_choices(options.draft_len)}
+        return {"decoding_mode": mode, tree: choices_text(options.tree)}
     return lookahead_parameters(options)
 
 

@@ -12,7 +12,6 @@ from trtllm_kit.artifact import CheckpointRecord
 from trtllm_kit.errors import VerifyError
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
-from trtllm_kit.spec.heads_reader import read_heads
 from trtllm_kit.targets.base import BuildContext
 
 # Conversion, calibration and verification import torch; the registry imports this module, and serve and the CLI
@@ -54,6 +53,7 @@ def trtllm_checkpoint_stage(ctx: BuildContext) -> None:
     from trtllm_kit.checkpoint.heads import add_heads_config
     from trtllm_kit.checkpoint.prequantized import PreQuantizedTransform
     from trtllm_kit.quant.prequantized import detect_prequantized
+    from trtllm_kit.spec.heads_reader import read_heads  # safetensors headers: torch
 
     ckpt_dir = ctx.out / "checkpoint"
     ckpt_dir.mkdir()

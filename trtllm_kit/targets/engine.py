@@ -13,7 +13,6 @@ from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitError
 from trtllm_kit.names import ENGINE_DIR
 from trtllm_kit.spec import BuildSpec
-from trtllm_kit.spec.heads_reader import read_heads
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target
 from trtllm_kit.targets.checkpoint_stage import trtllm_checkpoint_stage
 from trtllm_kit.targets.engine_draft import build_draft_engine, draft_engine_problem
@@ -49,6 +48,8 @@ class EngineTarget(Target):
 
     def compile(self, ctx: BuildContext, setup: EngineSetup) -> EngineRecord:
         """``trtllm-build`` over the staged checkpoint into ``engines/`` (logs in ``logs/``)."""
+        from trtllm_kit.spec.heads_reader import read_heads  # safetensors headers: torch
+
         if setup.command is None or setup.plan is None or setup.build_gpu is None:
             raise KitError("target engine has no build plan: this machine's GPU could not be read; pass --gpu NAME "
                            "or --gpu-memory GiB.")
