@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from typing import Any
 
-import pytest
 from kit_server import BuildKey, Builds
 
 from trtllm_kit.llmapi.cpu_llm import SamplingParams
@@ -15,10 +12,7 @@ from trtllm_kit.runtime.block_manager import BlockManager
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.sequence import Sequence
 from trtllm_kit.serve.artifact_llm import artifact_llm
-from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, RouterBlocks, signed64
-from trtllm_kit.serve.dynamo.router_hashes import block_hash, prompt_hashes, sequence_hash
-
-U64 = (1 << 64) - 1
+from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, publish, signed64
 
 
 class FakePublisher:
@@ -39,100 +33,15 @@ def test_signed64_keeps_the_bits() -> None:
     assert signed64(1 << 63) == -(1 << 63)
 
 
-def _stored(key: int, parent_key: int | None, token_ids: list[int]) -> dict[str, Any]:
-    """A block manager's ``stored`` event in the LLM API's dict form."""
-    return {"event_id": 0, "data": {"type": "stored", "parent_hash": parent_key, "blocks": [
-        {"type": "stored_block", "block_hash": key, "tokens": [{"token_id": t} for t in token_ids]}]}}
-
-
-def _removed(*keys: int) -> dict[str, Any]:
-    return {"event_id": 0, "data": {"type": "removed", "block_hashes": list(keys)}}
-
-
-A, B, C = [7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]  # three blocks of 4 tokens
-
-
-def test_prompt_hashes_chain_each_full_block_to_its_parent() -> None:
-    first, second = prompt_hashes(A + B + [1, 2], 4)  # the partial block has none
-    assert first == sequence_hash(None, A) == block_hash(A)
-    assert second == sequence_hash(first, B) != sequence_hash(None, B)
-    assert prompt_hashes(C + B, 4)[1] != second  # the same tokens after another prefix
-
-
-def test_sealed_blocks_are_published_under_sequence_hashes_and_removed_when_handed_out_again() -> None:
+def test_publish_maps_stored_and_removed() -> None:
     publisher = FakePublisher()
-    blocks = RouterBlocks(publisher, 4)
-    blocks.relay(_stored((1 << 64) - 2, None, A))  # the block manager's own hashes, unsigned
-    blocks.relay(_stored(9, (1 << 64) - 2, B))
-    blocks.relay(_removed(9, (1 << 64) - 2))
-    first, second = prompt_hashes(A + B, 4)
-    assert publisher.calls == [("stored", A, [4], [signed64(first)], None),
-                               ("stored", B, [4], [signed64(second)], signed64(first)),
-                               ("removed", [signed64(second), signed64(first)])]
-
-
-def test_blocks_announced_at_arrival_are_not_published_again_when_sealed() -> None:
-    publisher = FakePublisher()
-    blocks = RouterBlocks(publisher, 4)
-    blocks.announce("r1", A + B + [1, 2])
-    first, second = prompt_hashes(A + B, 4)
-    assert publisher.calls == [("stored", A, [4], [signed64(first)], None),
-                               ("stored", B, [4], [signed64(second)], signed64(first))]
-    blocks.relay(_stored(101, None, A))
-    blocks.relay(_stored(102, 101, B))
-    blocks.release("r1")  # its prefill ran: the blocks are the pool's now
-    blocks.announce("r2", A + B + [3])  # the router has them
-    blocks.release("r2")
-    assert len(publisher.calls) == 2
-    blocks.relay(_removed(102, 101))  # the pool hands them out again
-    assert publisher.calls[2:] == [("removed", [signed64(second), signed64(first)])]
-
-
-def test_a_request_ended_before_its_prefill_removes_the_blocks_it_alone_announced() -> None:
-    publisher = FakePublisher()
-    blocks = RouterBlocks(publisher, 4)
-    blocks.announce("r1", A + B)
-    blocks.announce("r2", A + B + C)  # shares r1's blocks, announces its third
-    assert [call[3] for call in publisher.calls] == [[signed64(h)] for h in prompt_hashes(A + B + C, 4)]
-    blocks.release("r1")
-    assert len(publisher.calls) == 3  # r2 still owns them
-    blocks.relay(_stored(101, None, A))  # r2's prefill sealed its first block, then it was cancelled
-    blocks.release("r2")
-    first, second, third = prompt_hashes(A + B + C, 4)
-    assert publisher.calls[3:] == [("removed", [signed64(third), signed64(second)])]
-    assert blocks.is_published(first) and not blocks.is_published(second)
-
-
-def test_a_block_sealed_after_its_parent_was_handed_out_is_not_published() -> None:
-    publisher = FakePublisher()
-    blocks = RouterBlocks(publisher, 4)
-    blocks.relay(_stored(101, None, A))
-    blocks.relay(_removed(101))
-    blocks.relay(_stored(102, 101, B))  # the router would refuse it: its parent is gone
-    blocks.relay(_removed(102))
-    assert [call[0] for call in publisher.calls] == ["stored", "removed"]
-
-
-def test_two_workers_name_a_shared_prefix_alike_so_dynamo_s_index_takes_both() -> None:
-    llm = pytest.importorskip("dynamo.llm")
-    tokens = [1] + [100 + i % 97 for i in range(4 * 32 - 1)]  # four blocks of 32
-    assert [block_hash(tokens[i:i + 32]) for i in range(0, 128, 32)] == llm.compute_block_hash_for_seq(tokens, 32)
-    tree = llm.RadixTree()
-    for worker_id, keys in ((1, [11, 12, 13, 14]), (2, [21, 22, 23, 24])):  # each block manager's own hashes
-        publisher = FakePublisher()
-        blocks = RouterBlocks(publisher, 32)
-        for index, key in enumerate(keys):
-            blocks.relay(_stored(key, keys[index - 1] if index else None, tokens[32 * index:32 * index + 32]))
-        for event_id, (_, token_ids, _, (hashed,), parent) in enumerate(publisher.calls):
-            data = {"parent_hash": None if parent is None else parent & U64, "blocks": [
-                {"block_hash": hashed & U64, "tokens_hash": llm.compute_block_hash_for_seq(token_ids, 32)[0]}]}
-            tree.apply_event(worker_id, json.dumps({"event_id": event_id, "data": {"stored": data},
-                                                    "dp_rank": 0}).encode())
-    deadline = time.monotonic() + 10
-    while (scores := tree.find_matches(llm.compute_block_hash_for_seq(tokens, 32)).scores) != \
-            {(1, 0): 4, (2, 0): 4} and time.monotonic() < deadline:
-        time.sleep(0.05)  # the tree applies events on its own thread
-    assert scores == {(1, 0): 4, (2, 0): 4}
+    publish(publisher, {"event_id": 0, "data": {"type": "stored", "parent_hash": None, "blocks": [
+        {"block_hash": (1 << 64) - 2, "tokens": [{"token_id": 7}, {"token_id": 8}]}]}})
+    publish(publisher, {"event_id": 1, "data": {"type": "stored", "parent_hash": (1 << 64) - 2, "blocks": [
+        {"block_hash": 9, "tokens": [{"token_id": 1}]}]}})
+    publish(publisher, {"event_id": 2, "data": {"type": "removed", "block_hashes": [9, (1 << 64) - 2]}})
+    assert publisher.calls == [("stored", [7, 8], [2], [-2], None), ("stored", [1], [1], [9], -2),
+                               ("removed", [9, -2])]
 
 
 def test_cpu_llm_reports_stored_blocks_chained_by_parent(kit_builds: Builds) -> None:

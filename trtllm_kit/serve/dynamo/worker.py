@@ -3,11 +3,11 @@
 ``python -m trtllm_kit.serve.dynamo.worker OUT --card DIR --model-name NAME --endpoint NS.COMPONENT.generate
 --ready-file PATH`` loads OUT (a cpu or llmapi artifact) into the kit's CPU ``LLM`` (``llmapi/cpu_llm.py``),
 registers it with Dynamo's Python API (``ModelInput.Tokens``, chat and completions, the card directory of
-``card.py`` as the model path, the artifact's KV block size), publishes each request's prompt blocks when it
-arrives and the block manager's KV cache events for the KV router (``kv_events.py``), adds its prefix-cache
-metrics to Dynamo's worker ``/metrics`` on a free loopback port (``metrics.py``), writes that address into the ready
-file and serves ``generate`` until SIGTERM. Discovery is Dynamo's file backend (``DYN_FILE_KV``) and requests come
-over TCP: ``serve --dynamo`` sets both, and the loopback addresses (``launch.py``).
+``card.py`` as the model path, the artifact's KV block size), publishes the block manager's KV cache events for
+the KV router (``kv_events.py``), adds its prefix-cache metrics to Dynamo's worker ``/metrics`` on a free loopback
+port (``metrics.py``), writes that address into the ready file and serves ``generate`` until SIGTERM. Discovery is
+Dynamo's file backend (``DYN_FILE_KV``) and requests come over TCP: ``serve --dynamo`` sets both, and the loopback
+addresses (``launch.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
 from trtllm_kit.serve.artifact_llm import artifact_llm
-from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, RouterBlocks, relay_events
+from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
 from trtllm_kit.serve.dynamo.launch import LOOPBACK
 from trtllm_kit.serve.dynamo.metrics import SYSTEM_PORT_ENV, exposition, system_port
 from trtllm_kit.serve.dynamo.migration import Ledger, MigrationRefused, continuation
@@ -58,15 +58,11 @@ class Generator:
         llm: the loaded model; max_seq_len: its prompt + output bound;
         refusal: makes, from a sentence, the exception the frontend answers 400 with that sentence for (Dynamo's
         ``InvalidArgument``; its ``HttpError`` reaches the client as "Bad Request" alone);
-        ledger: the requests in flight on the serve's workers, which tells a migrated request's generated tokens;
-        blocks: what the KV router holds for this worker, told of each request's full blocks when it arrives and
-        of those it leaves unsealed when it ends (``kv_events.py``; None: KV reuse is off).
+        ledger: the requests in flight on the serve's workers, which tells a migrated request's generated tokens.
     """
 
-    def __init__(self, llm: LLM, max_seq_len: int, refusal: Any, ledger: Ledger,
-                 blocks: RouterBlocks | None = None) -> None:
+    def __init__(self, llm: LLM, max_seq_len: int, refusal: Any, ledger: Ledger) -> None:
         self.llm, self.max_seq_len, self.refusal, self.ledger = llm, max_seq_len, refusal, ledger
-        self.blocks = blocks
 
     async def generate(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """Stream the answer to one ``PreprocessedRequest`` as Dynamo's response chunks.
@@ -78,8 +74,6 @@ class Generator:
         try:
             asked, num_prompt_tokens = self._continued(worker_request(request, self.max_seq_len), request_id)
             output = self.llm.generate_async(asked.token_ids, asked.sampling, streaming=True)
-            if self.blocks is not None:
-                self.blocks.announce(request_id, asked.token_ids)
         except (KitUsageError, ValueError) as exc:
             self.ledger.end(request_id)
             if isinstance(exc, MigrationRefused):
@@ -109,9 +103,6 @@ class Generator:
             self.ledger.end(request_id)
             if not finished:
                 output.abort()
-            if self.blocks is not None:
-                self.blocks.drain(self.llm)  # its sealed blocks first: what it announced and sealed stays
-                self.blocks.release(request_id)
 
     def _continued(self, asked: WorkerRequest, request_id: str) -> tuple[WorkerRequest, int]:
         """The request as this worker runs it, and its original prompt length: a migrated one continued where its
@@ -145,17 +136,15 @@ async def run_worker(spec: WorkerSpec) -> None:
         await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, str(spec.card),
                              spec.model_name, worker_type=WorkerType.Aggregated,
                              kv_cache_block_size=limits.tokens_per_block)
-        router_blocks = RouterBlocks(KvEventPublisher(endpoint, kv_block_size=limits.tokens_per_block),
-                                     limits.tokens_per_block)
-        relay = asyncio.create_task(relay_events(llm, router_blocks))
+        publisher = KvEventPublisher(endpoint, kv_block_size=limits.tokens_per_block)
+        relay = asyncio.create_task(relay_events(llm, publisher))
         blocks = llm.engine.scheduler.block_manager
         endpoint.metrics.register_prometheus_expfmt_callback(lambda: exposition(blocks, spec.model_name))
         spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
         written = spec.ready_file.with_name(f"{spec.ready_file.name}.part")
         written.write_text(f"http://{LOOPBACK}:{metrics_port}/metrics\n")
         written.replace(spec.ready_file)  # whole, or not there yet
-        generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests),
-                              router_blocks if blocks.enable_reuse else None)
+        generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests))
         await endpoint.serve_endpoint(generator.generate,
                                       graceful_shutdown=False)
         relay.cancel()
