@@ -48,6 +48,9 @@ class Executor:
                  dims.num_kv_heads_per_rank, dims.head_size)
         self.k_cache = torch.zeros(shape, dtype=model.dtype)
         self.v_cache = torch.zeros(shape, dtype=model.dtype)
+        # each (layer, rank)'s [slots, kv_heads, d] part of the pool, as views taken once rather than every step
+        self.kv_parts = [[(self.k_cache[layer, rank], self.v_cache[layer, rank]) for rank in range(dims.tp_size)]
+                         for layer in range(dims.num_layers)]
         self._seq_ids = itertools.count()
         self.num_steps = self.total_scheduled = self.peak_scheduled = 0
         self.last_scheduled = self.last_context = self.last_context_tokens = self.last_tokens = 0
@@ -229,7 +232,7 @@ class Executor:
             contexts = []
             for rank in range(model.dims.tp_size):
                 q, k, v = model.qkv(layer, rank, x, positions, max(ends), lora)  # [1, heads, N, d]
-                k_cache, v_cache = self.k_cache[layer, rank], self.v_cache[layer, rank]
+                k_cache, v_cache = self.kv_parts[layer][rank]
                 k_cache[written], v_cache[written] = k[0].transpose(0, 1), v[0].transpose(0, 1)
                 contexts.append(attend_groups(q, k_cache, v_cache, groups, masks, is_whole)[None])
             hidden = hidden + model.attention_output(layer, contexts, lora)
