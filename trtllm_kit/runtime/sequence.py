@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from trtllm_kit.runtime.kv_transfer import KvBlocks
     from trtllm_kit.runtime.lora import Adapter
 
+BASE_KV_SALT = -1  # the base model's block hash chain starts here; an adapter's starts at its task id (UINT64)
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -162,10 +163,11 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def kv_salt(self) -> int | None:
+    def kv_salt(self) -> int:
         """What its K/V blocks' hashes start from: blocks computed under one adapter are never reused under another
-        (None: the base model)."""
-        return self.adapter.task_id if self.adapter is not None else None
+        (``BASE_KV_SALT``: the base model). An int, whose hash every process computes alike, so that two workers
+        name one prefix's blocks alike in the events they publish (``hash(None)`` differs between processes)."""
+        return self.adapter.task_id if self.adapter is not None else BASE_KV_SALT
 
     @property
     def num_imported_tokens(self) -> int:
