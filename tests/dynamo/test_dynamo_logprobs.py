@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from trtllm_kit.serve.dynamo.frontend_client import chunk_response, completion_body, is_whole, refusal
-from trtllm_kit.serve.dynamo.logprobs import scored_tokens
-from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION, PROMPT_LOGPROBS_ANNOTATION, response_chunk
+from trtllm_kit.serve.dynamo.logprobs import LOGPROBS_ANNOTATION, PROMPT_LOGPROBS_ANNOTATION, scored_tokens
+from trtllm_kit.serve.dynamo.request import response_chunk
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.wire import GenerationRequest
 

@@ -1,19 +1,18 @@
-"""Logprobs through Dynamo's frontend: what the kit's client asks it for, and the kit's scored tokens (``Scored``)
-read back from its answer.
+"""Logprobs through Dynamo's frontend: what the kit's client asks it for, and the kit's scored tokens (``Scored``) read
+back from its answer.
 
-Dynamo's frontend names a logprobs token by its text, and two tokens that decode alike (two halves of a character,
-each "\ufffd") would be one; asked ``return_tokens_as_token_ids``, it names each token and each alternative
-``token_id:N`` instead. It takes completions ``logprobs`` up to 5: the worker's alternatives are asked in the kit's
-annotation (``request.py``), which goes to 20 as chat's ``top_logprobs`` do. The prompt's logprobs (echo with
-logprobs), for which the frontend has no field, are asked in another annotation and arrive in the first chunk's
-``nvext.engine_data``, which the frontend passes on when ``extra_fields`` names it.
+Dynamo's frontend names a logprobs token by its text, and two tokens that decode alike (two halves of a character, each
+"\ufffd") would be one; asked ``return_tokens_as_token_ids``, it names each token and each alternative ``token_id:N``
+instead. It takes completions ``logprobs`` up to 5: the worker's alternatives are asked in the kit's annotation
+(``LOGPROBS_ANNOTATION``, read by the worker in ``request.py``), which goes to 20 as chat's ``top_logprobs`` do. The
+prompt's logprobs (echo with logprobs), for which the frontend has no field, are asked in another annotation and arrive
+in the first chunk's ``nvext.engine_data``, which the frontend passes on when ``extra_fields`` names it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trtllm_kit.serve.dynamo.request import LOGPROBS_ANNOTATION, PROMPT_LOGPROBS_ANNOTATION, PROMPT_SCORED
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.wire import GenerationRequest, Scored
 
@@ -21,6 +20,9 @@ TOKENS_AS_IDS = "return_tokens_as_token_ids"  # Dynamo's frontend names logprobs
 TOKEN_ID_PREFIX = "token_id:"
 DYNAMO_MAX_LOGPROBS = 5  # the completions logprobs Dynamo's frontend takes
 ENGINE_DATA = "engine_data"  # the worker's own data, passed on as nvext.engine_data when asked in extra_fields
+LOGPROBS_ANNOTATION = "trtllm-kit.logprobs:"  # + N: the alternatives asked per token, which the frontend caps at 5
+PROMPT_LOGPROBS_ANNOTATION = "trtllm-kit.prompt_logprobs:"  # + N: the prompt's logprobs with N alternatives
+PROMPT_SCORED = "prompt_scored"  # engine_data's key of the prompt's scored tokens
 
 
 def logprob_fields(req: GenerationRequest) -> dict[str, Any]:

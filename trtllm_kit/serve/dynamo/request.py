@@ -21,6 +21,7 @@ from typing import Any
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.llmapi.cpu_llm import GuidedDecodingParams, SamplingParams
+from trtllm_kit.serve.dynamo.logprobs import LOGPROBS_ANNOTATION, PROMPT_LOGPROBS_ANNOTATION, PROMPT_SCORED
 from trtllm_kit.triton_models.llmapi_outputs import scored_of
 from trtllm_kit.triton_models.llmapi_params import SAMPLING_FIELDS
 from trtllm_kit.wire import Scored
@@ -30,9 +31,6 @@ from trtllm_kit.wire.request import MAX_LOGPROBS
 GUIDED_DECODING = "guided_decoding"  # the wire's guide, mapped by _guide
 # guided_decoding fields and their GuidedDecodingParams names
 GUIDE_FIELDS = {"json": "json", "regex": "regex", "grammar": "grammar"}
-LOGPROBS_ANNOTATION = "trtllm-kit.logprobs:"  # + N: the alternatives asked per token, which the frontend caps at 5
-PROMPT_LOGPROBS_ANNOTATION = "trtllm-kit.prompt_logprobs:"  # + N: the prompt's logprobs with N alternatives
-PROMPT_SCORED = "prompt_scored"  # engine_data's key of the prompt's scored tokens
 
 
 class DynamoRequestError(KitUsageError):
