@@ -21,6 +21,8 @@ from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.try_.try_directory import try_directory
 from trtllm_kit.deploy.validate import CRD_FILES, schema_dir
 
+pytestmark = pytest.mark.slow
+
 root_and_unshare = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                       reason="deploy try runs pods in namespaces of their own: root and unshare")
 

@@ -19,8 +19,9 @@ from trtllm_kit.cli import run
 from trtllm_kit.deploy.try_.cluster import read_cluster
 from trtllm_kit.deploy.try_.try_directory import TryReport, try_directory
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="deploy try runs pods in namespaces of their own: root and unshare")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                 reason="deploy try runs pods in namespaces of their own: root and unshare")]
 TIMEOUT_S = 300  # the pods' readiness, on a loaded machine
 
 

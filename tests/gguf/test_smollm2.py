@@ -22,6 +22,8 @@ from trtllm_kit.models.gguf.importer import IMPORT_RECORD
 from trtllm_kit.models.inspect import inspect_model, model_origin
 from trtllm_kit.models.packaged import PACKAGED_MODELS, PackagedModel, packaged_gguf
 
+pytestmark = pytest.mark.slow
+
 SMOLLM2_MODEL = PACKAGED_MODELS[SMOLLM2.removeprefix("builtin:")]
 TEXTS = ("The capital of France is Paris.", "Born in 1987, she kept 23 cats and 4,096 books!",
          "<|im_start|>user\nHi there<|im_end|>\n", "  leading spaces\tand tabs\n\nnew paragraphs",

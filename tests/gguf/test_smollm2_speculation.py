@@ -21,6 +21,8 @@ from trtllm_kit.runtime.prompt_lookup import PromptLookup
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.runtime.speculation import Speculator
 
+pytestmark = pytest.mark.slow
+
 torch.set_num_threads(1)
 CODE = "def area(width, height):\n    total = width * height\n    return total\n"
 REQUEST = f"Rewrite this code, renaming `total` to `result`:\n\n{CODE}"

@@ -19,7 +19,7 @@ from trtllm_kit.models.builtin import BUILTIN_MODELS
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.spec import BuildSpec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROMPT = "The history of the city"
 MAX_TOKENS = 12
 

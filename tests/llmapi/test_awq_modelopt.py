@@ -24,6 +24,8 @@ from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.quant.algos import QuantConfig, check_target
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install -c "
                     "constraints.txt -e '.[oracle]')")
 

@@ -23,6 +23,7 @@ from trtllm_kit.llmapi.kv_state import KV_KEY_ENV
 from trtllm_kit.llmapi.unified import write_unified
 from trtllm_kit.models.inspect import inspect_model
 
+pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
 TIMEOUT_MS = 1500
 KEY = "a transfer key both processes share"

@@ -24,6 +24,8 @@ from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 from tritonserver import grpc_inputs, running_server
 
+pytestmark = pytest.mark.slow
+
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MODEL = "builtin:tiny-llama"
 

@@ -29,6 +29,8 @@ from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate, token_windows
 from trtllm_kit.runtime.model import CheckpointModel
 
+pytestmark = pytest.mark.slow
+
 mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install "
                           "-c constraints.txt -e '.[oracle]')")
 export = pytest.importorskip("modelopt.torch.export")

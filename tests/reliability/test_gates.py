@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 from reliability_helpers import MODEL, error_line, kit
 from safetensors.torch import load_file, save_file
 
@@ -21,6 +22,7 @@ def test_perplexity_is_gated_only_for_a_model_better_than_uniform() -> None:
     assert not perplexity_is_meaningful(math.nan, 640)
 
 
+@pytest.mark.slow
 def test_fp8_of_a_random_model_is_judged_on_kl_and_top1_and_a_broken_scale_fails(tmp_path: Path) -> None:
     out = tmp_path / "fp8"
     done = kit("build", MODEL, "--quant", "fp8", *CALIB, "--until", "checkpoint", "--out", str(out), timeout=300)

@@ -13,6 +13,8 @@ from reliability_helpers import MODEL, error_line, kit
 
 from trtllm_kit.artifact.archive import pack_archive
 
+pytestmark = pytest.mark.slow
+
 TAIL = ("; archives made by --archive hold only regular files with relative names: the archive was crafted or "
         "corrupted, do not extract it.")
 

@@ -18,6 +18,8 @@ from reliability_helpers import KIT, MODEL, error_line, kit, leftovers
 
 from trtllm_kit.owner import owner_tag
 
+pytestmark = pytest.mark.slow
+
 # SIGINT moments: one seeded random point in each of NUM_SIGINT_TRIES equal slices of [0.3 s, 3.5 s), so the tries
 # are spread over every phase of the build (start-up, conversion, repository, verify) for sure, no two more than two
 # slices apart; twenty plain random points could cluster, and took twice as long.

@@ -20,6 +20,8 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.server.state import read_state
 
+pytestmark = pytest.mark.slow
+
 SECRET = "sk-0123456789abcdef-secret"
 
 

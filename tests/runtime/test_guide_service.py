@@ -25,6 +25,7 @@ from trtllm_kit.runtime.guide_limits import GUIDE_COMPILE_MEMORY_BYTES, GUIDE_CO
 from trtllm_kit.runtime.guide_service import GuideService
 from trtllm_kit.runtime.guide_worker import GuideWorker, encode_frame, read_frame
 
+pytestmark = pytest.mark.slow
 pytest.importorskip("xgrammar")
 WAIT_S = 180  # generous: a loaded machine is slow, a lost answer never comes
 # An object of 3,000 optional properties: 29 kB, within the bounds, and minutes of compiling for xgrammar.

@@ -28,6 +28,8 @@ from trtllm_kit.serve.server.launcher import free_port
 from trtllm_kit.serve.server.state import read_state, run_dir, serving_pid
 from trtllm_kit.serve.service import ServeOptions, stop_serving
 
+pytestmark = pytest.mark.slow
+
 MODEL = "builtin:tiny-llama"
 BIG = BuildKey.of(max_batch_size=4)  # max_seq_len: the tiny model's 1024 positions
 SMALL = BuildKey.of(max_batch_size=4, max_seq_len=256)

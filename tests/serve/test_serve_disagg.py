@@ -19,6 +19,8 @@ from kit_server import TINY_BUILDS, Builds, KitServer
 
 from trtllm_kit.serve.service import stop_serving
 
+pytestmark = pytest.mark.slow
+
 MODEL = "builtin:tiny-llama"
 NUM_REQUESTS = 50
 TIMEOUT_S = 2.0  # --kv-transfer-timeout: blocks of a context request nobody fetches

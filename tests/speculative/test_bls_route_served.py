@@ -35,7 +35,7 @@ from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.server.launcher import free_port, grpc_headers
 from trtllm_kit.serve.server.state import TOKEN_FILE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL, DRAFT = "builtin:tiny-llama", "tiny-qwen2"  # two families, one tokenizer
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,"]
 MAX_TOKENS, K = 12, 3

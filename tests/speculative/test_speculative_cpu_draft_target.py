@@ -35,7 +35,7 @@ from trtllm_kit.serve.servable import servable
 from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER, free_endpoints, free_port
 from trtllm_kit.serve.server.state import TOKEN_FILE, read_state
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL, DRAFT = "builtin:tiny-llama", "tiny-qwen2"  # two families, one tokenizer
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,"]
 MAX_TOKENS, K = 12, 3
