@@ -37,7 +37,7 @@ import psutil
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient
-from trtllm_kit.serve.dynamo.metrics import serve_net
+from trtllm_kit.serve.dynamo.launch import serve_net
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving

@@ -47,7 +47,7 @@ from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.profile.prefix_hits import response_request_id, served_by
 from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, add_spec_arguments, spec_of
 from trtllm_kit.profile.shared_prefix_run import SharedPrefixResult, run_shared_prefix
-from trtllm_kit.serve.dynamo.metrics import serve_net
+from trtllm_kit.serve.dynamo.launch import serve_net
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec

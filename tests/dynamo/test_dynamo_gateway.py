@@ -19,7 +19,7 @@ import pytest
 from kit_server import BuildKey, Builds, KitServer
 
 from trtllm_kit.serve.dynamo.frontend_client import completion_body, dynamo_request_id, refusal
-from trtllm_kit.serve.dynamo.metrics import serve_net
+from trtllm_kit.serve.dynamo.launch import serve_net
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.openai.text import Tokenizer
 from trtllm_kit.wire import GenerationRequest, LoraAdapter

@@ -17,13 +17,13 @@ from trtllm_kit.runtime.block_manager import BlockManager
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.sequence import Sequence
 from trtllm_kit.serve.artifact_llm import artifact_llm
+from trtllm_kit.serve.dynamo.launch import serve_net
 from trtllm_kit.serve.dynamo.metrics import (
     SYSTEM_PORTS,
     PrefixCounts,
     exposition,
     prefix_counts,
     scrape,
-    serve_net,
     system_port,
     worker_metrics_urls,
 )

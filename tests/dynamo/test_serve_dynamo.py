@@ -22,7 +22,8 @@ import psutil
 import pytest
 from kit_server import BuildKey, Builds, KitServer, Servers
 
-from trtllm_kit.serve.dynamo.metrics import serve_net, worker_metrics_urls
+from trtllm_kit.serve.dynamo.launch import serve_net
+from trtllm_kit.serve.dynamo.metrics import worker_metrics_urls
 from trtllm_kit.serve.server.netns import pids_in
 from trtllm_kit.serve.server.reaper import group_alive
 

@@ -51,7 +51,7 @@ def bench_shared_prefix(values: dict[str, Any], as_json: bool) -> None:
     """
     from trtllm_kit.profile.shared_prefix import SharedPrefixSpec
     from trtllm_kit.profile.shared_prefix_run import RESULT_FILE, run_shared_prefix
-    from trtllm_kit.serve.dynamo.metrics import serve_net
+    from trtllm_kit.serve.dynamo.launch import serve_net
 
     if values["out"] is None:
         raise KitUsageError("no result directory given; pass --out DIR.")

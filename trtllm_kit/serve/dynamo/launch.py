@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_kit.enums import Router
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.serve.server.group import kit_environment
+from trtllm_kit.serve.server.netns import PrivateNet
 
 LOOPBACK = "127.0.0.1"
 LOOPBACK_ENV = ("DYN_TCP_RPC_HOST", "DYN_EVENT_PLANE_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_SYSTEM_HOST")
@@ -70,6 +72,21 @@ class DynamoDirs:
     def log(self, name: str) -> Path:
         """The log file of process ``name`` (``frontend``, ``worker-0``, ...)."""
         return self.root / f"{name}.log"
+
+
+def serve_net(root: Path) -> PrivateNet:
+    """The private network namespace of the running ``serve --dynamo`` whose ``RUN_DIR/dynamo`` is ``root``,
+    joined: Dynamo's frontend and the workers' ``/metrics`` answer there alone (close it when done).
+
+    Arguments:
+        root: the serve's ``RUN_DIR/dynamo``.
+    """
+    named = DynamoDirs(root).net
+    try:
+        return PrivateNet.join(Path(named.read_text().strip()))
+    except OSError as exc:
+        raise KitUsageError(f"{named} names no network namespace this user can join ({exc}); pass the RUN_DIR/dynamo "
+                            "of a running serve --dynamo, as its user.") from None
 
 
 def dynamo_env(dirs: DynamoDirs, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -3,7 +3,7 @@
 Each kit worker appends them to Dynamo's worker ``/metrics`` (its system status server on loopback, port
 ``DYN_SYSTEM_PORT``), beside Dynamo's own worker metrics (``dynamo_component_*``); the worker writes that address
 into its ready file (``RUN_DIR/dynamo/ready/worker-N``), an address of the serve's private network namespace, read
-from inside it (``serve_net``). The names are vLLM's under the kit's prefix, so a dashboard's prefix-cache panel
+from inside it (``launch.serve_net``). The names are vLLM's under the kit's prefix, so a dashboard's prefix-cache panel
 reads them with the prefix changed:
 
 | family | type | value |
@@ -32,7 +32,6 @@ from prometheus_client.registry import Collector
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.launch import DynamoDirs
-from trtllm_kit.serve.server.netns import PrivateNet
 
 QUERIES = "trtllm_kit:prefix_cache_queries"
 HITS = "trtllm_kit:prefix_cache_hits"
@@ -153,21 +152,6 @@ def worker_metrics_urls(root: Path) -> dict[str, str]:
         raise KitUsageError(f"{DynamoDirs(root).ready} holds no worker ready file; pass the RUN_DIR/dynamo of a "
                             "running serve --dynamo.")
     return urls
-
-
-def serve_net(root: Path) -> PrivateNet:
-    """The private network namespace of the running ``serve --dynamo`` whose ``RUN_DIR/dynamo`` is ``root``,
-    joined: Dynamo's frontend and the workers' ``/metrics`` answer there alone (close it when done).
-
-    Arguments:
-        root: the serve's ``RUN_DIR/dynamo``.
-    """
-    named = DynamoDirs(root).net
-    try:
-        return PrivateNet.join(Path(named.read_text().strip()))
-    except OSError as exc:
-        raise KitUsageError(f"{named} names no network namespace this user can join ({exc}); pass the RUN_DIR/dynamo "
-                            "of a running serve --dynamo, as its user.") from None
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> PrefixCounts:
