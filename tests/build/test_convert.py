@@ -375,7 +375,7 @@ def test_a_file_system_without_kernel_copies_falls_back(hf_dirs: dict[str, Path]
 def test_only_unchanged_contiguous_views_of_a_source_are_file_slices(hf_dirs: dict[str, Path]) -> None:
     from contextlib import ExitStack
 
-    from trtllm_kit.checkpoint.convert import SourceRead, TensorReader
+    from trtllm_kit.checkpoint.tensor_reader import SourceRead, TensorReader
     from trtllm_kit.models.inspect import inspect_model
 
     model = inspect_model(str(hf_dirs["llama"]))

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from trtllm_kit.checkpoint.convert import TORCH_DTYPES, SourceRead, TensorReader, check_finite
+from trtllm_kit.checkpoint.convert import TORCH_DTYPES
+from trtllm_kit.checkpoint.tensor_reader import SourceRead, TensorReader, check_finite
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
 from trtllm_kit.llmapi.awq_entries import AWQ_NORM, awq_entries, awq_quantize
