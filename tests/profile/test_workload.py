@@ -51,7 +51,7 @@ def test_text_prompts_encode_to_the_requested_length(isl, tmp_path):
     from tokenizers import Tokenizer
 
     from trtllm_kit.models.tokenizer import write_tokenizer
-    from trtllm_kit.profile.bench import text_decoder
+    from trtllm_kit.profile.prompt_text import text_decoder
 
     write_tokenizer(tmp_path, 4096)
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
