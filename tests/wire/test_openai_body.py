@@ -19,7 +19,7 @@ OPENAI_NAMES = {
     "max_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
     "seed": "seed", "min_tokens": "min_tokens", "repetition_penalty": "repetition_penalty",
     "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "stop_strings": "stop",
-    "include_stop_str_in_output": "include_stop_str_in_output"}
+    "include_stop_str_in_output": "include_stop_str_in_output", "length_penalty": "length_penalty"}
 STRUCTURED = {  # a value of every structured field, and what the body carries of it beyond BASE
     "request_id": ("r-1", {}), "logprobs": (2, {}), "prompt_logprobs": (1, {}), "stop_words": (((3, 4),), {}),
     "stop_strings": (("\n", "END"), {"stop": ["\n", "END"]}), "guide": (("regex", "[ab]+"), {"guided_regex": "[ab]+"}),

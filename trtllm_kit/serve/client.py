@@ -26,6 +26,11 @@ from trtllm_kit.wire.trtllm_response import decode_trtllm_response
 
 LORA_INPUTS = tuple(t.name for t in lora_tensors("FP32"))  # upstream's LoRA inputs of tensorrt_llm
 TOKEN_MODEL = "tensorrt_llm"
+# Triton ends a stream with the failed request's status code when asked by this header (else it sends the message
+# alone); the codes a model's error comes with, as HTTP statuses: a refusal (INVALID_ARG) is the request's fault.
+ERROR_STATUS_MODE = ("triton_grpc_error", "true")
+MODEL_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
+                grpc.StatusCode.INTERNAL: 500}
 
 
 class TextClient:
@@ -196,10 +201,10 @@ class TextClient:
             yield request
             await finished.wait()  # keep the stream open until the last response arrived
 
-        call = self._stub.ModelStreamInfer(requests(), metadata=self.metadata)
+        call = self._stub.ModelStreamInfer(requests(), metadata=(*(self.metadata or ()), ERROR_STATUS_MODE))
         try:
             async for response in call:
-                if response.error_message:
+                if response.error_message:  # a server that keeps the stream open after an error
                     raise _generation_error(request.model_name, response.error_message)
                 answer = self._response(req, request, InferResult(response.infer_response))
                 if answer is not None:
@@ -207,6 +212,9 @@ class TextClient:
                 if response.infer_response.parameters["triton_final_response"].bool_param:
                     break
         except grpc.aio.AioRpcError as exc:
+            status = MODEL_STATUS.get(exc.code())
+            if status is not None:  # the model's error, with the status code of its TritonError
+                raise _generation_error(request.model_name, exc.details() or "", status) from None
             raise GenerationError(f"the server at {self.url} failed the request: {exc.code().name}: "
                                   f"{exc.details()}", status=503) from None
         finally:
@@ -226,13 +234,18 @@ def llmapi_request(req: GenerationRequest) -> GenerationRequest:
                    include_stop_str_in_output=True if req.stop_strings else None)
 
 
-def _generation_error(model: str, message: str) -> GenerationError:
+def _generation_error(model: str, message: str, status: int = 500) -> GenerationError:
+    """The error of a model's failed request: its first line, with the HTTP status of its Triton status code.
+
+    Arguments:
+        model: the model called; message: its error; status: from ``MODEL_STATUS`` (500 when the code is unknown).
+    """
     message = message.split("\n\nAt:")[0].strip()  # the Python backend appends the failing model's traceback
     unknown = "unknown model" in message
     if unknown and model.endswith(TOKEN_MODEL):
         return GenerationError(f"token-id prompts go to the {TOKEN_MODEL!r} model, which the server does not have; "
                                "send the prompt as text.", status=404)
-    return GenerationError(f"{model}: {message}", status=404 if unknown else 400 if "INVALID_ARG" in message else 500)
+    return GenerationError(f"{model}: {message}", status=404 if unknown else status)
 
 
 def _infer_request(model: str, request_id: str, arrays: Mapping[str, np.ndarray],

@@ -100,7 +100,7 @@ class GenerationRequest:
         strict=True))
     length_penalty: float | None = field(default=None, metadata=wire(
         "Beam search's length penalty (the CPU runtime runs 1.0).", 1.0, Rule(float), "FP32",
-        trtllm="len_penalty", text="length_penalty", strict=True))
+        trtllm="len_penalty", text="length_penalty", strict=True, openai=True))
     logprobs: int | None = field(default=None, metadata=wire(
         "Each generated token's logprob with this many alternatives (None: not scored).", None,
         Rule(int, 0, MAX_LOGPROBS), trtllm=("return_log_probs", "num_top_log_probs"),
