@@ -146,3 +146,32 @@ def test_a_second_verify_reads_the_reference_says_so_and_reports_the_same_figure
     second = run_verify(ckpt, model, second_notes)
     assert second == {**first, "reference_cached": True} and said in second_notes.notes  # the same floats
     assert entries(cache) == [entry]
+
+
+def test_the_folder_keeps_the_recently_used_entries_within_its_bound(hf_dir: Path, cache: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import trtllm_kit.checkpoint.reference_cache as reference_cache
+
+    first = reference_outputs(hf_dir, F32, F32, [[1, 2, 3]], [], [])
+    [entry] = entries(cache)
+    monkeypatch.setattr(reference_cache, "MAX_CACHE_BYTES", int(entry.stat().st_size * 2.5))  # room for two
+    reference_outputs(hf_dir, F32, F32, [[1, 2, 4]], [], [])
+    old = time.time() - 3600
+    for path in entries(cache):
+        os.utime(path, (old, old))
+    assert reference_outputs(hf_dir, F32, F32, [[1, 2, 3]], [], []).is_cached  # read: now the most recently used
+    reference_outputs(hf_dir, F32, F32, [[1, 2, 5]], [], [])  # a third: the least recently used one goes
+    assert len(entries(cache)) == 2
+    assert reference_outputs(hf_dir, F32, F32, [[1, 2, 3]], [], []).is_cached
+    assert not reference_outputs(hf_dir, F32, F32, [[1, 2, 4]], [], []).is_cached
+    assert first.prompt_logits[0].shape[1] == 3
+
+
+def test_an_entry_larger_than_the_bound_is_kept_alone(hf_dir: Path, cache: Path) -> None:
+    from trtllm_kit.checkpoint.reference_cache import evict
+
+    reference_outputs(hf_dir, F32, F32, [[1, 2, 3]], [], [])
+    reference_outputs(hf_dir, F32, F32, [[1, 2, 4]], [], [])
+    newest = max(entries(cache), key=lambda p: p.stat().st_mtime_ns)
+    assert evict(cache, keep=newest, max_bytes=1) != []
+    assert entries(cache) == [newest]

@@ -7,6 +7,8 @@ and the key in its metadata. The key is everything the answers depend on: the sh
 directory (weights, config, tokenizer), the weight and compute dtypes, the prompts, the held-out windows' token ids,
 the questions, and the versions of the kit and its libraries. An entry is written to a temporary file and renamed
 into place; one that cannot be read, holds another key or has the wrong shapes is computed again and replaced.
+The folder is held to ``MAX_CACHE_BYTES``: a read entry is marked used (its mtime), and after a write the least
+recently used entries go first until the rest fit (the entry just written always stays).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from trtllm_kit.artifact.files import sha256_files, tool_versions
 from trtllm_kit.models.cache_dir import STALE_TMP_SECONDS, cache_root
 
 CACHE_DIR = "verify-reference"
+MAX_CACHE_BYTES = 2 * 2**30  # about five SmolLM2-sized entries (400 MB each); a tiny model's is about 8 MB
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,13 @@ def cached_reference(key: dict[str, Any], shape: Callable[[Reference], bool],
     path = entry_path(key)
     found = read_entry(path, key)
     if found is not None and shape(found):
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the last to be evicted
         return found
     reference = compute()
     with contextlib.suppress(OSError):
         write_entry(path, key, reference)
+        evict(path.parent, path, MAX_CACHE_BYTES)
     return reference
 
 
@@ -130,6 +136,31 @@ def write_entry(path: Path, key: dict[str, Any], reference: Reference) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def evict(folder: Path, keep: Path, max_bytes: int) -> list[Path]:
+    """Remove the least recently used entries of ``folder`` (oldest mtime first) until its entries take at most
+    ``max_bytes``; ``keep`` is never removed. The removed entries.
+
+    Arguments:
+        folder: the cache folder; keep: the entry just written; max_bytes: the bound.
+    """
+    sized = []
+    for entry in folder.glob("*.safetensors"):
+        with contextlib.suppress(FileNotFoundError):
+            stat = entry.stat()
+            sized.append((stat.st_mtime, stat.st_size, entry))
+    total, removed = sum(size for _, size, _ in sized), []
+    for _, size, entry in sorted(sized):
+        if total <= max_bytes:
+            break
+        if entry == keep:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            entry.unlink()
+            removed.append(entry)
+        total -= size
+    return removed
 
 
 def remove_stale_tmp_files(folder: Path) -> None:
