@@ -42,9 +42,10 @@ sys.path.insert(0, str(ROOT / "tests" / "profile" / "standin"))
 from servers import OpenAIStandin, TritonServer, write_repo  # noqa: E402
 
 from trtllm_kit.model_repo.tensors import NEVER_END_ID  # noqa: E402
-from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient  # noqa: E402
+from trtllm_kit.profile.clients import TritonStreamClient  # noqa: E402
 from trtllm_kit.profile.loadgen import closed_loop  # noqa: E402
 from trtllm_kit.profile.metrics import stats, summarize  # noqa: E402
+from trtllm_kit.profile.openai_client import OpenAIStreamClient  # noqa: E402
 from trtllm_kit.profile.prompt_text import text_decoder  # noqa: E402
 from trtllm_kit.profile.workload import Prompt, WorkloadSpec, synthetic_prompts  # noqa: E402
 

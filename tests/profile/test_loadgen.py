@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from servers import FIRST_TOKEN_MS, TOKEN_MS
 
-from trtllm_kit.profile.clients import OpenAIStreamClient, TritonStreamClient
+from trtllm_kit.profile.clients import TritonStreamClient
 from trtllm_kit.profile.loadgen import closed_loop, offline, open_loop, poisson_schedule
 from trtllm_kit.profile.metrics import summarize
+from trtllm_kit.profile.openai_client import OpenAIStreamClient
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.triton_metrics import MetricsScraper
 from trtllm_kit.profile.workload import WorkloadSpec, synthetic_prompts

@@ -15,9 +15,9 @@ import pytest
 from openai.types import CompletionUsage
 
 from trtllm_kit.profile.bench import across_repeats
-from trtllm_kit.profile.clients import OpenAIStreamClient
 from trtllm_kit.profile.compare import compare
 from trtllm_kit.profile.metrics import summarize
+from trtllm_kit.profile.openai_client import OpenAIStreamClient
 from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.serve.openai.choice_stream import ChoiceStream
 from trtllm_kit.serve.openai.responses import speculative_usage

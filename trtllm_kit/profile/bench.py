@@ -13,10 +13,11 @@ from urllib.parse import urlsplit
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.profile import loadgen
-from trtllm_kit.profile.clients import OpenAIStreamClient, StreamClient, TritonStreamClient, openai_model_name
+from trtllm_kit.profile.clients import StreamClient, TritonStreamClient
 from trtllm_kit.profile.metrics import drift, stats, summarize
 from trtllm_kit.profile.nvml import NvmlSampler, summarize_telemetry
 from trtllm_kit.profile.nvtx import nvtx_range
+from trtllm_kit.profile.openai_client import OpenAIStreamClient, openai_model_name
 from trtllm_kit.profile.prompt_text import text_decoder
 from trtllm_kit.profile.records import write_records
 from trtllm_kit.profile.report import environment, write_report

@@ -12,8 +12,8 @@ from typing import Any
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.profile import loadgen
-from trtllm_kit.profile.clients import OpenAIStreamClient, openai_model_name
 from trtllm_kit.profile.metrics import request_metrics, stats
+from trtllm_kit.profile.openai_client import OpenAIStreamClient, openai_model_name
 from trtllm_kit.profile.prefix_hits import WorkerShare, modelled_hits, response_request_id, served_by, total
 from trtllm_kit.profile.records import RequestRecord, write_records
 from trtllm_kit.profile.shared_prefix import SharedPrefixSpec, turns
