@@ -19,8 +19,8 @@ from trtllm_kit.artifact.records import (
     LoraRecord,
     ModelRecord,
     RepoRecord,
-    StageRecords,
 )
+from trtllm_kit.artifact.stage_records import StageRecords
 
 __all__ = [
     "MANIFEST", "SCHEMA_VERSION", "AdapterRecord", "Artifact", "CacheRecord", "CheckpointRecord", "EngineBuild",

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.artifact.records import CacheRecord, StageRecords
+from trtllm_kit.artifact.records import CacheRecord
+from trtllm_kit.artifact.stage_records import StageRecords
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.layout import Mapping
 from trtllm_kit.plan import Precision
