@@ -2,12 +2,15 @@
 (``invalid_request_error``) carrying the model's sentence, ``param`` naming the OpenAI field the sentence names; the
 runtime's own failures stay 500. On the shared served cpu build: the CPU runtime refuses ``length_penalty`` other
 than 1.0 (it has no beam search), through the ``openai`` client and raw HTTP, whole and streamed; the kit's gRPC
-client gets the status of the model's refusals itself (token ids outside the model's vocabulary, beams)."""
+client gets the status of the model's refusals itself (token ids outside the model's vocabulary, beams). A refusal
+after a stream began is an error event before ``[DONE]`` (in process, against a stand-in for the route's client)."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import openai
@@ -16,9 +19,12 @@ import torch
 from kit_server import BuildKey, KitServer, Servers
 
 from trtllm_kit.serve.client import TextClient
+from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.errors import generation_failure
-from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.serve.server.launcher import free_port
+from trtllm_kit.wire import GenerationRequest, GenerationResponse
 
 pytestmark = [pytest.mark.integration]
 MODEL = "builtin:tiny-llama"
@@ -118,3 +124,55 @@ def test_a_refusal_names_the_first_openai_field_its_sentence_names(
         status: int, message: str, expected: tuple[int, str, str | None, str]) -> None:
     error = generation_failure(GenerationError(message, status=status))
     assert (error.status, error.kind, error.param, str(error)) == expected
+
+
+class RefusesTheSecond:
+    """Answers prompt "x" with "a" then "b"; refuses prompt "y" as the CPU runtime refuses len_penalty, once "x"'s
+    first chunk is out (so the stream has begun)."""
+
+    def __init__(self) -> None:
+        self.first_out = asyncio.Event()
+
+    async def stream(self, gen: GenerationRequest) -> AsyncGenerator[GenerationResponse, None]:
+        if gen.prompt == "y":
+            await self.first_out.wait()
+            raise GenerationError(REFUSED.replace("length_penalty", "len_penalty"), status=400)
+        for i, text in enumerate(("a", "b")):
+            yield GenerationResponse(texts=(text,), num_input_tokens=1, num_output_tokens=i + 1)
+            self.first_out.set()  # the frontend took the chunk before asking for the next
+
+    async def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_refusal_after_the_stream_began_is_an_error_event_naming_the_field() -> None:
+    frontend = OpenAIFrontend(OpenAIConfig(grpc_url=f"127.0.0.1:{free_port()}", served_name="m"))
+    body = {"model": "m", "prompt": ["x", "y"], "max_tokens": 2, "stream": True, "length_penalty": 2.0}
+
+    def post(port: int) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    async def main() -> tuple[int, bytes]:
+        port = free_port()
+        runner = await start_frontend(frontend, "127.0.0.1", port)
+        frontend.table.routes["m"].client = RefusesTheSecond()  # type: ignore[assignment]
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(post, port), timeout=60)
+        finally:
+            await runner.cleanup()
+
+    status, raw = asyncio.run(main())
+    events = [line[len("data: "):] for line in raw.decode().split("\n\n") if line]
+    assert status == 200 and events[-1] == "[DONE]"
+    assert json.loads(events[0])["choices"][0]["text"] == "a"
+    assert json.loads(events[-2]) == {"error": {"message": REFUSED, "type": "invalid_request_error",
+                                                "param": "length_penalty", "code": None}}
