@@ -1,5 +1,5 @@
 """One output tensor of the unified checkpoint export, as planned before any byte is read: what ``unified.py`` writes
-and the per-format planners (``awq_entries.py``) return.
+and the planners (``shard_entries.py``, ``awq_entries.py``) return.
 """
 
 from __future__ import annotations
