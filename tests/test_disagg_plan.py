@@ -12,7 +12,7 @@ from trtllm_kit.cli import run
 from trtllm_kit.disagg_plan import LINK_BYTES_S, MBU, MFU, ROOFLINE, Workload, plan_disagg
 from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.models.hf_config import read_hf_config
-from trtllm_kit.plan import Precision
+from trtllm_kit.precision import Precision
 
 CONFIGS = Path(__file__).parent / "data" / "hf-configs"
 H100 = gpu_from_table("H100")

@@ -32,7 +32,8 @@ from typing import Any
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.plan import ITEMSIZE, MAX_BATCH_SIZE, MAX_NUM_TOKENS, Precision, kv_bytes_per_token
+from trtllm_kit.plan import MAX_BATCH_SIZE, MAX_NUM_TOKENS, kv_bytes_per_token
+from trtllm_kit.precision import ITEMSIZE, Precision
 
 # datasheet peaks per GPU: (HBM bytes/s, dense 16-bit FLOP/s, dense FP8 FLOP/s or None)
 ROOFLINE: dict[str, tuple[float, float, float | None]] = {

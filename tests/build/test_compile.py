@@ -23,7 +23,8 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.plan import Limits, Precision, make_plan
+from trtllm_kit.plan import Limits, make_plan
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec.build_flags import FLAGS_1_2, check_flag, parse_overrides
 from trtllm_kit.targets import choose_target
 from trtllm_kit.trtllm_build.compile import effective_settings, run_trtllm_build, validate_engine_dir

@@ -18,7 +18,8 @@ from trtllm_kit.gpus import GIB, gpu_from_table
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.plan import Limits, Precision, make_plan
+from trtllm_kit.plan import Limits, make_plan
+from trtllm_kit.precision import Precision
 
 CONFIGS = Path(__file__).parents[1] / "data" / "hf-configs"
 LLAMA_8B = "meta-llama--Llama-3.1-8B"

@@ -15,7 +15,8 @@ from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.plan import Limits, Precision, make_plan
+from trtllm_kit.plan import Limits, make_plan
+from trtllm_kit.precision import Precision
 from trtllm_kit.trtllm_build.recipe import build_command
 
 LLAMA3_8B = Path(__file__).parents[1] / "data" / "hf-configs" / "meta-llama--Meta-Llama-3-8B"

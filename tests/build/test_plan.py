@@ -21,7 +21,8 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.plan import Limits, Precision, make_plan, rank_weight_bytes
+from trtllm_kit.plan import Limits, make_plan, rank_weight_bytes
+from trtllm_kit.precision import Precision
 from trtllm_kit.trtllm_build.fit import check_plan
 
 CONFIGS = Path(__file__).parents[1] / "data" / "hf-configs"

@@ -20,7 +20,8 @@ from trtllm_kit.artifact import (
 )
 from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
-from trtllm_kit.plan import BuildPlan, Precision, RankPlan
+from trtllm_kit.plan import BuildPlan, RankPlan
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.repo_options import RepoOptions
 from trtllm_kit.spec.tables import BuildOptions

@@ -16,7 +16,8 @@ from trtllm_kit.llmapi.recipe import GRAPH_OVERHEAD, cuda_graph_batch_sizes
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.plan import Precision, rank_weight_bytes
+from trtllm_kit.plan import rank_weight_bytes
+from trtllm_kit.precision import Precision
 
 MODEL = "builtin:tiny-llama"
 

@@ -185,7 +185,8 @@ def test_gpu_need_comes_from_the_plan_and_gpu_device_ids(outs, tmp_path) -> None
 
     from trtllm_kit.artifact import EngineRecord
     from trtllm_kit.gpus import GPU
-    from trtllm_kit.plan import BuildPlan, Precision, RankPlan
+    from trtllm_kit.plan import BuildPlan, RankPlan
+    from trtllm_kit.precision import Precision
     from trtllm_kit.serve.servable import Servable
     from trtllm_kit.targets import get_target
 

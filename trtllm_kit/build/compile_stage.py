@@ -21,7 +21,8 @@ from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import ENGINE_DIR
-from trtllm_kit.plan import Limits, Precision, make_plan
+from trtllm_kit.plan import Limits, make_plan
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides
 from trtllm_kit.spec.draft_memory import draft_memory

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 from trtllm_kit.layout import kv_heads_per_rank
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.plan import Precision
+from trtllm_kit.precision import Precision
 
 PLUGIN = "trtllm.plugin"
 FUSED = "trtllm.fused"

@@ -8,7 +8,7 @@ from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.plan import Precision
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec
 
 DTYPES = ("float16", "bfloat16", "float32")

@@ -19,7 +19,8 @@ from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, serve_argv
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import SERVE_DIR
-from trtllm_kit.plan import Precision, rank_weight_bytes
+from trtllm_kit.plan import rank_weight_bytes
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.gpu_groups import describe, parse_gpu_device_ids
 

@@ -25,7 +25,8 @@ from trtllm_kit.lora.settings import trtllm_modules
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import DRAFT_DIR
-from trtllm_kit.plan import BuildPlan, Limits, Precision, activation_bytes, make_plan
+from trtllm_kit.plan import BuildPlan, Limits, activation_bytes, make_plan
+from trtllm_kit.precision import Precision
 from trtllm_kit.quant.algos import NVFP4_MIN_SM
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.draft_memory import draft_memory

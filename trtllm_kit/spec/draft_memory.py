@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from trtllm_kit.models.hf_config import parse_hf_config, read_hf_config
-from trtllm_kit.plan import ITEMSIZE, DraftMemory, Precision, kv_bytes_per_token
+from trtllm_kit.plan import DraftMemory, kv_bytes_per_token
+from trtllm_kit.precision import ITEMSIZE, Precision
 from trtllm_kit.spec.eagle_heads import EagleHeads
 from trtllm_kit.spec.heads import rank_numel
 from trtllm_kit.spec.heads_reader import read_heads

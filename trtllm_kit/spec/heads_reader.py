@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.plan import Precision
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec.eagle_heads import read_eagle_heads
 from trtllm_kit.spec.heads import SpeculativeHeads
 from trtllm_kit.spec.medusa_heads import check_tree_depth, read_medusa_heads

@@ -16,7 +16,8 @@ from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
-from trtllm_kit.plan import BuildPlan, Precision
+from trtllm_kit.plan import BuildPlan
+from trtllm_kit.precision import Precision
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.trtllm_build.draft import DraftBuild

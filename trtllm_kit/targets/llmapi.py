@@ -25,7 +25,7 @@ from trtllm_kit.model_repo.model_dir_limits import (
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import CHECKPOINT_DIR, DRAFT_DIR
-from trtllm_kit.plan import Precision
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
 from trtllm_kit.targets.base import BuildContext, EngineSetup, StartupTerms, Target

@@ -12,7 +12,8 @@ from pathlib import Path
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
 from trtllm_kit.names import DRAFT_CHECKPOINT_DIR, DRAFT_ENGINE_DIR
-from trtllm_kit.plan import BuildPlan, Precision
+from trtllm_kit.plan import BuildPlan
+from trtllm_kit.precision import Precision
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 from trtllm_kit.trtllm_build.recipe import BuildCommand, build_command
 
