@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from trtllm_kit.defaults import DEFAULT_KV_CACHE_FRACTION, DEFAULT_TOKENS_PER_BLOCK
+from trtllm_kit.build_limits import DraftMemory, Limits, check_limits
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GIB, GPU
 from trtllm_kit.layout import (
@@ -50,30 +50,6 @@ from trtllm_kit.precision import ITEMSIZE, Precision
 ACTIVATION_FACTOR = 8
 MAX_BATCH_SIZE = 256
 MAX_NUM_TOKENS = 8192
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The engine's shape limits; None means "derive from the plan"."""
-
-    max_batch_size: int | None = None
-    max_input_len: int | None = None
-    max_seq_len: int | None = None
-    max_num_tokens: int | None = None
-    tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK
-    kv_cache_fraction: float = DEFAULT_KV_CACHE_FRACTION
-    context_logits: bool = False  # --gather_context_logits
-    draft: DraftMemory | None = None  # speculative decoding: the verify step's tokens and the draft's memory
-
-
-@dataclass(frozen=True)
-class DraftMemory:
-    """What speculation adds to each rank: K draft tokens verified per sequence and step (max_num_tokens grows by
-    K per sequence in generation), and a draft model's weights and KV bytes per token (0 without a draft model)."""
-
-    draft_len: int
-    weight_bytes: int = 0
-    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -250,7 +226,7 @@ def make_plan(hf: HFConfig, family: Family, mapping: Mapping, precision: Precisi
         hf: model config; family: weight table; mapping: TP/PP; precision: dtype and quant; gpu: the GPU;
         limits: what the user asked for.
     """
-    _check_limits(limits)
+    check_limits(limits)
     check_tp(hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size, mapping.tp_size)
     max_seq_len = limits.max_seq_len or hf.max_position_embeddings
     derived = [name for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
@@ -271,17 +247,6 @@ def make_plan(hf: HFConfig, family: Family, mapping: Mapping, precision: Precisi
                             "room for output: lower --max-input-len or raise --max-seq-len.")
     return BuildPlan(gpu, precision, mapping.tp_size, mapping.pp_size, batch, max_input_len, max_seq_len, tokens,
                      limits.tokens_per_block, limits.kv_cache_fraction, tuple(derived), ranks, limits.context_logits)
-
-
-def _check_limits(limits: Limits) -> None:
-    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block"):
-        value = getattr(limits, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise KitUsageError(f"{name} must be a positive integer, got {value!r}.")
-    if limits.tokens_per_block & (limits.tokens_per_block - 1):
-        raise KitUsageError(f"tokens_per_block must be a power of two, got {limits.tokens_per_block}.")
-    if not 0 < limits.kv_cache_fraction <= 1:
-        raise KitUsageError(f"kv_cache_fraction must be in (0, 1], got {limits.kv_cache_fraction!r}.")
 
 
 def gib(n: int) -> str:

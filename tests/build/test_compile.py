@@ -15,6 +15,7 @@ import pytest
 from fakes import FakeTrtllmBuild, h100_machine
 
 from trtllm_kit.artifact.machine import Machine, engine_problem, version_tuple
+from trtllm_kit.build_limits import Limits
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitError, KitUsageError
@@ -23,7 +24,7 @@ from trtllm_kit.layout import Mapping
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.plan import Limits, make_plan
+from trtllm_kit.plan import make_plan
 from trtllm_kit.precision import Precision
 from trtllm_kit.spec.build_flags import FLAGS_1_2, check_flag, parse_overrides
 from trtllm_kit.targets import choose_target

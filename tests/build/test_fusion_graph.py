@@ -9,13 +9,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from trtllm_kit.build_limits import Limits
 from trtllm_kit.checkpoint.fusion_graph import FUSED, PLUGIN, fusion_table, layer_graph, to_onnx, write_graph
 from trtllm_kit.cli import run
 from trtllm_kit.gpus import gpu_from_table
 from trtllm_kit.layout import Mapping
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
-from trtllm_kit.plan import Limits, make_plan
+from trtllm_kit.plan import make_plan
 from trtllm_kit.precision import Precision
 from trtllm_kit.trtllm_build.recipe import build_command
 

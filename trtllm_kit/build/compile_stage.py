@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from trtllm_kit.artifact.machine import Machine
+from trtllm_kit.build_limits import Limits
 from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.enums import Target
 from trtllm_kit.errors import KitUsageError
@@ -21,7 +22,7 @@ from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import ENGINE_DIR
-from trtllm_kit.plan import Limits, make_plan
+from trtllm_kit.plan import make_plan
 from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.build_flags import check_overrides

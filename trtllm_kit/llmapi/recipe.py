@@ -19,13 +19,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trtllm_kit.artifact import LoraRecord
+from trtllm_kit.build_limits import Limits
 from trtllm_kit.gpus import GPU
 from trtllm_kit.layout import Mapping
 from trtllm_kit.lora.settings import trtllm_modules
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import DRAFT_DIR
-from trtllm_kit.plan import BuildPlan, Limits, activation_bytes, make_plan
+from trtllm_kit.plan import BuildPlan, activation_bytes, make_plan
 from trtllm_kit.precision import Precision
 from trtllm_kit.quant.algos import NVFP4_MIN_SM
 from trtllm_kit.spec import BuildSpec

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trtllm_kit.build_limits import DraftMemory
 from trtllm_kit.models.hf_config import parse_hf_config, read_hf_config
-from trtllm_kit.plan import DraftMemory, kv_bytes_per_token
+from trtllm_kit.plan import kv_bytes_per_token
 from trtllm_kit.precision import ITEMSIZE, Precision
 from trtllm_kit.spec.eagle_heads import EagleHeads
 from trtllm_kit.spec.heads import rank_numel
