@@ -38,8 +38,8 @@ import torch
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.checkpoint.heldout import corpus_scores, corpus_windows
 from trtllm_kit.checkpoint.quality import ChoiceScores, choice_scores, load_questions
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.load import load_unified, unified_loader
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.models.text_tokenizer import load_text_tokenizer

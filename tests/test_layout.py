@@ -15,17 +15,8 @@ import torch
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.errors import CheckpointError, KitUsageError
-from trtllm_kit.layout import (
-    Mapping,
-    QuantLayout,
-    TensorSpec,
-    kv_heads_per_rank,
-    layers_for_rank,
-    qkv_rows,
-    quant_entries,
-    rank_tensors,
-    split_name,
-)
+from trtllm_kit.layout import QuantLayout, TensorSpec, quant_entries, rank_tensors, split_name
+from trtllm_kit.mapping import Mapping, kv_heads_per_rank, layers_for_rank, qkv_rows
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for

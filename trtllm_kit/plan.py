@@ -30,19 +30,8 @@ from typing import Any
 from trtllm_kit.build_limits import DraftMemory, Limits, check_limits
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GIB, GPU
-from trtllm_kit.layout import (
-    AWQ_GROUP_SIZE,
-    LINEAR_WEIGHTS,
-    PACKED_ALGOS,
-    SQ_PREFIX,
-    Mapping,
-    QuantLayout,
-    check_tp,
-    kv_heads_per_rank,
-    layers_for_rank,
-    pad_vocab_size,
-    rank_tensors,
-)
+from trtllm_kit.layout import AWQ_GROUP_SIZE, LINEAR_WEIGHTS, PACKED_ALGOS, SQ_PREFIX, QuantLayout, rank_tensors
+from trtllm_kit.mapping import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.precision import ITEMSIZE, Precision

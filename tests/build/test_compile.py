@@ -20,7 +20,7 @@ from trtllm_kit.checkpoint.trtllm_config import checkpoint_config
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.gpus import gpu_from_table
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.registry import family_for

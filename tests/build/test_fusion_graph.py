@@ -13,7 +13,7 @@ from trtllm_kit.build_limits import Limits
 from trtllm_kit.checkpoint.fusion_graph import FUSED, PLUGIN, fusion_table, layer_graph, to_onnx, write_graph
 from trtllm_kit.cli import run
 from trtllm_kit.gpus import gpu_from_table
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for
 from trtllm_kit.plan import make_plan

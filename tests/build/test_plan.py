@@ -18,7 +18,7 @@ import pytest
 from trtllm_kit.build_limits import Limits
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GIB, GPU_TABLE, MIB, gpu_from_table, resolve_gpu
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
 from trtllm_kit.models.registry import family_for

@@ -20,7 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, Phi3Config
 from trtllm_kit.checkpoint.convert import TORCH_DTYPES, check_sources, convert, iter_shards, rank_entries, work_items
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors
+from trtllm_kit.layout import QuantLayout, rank_tensors
+from trtllm_kit.mapping import Mapping, check_tp
 from trtllm_kit.models.hf_config import parse_hf_config
 from trtllm_kit.models.inspect import ModelSpec, TensorInfo
 from trtllm_kit.models.registry import family_for

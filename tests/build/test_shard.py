@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from trtllm_kit.checkpoint.shard import duplicate_kv_heads, qkv_parts, shard, split_qkv
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size, shard_shape
+from trtllm_kit.layout import shard_shape
+from trtllm_kit.mapping import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size
 from trtllm_kit.models.base import Split
 
 

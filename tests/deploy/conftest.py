@@ -19,7 +19,7 @@ from trtllm_kit.artifact import (
     StageRecords,
 )
 from trtllm_kit.gpus import gpu_from_table
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.plan import BuildPlan, RankPlan
 from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec

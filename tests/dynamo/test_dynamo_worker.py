@@ -8,9 +8,9 @@ import pytest
 from kit_server import BuildKey, Builds
 
 from trtllm_kit.errors import CheckpointError
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.cpu_llm import SamplingParams
 from trtllm_kit.llmapi.load import load_checkpoint
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.serve.artifact_llm import artifact_llm
 from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER
 

@@ -11,8 +11,8 @@ import pytest
 
 from trtllm_kit.cli import run
 from trtllm_kit.gpus import resolve_gpu
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.recipe import GRAPH_OVERHEAD, cuda_graph_batch_sizes
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.models.registry import family_for

@@ -15,9 +15,9 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.checkpoint.verify import verify_checkpoint
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.llm_args import check_llm_args, render_table
 from trtllm_kit.llmapi.load import load_unified
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.model_repo.llmapi_validate import validate_llmapi_repository
 from trtllm_kit.models.inspect import inspect_model
 

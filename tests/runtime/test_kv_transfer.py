@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.llmapi.unified import write_unified
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor

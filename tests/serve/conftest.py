@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_kit.artifact import Artifact, EngineBuild, EngineRecord, ModelRecord, StageRecords
 from trtllm_kit.artifact.files import file_hashes
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec
 from trtllm_kit.spec.tables import BuildOptions

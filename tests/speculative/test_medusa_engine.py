@@ -28,7 +28,7 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import pad_vocab_size
+from trtllm_kit.mapping import pad_vocab_size
 from trtllm_kit.model_repo.configs import BACKEND_DEFAULT_KEYS, parse_config
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_config import read_hf_config

@@ -17,7 +17,7 @@ from typing import Any
 from trtllm_kit.artifact.records import CacheRecord
 from trtllm_kit.artifact.stage_records import StageRecords
 from trtllm_kit.errors import KitError, KitUsageError
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.precision import Precision
 from trtllm_kit.spec import BuildSpec, nest_flat_spec
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.plan import BuildPlan
 from trtllm_kit.spec.repo_options import RepoOptions
 

@@ -16,8 +16,8 @@ from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.enums import Target
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU, resolve_gpu
-from trtllm_kit.layout import Mapping
 from trtllm_kit.lora.settings import base_config, lora_settings, trtllm_modules
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.builtin import cache_root
 from trtllm_kit.models.hf_config import HFConfig

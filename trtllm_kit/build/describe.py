@@ -10,15 +10,8 @@ from rich.table import Table
 from trtllm_kit.checkpoint.convert import check_sources, work_items
 from trtllm_kit.checkpoint.prequantized_checks import OWN_QUANT, trtllm_input_problem
 from trtllm_kit.checkpoint.trtllm_config import resolve_dtype
-from trtllm_kit.layout import (
-    Mapping,
-    QuantLayout,
-    check_tp,
-    kv_heads_per_rank,
-    layers_for_rank,
-    pad_vocab_size,
-    rank_tensors,
-)
+from trtllm_kit.layout import QuantLayout, rank_tensors
+from trtllm_kit.mapping import Mapping, check_tp, kv_heads_per_rank, layers_for_rank, pad_vocab_size
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model
 from trtllm_kit.quant.prequantized import detect_prequantized

@@ -21,9 +21,9 @@ from trtllm_kit.build.pipeline import stage_keys
 from trtllm_kit.checkpoint.fusion_graph import fusion_table, layer_graph, write_graph
 from trtllm_kit.checkpoint.trtllm_config import precision_of
 from trtllm_kit.errors import KitError
-from trtllm_kit.layout import check_tp, layers_for_rank
 from trtllm_kit.llmapi.plan_report import print_llmapi_plan
 from trtllm_kit.lora.settings import base_config, cache_memory
+from trtllm_kit.mapping import check_tp, layers_for_rank
 from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.inspect import inspect_model, resolve_model_path
 from trtllm_kit.models.registry import family_for

@@ -25,9 +25,9 @@ from trtllm_kit.build.staging import check_out_dir, reclaim_stale, staged_dir
 from trtllm_kit.checkpoint.convert import work_items
 from trtllm_kit.checkpoint.quality import choices_path, heldout_path
 from trtllm_kit.checkpoint.trtllm_config import precision_of, resolve_dtype
-from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.draft_copy import draft_fingerprints
 from trtllm_kit.lora.store import add_adapter
+from trtllm_kit.mapping import Mapping, check_tp
 from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import check_model

@@ -23,7 +23,8 @@ from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.checkpoint.tensor_reader import SourceRead, TensorReader, check_finite
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, resolve_dtype
 from trtllm_kit.errors import CheckpointError, KitUsageError
-from trtllm_kit.layout import Mapping, QuantLayout, check_tp, rank_tensors, stage_rules
+from trtllm_kit.layout import QuantLayout, rank_tensors, stage_rules
+from trtllm_kit.mapping import Mapping, check_tp
 from trtllm_kit.models.base import Slice, Split, WorkItem, source_name
 from trtllm_kit.models.inspect import ModelSpec, inspect_model
 from trtllm_kit.quant.algos import QuantConfig, check_model

@@ -17,7 +17,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
-from trtllm_kit.layout import kv_heads_per_rank
+from trtllm_kit.mapping import kv_heads_per_rank
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.precision import Precision
 

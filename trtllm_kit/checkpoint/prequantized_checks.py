@@ -11,14 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import (
-    LAYER_RULE_PREFIX,
-    LINEARS,
-    Mapping,
-    check_tp,
-    rank_tensors,
-    split_name,
-)
+from trtllm_kit.layout import LAYER_RULE_PREFIX, LINEARS, rank_tensors, split_name
+from trtllm_kit.mapping import Mapping, check_tp
 from trtllm_kit.models.base import Place, Rule, Slice
 from trtllm_kit.models.inspect import ModelSpec
 from trtllm_kit.quant.algos import QuantConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from trtllm_kit.layout import pad_vocab_size
+from trtllm_kit.mapping import pad_vocab_size
 from trtllm_kit.models.base import Split
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.precision import Precision

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from trtllm_kit.artifact import Artifact, EngineRecord
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.targets import TARGETS, get_target
 
 DEFAULT_MOUNT = "/artifact"

@@ -22,7 +22,6 @@ from typing import Any
 
 from trtllm_kit.defaults import DEFAULT_MAX_LORAS
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.cpu_disagg import Disaggregation
 from trtllm_kit.llmapi.cpu_lora import CpuLoraManager
 from trtllm_kit.llmapi.cpu_result import RequestError, RequestOutput, ResultHandle
@@ -30,6 +29,7 @@ from trtllm_kit.llmapi.cpu_speculation import speculator_of
 from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, SamplingParams
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_checkpoint
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.runtime.block_manager import KvEvent
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.draft_counts import DraftCounts, iteration_stats

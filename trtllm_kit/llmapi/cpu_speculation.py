@@ -8,8 +8,8 @@ from collections.abc import Mapping as MappingType
 from pathlib import Path
 from typing import Any
 
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.load import load_checkpoint
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.draft_model import DraftModel, draft_config
 from trtllm_kit.runtime.prompt_lookup import DEFAULT_MAX_NGRAM, PromptLookup

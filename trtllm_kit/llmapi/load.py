@@ -26,8 +26,8 @@ from trtllm_kit.checkpoint.convert import work_items
 from trtllm_kit.checkpoint.shard import qkv_parts, shard
 from trtllm_kit.checkpoint.trtllm_config import checkpoint_config, default_quantization, resolve_dtype
 from trtllm_kit.errors import CheckpointError
-from trtllm_kit.layout import Mapping, check_tp
 from trtllm_kit.llmapi.quant_format import LAYER_LINEAR
+from trtllm_kit.mapping import Mapping, check_tp
 from trtllm_kit.models.base import Slice, Source, Split
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.awq import int4_dequantize

@@ -13,9 +13,9 @@ from rich.table import Table
 
 from trtllm_kit.artifact import LoraRecord
 from trtllm_kit.gpus import GPU
-from trtllm_kit.layout import Mapping
 from trtllm_kit.llmapi.recipe import cuda_graph_batch_sizes, make_recipe
 from trtllm_kit.llmapi.serve_config import OPTIONS_FILE, serve_argv
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import SERVE_DIR

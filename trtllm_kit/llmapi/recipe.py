@@ -21,8 +21,8 @@ from typing import Any
 from trtllm_kit.artifact import LoraRecord
 from trtllm_kit.build_limits import Limits
 from trtllm_kit.gpus import GPU
-from trtllm_kit.layout import Mapping
 from trtllm_kit.lora.settings import trtllm_modules
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.names import DRAFT_DIR

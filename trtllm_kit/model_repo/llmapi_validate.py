@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from trtllm_kit.errors import KitError
-from trtllm_kit.layout import check_tp
 from trtllm_kit.llmapi.llm_args import check_llm_args
+from trtllm_kit.mapping import check_tp
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.model_repo.report import ValidationReport
 from trtllm_kit.names import LLM_ARGS_FILE, TRTLLM_MODEL

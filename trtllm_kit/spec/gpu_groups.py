@@ -7,7 +7,7 @@ before TensorRT-LLM is imported, so every instance's ``LLM`` sees only its own G
 from __future__ import annotations
 
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 
 GpuGroups = tuple[tuple[int, ...], ...]
 

@@ -13,7 +13,7 @@ from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.enums import GroupLaunch
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.gpus import GPU
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.base import Family
 from trtllm_kit.models.hf_config import HFConfig
 from trtllm_kit.plan import BuildPlan

@@ -10,7 +10,7 @@ from trtllm_kit.artifact import Artifact, EngineLimits, EngineRecord
 from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.defaults import DEFAULT_TOKENS_PER_BLOCK
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.model_repo.model_dir_limits import (
     CPU_MAX_BATCH_SIZE,
     CPU_MAX_NUM_TOKENS,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtllm_kit.artifact import Artifact, CheckpointRecord, EngineBuild
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.names import DRAFT_CHECKPOINT_DIR, DRAFT_ENGINE_DIR
 from trtllm_kit.targets.base import BuildContext, EngineSetup
 from trtllm_kit.trtllm_build.compile import effective_settings, run_trtllm_build

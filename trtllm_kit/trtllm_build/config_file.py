@@ -9,7 +9,7 @@ from typing import Any
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.jsonfile import read_json
-from trtllm_kit.layout import Mapping
+from trtllm_kit.mapping import Mapping
 
 
 @dataclass(frozen=True)
