@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.mapping import Mapping, layers_for_rank, pad_vocab_size, qkv_rows
-from trtllm_kit.mapping import check_tp as check_tp  # runtime/dims.py imports it from here
-from trtllm_kit.mapping import kv_heads_per_rank as kv_heads_per_rank  # runtime/dims.py imports it from here
 from trtllm_kit.models.base import Family, Place, Rule, Slice, Split
 from trtllm_kit.models.hf_config import HFConfig
 

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from trtllm_kit.errors import CheckpointError
-from trtllm_kit.layout import Mapping, QuantLayout, TensorSpec, rank_tensors
+from trtllm_kit.layout import QuantLayout, TensorSpec, rank_tensors
+from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.registry import family_of_checkpoint
 from trtllm_kit.runtime.layers import Weights
 

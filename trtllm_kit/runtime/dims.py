@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtllm_kit.errors import CheckpointError, KitUsageError
-from trtllm_kit.layout import Mapping, check_tp, kv_heads_per_rank, layers_for_rank
+from trtllm_kit.mapping import Mapping, check_tp, kv_heads_per_rank, layers_for_rank
 from trtllm_kit.models.base import Norm
 from trtllm_kit.models.registry import family_of_checkpoint
 from trtllm_kit.runtime.layers import check_quantization, rms_norm
