@@ -44,3 +44,18 @@ def test_a_deferred_block_without_a_signal_raises_nothing(interrupts: Interrupts
     with interrupts.deferred():
         value = sum(range(10))
     assert value == 45
+
+
+def test_a_ctrl_c_while_click_parses_the_arguments_is_the_interrupted_line(monkeypatch: pytest.MonkeyPatch,
+                                                                             capsys: pytest.CaptureFixture[str]
+                                                                             ) -> None:
+    """Click turns a KeyboardInterrupt in its argument parsing into ``Abort``: the command still ends with 130 and
+    the one line every interrupted command ends with."""
+    from trtllm_kit import cli
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.cli, "make_context", interrupted)
+    assert cli.run(["models"]) == 130
+    assert capsys.readouterr().err.rstrip().splitlines()[-1] == "Error: interrupted; nothing was written."

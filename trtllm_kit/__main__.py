@@ -13,14 +13,12 @@ import os
 import signal
 import sys
 
-INTERRUPTED = "Error: interrupted; nothing was written."
-
 
 def main() -> None:
     """Hide secrets given as arguments from other users, install the kit's SIGINT/SIGTERM handling, run the
     CLI, and exit with its code (130 when interrupted)."""
     from trtllm_kit.argv_secrets import SECRET_FLAGS, hide_own_secrets
-    from trtllm_kit.interrupts import INTERRUPTS
+    from trtllm_kit.interrupts import INTERRUPTED, INTERRUPTS
 
     if any(arg.split("=", 1)[0] in SECRET_FLAGS for arg in sys.argv[1:]):
         hide_own_secrets()
@@ -31,7 +29,7 @@ def main() -> None:
 
         code = run()
     except KeyboardInterrupt:  # before the command itself started (an import, the argument parser)
-        print(INTERRUPTED, file=sys.stderr)
+        print(f"Error: {INTERRUPTED}", file=sys.stderr)
         code = 130
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)

@@ -11,7 +11,7 @@ import click
 
 from trtllm_kit import __version__
 from trtllm_kit.errors import KitError
-from trtllm_kit.interrupts import INTERRUPTS
+from trtllm_kit.interrupts import INTERRUPTED, INTERRUPTS
 
 # Each command imports the library inside its function, so that `trtllm-kit --help` and every command load
 # only what they run (torch, transformers, tritonclient and matplotlib take seconds to import).
@@ -36,7 +36,7 @@ class KitGroup(click.Group):
                 traceback.print_exc()
             raise KitClickError(str(exc), exc.exit_code) from None
         except KeyboardInterrupt:
-            raise KitClickError("interrupted; nothing was written.", 130) from None
+            raise KitClickError(INTERRUPTED, 130) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
@@ -95,8 +95,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    except click.Abort:
-        click.echo("Aborted.", err=True)
+    except click.Abort as exc:  # click's own name for a Ctrl-C while it parses the arguments
+        interrupted = isinstance(exc.__context__, KeyboardInterrupt)
+        click.echo(f"Error: {INTERRUPTED}" if interrupted else "Aborted.", err=True)
         return 130
     return 0
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 REDELIVER_S = 0.01
+INTERRUPTED = "interrupted; nothing was written."  # an interrupted command's one line, after "Error: "
 NATIVE_INIT_PACKAGES = ("torch",)  # their __init__ runs C++ that calls back into Python
 
 
