@@ -10,19 +10,25 @@ host."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from speculative_engine_build import (
+    FAKES,
+    LIMITS,
+    UPSTREAM_DECODING_MODES,
+    UPSTREAM_MODES,
+    assert_refused_before_any_work,
+    fake_gpu_host,
+    flag_values,
+    install_fake_build,
+)
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
@@ -37,11 +43,6 @@ from trtllm_kit.serve.servable import servable
 
 BASE = read_hf_config(builtin_dir("tiny-llama"))
 NUM_HEADS, NUM_LAYERS, DRAFT_LEN = 3, 2, 3
-LIMITS = ["--max-batch-size", "4", "--max-seq-len", "128"]
-# trtllm-build 1.2.1 --speculative_decoding_mode choices (tensorrt_llm/commands/build.py, "Speculative decoding
-# arguments") and the tensorrt_llm model's decoding_mode values (inflight_batcher_llm/tensorrt_llm/config.pbtxt)
-UPSTREAM_MODES = ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")
-UPSTREAM_DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
 
 
 def make_heads(path: Path, *, num_heads: int = NUM_HEADS, num_layers: int = NUM_LAYERS, hidden: int | None = None,
@@ -63,18 +64,6 @@ def make_heads(path: Path, *, num_heads: int = NUM_HEADS, num_layers: int = NUM_
     return path
 
 
-def _fakes() -> ModuleType:
-    path = Path(__file__).parents[1] / "build" / "fakes.py"
-    spec = importlib.util.spec_from_file_location("medusa_build_fakes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FAKES = _fakes()
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One Medusa build at tp 2 on the faked H100 host (verified on the CPU): its output, heads and trtllm-build
@@ -82,32 +71,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("medusa")
     heads = make_heads(root / "heads")
     with pytest.MonkeyPatch.context() as patch:
-        machine = _install_fakes(root, patch)
+        machine = install_fake_build(root, patch)
         out = root / "out"
         assert run(["build", "builtin:tiny-llama", "--tp", "2", *LIMITS, "--out", str(out), "--speculative",
                     "medusa", "--draft-model", str(heads), "--max-draft-len", str(DRAFT_LEN)]) == 0
         [argv] = [json.loads(line)["argv"] for line in (root / "argv.jsonl").read_text().splitlines()]
         yield {"out": out, "heads": heads, "argv": argv, "machine": machine}
-
-
-def _install_fakes(root: Path, patch: pytest.MonkeyPatch) -> Any:
-    bin_dir = root / "fake-bin"
-    bin_dir.mkdir()
-    script = bin_dir / "trtllm-build"
-    script.write_text(FAKES.FAKE_TRTLLM_BUILD.format(python=sys.executable))
-    script.chmod(0o755)
-    patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    patch.setenv("FAKE_TRTLLM_ARGV", str(root / "argv.jsonl"))
-    patch.delenv("FAKE_TRTLLM_FAIL", raising=False)
-    patch.delenv("FAKE_TRTLLM_RANKS", raising=False)
-    machine = FAKES.h100_machine()
-    patch.setattr("trtllm_kit.build.pipeline.detect_machine", lambda: machine)
-    return machine
-
-
-def flag_values(argv: list[str]) -> dict[str, str]:
-    return {argv[i][2:]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")
-            and not argv[i + 1].startswith("--")}
 
 
 def test_trtllm_build_is_asked_for_a_medusa_engine(built: dict[str, Any]) -> None:
@@ -190,7 +159,7 @@ def test_a_rebuild_with_another_draft_length_converts_again(built: dict[str, Any
     out = tmp_path / "out"
     shutil.copytree(built["out"], out, symlinks=True)
     with pytest.MonkeyPatch.context() as patch:
-        _install_fakes(tmp_path, patch)
+        install_fake_build(tmp_path, patch)
         assert run(["build", "builtin:tiny-llama", "--tp", "2", *LIMITS, "--out", str(out),
                     "--speculative", "medusa", "--draft-model", str(built["heads"]), "--max-draft-len", "2"]) == 0
     config = json.loads((out / "checkpoint" / "config.json").read_text())
@@ -273,15 +242,9 @@ def _refusals(tmp: Path) -> list[tuple[list[str], str]]:
 def test_a_heads_directory_that_is_not_one_is_refused_before_any_work(command: list[str], tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    machine = FAKES.h100_machine()  # a GPU host, where a build would go on to convert and compile
-    monkeypatch.setattr("trtllm_kit.build.pipeline.detect_machine", lambda: machine)
-    monkeypatch.setattr("trtllm_kit.build.dry_run.detect_machine", lambda: machine)
-    out = tmp_path / "out"
-    for flags, message in _refusals(tmp_path / "heads"):
-        assert run([command[0], "builtin:tiny-llama", *command[1:], "--out", str(out), "--target", "engine",
-                    "--gpu", "H100-80GB", "--speculative", "medusa", *flags]) != 0, flags
-        assert message in capsys.readouterr().err
-        assert not out.exists()
+    fake_gpu_host(monkeypatch)
+    assert_refused_before_any_work(command, "medusa", _refusals(tmp_path / "heads"), tmp_path / "out",
+                                   lambda: capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -8,17 +8,14 @@ directory; the machine is a faked H100 host."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from speculative_engine_build import FAKES, LIMITS, flag_values, install_fake_build
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
@@ -32,7 +29,6 @@ from trtllm_kit.serve.servable import servable
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 
 DRAFT_LEN = 3
-LIMITS = ["--max-batch-size", "4", "--max-seq-len", "128"]
 ENGINE_FLAGS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width",
                 "tokens_per_block", "kv_cache_type", "use_paged_context_fmha", "gpt_attention_plugin")
 # upstream's tensorrt_llm_bls/config.pbtxt: the speculation inputs (name → type, dims, reshaped to a scalar) and the
@@ -46,24 +42,12 @@ UPSTREAM_TARGET_DRAFT_INPUTS = {"draft_input_ids": ("TYPE_INT32", [-1]), "draft_
                                 "draft_acceptance_threshold": ("TYPE_FP32", [1])}
 
 
-def _fakes() -> ModuleType:
-    path = Path(__file__).parents[1] / "build" / "fakes.py"
-    spec = importlib.util.spec_from_file_location("speculative_build_fakes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FAKES = _fakes()
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One draft-target build on the faked H100 host: its output and the trtllm-build calls."""
     root = tmp_path_factory.mktemp("spec-decode")
     with pytest.MonkeyPatch.context() as patch:
-        _install_fakes(root, patch)
+        install_fake_build(root, patch)
         out = root / "out"
         code = run(["build", "builtin:tiny-llama", "--no-verify", *LIMITS, "--out", str(out), "--speculative",
                     "draft-target", "--draft-model", str(builtin_dir("tiny-llama")), "--max-draft-len",
@@ -71,26 +55,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         assert code == 0
         calls = [json.loads(line)["argv"] for line in (root / "argv.jsonl").read_text().splitlines()]
         yield {"out": out, "calls": calls, "machine": FAKES.h100_machine()}
-
-
-def _install_fakes(root: Path, patch: pytest.MonkeyPatch) -> None:
-    bin_dir = root / "fake-bin"
-    bin_dir.mkdir()
-    script = bin_dir / "trtllm-build"
-    script.write_text(FAKES.FAKE_TRTLLM_BUILD.format(python=sys.executable))
-    script.chmod(0o755)
-    patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    patch.setenv("FAKE_TRTLLM_ARGV", str(root / "argv.jsonl"))
-    patch.delenv("FAKE_TRTLLM_FAIL", raising=False)
-    patch.delenv("FAKE_TRTLLM_RANKS", raising=False)
-    machine = FAKES.h100_machine()
-    patch.setattr("trtllm_kit.build.pipeline.detect_machine", lambda: machine)
-    patch.setattr("trtllm_kit.build.dry_run.detect_machine", lambda: machine)
-
-
-def flag_values(argv: list[str]) -> dict[str, str]:
-    return {argv[i][2:]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")
-            and not argv[i + 1].startswith("--")}
 
 
 def params(config: Any) -> dict[str, str]:
@@ -250,7 +214,7 @@ def test_a_rebuild_reuses_both_engines(built: dict[str, Any], tmp_path: Path,
     out = tmp_path / "out"
     shutil.copytree(built["out"], out, symlinks=True)
     with pytest.MonkeyPatch.context() as patch:
-        _install_fakes(tmp_path, patch)
+        install_fake_build(tmp_path, patch)
         assert run(["build", "builtin:tiny-llama", "--no-verify", *LIMITS, "--out", str(out), "--speculative",
                     "draft-target", "--draft-model", str(builtin_dir("tiny-llama")), "--max-draft-len",
                     str(DRAFT_LEN)]) == 0

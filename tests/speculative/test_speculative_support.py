@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from speculative_engine_build import UPSTREAM_DECODING_MODES, UPSTREAM_MODES
 
 from trtllm_kit.enums import Target
 from trtllm_kit.errors import KitUsageError
@@ -20,11 +21,6 @@ from trtllm_kit.spec.speculative_support import (
     speculative_config,
     verify_tokens,
 )
-
-# trtllm-build 1.2.x: --speculative_decoding_mode's choices (tensorrt_llm/commands/build.py)
-UPSTREAM_MODES = ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")
-# the tensorrt_llm model's decoding_mode values (inflight_batcher_llm/tensorrt_llm/config.pbtxt)
-UPSTREAM_DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
 
 
 def options(mode: str, **values: object) -> SpeculativeOptions:
