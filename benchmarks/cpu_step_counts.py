@@ -1,6 +1,6 @@
 """What one batch-1 decode step does, counted rather than timed: the kit's executor beside transformers ``generate``.
 
-    python benchmarks/cpu_step_counts.py [--models smollm2-135m-instruct,tiny-llama] [--tokens 8] [--json]
+    python benchmarks/cpu_step_counts.py [--models smollm2-135m-instruct,tiny-llama] [--tokens 8] [--rounds 5] [--json]
 
 For each model (float32, one torch thread, greedy, the first chat prompt of ``cpu_runtime.py``), each engine
 generates 1 and then ``1 + --tokens`` new tokens after an untimed warm-up; the difference of the two calls, divided
@@ -10,7 +10,9 @@ by ``--tokens``, is one decode step (the prompt's forward pass and the first tok
 * operations: every torch operation the profiler records (nested ones included, as the dispatcher runs them);
 * Python calls: function calls seen by ``sys.setprofile`` (Python functions, then C functions apart);
 * the self-CPU milliseconds of the matrix products and of all operations (times: these move with the machine's load;
-  the counts do not).
+  the counts do not);
+* the step's CPU time (``time.thread_time``, the median of ``--rounds`` pairs of calls): the time the thread ran,
+  which other work on the machine moves far less than wall time.
 
 Prints one line per model and engine with units, or ``--json``.
 """
@@ -21,8 +23,10 @@ import argparse
 import collections
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,6 +65,7 @@ class StepCounts:
     c_calls: float
     matrix_ms: float
     total_ms: float
+    cpu_ms: float
     load_average: float
 
     def line(self) -> str:
@@ -68,7 +73,8 @@ class StepCounts:
                 f"{self.attention_products:4.0f} attention products, {self.operations:6.0f} torch operations, "
                 f"{self.python_calls:6.0f} Python calls + {self.c_calls:6.0f} C calls per step | self CPU "
                 f"{self.matrix_ms:6.2f} ms in matrix products of {self.total_ms:6.2f} ms "
-                f"({self.matrix_ms / self.total_ms:.0%}) | load {self.load_average:.1f}")
+                f"({self.matrix_ms / self.total_ms:.0%}) | step CPU time {self.cpu_ms:6.2f} ms | load "
+                f"{self.load_average:.1f}")
 
 
 def python_calls(run: Callable[[], None]) -> tuple[int, int]:
@@ -92,11 +98,21 @@ def operations(run: Callable[[], None]) -> dict[str, tuple[int, float]]:
     return {e.key: (e.count, e.self_cpu_time_total / 1000) for e in prof.key_averages()}
 
 
-def per_step(model: str, engine: str, make: Callable[[int], Callable[[], None]], num_tokens: int) -> StepCounts:
-    """The counts of ``make(1 + num_tokens)`` less those of ``make(1)``, divided by ``num_tokens``."""
+def thread_ms(run: Callable[[], None]) -> float:
+    """CPU milliseconds this thread spent in one call of ``run``."""
+    started = time.thread_time()
+    run()
+    return (time.thread_time() - started) * 1000
+
+
+def per_step(model: str, engine: str, make: Callable[[int], Callable[[], None]], num_tokens: int,
+             rounds: int) -> StepCounts:
+    """The counts of ``make(1 + num_tokens)`` less those of ``make(1)``, divided by ``num_tokens``; the step's CPU
+    time the median of ``rounds`` such differences."""
     short, long = make(1), make(1 + num_tokens)
     short()
     long()  # warm-up: first-call allocations and caches
+    cpu_ms = statistics.median((thread_ms(long) - thread_ms(short)) / num_tokens for _ in range(rounds))
     py = [python_calls(run) for run in (short, long)]
     ops = [operations(run) for run in (short, long)]
 
@@ -105,10 +121,10 @@ def per_step(model: str, engine: str, make: Callable[[int], Callable[[], None]],
         return (total[1] - total[0]) / num_tokens
     return StepCounts(model, engine, diff(LINEAR_PRODUCTS, 0), diff(ATTENTION_PRODUCTS, 0), diff(None, 0),
                       (py[1][0] - py[0][0]) / num_tokens, (py[1][1] - py[0][1]) / num_tokens,
-                      diff(LINEAR_PRODUCTS + ATTENTION_PRODUCTS, 1), diff(None, 1), os.getloadavg()[0])
+                      diff(LINEAR_PRODUCTS + ATTENTION_PRODUCTS, 1), diff(None, 1), cpu_ms, os.getloadavg()[0])
 
 
-def measure(name: str, num_tokens: int, work: Path) -> list[StepCounts]:
+def measure(name: str, num_tokens: int, rounds: int, work: Path) -> list[StepCounts]:
     """Both engines' decode step on model ``name``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -131,20 +147,21 @@ def measure(name: str, num_tokens: int, work: Path) -> list[StepCounts]:
         def run() -> None:
             executor.generate([prompt], [SamplingParams(max_tokens=tokens, ignore_eos=True)])
         return run
-    return [per_step(name, "transformers", transformers_run, num_tokens),
-            per_step(name, "executor", executor_run, num_tokens)]
+    return [per_step(name, "transformers", transformers_run, num_tokens, rounds),
+            per_step(name, "executor", executor_run, num_tokens, rounds)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated built-in model names")
     parser.add_argument("--tokens", type=int, default=8, help="decode steps counted (the difference of two calls)")
+    parser.add_argument("--rounds", type=int, default=5, help="pairs of calls the step's CPU time is the median of")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        steps = [s for name in args.models.split(",") for s in measure(name, args.tokens, Path(tmp))]
+        steps = [s for name in args.models.split(",") for s in measure(name, args.tokens, args.rounds, Path(tmp))]
     print(json.dumps([asdict(s) for s in steps], indent=2) if args.json else "\n".join(s.line() for s in steps))
 
 
