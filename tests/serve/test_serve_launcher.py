@@ -16,7 +16,15 @@ from trtllm_kit.serve.openai.text import StopMatcher
 from trtllm_kit.serve.options import Endpoints
 from trtllm_kit.serve.servable import servable
 from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
-from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, free_endpoints, launch_argv
+from trtllm_kit.serve.server.launcher import (
+    EPHEMERAL_RANGE,
+    LOWEST_FREE_PORT,
+    LaunchConfig,
+    check_ports_free,
+    free_endpoints,
+    free_port,
+    launch_argv,
+)
 from trtllm_kit.serve.server.locate import TritonInstall, locate_tritonserver
 from trtllm_kit.serve.server.process import TritonProcess, group_alive
 from trtllm_kit.serve.server.reaper import SHM_DIR
@@ -189,3 +197,10 @@ def test_stop_matcher(pieces: list[str], stops: list[str], shown: list[str], sto
     matcher = StopMatcher(stops)
     assert [matcher.feed(p) for p in pieces] == shown
     assert (matcher.stopped, matcher.flush()) == (stopped, rest)
+
+
+def test_free_ports_lie_below_the_ephemeral_range_where_no_outgoing_connection_takes_them() -> None:
+    low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    ports = [free_port() for _ in range(20)]
+    assert all(LOWEST_FREE_PORT <= port < low for port in ports), (ports, low)
+    assert len(set(ports)) > 1  # chosen at random, so two processes rarely pick the same one

@@ -151,6 +151,7 @@ def serve(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] | No
         process.wait_ready_or_restart(options.settings.ready_timeout_s, on_restart=reaper.watch)
         process.protect_shm()
         watch.stubs = process.stubs()
+        watch.deaths.follow(watch.stubs)
         state = {"pid": os.getpid(), "server_pid": process.pid, "model": routes[0].triton_model,
                  "target": targets[0].target.name, "world_size": world_size, "tritonserver": str(install.server),
                  "source": install.source, "host": endpoints.host, "http": endpoints.url("http"),

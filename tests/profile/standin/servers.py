@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import time
 import urllib.request
 from pathlib import Path
+
+from trtllm_kit.serve.server.launcher import free_port
 
 HERE = Path(__file__).parent
 INPUTS = [("input_ids", "TYPE_INT32", "-1", False), ("input_lengths", "TYPE_INT32", "1", False),
@@ -29,12 +30,10 @@ TOKEN_MS = 20.0
 
 
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port()) not in ports:
+            ports.append(port)
     return ports
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.server.group import ProcessGroup
+from trtllm_kit.serve.server.launcher import free_port
 from trtllm_kit.serve.server.process import die_with_parent_thread
 from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, answers, launch_argv
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
@@ -124,13 +124,6 @@ def server_environment(gpu_ids: tuple[str, ...] | None) -> dict[str, str]:
         gpu_ids: ``bundle_gpu_ids()``.
     """
     return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else dict(os.environ)
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def replica_argv(out: Path, port: int) -> list[str]:

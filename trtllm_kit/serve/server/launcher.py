@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtllm_kit.errors import KitUsageError
+from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.options import Endpoints
 from trtllm_kit.serve.server.locate import TritonInstall
 
@@ -24,6 +25,9 @@ ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
 SERVING_APIS = ("metadata", "inference", "model-config", "statistics")
 RESTRICTED_HEADER = "trtllm-kit-token"
 GRPC_RESTRICTED_HEADER = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # the metadata key Triton's gRPC checks
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")  # the ports outgoing connections are given
+LOWEST_FREE_PORT = 20000  # free_port's choice starts here, above the well-known and registered services' usual ports
+PORT_TRIES = 64
 
 
 @dataclass(frozen=True)
@@ -165,10 +169,27 @@ def port_holder(port: int) -> str | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel reports free on ``host`` right now (for tests and benchmarks)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port the kernel reports free on ``host`` right now (for tests, benchmarks and private listeners), chosen
+    below the kernel's ephemeral range where there is room: there no outgoing connection can take it between this
+    look and its listener's bind."""
+    low = _ephemeral_low()
+    for _ in range(PORT_TRIES):
+        port = random.randrange(LOWEST_FREE_PORT, low) if low - LOWEST_FREE_PORT >= 1024 else 0
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise KitError(f"no free port on {host} after {PORT_TRIES} tries; free some ports, or name the ports to use")
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections (32768 when it cannot be read)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_endpoints(host: str = "127.0.0.1") -> Endpoints:

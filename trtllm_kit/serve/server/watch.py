@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trtllm_kit.defaults import DEFAULT_ENGINE_WATCHDOG_S
 from trtllm_kit.runtime.heartbeat import silent_for
+from trtllm_kit.serve.server.deaths import Deaths
 from trtllm_kit.serve.server.process import TritonProcess
 
 # Signals that only come from outside (a user, an OOM killer, a supervisor): a server that died of one was killed;
@@ -31,11 +32,13 @@ class Watch:
     watchdog_s: float = DEFAULT_ENGINE_WATCHDOG_S
     stubs: dict[int, str] = field(default_factory=dict)
     stopped_since: dict[int, float] = field(default_factory=dict)  # stub pid → when it was first seen stopped
+    deaths: Deaths = field(default_factory=Deaths)  # which stub ended first, when several end between two looks
 
     def failure(self) -> str | None:
         """Why the server cannot serve any more (a process died or an engine hung), or None; new shm regions are
         made private."""
         self.process.protect_shm()
+        self.deaths.follow(self.stubs)
         alive = self.process.stubs()
         dead = {pid: name for pid, name in self.stubs.items() if pid not in alive}
         code = None
@@ -45,7 +48,8 @@ class Watch:
             if not dead or -code in SENT_SIGNALS:  # a server that was killed takes its stubs with it
                 return f"tritonserver exited with code {code} while serving"
         if dead:  # whatever else ended after it (the server may abort when a stub's shared memory goes)
-            pid, name = next(iter(dead.items()))
+            pid = self.deaths.in_order(dead)[0]
+            name = dead[pid]
             then = "" if code is None else f" (tritonserver exited after it, with code {code})"
             return f"the Python-backend stub of model {name} (pid {pid}) died while serving{then}"
         return self._hung()
