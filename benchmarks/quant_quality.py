@@ -44,8 +44,8 @@ from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.models.text_tokenizer import load_text_tokenizer
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.calib_data import token_windows
 from trtllm_kit.quant.calib_size import calibration_device, choose_size
-from trtllm_kit.quant.calibrate import token_windows
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.safetensors_io import read_header
 from trtllm_kit.spec import build_spec

@@ -68,7 +68,7 @@ import modelopt.torch.export as export
 import modelopt.torch.quantization as mtq
 from transformers import AutoModelForCausalLM
 from trtllm_kit.quant.algos import QuantConfig
-from trtllm_kit.quant.calibrate import token_windows
+from trtllm_kit.quant.calib_data import token_windows
 
 model_dir, out, config_name, samples, seq_len = sys.argv[1:6]
 windows = token_windows(Path(model_dir), QuantConfig(quant="fp8", calib_samples=int(samples),

@@ -26,7 +26,7 @@ from safetensors import safe_open
 from trtllm_kit.cli import run
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.quant.algos import QuantConfig
-from trtllm_kit.quant.calibrate import token_windows
+from trtllm_kit.quant.calib_data import token_windows
 
 mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install "
                           "-c constraints.txt -e '.[oracle]')")

@@ -26,7 +26,8 @@ from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import int4_dequantize
-from trtllm_kit.quant.calibrate import CalibrationStats, calibrate, token_windows
+from trtllm_kit.quant.calib_data import token_windows
+from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.runtime.model import CheckpointModel
 
 pytestmark = pytest.mark.slow

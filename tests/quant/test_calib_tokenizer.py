@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.quant.algos import QuantConfig
-from trtllm_kit.quant.calibrate import read_texts, sample_windows, token_windows
+from trtllm_kit.quant.calib_data import read_texts, sample_windows, token_windows
 
 MODELS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-phi3")
 UNICODE_TEXT = "Crème brûlée, naïve café — 東京 😀\n  tabs\tand\r\nlines\n\nend   "

@@ -12,7 +12,8 @@ import transformers
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.quant.algos import QuantConfig
-from trtllm_kit.quant.calibrate import CalibrationStats, calibrate, read_texts, sample_windows, token_windows
+from trtllm_kit.quant.calib_data import read_texts, sample_windows, token_windows
+from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 
 torch.set_num_threads(1)
 

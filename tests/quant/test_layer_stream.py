@@ -21,8 +21,9 @@ from trtllm_kit.models.hf_config import read_hf_config
 from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.calib_data import token_windows
 from trtllm_kit.quant.calib_size import CalibSize, calibration_memory
-from trtllm_kit.quant.calibrate import CALIB_DTYPES, CalibrationStats, calibrate, token_windows
+from trtllm_kit.quant.calibrate import CALIB_DTYPES, CalibrationStats, calibrate
 from trtllm_kit.quant.layer_stream import LayerStream
 
 FAMILIES = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-phi3")
