@@ -134,8 +134,7 @@ class Scheduler:
     def _lower_priority(self, head: Sequence) -> Sequence | None:
         """The most recently admitted running sequence of the lowest priority below ``head``'s, if any."""
         lower = [s for s in self.running if s.params.priority < head.params.priority]
-        lowest = min((s.params.priority for s in lower), default=None)
-        return next((s for s in reversed(lower) if s.params.priority == lowest), None)
+        return _lowest_latest(lower) if lower else None
 
     def _over_share(self, head: Sequence) -> Sequence | None:
         """The most recently admitted sequence of the request holding the most running sequences of ``head``'s
@@ -171,7 +170,7 @@ class Scheduler:
                 continue
             while not manager.can_append(seq, seq.num_computed_tokens + num_tokens):
                 assert policy == "max_utilization", "reserved sequences never run out of blocks"
-                victim = self._victim(seq, running)
+                victim = _lowest_latest([seq, *running])  # who makes room: it or a sequence after it
                 if victim is not seq:
                     running.remove(victim)
                 self._preempt(victim)
@@ -229,13 +228,6 @@ class Scheduler:
             self.running.append(fork)
             started.append(fork)
         return started, copies
-
-    @staticmethod
-    def _victim(seq: Sequence, later: list[Sequence]) -> Sequence:
-        """Who makes room for ``seq``: the lowest priority among it and the sequences after it, the latest on a tie."""
-        candidates = [seq, *later]
-        lowest = min(s.params.priority for s in candidates)
-        return [s for s in candidates if s.params.priority == lowest][-1]
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks and put it first in line; its tokens are recomputed later."""
@@ -299,3 +291,9 @@ class Scheduler:
             else:
                 fork.fork_of = None
                 self._enqueue(fork)
+
+
+def _lowest_latest(seqs: list[Sequence]) -> Sequence:
+    """The sequence of the lowest priority in ``seqs`` (not empty), the latest on a tie."""
+    lowest = min(s.params.priority for s in seqs)
+    return [s for s in seqs if s.params.priority == lowest][-1]
