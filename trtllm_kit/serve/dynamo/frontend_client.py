@@ -169,12 +169,20 @@ class DynamoFrontendClient(TextClient):
     async def metrics(self) -> bytes:
         """Dynamo's frontend's Prometheus exposition (its routing, KV events and per-model series; empty on any
         failure)."""
+        return await self.scrape(f"{self.url}{METRICS}") or b""
+
+    async def scrape(self, url: str) -> bytes | None:
+        """The body of a ``/metrics`` in the serve's network namespace (Dynamo's frontend's, a worker's), None when
+        it does not answer 200 within ``READY_TIMEOUT_S``.
+
+        Arguments:
+            url: its address.
+        """
         try:
-            async with self.session.get(f"{self.url}{METRICS}",
-                                        timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT_S)) as response:
-                return await response.read() if response.status == 200 else b""
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=READY_TIMEOUT_S)) as response:
+                return await response.read() if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError):
-            return b""
+            return None
 
     async def takes_lora_rows(self) -> bool:
         return False  # an adapter goes by name, and is refused (``refusal``)

@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 
-from trtllm_kit.errors import KitError
+from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.frontend_client import DynamoFrontendClient, SocketFactory
+from trtllm_kit.serve.dynamo.metrics import worker_metrics_urls
+from trtllm_kit.serve.dynamo.worker_series import merged
 from trtllm_kit.serve.frontend import OpenAIFrontend, start_frontend
 from trtllm_kit.serve.openai.artifact_route import artifact_route, route_config
 from trtllm_kit.serve.openai.config import OpenAIConfig
@@ -33,40 +36,59 @@ class DynamoFrontend(OpenAIFrontend):
 
     Arguments:
         config: the served model and the gateway's files; dynamo_url: ``http://host:port`` of Dynamo's frontend;
-        socket_factory: makes the sockets that reach it (the serve's private namespace's).
+        socket_factory: makes the sockets that reach it (the serve's private namespace's);
+        dynamo_root: the serve's ``RUN_DIR/dynamo``, whose ready files name the workers' ``/metrics``.
     """
 
-    def __init__(self, config: OpenAIConfig, dynamo_url: str, socket_factory: SocketFactory | None = None) -> None:
+    def __init__(self, config: OpenAIConfig, dynamo_url: str, socket_factory: SocketFactory | None = None,
+                 dynamo_root: Path | None = None) -> None:
         super().__init__(config)
         self.dynamo_url = dynamo_url
         self.socket_factory = socket_factory
+        self.dynamo_root = dynamo_root
 
     async def _open(self, _app: web.Application) -> None:
         for route in self.table.routes.values():
             route.client = DynamoFrontendClient(self.dynamo_url, route.name, self.socket_factory)
 
     async def prometheus_metrics(self, request: web.Request) -> web.Response:
-        """The kit's frontend's series, then Dynamo's frontend's (its router's, read through the private port)."""
+        """The kit's frontend's series, Dynamo's frontend's (its router's, read through the private port) and every
+        worker's, labelled by worker (``worker_series.py``)."""
         ours = await super().prometheus_metrics(request)
-        clients = [r.client for r in self.table.routes.values() if isinstance(r.client, DynamoFrontendClient)]
-        theirs = await clients[0].metrics() if clients else b""
         assert isinstance(ours.body, bytes)
-        return web.Response(body=ours.body + theirs, headers={"Content-Type": CONTENT_TYPE})
+        clients = [r.client for r in self.table.routes.values() if isinstance(r.client, DynamoFrontendClient)]
+        if not clients:
+            return ours
+        client = clients[0]
+        urls = self._worker_urls()
+        theirs, *read = await asyncio.gather(client.metrics(), *(client.scrape(url) for url in urls.values()))
+        workers = {name: None if text is None else text.decode() for name, text in zip(urls, read, strict=True)}
+        body = merged([ours.body.decode(), (theirs or b"").decode()], workers)
+        return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    def _worker_urls(self) -> dict[str, str]:
+        """``worker-N → its /metrics URL``, from the workers that have written their ready file."""
+        if self.dynamo_root is None:
+            return {}
+        try:
+            return worker_metrics_urls(self.dynamo_root)
+        except KitUsageError:  # none is ready yet
+            return {}
 
 
 def dynamo_frontend(options: ServeOptions, name: str, dynamo_url: str,
-                    socket_factory: SocketFactory | None = None) -> DynamoFrontend:
+                    socket_factory: SocketFactory | None = None, dynamo_root: Path | None = None) -> DynamoFrontend:
     """The kit's frontend of a ``--dynamo`` serve: OUT's route (Dynamo's frontend serves it under the same name),
     the serve's key or key file and usage log.
 
     Arguments:
         options: the serve; name: the served name; dynamo_url: where Dynamo's frontend listens;
-        socket_factory: makes the sockets that reach it.
+        socket_factory: makes the sockets that reach it; dynamo_root: the serve's ``RUN_DIR/dynamo``.
     """
     settings = options.settings
     config = route_config(artifact_route(options.out, name, DYNAMO_MODEL), dynamo_url, api_key=options.api_key,
                           api_keys=settings.api_keys, usage_log=settings.usage_log)
-    return DynamoFrontend(config, dynamo_url, socket_factory)
+    return DynamoFrontend(config, dynamo_url, socket_factory, dynamo_root)
 
 
 async def serve_in_front(frontend: OpenAIFrontend, host: str, port: int, serving: Callable[[], Awaitable[None]],

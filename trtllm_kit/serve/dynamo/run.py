@@ -111,7 +111,7 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     try:
         dynamo_port = net.call(free_port)  # Dynamo's frontend: the namespace's loopback, behind the kit's
         # made first: a refused key setting or an unreadable key file stops the serve before anything starts
-        frontend = dynamo_frontend(options, name, f"http://{LOOPBACK}:{dynamo_port}", net.socket)
+        frontend = dynamo_frontend(options, name, f"http://{LOOPBACK}:{dynamo_port}", net.socket, dirs.root)
         commands = {"frontend": frontend_argv(dynamo_port, settings.router, settings.migration_limit),
                     **{f"worker-{i}": worker_argv(out, dirs, name, i) for i in range(settings.workers)}}
         with stop_requests() as stop:

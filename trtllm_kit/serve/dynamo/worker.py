@@ -5,7 +5,8 @@
 registers it with Dynamo's Python API (``ModelInput.Tokens``, chat and completions, the card directory of
 ``card.py`` as the model path, the artifact's KV block size), publishes the block manager's KV cache events for
 the KV router (``kv_events.py``), adds its prefix-cache metrics to Dynamo's worker ``/metrics`` on a free loopback
-port (``metrics.py``), writes that address into the ready file and serves ``generate`` until SIGTERM. Discovery is
+port (``metrics.py``) with the engine's gauges and request counters under a plain serve's names
+(``engine_metrics.py``), writes that address into the ready file and serves ``generate`` until SIGTERM. Discovery is
 Dynamo's file backend (``DYN_FILE_KV``) and requests come over TCP: ``serve --dynamo`` sets both, and the loopback
 addresses (``launch.py``).
 """
@@ -26,6 +27,7 @@ from typing import Any
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
 from trtllm_kit.serve.artifact_llm import artifact_llm
+from trtllm_kit.serve.dynamo.engine_metrics import RequestCounts, engine_exposition
 from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
 from trtllm_kit.serve.dynamo.launch import LOOPBACK
 from trtllm_kit.serve.dynamo.metrics import SYSTEM_PORT_ENV, exposition, system_port
@@ -63,6 +65,7 @@ class Generator:
 
     def __init__(self, llm: LLM, max_seq_len: int, refusal: Any, ledger: Ledger) -> None:
         self.llm, self.max_seq_len, self.refusal, self.ledger = llm, max_seq_len, refusal, ledger
+        self.requests = RequestCounts()  # the worker's /metrics (``engine_metrics.py``)
 
     async def generate(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """Stream the answer to one ``PreprocessedRequest`` as Dynamo's response chunks.
@@ -76,11 +79,12 @@ class Generator:
             output = self.llm.generate_async(asked.token_ids, asked.sampling, streaming=True)
         except (KitUsageError, ValueError) as exc:
             self.ledger.end(request_id)
+            self.requests.count(ended=False)
             if isinstance(exc, MigrationRefused):
                 LOG.warning("request %s: %s", request_id, exc)
             raise self.refusal(str(exc)) from exc
         num_generated = len(asked.token_ids) - num_prompt_tokens  # by a worker that died
-        sent, finished, num_top = 0, False, asked.sampling.logprobs
+        sent, finished, ended, num_top = 0, False, False, asked.sampling.logprobs
         num_prompt_top = asked.sampling.prompt_logprobs  # the first chunk carries the prompt's logprobs
         try:
             async for result in output:
@@ -96,11 +100,13 @@ class Generator:
                                          scored, prompt)
                 if context.is_stopped():
                     break
+            ended = finished
         except RequestError as exc:
             finished = True
             raise self.refusal(str(exc)) from exc
         finally:
             self.ledger.end(request_id)
+            self.requests.count(ended)
             if not finished:
                 output.abort()
 
@@ -139,12 +145,13 @@ async def run_worker(spec: WorkerSpec) -> None:
         publisher = KvEventPublisher(endpoint, kv_block_size=limits.tokens_per_block)
         relay = asyncio.create_task(relay_events(llm, publisher))
         blocks = llm.engine.scheduler.block_manager
-        endpoint.metrics.register_prometheus_expfmt_callback(lambda: exposition(blocks, spec.model_name))
+        generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests))
+        endpoint.metrics.register_prometheus_expfmt_callback(
+            lambda: exposition(blocks, spec.model_name) + engine_exposition(llm.engine.stats(), generator.requests))
         spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
         written = spec.ready_file.with_name(f"{spec.ready_file.name}.part")
         written.write_text(f"http://{LOOPBACK}:{metrics_port}/metrics\n")
         written.replace(spec.ready_file)  # whole, or not there yet
-        generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests))
         await endpoint.serve_endpoint(generator.generate,
                                       graceful_shutdown=False)
         relay.cancel()
