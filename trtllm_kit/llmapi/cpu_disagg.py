@@ -56,8 +56,7 @@ class Disaggregation:
         if disagg.draft_tokens:
             raise ValueError("draft_tokens are not used by the CPU runtime; send disaggregated_params without them")
         if disagg.request_type == "context_only":
-            params = replace(submission.params, max_tokens=1, min_tokens=min(submission.params.min_tokens, 1))
-            self._loop().submit(replace(submission, params=params, hold_kv=True))
+            self._loop().submit(replace(submission, params=submission.params.with_max_tokens(1), hold_kv=True))
         elif disagg.request_type == "generation_only":
             if not disagg.first_gen_tokens or disagg.opaque_state is None:
                 raise ValueError("a generation_only request needs the context-only response's first_gen_tokens "

@@ -43,11 +43,11 @@ from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.stats import ExecutorStats, executor_stats
 from trtllm_kit.wire import GenerationRequest
-from trtllm_kit.wire.request import NEVER_END_ID
+from trtllm_kit.wire.request import NEVER_END_ID, sampled_settings
 
-# the fields the LLM API's SamplingParams and the wire's request both declare, by name
+# the fields the LLM API's SamplingParams and the wire's request both declare, by name (the end id: the model's default)
 SHARED_FIELDS = tuple(sorted({f.name for f in fields(SamplingParams)} & {f.name for f in fields(GenerationRequest)}
-                             - {"top_p", "end_id"}))
+                             - {"end_id"}))
 U64 = (1 << 64) - 1  # KV cache event hashes are unsigned 64-bit, as TensorRT-LLM's and Dynamo's
 __all__ = ["LLM", "DisaggregatedParams", "GuidedDecodingParams", "LoRARequest", "RequestError", "RequestOutput",
            "SamplingParams"]
@@ -185,14 +185,12 @@ class LLM:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def _runtime_params(self, ids: list[int], p: SamplingParams, priority: float = DEFAULT_PRIORITY) -> RuntimeParams:
-        """The runtime's settings of ``p``: the fields it shares with the wire's request by name, checked by the
-        wire's rules; the LLM API's own meanings beside them (a temperature alone samples the whole vocabulary,
-        ``ignore_eos`` is no end token, ``stop`` strings end as their token ids)."""
+        """The runtime's settings of ``p``: the fields it shares with the wire's request by name, in the wire's
+        terms (``sampled_settings``) and checked by its rules; the LLM API's own meanings beside them (``ignore_eos``
+        is no end token, ``stop`` strings end as their token ids)."""
         stops = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
-        sampled = p.temperature not in (None, 0.0) and p.top_k is None and p.top_p is None
         req = GenerationRequest(
-            tuple(ids), **{name: getattr(p, name) for name in SHARED_FIELDS},
-            top_p=1.0 if sampled else p.top_p, priority=priority,
+            tuple(ids), **sampled_settings({name: getattr(p, name) for name in SHARED_FIELDS}), priority=priority,
             end_id=NEVER_END_ID if p.ignore_eos else (p.end_id if p.end_id is not None else self.eos_token_id),
             stop_words=tuple(tuple(self._encode(s, add_special_tokens=False)) for s in stops if s))
         return runtime_settings(req)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
@@ -13,10 +13,9 @@ import torch
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.draft_counts import DraftCounts
 from trtllm_kit.runtime.penalties import Penalties
-from trtllm_kit.runtime.sampling_rules import is_greedy_temperature
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.fields import Row, rows
-from trtllm_kit.wire.request import DEFAULT_PRIORITY
+from trtllm_kit.wire.request import DEFAULT_PRIORITY, is_greedy_temperature
 
 if TYPE_CHECKING:
     from trtllm_kit.runtime.grammar import CompiledGuide
@@ -94,6 +93,14 @@ class SamplingParams(Penalties):
     @property
     def is_greedy(self) -> bool:
         return is_greedy_temperature(self.temperature) or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
+
+    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
+        """These settings generating at most ``max_tokens`` tokens (``min_tokens`` lowered to them).
+
+        Arguments:
+            max_tokens: the new bound.
+        """
+        return replace(self, max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens))
 
     @property
     def num_sequences(self) -> int:

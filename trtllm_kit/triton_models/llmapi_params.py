@@ -14,11 +14,10 @@ import inspect
 import json
 from typing import Any
 
-from trtllm_kit.runtime.sampling_rules import MIN_TEMPERATURE
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.fields import rows
 from trtllm_kit.wire.llmapi import IGNORE_EOS
-from trtllm_kit.wire.request import NEVER_END_ID
+from trtllm_kit.wire.request import NEVER_END_ID, greedy_settings
 
 PREFIX = "sampling_param_"
 # guided_decoding_guide_type → GuidedDecodingParams field (choice becomes an EBNF grammar)
@@ -66,19 +65,16 @@ def sampling_params(req: GenerationRequest, sampling_class: Any, guide_class: An
 
 
 def check_sampling(kwargs: dict[str, Any]) -> None:
-    """Refuse a ``top_p`` outside (0, 1]; make a temperature too small to divide by greedy (``top_k`` 1), before
+    """Refuse a ``top_p`` outside (0, 1]; say a greedy temperature as the wire's ``greedy_settings`` says it, before
     either reaches the engine.
 
     Arguments:
         kwargs: ``SamplingParams`` keywords, changed in place.
     """
-    top_p, temperature = kwargs.get("top_p"), kwargs.get("temperature")
+    top_p = kwargs.get("top_p")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if temperature is not None and temperature < MIN_TEMPERATURE:
-        del kwargs["temperature"]
-        kwargs.pop("top_p", None)
-        kwargs["top_k"] = 1
+    greedy_settings(kwargs)
 
 
 def check_mode(req: GenerationRequest, decoupled: bool) -> None:

@@ -4,11 +4,16 @@ means when absent, its rule and its tensor in each dialect (``fields.py``).
 ``None`` means "not sent": the engine applies the row's default (``setting``), or for a few fields the model's own
 (its end token, its ``exclude_input_in_output`` parameter). The record refuses a value out of its rule as it is
 made, naming the field; a codec that reads a request from tensors names the tensor instead.
+
+A temperature below ``MIN_TEMPERATURE`` is greedy. vLLM's and the LLM API's sampling fields mean what the wire's do
+but for one thing: without ``top_p`` a temperature samples the whole vocabulary, where the wire's ``top_p`` 0 with
+``top_k`` 0 is greedy (TensorRT-LLM's meaning); ``sampled_settings`` says theirs in the wire's terms, and
+``greedy_settings`` says a greedy temperature as ``top_k`` 1, which every engine takes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Integral
 from typing import Any
 
@@ -22,6 +27,7 @@ DEFAULT_PRIORITY = 0.5  # TensorRT-LLM's request priority, in [0, 1], higher fir
 MAX_LOGPROBS = 20  # top alternatives per token: OpenAI chat's ``top_logprobs`` bound and vLLM's ``max_logprobs``
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "choice")
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
+MIN_TEMPERATURE = 1e-5  # a smaller temperature divides logits into infinities: greedy, as vLLM takes it
 FLAG = Rule(bool)
 PENALTY = Rule(float, -2, 2)
 
@@ -30,6 +36,43 @@ def _flag(help: str, trtllm: str | None, llmapi: str | None, text: str | None, d
           openai: bool = False) -> Any:
     return field(default=None, metadata=wire(help, default, FLAG, "BOOL", trtllm=trtllm, llmapi=llmapi, text=text,
                                              openai=openai))
+
+
+def is_greedy_temperature(temperature: float) -> bool:
+    """Whether ``temperature`` means greedy decoding (0, or too small to divide logits by).
+
+    Arguments:
+        temperature: a non-negative temperature.
+    """
+    return temperature < MIN_TEMPERATURE
+
+
+def greedy_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with a greedy temperature said as ``top_k`` 1, without the temperature or ``top_p`` (changed in
+    place, and returned).
+
+    Arguments:
+        settings: sampling fields by the wire's names (the LLM API's ``SamplingParams`` names them the same).
+    """
+    temperature = settings.get("temperature")
+    if temperature is not None and is_greedy_temperature(temperature):
+        for name in ("temperature", "top_p"):
+            settings.pop(name, None)
+        settings["top_k"] = 1
+    return settings
+
+
+def sampled_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's or the LLM API's sampling fields in the wire's terms: a greedy temperature as ``top_k`` 1, another
+    with ``top_p`` 1 when it has none (changed in place, and returned).
+
+    Arguments:
+        settings: sampling fields by the wire's names (None: not set).
+    """
+    greedy_settings(settings)
+    if settings.get("temperature") is not None and settings.get("top_p") is None:
+        settings["top_p"] = 1.0
+    return settings
 
 
 def _token_ids(name: str, ids: tuple[Any, ...] | list[Any]) -> tuple[int, ...]:
@@ -210,6 +253,15 @@ class GenerationRequest:
     def num_sequences(self) -> int:
         """Sequences the engine generates: ``best_of``, else ``n``, else one."""
         return max(self.n or 1, self.best_of or 1)
+
+    def with_max_tokens(self, max_tokens: int) -> GenerationRequest:
+        """This request generating at most ``max_tokens`` tokens (``min_tokens`` lowered to them).
+
+        Arguments:
+            max_tokens: the new bound.
+        """
+        least = None if self.min_tokens is None else min(self.min_tokens, max_tokens)
+        return replace(self, max_tokens=max_tokens, min_tokens=least)
 
     def setting(self, name: str) -> Any:
         """A field's value as the engine runs it: the value sent, else the row's default.

@@ -46,8 +46,7 @@ class TwoStepClient(TextClient):
         Arguments:
             req: the request as the client sent it.
         """
-        context = replace(req, max_tokens=1, disaggregated=DisaggHandle(request_type="context_only"),
-                          min_tokens=None if req.min_tokens is None else min(req.min_tokens, 1))
+        context = replace(req.with_max_tokens(1), disaggregated=DisaggHandle(request_type="context_only"))
         chunks = [chunk async for chunk in self.context.stream(context)]
         handle = next((c.disaggregated for c in chunks if c.disaggregated is not None), None)
         if handle is None:

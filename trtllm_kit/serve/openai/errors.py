@@ -3,7 +3,7 @@ client got wrong, 429 for a full queue, 5xx for the rest, the server's traceback
 
 A refusal (400) names the request's field (``param``) when its sentence names a wire field an OpenAI body carries,
 by the field's name or by its tensor in any dialect: the sentence then calls it by its OpenAI name (a model refusing
-``len_penalty`` refuses the request's ``length_penalty``).
+a tensor whose name differs from its field's refuses the field, as the wire's row names it).
 """
 
 from __future__ import annotations

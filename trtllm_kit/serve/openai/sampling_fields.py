@@ -5,8 +5,8 @@ The parse is strict (no coercion; a boolean is not a number) and keeps OpenAI's 
 top_p in (0, 1], n ≤ ``MAX_N``, the stop and prompt bounds of ``request_limits``). vLLM's sampling extras are the
 wire's rows that name an OpenAI field (``openai=`` in ``trtllm_kit.wire.request``) which OpenAI's own fields here do
 not declare: the parse takes them from the rows (``SamplingExtras``), and each row's rule checks its values.
-``to_generation`` says the request in the wire's terms: temperature 0 (or below ``MIN_TEMPERATURE``) is greedy (top_k
-1), else top_p defaults to 1 (TensorRT-LLM takes top_k = top_p = 0 as greedy); ``ignore_eos`` sends ``end_id`` -1.
+``to_generation`` says the request in the wire's terms (the wire's ``sampled_settings``: a greedy temperature, and
+a temperature without a nucleus bound, as the wire takes them); ``ignore_eos`` sends ``end_id`` -1.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from trtllm_kit.runtime.sampling_rules import MAX_SEED, is_greedy_temperature
+from trtllm_kit.runtime.sampling_rules import MAX_SEED
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.guided import GUIDED_FIELDS, Guide, parse_guide, structured_field
 from trtllm_kit.serve.openai.logprobs import Scoring
@@ -36,9 +36,10 @@ from trtllm_kit.serve.openai.refusals import PRIORITY_RANGE, field_refusal, refu
 from trtllm_kit.serve.openai.request_limits import MAX_N, stops_problem
 from trtllm_kit.wire import GenerationRequest, WireError
 from trtllm_kit.wire.fields import Row, rows
-from trtllm_kit.wire.request import NEVER_END_ID
+from trtllm_kit.wire.request import NEVER_END_ID, sampled_settings
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
+OPENAI_TEMPERATURE = 1.0  # OpenAI's temperature when the request has none
 MAX_INT32 = 2**31 - 1
 Int = Annotated[int, Strict()]
 Prompt = str | tuple[int, ...]
@@ -260,14 +261,10 @@ class OpenAIRequest(SamplingExtras):
             "stop_strings": tuple(self.stops),
             "return_context_logits": True if context_logits and prompt_logprobs is not None else None,
             "keep_end_token": True if scoring.logprobs is not None else None, **self.extras, **fields}
-        temperature = 1.0 if self.temperature is None else self.temperature
-        max_tokens = max(1, self.max_tokens)
+        sampling = sampled_settings({**common, "temperature": OPENAI_TEMPERATURE if self.temperature is None
+                                     else self.temperature, "top_p": self.top_p})
         try:
-            if is_greedy_temperature(temperature):
-                common.pop("top_k", None)  # greedy is top_k 1 (a filtering extra keeps the most likely token)
-                return GenerationRequest(prompt, max_tokens, top_k=1, **common)
-            return GenerationRequest(prompt, max_tokens, temperature=temperature,
-                                     top_p=1.0 if self.top_p is None else self.top_p, **common)
+            return GenerationRequest(prompt, max(1, self.max_tokens), **sampling)
         except WireError as exc:
             raise HTTPError(str(exc), param=exc.field) from None
 
