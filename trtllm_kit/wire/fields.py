@@ -38,7 +38,8 @@ class Wire:
         dialect (a tuple for a structured field; None: the dialect cannot carry it); strict: a request that sets it
         is refused where its tensor is missing (the dialect has none, or the model does not declare it), rather
         than sent without it; openai: the field in an OpenAI completion body (True: under its own name; a string:
-        under that name; False: the body has none).
+        under that name; False: the body has none); openai_off: a value an OpenAI body may send for the default
+        (vLLM's -1 for a ``top_k`` that is off, where the row says 0; None: none).
     """
 
     help: str
@@ -50,17 +51,18 @@ class Wire:
     text: Names = None
     strict: bool = False
     openai: str | bool = False
+    openai_off: Any = None
 
 
 def wire(help: str, default: Any = None, rule: Rule | None = None, dtype: str | None = None, *,
          trtllm: Names = None, llmapi: Names = None, text: Names = None, strict: bool = False,
-         openai: str | bool = False) -> dict[str, Wire]:
+         openai: str | bool = False, openai_off: Any = None) -> dict[str, Wire]:
     """Field metadata declaring a field of the wire.
 
     Arguments:
-        help, default, rule, dtype, trtllm, llmapi, text, strict, openai: the ``Wire`` fields.
+        help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off: the ``Wire`` fields.
     """
-    return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict, openai)}
+    return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off)}
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class GenerationRequest:
         trtllm="temperature", llmapi="sampling_param_temperature", text="temperature", openai=True))
     top_k: int | None = field(default=None, metadata=wire(
         "Sample among the k most likely tokens (0 = off).", 0, Rule(int, 0), "INT32",
-        trtllm="runtime_top_k", llmapi="sampling_param_top_k", text="top_k", openai=True))
+        trtllm="runtime_top_k", llmapi="sampling_param_top_k", text="top_k", openai=True, openai_off=-1))
     top_p: float | None = field(default=None, metadata=wire(
         "Nucleus sampling (tensorrt_llm: 0 with top_k 0 is greedy; the LLM API takes (0, 1]).", 0.0,
         Rule(float, 0, 1), "FP32", trtllm="runtime_top_p", llmapi="sampling_param_top_p", text="top_p", openai=True))

@@ -45,19 +45,18 @@ Int = Annotated[int, Strict()]
 Prompt = str | tuple[int, ...]
 R = TypeVar("R", bound="OpenAIRequest")
 NULL_REFUSED = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo")
-VLLM_OFF = {"top_k": -1}  # vLLM's "off" of an extra where the wire's row says 0
 
 
 def _by_wire_row(row: Row) -> BeforeValidator:
-    """A sampling extra checked by its wire row (vLLM's ``VLLM_OFF`` value is the row's 0)."""
-    name, rule = row.name, row.rule
+    """A sampling extra checked by its wire row (the row's ``openai_off``, vLLM's "off", is its default)."""
+    name, rule, off = row.name, row.rule, row.wire.openai_off
     assert rule is not None, f"{name} has a rule on the wire"
 
     def check(value: Any) -> Any:
         if value is None:
             return None
-        if name in VLLM_OFF and value == VLLM_OFF[name] and not isinstance(value, bool):
-            value = 0
+        if off is not None and value == off and not isinstance(value, bool):
+            value = row.wire.default
         try:
             return rule.checked(name, value)
         except WireError as exc:
