@@ -39,7 +39,7 @@ class Wire:
         is refused where its tensor is missing (the dialect has none, or the model does not declare it), rather
         than sent without it; openai: the field in an OpenAI completion body (True: under its own name; a string:
         under that name; False: the body has none); openai_off: a value an OpenAI body may send for the default
-        (vLLM's -1 for a ``top_k`` that is off, where the row says 0; None: none).
+        (vLLM's own "off", where the row's default is another; None: none).
     """
 
     help: str
