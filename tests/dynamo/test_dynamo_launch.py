@@ -10,7 +10,7 @@ import pytest
 
 from trtllm_kit.enums import Router
 from trtllm_kit.errors import KitUsageError
-from trtllm_kit.serve.dynamo.launch import DynamoDirs, dynamo_env, frontend_argv, worker_argv
+from trtllm_kit.serve.dynamo.launch import DynamoDirs, dynamo_env, frontend_argv, router_args, worker_argv
 from trtllm_kit.serve.dynamo.run import check_dynamo
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.spec import ServeSettings
@@ -31,7 +31,8 @@ def test_command_lines(tmp_path: Path) -> None:
         sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", "8123",
         "--router-mode", "round-robin", "--migration-limit", "0"]
     assert frontend_argv(8123, Router.KV, 3)[7:] == [
-        "--router-mode", "kv", "--router-kv-overlap-score-credit", "4", "--migration-limit", "3"]
+        "--router-mode", "kv", "--router-kv-overlap-score-credit", "4", "--router-prefill-load-scale", "4",
+        "--migration-limit", "3"]
     dirs = DynamoDirs(tmp_path / "dynamo")
     assert worker_argv(tmp_path / "out", dirs, "tiny", 1) == [
         sys.executable, "-m", "trtllm_kit.serve.dynamo.worker", str(tmp_path / "out"), "--card",
@@ -40,15 +41,20 @@ def test_command_lines(tmp_path: Path) -> None:
         "--requests", str(tmp_path / "dynamo" / "requests")]
 
 
-def test_kv_routing_credits_a_cached_block_four_blocks_of_load_in_dynamos_parser() -> None:
+@pytest.mark.parametrize(("argv", "credit", "scale"), [
+    (frontend_argv(8123, Router.KV, 3)[3:], 4.0, 4.0),  # serve --dynamo: the CPU workers' prefill load scale
+    (["--http-port", "8000", *router_args(Router.KV), "--migration-limit", "3"], 4.0, 1.0),  # deploy dynamo's credit
+])
+def test_kv_routing_weights_in_dynamos_parser(argv: list[str], credit: float, scale: float) -> None:
     frontend_args = pytest.importorskip("dynamo.frontend.frontend_args")
     parser = argparse.ArgumentParser()
     frontend_args.FrontendArgGroup().add_arguments(parser)
-    with pytest.warns(FutureWarning):  # the flag moves to --router-policy-config in Dynamo 1.7
-        parsed, unknown = parser.parse_known_args(frontend_argv(8123, Router.KV, 3)[3:])
+    with pytest.warns(FutureWarning):  # the flags move to --router-policy-config in Dynamo 1.7
+        parsed, unknown = parser.parse_known_args(argv)
     config = frontend_args.FrontendConfig.from_cli_args(parsed)
     config.validate()
-    assert unknown == [] and (config.router_mode, config.overlap_score_credit) == ("kv", 4.0)
+    assert unknown == [] and config.router_mode == "kv"
+    assert (config.overlap_score_credit, config.prefill_load_scale) == (credit, scale)
 
 
 def test_defaults_are_kv_routing_and_three_migrations() -> None:

@@ -26,6 +26,10 @@ ENDPOINT = f"{NAMESPACE}.worker.generate"  # NAMESPACE.COMPONENT.ENDPOINT, one f
 # The KV router's credit for a block a worker has cached, against a block of its load: at Dynamo's 1 a worker one
 # request busier than the other loses that request's prefix to it (docs/dynamo.md, "Routing on a bounded cache").
 KV_OVERLAP_SCORE_CREDIT = 4
+# serve --dynamo's CPU workers: a prompt block left to compute weighs 4 blocks held by running requests in the
+# router's cost (Dynamo's prefill load scale): on the CPU runtime a block's prefill takes about 10 times what holding
+# a block through a 16-token answer adds to the decode steps (docs/dynamo.md, "Routing on a bounded cache").
+CPU_PREFILL_LOAD_SCALE = 4
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def dynamo_env(dirs: DynamoDirs, base: dict[str, str] | None = None) -> dict[str
 
 
 def router_args(router: Router) -> list[str]:
-    """Dynamo's frontend flags for ``router``: its mode, and for kv the overlap credit.
+    """Dynamo's frontend flags for ``router`` (``deploy dynamo``'s): its mode, and for kv the overlap credit.
 
     Arguments:
         router: one of ``DYNAMO_ROUTERS``.
@@ -111,14 +115,25 @@ def router_args(router: Router) -> list[str]:
     return ["--router-mode", str(router), *credit]
 
 
+def cpu_router_args(router: Router) -> list[str]:
+    """``serve --dynamo``'s frontend flags for ``router``: ``router_args`` and, for kv, the CPU workers' prefill load
+    scale.
+
+    Arguments:
+        router: one of ``DYNAMO_ROUTERS``.
+    """
+    scale = ["--router-prefill-load-scale", str(CPU_PREFILL_LOAD_SCALE)] if router == Router.KV else []
+    return [*router_args(router), *scale]
+
+
 def frontend_argv(port: int, router: Router, migration_limit: int) -> list[str]:
-    """Dynamo's OpenAI frontend on loopback ``port``.
+    """Dynamo's OpenAI frontend on loopback ``port``, routing to the kit's CPU workers.
 
     Arguments:
         port: its HTTP port; router: how it picks a worker; migration_limit: how often a stream may move.
     """
     return [sys.executable, "-m", "dynamo.frontend", "--http-host", LOOPBACK, "--http-port", str(port),
-            *router_args(router), "--migration-limit", str(migration_limit)]
+            *cpu_router_args(router), "--migration-limit", str(migration_limit)]
 
 
 def worker_argv(out: Path, dirs: DynamoDirs, model_name: str, index: int) -> list[str]:
