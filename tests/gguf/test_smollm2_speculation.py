@@ -47,19 +47,25 @@ def greedy(model: CheckpointModel, prompt: list[int], speculator: Speculator | N
     return Executor(model, CONFIG, speculator).generate([prompt], [SamplingParams(max_tokens=MAX_TOKENS)])[0]
 
 
-def test_prompt_lookup_keeps_the_greedy_output(model, prompt):
-    reference = greedy(model, prompt, None)
+@pytest.fixture(scope="module")
+def reference(model: CheckpointModel, prompt: list[int]) -> list[int]:
+    """The greedy output without speculation, which both speculators must give."""
+    return greedy(model, prompt, None)
+
+
+def test_prompt_lookup_keeps_the_greedy_output(model, prompt, reference):
     speculator = Speculator(PromptLookup(), 4)
     assert greedy(model, prompt, speculator) == reference
     assert speculator.counts.num_accepted_tokens > 0
 
 
-def test_draft_target_with_the_first_layers_as_draft_keeps_the_greedy_output(model, prompt, smollm2_dir, tmp_path):
+def test_draft_target_with_the_first_layers_as_draft_keeps_the_greedy_output(model, prompt, reference, smollm2_dir,
+                                                                            tmp_path):
     config = json.loads((smollm2_dir / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4}))
     save_file({k: v for k, v in load_file(str(smollm2_dir / "model.safetensors")).items()
                if not k.startswith("model.layers.") or int(k.split(".")[2]) < 4}, str(tmp_path / "model.safetensors"))
     draft = DraftModel(load_unified(tmp_path), draft_config(CONFIG, 3), model.dims.vocab_size)
     speculator = Speculator(draft, 3)
-    assert greedy(model, prompt, speculator) == greedy(model, prompt, None)
+    assert greedy(model, prompt, speculator) == reference
     assert speculator.counts.num_drafts > 0
