@@ -62,11 +62,13 @@ def stream_events(served: dict[str, Any], body: dict[str, Any]) -> list[dict[str
     return [json.loads(event) for event in events[:-1]]
 
 
-def test_generate_cli(served: dict[str, Any], expected: tuple[list[str], int]) -> None:
-    done = subprocess.run([*KIT, "generate", PROMPT, "--url", served["grpc"], "--max-tokens", str(MAX_TOKENS)],
-                          capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "0", "--top-p", "0.9", "--seed", "1"]],
+                         ids=["default", "temperature-0-with-top-p"])
+def test_generate_cli(served: dict[str, Any], expected: tuple[list[str], int], sampling: list[str]) -> None:
+    done = subprocess.run([*KIT, "generate", PROMPT, "--url", served["grpc"], "--max-tokens", str(MAX_TOKENS),
+                           *sampling], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "".join(expected[0]) + "\n"
+    assert done.stdout == "".join(expected[0]) + "\n"  # temperature 0 is greedy, whatever top_p says
 
 
 def test_tritonclient_stream(served: dict[str, Any], expected: tuple[list[str], int]) -> None:

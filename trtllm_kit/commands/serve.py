@@ -186,9 +186,10 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
     from trtllm_kit.serve.server.launcher import grpc_headers
     from trtllm_kit.serve.server.state import token_for
     from trtllm_kit.wire import GenerationRequest
+    from trtllm_kit.wire.request import greedy_settings
 
-    request = GenerationRequest(prompt, max_tokens, temperature=temperature or None, top_p=top_p, top_k=top_k,
-                                seed=seed)
+    settings = greedy_settings({"temperature": temperature, "top_p": top_p, "top_k": top_k})  # 0: greedy, whole
+    request = GenerationRequest(prompt, max_tokens, seed=seed, **settings)
     headers = grpc_headers(token_for(url))  # the owner's own serve: its token, from the run directory
     asyncio.run(generate_to(url, model, request, lambda text: click.echo(text, nl=False), headers))
     click.echo()
