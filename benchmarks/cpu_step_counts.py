@@ -6,7 +6,8 @@ For each model (float32, one torch thread, greedy, the first chat prompt of ``cp
 generates 1 and then ``1 + --tokens`` new tokens after an untimed warm-up; the difference of the two calls, divided
 by ``--tokens``, is one decode step (the prompt's forward pass and the first token cancel out). Counted per step:
 
-* matrix products: the linears (``aten::mm``, ``aten::addmm``) and attention's (``aten::bmm``) torch operations;
+* matrix products: the linears (``aten::mm``, ``aten::addmm``, and ``aten::addmm_``: a product added into the
+  residual stream) and attention's (``aten::bmm``) torch operations;
 * operations: every torch operation the profiler records (nested ones included, as the dispatcher runs them);
 * Python calls: function calls seen by ``sys.setprofile`` (Python functions, then C functions apart);
 * the self-CPU milliseconds of the matrix products and of all operations (times: these move with the machine's load;
@@ -48,7 +49,7 @@ from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "tiny-llama")
-LINEAR_PRODUCTS = ("aten::mm", "aten::addmm")
+LINEAR_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_")
 ATTENTION_PRODUCTS = ("aten::bmm",)
 
 

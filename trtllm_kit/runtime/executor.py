@@ -28,6 +28,7 @@ from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
+from trtllm_kit.runtime.single_decode import SingleDecode
 from trtllm_kit.runtime.speculation import Speculator
 from trtllm_kit.runtime.stats import ExecutorStats
 
@@ -51,6 +52,7 @@ class Executor:
         # each (layer, rank)'s [slots, kv_heads, d] part of the pool, as views taken once rather than every step
         self.kv_parts = [[(self.k_cache[layer, rank], self.v_cache[layer, rank]) for rank in range(dims.tp_size)]
                          for layer in range(dims.num_layers)]
+        self.single_decode = SingleDecode.of(model, self.k_cache, self.v_cache, config.tokens_per_block)
         self._seq_ids = itertools.count()
         self.num_steps = self.total_scheduled = self.peak_scheduled = 0
         self.last_scheduled = self.last_context = self.last_context_tokens = self.last_tokens = 0
@@ -209,6 +211,8 @@ class Executor:
     def _forward(self, seqs: list[Sequence], sampled: list[Sequence], drafted: list[Sequence]) -> torch.Tensor:
         """Compute the scheduled tokens of ``seqs``; logits of the last position of each of ``sampled``, then of
         every scheduled position of each of ``drafted`` (its last token and its draft)."""
+        if self.single_decode is not None and self.single_decode.can_decode(seqs, sampled, drafted):
+            return self.single_decode.decode(seqs[0])  # batch 1, one new token: the same values in fewer calls
         model, tpb = self.model, self.config.tokens_per_block
         starts = [s.num_computed_tokens for s in seqs]
         counts = [s.num_scheduled_tokens for s in seqs]

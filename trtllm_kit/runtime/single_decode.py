@@ -1,0 +1,175 @@
+"""The batch-1 decode step with the fewest torch calls: one sequence's one new token through every layer of a plain
+checkpoint (one TP rank, weights in the compute dtype, the fused gate/up MLP, no row-parallel bias, no quantized KV
+cache), giving the general step's values bit for bit (``tests/runtime/test_single_decode.py``).
+
+The same arithmetic in fewer calls:
+
+* each layer's tensors are looked up once per model, not by name in every call, and multiplied with ``torch.mm``
+  (the product ``linear`` reaches through ``F.linear``);
+* the residual stream is freed of -0.0 once (the embedding plus 0.0). The general step adds each layer's one-rank
+  partial as ``hidden + (partial + 0.0)`` (``reduce``); on a stream without -0.0 that is ``hidden + partial`` (the
+  sum of two numbers is -0.0 only when both are), so the partials are added in place, and the stream stays free of
+  -0.0;
+* the pool's keys and values of every layer are viewed once per step, and the new token's key and value are copied
+  into their slot through views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from trtllm_kit.runtime.layers import attend
+from trtllm_kit.runtime.model import CheckpointModel
+from trtllm_kit.runtime.sequence import Sequence
+
+
+class LayerWeights(NamedTuple):
+    """One layer's tensors, the linears' weights transposed ([in, out]) as ``F.linear`` multiplies them."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    dense: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    proj: torch.Tensor
+
+
+def plain_layers(model: CheckpointModel) -> list[LayerWeights] | None:
+    """Every layer's tensors when the checkpoint is plain (see the module), else None.
+
+    Arguments:
+        model: a loaded checkpoint.
+    """
+    if model.dims.tp_size != 1 or model.kv_cache_quant_algo is not None:
+        return None
+    layers = []
+    for pp_rank, local in model.layer_places:
+        weights, prefix = model.weights(pp_rank, 0), f"transformer.layers.{local}"
+        gate_up = model.gate_up.get((pp_rank, 0, local))
+        linears = [weights[f"{prefix}.{name}.weight"] for name in ("attention.qkv", "attention.dense", "mlp.proj")]
+        if gate_up is None or any(w.dtype != model.dtype for w in linears) \
+                or any(f"{prefix}.{name}.bias" in weights for name in ("attention.dense", "mlp.proj")):
+            return None
+        qkv, dense, proj = (w.t() for w in linears)
+        layers.append(LayerWeights(weights[f"{prefix}.input_layernorm.weight"], qkv,
+                                   weights.get(f"{prefix}.attention.qkv.bias"), dense,
+                                   weights[f"{prefix}.post_layernorm.weight"], gate_up.t(), proj))
+    return layers
+
+
+class SingleDecode:
+    """The batch-1 decode step of one model over one K/V pool (``can_decode`` / ``decode``)."""
+
+    def __init__(self, model: CheckpointModel, layers: list[LayerWeights], k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, tokens_per_block: int) -> None:
+        """Arguments:
+        model: a plain checkpoint; layers: its ``plain_layers``; k_cache, v_cache: the pool [layers, 1, slots,
+        kv_heads, d]; tokens_per_block: slots per block.
+        """
+        self.model, self.layers, self.tokens_per_block = model, layers, tokens_per_block
+        self.k_parts, self.v_parts = k_cache[:, 0], v_cache[:, 0]  # [layers, slots, kv_heads, d]
+        # float32: ``hidden.addmm_(x, w)`` rounds as ``hidden + x @ w`` (each output is the product's dot, rounded to
+        # float32, then added) in one call; a narrower dtype rounds the product to it first, so it adds the product
+        self._add_product = add_float32_product if model.dtype == torch.float32 else add_product
+
+    @classmethod
+    def of(cls, model: CheckpointModel, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           tokens_per_block: int) -> SingleDecode | None:
+        """The step of a plain checkpoint, else None (every step takes the general path).
+
+        Arguments:
+            model, k_cache, v_cache, tokens_per_block: as the constructor's.
+        """
+        layers = plain_layers(model)
+        return None if layers is None else cls(model, layers, k_cache, v_cache, tokens_per_block)
+
+    @staticmethod
+    def can_decode(seqs: list[Sequence], sampled: list[Sequence], drafted: list[Sequence]) -> bool:
+        """Whether the step is one base-model sequence's one new token, sampled, with no prompt logits to keep.
+
+        Arguments:
+            seqs, sampled, drafted: the step's sequences, those sampled and those verifying a draft.
+        """
+        if len(seqs) != 1 or drafted or sampled != seqs:
+            return False
+        seq = seqs[0]
+        return seq.num_scheduled_tokens == 1 and seq.adapter is None and \
+            (not seq.params.needs_prompt_logits or seq.num_computed_tokens >= seq.num_prompt_tokens)
+
+    def decode(self, seq: Sequence) -> torch.Tensor:
+        """Compute ``seq``'s new token (writing its K/V into the pool); the logits [1, vocab_size] of its position.
+
+        Arguments:
+            seq: a sequence ``can_decode`` accepts.
+        """
+        model, dims = self.model, self.model.dims
+        d, hq, hkv = dims.head_size, dims.num_heads_per_rank, dims.num_kv_heads_per_rank
+        position = seq.num_computed_tokens
+        seq_len, tpb = position + 1, self.tokens_per_block
+        slot = seq.block_table[position // tpb] * tpb + position % tpb
+        keys, values = self._step_keys(seq.block_table, seq_len)
+        new_keys, new_values = self.k_parts[:, None, slot, :, None], self.v_parts[:, None, slot, :, None]
+        positions = torch.tensor([[position]])
+        hidden = model.embed(torch.tensor([seq.token_ids[position]])).add_(0.0)  # [1, H], no -0.0
+        norm, eps, add_product = model.norm_fn, dims.norm_epsilon, self._add_product
+        for layer, w in enumerate(self.layers):
+            qkv = torch.mm(norm(hidden, w.input_norm, eps), w.qkv)
+            if w.qkv_bias is not None:
+                qkv = qkv + w.qkv_bias
+            heads = qkv.view(1, hq + 2 * hkv, 1, d)
+            rotated = model.rope.rotate(heads[:, :hq + hkv], positions, seq_len)  # [1, hq + hkv, 1, d]
+            new_keys[layer].copy_(rotated[:, hq:])
+            new_values[layer].copy_(heads[:, hq + hkv:])
+            context = attend(rotated[:, :hq].view(1, hkv, hq // hkv, d), keys[layer], values[layer], None)
+            add_product(hidden, context.view(1, hq * d), w.dense)
+            fc, gate = torch.mm(norm(hidden, w.post_norm, eps), w.gate_up).chunk(2, dim=-1)
+            add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj)
+        return model.logits(hidden[None])[0]
+
+    def _step_keys(self, block_table: list[int], seq_len: int) -> tuple[torch.Tensor | Gathered,
+                                                                        torch.Tensor | Gathered]:
+        """The keys and values [1, kv_heads, seq_len, d] of each layer, indexed by layer: views of every layer's pool
+        taken once when the sequence's slots are consecutive, else each layer's gathered on its turn (after the
+        layer wrote its new token)."""
+        tpb = self.tokens_per_block
+        num_blocks = -(-seq_len // tpb)
+        first = block_table[0]
+        if block_table[:num_blocks] == list(range(first, first + num_blocks)):
+            span = slice(first * tpb, first * tpb + seq_len)
+            return (self.k_parts[:, span].transpose(1, 2)[:, None],  # [layers, 1, kv_heads, seq_len, d]
+                    self.v_parts[:, span].transpose(1, 2)[:, None])
+        slots = (torch.tensor(block_table[:num_blocks])[:, None] * tpb + torch.arange(tpb)).flatten()[:seq_len]
+        return Gathered(self.k_parts, slots), Gathered(self.v_parts, slots)
+
+
+def add_float32_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """``hidden += x @ weight`` in one call, with the bits of the product rounded then added (float32 only).
+
+    Arguments:
+        hidden: [1, out], changed in place; x: [1, in]; weight: [in, out].
+    """
+    hidden.addmm_(x, weight)
+
+
+def add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """``hidden += x @ weight``, the product rounded to the dtype first.
+
+    Arguments:
+        hidden: [1, out], changed in place; x: [1, in]; weight: [in, out].
+    """
+    hidden.add_(torch.mm(x, weight))
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Each layer's keys (or values) [1, kv_heads, S, d] at ``slots``, gathered from its pool when indexed."""
+
+    parts: torch.Tensor  # [layers, slots, kv_heads, d]
+    slots: torch.Tensor  # [S]
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        return self.parts[layer][self.slots][None].transpose(1, 2)
