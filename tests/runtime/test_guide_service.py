@@ -55,12 +55,24 @@ def workers(pid: int) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture
-def service() -> Iterator[GuideService]:
+def new_service() -> Iterator[GuideService]:
     tokenizer = AutoTokenizer.from_pretrained(str(builtin_dir("tiny-llama")))
     made = GuideService(lambda: tokenizer_info(tokenizer, len(tokenizer), [tokenizer.eos_token_id]))
     yield made
     made.close()
+
+
+@pytest.fixture
+def service() -> Iterator[GuideService]:
+    """A service of the test's own: its worker and its kept guides are the test's."""
+    yield from new_service()
+
+
+@pytest.fixture(scope="module")
+def refusing_service() -> Iterator[GuideService]:
+    """One service, one worker, for the hostile guides: each is another guide, refused, and leaves the worker
+    waiting for the next."""
+    yield from new_service()
 
 
 @pytest.mark.parametrize(("guide", "message"), [
@@ -75,9 +87,10 @@ def service() -> Iterator[GuideService]:
     (Guide("json_schema", '{"type": "array", "items": ' * 999 + "{}" + "}" * 999), "guided_decoding_guide "
      "(json_schema) nests 1000 levels deep; a structured-output guide may nest at most 32: flatten it."),
 ], ids=["undefined-rule", "self-ref", "regex-2000-deep", "ebnf-3000-deep", "json-1000-deep"])
-def test_hostile_guides_are_refused_naming_the_input(service: GuideService, guide: Guide, message: str) -> None:
+def test_hostile_guides_are_refused_naming_the_input(refusing_service: GuideService, guide: Guide,
+                                                     message: str) -> None:
     with pytest.raises(GuideRefused) as refused:
-        service.compile(guide).result(timeout=WAIT_S)
+        refusing_service.compile(guide).result(timeout=WAIT_S)
     assert str(refused.value) == message
 
 
