@@ -57,7 +57,9 @@ class BuildKey:
                 "repo": dict(self.repo)}
 
 
-TINY_BUILDS = {"cpu": BuildKey.of(), "llmapi": BuildKey.of(target="llmapi", repo={})}  # the tiny model per target
+# the tiny model per target; the llmapi repo has no text models, so the instance counts change nothing in it and
+# its key is the BuildKey.of(target="llmapi") other modules write: one build and one shared serve of it
+TINY_BUILDS = {"cpu": BuildKey.of(), "llmapi": BuildKey.of(target="llmapi")}
 
 
 class Builds:
