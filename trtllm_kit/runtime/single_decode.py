@@ -8,14 +8,15 @@ The same arithmetic in fewer calls:
   (the product ``linear`` reaches through ``F.linear``);
 * the residual stream is freed of -0.0 once (the embedding plus 0.0). The general step adds each layer's one-rank
   partial as ``hidden + (partial + 0.0)`` (``reduce``); on a stream without -0.0 that is ``hidden + partial`` (the
-  sum of two numbers is -0.0 only when both are), so the partials are added in place, and the stream stays free of
-  -0.0;
-* the pool's keys and values of every layer are viewed once per step, and the new token's key and value are copied
-  into their slot through views.
+  sum of two numbers is -0.0 only when both are), so the partials are added in place (in float32 with the product,
+  ``addmm_``), and the stream stays free of -0.0;
+* the pool's keys and values of every layer, and the new token's slot in each, are viewed once per step (unbound
+  into one view per layer); the new key and value are copied into the slot's view.
 """
 
 from __future__ import annotations
 
+from collections import abc
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -112,7 +113,8 @@ class SingleDecode:
         seq_len, tpb = position + 1, self.tokens_per_block
         slot = seq.block_table[position // tpb] * tpb + position % tpb
         keys, values = self._step_keys(seq.block_table, seq_len)
-        new_keys, new_values = self.k_parts[:, None, slot, :, None], self.v_parts[:, None, slot, :, None]
+        new_keys = self.k_parts[:, None, slot, :, None].unbind(0)  # each layer's slot [1, kv_heads, 1, d]
+        new_values = self.v_parts[:, None, slot, :, None].unbind(0)
         positions = torch.tensor([[position]])
         hidden = model.embed(torch.tensor([seq.token_ids[position]])).add_(0.0)  # [1, H], no -0.0
         norm, eps, add_product = model.norm_fn, dims.norm_epsilon, self._add_product
@@ -120,18 +122,18 @@ class SingleDecode:
             qkv = torch.mm(norm(hidden, w.input_norm, eps), w.qkv)
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
-            heads = qkv.view(1, hq + 2 * hkv, 1, d)
-            rotated = model.rope.rotate(heads[:, :hq + hkv], positions, seq_len)  # [1, hq + hkv, 1, d]
-            new_keys[layer].copy_(rotated[:, hq:])
-            new_values[layer].copy_(heads[:, hq + hkv:])
-            context = attend(rotated[:, :hq].view(1, hkv, hq // hkv, d), keys[layer], values[layer], None)
+            qk, v = qkv.view(1, hq + 2 * hkv, 1, d).split([hq + hkv, hkv], dim=1)
+            q, k = model.rope.rotate(qk, positions, seq_len).split([hq, hkv], dim=1)  # one rotation, per element
+            new_keys[layer].copy_(k)
+            new_values[layer].copy_(v)
+            context = attend(q.view(1, hkv, hq // hkv, d), keys[layer], values[layer], None)
             add_product(hidden, context.view(1, hq * d), w.dense)
             fc, gate = torch.mm(norm(hidden, w.post_norm, eps), w.gate_up).chunk(2, dim=-1)
             add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj)
         return model.logits(hidden[None])[0]
 
-    def _step_keys(self, block_table: list[int], seq_len: int) -> tuple[torch.Tensor | Gathered,
-                                                                        torch.Tensor | Gathered]:
+    def _step_keys(self, block_table: list[int], seq_len: int) -> tuple[abc.Sequence[torch.Tensor] | Gathered,
+                                                                        abc.Sequence[torch.Tensor] | Gathered]:
         """The keys and values [1, kv_heads, seq_len, d] of each layer, indexed by layer: views of every layer's pool
         taken once when the sequence's slots are consecutive, else each layer's gathered on its turn (after the
         layer wrote its new token)."""
@@ -140,8 +142,8 @@ class SingleDecode:
         first = block_table[0]
         if block_table[:num_blocks] == list(range(first, first + num_blocks)):
             span = slice(first * tpb, first * tpb + seq_len)
-            return (self.k_parts[:, span].transpose(1, 2)[:, None],  # [layers, 1, kv_heads, seq_len, d]
-                    self.v_parts[:, span].transpose(1, 2)[:, None])
+            return (self.k_parts[:, span].transpose(1, 2)[:, None].unbind(0),
+                    self.v_parts[:, span].transpose(1, 2)[:, None].unbind(0))
         slots = (torch.tensor(block_table[:num_blocks])[:, None] * tpb + torch.arange(tpb)).flatten()[:seq_len]
         return Gathered(self.k_parts, slots), Gathered(self.v_parts, slots)
 
