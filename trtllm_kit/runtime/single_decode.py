@@ -122,8 +122,8 @@ class SingleDecode:
             qkv = torch.mm(norm(hidden, w.input_norm, eps), w.qkv)
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
-            qk, v = qkv.view(1, hq + 2 * hkv, 1, d).split([hq + hkv, hkv], dim=1)
-            q, k = model.rope.rotate(qk, positions, seq_len).split([hq, hkv], dim=1)  # one rotation, per element
+            qk, v = qkv.view(1, hq + 2 * hkv, 1, d).split_with_sizes([hq + hkv, hkv], dim=1)
+            q, k = model.rope.rotate(qk, positions, seq_len).split_with_sizes([hq, hkv], dim=1)  # one rotation
             new_keys[layer].copy_(k)
             new_values[layer].copy_(v)
             context = attend(q.view(1, hkv, hq // hkv, d), keys[layer], values[layer], None)
