@@ -36,6 +36,7 @@ from trtllm_kit.serve.openai.config import OpenAIConfig
 from trtllm_kit.serve.openai.routes import Route
 from trtllm_kit.serve.ray.client import ReplicaClient
 from trtllm_kit.serve.ray.gpu_replica import GpuReplica, artifact_parallel, check_gpu_replicas, deployment_options
+from trtllm_kit.serve.ray.head_start import start_head
 from trtllm_kit.serve.ray.replica import Replica
 from trtllm_kit.serve.ray.routing import artifact_block, router_config
 from trtllm_kit.serve.ray.scaling import Autoscaling
@@ -121,8 +122,9 @@ def start_application(spec: DriverSpec, route: Route) -> Any:
     from ray import serve
 
     replica, options, num_cpus = replica_deployment(spec)
-    ray.init(num_cpus=spec.scaling.max_replicas * num_cpus, include_dashboard=False, log_to_driver=False,
-             _temp_dir=str(spec.ray_dir), _node_ip_address=LOOPBACK)
+    start_head(lambda: ray.init(num_cpus=spec.scaling.max_replicas * num_cpus, include_dashboard=False,
+                                log_to_driver=False, _temp_dir=str(spec.ray_dir), _node_ip_address=LOOPBACK),
+               ray.shutdown)
     serve.start(proxy_location="Disabled")
     max_ongoing = max(route.max_batch_size or DEFAULT_MAX_ONGOING, math.ceil(spec.scaling.target_ongoing))
     deployment = serve.deployment(name=DEPLOYMENT, max_ongoing_requests=max_ongoing,
