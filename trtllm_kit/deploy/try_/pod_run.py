@@ -89,6 +89,22 @@ class PodRun:
     def is_ready(self) -> bool:
         return bool(self._ready) and all(self._ready.values()) and self.problem is None
 
+    def ready_now(self) -> bool:
+        """Whether the pod is ready at this moment: one readiness check now, from the cluster's namespace, of each
+        container its probes have not found ready yet (another pod's failure can come between two periods). A pod
+        with a problem, or a container still behind its startup probe, is not."""
+        if self.problem is not None or not self._ready:
+            return False
+        with entered(self.node):
+            for container in self.containers:
+                probes = probes_of(container.spec)
+                if self._ready.get(container.name):
+                    continue
+                probe = probes.get("readinessProbe")
+                if probe is None or "startupProbe" in probes or not probe.check(self.context.address)[0]:
+                    return False
+        return True
+
     def _fail(self, text: str) -> None:
         if self.problem is None and not self._stopping.is_set():
             self.problem = text

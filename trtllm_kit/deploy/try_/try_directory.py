@@ -228,11 +228,19 @@ def _ready_addresses(runs: list[PodRun]) -> Callable[[], list[str]]:
     return lambda: [run.context.address for run in runs if run.is_ready]
 
 
+def _ready_at_failure(runs: list[PodRun], report: TryReport, started: float) -> None:
+    """When a pod fails, the others' readiness as it is now, not as their probes' last period found it."""
+    for run, pod_report in zip(runs, report.pods, strict=True):
+        if pod_report.ready_after_s is None and run.ready_now():
+            pod_report.ready_after_s = round(time.monotonic() - started, 1)
+
+
 def _wait(runs: list[PodRun], report: TryReport, started: float, deadline: float) -> str | None:
     """None once every pod is ready; else the first cause, in one sentence."""
     while time.monotonic() < deadline:
         for run, pod_report in zip(runs, report.pods, strict=True):
             if run.problem is not None:
+                _ready_at_failure(runs, report, started)
                 cause = next(filter(None, (dangling_links(c) for c in [*run.containers, *run.sidecars])), None)
                 return f"pod {run.name}: {cause or run.problem}."
             if run.is_ready and pod_report.ready_after_s is None:
