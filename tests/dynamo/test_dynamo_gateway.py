@@ -5,7 +5,6 @@ answers (whole and streamed) are Dynamo's own."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import time
 import urllib.error
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dynamo_installed import HAS_DYNAMO
 from kit_server import BuildKey, Builds, KitServer
 
 from trtllm_kit.serve.dynamo.frontend_client import completion_body, dynamo_request_id, refusal
@@ -26,7 +26,6 @@ from trtllm_kit.wire import GenerationRequest, LoraAdapter
 from trtllm_kit.wire.request import NEVER_END_ID
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-HAS_DYNAMO = importlib.util.find_spec("dynamo") is not None and importlib.util.find_spec("dynamo.llm") is not None
 LLMAPI = BuildKey.of(target="llmapi")
 PROMPT_IDS = [1, 264, 333, 84, 534, 332]
 KEYS = {"open": {}, "small": {"quota_tokens": 10, "quota_period": "day"}}

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
+from dynamo_installed import needs_dynamo
 from kit_server import ONE_EACH, BuildKey, Builds, KitServer
 
 from trtllm_kit.errors import KitError, KitUsageError
@@ -117,9 +117,7 @@ def test_worker_llm_has_the_cpu_artifact_s_kv_pool_and_reuse(kit_builds: Builds,
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None,
-                    reason="NVIDIA Dynamo is not installed (pip install -e '.[dynamo]' and the ai-dynamo wheel with "
-                           "--no-deps, as .ci/run does).")
+@needs_dynamo
 def test_worker_metrics_count_a_repeated_prefix_and_not_a_fresh_one(kit_builds: Builds, tmp_path: Path) -> None:
     out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
     with KitServer(out, dynamo=True, workers=1) as server:

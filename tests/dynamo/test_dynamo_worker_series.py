@@ -4,7 +4,6 @@ sum to the requests sent and a killed worker's series go, its ``up`` gauge 0."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from dynamo_installed import needs_dynamo
 from kit_server import BuildKey, Builds, KitServer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -107,9 +107,7 @@ def _scrape(server: KitServer) -> dict[Sample, float]:
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None,
-                    reason="NVIDIA Dynamo is not installed (pip install -e '.[dynamo]' and the ai-dynamo wheel with "
-                           "--no-deps, as .ci/run does).")
+@needs_dynamo
 def test_each_worker_s_series_are_at_the_serve_s_metrics(kit_builds: Builds, tmp_path: Path) -> None:
     out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
     with KitServer(out, dynamo=True, workers=2, router="round-robin") as server:
