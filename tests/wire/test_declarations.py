@@ -15,7 +15,7 @@ import pytest
 from trtllm_kit.model_repo import tensors as T
 from trtllm_kit.targets import llmapi_repo
 from trtllm_kit.wire import llmapi, llmapi_response, text, trtllm, trtllm_response
-from trtllm_kit.wire.fields import rows
+from trtllm_kit.wire.fields import WIRE_KEY, Row, placed, rows, wire
 from trtllm_kit.wire.request import GenerationRequest
 
 PACKAGE = Path(trtllm.__file__).parents[1]
@@ -82,6 +82,19 @@ def test_each_order_names_every_wire_tensor_once_beside_upstreams_own(order, wir
     wire_names = {t.name for t in wire} - {t.name for t in T.lora_inputs("FP32")}
     assert len(order) == len(set(order))
     assert set(order) == wire_names | set(upstream) and not wire_names & set(upstream)
+
+
+@pytest.mark.parametrize(("dialect", "order"), [("trtllm", T.TRTLLM_INPUT_ORDER), ("text", T.TEXT_INPUT_ORDER)])
+def test_a_placed_row_stands_where_it_says_and_the_rest_keep_their_order(dialect, order) -> None:
+    places = {row.tensor(dialect): at for row in rows(GenerationRequest) if (at := row.place(dialect)) is not None}
+    assert places and all(order[at] == name for name, at in places.items())
+
+
+def test_placed_puts_each_row_at_its_index_and_keeps_the_others_in_order() -> None:
+    def row(name: str, at: int) -> Row:
+        return Row(name, wire("", dtype="INT32", trtllm=name, trtllm_at=at)[WIRE_KEY])
+
+    assert placed(("a", "b", "c"), "trtllm", (row("y", 3), row("x", 0))) == ("x", "a", "b", "y", "c")
 
 
 def test_the_bls_passes_through_what_the_text_interface_feeds_tensorrt_llm(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,16 +3,18 @@
 Each row is a ``wire.tensor.Tensor`` ``(name, data type, dims, required)``; dims exclude the Triton batch dimension. The
 ``tensorrt_llm`` tables are the upstream names and types on both targets, so clients and the ensemble never
 know which target they talk to. A tensor the wire reads or writes (``trtllm_kit.wire``) takes its type and dims
-from there; this module keeps only the order of each model's tensors (config.pbtxt's) and upstream's tensors no
-kit code reads. Multimodal, encoder-decoder and speculative-decoding tensors are left out: the kit
-builds decoder-only text models. The LoRA inputs (``lora_inputs``) are declared by models that take adapters.
-``tensorrt_llm`` also declares the kit's own optional tensors for what upstream has no tensor for; the C++ backend
-ignores them, the CPU runtime serves them (docs/openai-eval-engine.md).
+from there, and a scalar field's row also places its input in each dialect's order; this module keeps only the
+order of the other tensors (config.pbtxt's) and upstream's tensors no kit code reads. Multimodal,
+encoder-decoder and speculative-decoding tensors are left out: the kit builds decoder-only text models. The LoRA
+inputs (``lora_inputs``) are declared by models that take adapters. ``tensorrt_llm`` also declares the kit's own
+optional tensors for what upstream has no tensor for; the C++ backend ignores them, the CPU runtime serves them
+(docs/openai-eval-engine.md).
 """
 
 from __future__ import annotations
 
 from trtllm_kit.wire import text, trtllm, trtllm_response
+from trtllm_kit.wire.fields import placed
 from trtllm_kit.wire.lora import lora_tensors
 from trtllm_kit.wire.request import NEVER_END_ID as NEVER_END_ID  # an end_id no token equals
 from trtllm_kit.wire.scalars import SCALARS
@@ -34,17 +36,16 @@ UPSTREAM_INPUTS = by_name((
 ))
 # The order of tensorrt_llm's inputs in config.pbtxt (the golden configs): upstream's, then the kit's additions in
 # the wire's order: the wire's tensors no upstream tensorrt_llm input carries, which the C++ backend ignores
-# (docs/openai-eval-engine.md). Inputs with a [-1] or wider shape are ragged (``allow_ragged_batch``).
-UPSTREAM_INPUT_ORDER = (
-    "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "draft_input_ids", "draft_logits",
-    "draft_acceptance_threshold", "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias",
-    "beam_width", "temperature", "runtime_top_k", "runtime_top_p", "runtime_top_p_min", "runtime_top_p_decay",
-    "runtime_top_p_reset_ids", "len_penalty", "early_stopping", "repetition_penalty", "min_tokens",
-    "beam_search_diversity_rate", "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
-    "return_context_logits", "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
-    "return_num_output_tokens", "exclude_input_in_output", "stop", "streaming", "prompt_embedding_table",
-    "prompt_table_extra_ids", "prompt_vocab_size", "guided_decoding_guide_type", "guided_decoding_guide",
-)
+# (docs/openai-eval-engine.md). Upstream's inputs a scalar row carries stand where the row places them
+# (``trtllm_at``); these are the others, in order. Inputs with a [-1] or wider shape are ragged
+# (``allow_ragged_batch``).
+UPSTREAM_INPUT_ORDER = placed((
+    "input_ids", "input_lengths", "draft_input_ids", "draft_logits", "draft_acceptance_threshold", "pad_id",
+    "stop_words_list", "bad_words_list", "embedding_bias", "runtime_top_p_min", "runtime_top_p_decay",
+    "runtime_top_p_reset_ids", "early_stopping", "beam_search_diversity_rate", "return_log_probs", "stop",
+    "prompt_embedding_table", "prompt_table_extra_ids", "prompt_vocab_size", "guided_decoding_guide_type",
+    "guided_decoding_guide",
+), "trtllm", SCALARS)
 _LORA = {t.name for t in lora_tensors("FP32")}
 TRTLLM_INPUT_ORDER = (*UPSTREAM_INPUT_ORDER, *(t.name for t in trtllm.request_tensors()
                                                if t.name not in UPSTREAM_INPUT_ORDER and t.name not in _LORA))
@@ -108,15 +109,12 @@ UPSTREAM_TEXT_INPUTS = {
     "prompt_embedding_table": (_t("prompt_embedding_table", "FP16", (-1, -1)), "prompt_embedding_table"),
     "prompt_vocab_size": (_t("prompt_vocab_size", "INT32"), "prompt_vocab_size"),
 }
-# The public text interface of ``ensemble`` and ``tensorrt_llm_bls``, in config.pbtxt's order.
-TEXT_INPUT_ORDER = (
-    "text_input", "max_tokens", "bad_words", "stop_words", "embedding_bias_words", "embedding_bias_weights", "end_id",
-    "pad_id", "top_k", "top_p", "temperature", "length_penalty", "repetition_penalty", "min_tokens",
-    "presence_penalty", "frequency_penalty", "seed", "return_log_probs", "return_context_logits",
-    "return_generation_logits", "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens",
-    "exclude_input_in_output", "beam_width", "num_return_sequences", "stream", "prompt_embedding_table",
-    "prompt_vocab_size", "priority",
-)
+# The public text interface of ``ensemble`` and ``tensorrt_llm_bls``, in config.pbtxt's order: the inputs a scalar
+# row carries where the row places them (``text_at``), the others in this order.
+TEXT_INPUT_ORDER = placed((
+    "text_input", "bad_words", "stop_words", "embedding_bias_words", "embedding_bias_weights", "pad_id",
+    "return_log_probs", "prompt_embedding_table", "prompt_vocab_size",
+), "text", SCALARS)
 
 
 def _text_inputs() -> tuple[tuple[Tensor, str | None], ...]:

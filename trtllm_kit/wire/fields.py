@@ -4,6 +4,10 @@ absent, its rule and its tensor in each dialect.
 A field is declared where the record declares it: ``field(default=None, metadata=wire(help, absent, rule, dtype,
 trtllm=..., llmapi=..., text=..., strict=...))``, as every field of ``request.py`` is.
 
+A field upstream's models also take says where its input stands in their ``config.pbtxt``: ``trtllm_at`` among
+the ``tensorrt_llm`` model's inputs, ``text_at`` among the text interface's (``placed`` puts it there; the two
+dialects order their inputs differently).
+
 ``rows(cls)`` reads the declarations back. A row with a ``dtype`` is a scalar: one tensor of that type per dialect
 that has a name for it, encoded and decoded by the table alone (``scalars.py``); a row without one is structured
 (the prompt, stop words, logprobs, guide, LoRA, disaggregation), its tensor names listed for the record and its
@@ -39,7 +43,9 @@ class Wire:
         is refused where its tensor is missing (the dialect has none, or the model does not declare it), rather
         than sent without it; openai: the field in an OpenAI completion body (True: under its own name; a string:
         under that name; False: the body has none); openai_off: a value an OpenAI body may send for the default
-        (vLLM's own "off", where the row's default is another; None: none).
+        (vLLM's own "off", where the row's default is another; None: none); trtllm_at, text_at: its input's
+        index among upstream's inputs of the dialect, in config.pbtxt's order (None: the kit's own input, after
+        upstream's).
     """
 
     help: str
@@ -52,17 +58,22 @@ class Wire:
     strict: bool = False
     openai: str | bool = False
     openai_off: Any = None
+    trtllm_at: int | None = None
+    text_at: int | None = None
 
 
 def wire(help: str, default: Any = None, rule: Rule | None = None, dtype: str | None = None, *,
          trtllm: Names = None, llmapi: Names = None, text: Names = None, strict: bool = False,
-         openai: str | bool = False, openai_off: Any = None) -> dict[str, Wire]:
+         openai: str | bool = False, openai_off: Any = None, trtllm_at: int | None = None,
+         text_at: int | None = None) -> dict[str, Wire]:
     """Field metadata declaring a field of the wire.
 
     Arguments:
-        help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off: the ``Wire`` fields.
+        help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off, trtllm_at, text_at: the
+        ``Wire`` fields.
     """
-    return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off)}
+    return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off, trtllm_at,
+                           text_at)}
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,14 @@ class Row:
         """The field's name in an OpenAI completion body (None: the body has none)."""
         name = self.wire.openai
         return name if isinstance(name, str) else self.name if name else None
+
+    def place(self, dialect: Dialect) -> int | None:
+        """The index of the field's input among upstream's inputs of ``dialect`` (None: not one of upstream's).
+
+        Arguments:
+            dialect: ``trtllm`` or ``text`` (the llmapi model's order is the kit's).
+        """
+        return self.wire.trtllm_at if dialect == "trtllm" else self.wire.text_at if dialect == "text" else None
 
     def tensors(self, dialect: Dialect) -> tuple[str, ...]:
         """The field's tensors in ``dialect`` (empty: the dialect cannot carry it).
@@ -117,3 +136,16 @@ def rows(cls: type) -> tuple[Row, ...]:
     """
     return tuple(Row(f.name, f.metadata[WIRE_KEY]) for f in fields(cls) if WIRE_KEY in f.metadata)
 
+
+def placed(others: tuple[str, ...], dialect: Dialect, declared: tuple[Row, ...]) -> tuple[str, ...]:
+    """Upstream's inputs of ``dialect`` in config.pbtxt's order: ``others`` (the inputs no row places, in order)
+    with each placed row's input put at its index.
+
+    Arguments:
+        others: the dialect's other inputs, in order; dialect: ``trtllm`` or ``text``; declared: the rows.
+    """
+    order = list(others)
+    for index, name in sorted((at, row.tensors(dialect)[0]) for row in declared
+                              if (at := row.place(dialect)) is not None):
+        order.insert(index, name)
+    return tuple(order)

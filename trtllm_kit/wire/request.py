@@ -33,9 +33,9 @@ PENALTY = Rule(float, -2, 2)
 
 
 def _flag(help: str, trtllm: str | None, llmapi: str | None, text: str | None, default: Any = False, *,
-          openai: bool = False) -> Any:
+          openai: bool = False, trtllm_at: int | None = None, text_at: int | None = None) -> Any:
     return field(default=None, metadata=wire(help, default, FLAG, "BOOL", trtllm=trtllm, llmapi=llmapi, text=text,
-                                             openai=openai))
+                                             openai=openai, trtllm_at=trtllm_at, text_at=text_at))
 
 
 def is_greedy_temperature(temperature: float) -> bool:
@@ -91,59 +91,66 @@ class GenerationRequest:
         trtllm=("input_ids", "input_lengths"), llmapi=("text_input", "input_ids"), text=("text_input",)))
     max_tokens: int | None = field(default=16, metadata=wire(
         "Tokens to generate at most (None: the LLM API's default; tensorrt_llm requires it).", None, Rule(int, 1),
-        "INT32",
-        trtllm="request_output_len", llmapi="sampling_param_max_tokens", text="max_tokens", openai=True))
+        "INT32", trtllm="request_output_len", llmapi="sampling_param_max_tokens", text="max_tokens", trtllm_at=2,
+        text_at=1, openai=True))
     request_id: str = field(default="", metadata=wire("The Triton request id (no tensor; \"\": one is made)."))
-    streaming: bool | None = _flag("One response per step.", "streaming", "streaming", "stream")
+    streaming: bool | None = _flag("One response per step.", "streaming", "streaming", "stream", trtllm_at=35,
+                                   text_at=26)
     temperature: float | None = field(default=None, metadata=wire(
         "Softmax temperature; 0, or below 1e-5, is greedy.", 1.0, Rule(float, 0), "FP32",
-        trtllm="temperature", llmapi="sampling_param_temperature", text="temperature", openai=True))
+        trtllm="temperature", llmapi="sampling_param_temperature", text="temperature", trtllm_at=13, text_at=10,
+        openai=True))
     top_k: int | None = field(default=None, metadata=wire(
         "Sample among the k most likely tokens (0 = off).", 0, Rule(int, 0), "INT32",
-        trtllm="runtime_top_k", llmapi="sampling_param_top_k", text="top_k", openai=True, openai_off=-1))
+        trtllm="runtime_top_k", llmapi="sampling_param_top_k", text="top_k", trtllm_at=14, text_at=8, openai=True,
+        openai_off=-1))
     top_p: float | None = field(default=None, metadata=wire(
         "Nucleus sampling (tensorrt_llm: 0 with top_k 0 is greedy; the LLM API takes (0, 1]).", 0.0,
-        Rule(float, 0, 1), "FP32", trtllm="runtime_top_p", llmapi="sampling_param_top_p", text="top_p", openai=True))
+        Rule(float, 0, 1), "FP32", trtllm="runtime_top_p", llmapi="sampling_param_top_p", text="top_p", trtllm_at=15,
+        text_at=9, openai=True))
     min_p: float | None = field(default=None, metadata=wire(
         "vLLM's min_p: drop tokens below min_p times the top probability (0 = off).", 0.0, Rule(float, 0, 1),
         "FP32", trtllm="runtime_min_p", llmapi="sampling_param_min_p", strict=True, openai=True))
     seed: int | None = field(default=None, metadata=wire(
         "The random seed; sequence i of a request draws from seed + i.", 0, Rule(int, 0), "UINT64",
-        trtllm="seed", llmapi="sampling_param_seed", text="seed", openai=True))
+        trtllm="seed", llmapi="sampling_param_seed", text="seed", trtllm_at=26, text_at=16, openai=True))
     min_tokens: int | None = field(default=None, metadata=wire(
         "Tokens generated before the end token may end the sequence (at most max_tokens).", 0, Rule(int, 0),
-        "INT32", trtllm="min_tokens", llmapi="sampling_param_min_tokens", text="min_tokens", openai=True))
+        "INT32", trtllm="min_tokens", llmapi="sampling_param_min_tokens", text="min_tokens", trtllm_at=22,
+        text_at=13, openai=True))
     end_id: int | None = field(default=None, metadata=wire(
         "The token that ends a sequence (None: the model's; -1: none, as the LLM API's ignore_eos).", None,
-        Rule(int, NEVER_END_ID), "INT32", trtllm="end_id", llmapi="sampling_param_end_id", text="end_id"))
+        Rule(int, NEVER_END_ID), "INT32", trtllm="end_id", llmapi="sampling_param_end_id", text="end_id",
+        trtllm_at=7, text_at=6))
     priority: float | None = field(default=None, metadata=wire(
         "TensorRT-LLM's request priority, higher first.", DEFAULT_PRIORITY, Rule(float, 0, 1), "FP32",
-        trtllm="priority", llmapi="priority", text="priority"))
+        trtllm="priority", llmapi="priority", text="priority", text_at=29))
     repetition_penalty: float | None = field(default=None, metadata=wire(
         "Divides the logits of tokens already seen (1 = off).", 1.0, Rule(float, 0, low_open=True), "FP32",
         trtllm="repetition_penalty", llmapi="sampling_param_repetition_penalty", text="repetition_penalty",
-        strict=True, openai=True))
+        trtllm_at=21, text_at=12, strict=True, openai=True))
     presence_penalty: float | None = field(default=None, metadata=wire(
         "Subtracted once from the logits of tokens already seen.", 0.0, PENALTY, "FP32",
-        trtllm="presence_penalty", llmapi="sampling_param_presence_penalty", text="presence_penalty", strict=True,
-        openai=True))
+        trtllm="presence_penalty", llmapi="sampling_param_presence_penalty", text="presence_penalty", trtllm_at=24,
+        text_at=14, strict=True, openai=True))
     frequency_penalty: float | None = field(default=None, metadata=wire(
         "Subtracted per occurrence from the logits of tokens already seen.", 0.0, PENALTY, "FP32",
         trtllm="frequency_penalty", llmapi="sampling_param_frequency_penalty", text="frequency_penalty",
-        strict=True, openai=True))
+        trtllm_at=25, text_at=15, strict=True, openai=True))
     n: int | None = field(default=None, metadata=wire(
         "Sequences returned, each response tagged with its sequence_index (None: one, untagged); tensorrt_llm's "
         "num_return_sequences carries best_of when it is larger.", 1, Rule(int, 1), "INT32",
-        trtllm="num_return_sequences", llmapi="sampling_param_n", text="num_return_sequences"))
+        trtllm="num_return_sequences", llmapi="sampling_param_n", text="num_return_sequences", trtllm_at=3,
+        text_at=25))
     best_of: int | None = field(default=None, metadata=wire(
         "Sequences generated when more than n: the n of highest cumulative logprob are returned.", None,
         Rule(int, 1), "INT32", llmapi="sampling_param_best_of", strict=True))
     beam_width: int | None = field(default=None, metadata=wire(
         "Beams (the CPU runtime runs 1).", 1, Rule(int, 1), "INT32", trtllm="beam_width", text="beam_width",
-        strict=True))
+        trtllm_at=12, text_at=24, strict=True))
     length_penalty: float | None = field(default=None, metadata=wire(
         "Beam search's length penalty (the CPU runtime runs 1.0).", 1.0, Rule(float), "FP32",
-        trtllm="len_penalty", text="length_penalty", strict=True, openai=True))
+        trtllm="len_penalty", text="length_penalty", trtllm_at=19, text_at=11, strict=True, openai=True))
     logprobs: int | None = field(default=None, metadata=wire(
         "Each generated token's logprob with this many alternatives (None: not scored).", None,
         Rule(int, 0, MAX_LOGPROBS), trtllm=("return_log_probs", "num_top_log_probs"),
@@ -172,19 +179,23 @@ class GenerationRequest:
         "keep_end_token", None)
     exclude_input_in_output: bool | None = _flag(
         "Output ids leave the prompt out (None: the model's exclude_input_in_output parameter).",
-        "exclude_input_in_output", "sampling_param_exclude_input_from_output", "exclude_input_in_output", None)
+        "exclude_input_in_output", "sampling_param_exclude_input_from_output", "exclude_input_in_output", None,
+        trtllm_at=33, text_at=23)
     return_num_input_tokens: bool | None = _flag(
-        "Responses carry num_input_tokens.", "return_num_input_tokens", None, "return_num_input_tokens")
+        "Responses carry num_input_tokens.", "return_num_input_tokens", None, "return_num_input_tokens",
+        trtllm_at=31, text_at=21)
     return_num_output_tokens: bool | None = _flag(
-        "Responses carry num_output_tokens.", "return_num_output_tokens", None, "return_num_output_tokens")
+        "Responses carry num_output_tokens.", "return_num_output_tokens", None, "return_num_output_tokens",
+        trtllm_at=32, text_at=22)
     return_perf_metrics: bool | None = _flag(
         "Responses carry the timing and KV-block outputs.", "return_perf_metrics",
-        "sampling_param_return_perf_metrics", "return_perf_metrics")
+        "sampling_param_return_perf_metrics", "return_perf_metrics", trtllm_at=30, text_at=20)
     return_context_logits: bool | None = _flag(
         "The prompt's logits come back (the C++ backend's way to prompt logprobs).", "return_context_logits", None,
-        "return_context_logits")
+        "return_context_logits", trtllm_at=28, text_at=18)
     return_generation_logits: bool | None = _flag(
-        "Each generated token's logits come back.", "return_generation_logits", None, "return_generation_logits")
+        "Each generated token's logits come back.", "return_generation_logits", None, "return_generation_logits",
+        trtllm_at=29, text_at=19)
     return_finish_reason: bool | None = _flag(
         "Responses carry finish_reason.", None, "return_finish_reason", None)
     return_stop_reason: bool | None = _flag("Responses carry stop_reason.", None, "return_stop_reason", None)
