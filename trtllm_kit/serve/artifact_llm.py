@@ -1,15 +1,19 @@
 """A cpu or llmapi artifact loaded into the kit's CPU ``LLM`` (``llmapi/cpu_llm.py``) with the settings it was
 built for (a cpu artifact's KV pool, ``max_tokens_in_paged_kv_cache``, and its block reuse, as its Triton model
-runs them): what a Dynamo worker and a Ray Serve replica run in-process."""
+runs them, and its speculation: ``ngram`` or ``draft-target`` as the ``speculative_config`` of the mode its
+``tensorrt_llm`` model runs, the draft from the artifact's ``draft_checkpoint/``): what a Dynamo worker and a Ray
+Serve replica run in-process."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineLimits, LlmapiRepoOptions
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM
+from trtllm_kit.spec.speculative_support import CPU_MODES, speculative_config
 
 
 def artifact_llm(out: Path, *, event_buffer: int = 0) -> tuple[LLM, EngineLimits]:
@@ -20,7 +24,8 @@ def artifact_llm(out: Path, *, event_buffer: int = 0) -> tuple[LLM, EngineLimits
         event_buffer: KV cache events the LLM keeps between two reads (``kv_cache_config.event_buffer_max_size``;
             0: none recorded).
     """
-    repo = Artifact.read(out).records.repo
+    artifact = Artifact.read(out)
+    repo = artifact.records.repo
     if repo is None:
         raise KitUsageError(f"{out} has no repository record; build it with the repo stage.")
     limits = repo.limits
@@ -36,4 +41,20 @@ def artifact_llm(out: Path, *, event_buffer: int = 0) -> tuple[LLM, EngineLimits
                 "enable_block_reuse": repo.options.enable_kv_cache_reuse is not False, **events}
     return LLM(model=str(out / limits.model_dir), tensor_parallel_size=limits.tp_size,
                pipeline_parallel_size=limits.pp_size, max_batch_size=limits.max_batch_size,
-               max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len, kv_cache_config=kv_cache), limits
+               max_num_tokens=limits.max_num_tokens, max_seq_len=limits.max_seq_len, kv_cache_config=kv_cache,
+               speculative_config=cpu_speculative_config(artifact)), limits
+
+
+def cpu_speculative_config(artifact: Artifact) -> dict[str, Any] | None:
+    """The CPU ``LLM``'s ``speculative_config`` for a cpu artifact: the mode its ``tensorrt_llm`` model runs itself
+    (``speculative_support.cpu_parameters``), with the draft checkpoint the build converted; None without one.
+
+    Arguments:
+        artifact: a cpu artifact.
+    """
+    options = artifact.spec.speculative
+    if options.mode not in CPU_MODES:
+        return None
+    engine = artifact.records.engine
+    draft = None if engine is None or engine.draft is None else artifact.path / engine.draft.dir
+    return speculative_config(options, draft)

@@ -36,6 +36,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.card import write_card
 from trtllm_kit.serve.dynamo.gateway import FRONTEND_CLOSE_S, DynamoFrontend, dynamo_frontend, serve_in_front
 from trtllm_kit.serve.dynamo.launch import DYNAMO_ROUTERS, LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
+from trtllm_kit.serve.openai.artifact_route import check_bls_route
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.in_process import claim_artifact, served_name
@@ -98,6 +99,7 @@ def serve_dynamo(options: ServeOptions, on_ready: Callable[[dict[str, Any]], Non
     """
     check_dynamo(options)
     settings, out = options.settings, options.out
+    check_bls_route(options.out)  # the speculative mode named, before the target's refusal
     artifact, run_dir = claim_artifact(options, "--dynamo", "the kit's CPU workers")
     assert settings.openai_port is not None
     dirs = DynamoDirs(run_dir / "dynamo")

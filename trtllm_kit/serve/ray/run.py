@@ -29,6 +29,7 @@ from typing import Any
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.machine import detect_machine
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.serve.openai.artifact_route import check_bls_route
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.ray.gpu_replica import check_gpu_replicas
 from trtllm_kit.serve.ray.routing import ray_router
@@ -148,6 +149,7 @@ def serve_ray(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] 
     """
     check_ray(options)
     settings = options.settings
+    check_bls_route(options.out)  # the speculative mode named, before the target's refusal
     artifact, run_dir = claim_artifact(options, "--ray", "the kit's CPU LLM")
     assert settings.openai_port is not None
     dirs = RayDirs(run_dir / "ray")
