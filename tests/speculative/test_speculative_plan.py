@@ -1,5 +1,6 @@
 """``plan --speculative``: the verify step's tokens (max_num_tokens grows by K per sequence in generation) and a
-draft model's weights and KV bytes per token on every rank."""
+draft model's weights and KV bytes per token on every rank, once per copy the served build loads (the cpu target's
+draft-target build: two)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,24 @@ def test_a_draft_model_adds_its_weights_kv_and_the_verify_tokens(tmp_path: Path,
     assert after["weight_bytes"] - before["weight_bytes"] == hf.num_parameters * 2  # bfloat16
     assert after["kv_bytes_per_token"] - before["kv_bytes_per_token"] == \
         2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim * 2
+
+
+def test_the_cpu_target_counts_the_draft_twice_as_its_served_build_loads_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A served cpu draft-target build loads the draft in ``tensorrt_llm_draft`` (the BLS's) and in
+    ``tensorrt_llm``'s own draft engine, each with a pool of the target's tokens: twice the engine target's one."""
+    flags = ["--speculative", "draft-target", "--draft-model", str(builtin_dir("tiny-qwen2")), "--max-draft-len", "4"]
+    added = {}
+    for target in ("engine", "cpu"):
+        target_flags = ["--target", target, *PLAN[2:]]
+        assert run(["plan", "builtin:tiny-llama", "--out", str(tmp_path / target), *target_flags]) == 0
+        plain = json.loads(capsys.readouterr().out)["plan"]["ranks"][0]
+        assert run(["plan", "builtin:tiny-llama", "--out", str(tmp_path / target), *target_flags, *flags]) == 0
+        drafted = json.loads(capsys.readouterr().out)["plan"]["ranks"][0]
+        added[target] = (drafted["weight_bytes"] - plain["weight_bytes"],
+                         drafted["kv_bytes_per_token"] - plain["kv_bytes_per_token"])
+    assert added["engine"][0] > 0 and added["engine"][1] > 0
+    assert added["cpu"] == (2 * added["engine"][0], 2 * added["engine"][1])
 
 
 def test_lookahead_adds_only_the_verify_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

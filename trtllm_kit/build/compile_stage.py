@@ -71,7 +71,7 @@ def prepare_compile(spec: BuildSpec, hf: HFConfig, family: Family, machine: Mach
         drafted = draft_precision(precision) if named.name == Target.ENGINE else precision
         limits = Limits(b.max_batch_size, b.max_input_len, b.max_seq_len, b.max_num_tokens, b.tokens_per_block,
                         b.kv_cache_fraction, b.context_logits,
-                        draft_memory(spec.speculative, hf.raw, drafted, spec.build.tp))
+                        draft_memory(spec.speculative, hf.raw, drafted, spec.build.tp, Target(named.name)))
         plan = make_plan(hf, family, Mapping(spec.build.tp, spec.build.pp), precision_of(spec, hf), gpu, limits)
         if compile_requested:
             check_plan(plan, hf, family)

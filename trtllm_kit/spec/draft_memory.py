@@ -1,5 +1,6 @@
 """What speculation adds to a memory plan: the verify step's draft tokens and, for draft-target, the draft model's
-weights and KV cache (the draft is whole on every rank, at the precision its target builds it in); for Medusa, the
+weights and KV cache (the draft is whole on every rank, at the precision its target builds it in, as many times as
+the served build loads it: ``speculative_support.DRAFT_COPIES``); for Medusa, the
 heads' weights on each rank (split as the target's linears, in its dtype, unquantized; no KV cache); for EAGLE-1,
 the EagleNets' weights and their decoder layer's KV cache."""
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trtllm_kit.build_limits import DraftMemory
+from trtllm_kit.enums import Target
 from trtllm_kit.models.hf_config import parse_hf_config, read_hf_config
 from trtllm_kit.plan import kv_bytes_per_token
 from trtllm_kit.precision import ITEMSIZE, Precision
@@ -16,11 +18,11 @@ from trtllm_kit.spec.eagle_heads import EagleHeads
 from trtllm_kit.spec.heads import rank_numel
 from trtllm_kit.spec.heads_reader import read_heads
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
-from trtllm_kit.spec.speculative_support import mtp_layers
+from trtllm_kit.spec.speculative_support import DRAFT_COPIES, mtp_layers
 
 
-def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], precision: Precision, tp_size: int = 1
-                 ) -> DraftMemory | None:
+def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], precision: Precision, tp_size: int = 1,
+                 target: Target | None = None) -> DraftMemory | None:
     """The plan's ``Limits.draft`` for a ``[speculative]`` table (None without speculation).
 
     Arguments:
@@ -39,6 +41,7 @@ def draft_memory(options: SpeculativeOptions, hf_config: Mapping[str, Any], prec
     if options.mode is not Speculation.DRAFT_TARGET or options.draft_model is None:
         return DraftMemory(options.draft_len)
     draft = read_hf_config(options.draft_model)
-    return DraftMemory(options.draft_len, draft.num_parameters * ITEMSIZE[precision.dtype],
-                       kv_bytes_per_token(draft.num_hidden_layers, draft.num_key_value_heads, draft.head_dim,
-                                          precision.kv_bytes))
+    copies = DRAFT_COPIES.get(target, 1) if target is not None else 1
+    return DraftMemory(options.draft_len, copies * draft.num_parameters * ITEMSIZE[precision.dtype],
+                       copies * kv_bytes_per_token(draft.num_hidden_layers, draft.num_key_value_heads, draft.head_dim,
+                                                   precision.kv_bytes))

@@ -43,6 +43,9 @@ NO_OVERLAP = (Speculation.NGRAM, Speculation.DRAFT_TARGET)  # upstream's example
 CPU_MODE_KEY, CPU_DRAFT_LEN_KEY = "speculative_decoding_mode", "max_draft_len"  # the cpu tensorrt_llm model's
 CPU_DRAFT_PATH_KEY = "draft_model_path"  # and, for draft-target, the draft checkpoint it runs in its engine
 CPU_MODES = (Speculation.NGRAM, Speculation.DRAFT_TARGET)  # what the CPU tensorrt_llm model runs itself
+# the draft each rank holds when served: the cpu target's draft-target build loads it twice, in tensorrt_llm_draft
+# (the BLS's rounds) and in tensorrt_llm's own draft engine (the OpenAI routes), each with its KV pool
+DRAFT_COPIES = {Target.CPU: 2}
 
 
 def check_build(options: SpeculativeOptions, target: Target) -> None:
