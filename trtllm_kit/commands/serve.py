@@ -10,6 +10,7 @@ import click
 
 from trtllm_kit.commands.build_flags import config_option, declared_fields, spec_options, typed_values
 from trtllm_kit.commands.output import emit_json
+from trtllm_kit.commands.sampling_flags import SamplingCommand
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.safe_files import UnsafeFileError, read_bounded
@@ -162,19 +163,15 @@ def stop(out: Path | None, timeout: float) -> None:
     click.echo(f"stopped pid {result['pid']}" + (" (killed after the timeout)" if result["forced"] else ""))
 
 
-@click.command()
+@click.command(cls=SamplingCommand)
 @click.argument("prompt")
 @click.option("--url", default="127.0.0.1:8001", show_default=True, help="The server's gRPC endpoint.")
 @click.option("--model", help="tensorrt_llm_bls or ensemble (default: the first of them the server has ready).")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--temperature", type=float, help="0 or omitted: greedy.")
-@click.option("--top-p", type=float)
-@click.option("--top-k", type=int)
-@click.option("--seed", type=int)
-def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperature: float | None, top_p: float | None,
-             top_k: int | None, seed: int | None) -> None:
+def generate(prompt: str, url: str, model: str | None, max_tokens: int, **sampling: Any) -> None:
     """Stream a completion of PROMPT from a running server to the terminal (with the serve's Triton token when
-    this user started it with trtllm-kit serve).
+    this user started it with trtllm-kit serve). Without sampling flags the answer is greedy; a temperature of 0
+    is greedy too.
 
     \b
     Example:
@@ -188,8 +185,7 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, temperat
     from trtllm_kit.wire import GenerationRequest
     from trtllm_kit.wire.request import greedy_settings
 
-    settings = greedy_settings({"temperature": temperature, "top_p": top_p, "top_k": top_k})  # 0: greedy, whole
-    request = GenerationRequest(prompt, max_tokens, seed=seed, **settings)
+    request = GenerationRequest(prompt, max_tokens, **greedy_settings(sampling))  # a greedy temperature: top_k 1
     headers = grpc_headers(token_for(url))  # the owner's own serve: its token, from the run directory
     asyncio.run(generate_to(url, model, request, lambda text: click.echo(text, nl=False), headers))
     click.echo()
