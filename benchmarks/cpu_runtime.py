@@ -3,6 +3,7 @@
     python benchmarks/cpu_runtime.py [--quick] [--models smollm2-135m-instruct,tiny-llama] [--no-served]
                                      [--threads N] [--rounds 3] [--json]
     python benchmarks/cpu_runtime.py --profile [--quick] [--models smollm2-135m-instruct]
+    python benchmarks/cpu_runtime.py --cpu-by-process [--quick] [--models smollm2-135m-instruct] [--rounds 3]
 
 For each model (float32, greedy, every answer forced to its full length with ``ignore_eos``), two cases:
 
@@ -29,6 +30,11 @@ printed with them: ratios taken in the same run stay comparable when other proce
 the OpenAI frontend) with ``py-spy record --subprocesses`` while the 8 concurrent requests run; it prints each part
 of a step's share of the busy samples (counts, not seconds: they hold under load), the first category any frame
 of a stack matches (``CATEGORIES``).
+
+``--cpu-by-process`` serves the first model and prints the CPU milliseconds per generated token of each process of
+the serve (the serve with its OpenAI frontend, tritonserver, each Python stub) over ``--rounds`` batch-1 chats, each
+less its idle rate (``process_cpu.py``), beside the executor's own in this process and the client's: CPU time, not
+wall time, so the figures hold on a loaded machine.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from process_cpu import by_process, serve_processes  # noqa: E402
 from served import served_build  # noqa: E402
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint  # noqa: E402
@@ -229,6 +236,37 @@ def profile(name: str, num_requests: int, max_tokens: int, work: Path) -> dict[s
     return dict(counts)
 
 
+def cpu_by_process(name: str, max_tokens: int, rounds: int, work: Path) -> list[tuple[str, float]]:
+    """CPU ms per generated token of each process of a serve of ``name`` over ``rounds`` batch-1 chats of
+    ``max_tokens`` tokens (after an untimed warm-up), then of this process's client and of the executor alone.
+
+    Arguments:
+        name: a built-in model; max_tokens: tokens per chat; rounds: chats measured; work: a scratch directory.
+    """
+    with served_build(f"builtin:{name}", work / name / "out", "--dtype", "float32") as base_url:
+        one = served_run(base_url, 1, max_tokens)
+        one()  # warm-up
+        pid = serving_pid(work / name / "out")
+        assert pid is not None, f"no serve of {name} is running"
+        client_start = time.process_time()
+
+        def run() -> int:
+            return sum(one() for _ in range(rounds))
+        rows = [(f"{p.name} [{p.pid}]", p.ms_per_token) for p in by_process(serve_processes(pid), run, idle_s=3.0)]
+        client_ms = 1000 * (time.process_time() - client_start) / (rounds * max_tokens)
+    from transformers import AutoTokenizer
+
+    hf_dir = builtin_dir(name)
+    convert_checkpoint(hf_dir, work / name / "ckpt", dtype="float32")
+    executor = executor_run(CheckpointModel.load(work / name / "ckpt"), chat_ids(AutoTokenizer.from_pretrained(hf_dir),
+                                                                              1), max_tokens)
+    executor()  # warm-up
+    start = time.process_time()
+    num_tokens = sum(executor() for _ in range(rounds))
+    executor_ms = 1000 * (time.process_time() - start) / num_tokens
+    return [*rows, ("client (this process, openai)", client_ms), ("executor alone (this process)", executor_ms)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="32 tokens at batch 1 and 16 at 8 concurrent")
@@ -239,12 +277,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (each engine once a round; median)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--profile", action="store_true", help="the served path's busy samples by part (py-spy)")
+    parser.add_argument("--cpu-by-process", action="store_true",
+                        help="CPU ms per generated token of each serve process at batch 1, and the executor's")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the served model's cpu_threads default
     shapes = [(1, 32), (8, 16)] if args.quick else [(1, 128), (8, 64)]
     cases: list[Case] = []
+    if args.cpu_by_process:
+        name, max_tokens = args.models.split(",")[0], shapes[0][1]
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = cpu_by_process(name, max_tokens, args.rounds, Path(tmp))
+        print(f"{name}, batch 1 x {max_tokens} tokens x {args.rounds} chats, {args.threads} threads, "
+              f"load {os.getloadavg()[0]:.1f}: CPU ms per generated token")
+        for label, ms in rows:
+            print(f"{ms:8.2f} ms/token  {label}")
+        return
     if args.profile:
         with tempfile.TemporaryDirectory() as tmp:
             counts = profile(args.models.split(",")[0], *shapes[1], Path(tmp))
