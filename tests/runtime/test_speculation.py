@@ -1,6 +1,7 @@
 """Speculative decoding in the CPU runtime is lossless under greedy decoding: the output equals the output without
-speculation token for token, whole and streamed, on every built-in family, with stop words, end ids, min_tokens,
-logprobs, LoRA and a JSON-schema guide, under in-flight batching with paged KV; no block leaks, prefix reuse hits."""
+speculation token for token, whole and streamed, with stop words, end ids, min_tokens, logprobs, LoRA and a
+JSON-schema guide, each on every built-in family, under in-flight batching with paged KV; no block leaks, prefix
+reuse hits. The same on the real model: ``tests/gguf/test_smollm2_speculation.py``."""
 
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ def test_greedy_output_equals_output_without_speculation(models, family, config)
             assert sorted(proposer.forgotten) == sorted(s.seq_id for s in got)
 
 
-def test_streamed_tokens_are_the_whole_output_and_come_several_per_step(models):
-    model = models["tiny-llama"]
+@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
+def test_streamed_tokens_are_the_whole_output_and_come_several_per_step(models, family):
+    model = models[family]
     params = [SamplingParams(max_tokens=n) for n in (25, 12, 30, 20)]
     reference = run(engine(model, "no_evict+reuse"), params)
     executor = engine(model, "no_evict+reuse", Speculator(scripted(model, reference), K))
@@ -123,8 +125,9 @@ def test_streamed_tokens_are_the_whole_output_and_come_several_per_step(models):
     assert most >= 2
 
 
-def test_stop_words_end_id_min_tokens_and_logprobs_are_kept(models):
-    model = models["tiny-qwen2"]
+@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
+def test_stop_words_end_id_min_tokens_and_logprobs_are_kept(models, family):
+    model = models[family]
     free = run(engine(model, "no_evict+reuse"), [SamplingParams(max_tokens=24) for _ in range(4)])
     outs = [s.output_ids for s in free]
     params = [SamplingParams(max_tokens=24, stop_words=[outs[0][9:11]], logprobs=2),
@@ -143,9 +146,10 @@ def test_stop_words_end_id_min_tokens_and_logprobs_are_kept(models):
         assert seq.cum_logprob == pytest.approx(ref.cum_logprob, abs=1e-3)
 
 
-def test_lora_requests_speculate_under_their_adapter(models, checkpoints):
-    model = models["tiny-llama"]
-    shapes = module_shapes(json.loads((checkpoints / "tiny-llama" / "config.json").read_text()))
+@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
+def test_lora_requests_speculate_under_their_adapter(models, checkpoints, family):
+    model = models[family]
+    shapes = module_shapes(json.loads((checkpoints / family / "config.json").read_text()))
     g = torch.Generator().manual_seed(5)
     pairs = {(layer, name): (torch.randn(4, n_in, generator=g) * 0.3, torch.randn(n_out, 4, generator=g) * 0.3)
              for layer in range(model.dims.num_layers) for name, (n_in, n_out) in shapes.items()}
@@ -185,13 +189,14 @@ def test_counters_per_request_add_up_to_the_engine_counters(models):
     assert total.acceptance_length == 1 + total.num_accepted_tokens / total.num_drafts
 
 
-def test_a_json_schema_guided_request_keeps_its_output(models, tmp_path):
+@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
+def test_a_json_schema_guided_request_keeps_its_output(models, tmp_path, family):
     pytest.importorskip("xgrammar")
     from trtllm_kit.model_repo.xgrammar_info import write_xgrammar_tokenizer_info
     from trtllm_kit.runtime.grammar import GrammarCompiler, Guide
 
-    model = models["tiny-llama"]
-    info = write_xgrammar_tokenizer_info(builtin_dir("tiny-llama"), tmp_path / "info.json")
+    model = models[family]
+    info = write_xgrammar_tokenizer_info(builtin_dir(family), tmp_path / "info.json")
     schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z ]{1,12}$"},
                                                "ok": {"type": "boolean"}}, "required": ["name", "ok"]}
     guide = GrammarCompiler.from_tokenizer_info(info, model.dims.vocab_size).compile(
