@@ -3,12 +3,16 @@ exactly on the longer prompt or are refused in one sentence."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from trtllm_kit.llmapi.cpu_llm import GuidedDecodingParams, SamplingParams
 from trtllm_kit.serve.dynamo.migration import Ledger, MigrationRefused, continuation
+from trtllm_kit.serve.dynamo.request import PARAMS
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.fields import rows
 
 
 def test_the_ledger_tells_a_migrated_request_by_its_id(tmp_path: Path) -> None:
@@ -56,3 +60,10 @@ def test_what_would_differ_is_refused(sampling: SamplingParams, message: str) ->
     with pytest.raises(MigrationRefused) as caught:
         continuation(sampling, 20)
     assert str(caught.value).startswith(message)
+
+
+def test_each_rule_of_a_row_names_a_field_of_the_llm_apis_sampling_params() -> None:
+    moved = {PARAMS[row.name]: row.wire.migration.rule for row in rows(GenerationRequest) if row.wire.migration}
+    assert moved == {"seed": "refused", "min_tokens": "reduced", "presence_penalty": "refused",
+                     "frequency_penalty": "refused", "prompt_logprobs": "dropped", "guided_decoding": "refused"}
+    assert set(moved) <= {f.name for f in fields(SamplingParams)}

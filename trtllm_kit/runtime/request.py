@@ -2,8 +2,8 @@
 each field the two records share by name (``sequence.wire_rows``), an unset one at its row's default
 (``GenerationRequest.setting``); the stop words and the compiled guide beside them.
 
-Beam search does not run here: a ``beam_width`` other than 1 or a ``length_penalty`` other than 1.0 is refused,
-naming its ``tensorrt_llm`` input, rather than answered differently.
+Beam search does not run here: a field of beam search (its row's ``beams``) other than its row's default is
+refused, naming its ``tensorrt_llm`` input, rather than answered differently.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.sequence import SamplingParams, wire_rows
 from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.fields import rows
 from trtllm_kit.wire.scalars import field_row
 
 if TYPE_CHECKING:
     from trtllm_kit.runtime.grammar import CompiledGuide
 
-UNSUPPORTED = ("beam_width", "length_penalty")  # fields whose only value here is their row's default
+UNSUPPORTED = tuple(row.name for row in rows(GenerationRequest) if row.wire.beams)  # only their default runs here
 
 
 def sampling_params(req: GenerationRequest, *, guide: CompiledGuide | None = None) -> SamplingParams:

@@ -8,6 +8,9 @@ A field upstream's models also take says where its input stands in their ``confi
 the ``tensorrt_llm`` model's inputs, ``text_at`` among the text interface's (``placed`` puts it there; the two
 dialects order their inputs differently).
 
+A field whose value depends on the tokens already generated says how it continues when Dynamo migrates its request
+to another worker (``Migration``); the others continue unchanged.
+
 ``rows(cls)`` reads the declarations back. A row with a ``dtype`` is a scalar: one tensor of that type per dialect
 that has a name for it, encoded and decoded by the table alone (``scalars.py``); a row without one is structured
 (the prompt, stop words, logprobs, guide, LoRA, disaggregation), its tensor names listed for the record and its
@@ -32,6 +35,18 @@ Names = str | tuple[str, ...] | None
 
 
 @dataclass(frozen=True)
+class Migration:
+    """How a field continues when its request moves to another worker with the tokens generated so far appended
+    to its prompt: ``reduced`` by those tokens, ``dropped`` (the first chunk, already sent, answered it), or
+    ``refused`` while it is set (``why``: the refusal's end, what the other worker cannot resume and what to do;
+    ``sampled``: only when the request samples rather than decodes greedily)."""
+
+    rule: Literal["reduced", "dropped", "refused"]
+    why: str = ""
+    sampled: bool = False
+
+
+@dataclass(frozen=True)
 class Wire:
     """How one field travels.
 
@@ -45,7 +60,8 @@ class Wire:
         under that name; False: the body has none); openai_off: a value an OpenAI body may send for the default
         (vLLM's own "off", where the row's default is another; None: none); trtllm_at, text_at: its input's
         index among upstream's inputs of the dialect, in config.pbtxt's order (None: the kit's own input, after
-        upstream's).
+        upstream's); migration: how it continues on another worker (None: unchanged); beams: it sets or weighs
+        beam search, which the kit's decoders do not run (a value other than ``default`` is refused).
     """
 
     help: str
@@ -60,20 +76,22 @@ class Wire:
     openai_off: Any = None
     trtllm_at: int | None = None
     text_at: int | None = None
+    migration: Migration | None = None
+    beams: bool = False
 
 
 def wire(help: str, default: Any = None, rule: Rule | None = None, dtype: str | None = None, *,
          trtllm: Names = None, llmapi: Names = None, text: Names = None, strict: bool = False,
          openai: str | bool = False, openai_off: Any = None, trtllm_at: int | None = None,
-         text_at: int | None = None) -> dict[str, Wire]:
+         text_at: int | None = None, migration: Migration | None = None, beams: bool = False) -> dict[str, Wire]:
     """Field metadata declaring a field of the wire.
 
     Arguments:
-        help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off, trtllm_at, text_at: the
-        ``Wire`` fields.
+        help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off, trtllm_at, text_at,
+        migration, beams: the ``Wire`` fields.
     """
     return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off, trtllm_at,
-                           text_at)}
+                           text_at, migration, beams)}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from numbers import Integral
 from typing import Any
 
 from trtllm_kit.wire.disagg import DisaggHandle
-from trtllm_kit.wire.fields import rows, wire
+from trtllm_kit.wire.fields import Migration, rows, wire
 from trtllm_kit.wire.lora import LoraAdapter
 from trtllm_kit.wire.rules import Rule, WireError, refusal
 
@@ -30,6 +30,7 @@ MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
 MIN_TEMPERATURE = 1e-5  # a smaller temperature divides logits into infinities: greedy, as vLLM takes it
 FLAG = Rule(bool)
 PENALTY = Rule(float, -2, 2)
+COUNTS_OUTPUT = Migration("refused", "which counts output tokens another worker sees as prompt; send it again")
 
 
 def _flag(help: str, trtllm: str | None, llmapi: str | None, text: str | None, default: Any = False, *,
@@ -45,6 +46,18 @@ def is_greedy_temperature(temperature: float) -> bool:
         temperature: a non-negative temperature.
     """
     return temperature < MIN_TEMPERATURE
+
+
+def is_greedy(settings: Any) -> bool:
+    """Whether settings by the wire's names decode greedily in vLLM's and the LLM API's terms: ``top_k`` 1, or a
+    greedy temperature.
+
+    Arguments:
+        settings: an object with the wire's sampling fields as attributes (None: not set), such as the LLM API's
+        ``SamplingParams``.
+    """
+    temperature = getattr(settings, "temperature", None)
+    return getattr(settings, "top_k", None) == 1 or (temperature is not None and is_greedy_temperature(temperature))
 
 
 def greedy_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -113,11 +126,13 @@ class GenerationRequest:
         "FP32", trtllm="runtime_min_p", llmapi="sampling_param_min_p", strict=True, openai=True))
     seed: int | None = field(default=None, metadata=wire(
         "The random seed; sequence i of a request draws from seed + i.", 0, Rule(int, 0), "UINT64",
-        trtllm="seed", llmapi="sampling_param_seed", text="seed", trtllm_at=26, text_at=16, openai=True))
+        trtllm="seed", llmapi="sampling_param_seed", text="seed", trtllm_at=26, text_at=16, openai=True,
+        migration=Migration("refused", "whose random stream another worker cannot resume; send it again, or without "
+                                       "a seed to let it migrate", sampled=True)))
     min_tokens: int | None = field(default=None, metadata=wire(
         "Tokens generated before the end token may end the sequence (at most max_tokens).", 0, Rule(int, 0),
         "INT32", trtllm="min_tokens", llmapi="sampling_param_min_tokens", text="min_tokens", trtllm_at=22,
-        text_at=13, openai=True))
+        text_at=13, openai=True, migration=Migration("reduced")))
     end_id: int | None = field(default=None, metadata=wire(
         "The token that ends a sequence (None: the model's; -1: none, as the LLM API's ignore_eos).", None,
         Rule(int, NEVER_END_ID), "INT32", trtllm="end_id", llmapi="sampling_param_end_id", text="end_id",
@@ -132,11 +147,11 @@ class GenerationRequest:
     presence_penalty: float | None = field(default=None, metadata=wire(
         "Subtracted once from the logits of tokens already seen.", 0.0, PENALTY, "FP32",
         trtllm="presence_penalty", llmapi="sampling_param_presence_penalty", text="presence_penalty", trtllm_at=24,
-        text_at=14, strict=True, openai=True))
+        text_at=14, strict=True, openai=True, migration=COUNTS_OUTPUT))
     frequency_penalty: float | None = field(default=None, metadata=wire(
         "Subtracted per occurrence from the logits of tokens already seen.", 0.0, PENALTY, "FP32",
         trtllm="frequency_penalty", llmapi="sampling_param_frequency_penalty", text="frequency_penalty",
-        trtllm_at=25, text_at=15, strict=True, openai=True))
+        trtllm_at=25, text_at=15, strict=True, openai=True, migration=COUNTS_OUTPUT))
     n: int | None = field(default=None, metadata=wire(
         "Sequences returned, each response tagged with its sequence_index (None: one, untagged); tensorrt_llm's "
         "num_return_sequences carries best_of when it is larger.", 1, Rule(int, 1), "INT32",
@@ -147,10 +162,11 @@ class GenerationRequest:
         Rule(int, 1), "INT32", llmapi="sampling_param_best_of", strict=True))
     beam_width: int | None = field(default=None, metadata=wire(
         "Beams (the CPU runtime runs 1).", 1, Rule(int, 1), "INT32", trtllm="beam_width", text="beam_width",
-        trtllm_at=12, text_at=24, strict=True))
+        trtllm_at=12, text_at=24, strict=True, beams=True))
     length_penalty: float | None = field(default=None, metadata=wire(
         "Beam search's length penalty (the CPU runtime runs 1.0).", 1.0, Rule(float), "FP32",
-        trtllm="len_penalty", text="length_penalty", trtllm_at=19, text_at=11, strict=True, openai=True))
+        trtllm="len_penalty", text="length_penalty", trtllm_at=19, text_at=11, strict=True, openai=True,
+        beams=True))
     logprobs: int | None = field(default=None, metadata=wire(
         "Each generated token's logprob with this many alternatives (None: not scored).", None,
         Rule(int, 0, MAX_LOGPROBS), trtllm=("return_log_probs", "num_top_log_probs"),
@@ -159,7 +175,7 @@ class GenerationRequest:
         "Each prompt token's logprob with this many alternatives (None: not scored; tensorrt_llm shares one "
         "num_top_log_probs between both).", None, Rule(int, 0, MAX_LOGPROBS),
         trtllm=("return_prompt_log_probs", "num_top_log_probs"), llmapi=("sampling_param_prompt_logprobs",),
-        strict=True))
+        strict=True, migration=Migration("dropped")))
     stop_words: tuple[tuple[int, ...], ...] = field(default=(), metadata=wire(
         "Stop sequences as token ids (empty ones are not sent).", trtllm=("stop_words_list",)))
     stop_strings: tuple[str, ...] = field(default=(), metadata=wire(
@@ -170,7 +186,8 @@ class GenerationRequest:
     guide: tuple[str, str] | None = field(default=None, metadata=wire(
         "Structured output: (guide type, guide), the type one of GUIDE_TYPES.",
         trtllm=("guided_decoding_guide_type", "guided_decoding_guide"),
-        llmapi=("guided_decoding_guide_type", "guided_decoding_guide"), strict=True))
+        llmapi=("guided_decoding_guide_type", "guided_decoding_guide"), strict=True,
+        migration=Migration("refused", "whose grammar another worker would start again; send it again")))
     draft_ids: tuple[int, ...] = field(default=(), metadata=wire(
         "Tokens drafted after the prompt (draft-target speculation): the model verifies them in one step and emits "
         "the accepted ones and its own next token.", trtllm=("draft_input_ids",), strict=True))

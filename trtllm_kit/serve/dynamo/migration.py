@@ -9,23 +9,26 @@ length tokens in.
 
 What continues exactly on the longer prompt: greedy and unseeded sampling with its truncations (top-k, top-p, the
 probability floor), the repetition penalty (the CPU runtime counts prompt and output tokens alike), stop strings
-(the frontend's), ``min_tokens`` (reduced by the tokens generated) and logprobs (the tokens already sent keep
+(the frontend's), the minimum length (reduced by the tokens generated) and logprobs (the tokens already sent keep
 theirs; the new worker scores the rest, the same alternatives with values within float32 rounding, as it computes
 the generated tokens' keys and values in one prefill rather than step by step; the prompt's logprobs came with
-the first chunk, and are not computed again). What does not, and is refused: seeded
-sampling (the new worker's random stream starts again), presence and frequency penalties (they count output tokens
-only) and guided decoding (the grammar would start again at the generated text; Dynamo's frontend does not migrate
-those either). """
+the first chunk, and are not computed again). What does not, and is refused: seeded sampling (the new worker's
+random stream starts again), the penalties that count output tokens only, and guided decoding (the grammar would
+start again at the generated text; Dynamo's frontend does not migrate those either). Each field's rule is its
+row's ``migration`` (``trtllm_kit.wire.request``); the rest continue unchanged."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 from trtllm_kit.llmapi.cpu_llm import SamplingParams
-from trtllm_kit.runtime.sampling_rules import MIN_TEMPERATURE
-from trtllm_kit.serve.dynamo.request import DynamoRequestError
+from trtllm_kit.serve.dynamo.request import PARAMS, DynamoRequestError
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.fields import rows
+from trtllm_kit.wire.request import is_greedy
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # Dynamo's ids are UUIDs; anything else is not recorded
 
@@ -70,26 +73,26 @@ class Ledger:
 
 
 def continuation(sampling: SamplingParams, num_generated: int) -> SamplingParams:
-    """The settings that continue a request ``num_generated`` tokens in as the unfaulted run would; refuses, in one
-    sentence, settings that cannot.
+    """The settings that continue a request ``num_generated`` tokens in as the unfaulted run would (each field by
+    its row's ``migration``); refuses, in one sentence, settings that cannot.
 
     Arguments:
         sampling: the request's settings; num_generated: the tokens its dead worker generated (now in the prompt).
     """
-    lost = f"the request lost its worker {num_generated} tokens in and is not migrated: "
-    is_greedy = sampling.top_k == 1 or (sampling.temperature is not None and sampling.temperature < MIN_TEMPERATURE)
-    if sampling.seed is not None and not is_greedy:
-        raise MigrationRefused(f"{lost}sampling_options.seed is {sampling.seed}, whose random stream another worker "
-                               "cannot resume; send it again, or without a seed to let it migrate.")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(sampling, name):
-            raise MigrationRefused(f"{lost}sampling_options.{name} is {getattr(sampling, name)}, which counts "
-                                   "output tokens another worker sees as prompt; send it again.")
-    if sampling.guided_decoding is not None:
-        raise MigrationRefused(f"{lost}sampling_options.guided_decoding is set, whose grammar another worker would "
-                               "start again; send it again.")
-    if sampling.prompt_logprobs is not None:  # the first chunk, which the dead worker sent, carried them
-        sampling = replace(sampling, prompt_logprobs=None)
-    if sampling.min_tokens:
-        return replace(sampling, min_tokens=max(0, sampling.min_tokens - num_generated))
-    return sampling
+    moved = [(row, PARAMS[row.name], row.wire.migration) for row in rows(GenerationRequest)
+             if row.wire.migration is not None]
+    unset = {f.name: f.default for f in fields(SamplingParams)}
+    for row, name, rule in moved:
+        value = getattr(sampling, name)
+        if rule.rule == "refused" and value != unset[name] and not (rule.sampled and is_greedy(sampling)):
+            said = value if row.is_scalar else "set"
+            raise MigrationRefused(f"the request lost its worker {num_generated} tokens in and is not migrated: "
+                                   f"sampling_options.{name} is {said}, {rule.why}.")
+    changes: dict[str, Any] = {}
+    for _row, name, rule in moved:
+        value = getattr(sampling, name)
+        if rule.rule == "dropped" and value is not None:
+            changes[name] = None
+        elif rule.rule == "reduced" and value:
+            changes[name] = max(0, value - num_generated)
+    return replace(sampling, **changes) if changes else sampling

@@ -24,11 +24,14 @@ from trtllm_kit.llmapi.cpu_llm import GuidedDecodingParams, SamplingParams
 from trtllm_kit.serve.dynamo.logprobs import LOGPROBS_ANNOTATION, PROMPT_LOGPROBS_ANNOTATION, PROMPT_SCORED
 from trtllm_kit.triton_models.llmapi_outputs import scored_of
 from trtllm_kit.triton_models.llmapi_params import SAMPLING_FIELDS
-from trtllm_kit.wire import Scored
+from trtllm_kit.wire import GenerationRequest, Scored
+from trtllm_kit.wire.fields import rows
 from trtllm_kit.wire.request import MAX_LOGPROBS
 
 # sampling_options keys are the wire's field names, which SAMPLING_FIELDS maps onto SamplingParams; the one rename:
 GUIDED_DECODING = "guided_decoding"  # the wire's guide, mapped by _guide
+PARAMS = {**SAMPLING_FIELDS, "guide": GUIDED_DECODING}  # wire field → SamplingParams field
+BEAMS = ("use_beam_search", *(row.name for row in rows(GenerationRequest) if row.wire.beams))  # refused when set
 # guided_decoding fields and their GuidedDecodingParams names
 GUIDE_FIELDS = {"json": "json", "regex": "regex", "grammar": "grammar"}
 
@@ -60,8 +63,7 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
     sampling = dict(request.get("sampling_options") or {})
     output = dict(request.get("output_options") or {})
     _refuse_set(stop, "stop_conditions", ("max_thinking_tokens",), "the CPU runtime has no thinking budget")
-    _refuse_set(sampling, "sampling_options", ("use_beam_search", "length_penalty"),
-                "serve --dynamo decodes without beams")
+    _refuse_set(sampling, "sampling_options", BEAMS, "serve --dynamo decodes without beams")
     _refuse_set(output, "output_options", ("prompt_logprobs",),
                 "Dynamo's frontend returns no prompt logprobs; ask serve --dynamo's OpenAI port for echo with logprobs")
     for name in ("n", "best_of"):
@@ -79,10 +81,9 @@ def worker_request(request: dict[str, Any], max_seq_len: int) -> WorkerRequest:
     num_top = num_top if num_top is not None or output.get("logprobs") is None else int(output["logprobs"])
     params = SamplingParams(
         max_tokens=room if max_tokens is None else int(max_tokens),
-        min_tokens=stop.get("min_tokens"), ignore_eos=bool(stop.get("ignore_eos")),
-        end_id=eos_ids[0] if eos_ids else None, logprobs=num_top, keep_end_token=num_top is not None,
-        prompt_logprobs=_annotated(annotations, PROMPT_LOGPROBS_ANNOTATION),
-        guided_decoding=_guide(sampling.get(GUIDED_DECODING)), **_sampling_fields(sampling))
+        ignore_eos=bool(stop.get("ignore_eos")), end_id=eos_ids[0] if eos_ids else None, logprobs=num_top,
+        keep_end_token=num_top is not None, prompt_logprobs=_annotated(annotations, PROMPT_LOGPROBS_ANNOTATION),
+        guided_decoding=_guide(sampling.get(GUIDED_DECODING)), **_sampling_fields(sampling), **_stop_fields(stop))
     return WorkerRequest(token_ids=token_ids, sampling=params)
 
 
@@ -97,6 +98,13 @@ def _sampling_fields(sampling: dict[str, Any]) -> dict[str, Any]:
                                      "leave it out.")
         kwargs[SAMPLING_FIELDS[name]] = value
     return kwargs
+
+
+def _stop_fields(stop: dict[str, Any]) -> dict[str, Any]:
+    """``SamplingParams`` keywords of the ``stop_conditions`` set that the wire also declares (its minimum
+    length); ``max_tokens`` is the caller's."""
+    return {SAMPLING_FIELDS[name]: value for name, value in stop.items()
+            if name in SAMPLING_FIELDS and name != "max_tokens" and value is not None}
 
 
 def _annotated(annotations: list[str], prefix: str) -> int | None:
