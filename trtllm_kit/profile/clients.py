@@ -22,7 +22,7 @@ from trtllm_kit.profile.records import RequestRecord
 from trtllm_kit.profile.workload import Prompt
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.llmapi import encode_llmapi_request, speaks_llmapi
-from trtllm_kit.wire.request import NEVER_END_ID
+from trtllm_kit.wire.request import FORCED_LENGTH, NEVER_END_ID
 from trtllm_kit.wire.scalars import field_row
 from trtllm_kit.wire.tensor import grpc_datatype
 
@@ -39,8 +39,8 @@ def _trtllm(field: str) -> str:
 
 
 # the tensorrt_llm inputs of a benchmark request, named by the wire and written here as raw bytes (the load
-# generator's hot loop): the forced length is request_output_len = min_tokens
-LENGTHS = (_trtllm("max_tokens"), _trtllm("min_tokens"))
+# generator's hot loop): the forced length sets each of LENGTHS to the output length (``with_length``)
+LENGTHS = tuple(_trtllm(name) for name in FORCED_LENGTH)
 END_ID = _trtllm("end_id")
 FLAGS = tuple(_trtllm(name) for name in (
     "streaming", "exclude_input_in_output", "return_num_output_tokens", "return_perf_metrics"))
@@ -107,14 +107,14 @@ class TritonStreamClient:
         self.llmapi = False  # the llmapi target's model (read by check_ready): its tensors, unbatched
 
     def request(self, prompt: Prompt, request_id: str | None = None) -> service_pb2.ModelInferRequest:
-        """The streaming request: forced OSL (``min_tokens = request_output_len``), counts and perf metrics on."""
+        """The streaming request: forced OSL (``GenerationRequest.with_length``), counts and perf metrics on."""
         one = np.array([[1]], np.int32).tobytes()
         scalar = {"input_lengths": prompt.isl, **{name: prompt.osl for name in LENGTHS}, END_ID: self.end_id}
         req = service_pb2.ModelInferRequest(model_name=self.model, id=request_id or prompt.request_id)
         req.parameters["triton_enable_empty_final_response"].bool_param = True
-        if self.llmapi:  # the llmapi target's model: the forced length is max_tokens = min_tokens
-            gen = GenerationRequest(tuple(prompt.input_ids), prompt.osl, min_tokens=prompt.osl, end_id=self.end_id,
-                                    streaming=True, return_finish_reason=True)
+        if self.llmapi:  # the llmapi target's model: its tensors, encoded by the wire
+            gen = GenerationRequest(tuple(prompt.input_ids), end_id=self.end_id, streaming=True,
+                                    return_finish_reason=True).with_length(prompt.osl)
             for name, array in encode_llmapi_request(gen).items():
                 datatype = grpc_datatype(array)
                 req.inputs.append(service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype,

@@ -17,6 +17,9 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.names import API_KEY_ENV
 from trtllm_kit.profile.records import SPECULATIVE_COUNTS, RequestRecord
 from trtllm_kit.profile.workload import Prompt
+from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire.openai_body import encode_openai_body
+from trtllm_kit.wire.request import NEVER_END_ID
 
 
 class OpenAIStreamClient:
@@ -39,12 +42,11 @@ class OpenAIStreamClient:
                                              headers=_auth(api_key))
 
     def body(self, prompt: Prompt) -> dict[str, Any]:
-        """The request body: token-id prompt (or its text with ``text_of``), forced OSL (``min_tokens``,
-        ``ignore_eos``), usage on."""
-        text = self.text_of(prompt) if self.text_of else list(prompt.input_ids)
-        return {"model": self.model, "prompt": text, "max_tokens": prompt.osl,
-                "min_tokens": prompt.osl, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        """The request body: token-id prompt (or its text with ``text_of``), forced OSL
+        (``GenerationRequest.with_length`` with no end token, vLLM's ``ignore_eos``), the running usage on."""
+        text = self.text_of(prompt) if self.text_of else tuple(prompt.input_ids)
+        req = GenerationRequest(text, end_id=NEVER_END_ID).with_length(prompt.osl)
+        return encode_openai_body(req, self.model, stream=True)
 
     async def run(self, prompt: Prompt, record: RequestRecord) -> None:
         """Send ``prompt`` and record every SSE chunk until ``[DONE]``.

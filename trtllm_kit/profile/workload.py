@@ -1,8 +1,8 @@
 """Workloads: synthetic token-id prompts with fixed or seeded lengths, and ``.jsonl`` prompt files.
 
 Every request gets its own prompt (``seed = base_seed + request_number``) so that KV-cache reuse cannot
-serve it from cache. Output length is forced: ``request_output_len = min_tokens = osl`` and an ``end_id``
-that no sampled token can equal (``-1``); the load generator then checks the count it received.
+serve it from cache. Output length is forced: at least and at most ``osl`` tokens (``GenerationRequest.with_length``)
+and an ``end_id`` that no sampled token can equal (``-1``); the load generator then checks the count it received.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ MAX_LOGPROBS = 20  # top alternatives per token: OpenAI chat's ``top_logprobs`` 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "choice")
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as INT32
 MIN_TEMPERATURE = 1e-5  # a smaller temperature divides logits into infinities: greedy, as vLLM takes it
+FORCED_LENGTH = ("max_tokens", "min_tokens")  # the fields that set a request's length exactly (``with_length``)
 FLAG = Rule(bool)
 PENALTY = Rule(float, -2, 2)
 COUNTS_OUTPUT = Migration("refused", "which counts output tokens another worker sees as prompt; send it again")
@@ -290,6 +291,16 @@ class GenerationRequest:
         """
         least = None if self.min_tokens is None else min(self.min_tokens, max_tokens)
         return replace(self, max_tokens=max_tokens, min_tokens=least)
+
+    def with_length(self, num_tokens: int) -> GenerationRequest:
+        """This request generating exactly ``num_tokens`` tokens unless a stop ends it (with ``end_id``
+        ``NEVER_END_ID``: exactly that many), as a benchmark forces its output length.
+
+        Arguments:
+            num_tokens: the output length.
+        """
+        lengths: dict[str, Any] = dict.fromkeys(FORCED_LENGTH, num_tokens)
+        return replace(self, **lengths)
 
     def setting(self, name: str) -> Any:
         """A field's value as the engine runs it: the value sent, else the row's default.
