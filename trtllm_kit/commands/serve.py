@@ -185,7 +185,7 @@ def generate(prompt: str, url: str, model: str | None, max_tokens: int, **sampli
     from trtllm_kit.wire import GenerationRequest
     from trtllm_kit.wire.request import greedy_settings
 
-    request = GenerationRequest(prompt, max_tokens, **greedy_settings(sampling))  # a greedy temperature: top_k 1
+    request = GenerationRequest(prompt, max_tokens, **greedy_settings(sampling))  # as every engine takes greedy
     headers = grpc_headers(token_for(url))  # the owner's own serve: its token, from the run directory
     asyncio.run(generate_to(url, model, request, lambda text: click.echo(text, nl=False), headers))
     click.echo()

@@ -18,7 +18,7 @@ from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
 STATS_REPORTS = ("cuda_gpu_kern_sum", "cuda_api_sum", "nvtx_sum", "cuda_gpu_mem_time_sum")
 KERNEL_CATEGORIES = (("all_reduce", r"nccl|allreduce|all_reduce"), ("attention", r"mmha|fmha|attention|xqa|flash"),
                      ("gemm", r"gemm|cutlass|cublas|sm\d+_xmma|ampere_|hopper_|matmul"),
-                     ("sampling", r"topk|top_k|sampl|softmax|argmax"), ("memcpy", r"memcpy|memset|copy"))
+                     ("sampling", r"top_?k|sampl|softmax|argmax"), ("memcpy", r"memcpy|memset|copy"))
 
 
 def find_nsys() -> str:
