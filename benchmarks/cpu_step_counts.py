@@ -1,10 +1,12 @@
-"""What one batch-1 decode step does, counted rather than timed: the kit's executor beside transformers ``generate``.
+"""What one decode step does, counted rather than timed: the kit's executor beside transformers ``generate``.
 
-    python benchmarks/cpu_step_counts.py [--models smollm2-135m-instruct,tiny-llama] [--tokens 8] [--rounds 5] [--json]
+    python benchmarks/cpu_step_counts.py [--models smollm2-135m-instruct,tiny-llama] [--batch 1] [--tokens 8]
+        [--rounds 5] [--json]
 
-For each model (float32, one torch thread, greedy, the first chat prompt of ``cpu_runtime.py``), each engine
+For each model (float32, one torch thread, greedy, the first ``--batch`` chat prompts of ``cpu_runtime.py``: B
+sequences decoding together, each one new token a step; transformers runs them as a left-padded batch), each engine
 generates 1 and then ``1 + --tokens`` new tokens after an untimed warm-up; the difference of the two calls, divided
-by ``--tokens``, is one decode step (the prompt's forward pass and the first token cancel out). Counted per step:
+by ``--tokens``, is one decode step (the prompts' forward pass and the first tokens cancel out). Counted per step:
 
 * matrix products: the linears (``aten::mm``, ``aten::addmm``, and ``aten::addmm_``: a product added into the
   residual stream) and attention's (``aten::bmm``) torch operations;
@@ -39,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_runtime import chat_ids  # noqa: E402
+from cpu_runtime import chat_ids, transformers_run  # noqa: E402
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint  # noqa: E402
 from trtllm_kit.models.builtin import builtin_dir  # noqa: E402
@@ -55,10 +57,12 @@ ATTENTION_PRODUCTS = ("aten::bmm",)
 
 @dataclass
 class StepCounts:
-    """One engine's batch-1 decode step on one model: counts, and self-CPU milliseconds at the load said."""
+    """One engine's decode step of ``batch`` sequences on one model: counts, and self-CPU milliseconds at the load
+    said."""
 
     model: str
     engine: str
+    batch: int
     linear_products: float
     attention_products: float
     operations: float
@@ -70,7 +74,7 @@ class StepCounts:
     load_average: float
 
     def line(self) -> str:
-        return (f"{self.model:24s} {self.engine:12s}: {self.linear_products:5.0f} linear products, "
+        return (f"{self.model:24s} {self.engine:12s} batch {self.batch}: {self.linear_products:5.0f} linear products, "
                 f"{self.attention_products:4.0f} attention products, {self.operations:6.0f} torch operations, "
                 f"{self.python_calls:6.0f} Python calls + {self.c_calls:6.0f} C calls per step | self CPU "
                 f"{self.matrix_ms:6.2f} ms in matrix products of {self.total_ms:6.2f} ms "
@@ -78,7 +82,7 @@ class StepCounts:
                 f"{self.load_average:.1f}")
 
 
-def python_calls(run: Callable[[], None]) -> tuple[int, int]:
+def python_calls(run: Callable[[], object]) -> tuple[int, int]:
     """Python function calls and C function calls made by one call of ``run``."""
     counts: collections.Counter[str] = collections.Counter()
 
@@ -92,21 +96,21 @@ def python_calls(run: Callable[[], None]) -> tuple[int, int]:
     return counts["call"], counts["c_call"]
 
 
-def operations(run: Callable[[], None]) -> dict[str, tuple[int, float]]:
+def operations(run: Callable[[], object]) -> dict[str, tuple[int, float]]:
     """Each torch operation's count and self-CPU milliseconds in one call of ``run``."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
     return {e.key: (e.count, e.self_cpu_time_total / 1000) for e in prof.key_averages()}
 
 
-def thread_ms(run: Callable[[], None]) -> float:
+def thread_ms(run: Callable[[], object]) -> float:
     """CPU milliseconds this thread spent in one call of ``run``."""
     started = time.thread_time()
     run()
     return (time.thread_time() - started) * 1000
 
 
-def per_step(model: str, engine: str, make: Callable[[int], Callable[[], None]], num_tokens: int,
+def per_step(model: str, engine: str, batch: int, make: Callable[[int], Callable[[], object]], num_tokens: int,
              rounds: int) -> StepCounts:
     """The counts of ``make(1 + num_tokens)`` less those of ``make(1)``, divided by ``num_tokens``; the step's CPU
     time the median of ``rounds`` such differences."""
@@ -120,41 +124,35 @@ def per_step(model: str, engine: str, make: Callable[[int], Callable[[], None]],
     def diff(names: tuple[str, ...] | None, field: int) -> float:
         total = [sum(v[field] for k, v in o.items() if names is None or k in names) for o in ops]
         return (total[1] - total[0]) / num_tokens
-    return StepCounts(model, engine, diff(LINEAR_PRODUCTS, 0), diff(ATTENTION_PRODUCTS, 0), diff(None, 0),
+    return StepCounts(model, engine, batch, diff(LINEAR_PRODUCTS, 0), diff(ATTENTION_PRODUCTS, 0), diff(None, 0),
                       (py[1][0] - py[0][0]) / num_tokens, (py[1][1] - py[0][1]) / num_tokens,
                       diff(LINEAR_PRODUCTS + ATTENTION_PRODUCTS, 1), diff(None, 1), cpu_ms, os.getloadavg()[0])
 
 
-def measure(name: str, num_tokens: int, rounds: int, work: Path) -> list[StepCounts]:
-    """Both engines' decode step on model ``name``."""
+def measure(name: str, batch: int, num_tokens: int, rounds: int, work: Path) -> list[StepCounts]:
+    """Both engines' decode step of ``batch`` sequences on model ``name``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf_dir = builtin_dir(name)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     convert_checkpoint(hf_dir, work / name, dtype="float32")
-    executor = Executor(CheckpointModel.load(work / name), EngineConfig(max_batch_size=1, enable_kv_cache_reuse=False))
-    prompt = chat_ids(tokenizer, 1)[0]
-    ids = torch.tensor([prompt])
+    executor = Executor(CheckpointModel.load(work / name),
+                        EngineConfig(max_batch_size=batch, enable_kv_cache_reuse=False))
+    prompts = chat_ids(tokenizer, batch)
 
-    def transformers_run(tokens: int) -> Callable[[], None]:
-        def run() -> None:
-            with torch.no_grad():
-                hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                  min_new_tokens=tokens, do_sample=False, pad_token_id=0)
-        return run
-
-    def executor_run(tokens: int) -> Callable[[], None]:
-        def run() -> None:
-            executor.generate([prompt], [SamplingParams(max_tokens=tokens, ignore_eos=True)])
-        return run
-    return [per_step(name, "transformers", transformers_run, num_tokens, rounds),
-            per_step(name, "executor", executor_run, num_tokens, rounds)]
+    def executor_run(tokens: int) -> Callable[[], object]:
+        params = [SamplingParams(max_tokens=tokens, ignore_eos=True)] * batch
+        return lambda: executor.generate(prompts, params)
+    return [per_step(name, "transformers", batch, lambda tokens: transformers_run(hf_model, tokenizer, prompts, tokens),
+                     num_tokens, rounds),
+            per_step(name, "executor", batch, executor_run, num_tokens, rounds)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated built-in model names")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoding together (the chat prompts)")
     parser.add_argument("--tokens", type=int, default=8, help="decode steps counted (the difference of two calls)")
     parser.add_argument("--rounds", type=int, default=5, help="pairs of calls the step's CPU time is the median of")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -162,7 +160,8 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        steps = [s for name in args.models.split(",") for s in measure(name, args.tokens, args.rounds, Path(tmp))]
+        steps = [s for name in args.models.split(",")
+                 for s in measure(name, args.batch, args.tokens, args.rounds, Path(tmp))]
     print(json.dumps([asdict(s) for s in steps], indent=2) if args.json else "\n".join(s.line() for s in steps))
 
 
