@@ -20,6 +20,7 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.attention_groups import attend_groups, attention_groups, span_of
+from trtllm_kit.runtime.batch_decode import BatchDecode
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.kv_transfer import KvBlocks, check_layout, read_blocks, token_slots, write_tokens
 from trtllm_kit.runtime.logprobs import record_generated, record_prompt
@@ -53,6 +54,7 @@ class Executor:
         self.kv_parts = [[(self.k_cache[layer, rank], self.v_cache[layer, rank]) for rank in range(dims.tp_size)]
                          for layer in range(dims.num_layers)]
         self.single_decode = SingleDecode.of(model, self.k_cache, self.v_cache, config.tokens_per_block)
+        self.batch_decode = BatchDecode.of(model, self.k_cache, self.v_cache, config.tokens_per_block)
         self._seq_ids = itertools.count()
         self.num_steps = self.total_scheduled = self.peak_scheduled = 0
         self.last_scheduled = self.last_context = self.last_context_tokens = self.last_tokens = 0
@@ -213,6 +215,8 @@ class Executor:
         every scheduled position of each of ``drafted`` (its last token and its draft)."""
         if self.single_decode is not None and self.single_decode.can_decode(seqs, sampled, drafted):
             return self.single_decode.decode(seqs[0])  # batch 1, one new token: the same values in fewer calls
+        if self.batch_decode is not None and self.batch_decode.can_decode(seqs, sampled, drafted):
+            return self.batch_decode.decode(seqs)  # one new token each: the same values in fewer calls
         model, tpb = self.model, self.config.tokens_per_block
         starts = [s.num_computed_tokens for s in seqs]
         counts = [s.num_scheduled_tokens for s in seqs]

@@ -95,11 +95,7 @@ class SingleDecode:
         Arguments:
             seqs, sampled, drafted: the step's sequences, those sampled and those verifying a draft.
         """
-        if len(seqs) != 1 or drafted or sampled != seqs:
-            return False
-        seq = seqs[0]
-        return seq.num_scheduled_tokens == 1 and seq.adapter is None and \
-            (not seq.params.needs_prompt_logits or seq.num_computed_tokens >= seq.num_prompt_tokens)
+        return len(seqs) == 1 and not drafted and sampled == seqs and is_plain_decode(seqs[0])
 
     def decode(self, seq: Sequence) -> torch.Tensor:
         """Compute ``seq``'s new token (writing its K/V into the pool); the logits [1, vocab_size] of its position.
@@ -146,6 +142,16 @@ class SingleDecode:
                     self.v_parts[:, span].transpose(1, 2)[:, None].unbind(0))
         slots = (torch.tensor(block_table[:num_blocks])[:, None] * tpb + torch.arange(tpb)).flatten()[:seq_len]
         return Gathered(self.k_parts, slots), Gathered(self.v_parts, slots)
+
+
+def is_plain_decode(seq: Sequence) -> bool:
+    """Whether a scheduled sequence computes one new token with the base model and keeps no prompt logits.
+
+    Arguments:
+        seq: a sequence of the step.
+    """
+    return seq.num_scheduled_tokens == 1 and seq.adapter is None and \
+        (not seq.params.needs_prompt_logits or seq.num_computed_tokens >= seq.num_prompt_tokens)
 
 
 def add_float32_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
