@@ -52,24 +52,53 @@ class GPU:
                    str(values.get("source", "table")))
 
 
-# memory = the ``memory.total`` nvidia-smi reports for the board (MiB), not the marketing figure
-GPU_TABLE: dict[str, tuple[int, tuple[int, int]]] = {
-    "B200": (183359, (10, 0)),
-    "H200": (143771, (9, 0)),
-    "GH200": (97871, (9, 0)),
-    "H100-80GB": (81559, (9, 0)),
-    "H100-NVL": (95830, (9, 0)),
-    "A100-80GB": (81920, (8, 0)),
-    "A100-40GB": (40960, (8, 0)),
-    "L40S": (46068, (8, 9)),
-    "L40": (46068, (8, 9)),
-    "L4": (23034, (8, 9)),
-    "A10G": (23028, (8, 6)),
-    "A10": (23028, (8, 6)),
-    "RTX-4090": (24564, (8, 9)),
-    "RTX-6000-ADA": (49140, (8, 9)),
-    "T4": (15360, (7, 5)),
-    "V100-32GB": (32768, (7, 0)),
+TERA = 10**12
+
+
+@dataclass(frozen=True)
+class Board:
+    """One row of the GPU table: what ``nvidia-smi`` reports for the board and its datasheet's roofline figures.
+
+    The FLOP/s are dense tensor-core peaks (NVIDIA's datasheets print the sparse ones with an asterisk: half of
+    those); None where the board has no such tensor cores or the figure was not confirmed.
+    """
+
+    memory_mib: int  # the ``memory.total`` nvidia-smi reports (MiB), not the marketing figure
+    compute_capability: tuple[int, int]
+    memory_bandwidth: float | None = None  # bytes/s
+    fp16_flops: float | None = None  # FP16 and BF16 (the same figure on every board that has BF16)
+    fp8_flops: float | None = None
+    int8_ops: float | None = None
+
+
+GPU_TABLE: dict[str, Board] = {
+    # NVIDIA HGX B200 specifications (per GPU, 1,000 W): FP16/BF16 4.5, FP8 9, INT8 9 PFLOPS* sparse; 8 TB/s
+    "B200": Board(183359, (10, 0), 8.0 * TERA, 2250 * TERA, 4500 * TERA, 4500 * TERA),
+    # NVIDIA H200 datasheet (H200 SXM): FP16/BF16 1,979, FP8 3,958, INT8 3,958 TFLOPS* sparse; 4.8 TB/s
+    "H200": Board(143771, (9, 0), 4.8 * TERA, 989.5 * TERA, 1979 * TERA, 1979 * TERA),
+    # GH200: not confirmed (96 GB HBM3 and 144 GB HBM3e boards differ in bandwidth)
+    "GH200": Board(97871, (9, 0)),
+    # NVIDIA H100 datasheet (H100 SXM): FP16/BF16 1,979, FP8 3,958, INT8 3,958 TFLOPS* sparse; 3.35 TB/s
+    "H100-80GB": Board(81559, (9, 0), 3.35 * TERA, 989.5 * TERA, 1979 * TERA, 1979 * TERA),
+    # H100 NVL: not confirmed (the datasheet's NVL column changed from a pair of boards to one)
+    "H100-NVL": Board(95830, (9, 0)),
+    # NVIDIA A100 datasheet: FP16/BF16 312, INT8 624 TOPS dense; 80 GB SXM 2,039 GB/s (PCIe 1,935), 40 GB 1,555 GB/s
+    "A100-80GB": Board(81920, (8, 0), 2039e9, 312 * TERA, None, 624 * TERA),
+    "A100-40GB": Board(40960, (8, 0), 1555e9, 312 * TERA, None, 624 * TERA),
+    # NVIDIA L40S / L40 datasheets: FP16/BF16 362.05 / 181.05, FP8 733 / 362, INT8 733 / 362 dense; 864 GB/s
+    "L40S": Board(46068, (8, 9), 864e9, 362.05 * TERA, 733 * TERA, 733 * TERA),
+    "L40": Board(46068, (8, 9), 864e9, 181.05 * TERA, 362 * TERA, 362 * TERA),
+    # NVIDIA L4 datasheet: FP16/BF16 242, FP8 485, INT8 485 TFLOPS* sparse; 300 GB/s
+    "L4": Board(23034, (8, 9), 300e9, 121 * TERA, 242.5 * TERA, 242.5 * TERA),
+    # A10G: AWS's board, no NVIDIA datasheet; A10, RTX 4090, RTX 6000 Ada: not confirmed
+    "A10G": Board(23028, (8, 6)),
+    "A10": Board(23028, (8, 6)),
+    "RTX-4090": Board(24564, (8, 9)),
+    "RTX-6000-ADA": Board(49140, (8, 9)),
+    # NVIDIA T4 datasheet (Turing: no sparsity): FP16 mixed precision 65 TFLOPS, INT8 130 TOPS; 320 GB/s
+    "T4": Board(15360, (7, 5), 320e9, 65 * TERA, None, 130 * TERA),
+    # V100: FP16 125 TFLOPS on SXM2, 112 on PCIe, and the row does not say which board; 900 GB/s on both
+    "V100-32GB": Board(32768, (7, 0), 900e9),
 }
 
 
@@ -87,8 +116,17 @@ def gpu_from_table(name: str) -> GPU:
     if not matches:
         raise KitUsageError(f"--gpu {name!r} is not a known GPU; known: {', '.join(GPU_TABLE)}; or pass "
                             "--gpu-memory GiB instead.")
-    mib, cc = GPU_TABLE[matches[0]]
-    return GPU(matches[0], mib * MIB, cc, "table")
+    board = GPU_TABLE[matches[0]]
+    return GPU(matches[0], board.memory_mib * MIB, board.compute_capability, "table")
+
+
+def board_of(gpu: GPU) -> Board | None:
+    """The table's row of a GPU planned from it (``--gpu NAME``); None for NVML's or ``--gpu-memory``'s GPU.
+
+    Arguments:
+        gpu: the GPU the plan is for.
+    """
+    return GPU_TABLE.get(gpu.name) if gpu.source.startswith("table") else None
 
 
 def _norm(name: str) -> str:

@@ -30,6 +30,7 @@ from trtllm_kit.models.registry import family_for
 from trtllm_kit.quant.calib_size import calibration_device, calibration_memory, choose_size
 from trtllm_kit.spec import STAGES, BuildSpec
 from trtllm_kit.spec.draft_tokenizer import check_draft
+from trtllm_kit.spec.roofline import TENSOR_CORE_NAMES, roofline
 from trtllm_kit.spec.speculative_speedup import speculation_report
 from trtllm_kit.targets.base import EngineSetup
 
@@ -62,7 +63,9 @@ def dry_run(spec: BuildSpec, graph: Path | None = None) -> dict[str, Any]:
         "commands": [engine.command.argv] if engine.command else [],
         "command_lines": [engine.command.line] if engine.command else [],
     }
-    speculation = speculation_report(spec.speculative, hf, spec.build.tp)
+    gpu = engine.plan.gpu if engine.plan else engine.build_gpu  # the GPU the memory plan is for
+    speculation = speculation_report(spec.speculative, hf, spec.build.tp,
+                                     roofline(gpu, precision_of(spec, hf)) if gpu is not None else None)
     if speculation is not None:  # the verify step's time model (spec/speculative_speedup.py)
         report["speculation"] = speculation
     if engine.draft is not None:  # draft-target: the draft engine's trtllm-build, run after the target's
@@ -177,6 +180,8 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
         console.print(f"Speculation (K {s['draft_len']}, a draft step {s['draft_cost']:.3f} of the target's): pays "
                       f"above acceptance length {s['break_even_acceptance_length']:.2f}; predicted speedup at batch 1 "
                       f"by acceptance length {speedups}", highlight=False, markup=False, soft_wrap=True)
+        if s.get("roofline"):
+            console.print(roofline_line(s["roofline"]), highlight=False, markup=False, soft_wrap=True)
     stages = Table("stage", "status", "why")
     for row in report["stages"]:
         stages.add_row(row["stage"], row["status"], row["why"])
@@ -194,3 +199,20 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
         console.print(fusion)
     if report.get("graph"):
         console.print(f"wrote {report['graph']} (one decoder layer; open it in Netron)", highlight=False, markup=False)
+
+
+def roofline_line(entry: dict[str, Any]) -> str:
+    """The printed line of the speculation entry's ``roofline`` (``spec/speculative_speedup.roofline_report``)."""
+    if entry["knee_tokens"] is None:
+        return (f"Speculation by batch size on {entry['gpu']}: not predicted: {entry['unknown']}; the speedups above are "
+                f"batch 1's ({entry['model']}).")
+    tensor_cores = TENSOR_CORE_NAMES[entry["tensor_cores"]]
+    by_batch = "; ".join(f"batch {batch}: " + ", ".join(f"{length}: {x:.2f}x" for length, x in speedups.items())
+                         for batch, speedups in entry["predicted_speedup_by_batch_size"].items())
+    stops = ", ".join(f"{length}: {'never' if batch is None else batch}"
+                      for length, batch in entry["stops_paying_at_batch_size"].items())
+    return (f"Speculation by batch size on {entry['gpu']} ({tensor_cores} tensor cores "
+            f"{entry['peak_flops'] / 1e12:g} TFLOP/s over {entry['memory_bandwidth'] / 1e12:g} TB/s, "
+            f"{entry['bytes_per_weight']:g} bytes a weight: a step turns compute-bound at {entry['knee_tokens']:g} "
+            f"tokens): predicted speedup by acceptance length at {by_batch}; stops paying (below 1x) from batch size, "
+            f"by acceptance length, {stops} ({entry['model']}).")

@@ -54,7 +54,7 @@ def min_compute_capability(source: DeploySource) -> tuple[int, int] | None:
 def _table_capability(product: str) -> tuple[int, int] | None:
     """The compute capability of a product the GPU table knows by its board name (``A100`` in ``NVIDIA-A100-...``)."""
     words = set(product.upper().split("-"))
-    found = {cc for board, (_, cc) in GPU_TABLE.items() if board.split("-")[0] in words}
+    found = {board.compute_capability for name, board in GPU_TABLE.items() if name.split("-")[0] in words}
     return found.pop() if len(found) == 1 else None
 
 

@@ -21,20 +21,28 @@ rate ``a`` (each draft token kept with probability ``a`` given the ones before i
 
 ``plan`` reports the memory-bound figures (``speculation_report``): a draft model's ``c`` is its parameters over the
 target's per tensor-parallel rank (the draft runs whole on every rank, the target's step is sharded ``tp`` ways);
-prompt lookup, lookahead and heads the plan does not size count ``c = 0``.
+prompt lookup, lookahead and heads the plan does not size count ``c = 0``. For a GPU whose knee is known
+(``spec/roofline.py``) it adds the speedup at batch sizes 1, 4 and 16 and, per acceptance length, the smallest batch
+size at which speculation stops paying. The speedup falls as ``b`` grows from ``knee / (K + 1)`` to ``knee`` and is
+``L / (K + 1 + K c)`` past it, so a search up to the knee finds that batch size or shows there is none.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.hf_config import HFConfig, read_hf_config
+from trtllm_kit.spec.roofline import Roofline
 from trtllm_kit.spec.speculative import Speculation, SpeculativeOptions
 from trtllm_kit.spec.speculative_support import mtp_layers
 
 REPORTED_LENGTHS = (1.5, 2.0, 3.0, 4.0)  # acceptance lengths ``plan`` predicts a speedup for (those up to K + 1)
+BATCH_SIZES = (1, 4, 16)  # sequences per step ``plan`` predicts a speedup for when the GPU's knee is known
+ROOFLINE_NOTE = ("a roofline model: weights read once a step and two FLOPs per weight and token at the datasheet's "
+                 "dense peaks; no attention, no kernel efficiency")
 
 
 def acceptance_length(acceptance_rate: float, draft_len: int) -> float:
@@ -51,7 +59,7 @@ def acceptance_length(acceptance_rate: float, draft_len: int) -> float:
     return (1 - acceptance_rate ** (draft_len + 1)) / (1 - acceptance_rate)
 
 
-def step_cost(num_tokens: int, knee_tokens: int | None = None) -> float:
+def step_cost(num_tokens: int, knee_tokens: float | None = None) -> float:
     """One forward step over ``num_tokens`` tokens, in one-token steps: ``max(1, num_tokens / knee_tokens)``.
 
     Arguments:
@@ -61,7 +69,7 @@ def step_cost(num_tokens: int, knee_tokens: int | None = None) -> float:
 
 
 def predicted_speedup(acceptance_length: float, draft_len: int, draft_cost: float, batch_size: int = 1,
-                      knee_tokens: int | None = None) -> float:
+                      knee_tokens: float | None = None) -> float:
     """Tokens per unit of time with speculation over without: ``L step(b) / (step(b (K + 1)) + K c step(b))``.
 
     Arguments:
@@ -81,6 +89,21 @@ def predicted_speedup(acceptance_length: float, draft_len: int, draft_cost: floa
     return acceptance_length * plain / speculating
 
 
+def stops_paying_at(acceptance_length: float, draft_len: int, draft_cost: float,
+                    knee_tokens: float | None) -> int | None:
+    """The smallest batch size whose predicted speedup is below 1; None when no batch size's is.
+
+    Arguments:
+        acceptance_length: L; draft_len: K; draft_cost: c; knee_tokens: where a step turns compute-bound (None:
+        never, so every batch size has batch 1's speedup).
+    """
+    last = 1 if knee_tokens is None else math.ceil(knee_tokens) + 1  # constant past the knee
+    for batch_size in range(1, last + 1):
+        if predicted_speedup(acceptance_length, draft_len, draft_cost, batch_size, knee_tokens) < 1:
+            return batch_size
+    return None
+
+
 def break_even_length(draft_len: int, draft_cost: float) -> float:
     """The acceptance length above which speculation pays while memory-bound: ``1 + K c``.
 
@@ -96,12 +119,15 @@ def _check_draft_len(draft_len: int) -> None:
         raise KitUsageError(f"draft length {draft_len} is below 1; give K, the draft tokens per step.")
 
 
-def speculation_report(options: SpeculativeOptions, hf: HFConfig, tp_size: int) -> dict[str, Any] | None:
+def speculation_report(options: SpeculativeOptions, hf: HFConfig, tp_size: int,
+                       gpu_roofline: Roofline | None = None) -> dict[str, Any] | None:
     """``plan``'s speculation figures: K, the draft's cost ``c``, the break-even acceptance length and the predicted
-    speedup at a few acceptance lengths, at batch 1 (memory-bound); None without speculation.
+    speedup at a few acceptance lengths, at batch 1 (memory-bound), and with a GPU the ``roofline`` entry
+    (``roofline_report``); None without speculation.
 
     Arguments:
-        options: the ``[speculative]`` table; hf: the target's config; tp_size: the target's tensor-parallel ranks.
+        options: the ``[speculative]`` table; hf: the target's config; tp_size: the target's tensor-parallel ranks;
+        gpu_roofline: the build on the GPU the plan is for (None: no GPU known).
     """
     if options.mode is None:
         return None
@@ -111,6 +137,29 @@ def speculation_report(options: SpeculativeOptions, hf: HFConfig, tp_size: int) 
         cost = read_hf_config(options.draft_model).num_parameters * tp_size / hf.num_parameters
     predicted: Mapping[str, float] = {f"{length:g}": round(predicted_speedup(length, draft_len, cost), 3)
                                       for length in REPORTED_LENGTHS if length <= draft_len + 1}
-    return {"draft_len": draft_len, "draft_cost": round(cost, 4),
-            "break_even_acceptance_length": round(break_even_length(draft_len, cost), 4),
-            "predicted_speedup": dict(predicted)}
+    report: dict[str, Any] = {"draft_len": draft_len, "draft_cost": round(cost, 4),
+                              "break_even_acceptance_length": round(break_even_length(draft_len, cost), 4),
+                              "predicted_speedup": dict(predicted)}
+    if gpu_roofline is not None:
+        report["roofline"] = roofline_report(gpu_roofline, draft_len, cost)
+    return report
+
+
+def roofline_report(gpu_roofline: Roofline, draft_len: int, draft_cost: float) -> dict[str, Any]:
+    """The speedup at ``BATCH_SIZES`` by acceptance length and the batch size at which each stops paying, from the
+    GPU's knee; both None, with ``unknown`` saying why, when the knee is not known.
+
+    Arguments:
+        gpu_roofline: the build on the GPU; draft_len: K; draft_cost: c.
+    """
+    knee = gpu_roofline.knee_tokens
+    lengths = [length for length in REPORTED_LENGTHS if length <= draft_len + 1]
+    by_batch = None if knee is None else {
+        str(batch): {f"{length:g}": round(predicted_speedup(length, draft_len, draft_cost, batch, knee), 3)
+                     for length in lengths} for batch in BATCH_SIZES}
+    stops = None if knee is None else {f"{length:g}": stops_paying_at(length, draft_len, draft_cost, knee)
+                                       for length in lengths}
+    return {"gpu": gpu_roofline.gpu, "tensor_cores": gpu_roofline.tensor_cores, "peak_flops": gpu_roofline.peak_flops,
+            "memory_bandwidth": gpu_roofline.memory_bandwidth, "bytes_per_weight": gpu_roofline.bytes_per_weight,
+            "knee_tokens": None if knee is None else round(knee, 1), "predicted_speedup_by_batch_size": by_batch,
+            "stops_paying_at_batch_size": stops, "unknown": gpu_roofline.unknown, "model": ROOFLINE_NOTE}
