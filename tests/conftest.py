@@ -15,6 +15,11 @@ import pytest
 if TYPE_CHECKING:  # imported by the fixtures: a module that serves nothing does not import the serving stack
     from kit_server import Builds, Servers
 
+# One OpenMP thread per process, set before anything imports torch, for the workers pytest-xdist starts and every
+# process a test starts (builds, servers, their Python stubs): the suite runs as many workers as the machine has
+# cores, and a process's operations each wait at OpenMP's barrier for a second thread the other processes hold.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
