@@ -84,7 +84,8 @@ def test_the_plan_predicts_prompt_lookup_by_batch_size_on_an_h100(tmp_path: Path
                      "unknown": None, "model": ROOFLINE_NOTE}
     printed = _plan(tmp_path, capsys, "--gpu", "H100")
     assert "a step turns compute-bound at 295.4 tokens" in printed
-    assert "stops paying (below 1x) from batch size, by acceptance length, 1.5: 89, 2: 119, 3: 178, 4: 237" in printed
+    assert "\n  batch 16: 1.5: 1.50x, 2: 2.00x, 3: 3.00x, 4: 4.00x\n" in printed
+    assert "stops paying (below 1x) from batch size, by acceptance length: 1.5: 89, 2: 119, 3: 178, 4: 237" in printed
     assert "no attention, no kernel efficiency" in printed
 
 

@@ -202,17 +202,17 @@ def print_dry_run(report: dict[str, Any], console: Console | None = None) -> Non
 
 
 def roofline_line(entry: dict[str, Any]) -> str:
-    """The printed line of the speculation entry's ``roofline`` (``spec/speculative_speedup.roofline_report``)."""
+    """The printed lines of the speculation entry's ``roofline`` (``spec/speculative_speedup.roofline_report``)."""
     if entry["knee_tokens"] is None:
-        return (f"Speculation by batch size on {entry['gpu']}: not predicted: {entry['unknown']}; the speedups above are "
-                f"batch 1's ({entry['model']}).")
-    tensor_cores = TENSOR_CORE_NAMES[entry["tensor_cores"]]
-    by_batch = "; ".join(f"batch {batch}: " + ", ".join(f"{length}: {x:.2f}x" for length, x in speedups.items())
-                         for batch, speedups in entry["predicted_speedup_by_batch_size"].items())
+        return (f"Speculation by batch size on {entry['gpu']}: not predicted: {entry['unknown']}; the speedups above "
+                f"are batch 1's ({entry['model']}).")
+    rows = [f"  batch {batch}: " + ", ".join(f"{length}: {x:.2f}x" for length, x in speedups.items())
+            for batch, speedups in entry["predicted_speedup_by_batch_size"].items()]
     stops = ", ".join(f"{length}: {'never' if batch is None else batch}"
                       for length, batch in entry["stops_paying_at_batch_size"].items())
-    return (f"Speculation by batch size on {entry['gpu']} ({tensor_cores} tensor cores "
-            f"{entry['peak_flops'] / 1e12:g} TFLOP/s over {entry['memory_bandwidth'] / 1e12:g} TB/s, "
-            f"{entry['bytes_per_weight']:g} bytes a weight: a step turns compute-bound at {entry['knee_tokens']:g} "
-            f"tokens): predicted speedup by acceptance length at {by_batch}; stops paying (below 1x) from batch size, "
-            f"by acceptance length, {stops} ({entry['model']}).")
+    return "\n".join([
+        f"Speculation by batch size on {entry['gpu']} ({TENSOR_CORE_NAMES[entry['tensor_cores']]} tensor cores "
+        f"{entry['peak_flops'] / 1e12:g} TFLOP/s over {entry['memory_bandwidth'] / 1e12:g} TB/s, "
+        f"{entry['bytes_per_weight']:g} bytes a weight: a step turns compute-bound at {entry['knee_tokens']:g} tokens; "
+        f"{entry['model']}), predicted speedup by acceptance length:", *rows,
+        f"  stops paying (below 1x) from batch size, by acceptance length: {stops}"])
