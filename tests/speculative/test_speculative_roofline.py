@@ -62,6 +62,8 @@ def test_a_draft_model_stops_paying_sooner() -> None:
     assert stops_paying_at(2.0, 4, 0.1, 100.0) == 33
     assert stops_paying_at(1.2, 4, 0.1, 100.0) == 1  # below 1 + K c = 1.4: loses already at batch 1
     assert stops_paying_at(5.0, 4, 0.0, 100.0) is None  # every draft kept, no draft cost: never below 1
+    assert stops_paying_at(5.0, 4, 0.0, H100_KNEE) is None  # 5 x 1.0021 / 5.0106: 1 but for float rounding
+    assert stops_paying_at(2.32, 4, 0.0, H100_KNEE) == 138  # the README's prompt lookup: b > 2.32 x 295.37 / 5
     assert stops_paying_at(2.0, 4, 0.0, None) is None  # no knee: memory-bound at every size
 
 

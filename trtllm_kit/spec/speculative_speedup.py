@@ -98,8 +98,8 @@ def stops_paying_at(acceptance_length: float, draft_len: int, draft_cost: float,
         never, so every batch size has batch 1's speedup).
     """
     last = 1 if knee_tokens is None else math.ceil(knee_tokens) + 1  # constant past the knee
-    for batch_size in range(1, last + 1):
-        if predicted_speedup(acceptance_length, draft_len, draft_cost, batch_size, knee_tokens) < 1:
+    for batch_size in range(1, last + 1):  # below 1 by more than float rounding (L = K + 1, c = 0: exactly 1 past it)
+        if predicted_speedup(acceptance_length, draft_len, draft_cost, batch_size, knee_tokens) < 1 - 1e-9:
             return batch_size
     return None
 
