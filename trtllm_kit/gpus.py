@@ -71,6 +71,8 @@ class Board:
     int8_ops: float | None = None
 
 
+# The roofline figures are NVIDIA's datasheet tables (read through reprints of those tables), per board family below;
+# a figure the sources did not agree on or did not give is None, and the plan then says it does not know.
 GPU_TABLE: dict[str, Board] = {
     # NVIDIA HGX B200 specifications (per GPU, 1,000 W): FP16/BF16 4.5, FP8 9, INT8 9 PFLOPS* sparse; 8 TB/s
     "B200": Board(183359, (10, 0), 8.0 * TERA, 2250 * TERA, 4500 * TERA, 4500 * TERA),
