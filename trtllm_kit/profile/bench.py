@@ -23,10 +23,14 @@ from trtllm_kit.profile.records import write_records
 from trtllm_kit.profile.report import environment, write_report
 from trtllm_kit.profile.triton_metrics import MetricsScraper, window_summary
 from trtllm_kit.profile.workload import Prompt, WorkloadSpec, read_jsonl, synthetic_prompts
+from trtllm_kit.wire.request import FORCED_LENGTH
 
 DEFAULT_GRPC_URL = "grpc://127.0.0.1:8001"
 T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 GATE_RATE_TOLERANCE = 0.05
+# what a forced output length asks of a server beyond max_tokens, which every server honours: the minimum length
+# and no end token (``GenerationRequest.with_length``)
+FORCING = "/".join((*(name for name in FORCED_LENGTH if name != "max_tokens"), "end_id"))
 REPEATED_METRICS = (("output_tok_per_s", None), ("request_per_s", None), ("ttft_ms", "p50"), ("itl_ms", "p50"),
                     ("tpot_ms", "p50"), ("e2e_ms", "p50"), ("speculative", "acceptance_length"))  # the last: when sent
 
@@ -121,8 +125,8 @@ def gates(spec: BenchSpec, level: float, summary: dict[str, Any], loop_lag: dict
     if summary["length_mismatches"] or summary["server_count_mismatches"]:
         failed.append(f"{summary['length_mismatches']} output-length mismatches, "
                       f"{summary['server_count_mismatches']} client/server count mismatches: tok/s and TPOT would "
-                      "divide by the wrong token counts (the server ignores min_tokens/end_id, or --vocab-size is "
-                      "above the model's)")
+                      f"divide by the wrong token counts (the server ignores {FORCING}, or --vocab-size is above "
+                      "the model's)")
     if (server and server.get("model") and server.get("request_success") is not None
             and server["request_success"] != summary["num_ok"]):
         failed.append(f"server counted {server['request_success']:g} successes, client {summary['num_ok']}: another "

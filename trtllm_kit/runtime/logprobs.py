@@ -1,7 +1,7 @@
 """Log-probabilities of tokens under the model's raw distribution: the sampled token's and the top alternatives.
 
 They are the log-softmax of the model's logits before anything the request changes (penalties, temperature,
-top-k/top-p/min-p, grammar masks, the ``min_tokens`` mask), as vLLM's default ("raw") logprobs and as the
+top-k/top-p/min-p, grammar masks, the minimum length's end-token mask), as vLLM's default ("raw") logprobs and as the
 log-softmax ``transformers`` gives for the same model: the numbers evaluation harnesses compare across servers.
 Logits of position ``i`` score token ``i + 1``, so the first prompt token has no logprob.
 """

@@ -1,7 +1,7 @@
 """Speculative decoding inside in-flight batching: before the step's forward pass each sequence in generation takes
 a draft of up to K tokens (``attach``), computed with its last token through the paged KV cache in the same pass;
 ``verify`` then emits the longest accepted prefix and one token more, one token at a time through the scheduler's
-``postprocess`` (so end ids, stop words, ``max_tokens``, ``min_tokens``, penalties and grammars apply at each
+``postprocess`` (so end ids, stop words, the maximum and minimum lengths, penalties and grammars apply at each
 position as without speculation), and the rejected positions' K/V are dropped: they lie past
 ``num_computed_tokens``, are never sealed for reuse and are overwritten by the next step.
 """
