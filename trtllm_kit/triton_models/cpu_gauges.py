@@ -1,7 +1,9 @@
 """The CPU runtime's counters as Triton's ``nv_trt_llm_*`` gauges (``runtime/stats.py``: ``GAUGES``), labelled
 with the model's name and version. Each set is a message to tritonserver that the engine thread waits for, so
-the engine loop publishes every ``PUBLISH_EVERY_S`` while the engine has work (the TensorRT-LLM backend's stats
-period) and at once when it has none (the values it rests at), and sets only the gauges whose values changed."""
+the engine loop publishes every ``PUBLISH_EVERY_S`` while the engine has work and at once when it has none (the
+values it rests at), and sets only the gauges whose values changed. The period is short beside a scrape's, and a
+reading of the iteration counter is at most a few steps old (``tests/reliability/test_serve_cancel.py`` counts the
+steps a cancelled request runs on by it)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from trtllm_kit.runtime.stats import GAUGES, ExecutorStats, gauge_values
 
-PUBLISH_EVERY_S = 0.1
+PUBLISH_EVERY_S = 0.02
 
 
 class CpuGauges:
