@@ -28,6 +28,21 @@ def test_pieces_add_up_to_the_whole_decoding(tokenizer: Tokenizer, text: str) ->
     assert all("\ufffd" not in piece for piece in pieces)
 
 
+def test_random_ids_decoded_in_pieces_equal_their_whole_decoding(tokenizer: Tokenizer) -> None:
+    """A whole answer is decoded at once, a streamed one in pieces: the same text, split characters and byte
+    sequences that are not UTF-8 (which a small model makes) among them."""
+    rng = random.Random(3)
+    num_split = 0
+    for _ in range(300):
+        ids = [rng.randrange(len(tokenizer.hf)) for _ in range(rng.randint(1, 40))]
+        decoder = tokenizer.decoder()
+        pieces = [decoder.feed([token]) for token in ids]
+        whole = tokenizer.hf.decode(ids, skip_special_tokens=True)
+        assert "".join(pieces) + decoder.flush() == whole, ids
+        num_split += "" in pieces and "\ufffd" in whole
+    assert num_split > 0  # the byte sequences that are not UTF-8 were met
+
+
 def test_a_split_character_waits_for_its_last_byte(tokenizer: Tokenizer) -> None:
     ids = tokenizer.hf("🙂", add_special_tokens=False).input_ids
     assert len(ids) > 1  # byte-level BPE spells a rare character in bytes
