@@ -313,3 +313,7 @@ class GenerationRequest:
             return value
         cls: type = type(self)
         return next(r.wire.default for r in rows(cls) if r.name == name)
+
+
+# beam search's fields other than its width: they weigh beams, and mean nothing where one sequence is decoded
+BEAM_WEIGHTS = tuple(row.name for row in rows(GenerationRequest) if row.wire.beams and row.name != "beam_width")

@@ -31,6 +31,7 @@ from trtllm_kit.serve.dynamo.logprobs import logprob_fields, prompt_scored, scor
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 from trtllm_kit.wire.openai_body import encode_openai_body
+from trtllm_kit.wire.request import BEAM_WEIGHTS
 
 COMPLETIONS = "/v1/completions"
 MODELS = "/v1/models"
@@ -57,9 +58,11 @@ def refusal(req: GenerationRequest) -> str | None:
     if (req.n or 1) > 1 or req.best_of is not None:
         return (f"n is {req.n or 1} and best_of {req.best_of}; {WHY} answer one choice per token-id prompt: send "
                 "n=1 and no best_of, or the prompt as text.")
-    if req.beam_width not in (None, 1) or req.length_penalty is not None:
-        return (f"beam_width is {req.beam_width} and length_penalty {req.length_penalty}; {WHY} decode without "
-                "beams: leave beam_width and length_penalty out.")
+    weights = {name: getattr(req, name) for name in BEAM_WEIGHTS}
+    if req.beam_width not in (None, 1) or any(value is not None for value in weights.values()):
+        said = "".join(f" and {name} {value}" for name, value in weights.items())
+        return (f"beam_width is {req.beam_width}{said}; {WHY} decode without beams: leave "
+                f"{' and '.join(('beam_width', *weights))} out.")
     return None
 
 

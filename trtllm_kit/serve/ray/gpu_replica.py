@@ -31,6 +31,7 @@ from trtllm_kit.serve.server.process import die_with_parent_thread
 from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, answers, launch_argv
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 from trtllm_kit.wire.openai_body import encode_openai_body
+from trtllm_kit.wire.request import BEAM_WEIGHTS
 
 GPU_BUNDLE = {"GPU": 1, "CPU": 1}  # one rank's share of a replica's placement group
 PLACEMENT_STRATEGY = "STRICT_PACK"  # a replica's ranks on one node
@@ -149,9 +150,10 @@ def refusal(req: GenerationRequest) -> str | None:
     if (req.n or 1) > 1 or req.best_of is not None or req.beam_width not in (None, 1):
         return (f"n is {req.n or 1}, best_of {req.best_of} and beam_width {req.beam_width}; --gpu-replicas answers "
                 "one choice: send n=1 without best_of or beams.")
-    if req.length_penalty is not None:  # it weighs beams only, which a replica does not run
-        return (f"length_penalty is {req.length_penalty}; --gpu-replicas decode without beams, which it weighs: "
-                "leave length_penalty out.")
+    for name in BEAM_WEIGHTS:  # they weigh beams only, which a replica does not run
+        if getattr(req, name) is not None:
+            return (f"{name} is {getattr(req, name)}; --gpu-replicas decode without beams, which it weighs: leave "
+                    f"{name} out.")
     if req.guide is not None:
         return f"the guide {req.guide[0]!r} is not carried by --gpu-replicas; leave response_format out."
     return None
