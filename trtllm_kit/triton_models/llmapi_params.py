@@ -14,7 +14,7 @@ import inspect
 import json
 from typing import Any
 
-from trtllm_kit.wire import GenerationRequest
+from trtllm_kit.wire import GenerationRequest, WireError
 from trtllm_kit.wire.fields import rows
 from trtllm_kit.wire.llmapi import IGNORE_EOS
 from trtllm_kit.wire.request import NEVER_END_ID, greedy_settings
@@ -28,6 +28,8 @@ CLIENT_ERRORS = ("ValueError", "RequestError", "KitUsageError", "ModelError")
 SAMPLING_FIELDS = {  # record field → SamplingParams field, by upstream's rule
     row.name: names[0].removeprefix(PREFIX) for row in rows(GenerationRequest)
     if len(names := row.tensors("llmapi")) == 1 and names[0].startswith(PREFIX)}
+# SamplingParams field → the narrower rule the LLM API leaves to its caller (its row's ``llmapi_rule``)
+CALLER_RULES = {SAMPLING_FIELDS[row.name]: rule for row in rows(GenerationRequest) if (rule := row.wire.llmapi_rule)}
 
 
 def sampling_kwargs(req: GenerationRequest) -> dict[str, Any]:
@@ -65,15 +67,20 @@ def sampling_params(req: GenerationRequest, sampling_class: Any, guide_class: An
 
 
 def check_sampling(kwargs: dict[str, Any]) -> None:
-    """Refuse a ``top_p`` outside (0, 1]; say a greedy temperature as the wire's ``greedy_settings`` says it, before
-    either reaches the engine.
+    """Refuse a value outside the bounds the LLM API leaves to its caller (``CALLER_RULES``); say a greedy
+    temperature as the wire's ``greedy_settings`` says it, before either reaches the engine.
 
     Arguments:
         kwargs: ``SamplingParams`` keywords, changed in place.
     """
-    top_p = kwargs.get("top_p")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    for name, rule in CALLER_RULES.items():
+        value = kwargs.get(name)
+        if value is None:
+            continue
+        try:
+            rule.checked(name, value)
+        except WireError:
+            raise ValueError(f"{name} must be in {rule.interval}, got {value!r}") from None
     greedy_settings(kwargs)
 
 

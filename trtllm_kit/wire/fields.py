@@ -61,7 +61,9 @@ class Wire:
         (vLLM's own "off", where the row's default is another; None: none); trtllm_at, text_at: its input's
         index among upstream's inputs of the dialect, in config.pbtxt's order (None: the kit's own input, after
         upstream's); migration: how it continues on another worker (None: unchanged); beams: it sets or weighs
-        beam search, which the kit's decoders do not run (a value other than ``default`` is refused).
+        beam search, which the kit's decoders do not run (a value other than ``default`` is refused);
+        llmapi_rule: the narrower values the LLM API's ``SamplingParams`` takes, which it leaves to its caller to
+        check (None: ``rule``).
     """
 
     help: str
@@ -78,20 +80,22 @@ class Wire:
     text_at: int | None = None
     migration: Migration | None = None
     beams: bool = False
+    llmapi_rule: Rule | None = None
 
 
 def wire(help: str, default: Any = None, rule: Rule | None = None, dtype: str | None = None, *,
          trtllm: Names = None, llmapi: Names = None, text: Names = None, strict: bool = False,
          openai: str | bool = False, openai_off: Any = None, trtllm_at: int | None = None,
-         text_at: int | None = None, migration: Migration | None = None, beams: bool = False) -> dict[str, Wire]:
+         text_at: int | None = None, migration: Migration | None = None, beams: bool = False,
+         llmapi_rule: Rule | None = None) -> dict[str, Wire]:
     """Field metadata declaring a field of the wire.
 
     Arguments:
         help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off, trtllm_at, text_at,
-        migration, beams: the ``Wire`` fields.
+        migration, beams, llmapi_rule: the ``Wire`` fields.
     """
     return {WIRE_KEY: Wire(help, default, rule, dtype, trtllm, llmapi, text, strict, openai, openai_off, trtllm_at,
-                           text_at, migration, beams)}
+                           text_at, migration, beams, llmapi_rule)}
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class GenerationRequest:
     top_p: float | None = field(default=None, metadata=wire(
         "Nucleus sampling (tensorrt_llm: 0 with top_k 0 is greedy; the LLM API takes (0, 1]).", 0.0,
         Rule(float, 0, 1), "FP32", trtllm="runtime_top_p", llmapi="sampling_param_top_p", text="top_p", trtllm_at=15,
-        text_at=9, openai=True))
+        text_at=9, openai=True, llmapi_rule=Rule(float, 0, 1, low_open=True)))
     min_p: float | None = field(default=None, metadata=wire(
         "vLLM's min_p: drop tokens below min_p times the top probability (0 = off).", 0.0, Rule(float, 0, 1),
         "FP32", trtllm="runtime_min_p", llmapi="sampling_param_min_p", strict=True, openai=True))

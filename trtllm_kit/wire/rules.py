@@ -89,6 +89,11 @@ class Rule:
                     high if self.high is None else min(self.high, high), self.low_open, self.meaning)
 
     @property
+    def interval(self) -> str:
+        """The bounds of a number as an interval, "(0, 1]" or "[0, 1]" (both bounds set)."""
+        return f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
+
+    @property
     def allowed(self) -> str:
         """What the field must be, as the refusal says it."""
         if self.kind is bool:
@@ -99,7 +104,7 @@ class Rule:
             text = f"an integer from {_bound(self.low)} to {_bound(self.high)}" if self.low is not None and \
                 self.high is not None else f"an integer >= {_bound(self.low)}" if self.low is not None else "an integer"
         elif self.low is not None and self.high is not None:
-            text = f"a number in {'(' if self.low_open else '['}{self.low}, {self.high}]"
+            text = f"a number in {self.interval}"
         elif self.low is not None:
             text = f"a number greater than {self.low}" if self.low_open else f"a number >= {self.low}"
         else:
