@@ -11,8 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.logprobs import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS, Scoring
+from trtllm_kit.serve.openai.refusals import FLAG, Sentences
 from trtllm_kit.serve.openai.request_limits import MAX_PROMPTS
 from trtllm_kit.serve.openai.sampling_fields import Int, OpenAIRequest, Prompt
+
+PROMPT = "{name} must be a string or a list of token ids (or a list of them), got {value!r:.60}."
 
 
 class CompletionRequest(OpenAIRequest):
@@ -24,6 +27,9 @@ class CompletionRequest(OpenAIRequest):
     echo: bool = False
     # copied per instance; pydantic reads a default_factory's signature on every instance (1 ms for ``list``)
     _prompts: list[Prompt] = PrivateAttr(default=[])
+    sentences: ClassVar[Sentences] = {
+        **OpenAIRequest.sentences, "prompt": (PROMPT, None), "echo": (FLAG, None),
+        "logprobs": (f"{{name}} must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}, got {{value!r:.60}}.", None)}
 
     @property
     def scoring(self) -> Scoring:
@@ -60,6 +66,10 @@ class ChatRequest(OpenAIRequest):
     messages: list[Message] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    sentences: ClassVar[Sentences] = {
+        **OpenAIRequest.sentences, "logprobs": (FLAG, None),
+        "messages": ("{name} must be a non-empty list of {{role, content}} objects.", None),
+        "top_logprobs": (f"{{name}} must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {{value!r:.60}}.", None)}
 
     @property
     def scoring(self) -> Scoring:
@@ -86,5 +96,4 @@ def _one_prompt(prompt: Any, vocab_size: int | None) -> Prompt:
             raise HTTPError(f"token ids must be in [0, {vocab_size}) (the tokenizer's vocabulary), got {bad[0]}.",
                             param="prompt")
         return tuple(prompt)
-    raise HTTPError(f"prompt must be a string or a list of token ids (or a list of them), got {prompt!r:.60}.",
-                    param="prompt")
+    raise HTTPError(PROMPT.format(name="prompt", value=prompt), param="prompt")

@@ -32,8 +32,8 @@ from trtllm_kit.runtime.sampling_rules import MAX_SEED
 from trtllm_kit.serve.http.errors import HTTPError
 from trtllm_kit.serve.openai.guided import GUIDED_FIELDS, Guide, parse_guide, structured_field
 from trtllm_kit.serve.openai.logprobs import Scoring
-from trtllm_kit.serve.openai.refusals import PRIORITY_RANGE, field_refusal, refused
-from trtllm_kit.serve.openai.request_limits import MAX_N, stops_problem
+from trtllm_kit.serve.openai.refusals import FLAG, PRIORITY_RANGE, Sentences, field_refusal, refused
+from trtllm_kit.serve.openai.request_limits import MAX_N, MAX_STOPS, stops_problem
 from trtllm_kit.wire import GenerationRequest, WireError
 from trtllm_kit.wire.fields import Row, rows
 from trtllm_kit.wire.request import NEVER_END_ID, sampled_settings
@@ -125,6 +125,15 @@ class OpenAIFields(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    sentences: ClassVar[Sentences] = {
+        "max_tokens": ("{name} must be a positive integer, got {value!r}.", None),
+        "temperature": ("{name} must be a number, got {value!r:.60}.",
+                        "{name} must be between 0 and 2, got {value!r}."),
+        "top_p": ("{name} must be a number, got {value!r:.60}.", "{name} must be in (0, 1], got {value!r}."),
+        "seed": ("{name} must be an integer from 0 to 2**64 - 1, got {value!r:.60}.", None),
+        "stop": (f"{{name}} must be a string or a list of up to {MAX_STOPS} strings, got {{value!r:.60}}.", None),
+        "min_tokens": ("{name} must be an integer from 0 to max_tokens ({max_tokens}), got {value!r}.", None),
+        **dict.fromkeys(("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"), (FLAG, None))}
 
 
 # the wire's rows an OpenAI body carries that OpenAI's own fields do not declare: vLLM's sampling extras
@@ -155,6 +164,14 @@ class OpenAIRequest(SamplingExtras):
     guided_grammar: Any = None
     _guide: Guide | None = PrivateAttr(None)
     _guide_field: str | None = PrivateAttr(None)
+    sentences: ClassVar[Sentences] = {
+        **OpenAIFields.sentences, "n": (f"{{name}} must be an integer from 1 to {MAX_N}, got {{value!r:.60}}.", None),
+        "best_of": (f"{{name}} must be an integer from n ({{n}}) to {MAX_N}, got {{value!r:.60}}.", None),
+        "priority": (f"{{name}} must be an integer from {-PRIORITY_RANGE} to {PRIORITY_RANGE} (lower runs first), "
+                     "got {value!r}.", None),
+        "stream": ("{name} must be true or false, got {value!r}.", None),
+        "stream_options": ("{name} must be an object of include_usage and continuous_usage_stats booleans, got "
+                           "{value!r:.60}.", None)}
 
     @classmethod
     def parse(cls: type[R], body: dict[str, Any], *, max_seq_len: int | None = None,
@@ -171,14 +188,14 @@ class OpenAIRequest(SamplingExtras):
         try:
             return cls.model_validate(given, context={"max_seq_len": max_seq_len, "vocab_size": vocab_size})
         except ValidationError as exc:
-            raise refused(exc, body, cls.kind, given) from None
+            raise refused(exc, body, cls.sentences, given) from None
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> OpenAIRequest:
         max_seq_len = (info.context or {}).get("max_seq_len")
         max_tokens = self.max_tokens
         if max_tokens < (0 if self.scoring.echo else 1):  # echo with max_tokens 0 scores the prompt alone
-            raise field_refusal("max_tokens", max_tokens)
+            raise field_refusal(self.sentences, "max_tokens", max_tokens)
         limit = MAX_INT32 if max_seq_len is None else max_seq_len - 1
         if max_tokens > limit:
             reason = f"this model's max_seq_len is {max_seq_len} tokens" if max_seq_len else "the limit is 2**31 - 1"
@@ -187,9 +204,9 @@ class OpenAIRequest(SamplingExtras):
         if problem is not None:
             raise HTTPError(problem, param="stop")
         if self.min_tokens is not None and self.min_tokens > max_tokens:
-            raise field_refusal("min_tokens", self.min_tokens, max_tokens=max_tokens)
+            raise field_refusal(self.sentences, "min_tokens", self.min_tokens, max_tokens=max_tokens)
         if self.best_of is not None and not self.n <= self.best_of <= MAX_N:
-            raise field_refusal("best_of", self.best_of, n=self.n)
+            raise field_refusal(self.sentences, "best_of", self.best_of, n=self.n)
         if self.stream_options is not None and not self.stream:
             raise HTTPError("stream_options is only allowed when stream is true.", param="stream_options")
         if self.stream and self.best_of is not None and self.best_of > self.n:
