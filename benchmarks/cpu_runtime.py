@@ -34,7 +34,8 @@ of a stack matches (``CATEGORIES``).
 ``--cpu-by-process`` serves the first model and prints the CPU milliseconds per generated token of each process of
 the serve (the serve with its OpenAI frontend, tritonserver, each Python stub) over ``--rounds`` batch-1 chats, each
 less its idle rate (``process_cpu.py``), beside the executor's own in this process and the client's: CPU time, not
-wall time, so the figures hold on a loaded machine.
+wall time, so the figures hold on a loaded machine; then both runs' wall-clock tokens/s, which they do not (waits
+for another process are wall time without CPU).
 """
 
 from __future__ import annotations
@@ -236,9 +237,10 @@ def profile(name: str, num_requests: int, max_tokens: int, work: Path) -> dict[s
     return dict(counts)
 
 
-def cpu_by_process(name: str, max_tokens: int, rounds: int, work: Path) -> list[tuple[str, float]]:
+def cpu_by_process(name: str, max_tokens: int, rounds: int, work: Path) -> list[tuple[str, float, str]]:
     """CPU ms per generated token of each process of a serve of ``name`` over ``rounds`` batch-1 chats of
-    ``max_tokens`` tokens (after an untimed warm-up), then of this process's client and of the executor alone.
+    ``max_tokens`` tokens (after an untimed warm-up), then of this process's client and of the executor alone, and
+    the wall-clock tokens/s of both (which waits and the machine's load move): rows of (part, figure, unit).
 
     Arguments:
         name: a built-in model; max_tokens: tokens per chat; rounds: chats measured; work: a scratch directory.
@@ -250,9 +252,15 @@ def cpu_by_process(name: str, max_tokens: int, rounds: int, work: Path) -> list[
         assert pid is not None, f"no serve of {name} is running"
         client_start = time.process_time()
 
+        wall: list[float] = []
+
         def run() -> int:
-            return sum(one() for _ in range(rounds))
-        rows = [(f"{p.name} [{p.pid}]", p.ms_per_token) for p in by_process(serve_processes(pid), run, idle_s=3.0)]
+            start = time.perf_counter()
+            num_tokens = sum(one() for _ in range(rounds))
+            wall.append(num_tokens / (time.perf_counter() - start))
+            return num_tokens
+        rows = [(f"{p.name} [{p.pid}]", p.ms_per_token, "CPU ms/token")
+                for p in by_process(serve_processes(pid), run, idle_s=3.0)]
         client_ms = 1000 * (time.process_time() - client_start) / (rounds * max_tokens)
     from transformers import AutoTokenizer
 
@@ -261,10 +269,13 @@ def cpu_by_process(name: str, max_tokens: int, rounds: int, work: Path) -> list[
     executor = executor_run(CheckpointModel.load(work / name / "ckpt"), chat_ids(AutoTokenizer.from_pretrained(hf_dir),
                                                                               1), max_tokens)
     executor()  # warm-up
-    start = time.process_time()
+    start, start_wall = time.process_time(), time.perf_counter()
     num_tokens = sum(executor() for _ in range(rounds))
     executor_ms = 1000 * (time.process_time() - start) / num_tokens
-    return [*rows, ("client (this process, openai)", client_ms), ("executor alone (this process)", executor_ms)]
+    executor_tps = num_tokens / (time.perf_counter() - start_wall)
+    return [*rows, ("client (this process, openai)", client_ms, "CPU ms/token"),
+            ("executor alone (this process)", executor_ms, "CPU ms/token"),
+            ("served chats, wall clock", wall[0], "tokens/s"), ("executor alone, wall clock", executor_tps, "tokens/s")]
 
 
 def main() -> None:
@@ -290,9 +301,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             rows = cpu_by_process(name, max_tokens, args.rounds, Path(tmp))
         print(f"{name}, batch 1 x {max_tokens} tokens x {args.rounds} chats, {args.threads} threads, "
-              f"load {os.getloadavg()[0]:.1f}: CPU ms per generated token")
-        for label, ms in rows:
-            print(f"{ms:8.2f} ms/token  {label}")
+              f"load {os.getloadavg()[0]:.1f}")
+        for label, figure, unit in rows:
+            print(f"{figure:8.2f} {unit:12s}  {label}")
         return
     if args.profile:
         with tempfile.TemporaryDirectory() as tmp:
