@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtllm_kit.runtime.attention_groups import Group, attend_groups, attention_groups, group_inputs, span_of
+from trtllm_kit.runtime.attention_groups import Group, attend_groups, attention_groups, gather, group_inputs, span_of
 
 HEADS, KV_HEADS, HEAD_SIZE, POOL = 6, 2, 8, 64
 
@@ -18,6 +18,16 @@ def test_consecutive_slots_are_a_span_and_others_are_gathered():
     one = group_inputs([4], [1], [0], [torch.arange(16, 21)])
     two = group_inputs([4, 4], [1, 1], [0, 1], [torch.arange(16, 21), torch.arange(40, 45)])
     assert one.key_span == slice(16, 21) and two.key_span is None
+
+
+@pytest.mark.parametrize("slots", [torch.tensor([[5, 6, 7, 0], [40, 41, 3, 2]]), torch.tensor([63, 0, 17]),
+                                   torch.tensor([], dtype=torch.long)])
+def test_a_gather_copies_the_indexed_rows(slots):
+    cache = torch.randn(POOL, KV_HEADS, HEAD_SIZE)
+    got = gather(cache, slots)
+    assert got.shape == (*slots.shape, KV_HEADS, HEAD_SIZE) and torch.equal(got, cache[slots])
+    cache.zero_()
+    assert got.numel() == 0 or bool(got.abs().sum() > 0)  # a copy, not a view of the pool
 
 
 def test_a_call_that_hides_nothing_has_no_mask():

@@ -2,8 +2,9 @@
 
 Generation tokens (one query each) attend together, bucketed by key length so that no call pads a sequence's keys
 to more than twice their length; each context chunk attends alone (no query padding across sequences). A call of one
-sequence whose keys lie in consecutive slots reads them as a view of the pool, and a call whose mask hides nothing
-(generation tokens of equal length) computes none: the same values, fewer copies.
+sequence whose keys lie in consecutive slots reads them as a view of the pool, other calls gather them with
+``index_select``, and a call whose mask hides nothing (generation tokens of equal length) computes none: the same
+values, fewer copies.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def span_of(slots: torch.Tensor) -> slice | None:
     return slice(first, first + len(slots)) if torch.equal(slots, torch.arange(first, first + len(slots))) else None
 
 
+def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``cache[slots]`` through ``index_select`` (the same rows copied, in a few times less time than an index).
+
+    Arguments:
+        cache: [slots, ...] a layer's pool; slots: pool slots of any shape.
+    """
+    return cache.index_select(0, slots.flatten()).view(*slots.shape, *cache.shape[1:])
+
+
 def attention_groups(starts: list[int], counts: list[int], offsets: list[int],
                      slots: list[torch.Tensor]) -> list[Group]:
     """The step's calls: sequence i computes ``counts[i]`` tokens from ``starts[i]``, packed at ``offsets[i]``, its
@@ -82,7 +92,7 @@ def attend_groups(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         if g.key_span is not None:
             keys, values = k_cache[g.key_span][None].transpose(1, 2), v_cache[g.key_span][None].transpose(1, 2)
         else:
-            keys, values = k_cache[g.key_slots].transpose(1, 2), v_cache[g.key_slots].transpose(1, 2)
+            keys, values = gather(k_cache, g.key_slots).transpose(1, 2), gather(v_cache, g.key_slots).transpose(1, 2)
         queries = q if is_whole and g.q_index.shape[0] == 1 else q[0][:, g.q_index].transpose(0, 1)  # [G, heads, T, d]
         shape, kv_heads = queries.shape, keys.shape[1]
         out = attend(queries.reshape(shape[0], kv_heads, -1, shape[-1]), keys, values, mask).reshape(shape)

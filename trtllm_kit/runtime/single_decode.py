@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import torch
 
+from trtllm_kit.runtime.attention_groups import gather
 from trtllm_kit.runtime.layers import attend
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import Sequence
@@ -180,4 +181,4 @@ class Gathered:
     slots: torch.Tensor  # [S]
 
     def __getitem__(self, layer: int) -> torch.Tensor:
-        return self.parts[layer][self.slots][None].transpose(1, 2)
+        return gather(self.parts[layer], self.slots)[None].transpose(1, 2)
