@@ -1,12 +1,13 @@
 """What one decode step does, counted rather than timed: the kit's executor beside transformers ``generate``.
 
     python benchmarks/cpu_step_counts.py [--models smollm2-135m-instruct,tiny-llama] [--batch 1] [--tokens 8]
-        [--rounds 5] [--json]
+        [--rounds 5] [--threads 1] [--json]
 
-For each model (float32, one torch thread, greedy, the first ``--batch`` chat prompts of ``cpu_runtime.py``: B
-sequences decoding together, each one new token a step; transformers runs them as a left-padded batch), each engine
-generates 1 and then ``1 + --tokens`` new tokens after an untimed warm-up; the difference of the two calls, divided
-by ``--tokens``, is one decode step (the prompts' forward pass and the first tokens cancel out). Counted per step:
+For each model (float32, ``--threads`` torch threads, greedy, the first ``--batch`` chat prompts of
+``cpu_runtime.py``: B sequences decoding together, each one new token a step; transformers runs them as a
+left-padded batch), each engine generates 1 and then ``1 + --tokens`` new tokens after an untimed warm-up; the
+difference of the two calls, divided by ``--tokens``, is one decode step (the prompts' forward pass and the first
+tokens cancel out). Counted per step:
 
 * matrix products: the linears (``aten::mm``, ``aten::addmm``, and ``aten::addmm_``: a product added into the
   residual stream) and attention's (``aten::bmm``) torch operations;
@@ -15,7 +16,8 @@ by ``--tokens``, is one decode step (the prompts' forward pass and the first tok
 * the self-CPU milliseconds of the matrix products and of all operations (times: these move with the machine's load;
   the counts do not);
 * the step's CPU time (``time.thread_time``, the median of ``--rounds`` pairs of calls): the time the thread ran,
-  which other work on the machine moves far less than wall time.
+  which other work on the machine moves far less than wall time (with ``--threads`` above 1, the calling thread's
+  only), and its wall time (the same pairs: what more threads are for, and what the load moves).
 
 Prints one line per model and engine with units, or ``--json``.
 """
@@ -71,6 +73,8 @@ class StepCounts:
     matrix_ms: float
     total_ms: float
     cpu_ms: float
+    wall_ms: float
+    threads: int
     load_average: float
 
     def line(self) -> str:
@@ -78,8 +82,8 @@ class StepCounts:
                 f"{self.attention_products:4.0f} attention products, {self.operations:6.0f} torch operations, "
                 f"{self.python_calls:6.0f} Python calls + {self.c_calls:6.0f} C calls per step | self CPU "
                 f"{self.matrix_ms:6.2f} ms in matrix products of {self.total_ms:6.2f} ms "
-                f"({self.matrix_ms / self.total_ms:.0%}) | step CPU time {self.cpu_ms:6.2f} ms | load "
-                f"{self.load_average:.1f}")
+                f"({self.matrix_ms / self.total_ms:.0%}) | step CPU time {self.cpu_ms:6.2f} ms, wall "
+                f"{self.wall_ms:7.2f} ms at {self.threads} threads | load {self.load_average:.1f}")
 
 
 def python_calls(run: Callable[[], object]) -> tuple[int, int]:
@@ -103,11 +107,11 @@ def operations(run: Callable[[], object]) -> dict[str, tuple[int, float]]:
     return {e.key: (e.count, e.self_cpu_time_total / 1000) for e in prof.key_averages()}
 
 
-def thread_ms(run: Callable[[], object]) -> float:
-    """CPU milliseconds this thread spent in one call of ``run``."""
-    started = time.thread_time()
+def thread_and_wall_ms(run: Callable[[], object]) -> tuple[float, float]:
+    """CPU milliseconds this thread spent in one call of ``run``, and the call's wall milliseconds."""
+    started, wall = time.thread_time(), time.perf_counter()
     run()
-    return (time.thread_time() - started) * 1000
+    return (time.thread_time() - started) * 1000, (time.perf_counter() - wall) * 1000
 
 
 def per_step(model: str, engine: str, batch: int, make: Callable[[int], Callable[[], object]], num_tokens: int,
@@ -117,7 +121,8 @@ def per_step(model: str, engine: str, batch: int, make: Callable[[int], Callable
     short, long = make(1), make(1 + num_tokens)
     short()
     long()  # warm-up: first-call allocations and caches
-    cpu_ms = statistics.median((thread_ms(long) - thread_ms(short)) / num_tokens for _ in range(rounds))
+    pairs = [(thread_and_wall_ms(long), thread_and_wall_ms(short)) for _ in range(rounds)]
+    cpu_ms, wall_ms = (statistics.median((a[i] - b[i]) / num_tokens for a, b in pairs) for i in (0, 1))
     py = [python_calls(run) for run in (short, long)]
     ops = [operations(run) for run in (short, long)]
 
@@ -126,7 +131,8 @@ def per_step(model: str, engine: str, batch: int, make: Callable[[int], Callable
         return (total[1] - total[0]) / num_tokens
     return StepCounts(model, engine, batch, diff(LINEAR_PRODUCTS, 0), diff(ATTENTION_PRODUCTS, 0), diff(None, 0),
                       (py[1][0] - py[0][0]) / num_tokens, (py[1][1] - py[0][1]) / num_tokens,
-                      diff(LINEAR_PRODUCTS + ATTENTION_PRODUCTS, 1), diff(None, 1), cpu_ms, os.getloadavg()[0])
+                      diff(LINEAR_PRODUCTS + ATTENTION_PRODUCTS, 1), diff(None, 1), cpu_ms, wall_ms,
+                      torch.get_num_threads(), os.getloadavg()[0])
 
 
 def measure(name: str, batch: int, num_tokens: int, rounds: int, work: Path) -> list[StepCounts]:
@@ -155,10 +161,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="sequences decoding together (the chat prompts)")
     parser.add_argument("--tokens", type=int, default=8, help="decode steps counted (the difference of two calls)")
     parser.add_argument("--rounds", type=int, default=5, help="pairs of calls the step's CPU time is the median of")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of both engines")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         steps = [s for name in args.models.split(",")
                  for s in measure(name, args.batch, args.tokens, args.rounds, Path(tmp))]
