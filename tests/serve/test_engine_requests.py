@@ -1,22 +1,19 @@
 """What the frontend sends a ``tensorrt_llm`` model for the engine target's features, and how it reads the
 answers: the request tensors (``num_return_sequences``, ``stop_words_list``, ``return_context_logits``,
 ``keep_end_token``, which logprobs ask for), prompt logprobs as the log-softmax of ``context_logits``, and whether
-an engine route has context logits; whether a request is streamed."""
+an engine route has context logits."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.records import EngineRecord
-from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.fleet.members import context_logits
 from trtllm_kit.serve.openai.engine_input import engine_request
 from trtllm_kit.serve.openai.requests import ChatRequest, CompletionRequest
@@ -84,17 +81,3 @@ def test_an_engine_route_knows_whether_its_engine_has_context_logits(make_out: C
     assert context_logits(served("engine", ["trtllm-build", "--gather_context_logits"])) is True
     assert context_logits(served("engine", ["trtllm-build"])) is False
     assert context_logits(served("cpu", None)) is None  # the CPU model scores prompts itself
-
-
-def test_a_whole_answer_without_stop_strings_is_asked_for_whole() -> None:
-    """A token-id request whose client reads the answer whole is not streamed (one response at its end, not one a
-    step), unless it has stop strings, at which the frontend ends a stream; any other request is streamed."""
-    client = TextClient("127.0.0.1:1")
-
-    def streaming(**fields: Any) -> bool:
-        request = asyncio.run(client._token_request(GenerationRequest((1, 5, 9), 4, **fields)))
-        names = [tensor.name for tensor in request.inputs]
-        return bool(np.frombuffer(request.raw_input_contents[names.index("streaming")], dtype=bool)[0])
-
-    assert not streaming(streaming=False)
-    assert streaming(streaming=False, stop_strings=("x",)) and streaming(streaming=True) and streaming()

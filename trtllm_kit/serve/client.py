@@ -142,13 +142,12 @@ class TextClient:
 
     async def _token_request(self, req: GenerationRequest) -> service_pb2.ModelInferRequest:
         """A token-id request to ``tensorrt_llm``, every input sent as set (the model is not asked for its
-        config), streamed unless ``is_whole``; the adapter's rows go in the ``lora_weights`` type of the model this
-        client reads."""
+        config); the adapter's rows go in the ``lora_weights`` type of the model this client reads."""
         weights_type = "FP32"
         if req.lora is not None:
             self._check_lora(await self.model_inputs(), LORA_INPUTS)
             weights_type = self._types["lora_weights"]
-        gen = replace(req, streaming=not is_whole(req), exclude_input_in_output=True)
+        gen = replace(req, streaming=True, exclude_input_in_output=True)
         arrays = encode_trtllm_request(gen, declared=_every_input(weights_type))
         return _infer_request(self.token_model, req.request_id, arrays, batched=True)
 
@@ -221,17 +220,6 @@ class TextClient:
         finally:
             finished.set()
             call.cancel()
-
-
-def is_whole(req: GenerationRequest) -> bool:
-    """Whether a token-id request is answered whole, in one response when it ends, rather than a response per step:
-    its client reads the answer whole (``streaming`` False) and it has no stop strings, at which the frontend cuts
-    a stream and ends the request (a whole answer would run on to the engine's own stop, counting more tokens).
-
-    Arguments:
-        req: the frontend's request.
-    """
-    return req.streaming is False and not req.stop_strings
 
 
 def llmapi_request(req: GenerationRequest) -> GenerationRequest:
