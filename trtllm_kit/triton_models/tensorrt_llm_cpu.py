@@ -151,6 +151,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.loop.shutdown("the server is shutting down")
+        self.gauges.close()
         if self.guides is not None:
             self.guides.close()
 
