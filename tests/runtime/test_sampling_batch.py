@@ -45,3 +45,15 @@ def test_a_step_of_only_plain_greedy_rows_equals_the_rows_one_by_one() -> None:
     logits = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(1))
     seqs = [sequence(i, SamplingParams(max_tokens=4), []) for i in range(8)]
     assert sample(logits, seqs) == [int(row.argmax()) for row in logits]
+
+
+def test_a_plain_greedy_row_with_a_nan_anywhere_gives_none() -> None:
+    logits = torch.randn(7, VOCAB, generator=torch.Generator().manual_seed(2))
+    logits[6, 3] = logits[6].max() + 1.0
+    for row, column in ((0, 0), (1, VOCAB - 1), (2, int(logits[2].argmax())), (3, int(logits[3].argmin()))):
+        logits[row, column] = float("nan")
+    logits[4, 1] = float("inf")  # the maximum, not NaN
+    logits[5] = float("-inf")  # nothing above -inf: the first column, as a row's own argmax
+    logits[6, 9] = float("nan")  # after the maximum
+    seqs = [sequence(i, SamplingParams(max_tokens=4), []) for i in range(7)]
+    assert sample(logits, seqs) == [None, None, None, None, 1, 0, None]

@@ -33,8 +33,10 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
     plain = [i for i, seq in enumerate(seqs) if _is_plain_greedy(seq)]
     if plain:  # one argmax for the rows nothing changes: the same first maximum as each row's own
         rows = logits if len(plain) == len(seqs) else logits[plain]
-        for i, best, is_nan in zip(plain, rows.argmax(-1).tolist(), rows.isnan().any(-1).tolist(), strict=True):
-            tokens[i] = None if is_nan else best
+        best = rows.argmax(-1, keepdim=True)  # argmax propagates NaN: a row holds one iff its pick is one
+        for i, token, is_nan in zip(plain, best.flatten().tolist(), rows.gather(1, best).isnan().flatten().tolist(),
+                                    strict=True):
+            tokens[i] = None if is_nan else token
     for i in sorted(set(range(len(seqs))) - set(plain)):
         tokens[i] = _sample_row(logits[i], seqs[i])
     return tokens
