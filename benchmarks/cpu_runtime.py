@@ -260,7 +260,7 @@ def cpu_by_process(name: str, max_tokens: int, rounds: int, work: Path) -> list[
             wall.append(num_tokens / (time.perf_counter() - start))
             return num_tokens
         rows = [(f"{p.name} [{p.pid}]", p.ms_per_token, "CPU ms/token")
-                for p in by_process(serve_processes(pid), run, idle_s=3.0)]
+                for p in by_process(serve_processes(pid), run, idle_s=10.0)]
         client_ms = 1000 * (time.process_time() - client_start) / (rounds * max_tokens)
     from transformers import AutoTokenizer
 
