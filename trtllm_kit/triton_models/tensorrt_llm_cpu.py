@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +43,7 @@ from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.response import perf_of, response_of
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
-from trtllm_kit.triton_models.cpu_gauges import CpuGauges
+from trtllm_kit.runtime.stats import GAUGES, gauge_values
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
 from trtllm_kit.triton_models.cpu_speculation import cpu_speculator
 from trtllm_kit.triton_models.spec_decode_counters import SpecDecodeCounters
@@ -134,7 +133,13 @@ class TritonPythonModel:
         self.engine = Executor(model, config, cpu_speculator(values, config, Path(args["model_repository"]),
                                                              vocab_size))
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
-        self.gauges = CpuGauges(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.gauges, self.families = {}, []  # a family must outlive its metrics
+        for family, (label, by_value) in GAUGES.items():
+            self.families.append(pb_utils.MetricFamily(name=family, description=f"CPU runtime {label}",
+                                                       kind=pb_utils.MetricFamily.GAUGE))
+            self.gauges.update({field: self.families[-1].Metric(labels={**labels, label: value})
+                                for value, field in by_value.items()})
         speculator = self.engine.speculator
         self.spec_counters = None if speculator is None else SpecDecodeCounters(pb_utils, args["model_name"],
                                                                                   speculator.counts)
@@ -151,7 +156,6 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.loop.shutdown("the server is shutting down")
-        self.gauges.close()
         if self.guides is not None:
             self.guides.close()
 
@@ -210,9 +214,8 @@ class TritonPythonModel:
                                                    model.config, model.dtype))
 
     def _publish(self) -> None:
-        now_s = time.monotonic()
-        if not self.gauges.is_due(now_s, self.engine.has_work()):
-            return
-        self.gauges.publish(self.engine.stats(), now_s)
+        for field, value in gauge_values(self.engine.stats()).items():
+            if field in self.gauges:
+                self.gauges[field].set(value)
         if self.spec_counters is not None:
             self.spec_counters.publish()
