@@ -46,6 +46,12 @@ class Deaths:
         with self._lock:
             return pid in self._ended
 
+    def follows(self, pids: Iterable[int]) -> bool:
+        """Whether the end of every one of ``pids`` is seen here: each is waited on, or has ended (False where a pid
+        could not be followed: a system without pidfds)."""
+        with self._lock:
+            return all(pid in self._fds or pid in self._ended for pid in pids)
+
     def in_order(self, pids: Iterable[int]) -> list[int]:
         """``pids`` by the moment each ended, first first; those not seen to end keep their order, last."""
         pids = list(pids)

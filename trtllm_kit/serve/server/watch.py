@@ -39,8 +39,7 @@ class Watch:
         made private."""
         self.process.protect_shm()
         self.deaths.follow(self.stubs)
-        alive = self.process.stubs()
-        dead = {pid: name for pid, name in self.stubs.items() if pid not in alive}
+        dead = self._dead_stubs()
         code = None
         if self._server_exited(wait_s=1.0 if dead else 0.0):
             assert self.process.proc is not None
@@ -53,6 +52,14 @@ class Watch:
             then = "" if code is None else f" (tritonserver exited after it, with code {code})"
             return f"the Python-backend stub of model {name} (pid {pid}) died while serving{then}"
         return self._hung()
+
+    def _dead_stubs(self) -> dict[int, str]:
+        """The watched stubs that ended: from their pidfds, or, where one cannot be followed, from the process
+        table (a walk of every process's parent, which an idle serve would otherwise pay every look)."""
+        if self.deaths.follows(self.stubs):
+            return {pid: name for pid, name in self.stubs.items() if self.deaths.has_ended(pid)}
+        alive = self.process.stubs()
+        return {pid: name for pid, name in self.stubs.items() if pid not in alive}
 
     def engines_idle(self) -> bool:
         """Whether every engine that beats holds no request (False when none beats: then it cannot be known)."""
