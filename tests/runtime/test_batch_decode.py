@@ -5,15 +5,12 @@ step."""
 
 from __future__ import annotations
 
-import struct
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from step_bits import load, output_bits
 
-from trtllm_kit.checkpoint.convert import convert_checkpoint
-from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime import attention_groups, batch_decode
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
@@ -21,11 +18,6 @@ from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 
 torch.set_num_threads(1)
-
-
-def load(tmp_path: Path, name: str, dtype: str = "float32", **convert: Any) -> CheckpointModel:
-    convert_checkpoint(builtin_dir(name), tmp_path / "ckpt", dtype=dtype, **convert)
-    return CheckpointModel.load(tmp_path / "ckpt", getattr(torch, dtype))
 
 
 def outputs(model: CheckpointModel, use_batch: bool) -> list[tuple[Any, ...]]:
@@ -50,11 +42,7 @@ def outputs(model: CheckpointModel, use_batch: bool) -> list[tuple[Any, ...]]:
         while engine.has_work():
             engine.step()
 
-    def bits(x: float) -> str:
-        return struct.pack("<d", x).hex()
-    return [(s.output_ids, bits(s.cum_logprob), [(t.token_id, bits(t.logprob), t.top_ids, [bits(v) for v in
-                                                                                            t.top_logprobs])
-                                                 for t in s.output_logprobs]) for s in seqs]
+    return output_bits(seqs)
 
 
 @pytest.mark.parametrize("name, dtype, convert", [

@@ -20,7 +20,7 @@ import torch
 from trtllm_kit.runtime.attention_groups import attend_groups, attention_groups
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import Sequence
-from trtllm_kit.runtime.single_decode import LayerWeights, add_product, is_plain_decode, plain_layers
+from trtllm_kit.runtime.single_decode import LayerWeights, add_product, is_plain_decode
 
 
 class BatchDecode:
@@ -34,17 +34,6 @@ class BatchDecode:
         """
         self.model, self.layers, self.tokens_per_block = model, layers, tokens_per_block
         self.k_parts, self.v_parts = k_cache[:, 0].unbind(0), v_cache[:, 0].unbind(0)  # each [slots, kv_heads, d]
-
-    @classmethod
-    def of(cls, model: CheckpointModel, k_cache: torch.Tensor, v_cache: torch.Tensor,
-           tokens_per_block: int) -> BatchDecode | None:
-        """The step of a plain checkpoint, else None (every step takes the general path).
-
-        Arguments:
-            model, k_cache, v_cache, tokens_per_block: as the constructor's.
-        """
-        layers = plain_layers(model)
-        return None if layers is None else cls(model, layers, k_cache, v_cache, tokens_per_block)
 
     @staticmethod
     def can_decode(seqs: list[Sequence], sampled: list[Sequence], drafted: list[Sequence]) -> bool:

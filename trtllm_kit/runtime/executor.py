@@ -29,7 +29,7 @@ from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sampling import sample, sampling_error
 from trtllm_kit.runtime.scheduler import Scheduler
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
-from trtllm_kit.runtime.single_decode import SingleDecode
+from trtllm_kit.runtime.single_decode import SingleDecode, plain_layers
 from trtllm_kit.runtime.speculation import Speculator
 from trtllm_kit.runtime.stats import ExecutorStats
 
@@ -53,8 +53,12 @@ class Executor:
         # each (layer, rank)'s [slots, kv_heads, d] part of the pool, as views taken once rather than every step
         self.kv_parts = [[(self.k_cache[layer, rank], self.v_cache[layer, rank]) for rank in range(dims.tp_size)]
                          for layer in range(dims.num_layers)]
-        self.single_decode = SingleDecode.of(model, self.k_cache, self.v_cache, config.tokens_per_block)
-        self.batch_decode = BatchDecode.of(model, self.k_cache, self.v_cache, config.tokens_per_block)
+        # a plain checkpoint's layers, looked up once for both decode paths (None: every step takes the general path)
+        layers = plain_layers(model)
+        self.single_decode = None if layers is None else SingleDecode(model, layers, self.k_cache, self.v_cache,
+                                                                      config.tokens_per_block)
+        self.batch_decode = None if layers is None else BatchDecode(model, layers, self.k_cache, self.v_cache,
+                                                                    config.tokens_per_block)
         self._seq_ids = itertools.count()
         self.num_steps = self.total_scheduled = self.peak_scheduled = 0
         self.last_scheduled = self.last_context = self.last_context_tokens = self.last_tokens = 0

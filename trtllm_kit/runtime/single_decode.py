@@ -78,17 +78,6 @@ class SingleDecode:
         # float32, then added) in one call; a narrower dtype rounds the product to it first, so it adds the product
         self._add_product = add_float32_product if model.dtype == torch.float32 else add_product
 
-    @classmethod
-    def of(cls, model: CheckpointModel, k_cache: torch.Tensor, v_cache: torch.Tensor,
-           tokens_per_block: int) -> SingleDecode | None:
-        """The step of a plain checkpoint, else None (every step takes the general path).
-
-        Arguments:
-            model, k_cache, v_cache, tokens_per_block: as the constructor's.
-        """
-        layers = plain_layers(model)
-        return None if layers is None else cls(model, layers, k_cache, v_cache, tokens_per_block)
-
     @staticmethod
     def can_decode(seqs: list[Sequence], sampled: list[Sequence], drafted: list[Sequence]) -> bool:
         """Whether the step is one base-model sequence's one new token, sampled, with no prompt logits to keep.
