@@ -1,5 +1,6 @@
 """``generate``'s sampling flags, generated from the generation request's rows: one per scalar field that both an
-OpenAI body and the text interface (``ensemble``, ``tensorrt_llm_bls``) carry, with the row's help and type.
+OpenAI body and the text interface (``ensemble``, ``tensorrt_llm_bls``) carry, with the row's help, and its rule's
+kind as the flag's type.
 
 The rows are read when the command parses or shows its help, not when the CLI starts (the wire imports numpy), so
 ``trtllm-kit --help`` stays quick.
@@ -11,8 +12,6 @@ from typing import Any
 
 import click
 
-KINDS = {"BOOL": bool, "INT32": int, "INT64": int, "UINT64": int, "FP32": float}  # a row's dtype → the flag's type
-
 
 def sampling_options(taken: set[str]) -> list[click.Option]:
     """A flag per sampling field the text interface and an OpenAI body carry, unset by default.
@@ -23,10 +22,11 @@ def sampling_options(taken: set[str]) -> list[click.Option]:
     from trtllm_kit.wire.fields import rows
     from trtllm_kit.wire.request import GenerationRequest
 
-    return [click.Option([f"--{row.name.replace('_', '-')}", row.name], type=KINDS[str(row.wire.dtype)],
+    return [click.Option([f"--{row.name.replace('_', '-')}", row.name], type=row.wire.rule.kind,
                          help=row.wire.help)
             for row in rows(GenerationRequest)
-            if row.is_scalar and row.openai and row.tensor("text") and row.name not in taken]
+            if row.is_scalar and row.openai and row.tensor("text") and row.wire.rule is not None
+            and row.name not in taken]
 
 
 class SamplingCommand(click.Command):
