@@ -1,6 +1,7 @@
-"""Choosing each sequence's next token from its logits: greedy, or temperature / top-k / top-p / min-p with its own
-seed. Before that, in this order: ``end_id`` is masked until ``min_tokens`` tokens exist, the grammar's bitmask sets
-forbidden tokens to -inf, and the penalties apply (``runtime/penalties.py``), as in vLLM's sampler.
+"""Choosing each sequence's next token from its logits: greedy, or temperature / top-k / top-p
+(``runtime/truncation.py``) / min-p with its own seed. Before that, in this order: ``end_id`` is masked until the
+output has its minimum length (``runtime/length.py``), the grammar's bitmask sets forbidden tokens to -inf, and the
+penalties apply (``runtime/penalties.py``), as in vLLM's sampler.
 
 A row whose numbers cannot be sampled (NaN or infinite probabilities, or none left above zero) fails its own
 sequence, never the step: ``sample`` gives None for it and ``sampling_error`` says why. The greedy rows that nothing
@@ -13,9 +14,10 @@ import torch
 
 from trtllm_kit.runtime.penalties import apply_floor, apply_penalties
 from trtllm_kit.runtime.sequence import Sequence
+from trtllm_kit.runtime.truncation import truncate
 
 NUMERICS_ERROR = ("the sampling probabilities of this request are not finite (NaN or inf) or all zero "
-                  "(temperature {temperature}, top_p {top_p}); send a temperature of at least 1e-5, or 0 for greedy.")
+                  "(temperature {temperature}, {nucleus}); send a temperature of at least 1e-5, or 0 for greedy.")
 # Greedy decoding takes the largest logit whatever the temperature: NaN logits come from the weights (the base's or
 # an adapter's) overflowing in the served dtype, not from the request's sampling values.
 GREEDY_NUMERICS_ERROR = ("the model's logits for this request are NaN under greedy decoding: its weights (or its "
@@ -23,8 +25,8 @@ GREEDY_NUMERICS_ERROR = ("the model's logits for this request are NaN under gree
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
-    """One token per sequence, None for one whose probabilities cannot be sampled; ``end_id`` is masked until
-    ``min_tokens`` tokens exist.
+    """One token per sequence, None for one whose probabilities cannot be sampled; ``end_id`` is masked until the
+    output has its minimum length.
 
     Arguments:
         logits: [len(seqs), vocab] float32 logits of each sequence's last position; seqs: the sequences.
@@ -50,7 +52,7 @@ def sampling_error(seq: Sequence) -> str:
     """
     if seq.params.is_greedy:
         return GREEDY_NUMERICS_ERROR
-    return NUMERICS_ERROR.format(temperature=seq.params.temperature, top_p=seq.params.top_p)
+    return NUMERICS_ERROR.format(temperature=seq.params.temperature, nucleus=seq.params.quoted)
 
 
 def _sample_row(row: torch.Tensor, seq: Sequence) -> int | None:
@@ -68,15 +70,7 @@ def probabilities(row: torch.Tensor, seq: Sequence) -> torch.Tensor | None:
         row: [vocab] float32 logits of the position; seq: the sequence, its tokens and grammar state up to there.
     """
     params = seq.params
-    row = _processed(row, seq) / params.temperature
-    if params.top_k > 0:
-        kth = torch.topk(row, min(params.top_k, row.numel())).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if 0 < params.top_p < 1:
-        sorted_logits, order = torch.sort(row, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs >= params.top_p  # keep the smallest prefix reaching top_p
-        row = row.scatter(0, order[drop], float("-inf"))
+    row = truncate(_processed(row, seq) / params.temperature, params)
     row = apply_floor(row, params)
     probs = torch.softmax(row, dim=-1)
     if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
@@ -91,12 +85,12 @@ def _is_plain_greedy(seq: Sequence) -> bool:
 
 
 def _masked_end(seq: Sequence) -> int | None:
-    """The ``end_id`` masked now (fewer than ``min_tokens`` tokens exist), else None."""
-    return seq.params.end_id if seq.num_output_tokens < seq.params.min_tokens else None
+    """The ``end_id`` masked now (the output is shorter than its minimum length), else None."""
+    return None if seq.params.may_end(seq.num_output_tokens) else seq.params.end_id
 
 
 def _processed(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
-    """The logits after the ``min_tokens`` mask, the grammar's bitmask and the penalties."""
+    """The logits after the minimum length's end mask, the grammar's bitmask and the penalties."""
     params, end_id = seq.params, _masked_end(seq)
     if end_id is not None and 0 <= end_id < row.numel():
         row = row.clone()

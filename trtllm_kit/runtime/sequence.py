@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
@@ -12,7 +12,9 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.draft_counts import DraftCounts
+from trtllm_kit.runtime.length import Length
 from trtllm_kit.runtime.penalties import Penalties
+from trtllm_kit.runtime.truncation import Truncation
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.fields import Row, rows
 from trtllm_kit.wire.request import DEFAULT_PRIORITY, is_greedy_temperature
@@ -42,9 +44,10 @@ class SequenceStatus(Enum):
 
 
 @dataclass
-class SamplingParams(Penalties):
-    """Per-request generation settings with TensorRT-LLM's meanings (``top_k`` 0 and ``top_p`` 0 = greedy), and
-    vLLM's penalties and probability floor (``Penalties``, ``runtime/penalties.py``).
+class SamplingParams(Length, Truncation, Penalties):
+    """Per-request generation settings with TensorRT-LLM's meanings: the output's length (``Length``,
+    ``runtime/length.py``) and truncation (``Truncation``, ``runtime/truncation.py``: both off is greedy), and vLLM's
+    penalties and probability floor (``Penalties``, ``runtime/penalties.py``).
 
     A field the wire's generation request also declares takes the values its row's rule accepts (``wire_rows``).
     ``ignore_eos``: ``end_id`` does not end the sequence. ``n`` sequences are returned of ``best_of`` sampled (None:
@@ -57,12 +60,8 @@ class SamplingParams(Penalties):
     is left out, as TensorRT-LLM's executor leaves it out.
     """
 
-    max_tokens: int = 16
-    min_tokens: int = 0
     end_id: int | None = None
     temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 0.0
     seed: int = 0
     stop_words: list[list[int]] = field(default_factory=list)
     priority: float = DEFAULT_PRIORITY  # TensorRT-LLM's request priority: in [0, 1], higher runs first
@@ -82,9 +81,7 @@ class SamplingParams(Penalties):
             value = getattr(self, row.name)
             if value is not None and row.rule is not None:
                 row.rule.checked(row.name, value)
-        if self.min_tokens > self.max_tokens:
-            raise KitUsageError(f"min_tokens must lie in [0, request_output_len={self.max_tokens}], "
-                                f"got {self.min_tokens}.")
+        self.check_length()
         if self.best_of is not None and self.best_of < self.n:
             raise KitUsageError(f"best_of must be an integer >= n ({self.n}), got {self.best_of}.")
         if any(not words for words in self.stop_words):
@@ -92,15 +89,7 @@ class SamplingParams(Penalties):
 
     @property
     def is_greedy(self) -> bool:
-        return is_greedy_temperature(self.temperature) or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
-
-    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
-        """These settings generating at most ``max_tokens`` tokens (``min_tokens`` lowered to them).
-
-        Arguments:
-            max_tokens: the new bound.
-        """
-        return replace(self, max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens))
+        return is_greedy_temperature(self.temperature) or self.keeps_one
 
     @property
     def num_sequences(self) -> int:
