@@ -2,9 +2,10 @@
 requests are ``requests.py``'s): the fields, their parse and the generation they ask for.
 
 The parse is strict (no coercion; a boolean is not a number) and keeps OpenAI's own bounds (temperature in [0, 2],
-top_p in (0, 1], n ≤ ``MAX_N``, the stop and prompt bounds of ``request_limits``). vLLM's sampling extras are the
-wire's rows that name an OpenAI field (``openai=`` in ``trtllm_kit.wire.request``) which OpenAI's own fields here do
-not declare: the parse takes them from the rows (``SamplingExtras``), and each row's rule checks its values.
+top_p in its wire row's ``llmapi_rule``, n ≤ ``MAX_N``, the stop and prompt bounds of ``request_limits``). vLLM's
+sampling extras are the wire's rows that name an OpenAI field (``openai=`` in ``trtllm_kit.wire.request``) which
+OpenAI's own fields here do not declare: the parse takes them from the rows (``SamplingExtras``), and each row's
+rule checks its values.
 ``to_generation`` says the request in the wire's terms (the wire's ``sampled_settings``: a greedy temperature, and
 a temperature without a nucleus bound, as the wire takes them); ``ignore_eos`` sends ``end_id`` -1.
 """
@@ -37,6 +38,8 @@ from trtllm_kit.serve.openai.request_limits import MAX_N, MAX_STOPS, stops_probl
 from trtllm_kit.wire import GenerationRequest, WireError
 from trtllm_kit.wire.fields import Row, rows
 from trtllm_kit.wire.request import NEVER_END_ID, sampled_settings
+from trtllm_kit.wire.rules import Rule
+from trtllm_kit.wire.scalars import field_row
 
 DEFAULT_MAX_TOKENS = {"text_completion": 16, "chat.completion": 128}
 OPENAI_TEMPERATURE = 1.0  # OpenAI's temperature when the request has none
@@ -45,6 +48,16 @@ Int = Annotated[int, Strict()]
 Prompt = str | tuple[int, ...]
 R = TypeVar("R", bound="OpenAIRequest")
 NULL_REFUSED = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo")
+
+
+def _nucleus() -> Rule:
+    """OpenAI's bound of the nucleus: the LLM API's, (0, 1], which its wire row states (``llmapi_rule``)."""
+    rule = field_row("top_p").wire.llmapi_rule
+    assert rule is not None and rule.low_open, "the nucleus row states the LLM API's interval, open below"
+    return rule
+
+
+NUCLEUS = _nucleus()
 
 
 def _by_wire_row(row: Row) -> BeforeValidator:
@@ -118,7 +131,7 @@ class OpenAIFields(BaseModel):
     user: Any = None  # labels the request (an alias picks its model by it)
     max_tokens: Int  # max_completion_tokens, else max_tokens, else the endpoint's default
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, gt=NUCLEUS.low, le=NUCLEUS.high)
     seed: Int | None = Field(None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     min_tokens: Int | None = Field(None, ge=0)
@@ -129,7 +142,8 @@ class OpenAIFields(BaseModel):
         "max_tokens": ("{name} must be a positive integer, got {value!r}.", None),
         "temperature": ("{name} must be a number, got {value!r:.60}.",
                         "{name} must be between 0 and 2, got {value!r}."),
-        "top_p": ("{name} must be a number, got {value!r:.60}.", "{name} must be in (0, 1], got {value!r}."),
+        "top_p": ("{name} must be a number, got {value!r:.60}.",
+                  f"{{name}} must be in {NUCLEUS.interval}, got {{value!r}}."),
         "seed": ("{name} must be an integer from 0 to 2**64 - 1, got {value!r:.60}.", None),
         "stop": (f"{{name}} must be a string or a list of up to {MAX_STOPS} strings, got {{value!r:.60}}.", None),
         "min_tokens": ("{name} must be an integer from 0 to max_tokens ({max_tokens}), got {value!r}.", None),
