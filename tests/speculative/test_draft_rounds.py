@@ -1,6 +1,7 @@
 """The BLS's draft-target rounds without Triton: over scripted models they answer the target's own greedy output
-(max_tokens, its end id, stop words across rounds, min_tokens), send upstream's fields on each call, and count the
-accepted draft tokens; the CPU runtime verifies ``draft_input_ids`` in its step, equal to the output without them."""
+(max_tokens, its end id, stop words across rounds, the minimum length), send upstream's fields on each call, and
+count the accepted draft tokens; the CPU runtime verifies ``draft_input_ids`` in its step, equal to the output
+without them."""
 
 from __future__ import annotations
 
@@ -41,13 +42,13 @@ def next_token(tokens: list[int]) -> int:
 
 
 def greedy(prompt: list[int], max_tokens: int, end_id: int | None = None, stop_words: tuple[list[int], ...] = (),
-           min_tokens: int = 0) -> list[int]:
+           min_length: int = 0) -> list[int]:
     """The target's output without speculation (the end id left out, a stop word kept)."""
     out: list[int] = []
     while len(out) < max_tokens:
         token = next_token([*prompt, *out])
-        if token == end_id:  # ends the output, or under min_tokens is masked (the next id taken)
-            if len(out) >= min_tokens:
+        if token == end_id:  # ends the output, or under the minimum length is masked (the next id taken)
+            if len(out) >= min_length:
                 break
             token = (token + 1) % VOCAB
         out.append(token)
@@ -79,7 +80,7 @@ class Scripted:
         for position in range(call.max_tokens):  # accepted draft tokens, then its own
             token = next_token([*call.token_ids, *out])
             if token == self.end_id:
-                if len(out) >= call.min_tokens:
+                if len(out) >= call.min_length:
                     break
                 token = (token + 1) % VOCAB
             out.append(token)
@@ -115,7 +116,7 @@ def test_rounds_answer_the_targets_greedy_output_and_count_what_it_kept(wrong_ev
     assert all(n == min(k, 17 - (length - 3) - 1) for length, n in models.draft_calls)
 
 
-def test_the_end_id_ends_the_rounds_and_min_tokens_holds_it_off() -> None:
+def test_the_end_id_ends_the_rounds_and_the_minimum_length_holds_it_off() -> None:
     prompt = [3, 1, 4]
     reference = greedy(prompt, 9)
     end_id = reference[6]
@@ -123,10 +124,10 @@ def test_the_end_id_ends_the_rounds_and_min_tokens_holds_it_off() -> None:
     output, _ = run(models, prompt, 30, 4, end_id=end_id)
     assert output == greedy(prompt, 30, end_id) and len(output) == reference.index(end_id)
     models = Scripted(3, end_id=end_id)
-    output, _ = run(models, prompt, 12, 4, end_id=end_id, min_tokens=9)
-    assert output == greedy(prompt, 12, end_id, min_tokens=9) and len(output) >= 9
+    output, _ = run(models, prompt, 12, 4, end_id=end_id, min_length=9)
+    assert output == greedy(prompt, 12, end_id, min_length=9) and len(output) >= 9
     first = models.target_calls[0]
-    assert first.min_tokens == min(9, first.max_tokens) and models.target_calls[-1].min_tokens == 0
+    assert first.min_length == min(9, first.max_tokens) and models.target_calls[-1].min_length == 0
 
 
 def test_a_stop_word_across_rounds_ends_there() -> None:

@@ -2,12 +2,12 @@
 ``spec_decode`` layout); pure, the two models given as callables, so it is tested without Triton.
 
 Each round the draft model continues the tokens so far by ``num_draft_tokens`` (fewer near ``max_tokens``; its
-``min_tokens`` the same, so its end id does not cut the draft short), and the target model is sent the same tokens
+minimum length the same, so its end id does not cut the draft short), and the target model is sent the same tokens
 with the draft as ``draft_input_ids`` and ``request_output_len`` one more than the draft: it answers the draft
 tokens it accepted and one token of its own. The rounds end at ``max_tokens``, when the target answers no token or
 its end id (it ended: an end left out of the output after accepted tokens shows as an empty next round), or at a
 stop word, which the loop also finds across rounds (the target sees each round's tokens only as its prompt). The
-request's ``min_tokens`` goes to the target, less what is generated. The figures are upstream's acceptance outputs,
+request's minimum length goes to the target, less what is generated. The figures are upstream's acceptance outputs,
 summed over the rounds (upstream's BLS returns its last round's).
 """
 
@@ -19,14 +19,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.wire.request import MIN_LENGTH
+from trtllm_kit.wire.scalars import field_row
 from trtllm_kit.wire.trtllm import words_of
 
 DRAFT_MODEL_PARAMETER = "tensorrt_llm_draft_model_name"  # the BLS parameter naming the draft's model
 NUM_DRAFT_TOKENS = "num_draft_tokens"  # the BLS's per-request input turning speculation on (0 or absent: off)
 USE_DRAFT_LOGITS = "use_draft_logits"
+(MIN_LENGTH_INPUT,) = field_row(MIN_LENGTH).tensors("trtllm")  # the tensorrt_llm input of the minimum length
 # what the loop sets on each call to either model (the rest are the request's tensorrt_llm inputs)
-PER_CALL = ("input_ids", "input_lengths", "request_output_len", "min_tokens", "streaming", "exclude_input_in_output",
-            "draft_input_ids")
+PER_CALL = ("input_ids", "input_lengths", "request_output_len", MIN_LENGTH_INPUT, "streaming",
+            "exclude_input_in_output", "draft_input_ids")
 # the request's inputs the draft is not sent: the target alone stops at a stop word and runs the request's adapter
 NOT_DRAFTED = ("stop_words_list", "lora_task_id", "lora_weights", "lora_config", "return_perf_metrics")
 # flags whose outputs would be per round, not per request: refused with speculation
@@ -40,7 +43,7 @@ class TargetCall:
     token_ids: list[int]  # the prompt and the tokens generated so far
     draft_ids: list[int]  # draft_input_ids
     max_tokens: int  # request_output_len: the draft's length plus one
-    min_tokens: int  # the request's min_tokens not yet generated
+    min_length: int  # the request's minimum length less the tokens generated (``MIN_LENGTH_INPUT``)
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,8 @@ class DraftTargetLoop:
 
     Arguments:
         prompt_ids: the prompt; max_tokens: tokens to generate at most; num_draft_tokens: draft tokens per round;
-        draft, target: the two models; min_tokens: the request's; end_id: the token that ends a sequence (None: the
-        model's, known only by the target answering short); stop_words: token-id stop words.
+        draft, target: the two models; min_length: the request's minimum length; end_id: the token that ends a
+        sequence (None: the model's, known only by the target answering short); stop_words: token-id stop words.
     """
 
     prompt_ids: list[int]
@@ -96,7 +99,7 @@ class DraftTargetLoop:
     num_draft_tokens: int
     draft: Draft
     target: Target
-    min_tokens: int = 0
+    min_length: int = 0
     end_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
     acceptance: Acceptance = field(default_factory=Acceptance)
@@ -114,7 +117,7 @@ class DraftTargetLoop:
             num_draft = min(self.num_draft_tokens, self.max_tokens - len(output) - 1)
             draft_ids = self.draft(tokens, num_draft)[:num_draft] if num_draft > 0 else []
             asked = len(draft_ids) + 1
-            new = self.target(TargetCall(tokens, draft_ids, asked, min(max(self.min_tokens - len(output), 0), asked)))
+            new = self.target(TargetCall(tokens, draft_ids, asked, min(max(self.min_length - len(output), 0), asked)))
             new, stopped = self._until_stop_word(output, new[:asked])
             done = Round(new, len(draft_ids), accepted_prefix(draft_ids, new))
             self.acceptance.record(done)
@@ -162,20 +165,20 @@ def chunks(loop: DraftTargetLoop, is_streamed: bool) -> Iterator[list[int]]:
         yield output
 
 
-def call_arrays(request: Mapping[str, np.ndarray], token_ids: list[int], max_tokens: int, min_tokens: int,
+def call_arrays(request: Mapping[str, np.ndarray], token_ids: list[int], max_tokens: int, min_length: int,
                 draft_ids: list[int] | None = None) -> dict[str, np.ndarray]:
     """One call's ``tensorrt_llm`` inputs (batch of one, not streamed, the prompt left out of the output).
 
     Arguments:
         request: the request's ``tensorrt_llm`` inputs by name; token_ids: the prompt and the tokens so far;
-        max_tokens: request_output_len; min_tokens: min_tokens; draft_ids: draft_input_ids (None: a draft's call,
-        which is sent no ``NOT_DRAFTED`` input).
+        max_tokens: request_output_len; min_length: the minimum length (``MIN_LENGTH_INPUT``); draft_ids:
+        draft_input_ids (None: a draft's call, which is sent no ``NOT_DRAFTED`` input).
     """
     left_out = PER_CALL if draft_ids is not None else (*PER_CALL, *NOT_DRAFTED)
     arrays = {name: value for name, value in request.items() if name not in left_out}
     arrays.update(input_ids=np.array([token_ids], np.int32), input_lengths=np.array([[len(token_ids)]], np.int32),
                   request_output_len=np.array([[max_tokens]], np.int32),
-                  min_tokens=np.array([[min_tokens]], np.int32), streaming=np.array([[False]]),
+                  **{MIN_LENGTH_INPUT: np.array([[min_length]], np.int32)}, streaming=np.array([[False]]),
                   exclude_input_in_output=np.array([[True]]))
     if draft_ids:
         arrays["draft_input_ids"] = np.array([draft_ids], np.int32)
@@ -230,7 +233,7 @@ def request_loop(request: Mapping[str, np.ndarray], num_draft_tokens: int, call:
         return ids
 
     def target(sent: TargetCall) -> list[int]:
-        inputs = call_arrays(request, sent.token_ids, sent.max_tokens, sent.min_tokens, sent.draft_ids)
+        inputs = call_arrays(request, sent.token_ids, sent.max_tokens, sent.min_length, sent.draft_ids)
         logits = held.get("logits")
         if use_draft_logits and sent.draft_ids and logits is not None:  # [1, 1, tokens, vocab]: the draft's
             inputs["draft_logits"] = logits.reshape(-1, logits.shape[-1])[-len(sent.draft_ids):][None]
@@ -242,5 +245,5 @@ def request_loop(request: Mapping[str, np.ndarray], num_draft_tokens: int, call:
     ids = np.asarray(request["input_ids"]).reshape(-1).tolist()
     stop_words = words_of(request["stop_words_list"]) if "stop_words_list" in request else ()
     return DraftTargetLoop(ids[: first("input_lengths") or len(ids)], first("request_output_len") or 0,
-                           num_draft_tokens, draft, target, first("min_tokens") or 0, first("end_id"),
+                           num_draft_tokens, draft, target, first(MIN_LENGTH_INPUT) or 0, first("end_id"),
                            [list(word) for word in stop_words])
