@@ -1,8 +1,8 @@
-"""Truncation sampling with TensorRT-LLM's meanings, applied to one sequence's logits after temperature.
+"""Truncation sampling with TensorRT-LLM's meanings, applied to one sequence's scaled logits (``runtime/sampling.py``).
 
 * ``top_k`` k (0 = off) keeps the k most likely tokens;
 * ``top_p`` p (0 or 1 = off) keeps the smallest set of most likely tokens whose probability reaches p.
-Both off, or ``top_k`` 1, leaves one token: greedy decoding, whatever the temperature.
+Both off, or ``top_k`` 1, leaves one token: greedy decoding, however the logits are scaled.
 
 ``Truncation`` holds these settings; the runtime's ``SamplingParams`` is one, so each is named here and in the wire's
 row (``trtllm_kit.wire.request``, whose rule the runtime checks it by) and nowhere else in the runtime.
@@ -38,7 +38,7 @@ def truncate(row: torch.Tensor, settings: Truncation) -> torch.Tensor:
     are off).
 
     Arguments:
-        row: [vocab] logits after temperature; settings: the top-k and nucleus settings.
+        row: [vocab] scaled logits; settings: the top-k and nucleus settings.
     """
     if settings.top_k > 0:
         kth = torch.topk(row, min(settings.top_k, row.numel())).values[-1]
