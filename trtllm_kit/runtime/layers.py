@@ -4,9 +4,11 @@ numerics), the TP reduction, the causal mask and attention.
 Quantized linears follow the checkpoint's tensors, one line of math each: int8 weights are SmoothQuant (the
 activation is divided by ``smoother`` when present, quantized to int8 statically with the preceding norm's
 ``scale_to_int`` or per token, multiplied exactly and rescaled); float8 weights are FP8 (activation and weight
-round-tripped through ``float8_e4m3fn`` with their scaling factors). W8A16 checkpoints hold model-dtype weights:
-``prepare_weights`` replaces them once with the int8 preview's dequantized values. A quantized KV cache is
-simulated by ``kv_round_trip`` on the keys and values that enter the cache.
+round-tripped through ``float8_e4m3fn`` with their scaling factors). ``prepare_weights`` computes the float32
+operand of each int8 or float8 weight once (``OPERAND``: the weight as float, times its scale for FP8), the values
+every product would otherwise convert again, at 4 bytes a weight beside the stored one. W8A16 checkpoints hold
+model-dtype weights: ``prepare_weights`` replaces them once with the int8 preview's dequantized values. A quantized
+KV cache is simulated by ``kv_round_trip`` on the keys and values that enter the cache.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_C
                "NVFP4",  # NVFP4: the loader dequantizes the weights, which then run as plain linears
                "W4A16_AWQ")  # W4A16 AWQ: dequantized (code · scale · prequant scale) by prepare_weights or the loader
 KV_ALGOS = (None, "INT8", "FP8")
+OPERAND = ".float_operand"  # beside ``{linear}.weight`` when it is int8 or float8: what the product multiplies
 LINEAR_WEIGHTS = tuple(f"{module}.weight" for module in LINEARS)
 AWQ_SCALES = (".weights_scaling_factor", ".prequant_scaling_factor")
 SCALE_SUFFIXES = ("scale_to_int", "per_channel_scale", "act_scale", "smoother", "quantization_scaling_factor",
@@ -147,11 +150,10 @@ def linear(x: torch.Tensor, weights: Weights, prefix: str, *, with_bias: bool = 
     """
     weight = weights[f"{prefix}.weight"]
     if weight.dtype == torch.int8:
-        out = _smoothquant_linear(x, weight, weights, prefix).to(x.dtype)
+        out = _smoothquant_linear(x, weights[prefix + OPERAND], weights, prefix).to(x.dtype)
     elif weight.dtype == FP8_DTYPE:
         xq = fp8_round_trip(x, weights[f"{prefix}.activation_scaling_factor"])
-        w = weight.float() * weights[f"{prefix}.weights_scaling_factor"]
-        out = torch.nn.functional.linear(xq, w).to(x.dtype)
+        out = torch.nn.functional.linear(xq, weights[prefix + OPERAND]).to(x.dtype)
     else:
         out = torch.nn.functional.linear(x, weight)
     bias = weights.get(f"{prefix}.bias") if with_bias else None
@@ -159,23 +161,25 @@ def linear(x: torch.Tensor, weights: Weights, prefix: str, *, with_bias: bool = 
 
 
 def _smoothquant_linear(x: torch.Tensor, weight: torch.Tensor, weights: Weights, prefix: str) -> torch.Tensor:
-    """The SmoothQuant plugin GEMM: int8 activations × int8 weights, rescaled (float32 result)."""
+    """The SmoothQuant plugin GEMM: int8 activations × int8 weights (``weight``: their float32 values), rescaled
+    (float32 result)."""
     smoother = weights.get(f"{prefix}.smoother")
     xs = x.float() if smoother is None else x.float() / smoother.reshape(-1)
     channel = weights[f"{prefix}.per_channel_scale"].reshape(-1)
     act_scale = weights.get(f"{prefix}.act_scale")
     if act_scale is None:  # per token, dynamic
         qx, token_scale = quantize_per_token_int8(xs)
-        return torch.nn.functional.linear(qx, weight.float()) * token_scale * channel
+        return torch.nn.functional.linear(qx, weight) * token_scale * channel
     base, module, _ = split_name(f"{prefix}.weight")
     qx = quantize_activation_int8(xs, weights[base + ACT_SCALES[module]])
-    return torch.nn.functional.linear(qx, weight.float()) * channel * act_scale.reshape(-1)
+    return torch.nn.functional.linear(qx, weight) * channel * act_scale.reshape(-1)
 
 
 def prepare_weights(tensors: Weights, quantization: dict[str, Any], compute_dtype: torch.dtype) -> Weights:
-    """A rank's tensors ready to run: scales stay float32, int8/float8 weights stay as stored, W8A16 weights
-    become the dequantized int8 preview, W4A16 AWQ weights their dequantized values times the prequant scale (the
-    scales then go), everything else is cast to the compute dtype.
+    """A rank's tensors ready to run: scales stay float32, int8/float8 weights stay as stored with their float32
+    operand beside them (``OPERAND``), W8A16 weights become the dequantized int8 preview, W4A16 AWQ weights their
+    dequantized values times the prequant scale (the scales then go), everything else is cast to the compute
+    dtype.
 
     Arguments:
         tensors: the rank file's tensors; quantization: the config's ``quantization`` object; compute_dtype: the
@@ -194,6 +198,11 @@ def prepare_weights(tensors: Weights, quantization: dict[str, Any], compute_dtyp
             prepared[name] = (weight * tensors[f"{prefix}.prequant_scaling_factor"].float()).to(compute_dtype)
         elif tensor.dtype in (torch.int8, FP8_DTYPE):
             prepared[name] = tensor
+            if name.endswith(".weight"):
+                prefix = name.removesuffix(".weight")
+                operand = tensor.float()
+                prepared[prefix + OPERAND] = operand if tensor.dtype == torch.int8 \
+                    else operand * tensors[f"{prefix}.weights_scaling_factor"].float()
         elif name.endswith(SCALE_SUFFIXES):
             prepared[name] = tensor.float()
         elif is_w8a16 and name.endswith(LINEAR_WEIGHTS):
