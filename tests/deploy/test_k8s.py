@@ -13,7 +13,7 @@ import yaml
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.source import read_source
-from trtllm_kit.deploy.validate import check_object
+from trtllm_kit.deploy.validate import CRD_FILES, SCHEMAS_ENV, YAML_LOADER, check_object, schema_dir
 
 URL = "https://files.example/llama70b.tar"
 IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"
@@ -238,14 +238,30 @@ def test_crd_schemas_alone_accept_unknown_fields():
     """Why the kit closes the CRD schemas: the saved LeaderWorkerSet CRD does not refuse a misspelt field."""
     import jsonschema
 
-    from trtllm_kit.deploy.validate import schema_dir
-
-    crd = yaml.safe_load((schema_dir() / "leaderworkerset.x-k8s.io_leaderworkersets.yaml").read_text())
+    crd = yaml.load((schema_dir() / "leaderworkerset.x-k8s.io_leaderworkersets.yaml").read_text(), YAML_LOADER)
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "x"},
            "spec": {"leaderWorkerTemplate": {"sise": 2, "workerTemplate": {"spec": {"containers": []}}}}}
     assert not list(jsonschema.Draft202012Validator(schema).iter_errors(lws))
     assert "'sise' was unexpected" in str(check_object(lws, "lws.yaml")[0])
+
+
+def test_check_reads_the_schemas_of_the_groups_it_meets_alone(artifact, tmp_path, capsys, monkeypatch):
+    """A Deployment's directory is checked with KEDA's and Prometheus' CRDs alone: the megabytes of the
+    LeaderWorkerSet, Dynamo and RayService schemas are not read (here: not there)."""
+    out = tmp_path / "k8s"
+    deploy(artifact(tp=2), out, capsys, "--pvc", "models")
+    saved = tmp_path / "schemas"
+    saved.mkdir()
+    for name in CRD_FILES:
+        if name.startswith(("keda.sh_", "monitoring.coreos.com_")):
+            (saved / name).write_bytes((schema_dir() / name).read_bytes())
+    monkeypatch.setenv(SCHEMAS_ENV, str(saved))
+    assert check_dir(out) == (9, [])
+    doc = yaml.safe_load((out / "podmonitor.yaml").read_text())
+    doc["spec"]["bogus"] = True  # the schemas read still refuse unknown fields
+    (out / "podmonitor.yaml").write_text(yaml.safe_dump(doc))
+    assert any("'bogus' was unexpected" in str(f) for f in check_dir(out)[1])
 
 
 def test_monitors_carry_the_labels_prometheus_selects(artifact, tmp_path, capsys):
