@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from kit_server import BuildKey, Builds
 from reliability_helpers import KIT, error_line, kit
 from serving_helpers import MODEL, counters, open_stream, read_rest, serve, stubs, wait_gone, wait_idle
 from test_serve_faults import ready, serve_exits
@@ -93,10 +94,8 @@ def test_no_ensemble_by_default_a_whole_request_left_stops_the_engine_and_a_kill
 
 
 def test_reload_refuses_another_model_and_a_corrupt_manifest_and_survives_a_kill(
-        artifact_copy: Path, tiny_artifact: Path, tmp_path: Path) -> None:
-    qwen = tmp_path / "qwen"
-    done = kit("build", "builtin:tiny-qwen2", "--no-verify", "--instances", "1", "--out", str(qwen), timeout=300)
-    assert done.returncode == 0, done.stderr
+        artifact_copy: Path, tiny_artifact: Path, tmp_path: Path, kit_builds: Builds) -> None:
+    qwen = kit_builds.copy(BuildKey.of("builtin:tiny-qwen2"), tmp_path / "qwen")  # verify off, one instance each
     corrupt = tmp_path / "corrupt"
     shutil.copytree(tiny_artifact, corrupt)
     (corrupt / "manifest.json").write_text('{"schema_version": ')
