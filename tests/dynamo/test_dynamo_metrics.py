@@ -84,6 +84,7 @@ def test_ready_files_name_each_worker_s_metrics(tmp_path: Path) -> None:
     (ready / "worker-1").write_text("http://127.0.0.1:20002/metrics\n")
     (ready / "worker-0").write_text("http://127.0.0.1:20001/metrics\n")
     (ready / "worker-2.part").write_text("http://127.0.0.1:2")  # being written
+    (ready / "worker-0.instance").write_text("18215768850392725696\n")  # its Dynamo instance id (discovery.py)
     assert worker_metrics_urls(tmp_path) == {"worker-0": "http://127.0.0.1:20001/metrics",
                                              "worker-1": "http://127.0.0.1:20002/metrics"}
 

@@ -22,10 +22,12 @@ import psutil
 import pytest
 from kit_server import BuildKey, Builds, KitServer, Servers
 
-from trtllm_kit.serve.dynamo.launch import serve_net
+from trtllm_kit.serve.dynamo.discovery import instance_file
+from trtllm_kit.serve.dynamo.launch import DynamoDirs, serve_net
 from trtllm_kit.serve.dynamo.metrics import worker_metrics_urls
 from trtllm_kit.serve.server.netns import pids_in
 from trtllm_kit.serve.server.reaper import group_alive
+from trtllm_kit.serve.server.state import SERVE_LOG
 
 if importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.llm") is None:
     pytest.skip("NVIDIA Dynamo is not installed (pip install -e '.[dynamo]' and the ai-dynamo wheel with --no-deps, "
@@ -108,6 +110,28 @@ def _wait_gone(pgids: list[int], timeout_s: float) -> list[int]:
     while time.monotonic() < deadline and any(group_alive(g) for g in pgids):
         time.sleep(0.1)
     return [g for g in pgids if group_alive(g)]
+
+
+def _wait_withdrawn(state: dict[str, Any], pids: list[int], timeout_s: float) -> list[int]:
+    """Wait until the (dead) workers ``pids`` are out of the serve's discovery, where the router picks workers; the
+    instance ids of theirs still listed after ``timeout_s``."""
+    dirs = DynamoDirs(Path(state["run_dir"]) / "dynamo")
+    ids = {int(instance_file(dirs.ready / name).read_text()) for name, w in state["workers"].items()
+           if int(w["pid"]) in pids}
+
+    def listed() -> list[int]:
+        found = []
+        for entry in (dirs.discovery / "v1" / "instances").iterdir():
+            try:
+                found.append(json.loads(entry.read_text())["instance_id"])
+            except (OSError, ValueError, KeyError):
+                continue  # being written or removed
+        return sorted(ids.intersection(found))
+
+    deadline = time.monotonic() + timeout_s
+    while (left := listed()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +310,9 @@ def test_worker_killed_mid_stream_migrates_and_the_stream_is_unchanged(dynamo: K
     # the serve lives on with the other worker, and still answers
     assert _wait_gone(killed, 10) == []
     assert os.path.exists(f"/proc/{dynamo.state['pid']}")
+    # ... and withdraws the dead worker from discovery, so no request is routed to it while its lease runs out
+    assert _wait_withdrawn(dynamo.state, killed, 30) == []
+    assert "1 discovery entries withdrawn" in (Path(dynamo.state["run_dir"]) / SERVE_LOG).read_text()
     assert _complete(dynamo, model, 4)["usage"]["completion_tokens"] == 4
 
 
@@ -315,6 +342,7 @@ def test_min_tokens_continue_across_a_migration(migrating: KitServer) -> None:
                               min_tokens=LONG_TOKENS)
     assert killed, "the stream ended before a worker could be killed"
     assert reason == "length" and faulted == unfaulted  # min_tokens reduced by the tokens the dead worker sent
+    assert _wait_withdrawn(migrating.state, killed, 30) == []  # the next test's migration cannot pick it
 
 
 def test_logprobs_continue_across_a_migration(migrating: KitServer) -> None:
@@ -328,6 +356,7 @@ def test_logprobs_continue_across_a_migration(migrating: KitServer) -> None:
     # the new worker computes the generated tokens' keys and values in one prefill, not step by step: its float32
     # sums round otherwise (observed: 1.3e-5 at a logprob of -4.49), the same tokens and alternatives
     _assert_same_logprobs(faulted, unfaulted, rel=FLOAT32_REL)
+    assert _wait_withdrawn(migrating.state, killed, 30) == []  # the next test's migration cannot pick it
 
 
 @pytest.mark.parametrize("extra, field", [
@@ -346,6 +375,7 @@ def test_a_migration_that_would_change_the_answer_is_refused(migrating: KitServe
     assert error["type"] == "invalid_request_error" and "is not migrated: " + field in error["message"], errors
     logs = "".join(Path(w["log"]).read_text(errors="replace") for w in migrating.state["workers"].values())
     assert "is not migrated: " + field in logs  # ... and the worker that refused logs why, in one sentence
+    assert _wait_withdrawn(migrating.state, killed, 30) == []  # the next test's migration cannot pick it
 
 
 def test_stop_leaves_no_process(kit_builds: Builds, tmp_path: Path) -> None:
@@ -375,14 +405,19 @@ def test_sigkill_of_serve_leaves_no_orphan(kit_builds: Builds, tmp_path: Path) -
         server.stop()
 
 
-def test_cpu_artifact_greedy_answer_equals_a_plain_serve(kit_builds: Builds, kit_servers: Servers,
-                                                          tmp_path: Path) -> None:
-    out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
+@pytest.fixture(scope="module")
+def cpu_kv(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KitServer]:
+    """A serve of the cpu target's artifact, its two workers behind the KV router (its tests only ask it)."""
+    out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path_factory.mktemp("cpu_kv") / "out")
+    with KitServer(out, dynamo=True, workers=2, router="kv") as server:
+        yield server
+
+
+def test_cpu_artifact_greedy_answer_equals_a_plain_serve(cpu_kv: KitServer, kit_servers: Servers) -> None:
     plain = kit_servers.get(BuildKey.of(target="cpu"))
-    with KitServer(out, dynamo=True, workers=1) as server:
-        model = server.state["model"]
-        ours, theirs = _complete(server, model, 24), _complete(plain, model, 24)
-    assert server.state["target"] == "cpu"
+    model = cpu_kv.state["model"]
+    ours, theirs = _complete(cpu_kv, model, 24), _complete(plain, model, 24)
+    assert cpu_kv.state["target"] == "cpu"
     assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"] == 24
     assert ours["choices"][0]["text"] == theirs["choices"][0]["text"]
 
@@ -393,24 +428,22 @@ def _served_by(state: dict[str, Any]) -> dict[str, int]:
             for name, w in state["workers"].items()}
 
 
-def test_kv_router_keeps_each_long_prefix_on_one_worker(kit_builds: Builds, tmp_path: Path) -> None:
-    out = kit_builds.copy(BuildKey.of(target="cpu"), tmp_path / "out")
+def test_kv_router_keeps_each_long_prefix_on_one_worker(cpu_kv: KitServer) -> None:
     prefixes = {"a": [1] + [200 + i % 300 for i in range(160)], "b": [1] + [600 + i % 300 for i in range(160)]}
     workers: dict[str, set[str]] = {"a": set(), "b": set()}
-    with KitServer(out, dynamo=True, workers=2, router="kv") as server:
-        for _ in range(4):
-            for name, prompt in prefixes.items():
-                before = _served_by(server.state)
-                body = {"model": server.state["model"], "prompt": prompt, "max_tokens": 2, "temperature": 0}
-                status, _, raw = server.post("/v1/completions", json.dumps(body).encode())
-                assert status == 200, raw
-                deadline = time.monotonic() + 10
-                while (after := _served_by(server.state)) == before and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                workers[name] |= {w for w in after if after[w] > before[w]}
-                time.sleep(0.2)  # the stored blocks' events reach the router
-        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as response:
-            metrics = response.read().decode()
+    for _ in range(4):
+        for name, prompt in prefixes.items():
+            before = _served_by(cpu_kv.state)
+            body = {"model": cpu_kv.state["model"], "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            status, _, raw = cpu_kv.post("/v1/completions", json.dumps(body).encode())
+            assert status == 200, raw
+            deadline = time.monotonic() + 10
+            while (after := _served_by(cpu_kv.state)) == before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            workers[name] |= {w for w in after if after[w] > before[w]}
+            time.sleep(0.2)  # the stored blocks' events reach the router
+    with urllib.request.urlopen(f"{cpu_kv.url}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
     assert [len(workers["a"]), len(workers["b"])] == [1, 1], workers
     applied = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                if line.startswith("dynamo_component_kv_cache_events_applied{")

@@ -147,7 +147,7 @@ def worker_metrics_urls(root: Path) -> dict[str, str]:
         root: the serve's ``RUN_DIR/dynamo``.
     """
     urls = {f.name: f.read_text().strip() for f in sorted(DynamoDirs(root).ready.glob("worker-*"))
-            if not f.name.endswith(".part")}
+            if not f.suffix}  # not one being written (.part), nor the worker's instance id (.instance)
     if not urls:
         raise KitUsageError(f"{DynamoDirs(root).ready} holds no worker ready file; pass the RUN_DIR/dynamo of a "
                             "running serve --dynamo.")

@@ -34,6 +34,7 @@ from typing import Any
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.dynamo.card import write_card
+from trtllm_kit.serve.dynamo.discovery import withdraw
 from trtllm_kit.serve.dynamo.gateway import FRONTEND_CLOSE_S, DynamoFrontend, dynamo_frontend, serve_in_front
 from trtllm_kit.serve.dynamo.launch import DYNAMO_ROUTERS, LOOPBACK, DynamoDirs, dynamo_env, frontend_argv, worker_argv
 from trtllm_kit.serve.openai.artifact_route import check_bls_route
@@ -199,7 +200,7 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, frontend: DynamoFro
             write_state([out], state)
             if on_ready is not None:
                 on_ready(state)
-            await _watch(groups, workers, stop)
+            await _watch(groups, workers, dirs, stop)
 
         def stopping() -> None:
             nonlocal grace_s
@@ -216,8 +217,10 @@ def _run(options: ServeOptions, dirs: DynamoDirs, name: str, frontend: DynamoFro
         raise KitError(f"Dynamo's processes {left} outlived SIGKILL; end them with kill -9.")
 
 
-async def _watch(groups: dict[str, ProcessGroup], workers: list[str], stop: threading.Event) -> None:
-    """Until a stop is requested: a dead worker is logged once; a dead frontend or no worker left raises."""
+async def _watch(groups: dict[str, ProcessGroup], workers: list[str], dirs: DynamoDirs,
+                 stop: threading.Event) -> None:
+    """Until a stop is requested: a dead worker is withdrawn from discovery and logged, once; a dead frontend or no
+    worker left raises."""
     gone: set[str] = set()
     while not stop.is_set():
         await asyncio.sleep(WATCH_S)
@@ -229,8 +232,10 @@ async def _watch(groups: dict[str, ProcessGroup], workers: list[str], stop: thre
             proc = groups[process].proc
             if process not in gone and proc is not None and proc.poll() is not None:
                 gone.add(process)
-                LOG.warning("%s exited with code %s while serving (log %s); %d of %d workers serve", process,
-                            proc.returncode, groups[process].log_path, len(workers) - len(gone), len(workers))
+                withdrawn = withdraw(dirs.discovery, dirs.ready_file(workers.index(process)))
+                LOG.warning("%s exited with code %s while serving (log %s), %d discovery entries withdrawn; %d of %d "
+                            "workers serve", process, proc.returncode, groups[process].log_path, len(withdrawn),
+                            len(workers) - len(gone), len(workers))
         if len(gone) == len(workers):
             raise KitError(f"every worker has exited ({', '.join(sorted(gone))}); serve stopped so that it can be "
                            f"restarted (logs {Path(groups[workers[0]].log_path).parent}).")

@@ -27,6 +27,7 @@ from typing import Any
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
 from trtllm_kit.serve.artifact_llm import artifact_llm
+from trtllm_kit.serve.dynamo.discovery import write_instance
 from trtllm_kit.serve.dynamo.engine_metrics import RequestCounts, engine_exposition
 from trtllm_kit.serve.dynamo.kv_events import EVENT_BUFFER, relay_events
 from trtllm_kit.serve.dynamo.launch import LOOPBACK
@@ -148,7 +149,7 @@ async def run_worker(spec: WorkerSpec) -> None:
         generator = Generator(llm, limits.max_seq_len, InvalidArgument, Ledger(spec.requests))
         endpoint.metrics.register_prometheus_expfmt_callback(
             lambda: exposition(blocks, spec.model_name) + engine_exposition(llm.engine.stats(), generator.requests))
-        spec.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        write_instance(spec.ready_file, endpoint.connection_id())  # what the serve withdraws if this worker dies
         written = spec.ready_file.with_name(f"{spec.ready_file.name}.part")
         written.write_text(f"http://{LOOPBACK}:{metrics_port}/metrics\n")
         written.replace(spec.ready_file)  # whole, or not there yet
