@@ -24,6 +24,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from trtllm_kit.serve.client import TextClient
 from trtllm_kit.serve.gateway.keys import add_key
 from trtllm_kit.serve.generation import GenerationError
+from trtllm_kit.serve.server.detach import stop_serving
 from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER, RESTRICTED_HEADER
 from trtllm_kit.serve.server.state import TOKEN_FILE
 from trtllm_kit.wire import GenerationRequest
@@ -57,7 +58,7 @@ def guarded(request: pytest.FixtureRequest, tiny_artifact: Path,
         settings = {"api_keys": root / "keys.json"}
     state = serve(out, **settings)
     yield {**state, "mode": request.param, "key": key, "root": root}
-    kit("stop", str(out), timeout=60)
+    stop_serving(out, 60)  # in this process: `trtllm-kit stop` is test_serve_faults' subject
 
 
 def token_of(state: dict[str, Any]) -> str:
