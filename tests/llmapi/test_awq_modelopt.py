@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fp8_modelopt import modelopt_export, tensors
+from modelopt_awq import modelopt_awq, oracle_threads
+from test_fp8_modelopt import tensors
 
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.layout import AWQ_GROUP_SIZE
 from trtllm_kit.quant.algos import QuantConfig, check_target
 
 pytestmark = pytest.mark.slow
@@ -29,17 +31,13 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install -c "
                     "constraints.txt -e '.[oracle]')")
 
-# The kit and ModelOpt reduce in different orders, so the AWQ search's losses tie differently at another thread
-# count: the equality holds at the 2 threads these oracles were written on, whatever an earlier test set.
-ORACLE_THREADS = 2
+export = pytest.importorskip("modelopt.torch.export")
 
 
 @pytest.fixture(autouse=True)
-def oracle_threads() -> Iterator[None]:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(ORACLE_THREADS)
-    yield
-    torch.set_num_threads(saved)
+def at_oracle_threads() -> Iterator[None]:
+    with oracle_threads():
+        yield
 
 
 FAMILIES = ("builtin:tiny-llama", "builtin:tiny-mistral", "builtin:tiny-qwen2", "builtin:tiny-phi3")
@@ -52,8 +50,8 @@ def test_awq_export_matches_modelopt(model: str, tmp_path: Path) -> None:
     assert run(["build", model, "--target", "llmapi", "--quant", "int4-awq", "--calib-samples", str(SAMPLES),
                 "--calib-seq-len", str(SEQ_LEN), "--until", "checkpoint", "--no-verify", "--out", str(out)]) == 0
     ours = out / "checkpoint"
-    ref_dir = modelopt_export(model, tmp_path / "modelopt", "INT4_AWQ_CFG", kv_fp8=False, samples=SAMPLES,
-                              seq_len=SEQ_LEN, per_batch=1, attention="eager")
+    ref_dir = tmp_path / "modelopt"
+    export.export_hf_checkpoint(modelopt_awq(model, AWQ_GROUP_SIZE, SAMPLES, SEQ_LEN), export_dir=str(ref_dir))
     got, want = tensors(ours), tensors(ref_dir)
     assert sorted(got) == sorted(want)
     assert {k: (t.dtype, t.shape) for k, t in got.items()} == {k: (t.dtype, t.shape) for k, t in want.items()}

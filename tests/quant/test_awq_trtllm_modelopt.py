@@ -11,13 +11,13 @@ The CPU runtime runs the checkpoint by dequantizing it.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from modelopt_awq import modelopt_awq, oracle_threads
 from safetensors import safe_open
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint
@@ -26,27 +26,20 @@ from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import int4_dequantize
-from trtllm_kit.quant.calib_data import token_windows
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.runtime.model import CheckpointModel
 
 pytestmark = pytest.mark.slow
 
-mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install "
-                          "-c constraints.txt -e '.[oracle]')")
+pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install -c "
+                    "constraints.txt -e '.[oracle]')")
 export = pytest.importorskip("modelopt.torch.export")
-
-# The kit and ModelOpt reduce in different orders, so the AWQ search's losses tie differently at another thread
-# count: the equality holds at the 2 threads these oracles were written on, whatever an earlier test set.
-ORACLE_THREADS = 2
 
 
 @pytest.fixture(autouse=True)
-def oracle_threads() -> Iterator[None]:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(ORACLE_THREADS)
-    yield
-    torch.set_num_threads(saved)
+def at_oracle_threads() -> Iterator[None]:
+    with oracle_threads():
+        yield
 
 
 SAMPLES, SEQ_LEN = 4, 32
@@ -63,35 +56,11 @@ def greedy(forward, prompt: list[int]) -> list[int]:  # type: ignore[no-untyped-
     return ids[len(prompt):]
 
 
-def modelopt_quantized(model: str, config: QuantConfig) -> torch.nn.Module:
-    """The HF model as ModelOpt's INT4 AWQ quantizes it on the kit's calibration windows."""
-    from transformers import AutoModelForCausalLM
-
-    path = resolve_model_path(model)
-    windows = token_windows(path, config)
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, attn_implementation="eager")
-
-    def forward_loop(module: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for window in windows:
-                module(torch.tensor([window]))
-
-    recipe = copy.deepcopy(mtq.INT4_AWQ_CFG)
-    for entry in recipe["quant_cfg"]:
-        if entry["quantizer_name"] == "*weight_quantizer":
-            entry["cfg"]["block_sizes"][-1] = config.awq_group_size
-    mtq.quantize(hf, recipe, forward_loop)
-    return hf
-
-
-Calibrated = tuple[CalibrationStats, torch.nn.Module]
-
-
 @pytest.fixture(scope="module")
-def calibrated() -> dict[tuple[str, int], Calibrated]:
-    """(model, group size) -> the kit's calibration and ModelOpt's quantized model: neither depends on the tp size,
-    so the tp sizes of one model and group size share them. Filled by the test that first asks, at the oracle's
-    thread count (a module fixture would run before ``oracle_threads``)."""
+def calibrated() -> dict[tuple[str, int], CalibrationStats]:
+    """(model, group size) -> the kit's calibration: it does not depend on the tp size, so the tp sizes of one model
+    and group size share it (as they share ModelOpt's quantization, ``modelopt_awq``). Filled by the test that
+    first asks, at the oracle's thread count (a module fixture would run before ``at_oracle_threads``)."""
     return {}
 
 
@@ -99,16 +68,16 @@ def calibrated() -> dict[tuple[str, int], Calibrated]:
     ("builtin:tiny-llama", 1, 128), ("builtin:tiny-llama", 2, 128), ("builtin:tiny-qwen2", 1, 128),
     ("builtin:tiny-llama", 1, 64), ("builtin:tiny-llama", 2, 64)])
 def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, group_size: int, tmp_path: Path,
-                                                calibrated: dict[tuple[str, int], Calibrated]) -> None:
+                                                calibrated: dict[tuple[str, int], CalibrationStats]) -> None:
     config = QuantConfig(quant="int4-awq", calib_samples=SAMPLES, calib_seq_len=SEQ_LEN, awq_group_size=group_size)
     if (model, group_size) not in calibrated:
-        calibrated[model, group_size] = (calibrate(resolve_model_path(model), config, device="cpu"),
-                                         modelopt_quantized(model, config))
-    stats, quantized = calibrated[model, group_size]
+        calibrated[model, group_size] = calibrate(resolve_model_path(model), config, device="cpu")
     ours = tmp_path / "kit"
-    convert_checkpoint(model, ours, tp_size=tp_size, dtype="bfloat16", quant=config, stats=stats)
-    ref = tmp_path / "modelopt"  # the export may change the model it is given: a copy of the shared one
-    export.export_tensorrt_llm_checkpoint(copy.deepcopy(quantized), "llama", torch.bfloat16, export_dir=str(ref),
+    convert_checkpoint(model, ours, tp_size=tp_size, dtype="bfloat16", quant=config,
+                       stats=calibrated[model, group_size])
+    ref = tmp_path / "modelopt"
+    export.export_tensorrt_llm_checkpoint(modelopt_awq(model, group_size, SAMPLES, SEQ_LEN), "llama", torch.bfloat16,
+                                          export_dir=str(ref),
                                           inference_tensor_parallel=tp_size, inference_pipeline_parallel=1)
     vocab = {name: ([], []) for name in PADDED}  # each side's vocabulary rows, rank after rank
     for rank in range(tp_size):
