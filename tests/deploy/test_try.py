@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kit_server import TINY_BUILDS, Builds
 
 from tests.deploy.test_first_apply import link_the_claim, rewrite
 from tests.deploy.test_k8s import deploy
 from trtllm_kit.cli import run
+from trtllm_kit.deploy.source import read_source
 from trtllm_kit.deploy.try_.cluster import read_cluster
 from trtllm_kit.deploy.try_.try_directory import TryReport, try_directory
 
@@ -25,22 +27,22 @@ pytestmark = [pytest.mark.slow,
 TIMEOUT_S = 300  # the pods' readiness, on a loaded machine
 
 
-def build(root: Path, target: str) -> Path:
-    out = root / target
-    assert run(["build", "builtin:tiny-llama", "--target", target, "--no-verify", "--out", str(out)]) == 0
-    return out
+def build(kit_builds: Builds, root: Path, target: str) -> Path:
+    """A private copy of the session's ``builtin:tiny-llama`` build for ``target`` (``cpu`` or ``llmapi``)."""
+    return kit_builds.copy(TINY_BUILDS[target], root / target)
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``builtin:tiny-llama`` for the cpu target, built once for the module."""
-    return build(tmp_path_factory.mktemp("tiny"), "cpu")
+def tiny(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``builtin:tiny-llama`` for the cpu target, the module's copy of the session's build."""
+    return build(kit_builds, tmp_path_factory.mktemp("tiny"), "cpu")
 
 
 @pytest.fixture(scope="module", params=["cpu", "llmapi"])
-def served(request: pytest.FixtureRequest, tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> TryReport:
+def served(request: pytest.FixtureRequest, tiny: Path, kit_builds: Builds,
+           tmp_path_factory: pytest.TempPathFactory) -> TryReport:
     """The generated Deployment of a cpu and an llmapi build (the artifact on a claim), each run once."""
-    out = tiny if request.param == "cpu" else build(tmp_path_factory.mktemp("tiny"), "llmapi")
+    out = tiny if request.param == "cpu" else build(kit_builds, tmp_path_factory.mktemp("tiny"), "llmapi")
     k8s = tmp_path_factory.mktemp("k8s") / "k8s"
     assert run(["deploy", "k8s", str(out), "--out", str(k8s), "--pvc", "models",
                 "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0
@@ -66,11 +68,12 @@ def test_the_deployment_answers_through_its_service(served):
 def test_links_into_a_claim_the_server_does_not_mount_fail_with_their_cause(tiny, tmp_path, capsys):
     out = tmp_path / "k8s"
     deploy(tiny, out, capsys, "--pvc", "models")
-    rewrite(out / "deployment.yaml", lambda doc: link_the_claim(doc["spec"]["template"]["spec"], str(tiny)))
+    mount = read_source(tiny).mount_path  # where the server finds the artifact: the path its build recorded
+    rewrite(out / "deployment.yaml", lambda doc: link_the_claim(doc["spec"]["template"]["spec"], mount))
     code = run(["deploy", "try", str(out), "--pvc-dir", f"models={tiny}", "--timeout", str(TIMEOUT_S)])
     err = capsys.readouterr().err
     assert code == 1
-    assert re.search(rf"Error: deploy try failed: pod tiny-llama-0: container server reads \d+ links under {tiny} "
+    assert re.search(rf"Error: deploy try failed: pod tiny-llama-0: container server reads \d+ links under {mount} "
                      r"that point into /pvc \(e\.g\. \S+ → /pvc/\./\S+\), which it does not mount, so every one "
                      "dangles", err), err
 
