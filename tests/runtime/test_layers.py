@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trtllm_kit.quant import decoder_layer
-from trtllm_kit.runtime.layers import Rope, fuse_gate_up, linear, reduce, rms_norm
+from trtllm_kit.runtime.layers import Rope, fuse_gate_up, linear, product_layout, reduce, rms_norm
 
 
 def fresh_rotation(config: dict, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -64,9 +64,10 @@ def test_rms_norm_rounds_as_transformers_arithmetic(dtype, tokens):
 
 
 def gate_up_weights(**extra: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Two weights as ``prepare_weights`` holds them (``product_layout``)."""
     torch.manual_seed(0)
-    return {"transformer.layers.0.mlp.fc.weight": torch.randn(96, 64),
-            "transformer.layers.0.mlp.gate.weight": torch.randn(96, 64), **extra}
+    return {"transformer.layers.0.mlp.fc.weight": product_layout(torch.randn(96, 64)),
+            "transformer.layers.0.mlp.gate.weight": product_layout(torch.randn(96, 64)), **extra}
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 33])

@@ -14,7 +14,7 @@ from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.runtime import single_decode
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
-from trtllm_kit.runtime.layers import reduce
+from trtllm_kit.runtime.layers import product_layout, reduce
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
 
@@ -86,18 +86,17 @@ def test_a_plain_checkpoint_is_covered(tmp_path):
 
 
 @pytest.mark.parametrize("in_size", [64, 576, 1536])
-def test_an_added_float32_product_rounds_as_the_stream_plus_the_reduced_partial(in_size):
-    """On a stream free of -0.0, ``hidden.addmm_`` is ``hidden + reduce([x @ w])``, zero and -0.0 products too, with
-    the weight laid out as the layers hold it (a transposed view of [out, in]: each output one dot product)."""
+def test_an_added_product_rounds_as_the_stream_plus_the_reduced_partial(in_size):
+    """On a stream free of -0.0, ``add_product`` is ``hidden + reduce([x @ w])``, zero and -0.0 products too, with
+    the weight laid out as the layers hold it (``product_layout``: [in, out] row by row)."""
     torch.manual_seed(in_size)
-    weight = torch.randn(96, in_size).t()
+    weight = product_layout(torch.randn(96, in_size)).t()
     x = torch.randn(1, in_size) * 10
     x[0, in_size // 2:] = 0.0
     weight[: in_size // 2, :8] = -0.0  # columns whose products are all zeros (x is 0 in the other rows)
     hidden = torch.randn(1, 96)
     hidden[0, :4] = 0.0
     want = hidden + reduce([torch.mm(x, weight)])
-    for add in (single_decode.add_float32_product, single_decode.add_product):
-        got = hidden.clone()
-        add(got, x, weight)
-        assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))
+    got = hidden.clone()
+    single_decode.add_product(got, x, weight)
+    assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))

@@ -8,8 +8,9 @@ The same arithmetic in fewer calls:
   (the product ``linear`` reaches through ``F.linear``);
 * the residual stream is freed of -0.0 once (the embedding plus 0.0). The general step adds each layer's one-rank
   partial as ``hidden + (partial + 0.0)`` (``reduce``); on a stream without -0.0 that is ``hidden + partial`` (the
-  sum of two numbers is -0.0 only when both are), so the partials are added in place (in float32 with the product,
-  ``addmm_``), and the stream stays free of -0.0;
+  sum of two numbers is -0.0 only when both are), so the partials are added in place, and the stream stays free of
+  -0.0 (``addmm_`` into the stream would round otherwise: with the weights in the product layout it accumulates the
+  product into the stream);
 * the pool's keys and values of every layer, and the new token's slot in each, are viewed once per step (unbound
   into one view per layer); the new key and value are copied into the slot's view.
 """
@@ -74,9 +75,6 @@ class SingleDecode:
         """
         self.model, self.layers, self.tokens_per_block = model, layers, tokens_per_block
         self.k_parts, self.v_parts = k_cache[:, 0], v_cache[:, 0]  # [layers, slots, kv_heads, d]
-        # float32: ``hidden.addmm_(x, w)`` rounds as ``hidden + x @ w`` (each output is the product's dot, rounded to
-        # float32, then added) in one call; a narrower dtype rounds the product to it first, so it adds the product
-        self._add_product = add_float32_product if model.dtype == torch.float32 else add_product
 
     @staticmethod
     def can_decode(seqs: list[Sequence], sampled: list[Sequence], drafted: list[Sequence]) -> bool:
@@ -103,7 +101,7 @@ class SingleDecode:
         new_values = self.v_parts[:, None, slot, :, None].unbind(0)
         positions = torch.tensor([[position]])
         hidden = model.embed(torch.tensor([seq.token_ids[position]])).add_(0.0)  # [1, H], no -0.0
-        norm, eps, add_product = model.norm_fn, dims.norm_epsilon, self._add_product
+        norm, eps = model.norm_fn, dims.norm_epsilon
         for layer, w in enumerate(self.layers):
             qkv = torch.mm(norm(hidden, w.input_norm, eps), w.qkv)
             if w.qkv_bias is not None:
@@ -142,15 +140,6 @@ def is_plain_decode(seq: Sequence) -> bool:
     """
     return seq.num_scheduled_tokens == 1 and seq.adapter is None and \
         (not seq.params.needs_prompt_logits or seq.num_computed_tokens >= seq.num_prompt_tokens)
-
-
-def add_float32_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """``hidden += x @ weight`` in one call, with the bits of the product rounded then added (float32 only).
-
-    Arguments:
-        hidden: [1, out], changed in place; x: [1, in]; weight: [in, out].
-    """
-    hidden.addmm_(x, weight)
 
 
 def add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
