@@ -10,6 +10,7 @@ import queue
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,23 @@ def stream(process, inputs: dict[str, np.ndarray], done: queue.Queue, tag: str,
         client.close()
 
 
+def waiting(process) -> float:
+    """The requests the server's ``tensorrt_llm`` instances hold queued (``nv_trt_llm_request_metrics``)."""
+    with urllib.request.urlopen(f"http://{process.config.endpoints.url('metrics')}/metrics", timeout=10) as reply:
+        lines = reply.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith("nv_trt_llm_request_metrics{") and 'request_type="waiting"' in line)
+
+
+def wait_for_waiting(process, count: int) -> None:
+    """Return once ``count`` requests wait in the queue (bounded: 600 polls, 60 s)."""
+    for _ in range(600):
+        if waiting(process) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{count} queued requests expected; the server holds {waiting(process)}")
+
+
 def request(max_tokens: int, priority: float | None = None) -> dict[str, np.ndarray]:
     inputs = {"input_ids": np.array([1, 415, 565, 302, 843, 349], np.int32),
               "sampling_param_max_tokens": np.array([max_tokens], np.int32), "streaming": np.array([True]),
@@ -140,7 +158,7 @@ def test_priority_reaches_the_cpu_runtime(tmp_path: Path) -> None:
         for i in range(3):
             threads.append(threading.Thread(target=stream, args=(process, request(100, 0.1), done, f"low{i}")))
             threads[-1].start()
-            time.sleep(0.3)  # arrival order, with room for a loaded machine
+            wait_for_waiting(process, i + 1)  # arrival order: each low request is queued before the next is sent
         threads.append(threading.Thread(target=stream, args=(process, request(100, 0.9), done, "high")))
         threads[-1].start()
         for thread in threads:
