@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # imported by the fixtures: a module that serves nothing does
 # process a test starts (builds, servers, their Python stubs): the suite runs as many workers as the machine has
 # cores, and a process's operations each wait at OpenMP's barrier for a second thread the other processes hold.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Idle OpenMP threads sleep rather than spin: a test that runs torch at 2 threads (the AWQ oracles, whose bits need
+# 2) otherwise spends its time spinning at each operation's barrier while the other worker holds the cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 @pytest.fixture(scope="session", autouse=True)
