@@ -135,6 +135,7 @@ class TritonPythonModel:
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.gauges, self.families = {}, []  # a family must outlive its metrics
+        self.published: dict[str, float] = {}  # each gauge's value as last set
         for family, (label, by_value) in GAUGES.items():
             self.families.append(pb_utils.MetricFamily(name=family, description=f"CPU runtime {label}",
                                                        kind=pb_utils.MetricFamily.GAUGE))
@@ -214,8 +215,11 @@ class TritonPythonModel:
                                                    model.config, model.dtype))
 
     def _publish(self) -> None:
+        """Set the gauges whose value the turn changed (each set waits for tritonserver's answer), then the
+        speculation counters (engine thread)."""
         for field, value in gauge_values(self.engine.stats()).items():
-            if field in self.gauges:
+            if field in self.gauges and self.published.get(field) != value:
                 self.gauges[field].set(value)
+                self.published[field] = value
         if self.spec_counters is not None:
             self.spec_counters.publish()
