@@ -12,29 +12,18 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.quant.algos import QuantConfig
+from trtllm_kit.quant.blocks import torch_threads
 from trtllm_kit.quant.calib_data import token_windows
 
 # The kit and ModelOpt reduce in different orders, so the AWQ search's losses tie differently at another thread
-# count: the equality holds at the 2 threads these oracles were written on, whatever an earlier test set.
+# count: the equality holds at the 2 threads these oracles were written on, whatever an earlier test set
+# (``torch_threads(ORACLE_THREADS)``).
 ORACLE_THREADS = 2
-
-
-@contextmanager
-def oracle_threads() -> Iterator[None]:
-    """Run the block at ``ORACLE_THREADS`` intra-op threads (the process's setting is restored after)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(ORACLE_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @functools.cache
@@ -56,7 +45,7 @@ def _quantized(model: str, group_size: int, samples: int, seq_len: int) -> torch
     for entry in recipe["quant_cfg"]:
         if entry["quantizer_name"] == "*weight_quantizer":
             entry["cfg"]["block_sizes"][-1] = group_size
-    with oracle_threads():
+    with torch_threads(ORACLE_THREADS):
         mtq.quantize(hf, recipe, forward_loop)
     return hf
 

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from modelopt_awq import modelopt_awq, oracle_threads
+from modelopt_awq import ORACLE_THREADS, modelopt_awq
 from test_fp8_modelopt import tensors
 
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import AWQ_GROUP_SIZE
 from trtllm_kit.quant.algos import QuantConfig, check_target
+from trtllm_kit.quant.blocks import torch_threads
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ export = pytest.importorskip("modelopt.torch.export")
 
 @pytest.fixture(autouse=True)
 def at_oracle_threads() -> Iterator[None]:
-    with oracle_threads():
+    with torch_threads(ORACLE_THREADS):
         yield
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from modelopt_awq import modelopt_awq, oracle_threads
+from modelopt_awq import ORACLE_THREADS, modelopt_awq
 from safetensors import safe_open
 
 from trtllm_kit.checkpoint.convert import convert_checkpoint
@@ -26,6 +26,7 @@ from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import int4_dequantize
+from trtllm_kit.quant.blocks import torch_threads
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 from trtllm_kit.runtime.model import CheckpointModel
 
@@ -38,7 +39,7 @@ export = pytest.importorskip("modelopt.torch.export")
 
 @pytest.fixture(autouse=True)
 def at_oracle_threads() -> Iterator[None]:
-    with oracle_threads():
+    with torch_threads(ORACLE_THREADS):
         yield
 
 
