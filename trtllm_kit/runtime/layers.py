@@ -217,8 +217,8 @@ def prepare_weights(tensors: Weights, quantization: dict[str, Any], compute_dtyp
 
 def product_layout(weight: torch.Tensor) -> torch.Tensor:
     """A plain weight [out, in] as the view of its transpose stored row by row: the same shape and values, but
-    ``x @ W.T`` then multiplies by a contiguous [in, out] matrix, which MKL does about twice as fast at a few rows
-    as the transposed [out, in] one (SmolLM2's step at 8 sequences: ``benchmarks/cpu_step_counts.py --batch 8``).
+    ``x @ W.T`` then multiplies by a contiguous [in, out] matrix, which MKL does faster at several rows than the
+    transposed [out, in] one (SmolLM2's step products at 8 rows, 1.2-1.3x: ``benchmarks/linear_layouts.py``).
     Each product rounds as the one of that layout; every path of the runtime multiplies the same tensors.
 
     Arguments:
