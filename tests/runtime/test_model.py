@@ -128,7 +128,9 @@ def test_kv_cached_decoding_with_the_layer_pieces_equals_forward(models, tmp_pat
             hidden = hidden + runtime.mlp(layer, runtime.norm(layer, "post_layernorm", hidden))
         logits.append(runtime.logits(hidden))
         start += chunk.shape[1]
-    torch.testing.assert_close(torch.cat(logits, dim=1), runtime.forward(ids), atol=1e-5, rtol=0)
+    # The same arithmetic over other row counts, which the CPU's matrix kernels sum in another order: up to 1.2e-5
+    # (about 25 float32 ulps of the largest logit, 4.3) on an AVX2 machine; transformers' comparisons allow 1e-4.
+    torch.testing.assert_close(torch.cat(logits, dim=1), runtime.forward(ids), atol=3e-5, rtol=0)
 
 
 @pytest.fixture
