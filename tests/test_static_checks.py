@@ -1,0 +1,37 @@
+"""The static checks pass: ruff, mypy (``setup.cfg``), the import contracts (``lint-imports``) and the documentation
+site's strict build. They run in the test command so that they share its two workers with the tests: one worker
+checks while the other tests, instead of the checks holding one core while the other waits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # the longest module of its worker: handed out first
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def check(argv: list[str]) -> None:
+    """Run a check from the repository root; its output is the failure's message."""
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, f"{' '.join(argv[:3])} failed:\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
+
+
+def test_ruff() -> None:
+    check([sys.executable, "-m", "ruff", "check", "."])
+
+
+def test_mypy() -> None:
+    check([sys.executable, "-m", "mypy"])
+
+
+def test_import_contracts() -> None:
+    check([str(BIN / "lint-imports")])
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    check([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")])
