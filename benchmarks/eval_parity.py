@@ -3,9 +3,11 @@ loglikelihood and the largest per-request difference, for a float32 cpu build an
 
     python benchmarks/eval_parity.py [--model tiny-llama] [--base-url URL] [--no-fp8] [--json]
 
-Runs the real ``lm-eval`` command twice or three times on the two local tasks of ``tests/data/eval``
-(``kit_last_word``: loglikelihood, ``kit_word_choice``: multiple choice): ``--model hf`` on the built-in model's
-Hugging Face directory in float32, and ``--model local-completions`` against ``trtllm-kit serve`` of the same model
+Runs the real ``lm-eval`` twice or three times, each in a process of its own (its ``simple_evaluate``, as its
+``lm-eval run`` command calls it, with a task index of only the two local tasks of ``tests/data/eval``, not the
+thousands of YAML files of its built-in tasks), on ``kit_last_word`` (loglikelihood) and ``kit_word_choice``
+(multiple choice): ``--model hf`` on the built-in model's Hugging Face directory in float32, and
+``--model local-completions`` against ``trtllm-kit serve`` of the same model
 built for the cpu target in float32 (or the server at ``--base-url``) and built with ``--quant fp8``. Both send the
 same token ids (``add_bos_token=True`` on both sides; the served side is given the HF directory as its tokenizer).
 Offline: ``HF_HUB_OFFLINE`` and ``HF_DATASETS_OFFLINE`` are set. The built-in models have random weights, so the
@@ -50,11 +52,32 @@ class TaskFigures:
     mismatched: list[tuple[int, int, float, float]]  # (doc_id, choice, reference, this) beyond 1e-3
 
 
-def lm_eval_command(model: str, model_args: dict[str, str], out: Path) -> list[str]:
-    """The ``lm-eval run`` command line for both tasks, with per-sample logs written into ``out``."""
+def lm_eval_command(model: str, model_args: dict[str, str], out: Path, **options: object) -> list[str]:
+    """The command that runs lm-eval (``run_lm_eval``) on both tasks, its figures written into ``out``."""
     args = ",".join(f"{k}={v}" for k, v in model_args.items())
-    return [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args", args,
-            "--include_path", ".", "--tasks", ",".join(TASKS), "--log_samples", "--output_path", str(out)]
+    return [sys.executable, __file__, "--lm-eval", json.dumps({"model": model, "model_args": args, **options}),
+            str(out)]
+
+
+def run_lm_eval(options: dict[str, object], out: Path) -> None:
+    """lm-eval's ``simple_evaluate`` on both tasks with ``options`` (model, model_args, batch_size, device) and the
+    ``lm-eval run`` command's defaults; each task's results and each request's loglikelihood, by doc_id and choice,
+    written into ``out`` as JSON. Run in the tasks' directory (their data_files are relative to it).
+
+    Arguments:
+        options: ``simple_evaluate``'s keyword arguments; out: the JSON file.
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    results = simple_evaluate(**{"batch_size": 1, **options}, tasks=list(TASKS), log_samples=True,
+                              task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False))
+    assert results is not None
+    out.write_text(json.dumps({task: {
+        "results": results["results"][task],
+        "loglikelihoods": [[sample["doc_id"], choice, float(response[0][0])]
+                           for sample in results["samples"][task] for choice, response in enumerate(sample["resps"])],
+    } for task in TASKS}))
 
 
 def hf_args(hf_dir: Path) -> dict[str, str]:
@@ -80,15 +103,10 @@ def finish(process: subprocess.Popen[bytes], log: Path, timeout_s: float = 900) 
 
 
 def read_run(out: Path, task: str) -> tuple[dict[str, float], dict[tuple[int, int], float]]:
-    """The accuracy metrics of ``task`` and each request's loglikelihood, by (doc_id, choice), from a run's logs."""
-    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"][task]
-    accuracy = {k.split(",")[0]: v for k, v in results.items() if k.split(",")[0] in ("acc", "acc_norm")}
-    loglikelihoods = {}
-    for line in next(out.rglob(f"samples_{task}_*.jsonl")).read_text().splitlines():
-        sample = json.loads(line)
-        for choice, response in enumerate(sample["resps"]):
-            loglikelihoods[sample["doc_id"], choice] = float(response[0][0])
-    return accuracy, loglikelihoods
+    """The accuracy metrics of ``task`` and each request's loglikelihood, by (doc_id, choice), from a run's figures."""
+    run = json.loads(out.read_text())[task]
+    accuracy = {k.split(",")[0]: v for k, v in run["results"].items() if k.split(",")[0] in ("acc", "acc_norm")}
+    return accuracy, {(doc_id, choice): loglikelihood for doc_id, choice, loglikelihood in run["loglikelihoods"]}
 
 
 def compare(reference: Path, other: Path, run: str) -> list[TaskFigures]:
@@ -108,8 +126,8 @@ def compare(reference: Path, other: Path, run: str) -> list[TaskFigures]:
 def evaluate(hf_model: str, work: Path, base_url: str | None, with_fp8: bool) -> list[TaskFigures]:
     """Both tasks through ``--model hf`` and through the server (float32, and FP8 when asked), compared."""
     hf_dir, served_name = builtin_dir(hf_model), f"builtin:{hf_model}"
-    runs = {"hf": lm_eval_command("hf", hf_args(hf_dir), work / "hf")}
-    reference = start(runs["hf"] + ["--device", "cpu", "--batch_size", "8"], work / "hf.log")
+    reference = start(lm_eval_command("hf", hf_args(hf_dir), work / "hf", device="cpu", batch_size=8),
+                      work / "hf.log")
     float32_build = served_build(served_name, work / "f32", "--dtype", "float32")
     with float32_build if base_url is None else _given(base_url) as url:
         float32 = start(lm_eval_command("local-completions", served_args(hf_dir, url, served_name), work / "f32-eval"),
@@ -137,7 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-url", help="an OpenAI base URL already serving the float32 build (…/v1)")
     parser.add_argument("--no-fp8", action="store_true", help="skip the FP8 build")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--lm-eval", nargs=2, metavar=("OPTIONS", "OUT"), help=argparse.SUPPRESS)  # one run's child
     args = parser.parse_args(argv)
+    if args.lm_eval:
+        run_lm_eval(json.loads(args.lm_eval[0]), Path(args.lm_eval[1]))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         figures = evaluate(args.model, Path(tmp), args.base_url, not args.no_fp8)
     if args.json:
