@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,15 +39,25 @@ def tiny(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(kit_builds, tmp_path_factory.mktemp("tiny"), "cpu")
 
 
-@pytest.fixture(scope="module", params=["cpu", "llmapi"])
-def served(request: pytest.FixtureRequest, tiny: Path, kit_builds: Builds,
-           tmp_path_factory: pytest.TempPathFactory) -> TryReport:
-    """The generated Deployment of a cpu and an llmapi build (the artifact on a claim), each run once."""
-    out = tiny if request.param == "cpu" else build(kit_builds, tmp_path_factory.mktemp("tiny"), "llmapi")
-    k8s = tmp_path_factory.mktemp("k8s") / "k8s"
-    assert run(["deploy", "k8s", str(out), "--out", str(k8s), "--pvc", "models",
-                "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0
-    return try_directory(k8s, {"models": out}, timeout_s=TIMEOUT_S)
+@pytest.fixture(scope="module")
+def tries(tiny: Path, kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> dict[str, TryReport]:
+    """The generated Deployment of a cpu and an llmapi build (the artifact on a claim), each run once, both at the
+    same time (each in a cluster network of its own): their probe periods and drains overlap."""
+    outs = {"cpu": tiny, "llmapi": build(kit_builds, tmp_path_factory.mktemp("tiny"), "llmapi")}
+    dirs = {target: tmp_path_factory.mktemp("k8s") / "k8s" for target in outs}
+    for target, out in outs.items():
+        assert run(["deploy", "k8s", str(out), "--out", str(dirs[target]), "--pvc", "models",
+                    "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0
+    with ThreadPoolExecutor(len(outs)) as pool:
+        running = {target: pool.submit(try_directory, dirs[target], {"models": out}, timeout_s=TIMEOUT_S)
+                   for target, out in outs.items()}
+        return {target: future.result() for target, future in running.items()}
+
+
+@pytest.fixture(params=["cpu", "llmapi"])
+def served(request: pytest.FixtureRequest, tries: dict[str, TryReport]) -> TryReport:
+    """The run of the cpu or the llmapi build's Deployment."""
+    return tries[request.param]
 
 
 def test_the_deployment_answers_through_its_service(served):
