@@ -13,7 +13,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,13 +23,14 @@ import yaml
 from kit_server import BuildKey, Builds, KitServer
 
 from trtllm_kit.cli import run
-from trtllm_kit.deploy.prometheus import LocalPrometheus, _get, query, query_range
+from trtllm_kit.deploy.prometheus import LocalPrometheus, _get, duration, query, query_range
 from trtllm_kit.serve.server.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
                                  reason="needs Debian's prometheus package (prometheus and promtool on PATH)")]
 LABELS = {"namespace": "llm", "app": "tiny", "pod": "tiny-0"}  # what the PodMonitor attaches in a cluster
+SCRAPE_S = 0.5  # the scrape and rule evaluation interval: the waits below are counted in it
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,16 @@ def rules_file(k8s: Path, interval: str | None = None) -> dict:
     return {"groups": groups}
 
 
+def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Whether ``condition`` held within ``timeout_s``, checked every tenth of a scrape interval."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(SCRAPE_S / 10)
+    return True
+
+
 def post(url: str, body: dict) -> int:
     request = urllib.request.Request(f"http://{url}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -72,12 +83,14 @@ def scraped(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Ite
     server = KitServer(out).start()
     openai = f"127.0.0.1:{server.port}"
     prometheus = LocalPrometheus(free_port(), [(server.metrics, LABELS), (openai, LABELS)],
-                                 rules_file(root / "k8s", interval="1s"), scrape_s=1.0)
+                                 rules_file(root / "k8s", interval=duration(SCRAPE_S)), scrape_s=SCRAPE_S)
+    scaled = yaml.safe_load((root / "k8s" / "scaledobject.yaml").read_text())
+    autoscaler = scaled["spec"]["triggers"][0]["metadata"]["query"]
     try:
         prometheus.start()
-        time.sleep(3)  # idle samples before the load
         start = time.time()
-        code = run(["bench", "--url", f"grpc://{server.grpc}", "--concurrency", "1,6", "--duration", "6",
+        assert wait_for(lambda: query(prometheus.url, autoscaler) == 0)  # idle samples before the load
+        code = run(["bench", "--url", f"grpc://{server.grpc}", "--concurrency", "1,6", "--duration", "3",
                     "--isl", "16", "--osl", "48", "--vocab-size", "1031", "--warmup", "0", "--no-plots",
                     "--max-client-lag", "1000", "--out", str(root / "bench")])
         assert code == 0
@@ -85,12 +98,13 @@ def scraped(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Ite
             model = json.loads(response.read())["data"][0]["id"]
         for _ in range(2):  # two scrapes apart: the histograms' rate sees an increase
             assert post(openai, {"model": model, "prompt": "The capital of France is", "max_tokens": 4}) == 200
-            time.sleep(2.5)
+            time.sleep(2.5 * SCRAPE_S)
         assert post(openai, {"model": model, "prompt": "x", "max_tokens": -1}) == 400  # counted as an error
-        end = time.time()
-        time.sleep(4)  # the queue drains, the next scrapes see it
-        scaled = yaml.safe_load((root / "k8s" / "scaledobject.yaml").read_text())
-        yield Scraped(root / "k8s", prometheus, start - 3, end + 4, scaled["spec"]["triggers"][0]["metadata"]["query"])
+        # the queue drains and the cache empties, and the scrapes and the recording rule see it
+        assert wait_for(lambda: query(prometheus.url, autoscaler) == 0 and query(
+            prometheus.url, 'trtllm_kit:kv_cache_used:fraction{app="tiny"}') == 0)
+        time.sleep(2 * SCRAPE_S)  # two more idle scrapes: the range ends on them
+        yield Scraped(root / "k8s", prometheus, start, time.time(), autoscaler)
     finally:
         prometheus.stop()
         server.stop()
@@ -110,7 +124,7 @@ def test_promtool_checks_the_prometheus_rule(tmp_path):
 
 
 def test_the_autoscaler_query_rises_with_load_and_falls_after(scraped):
-    series = query_range(scraped.prometheus.url, scraped.query, scraped.start, scraped.end, 1.0)
+    series = query_range(scraped.prometheus.url, scraped.query, scraped.start, scraped.end, SCRAPE_S)
     assert scraped.query == 'sum(nv_trt_llm_request_metrics{namespace="llm",app="tiny",request_type="waiting"})'
     values = [v for _, v in series]
     assert len(values) >= 10
@@ -118,7 +132,7 @@ def test_the_autoscaler_query_rises_with_load_and_falls_after(scraped):
     assert values[0] == 0 and peak >= 2  # 6 in flight, 2 in the batch: up to 4 wait
     assert values[-1] == 0 and values.index(peak) < len(values) - 2
     recorded = query_range(scraped.prometheus.url, 'sum(trtllm_kit:requests_waiting:sum{namespace="llm"})',
-                           scraped.start, scraped.end, 1.0)
+                           scraped.start, scraped.end, SCRAPE_S)
     assert max(v for _, v in recorded) >= 2  # the recording rule evaluates on the same series
     kv = query(scraped.prometheus.url, 'trtllm_kit:kv_cache_used:fraction{app="tiny"}')
     assert kv == 0  # nothing in the cache once the load is gone
@@ -126,8 +140,8 @@ def test_the_autoscaler_query_rises_with_load_and_falls_after(scraped):
 
 def test_simulate_replays_the_scraped_series(scraped, tmp_path, capsys):
     code = run(["deploy", "simulate", str(scraped.k8s), "--prometheus", scraped.prometheus.url, "--start",
-                str(scraped.start), "--end", str(scraped.end), "--step", "1", "--save", str(tmp_path / "s.json"),
-                "--extend", "900", "--plot", str(tmp_path / "scale.png"), "--json"])
+                str(scraped.start), "--end", str(scraped.end), "--step", str(SCRAPE_S), "--save",
+                str(tmp_path / "s.json"), "--extend", "900", "--plot", str(tmp_path / "scale.png"), "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     replayed = json.loads(captured.out)
@@ -160,7 +174,7 @@ def test_the_alerts_read_exported_series_and_the_queue_alert_fires(scraped):
     kv = query(scraped.prometheus.url, found[3].signal)
     assert kv is not None and 0 <= kv <= 1
     fired = query_range(scraped.prometheus.url, 'count(ALERTS{alertname="TrtllmKitQueueBacklog",app="tiny",'
-                        'alertstate="firing"})', scraped.start, scraped.end, 1.0)
+                        'alertstate="firing"})', scraped.start, scraped.end, SCRAPE_S)
     assert fired, "6 requests in flight and 2 in the batch: more than 2 wait, the queue alert fires"
 
 
@@ -200,3 +214,11 @@ def test_the_endpoint_picker_reads_series_the_served_model_exports(scraped):
         assert value is not None and value >= 0, protocol
     assert query(scraped.prometheus.url, 'max(nv_trt_llm_kv_cache_block_metrics{app="tiny",'
                  'kv_cache_block_type="tokens_per"})') > 0  # a block holds tokens
+
+
+def test_intervals_are_written_in_milliseconds_prometheus_takes():
+    from trtllm_kit.errors import KitUsageError
+
+    assert (duration(0.5), duration(1.0), duration(15)) == ("500ms", "1000ms", "15000ms")  # "0.5s" is refused
+    with pytest.raises(KitUsageError, match=r"^a Prometheus interval of 0.0001 s is under its resolution of 1 ms\.$"):
+        duration(0.0001)

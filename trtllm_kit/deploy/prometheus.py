@@ -61,6 +61,17 @@ def query_range(url: str, promql: str, start: float, end: float, step_s: float) 
     return [(float(t), float(v)) for t, v in data["result"][0]["values"] if not math.isnan(float(v))]
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` as a Prometheus duration, in whole milliseconds (it takes no fractions: ``0.5s`` is refused).
+
+    Arguments:
+        seconds: at least a millisecond.
+    """
+    if round(seconds * 1000) < 1:
+        raise KitUsageError(f"a Prometheus interval of {seconds:g} s is under its resolution of 1 ms.")
+    return f"{round(seconds * 1000)}ms"
+
+
 class LocalPrometheus:
     """A ``prometheus`` process on 127.0.0.1 scraping ``targets`` every ``scrape_s`` and evaluating ``rule_files``.
 
@@ -77,7 +88,7 @@ class LocalPrometheus:
         self.binary, self.port, self.url = binary, port, f"http://127.0.0.1:{port}"
         self.dir = Path(tempfile.mkdtemp(prefix="trtllm-kit-prometheus."))
         config: dict[str, Any] = {
-            "global": {"scrape_interval": f"{scrape_s:g}s", "evaluation_interval": f"{scrape_s:g}s"},
+            "global": {"scrape_interval": duration(scrape_s), "evaluation_interval": duration(scrape_s)},
             "scrape_configs": [{"job_name": "trtllm-kit", "static_configs": [
                 {"targets": [target], "labels": labels} for target, labels in targets]}]}
         if rules is not None:
