@@ -32,6 +32,7 @@ from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.openai.artifact_route import check_bls_route
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.ray.gpu_replica import check_gpu_replicas
+from trtllm_kit.serve.ray.ray_settings import ray_environment
 from trtllm_kit.serve.ray.routing import ray_router
 from trtllm_kit.serve.ray.scaling import Autoscaling
 from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
@@ -166,7 +167,7 @@ def serve_ray(options: ServeOptions, on_ready: Callable[[dict[str, Any]], None] 
 def _run(options: ServeOptions, dirs: RayDirs, name: str, sock: socket.socket, stop: threading.Event,
          on_ready: Callable[[dict[str, Any]], None] | None) -> None:
     settings, out = options.settings, options.out
-    env = {**kit_environment(), "HOME": str(dirs.home), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**ray_environment(kit_environment()), "HOME": str(dirs.home)}
     driver = ProcessGroup(dirs.log)
     write_pid(out)
     reaper = Reaper("")
