@@ -9,9 +9,9 @@ instead write their bytecode to a prefix tree of the kit's cache (``PYTHONPYCACH
 no ``__pycache__`` lands in the hashed artifact or in site-packages, and each start after the first reads it.
 
 Ray also starts timers for a cluster's observability (task events for the state API and the timeline, metrics for
-Prometheus, node stats for the dashboard) and prestarts idle workers. The serve reads none of them: its answers, its
-autoscaling (the Serve controller's own counts of requests in flight, pushed by the handle and the replicas) and its
-logs (the replicas' files, ``engine_load.py``) do not change. ``RAY_<name>`` overrides a RayConfig entry in every
+Prometheus, node stats for the dashboard). The serve reads none of them: its answers, its autoscaling (the Serve
+controller's own counts of requests in flight, pushed by the handle and the replicas) and its logs (the replicas'
+files, ``engine_load.py``) do not change. ``RAY_<name>`` overrides a RayConfig entry in every
 process of Ray's (``src/ray/common/ray_config_def.h`` of Ray 2.60.0); the others are read by Ray's Python helpers.
 """
 
@@ -25,9 +25,6 @@ PYCACHE = "pycache"  # under the kit's cache: the bytecode of Ray's processes, b
 
 RAY_SETTINGS: dict[str, str] = {
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage report to Anyscale
-    # the raylet starts num_cpus idle Python workers when the first driver connects; Serve's controller and
-    # replicas are actors, each started in a worker of its own when created, so the idle ones only cost their start
-    "RAY_prestart_worker_first_driver": "false",
     # every worker reports its tasks' state changes to the GCS each second, for `ray list tasks` and the timeline;
     # 0 turns the reports off
     "RAY_task_events_report_interval_ms": "0",
