@@ -55,4 +55,5 @@ class Handle(Protocol):
         """The request ended without finishing; called once, after which the loop forgets the handle."""
 
     def is_cancelled(self) -> bool:
-        """Whether the request's client has gone (polled by the loop)."""
+        """Whether the request's client has gone (polled by the loop every turn: a handle whose transport makes
+        this a round trip may answer from what it last learnt, as the Triton model's does between responses)."""

@@ -5,10 +5,13 @@ outputs), so clients and the ensemble cannot tell it from the GPU backend; the t
 wire's ``tensorrt_llm`` codec (``trtllm_kit.wire.trtllm``, ``trtllm_response``; docs/openai-eval-engine.md), the
 runtime's settings ``runtime/request.py``, the response ``runtime/response.py``. The engine runs in the engine
 loop's thread (``runtime/loop.py``); ``execute`` decodes and submits. In decoupled mode each step's new tokens are
-streamed, one response stream per sequence with its ``sequence_index``; a cancelled request is dropped at the next
-turn, and so are those named by a request with ``stop = true`` and the same request id (how the TensorRT-LLM backend
-stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client leaves). A guide
-(``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and the request
+streamed, one response stream per sequence with its ``sequence_index``, sent by the outbox's thread
+(``outbox.py``), which then asks tritonserver whether the request was cancelled, so the engine thread waits for
+neither; a request the outbox has not asked about since the loop last looked (one waiting, computing its prompt or
+answered whole) is asked by the engine thread, at most every ``ASK_PERIOD_S``. A cancelled request is dropped at
+the next turn, and so are those named by a request with ``stop = true`` and the same request id (how the
+TensorRT-LLM backend stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client leaves). A
+guide (``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and the request
 joins the loop once it has. Tokens sent in ``draft_input_ids`` (``tensorrt_llm_bls``'s draft-target loop) are
 verified in the step after the prompt's (``runtime/external_drafts.py``); ``draft_logits`` are refused. With the
 parameter ``speculative_decoding_mode`` (``ngram``, or ``draft-target`` with ``draft_model_path``) a request without
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +50,7 @@ from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 from trtllm_kit.runtime.stats import GAUGES, gauge_values
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
 from trtllm_kit.triton_models.cpu_speculation import cpu_speculator
+from trtllm_kit.triton_models.outbox import Outbox
 from trtllm_kit.triton_models.spec_decode_counters import SpecDecodeCounters
 from trtllm_kit.triton_models.triton_io import failure_error, input_arrays, output_tensors, triton_error
 from trtllm_kit.wire import GenerationRequest, LoraAdapter
@@ -55,6 +60,7 @@ from trtllm_kit.wire.trtllm_response import encode_trtllm_response
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INPUTS = tuple(t.name for t in request_tensors())  # every input the wire reads
+ASK_PERIOD_S = 0.02  # the engine thread asks whether a request without responses was cancelled at most this often
 
 
 def _error(error: Any) -> Any:
@@ -62,8 +68,8 @@ def _error(error: Any) -> Any:
 
 
 class _Request:
-    """One Triton request as the engine loop's handle: answered through its sender (decoupled) or once to
-    ``execute`` (``done``)."""
+    """One Triton request as the engine loop's handle: answered through its sender by the model's outbox
+    (decoupled) or once to ``execute`` (``done``)."""
 
     def __init__(self, model: TritonPythonModel, request: Any, sender: Any) -> None:
         self.model, self.request, self.sender = model, request, sender
@@ -72,6 +78,9 @@ class _Request:
         self.num_sent: dict[int, int] = {}  # sequence index → output tokens sent
         self.response: Any = None
         self.done = threading.Event()
+        self.send_error: Exception | None = None  # what a send on the outbox raised
+        self.cancelled = False  # tritonserver's last answer to is_cancelled
+        self.asked_at = self.looked_at = -float("inf")  # when it was last asked; when the loop last looked
 
     def progress(self, seq: Sequence, is_last: bool) -> None:
         """Stream the new tokens of ``seq``, or answer it in full when it finished; the last sends the final flag."""
@@ -83,29 +92,54 @@ class _Request:
             # the first response carries the prompt's outputs
             response = self._response(seq, new, sent) if new or (sent == 0 and seq.is_finished) else None
             if is_last:
-                self.sender.send(response, flags=FINAL)
+                self._send(response, FINAL)
             elif response is not None:
-                self.sender.send(response)
+                self._send(response, 0)
         elif seq.is_finished:
             response = self._response(seq, seq.output_ids if self.exclude_input else seq.token_ids, 0)
             if is_last:
                 self.answer(response)
             else:
-                self.sender.send(response)
+                self._send(response, 0)
 
     def failed(self, message: str, kind: Failure) -> None:
         self.answer(_error(failure_error(pb_utils, message, kind)))
 
     def is_cancelled(self) -> bool:
-        return bool(self.request.is_cancelled())
+        """Whether tritonserver said the request was cancelled: the outbox's answer after the last response, or
+        asked now when the outbox has not asked since the loop last looked and for ``ASK_PERIOD_S``."""
+        if not self.cancelled and self.asked_at <= self.looked_at and time.monotonic() - self.asked_at >= ASK_PERIOD_S:
+            self._ask()
+        self.looked_at = time.monotonic()
+        return self.cancelled
 
     def answer(self, response: Any) -> None:
         """Send the request's final response."""
         if self.sender is not None:
-            self.sender.send(response, flags=FINAL)
+            self._send(response, FINAL)
         else:
             self.response = response
             self.done.set()
+
+    def _send(self, response: Any, flags: int) -> None:
+        """Hand ``response`` to the outbox; a send the outbox could not make fails this one (the loop then ends
+        the request)."""
+        if self.send_error is not None:
+            raise self.send_error
+        self.model.outbox.put(lambda: self._deliver(response, flags))
+
+    def _deliver(self, response: Any, flags: int) -> None:
+        """Send ``response`` (outbox thread); until the final one, then ask whether the request was cancelled."""
+        try:
+            self.sender.send(response, flags=flags)
+        except Exception as exc:
+            self.send_error = exc
+            raise
+        if flags != FINAL:
+            self._ask()
+
+    def _ask(self) -> None:
+        self.cancelled, self.asked_at = bool(self.request.is_cancelled()), time.monotonic()
 
     def _response(self, seq: Sequence, token_ids: list[int], first: int) -> Any:
         """The response of ``token_ids``, whose generated tokens begin at output position ``first``."""
@@ -144,6 +178,7 @@ class TritonPythonModel:
         speculator = self.engine.speculator
         self.spec_counters = None if speculator is None else SpecDecodeCounters(pb_utils, args["model_name"],
                                                                                   speculator.counts)
+        self.outbox = Outbox()
         self.loop = EngineLoop(self.engine, on_turn=self._publish)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
@@ -157,6 +192,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.loop.shutdown("the server is shutting down")
+        self.outbox.close()
         if self.guides is not None:
             self.guides.close()
 
