@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_kit.names import API_KEY_ENV
+from trtllm_kit.serve.server.state import pycache_dir
 
 
 @dataclass(frozen=True)
@@ -157,13 +158,18 @@ class ProcessGroup:
 def kit_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a server the kit starts: this interpreter's bin directory first on ``PATH`` (the
     Python-backend stub runs the first ``python3`` there, which must be the one that has the kit and numpy,
-    whatever ``PATH`` said), and no bytecode written (the stubs import ``model.py`` files of a hashed artifact).
+    whatever ``PATH`` said), and bytecode written under the kit's cache (``pycache_dir``), never beside a source:
+    its Python processes (Dynamo's and Ray's, workers, ranks) import sources of a hashed artifact, and each start
+    after the first reads what the first compiled instead of compiling torch and the rest again, as it would where
+    the environment says ``PYTHONDONTWRITEBYTECODE``. (The Triton stubs' embedded interpreters read neither
+    variable: they are given a copy of the repository, ``state.py``.)
 
     Arguments:
         base: the environment to extend (``os.environ`` when omitted).
     """
-    env = {k: v for k, v in (os.environ if base is None else base).items() if k != API_KEY_ENV}  # no secret
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in (API_KEY_ENV, "PYTHONDONTWRITEBYTECODE")}  # no secret
     first = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([first, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != first)])
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONPYCACHEPREFIX"] = str(pycache_dir())
     return env

@@ -34,6 +34,7 @@ RUN_FILES = (STATE_FILE, PID_FILE, TOKEN_FILE)  # there only while a serve runs
 SERVE_LOG, TRITON_LOG, TRTLLM_SERVE_LOG = "serve.log", "tritonserver.log", "trtllm-serve.log"
 REQUESTS_DIR = "reloads"  # reload requests to the running serve (``fleet/reload.py``)
 HEARTBEAT_DIR = "heartbeat"  # the engines' beats (``runtime/heartbeat.py``)
+PYCACHE = "pycache"  # the bytecode of the processes a serve starts (``pycache_dir``)
 
 
 def kit_cache() -> Path:
@@ -42,6 +43,12 @@ def kit_cache() -> Path:
 
     override = os.environ.get("TRTLLM_KIT_CACHE")
     return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("trtllm-kit"))
+
+
+def pycache_dir() -> Path:
+    """Where the Python processes a serve starts write their bytecode (``PYTHONPYCACHEPREFIX``): under the kit's
+    cache, by source path, never beside a source, so nothing lands in a hashed artifact or in site-packages."""
+    return kit_cache() / PYCACHE
 
 
 def run_dir(out: Path) -> Path:
