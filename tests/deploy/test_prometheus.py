@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from kit_server import BuildKey, Builds, KitServer
+from polling import wait_until
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.prometheus import LocalPrometheus, _get, duration, query, query_range
@@ -53,14 +54,9 @@ def rules_file(k8s: Path, interval: str | None = None) -> dict:
     return {"groups": groups}
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
-    """Whether ``condition`` held within ``timeout_s``, checked every tenth of a scrape interval."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(SCRAPE_S / 10)
-    return True
+def wait_for(condition: Callable[[], bool]) -> bool:
+    """Whether ``condition`` held within a minute, checked every tenth of a scrape interval."""
+    return wait_until(condition, 60.0, SCRAPE_S / 10)
 
 
 def post(url: str, body: dict) -> int:

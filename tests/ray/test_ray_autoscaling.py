@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from kit_server import BuildKey, Builds, KitServer
+from polling import wait_until
 
 from trtllm_kit.serve.ray.driver import REPLICA_TITLE
 from trtllm_kit.serve.server.netns import pids_in, titled_pids
@@ -49,12 +50,7 @@ def _complete(server: KitServer, max_tokens: int) -> dict[str, Any]:
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
+    return wait_until(predicate, timeout_s, 0.5)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from polling import wait_until
 from reliability_helpers import KIT, MODEL, error_line, kit, leftovers
 
 from trtllm_kit.owner import owner_tag
@@ -28,12 +29,7 @@ SIGINT_FROM_S, SIGINT_TO_S = 0.3, 3.5
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, poll_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(poll_s)
-    return False
+    return wait_until(predicate, timeout_s, poll_s)
 
 
 def test_a_killed_build_leaves_staging_that_the_next_build_reclaims(tmp_path: Path) -> None:
