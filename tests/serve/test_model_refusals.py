@@ -2,8 +2,9 @@
 (``invalid_request_error``) carrying the model's sentence, ``param`` naming the OpenAI field the sentence names; the
 runtime's own failures stay 500. On the shared served cpu build: the CPU runtime refuses ``length_penalty`` other
 than 1.0 (it has no beam search), through the ``openai`` client and raw HTTP, whole and streamed; the kit's gRPC
-client gets the status of the model's refusals itself (token ids outside the model's vocabulary, beams). A refusal
-after a stream began is an error event before ``[DONE]`` (in process, against a stand-in for the route's client)."""
+client gets the status of the model's refusals itself (token ids outside the model's vocabulary, beams), from the code
+that marks its message, and Triton serves on after many at once. A refusal after a stream began is an error event
+before ``[DONE]`` (in process, against a stand-in for the route's client)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,34 @@ def test_the_grpc_client_gets_a_refusal_as_400(server: KitServer, fields: dict[s
 
     refused = asyncio.run(generate())
     assert (refused.status, str(refused)) == (400, message)
+
+
+def test_refusals_from_concurrent_clients_leave_the_server_serving(server: KitServer) -> None:
+    """Each refusal is a 400 and Triton lives on: with the stream's status carrying the code
+    (``triton_grpc_error``), Triton 2.51 aborted after some hundreds of these under load."""
+    refusals = ({"prompt": (1, 5000)}, {"beam_width": 2}, {"length_penalty": 0.5})
+
+    async def refused(fields: dict[str, Any]) -> int:
+        client = TextClient(server.grpc)
+        try:
+            async for _ in client.stream(GenerationRequest(**{"prompt": (1, 45, 300), "max_tokens": 4, **fields})):
+                pass
+        except GenerationError as exc:
+            return exc.status
+        finally:
+            await client.close()
+        return 200
+
+    async def rounds() -> list[int]:
+        statuses = []
+        for _ in range(8):
+            for fields in refusals:
+                statuses += await asyncio.gather(*(refused(fields) for _ in range(8)))
+        return statuses
+
+    assert asyncio.run(rounds()) == [400] * 8 * len(refusals) * 8
+    answer = server.client().completions.create(model=MODEL, prompt=PROMPTS["text"], max_tokens=4)
+    assert answer.usage is not None and answer.usage.completion_tokens == 4
 
 
 @pytest.mark.parametrize("status, message, expected", [

@@ -10,7 +10,8 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.handle import Failure, QueueFullError
-from trtllm_kit.triton_models.triton_io import failure_error, input_arrays, output_tensors, triton_error
+from trtllm_kit.triton_models.triton_io import CODES, failure_error, input_arrays, output_tensors, triton_error
+from trtllm_kit.wire.error_code import split_code
 from trtllm_kit.wire.rules import WireError
 
 
@@ -70,16 +71,20 @@ def test_outputs_gain_the_batch_dimension_only_when_batched(batched: bool, shape
 
 
 @pytest.mark.parametrize("exc, code, message", [
-    (WireError("top_k", "runtime_top_k must be >= 0, got -1."), "I", "runtime_top_k must be >= 0, got -1."),
-    (KitUsageError("request_output_len is missing."), "I", "request_output_len is missing."),
-    (QueueFullError("the request queue is full."), "U", "the request queue is full."),
-    (RuntimeError("boom"), "X", "RuntimeError: boom"),
+    (WireError("top_k", "runtime_top_k must be >= 0, got -1."), "I",
+     "[INVALID_ARG] runtime_top_k must be >= 0, got -1."),
+    (KitUsageError("request_output_len is missing."), "I", "[INVALID_ARG] request_output_len is missing."),
+    (QueueFullError("the request queue is full."), "U", "[UNAVAILABLE] the request queue is full."),
+    (RuntimeError("boom"), "X", "[INTERNAL] RuntimeError: boom"),
 ])
-def test_each_exception_has_its_code(exc: Exception, code: str, message: str) -> None:
+def test_each_exception_has_its_code_and_its_message_begins_with_it(exc: Exception, code: str, message: str) -> None:
     error = triton_error(_pb({}), exc)
     assert (error.code, error.message) == (code, message)
 
 
 def test_each_failure_kind_has_its_code() -> None:
-    codes = {kind: failure_error(_pb({}), "why", kind).code for kind in Failure}
-    assert codes == {Failure.CANCELLED: "C", Failure.INVALID: "I", Failure.UNAVAILABLE: "U", Failure.INTERNAL: "X"}
+    errors = {kind: failure_error(_pb({}), "why", kind) for kind in Failure}
+    assert {kind: error.code for kind, error in errors.items()} == {
+        Failure.CANCELLED: "C", Failure.INVALID: "I", Failure.UNAVAILABLE: "U", Failure.INTERNAL: "X"}
+    assert [split_code(error.message) for error in errors.values()] == [
+        (CODES[kind], "why") for kind in errors]

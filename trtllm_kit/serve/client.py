@@ -15,6 +15,7 @@ from tritonclient.utils import serialize_byte_tensor
 from trtllm_kit.serve.generation import GenerationError
 from trtllm_kit.serve.servable import TEXT_MODELS
 from trtllm_kit.wire import GenerationRequest, GenerationResponse, WireError
+from trtllm_kit.wire.error_code import split_code
 from trtllm_kit.wire.llmapi import encode_llmapi_request, speaks_llmapi
 from trtllm_kit.wire.llmapi_response import decode_llmapi_response
 from trtllm_kit.wire.logprobs import logits_scored
@@ -26,11 +27,10 @@ from trtllm_kit.wire.trtllm_response import decode_trtllm_response
 
 LORA_INPUTS = tuple(t.name for t in lora_tensors("FP32"))  # upstream's LoRA inputs of tensorrt_llm
 TOKEN_MODEL = "tensorrt_llm"
-# Triton ends a stream with the failed request's status code when asked by this header (else it sends the message
-# alone); the codes a model's error comes with, as HTTP statuses: a refusal (INVALID_ARG) is the request's fault.
-ERROR_STATUS_MODE = ("triton_grpc_error", "true")
-MODEL_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
-                grpc.StatusCode.INTERNAL: 500}
+# the codes a model's error is marked with (wire/error_code.py), as HTTP statuses: a refusal (INVALID_ARG) is the
+# request's fault; any other code, or none, is 500
+MODEL_STATUS = {"INVALID_ARG": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503}
+END_WAIT_S = 10.0  # how long a client that half-closed waits for the server to end the stream, before cancelling
 
 
 class TextClient:
@@ -191,35 +191,38 @@ class TextClient:
         """Yield each response (text, or token ids for a token-id prompt) until the final one; leaving early
         cancels the request.
 
+        The answer ends the stream the way Triton's own clients end it: the client half-closes and the server ends
+        the call. A model's error arrives in the open stream with its code in its message (``wire/error_code.py``),
+        never as the stream's status (``triton_grpc_error``), on which Triton 2.51 aborts when an error races the
+        stream's end.
+
         Arguments:
             req: the request.
         """
         request = await self._request(req)
-        finished = asyncio.Event()
+        answered = asyncio.Event()
 
         async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
             yield request
-            await finished.wait()  # keep the stream open until the last response arrived
+            await answered.wait()  # keep the stream open until the last response arrived
 
-        call = self._stub.ModelStreamInfer(requests(), metadata=(*(self.metadata or ()), ERROR_STATUS_MODE))
+        call = self._stub.ModelStreamInfer(requests(), metadata=self.metadata)
         try:
             async for response in call:
-                if response.error_message:  # a server that keeps the stream open after an error
+                if response.error_message:
+                    answered.set()
                     raise _generation_error(request.model_name, response.error_message)
                 answer = self._response(req, request, InferResult(response.infer_response))
                 if answer is not None:
                     yield answer
                 if response.infer_response.parameters["triton_final_response"].bool_param:
+                    answered.set()
                     break
         except grpc.aio.AioRpcError as exc:
-            status = MODEL_STATUS.get(exc.code())
-            if status is not None:  # the model's error, with the status code of its TritonError
-                raise _generation_error(request.model_name, exc.details() or "", status) from None
             raise GenerationError(f"the server at {self.url} failed the request: {exc.code().name}: "
                                   f"{exc.details()}", status=503) from None
         finally:
-            finished.set()
-            call.cancel()
+            await _end(call, answered.is_set())
 
 
 def llmapi_request(req: GenerationRequest) -> GenerationRequest:
@@ -234,13 +237,31 @@ def llmapi_request(req: GenerationRequest) -> GenerationRequest:
                    include_stop_str_in_output=True if req.stop_strings else None)
 
 
-def _generation_error(model: str, message: str, status: int = 500) -> GenerationError:
-    """The error of a model's failed request: its first line, with the HTTP status of its Triton status code.
+async def _end(call: grpc.aio.StreamStreamCall, answered: bool) -> None:
+    """End ``call``: once answered, wait for the server to end it after the client's half-close (cancelling it
+    after ``END_WAIT_S``); else (the caller left early, the connection failed) cancel the request.
 
     Arguments:
-        model: the model called; message: its error; status: from ``MODEL_STATUS`` (500 when the code is unknown).
+        call: the request's stream; answered: whether its final response or its error arrived.
     """
-    message = message.split("\n\nAt:")[0].strip()  # the Python backend appends the failing model's traceback
+    if answered:
+        try:
+            await asyncio.wait_for(call.code(), END_WAIT_S)
+            return
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            pass
+    call.cancel()
+
+
+def _generation_error(model: str, message: str) -> GenerationError:
+    """The error of a model's failed request: its first line, with the HTTP status of the code that marks it.
+
+    Arguments:
+        model: the model called; message: its error as the stream brought it.
+    """
+    # the Python backend appends the failing model's traceback
+    code, message = split_code(message.split("\n\nAt:")[0].strip())
+    status = MODEL_STATUS.get(code or "", 500)
     unknown = "unknown model" in message
     if unknown and model.endswith(TOKEN_MODEL):
         return GenerationError(f"token-id prompts go to the {TOKEN_MODEL!r} model, which the server does not have; "

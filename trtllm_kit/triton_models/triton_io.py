@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from trtllm_kit.runtime.handle import Failure, failure_of
+from trtllm_kit.wire.error_code import with_code
 
 # the one input that may arrive as BF16 (a model's own dtype), which numpy cannot hold: read through dlpack
 BF16_INPUTS = ("lora_weights",)
@@ -54,12 +55,22 @@ def output_tensors(pb_utils: Any, arrays: Mapping[str, np.ndarray], batched: boo
 
 
 def failure_error(pb_utils: Any, message: str, kind: Failure) -> Any:
-    """A ``TritonError`` carrying ``message`` with the code of ``kind``.
+    """A ``TritonError`` carrying ``message`` with the code of ``kind``, which also marks its message
+    (``wire/error_code.py``: a client's gRPC stream gets the message alone).
 
     Arguments:
         pb_utils: Triton's backend module; message: what the client reads; kind: the failure.
     """
-    return pb_utils.TritonError(message, getattr(pb_utils.TritonError, CODES[kind]))
+    return coded_error(pb_utils, message, CODES[kind])
+
+
+def coded_error(pb_utils: Any, message: str, code: str) -> Any:
+    """A ``TritonError`` with ``code`` whose message begins with it (``wire/error_code.py``).
+
+    Arguments:
+        pb_utils: Triton's backend module; message: what the client reads; code: ``TritonError``'s name of it.
+    """
+    return pb_utils.TritonError(with_code(message, code), getattr(pb_utils.TritonError, code))
 
 
 def triton_error(pb_utils: Any, exc: BaseException) -> Any:
