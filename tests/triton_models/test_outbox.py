@@ -1,5 +1,6 @@
 """The tensorrt_llm model's outbox: its calls run off the caller's thread, in the order they were put, a failing one
-logged and the rest still made; ``close`` makes the calls already put before it returns."""
+logged and the rest still made; a put waits while ``max_pending`` calls wait; ``close`` makes the calls already put
+before it returns, and returns after its timeout when a call hangs."""
 
 from __future__ import annotations
 
@@ -45,3 +46,41 @@ def test_put_returns_before_the_call_is_made() -> None:
     release.set()
     outbox.close()
     assert waited == [True]
+
+
+def test_a_put_beyond_max_pending_waits_until_the_oldest_is_made() -> None:
+    started, release, made = threading.Event(), threading.Event(), []
+
+    def held() -> None:
+        started.set()
+        made.append(release.wait(30))
+
+    outbox = Outbox(max_pending=2)
+    outbox.put(held)
+    assert started.wait(30)  # being made: the outbox thread waits in it
+    outbox.put(lambda: made.append(True))
+    outbox.put(lambda: made.append(True))  # two waiting: the most there may be
+    third = threading.Thread(target=outbox.put, args=(lambda: made.append(True),))
+    third.start()
+    third.join(0.5)
+    assert third.is_alive() and made == []  # the put waits for the blocked call
+    release.set()
+    third.join(30)
+    outbox.close()
+    assert not third.is_alive() and made == [True] * 4
+
+
+def test_close_returns_after_its_timeout_when_a_call_hangs() -> None:
+    started, release, made = threading.Event(), threading.Event(), []
+
+    def hangs() -> None:
+        started.set()
+        release.wait(30)
+
+    outbox = Outbox(max_pending=1)
+    outbox.put(hangs)
+    assert started.wait(30)
+    outbox.put(lambda: made.append(True))  # the queue is full behind the hanging call
+    outbox.close(timeout_s=0.2)
+    assert made == []  # close returned without waiting for the hanging call
+    release.set()

@@ -7,7 +7,7 @@ runtime's settings ``runtime/request.py``, the response ``runtime/response.py``.
 loop's thread (``runtime/loop.py``); ``execute`` decodes and submits. In decoupled mode each step's new tokens are
 streamed, one response stream per sequence with its ``sequence_index``, sent by the outbox's thread
 (``outbox.py``), which then asks tritonserver whether the request was cancelled, so the engine thread waits for
-neither; a request the outbox has not asked about since the loop last looked (one waiting, computing its prompt or
+neither, unless it is ``OUTBOX_TURNS`` turns of responses ahead of the sends; a request the outbox has not asked about since the loop last looked (one waiting, computing its prompt or
 answered whole) is asked by the engine thread, at most every ``ASK_PERIOD_S``. A cancelled request is dropped at
 the next turn, and so are those named by a request with ``stop = true`` and the same request id (how the
 TensorRT-LLM backend stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client leaves). A
@@ -61,6 +61,7 @@ from trtllm_kit.wire.trtllm_response import encode_trtllm_response
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INPUTS = tuple(t.name for t in request_tensors())  # every input the wire reads
 ASK_PERIOD_S = 0.02  # the engine thread asks whether a request without responses was cancelled at most this often
+OUTBOX_TURNS = 2  # how many turns of responses (one per running sequence) the engine may be ahead of their sends
 
 
 def _error(error: Any) -> Any:
@@ -178,7 +179,7 @@ class TritonPythonModel:
         speculator = self.engine.speculator
         self.spec_counters = None if speculator is None else SpecDecodeCounters(pb_utils, args["model_name"],
                                                                                   speculator.counts)
-        self.outbox = Outbox()
+        self.outbox = Outbox(max_pending=OUTBOX_TURNS * config.max_batch_size)
         self.loop = EngineLoop(self.engine, on_turn=self._publish)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
