@@ -90,6 +90,6 @@ def stop_serving(out: Path, timeout_s: float = 30.0) -> dict[str, Any]:
     if forced:
         os.kill(pid, signal.SIGKILL)
         server_pid = state.get("server_pid")
-        reap([server_pid] if server_pid and group_alive(server_pid) else [], state.get("shm_prefix", ""))
+        reap({server_pid: None} if server_pid and group_alive(server_pid) else {}, state.get("shm_prefix", ""))
         clear_run([Path(served) for served in state.get("outs") or [str(out)]])
     return {"pid": pid, "forced": forced}

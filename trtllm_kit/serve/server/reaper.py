@@ -7,6 +7,11 @@ reaper's stdin, and writes the process-group id of every server it starts to it.
 prefix and the directories its servers made that match the globs it was given (a disaggregated serve's KV socket
 directories). A graceful stop does all of this itself first, so the reaper then finds nothing left.
 
+A group's id is its leader's pid, which the kernel hands out again once the group is gone: on a machine that starts
+tens of thousands of processes (``pid_max`` 32768), a group that ended long before the reaper reaps (the first start
+of a server that aborted while starting) may by then name another program's group. So the reaper notes each leader's
+start time when told of it, and leaves alone a group whose pid now names a process that started at another time.
+
 Run as ``python -m trtllm_kit.serve.server.reaper SHM_PREFIX [DIR_GLOB ...]``; it imports nothing of the kit, so it
 starts at once.
 """
@@ -21,20 +26,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
 PROC_DIR = Path("/proc")
 
 
-def reap(pgids: list[int], shm_prefix: str, wait_s: float = 2.0, dir_globs: tuple[str, ...] = ()) -> None:
-    """SIGKILL every process of ``pgids``, wait until they are gone (``wait_s`` at most), remove the shm regions
-    and this user's directories that match ``dir_globs``.
+def reap(groups: Mapping[int, int | None], shm_prefix: str, wait_s: float = 2.0,
+         dir_globs: tuple[str, ...] = ()) -> None:
+    """SIGKILL every process of ``groups``, wait until they are gone (``wait_s`` at most), remove the shm regions
+    and this user's directories that match ``dir_globs``. A group whose leader's pid names a process started at
+    another time than the leader was is gone already (the kernel reuses no pid a group still holds): it is left
+    alone. A group whose leader is gone may still hold its children: it is ended.
 
     Arguments:
-        pgids: process groups to end; shm_prefix: the launch's ``/dev/shm`` region prefix (empty: none);
-        wait_s: how long to wait for them; dir_globs: patterns of directories the servers made.
+        groups: process groups to end, each with its leader's start time (``start_time``; None: not known);
+        shm_prefix: the launch's ``/dev/shm`` region prefix (empty: none); wait_s: how long to wait for them;
+        dir_globs: patterns of directories the servers made.
     """
+    pgids = [pgid for pgid, started in groups.items() if started is None or start_time(pgid) in (started, None)]
     for pgid in pgids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
@@ -66,6 +77,20 @@ def group_alive(pgid: int) -> bool:
     return any(_runs_in_group(stat, pgid) for stat in PROC_DIR.glob("[0-9]*/stat"))
 
 
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``); None when there is no such
+    process (or no ``/proc``).
+
+    Arguments:
+        pid: a process id.
+    """
+    try:
+        text = (PROC_DIR / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2:].split(" ")[19])  # field 22, after "PID (COMMAND) "
+
+
 def _runs_in_group(stat: Path, pgid: int) -> bool:
     """Whether ``/proc/PID/stat`` is of a process of group ``pgid`` that is not a zombie (False once it is gone)."""
     try:
@@ -85,11 +110,11 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only the pipe's end ends the reaper
     shm_prefix = argv[0] if argv else ""
-    pgids = []
+    groups: dict[int, int | None] = {}
     for line in sys.stdin:
         if line.strip().isdigit():
-            pgids.append(int(line))
-    reap(pgids, shm_prefix, dir_globs=tuple(argv[1:]))
+            groups[int(line)] = start_time(int(line))  # the leader was just started: this is its start
+    reap(groups, shm_prefix, dir_globs=tuple(argv[1:]))
     return 0
 
 
