@@ -108,13 +108,14 @@ def test_without_decoupled_mode_answers_whole_and_refuses_streaming(served_sync)
     client, (expected, _) = served_sync
     assert ask(client, "ensemble", stream=False) == [expected]
     assert ask(client, "tensorrt_llm_bls", stream=False) == [expected]
-    assert ask(client, "tensorrt_llm_bls", stream=True) == (
-        "stream=true needs a decoupled tensorrt_llm_bls model; regenerate the repository with decoupled = true or "
-        "send stream=false.")
+    assert ask(client, "tensorrt_llm_bls", stream=True) == (  # the code marks the message (wire/error_code.py)
+        "[INVALID_ARG] stream=true needs a decoupled tensorrt_llm_bls model; regenerate the repository with "
+        "decoupled = true or send stream=false.")
     inputs = [grpcclient.InferInput("text_input", [2, 1], "BYTES"),
               grpcclient.InferInput("max_tokens", [2, 1], "INT32")]
     inputs[0].set_data_from_numpy(np.array([[b"a"], [b"b"]], dtype=object))
     inputs[1].set_data_from_numpy(np.array([[2], [2]], np.int32))
-    with pytest.raises(InferenceServerException, match=r"tensorrt_llm_bls takes one prompt per request, got a batch "
+    with pytest.raises(InferenceServerException, match=r"\[INVALID_ARG\] tensorrt_llm_bls takes one prompt per "
+                       r"request, got a batch "
                        r"of 2; send one request per prompt \(they are batched in flight anyway\)."):
         client.infer("tensorrt_llm_bls", inputs)

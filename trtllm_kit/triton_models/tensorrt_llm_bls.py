@@ -193,12 +193,12 @@ class TritonPythonModel:
         """Yield (new text as bytes, pass-through tensors) per tensorrt_llm response; a cancellation seen through
         ``sender`` stops the inner call and raises ``Cancelled``."""
         if _first(request, "stream") and not self.decoupled:
-            raise BlsError("stream=true needs a decoupled tensorrt_llm_bls model; regenerate the repository "
-                           "with decoupled = true or send stream=false.")
+            raise KitUsageError("stream=true needs a decoupled tensorrt_llm_bls model; regenerate the repository "
+                                "with decoupled = true or send stream=false.")
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
         if text.shape[0] != 1:
-            raise BlsError(f"tensorrt_llm_bls takes one prompt per request, got a batch of {text.shape[0]}; send "
-                           "one request per prompt (they are batched in flight anyway).")
+            raise KitUsageError(f"tensorrt_llm_bls takes one prompt per request, got a batch of {text.shape[0]}; "
+                                "send one request per prompt (they are batched in flight anyway).")
         pre_inputs = [pb_utils.Tensor(target, t.as_numpy()) for source, target in PREPROCESSING_INPUTS
                       if (t := pb_utils.get_input_tensor_by_name(request, source)) is not None]
         pre = _exec(pb_utils.InferenceRequest(model_name=self.pre_name, inputs=pre_inputs,

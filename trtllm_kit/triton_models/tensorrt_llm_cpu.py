@@ -7,8 +7,9 @@ runtime's settings ``runtime/request.py``, the response ``runtime/response.py``.
 loop's thread (``runtime/loop.py``); ``execute`` decodes and submits. In decoupled mode each step's new tokens are
 streamed, one response stream per sequence with its ``sequence_index``, sent by the outbox's thread
 (``outbox.py``), which then asks tritonserver whether the request was cancelled, so the engine thread waits for
-neither, unless it is ``OUTBOX_TURNS`` turns of responses ahead of the sends; a request the outbox has not asked about since the loop last looked (one waiting, computing its prompt or
-answered whole) is asked by the engine thread, at most every ``ASK_PERIOD_S``. A cancelled request is dropped at
+neither, unless it is ``OUTBOX_TURNS`` turns of responses ahead of the sends; a request the outbox has not asked
+about since the loop last looked (one waiting, computing its prompt or answered whole) is asked by the engine
+thread, at most every ``ASK_PERIOD_S``. A cancelled request is dropped at
 the next turn, and so are those named by a request with ``stop = true`` and the same request id (how the
 TensorRT-LLM backend stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client leaves). A
 guide (``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and the request
