@@ -101,7 +101,7 @@ def _triton_error(exc: Exception):
     error as INTERNAL; the C++ backend's errors have no mark, and their code marks them here."""
     if isinstance(exc, Cancelled):
         message, code = "the request was cancelled", "CANCELLED"
-    elif isinstance(exc, BlsError):  # the inner model's error, or a refusal of the BLS's own
+    elif isinstance(exc, BlsError):  # an inner model's error
         message, code = str(exc), split_code(str(exc))[0] or _code_name(exc.code)
     elif isinstance(exc, KitUsageError):  # a refusal of the kit's own: the request's fault
         message, code = str(exc), "INVALID_ARG"
