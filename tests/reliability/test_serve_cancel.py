@@ -20,8 +20,8 @@ from trtllm_kit.wire import GenerationRequest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LONG = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, "temperature": 0}
 MAX_STEPS = 300  # engine steps, not seconds: the disconnect's way through aiohttp, gRPC, Triton and the BLS, which
-# the engine steps through without waiting for its sends (the outbox): 2-6 steps idle, 121 seen on a loaded 2-core
-# machine; a stream that ran on would take all 900
+# the engine steps through without waiting for its sends (the outbox): 2-6 steps idle, 121 seen in a run of the
+# suite on a 2-core machine; a stream that ran on would take all 900
 HANG_S = 60  # a hang guard only
 
 

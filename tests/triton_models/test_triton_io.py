@@ -10,7 +10,14 @@ import torch
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.runtime.handle import Failure, QueueFullError
-from trtllm_kit.triton_models.triton_io import CODES, failure_error, input_arrays, output_tensors, triton_error
+from trtllm_kit.triton_models.triton_io import (
+    CODES,
+    failure_error,
+    inner_error,
+    input_arrays,
+    output_tensors,
+    triton_error,
+)
 from trtllm_kit.wire.error_code import split_code
 from trtllm_kit.wire.rules import WireError
 
@@ -88,3 +95,14 @@ def test_each_failure_kind_has_its_code() -> None:
         Failure.CANCELLED: "C", Failure.INVALID: "I", Failure.UNAVAILABLE: "U", Failure.INTERNAL: "X"}
     assert [split_code(error.message) for error in errors.values()] == [
         (CODES[kind], "why") for kind in errors]
+
+
+@pytest.mark.parametrize("message, code, expected", [
+    ("[INVALID_ARG] beam_width = 2 is refused.", "X", ("I", "[INVALID_ARG] beam_width = 2 is refused.")),
+    ("Prompt length exceeds max input len.", "I", ("I", "[INVALID_ARG] Prompt length exceeds max input len.")),
+    ("a code the stub does not name", "?", ("X", "[INTERNAL] a code the stub does not name")),
+])
+def test_an_inner_error_keeps_its_mark_or_is_marked_with_its_code(message: str, code: str,
+                                                                  expected: tuple[str, str]) -> None:
+    error = inner_error(_pb({}), message, code)
+    assert (error.code, error.message) == expected

@@ -38,8 +38,7 @@ from trtllm_kit.triton_models.draft_rounds import (
     chunks,
     request_loop,
 )
-from trtllm_kit.triton_models.triton_io import coded_error
-from trtllm_kit.wire.error_code import CODES, split_code
+from trtllm_kit.triton_models.triton_io import coded_error, inner_error
 from trtllm_kit.wire.scalars import SCALARS
 
 LORA_INPUTS = ("lora_task_id", "lora_weights", "lora_config")  # passed on as they came (any weights dtype)
@@ -97,22 +96,14 @@ def _error(error, kind: type[BlsError] = BlsError) -> BlsError:
 
 def _triton_error(exc: Exception):
     """The error a client gets for ``exc``: its message in one sentence, marked with its status code
-    (``wire/error_code.py``). An inner model's error keeps its own mark: the Python backend gives a BLS every inner
-    error as INTERNAL; the C++ backend's errors have no mark, and their code marks them here."""
+    (``wire/error_code.py``); an inner model's error as ``inner_error`` passes it on."""
     if isinstance(exc, Cancelled):
-        message, code = "the request was cancelled", "CANCELLED"
-    elif isinstance(exc, BlsError):  # an inner model's error
-        message, code = str(exc), split_code(str(exc))[0] or _code_name(exc.code)
-    elif isinstance(exc, KitUsageError):  # a refusal of the kit's own: the request's fault
-        message, code = str(exc), "INVALID_ARG"
-    else:
-        message, code = f"tensorrt_llm_bls failed: {exc}", "INTERNAL"
-    return coded_error(pb_utils, message, code)
-
-
-def _code_name(code: int) -> str:
-    """``TritonError``'s name of ``code`` (INTERNAL for one it does not name)."""
-    return next((name for name in CODES if getattr(pb_utils.TritonError, name, None) == code), "INTERNAL")
+        return coded_error(pb_utils, "the request was cancelled", "CANCELLED")
+    if isinstance(exc, BlsError):
+        return inner_error(pb_utils, str(exc), exc.code)
+    if isinstance(exc, KitUsageError):  # a refusal of the kit's own: the request's fault
+        return coded_error(pb_utils, str(exc), "INVALID_ARG")
+    return coded_error(pb_utils, f"tensorrt_llm_bls failed: {exc}", "INTERNAL")
 
 
 def _first(request, name: str):

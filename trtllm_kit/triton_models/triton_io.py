@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from trtllm_kit.runtime.handle import Failure, failure_of
-from trtllm_kit.wire.error_code import with_code
+from trtllm_kit.wire import error_code
 
 # the one input that may arrive as BF16 (a model's own dtype), which numpy cannot hold: read through dlpack
 BF16_INPUTS = ("lora_weights",)
@@ -70,7 +70,19 @@ def coded_error(pb_utils: Any, message: str, code: str) -> Any:
     Arguments:
         pb_utils: Triton's backend module; message: what the client reads; code: ``TritonError``'s name of it.
     """
-    return pb_utils.TritonError(with_code(message, code), getattr(pb_utils.TritonError, code))
+    return pb_utils.TritonError(error_code.with_code(message, code), getattr(pb_utils.TritonError, code))
+
+
+def inner_error(pb_utils: Any, message: str, code: int) -> Any:
+    """The ``TritonError`` a model passes on for a model it called that answered ``message`` with ``code``: with
+    the inner message's own mark (the Python backend gives the caller every inner error as INTERNAL), or, for an
+    unmarked one (the C++ backend's), marked with ``code``.
+
+    Arguments:
+        pb_utils: Triton's backend module; message: the inner error's message; code: its ``TritonError`` code.
+    """
+    named = next((name for name in error_code.CODES if getattr(pb_utils.TritonError, name, None) == code), "INTERNAL")
+    return coded_error(pb_utils, message, error_code.split_code(message)[0] or named)
 
 
 def triton_error(pb_utils: Any, exc: BaseException) -> Any:
