@@ -78,11 +78,15 @@ class CalibrationStats:
             directory: e.g. the artifact's ``calibration/``.
         """
         directory.mkdir(parents=True, exist_ok=True)
+        save_file(self.tensors(), str(directory / STATS_FILE))
+        (directory / PARAMS_FILE).write_text(json.dumps(self.params, indent=2) + "\n")
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The statistics by their names in ``stats.safetensors``: ``<module>.<kind>_amax``, ``<module>.awq_scale``."""
         tensors = {f"{module}.{kind}_amax": t.contiguous()
                    for kind in KINDS for module, t in getattr(self, kind).items()}
         tensors.update({f"{module}.{AWQ_KEY}": t.contiguous() for module, t in self.awq.items()})
-        save_file(tensors, str(directory / STATS_FILE))
-        (directory / PARAMS_FILE).write_text(json.dumps(self.params, indent=2) + "\n")
+        return tensors
 
     @classmethod
     def load(cls, directory: Path) -> CalibrationStats:
@@ -91,8 +95,18 @@ class CalibrationStats:
         Arguments:
             directory: the directory holding ``stats.safetensors`` and ``calibration.json``.
         """
-        stats = cls(params=json.loads((directory / PARAMS_FILE).read_text()))
-        for key, tensor in load_file(str(directory / STATS_FILE)).items():
+        params = json.loads((directory / PARAMS_FILE).read_text())
+        return cls.from_tensors(load_file(str(directory / STATS_FILE)), params)
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], params: dict[str, Any]) -> CalibrationStats:
+        """Statistics from the tensors ``tensors()`` names and their parameters.
+
+        Arguments:
+            tensors: ``<module>.<kind>_amax`` and ``<module>.awq_scale`` tensors; params: ``params``.
+        """
+        stats = cls(params=params)
+        for key, tensor in tensors.items():
             module, kind = key.rsplit(".", 1)
             getattr(stats, "awq" if kind == AWQ_KEY else kind.removesuffix("_amax"))[module] = tensor
         return stats
@@ -115,11 +129,22 @@ def calibrate(model_path: Path, config: QuantConfig, reporter: Reporter | None =
     windows = token_windows(model_path, config)
     stats = collect_stats(model_path, windows, reporter, device, CALIB_DTYPES[config.calib_dtype],
                           search_awq=config.searches_awq, awq_group_size=config.awq_group_size)
-    source = config.calib_data or corpus_path()
-    stats.params = {**config.calibration_params(), **stats.params, "size_reason": size.reason,
-                    "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+    stats.params = {**calibration_params(config, device), **stats.params, "size_reason": size.reason,
                     "seconds": round(time.perf_counter() - started, 3)}
     return stats
+
+
+def calibration_params(config: QuantConfig, device: str) -> dict[str, Any]:
+    """What decides the statistics of ``calibrate(model, config, device=device)`` besides the model: the
+    calibration's parameters as sized for the device, the data file's sha256 and the device.
+
+    Arguments:
+        config: the quantization with its calibration settings; device: ``cpu`` or a CUDA device name.
+    """
+    config = sized(config, choose_size(config, device))
+    source = config.calib_data or corpus_path()
+    return {**config.calibration_params(), "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "device": device}
 
 
 def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter | None = None,

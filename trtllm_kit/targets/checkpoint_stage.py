@@ -30,18 +30,25 @@ def should_verify(spec: BuildSpec, model: ModelSpec) -> bool:
 
 
 def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
-    """Calibrate when the quantization needs it; the statistics are saved with the artifact
+    """Calibrate when the quantization needs it, or take the statistics of an earlier build of the same model and
+    calibration from the kit's cache (``calibration_cache``); they are saved with the artifact
     (``calibration/stats.safetensors`` + ``.json``)."""
     quant = ctx.spec.quant_config()
     if not quant.needs_calibration:
         return None
-    from trtllm_kit.quant.calibrate import calibrate  # torch
+    from trtllm_kit.checkpoint.calibration_cache import CACHED_CALIBRATION, cached_calibration, calibration_key
+    from trtllm_kit.quant.calib_size import calibration_device
+    from trtllm_kit.quant.calibrate import calibrate, calibration_params
 
     t0 = time.perf_counter()
-    stats = calibrate(ctx.model.path, quant, ctx.reporter)
+    device = calibration_device()
+    key = calibration_key(ctx.model.path, calibration_params(quant, device))
+    stats, cached = cached_calibration(key, lambda: calibrate(ctx.model.path, quant, ctx.reporter, device))
+    if cached:
+        ctx.reporter.note(f"calibrate: {CACHED_CALIBRATION}")
     stats.save(ctx.out / "calibration")
     ctx.timings["calibrate"] = time.perf_counter() - t0
-    ctx.records.calibration = {"dir": "calibration", **stats.params}
+    ctx.records.calibration = {"dir": "calibration", **stats.params, "cached": cached}
     return stats
 
 
