@@ -1,20 +1,19 @@
 """The ``tensorrt_llm`` model on CPU: a Triton Python-backend model running the kit's in-flight batching runtime.
 
 It takes the upstream tensors and answers with upstream's (``output_ids``, ``sequence_length`` and the optional
-outputs), so clients and the ensemble cannot tell it from the GPU backend; the tensors and their rules are the
-wire's ``tensorrt_llm`` codec (``trtllm_kit.wire.trtllm``, ``trtllm_response``; docs/openai-eval-engine.md), the
-runtime's settings ``runtime/request.py``, the response ``runtime/response.py``. The engine runs in the engine
-loop's thread (``runtime/loop.py``); ``execute`` decodes and submits. In decoupled mode each step's new tokens are
-streamed, one response stream per sequence with its ``sequence_index``, sent by the outbox's thread
-(``outbox.py``), which then asks tritonserver whether the request was cancelled, so the engine thread waits for
-neither, unless it is ``OUTBOX_TURNS`` turns of responses ahead of the sends; a request the outbox has not asked
-about since the loop last looked (one waiting, computing its prompt or answered whole) is asked by the engine
-thread, at most every ``ASK_PERIOD_S``. A cancelled request is dropped at
-the next turn, and so are those named by a request with ``stop = true`` and the same request id (how the
-TensorRT-LLM backend stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client leaves). A
-guide (``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and the request
-joins the loop once it has. Tokens sent in ``draft_input_ids`` (``tensorrt_llm_bls``'s draft-target loop) are
-verified in the step after the prompt's (``runtime/external_drafts.py``); ``draft_logits`` are refused. With the
+outputs), so clients and the ensemble cannot tell it from the GPU backend; the tensors and their rules are the wire's
+``tensorrt_llm`` codec (``trtllm_kit.wire.trtllm``, ``trtllm_response``; docs/openai-eval-engine.md), the runtime's
+settings ``runtime/request.py``, the response ``runtime/response.py``. The engine runs in the engine loop's thread
+(``runtime/loop.py``); ``execute`` decodes and submits. In decoupled mode each step's new tokens are streamed, one
+response stream per sequence with its ``sequence_index``, sent by the outbox's thread (``outbox.py``), which then asks
+tritonserver whether the request was cancelled, so the engine thread waits for neither, unless it is ``OUTBOX_TURNS``
+turns of responses ahead of the sends; a request the outbox has not asked about since the loop last looked (one waiting,
+computing its prompt or answered whole) is asked by the engine thread, at most every ``ASK_PERIOD_S``. A cancelled
+request is dropped at the next turn, and so are those named by a request with ``stop = true`` and the same request id
+(how the TensorRT-LLM backend stops a request, and how ``tensorrt_llm_bls`` stops its inner call when its client
+leaves). A guide (``guided_decoding_guide_type``) compiles in a process of its own (``runtime/guide_service.py``) and
+the request joins the loop once it has. Tokens sent in ``draft_input_ids`` (``tensorrt_llm_bls``'s draft-target loop)
+are verified in the step after the prompt's (``runtime/external_drafts.py``); ``draft_logits`` are refused. With the
 parameter ``speculative_decoding_mode`` (``ngram``, or ``draft-target`` with ``draft_model_path``) a request without
 drafts takes prompt-lookup or draft-model drafts (``cpu_speculation.py``).
 Configuration: the model's ``parameters`` (``cpu_parameters.py``: ``gpt_model_path``, the engine's fields of
