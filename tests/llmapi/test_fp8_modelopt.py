@@ -16,6 +16,7 @@ linear each, as in ModelOpt.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 from pathlib import Path
 
@@ -28,9 +29,9 @@ from trtllm_kit.models.inspect import resolve_model_path
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.calib_data import token_windows
 
-mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (pip install "
-                          "-c constraints.txt -e '.[oracle]')")
-export = pytest.importorskip("modelopt.torch.export")
+if importlib.util.find_spec("modelopt") is None:  # imported where used: collection does not load ModelOpt
+    pytest.skip("nvidia-modelopt is not installed (pip install -c constraints.txt -e '.[oracle]')",
+                allow_module_level=True)
 
 FAMILIES = ("builtin:tiny-llama", "builtin:tiny-mistral", "builtin:tiny-qwen2", "builtin:tiny-phi3")
 SAMPLES, SEQ_LEN = 16, 64
@@ -51,6 +52,8 @@ def modelopt_export(model: str, out: Path, config_name: str = "FP8_DEFAULT_CFG",
                     attention: str = "sdpa") -> Path:
     """ModelOpt's ``mtq.quantize`` (its calibration on the kit's windows, ``per_batch`` per forward pass) and
     ``export_hf_checkpoint``."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch import export
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(model)

@@ -1,11 +1,11 @@
-"""PEFT adapters made for the tests with ``peft`` itself (the reference), with random non-zero B."""
+"""PEFT adapters made for the tests with ``peft`` itself (the reference), with random non-zero B. ``peft`` is imported
+where it is used, so collecting the tests does not load it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 
@@ -14,6 +14,8 @@ def make_adapter(base_dir: Path, out: Path, *, rank: int, targets: list[str], al
 
     PEFT starts B at zero (the adapter would change nothing), so every lora_B is filled with random values.
     """
+    from peft import LoraConfig, get_peft_model
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
     peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets,
@@ -29,6 +31,8 @@ def make_adapter(base_dir: Path, out: Path, *, rank: int, targets: list[str], al
 def peft_greedy(base_dir: Path, source: Path | None, prompt: list[int], max_tokens: int) -> list[int]:
     """The reference: ``max_tokens`` greedy tokens of the HF model at ``base_dir`` after ``prompt``, or of
     ``PeftModel`` with the adapter at ``source`` on it."""
+    from peft import PeftModel
+
     model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32).eval()
     if source is not None:
         model = PeftModel.from_pretrained(model, source).eval()

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from tests.lora.adapters import make_adapter
@@ -77,6 +76,8 @@ def test_an_adapter_of_modules_the_build_left_out_is_refused(built: tuple[Path, 
 
 
 def _peft_tokens(sources: dict[str, Path], prompt: list[int]) -> dict[str | None, list[int]]:
+    from peft import PeftModel
+
     base = AutoModelForCausalLM.from_pretrained(builtin_dir("tiny-llama"), torch_dtype=torch.float32).eval()
     models: dict[str | None, torch.nn.Module] = {None: base}
     models.update({name: PeftModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in sources.items()})

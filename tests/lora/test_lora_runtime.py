@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from tests.lora.adapters import make_adapter
@@ -71,6 +70,8 @@ def prompts() -> list[list[int]]:
 def references(artifact: tuple[Path, dict[str, Path]], prompts: list[list[int]],
                family: str) -> dict[str | None, list[list[int]]]:
     """Greedy tokens of the HF model (None) and of PeftModel with each adapter, for every prompt."""
+    from peft import PeftModel
+
     base = AutoModelForCausalLM.from_pretrained(builtin_dir(family), torch_dtype=torch.float32).eval()
     models: dict[str | None, torch.nn.Module] = {None: base}
     for name, path in artifact[1].items():
