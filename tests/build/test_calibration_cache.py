@@ -5,6 +5,7 @@ again and replaced."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -77,20 +78,24 @@ def test_another_format_of_the_same_model_takes_the_statistics_and_writes_the_sa
     assert files(tmp_path / "fp8" / "checkpoint") == files(tmp_path / "fp8-fresh" / "checkpoint")
 
 
-@pytest.mark.parametrize("change", ["seed", "samples", "weights"])
-def test_another_calibration_or_other_weights_calibrate_again(cache: Path, tmp_path: Path, change: str) -> None:
+@pytest.mark.parametrize("change", ["seed", "samples", "weights", "tokenizer"])
+def test_another_calibration_or_other_files_calibrate_again(cache: Path, tmp_path: Path, change: str) -> None:
     build(tmp_path / "first", SQ)
     model, quant = "builtin:tiny-llama", SQ
-    if change == "weights":
+    if change in ("weights", "tokenizer"):
         copy = tmp_path / "model"
         shutil.copytree(builtin_dir("tiny-llama"), copy)
+        model = str(copy)
+    if change == "weights":
         weights = copy / "model.safetensors"
         tensors = load_file(weights)
         name = next(n for n in tensors if n.endswith("q_proj.weight"))
         tensors[name] = tensors[name] * 2
         save_file(tensors, weights, metadata={"format": "pt"})
-        model = str(copy)
-    else:
+    elif change == "tokenizer":  # the windows are its tokens
+        config = copy / "tokenizer_config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 4096}))
+    elif change in ("seed", "samples"):
         quant = {**SQ, "calib_seed": 7} if change == "seed" else {**SQ, "calib_samples": 3}
     again, notes = build(tmp_path / "again", quant, model)
     assert again["cached"] is False and SAID not in notes

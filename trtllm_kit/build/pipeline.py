@@ -136,7 +136,7 @@ def run_build(spec: BuildSpec, reporter: Reporter | None = None, early: Backgrou
         reporter.note(f"removed {path.name} ({size / 1e6:.1f} MB), left by a build that was killed")
     needed = 0 if previous.can_reuse("checkpoint", keys["checkpoint"]) else expected_bytes(spec, model)
     with staged_dir(spec.out, force=spec.build.force, needed_bytes=needed) as stage_dir:
-        ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine)
+        ctx = BuildContext(spec, model, mapping, reporter, stage_dir, engine=engine, inputs=digests)
         ctx.records.lora = engine.lora
         ctx.records.model = ModelRecord(source=model.source, path=str(model.path), family=model.family.name,
                                         architecture=model.hf.architecture, num_parameters=model.hf.num_parameters)

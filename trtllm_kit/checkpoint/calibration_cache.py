@@ -3,11 +3,11 @@
 
 An entry is one safetensors file, ``<kit cache>/calibration/<key digest>.safetensors``: the statistics as
 ``CalibrationStats`` holds them, their parameters and the key in its metadata. The key is everything the statistics
-depend on: the sha256 of every file of the HF model directory, the calibration parameters as sized for the device
-(data file's sha256, windows, tokens per window, seed, compute dtype, the AWQ search), the device, and the versions of
-the kit and its libraries. An entry is written to a temporary file and renamed into place; one that cannot be read or
-holds another key is calibrated again and replaced. The folder is held to ``MAX_CACHE_BYTES`` as the reference cache
-is (``reference_cache.evict``).
+depend on: the sha256 of the model's config, weight and tokenizer files (the weights' as the build took them for the
+manifest, so nothing is hashed twice), the calibration parameters as sized for the device (data file's sha256, windows,
+tokens per window, seed, compute dtype, the AWQ search), the device, and the versions of the kit and its libraries. An
+entry is written to a temporary file and renamed into place; one that cannot be read or holds another key is calibrated
+again and replaced. The folder is held to ``MAX_CACHE_BYTES`` as the reference cache is (``reference_cache.evict``).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from trtllm_kit.artifact.files import tool_versions
-from trtllm_kit.checkpoint.reference_cache import evict, remove_stale_tmp_files, source_sha256
+from trtllm_kit.artifact.files import sha256_files, tool_versions
+from trtllm_kit.checkpoint.reference_cache import evict, remove_stale_tmp_files
 from trtllm_kit.models.cache_dir import cache_root
 from trtllm_kit.quant.calibrate import CalibrationStats
 
@@ -35,14 +35,18 @@ CACHED_CALIBRATION = (f"the statistics of an earlier build with the same model a
                       f"({CACHE_DIR}/)")
 
 
-def calibration_key(hf_dir: Path, params: dict[str, Any]) -> dict[str, Any]:
+def calibration_key(inputs: Mapping[str, str], tokenizer_files: Sequence[Path],
+                    params: dict[str, Any]) -> dict[str, Any]:
     """What a model's statistics depend on, as JSON-ready values.
 
     Arguments:
-        hf_dir: the HF model directory; params: the calibration's parameters as sized for the device
-        (``calibrate.calibration_params``).
+        inputs: the sha256 of the model's config and weight files (and its GGUF file, its calibration text), as the
+        build took them for the manifest; tokenizer_files: the model's tokenizer files (they make the windows);
+        params: the calibration's parameters as sized for the device (``calibrate.calibration_params``).
     """
-    return {"source_sha256": source_sha256(hf_dir), "params": params, "versions": tool_versions()}
+    tokenizer = dict(zip((p.name for p in tokenizer_files), sha256_files(list(tokenizer_files)), strict=True))
+    return {"inputs": dict(sorted(inputs.items())), "tokenizer": tokenizer, "params": params,
+            "versions": tool_versions()}
 
 
 def entry_path(key: dict[str, Any]) -> Path:

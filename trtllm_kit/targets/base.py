@@ -89,6 +89,7 @@ class BuildContext:
     records: StageRecords = field(default_factory=StageRecords)
     timings: dict[str, float] = field(default_factory=dict)
     engine: EngineSetup | None = None
+    inputs: dict[str, str] = field(default_factory=dict)  # sha256 of each input file (the manifest's ``inputs``)
 
 
 class Target(ABC):

@@ -42,7 +42,7 @@ def calibration_stats(ctx: BuildContext) -> CalibrationStats | None:
 
     t0 = time.perf_counter()
     device = calibration_device()
-    key = calibration_key(ctx.model.path, calibration_params(quant, device))
+    key = calibration_key(ctx.inputs, ctx.model.tokenizer_files, calibration_params(quant, device))
     stats, cached = cached_calibration(key, lambda: calibrate(ctx.model.path, quant, ctx.reporter, device))
     if cached:
         ctx.reporter.note(f"calibrate: {CACHED_CALIBRATION}")
