@@ -47,13 +47,13 @@ SAMPLES, SEQ_LEN = 4, 32
 
 @pytest.mark.parametrize("model", FAMILIES)
 def test_awq_export_matches_modelopt(model: str, tmp_path: Path) -> None:
+    from modelopt.torch import export
+
     out = tmp_path / "kit"
     assert run(["build", model, "--target", "llmapi", "--quant", "int4-awq", "--calib-samples", str(SAMPLES),
                 "--calib-seq-len", str(SEQ_LEN), "--until", "checkpoint", "--no-verify", "--out", str(out)]) == 0
     ours = out / "checkpoint"
     ref_dir = tmp_path / "modelopt"
-    from modelopt.torch import export
-
     export.export_hf_checkpoint(modelopt_awq(model, AWQ_GROUP_SIZE, SAMPLES, SEQ_LEN), export_dir=str(ref_dir))
     got, want = tensors(ours), tensors(ref_dir)
     assert sorted(got) == sorted(want)

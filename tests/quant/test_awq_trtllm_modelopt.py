@@ -71,6 +71,8 @@ def calibrated() -> dict[tuple[str, int], CalibrationStats]:
     ("builtin:tiny-llama", 1, 64), ("builtin:tiny-llama", 2, 64)])
 def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, group_size: int, tmp_path: Path,
                                                 calibrated: dict[tuple[str, int], CalibrationStats]) -> None:
+    from modelopt.torch import export
+
     config = QuantConfig(quant="int4-awq", calib_samples=SAMPLES, calib_seq_len=SEQ_LEN, awq_group_size=group_size)
     if (model, group_size) not in calibrated:
         calibrated[model, group_size] = calibrate(resolve_model_path(model), config, device="cpu")
@@ -78,8 +80,6 @@ def test_awq_trtllm_checkpoint_matches_modelopt(model: str, tp_size: int, group_
     convert_checkpoint(model, ours, tp_size=tp_size, dtype="bfloat16", quant=config,
                        stats=calibrated[model, group_size])
     ref = tmp_path / "modelopt"
-    from modelopt.torch import export
-
     export.export_tensorrt_llm_checkpoint(modelopt_awq(model, group_size, SAMPLES, SEQ_LEN), "llama", torch.bfloat16,
                                           export_dir=str(ref),
                                           inference_tensor_parallel=tp_size, inference_pipeline_parallel=1)
