@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.checkpoint.calibration_cache import CACHE_DIR, CACHED_CALIBRATION
+from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.progress import Reporter
 from trtllm_kit.spec import build_spec
@@ -127,3 +128,12 @@ def test_a_cache_that_cannot_be_written_still_builds(cache: Path, tmp_path: Path
     for name in ("first", "second"):
         record, _ = build(tmp_path / name, SQ)
         assert record["cached"] is False
+
+
+def test_a_calibration_text_that_cannot_be_read_is_refused_in_one_sentence(cache: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.txt"
+    with pytest.raises(KitUsageError) as refused:
+        build(tmp_path / "out", {**SQ, "calib_data": str(missing)})
+    assert str(refused.value) == (f"--calib-data {missing} cannot be read (No such file or directory); pass a "
+                                  "readable UTF-8 .txt or .jsonl file.")
+    assert not (tmp_path / "out").exists() and entries(cache) == []

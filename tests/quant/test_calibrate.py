@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import transformers
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.quant.algos import QuantConfig
-from trtllm_kit.quant.calib_data import read_texts, sample_windows, token_windows
+from trtllm_kit.quant.calib_data import data_sha256, read_texts, sample_windows, token_windows
 from trtllm_kit.quant.calibrate import CalibrationStats, calibrate
 
 torch.set_num_threads(1)
@@ -56,6 +57,16 @@ def test_unusable_calibration_data_is_refused(tmp_path: Path, name: str, content
     with pytest.raises(KitUsageError) as error:
         read_texts(path)
     assert str(error.value) == message.format(path=path)
+
+
+def test_the_digest_of_a_file_that_cannot_be_read_is_refused_as_its_texts_are(tmp_path: Path) -> None:
+    with pytest.raises(KitUsageError) as error:
+        data_sha256(tmp_path / "missing.txt")
+    assert str(error.value) == (f"--calib-data {tmp_path / 'missing.txt'} cannot be read (No such file or directory); "
+                                "pass a readable UTF-8 .txt or .jsonl file.")
+    (tmp_path / "a.txt").write_text("one\n")
+    assert data_sha256(tmp_path / "a.txt") == hashlib.sha256(b"one\n").hexdigest()
+    assert data_sha256(None) == hashlib.sha256(corpus_path().read_bytes()).hexdigest()
 
 
 def test_windows_are_seeded_and_start_with_bos() -> None:

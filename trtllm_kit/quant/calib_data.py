@@ -9,6 +9,7 @@ one) start at offsets drawn from a ``torch.Generator`` seeded with ``seed``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -33,9 +34,7 @@ def read_texts(path: Path | None) -> list[str]:
     try:
         raw = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise KitUsageError(f"--calib-data {source} cannot be read ({reason}); pass a readable UTF-8 .txt or "
-                            ".jsonl file.") from None
+        raise _unreadable(source, exc) from None
     if source.suffix == ".jsonl":
         texts = []
         for number, line in enumerate(raw.splitlines(), 1):
@@ -74,6 +73,26 @@ def sample_windows(stream: list[int], samples: int, seq_len: int, seed: int,
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(stream) - body + 1, (samples,), generator=generator).tolist()
     return [head + stream[s:s + body] for s in starts]
+
+
+def data_sha256(path: Path | None) -> str:
+    """The sha256 of the calibration text's file (the shipped corpus for None); an unreadable file is refused as
+    ``read_texts`` refuses it.
+
+    Arguments:
+        path: the user's file, or None for the shipped corpus.
+    """
+    source = path or corpus_path()
+    try:
+        return hashlib.sha256(source.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise _unreadable(source, exc) from None
+
+
+def _unreadable(source: Path, exc: OSError | UnicodeDecodeError) -> KitUsageError:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return KitUsageError(f"--calib-data {source} cannot be read ({reason}); pass a readable UTF-8 .txt or .jsonl "
+                         "file.")
 
 
 def token_windows(model_path: Path, config: QuantConfig) -> list[list[int]]:

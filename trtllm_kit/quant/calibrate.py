@@ -8,7 +8,6 @@ says which and why, and, after the first batch, how long the rest will take.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -22,12 +21,11 @@ from safetensors.torch import load_file, save_file
 
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.layout import AWQ_GROUP_SIZE
-from trtllm_kit.models.tokenizer import corpus_path
 from trtllm_kit.progress import Reporter
 from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.quant.awq import ScaleSearch
 from trtllm_kit.quant.blocks import col_amax, row_col_amax
-from trtllm_kit.quant.calib_data import token_windows
+from trtllm_kit.quant.calib_data import data_sha256, token_windows
 from trtllm_kit.quant.calib_size import BATCH_SIZE, calibration_device, choose_size, sized
 from trtllm_kit.quant.layer_stream import LAYER_PREFIX, LayerStream
 
@@ -142,9 +140,7 @@ def calibration_params(config: QuantConfig, device: str) -> dict[str, Any]:
         config: the quantization with its calibration settings; device: ``cpu`` or a CUDA device name.
     """
     config = sized(config, choose_size(config, device))
-    source = config.calib_data or corpus_path()
-    return {**config.calibration_params(), "data_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
-            "device": device}
+    return {**config.calibration_params(), "data_sha256": data_sha256(config.calib_data), "device": device}
 
 
 def collect_stats(model_path: Path, windows: list[list[int]], reporter: Reporter | None = None,
