@@ -1,7 +1,7 @@
 """Calibration statistics are kept in the kit's cache: a second build of the same model and calibration (another format
 into another directory) takes them, says so and writes the checkpoint a calibrating build writes, byte for byte;
-another calibration or other weights calibrate again, and an entry that is damaged or of another key is calibrated
-again and replaced."""
+another calibration, other weights or another tokenizer calibrate again; an entry that is damaged or of another key
+is calibrated again and replaced; a calibration text that cannot be read is refused in one sentence."""
 
 from __future__ import annotations
 
