@@ -16,8 +16,9 @@ from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.checkpoint.heldout import corpus_windows
 from trtllm_kit.checkpoint.quality import load_questions
 from trtllm_kit.checkpoint.reference import computed_reference, reference_outputs
-from trtllm_kit.checkpoint.reference_cache import CACHE_DIR, STALE_TMP_SECONDS, Reference
+from trtllm_kit.checkpoint.reference_cache import CACHE_DIR, Reference
 from trtllm_kit.models.builtin import builtin_dir
+from trtllm_kit.models.cache_dir import STALE_TMP_SECONDS
 from trtllm_kit.models.inspect import inspect_model
 from trtllm_kit.progress import Reporter
 from trtllm_kit.targets.checkpoint_stage import run_verify
@@ -168,7 +169,7 @@ def test_the_folder_keeps_the_recently_used_entries_within_its_bound(hf_dir: Pat
 
 
 def test_an_entry_larger_than_the_bound_is_kept_alone(hf_dir: Path, cache: Path) -> None:
-    from trtllm_kit.checkpoint.reference_cache import evict
+    from trtllm_kit.checkpoint.cache_entries import evict
 
     reference_outputs(hf_dir, F32, F32, [[1, 2, 3]], [], [])
     reference_outputs(hf_dir, F32, F32, [[1, 2, 4]], [], [])
