@@ -30,6 +30,7 @@ from trtllm_kit.llmapi.cpu_types import GuidedDecodingParams, LoRARequest, Sampl
 from trtllm_kit.llmapi.disaggregated_params import DisaggregatedParams
 from trtllm_kit.llmapi.load import load_checkpoint
 from trtllm_kit.mapping import Mapping
+from trtllm_kit.models.hf_tokenizer import HFTokenizer
 from trtllm_kit.runtime.block_manager import KvEvent
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.draft_counts import DraftCounts, iteration_stats
@@ -96,7 +97,7 @@ class LLM:
         self.lora = None if lora_config is None else \
             CpuLoraManager(lora_config, self.engine.model.config, self.engine.model.dtype)
         self.tokenizer = _tokenizer(path)
-        self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
+        self.eos_token_id = self.tokenizer.token_id("eos_token") if self.tokenizer else None
         if guided_decoding_backend not in (None, "xgrammar"):
             raise ValueError(f"guided_decoding_backend {guided_decoding_backend!r} is not available on the CPU "
                              "runtime; use xgrammar")
@@ -207,9 +208,9 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError("guided decoding needs the checkpoint's tokenizer files")
         if self._guides is None:
-            tokenizer, vocab_size = self.tokenizer, self.engine.model.dims.vocab_size
+            directory, vocab_size = self.tokenizer.directory, self.engine.model.dims.vocab_size
             stops = [self.eos_token_id] if self.eos_token_id is not None else []
-            self._guides = GuideService(lambda: tokenizer_info(tokenizer, vocab_size, stops))
+            self._guides = GuideService(lambda: tokenizer_info(_transformers_tokenizer(directory), vocab_size, stops))
         return self._guides.compile(Guide(*guide))
 
     def _when_compiled(self, guide: Future[CompiledGuide] | None, handle: ResultHandle, params: RuntimeParams,
@@ -256,10 +257,16 @@ def _event_dict(event_id: int, event: KvEvent) -> dict[str, Any]:
     return {"event_id": event_id, "data": {"type": "stored", "parent_hash": parent, "blocks": [block]}}
 
 
-def _tokenizer(path: Path) -> Any:
-    """The checkpoint's tokenizer (transformers), or None when it ships none."""
+def _tokenizer(path: Path) -> HFTokenizer | None:
+    """The checkpoint's tokenizer, or None when it ships none (read without transformers where it has
+    ``tokenizer.json``: a second less at every start)."""
     if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         return None
+    return HFTokenizer(path)
+
+
+def _transformers_tokenizer(path: Path) -> Any:
+    """transformers' tokenizer of the checkpoint, which xgrammar reads its vocabulary from (the first guide's)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))

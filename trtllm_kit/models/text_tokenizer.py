@@ -39,24 +39,35 @@ def load_text_tokenizer(model_dir: Path) -> TextTokenizer:
     """
     if not (model_dir / "tokenizer.json").is_file():
         return _auto_tokenizer(model_dir)
-    from tokenizers import Tokenizer
-
-    try:
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    except Exception as exc:  # tokenizers raises plain Exceptions for malformed files
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"its tokenizer.json cannot be read: {reason}") from None
-    tokenizer.no_truncation()  # as transformers does: a file's truncation or padding would cut the texts
-    tokenizer.no_padding()
-    configs = [_json_file(model_dir / name) for name in SPECIAL_TOKEN_FILES]
+    tokenizer = read_tokenizer_json(model_dir / "tokenizer.json")
+    configs = [json_file(model_dir / name) for name in SPECIAL_TOKEN_FILES]
 
     def special_id(key: str) -> int | None:
-        text = next((t for t in (_token_text(c.get(key)) for c in configs) if t is not None), None)
+        text = next((t for t in (token_text(c.get(key)) for c in configs) if t is not None), None)
         return None if text is None else tokenizer.token_to_id(text)
 
     eos_id = special_id("eos_token")
     return TextTokenizer(lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
                          special_id("bos_token"), eos_id, end_ids_of(model_dir, eos_id))
+
+
+def read_tokenizer_json(path: Path) -> Any:
+    """``tokenizers.Tokenizer`` of a ``tokenizer.json``, without its truncation and padding (as transformers reads it:
+    they would cut the texts); ValueError gives the reason a file cannot be read.
+
+    Arguments:
+        path: the ``tokenizer.json``.
+    """
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exceptions for malformed files
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"its tokenizer.json cannot be read: {reason}") from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def _auto_tokenizer(model_dir: Path) -> TextTokenizer:
@@ -75,15 +86,19 @@ def end_ids_of(model_dir: Path, eos_id: int | None) -> tuple[int, ...]:
     Arguments:
         model_dir: the model or tokenizer directory; eos_id: the tokenizer's end-of-sequence id, or None.
     """
-    listed = _json_file(model_dir / "generation_config.json").get("eos_token_id")
+    listed = json_file(model_dir / "generation_config.json").get("eos_token_id")
     listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in listed):
         raise ValueError(f"its generation_config.json has eos_token_id {listed!r}, not token ids")
     return tuple(dict.fromkeys([*([] if eos_id is None else [eos_id]), *listed]))
 
 
-def _json_file(path: Path) -> dict[str, Any]:
-    """The object in ``path``, empty when there is no such file; ValueError names a file that is not one."""
+def json_file(path: Path) -> dict[str, Any]:
+    """The object in ``path``, empty when there is no such file; ValueError names a file that is not one.
+
+    Arguments:
+        path: a tokenizer directory's JSON file (``tokenizer_config.json`` and the like).
+    """
     if not path.is_file():
         return {}
     try:
@@ -95,7 +110,8 @@ def _json_file(path: Path) -> dict[str, Any]:
     return content
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
+    """A special token's text as the tokenizer files write it: a string, or an object with a ``content``."""
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None

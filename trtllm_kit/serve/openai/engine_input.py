@@ -17,7 +17,7 @@ def prompt_as_sent(route: Route, prompt: Prompt, req: OpenAIRequest) -> tuple[Pr
     """The prompt as it is sent (text tokenized on the direct path), and as text (what ``echo`` shows); refuses
     logprobs off the direct path and a prompt too long for the model."""
     tokenizer = route.tokenizer
-    prompt_text = prompt if isinstance(prompt, str) or tokenizer is None else tokenizer.hf.decode(
+    prompt_text = prompt if isinstance(prompt, str) or tokenizer is None else tokenizer.decode(
         prompt, skip_special_tokens=req.skip_special_tokens)
     if route.tokenizes and tokenizer is not None and isinstance(prompt, str):
         # tokenized here, streamed as ids from tensorrt_llm and decoded here: one hop less than the BLS, exact

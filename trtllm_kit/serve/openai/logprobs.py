@@ -45,7 +45,7 @@ class LogprobText:
         self.offset = offset
 
     def token(self, token_id: int) -> str:
-        return str(self.tokenizer.hf.decode([token_id], skip_special_tokens=self.skip))
+        return self.tokenizer.decode([token_id], skip_special_tokens=self.skip)
 
     def completion(self, scored: tuple[Scored, ...]) -> dict[str, Any]:
         """A completion's ``logprobs`` object for ``scored`` (offsets continue from the previous call)."""

@@ -3,11 +3,13 @@ counts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.models.chat_template import ChatTemplateError
+from trtllm_kit.models.hf_tokenizer import HFTokenizer
 
 
 class StopMatcher:
@@ -97,7 +99,9 @@ class IncrementalDecoder:
 
 
 class Tokenizer:
-    """The model's tokenizer, for the chat template and for counting prompt tokens.
+    """The model's tokenizer, for the chat template, for counting prompt tokens and for decoding what the engine
+    generates (``models/hf_tokenizer.py``: ``tokenizer.json`` as the preprocessing model reads it, without
+    transformers).
 
     Arguments:
         directory: a Hugging Face tokenizer directory (the build's ``tokenizer/``).
@@ -105,22 +109,19 @@ class Tokenizer:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        if (directory / "tokenizer.json").is_file():  # as the preprocessing model reads it; and AutoTokenizer
-            from transformers import PreTrainedTokenizerFast  # imports torch, seconds to load and to exit
-
-            self.hf: Any = PreTrainedTokenizerFast.from_pretrained(str(directory))
-        else:
-            from transformers import AutoTokenizer
-
-            self.hf = AutoTokenizer.from_pretrained(str(directory))  # a slow HF tokenizer
+        self.hf = HFTokenizer(directory)
 
     @property
     def vocab_size(self) -> int:
-        return len(self.hf)
+        return self.hf.vocab_size
 
     @property
     def eos_id(self) -> int | None:
-        return self.hf.eos_token_id
+        return self.hf.token_id("eos_token")
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``ids`` (special tokens skipped unless asked not to)."""
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         """A decoder for one generated stream (special tokens skipped unless asked not to)."""
@@ -128,11 +129,11 @@ class Tokenizer:
 
     def encode(self, prompt: str) -> tuple[int, ...]:
         """``prompt``'s token ids as preprocessing encodes them (special tokens added)."""
-        return tuple(self.hf(prompt).input_ids)
+        return tuple(self.hf.encode(prompt))
 
     def words(self, texts: list[str]) -> tuple[tuple[int, ...], ...]:
         """Each non-empty text's token ids without special tokens (stop sequences as the engine matches them)."""
-        return tuple(tuple(self.hf(text, add_special_tokens=False).input_ids) for text in texts if text)
+        return tuple(tuple(self.hf.encode(text, add_special_tokens=False)) for text in texts if text)
 
     def count(self, prompt: str) -> int:
         """Tokens of ``prompt`` as preprocessing encodes it (special tokens added)."""
@@ -146,16 +147,16 @@ class Tokenizer:
         Arguments:
             messages: OpenAI chat messages (``role`` and ``content``; content parts of type ``text`` are joined).
         """
-        if not self.hf.chat_template:
+        if self.hf.chat_template is None:
             raise KitUsageError(f"the tokenizer in {self.directory} has no chat template; use /v1/completions.")
         plain = [{"role": m["role"], "content": _content_text(m.get("content"))} for m in messages]
         try:
-            prompt = self.hf.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # the template's own raise_exception, undefined variables
+            prompt = self.hf.render_chat(plain)
+        except ChatTemplateError as exc:  # the template's own raise_exception, undefined variables
             raise KitUsageError(f"the chat template rejected the messages: {exc}") from None
-        bos = self.hf.bos_token
-        ids = self.hf("x").input_ids
-        if bos and prompt.startswith(bos) and ids and ids[0] == self.hf.bos_token_id:
+        bos = self.hf.special_tokens.get("bos_token")
+        ids = self.hf.encode("x")
+        if bos and prompt.startswith(bos) and ids and ids[0] == self.hf.token_id("bos_token"):
             prompt = prompt[len(bos):]
         return prompt
 
