@@ -1,5 +1,5 @@
-"""Test isolation: the kit's cache and the HF cache point into a per-session temporary directory; the session's
-builds and the servers modules share (``kit_server.py``)."""
+"""Test isolation: the kit's cache and the HF cache point into a per-session temporary directory, whose models and
+bytecode the workers share; the session's builds and the servers modules share (``kit_server.py``)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
+# Folders of the kit's cache that the session's workers share: models written once (the built-in models, the real
+# model's package and its GGUF import, each written into place by a rename, ``models/cache_dir.py``) and the bytecode
+# of the processes servers start. Each worker keeps the rest: its serves' run states (which ``stop`` and ``status``
+# list), the verify references and calibrations (which tests see computed or taken), the timing cache.
+SHARED_CACHE_FOLDERS = ("builtin", "packages", "gguf", "pycache")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built-in models are generated once per session under a temporary cache; nothing touches ~/.cache."""
     root = tmp_path_factory.mktemp("caches")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the session's directory holds each worker's
+        shared = tmp_path_factory.getbasetemp().parent / "shared-cache"
+        (root / "trtllm-kit").mkdir()
+        for name in SHARED_CACHE_FOLDERS:
+            (shared / name).mkdir(parents=True, exist_ok=True)
+            (root / "trtllm-kit" / name).symlink_to(shared / name, target_is_directory=True)
     saved = {k: os.environ.get(k) for k in ("TRTLLM_KIT_CACHE", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE")}
     os.environ["TRTLLM_KIT_CACHE"] = str(root / "trtllm-kit")
     os.environ["HF_HOME"] = str(root / "hf")
