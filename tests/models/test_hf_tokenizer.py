@@ -1,8 +1,8 @@
 """The serving tokenizer read without transformers (``models/hf_tokenizer.py``, ``models/chat_template.py``) against
 transformers as the oracle: the same ids, text, vocabulary size, special tokens and chat prompts for the built-in
 tokenizer and for directories written to reach each rule (a template file before the config's, named templates,
-``raise_exception``, ``tojson``, loop controls, the ``generation`` block, the clean-up of spaces), and the sandbox
-holds."""
+``raise_exception``, ``tojson``, loop controls, the ``generation`` block, the clean-up of spaces), the sandbox
+holds, and a directory without ``tokenizer.json`` is transformers' behind the same methods."""
 
 from __future__ import annotations
 
@@ -152,3 +152,21 @@ def test_spaces_are_cleaned_up_as_the_config_says_and_never_for_bpe(builtin_toke
     bpe = _with_config(builtin_tokenizer, tmp_path / "bpe", clean_up_tokenization_spaces=True)
     ids = HFTokenizer(bpe).encode("a , b .")
     assert HFTokenizer(bpe).decode(ids) == hf_oracle(bpe).decode(ids, skip_special_tokens=True)
+
+
+def test_a_directory_without_tokenizer_json_is_read_by_transformers_behind_the_same_methods(
+        builtin_tokenizer: Path, tmp_path: Path) -> None:
+    """Slow-tokenizer files alone (a BPE's ``vocab.json`` and ``merges.txt``): transformers reads them."""
+    directory = tmp_path / "slow"
+    directory.mkdir()
+    Tokenizer.from_file(str(builtin_tokenizer / "tokenizer.json")).model.save(str(directory))
+    config = json.loads((builtin_tokenizer / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+    shutil.copy(builtin_tokenizer / "special_tokens_map.json", directory)
+    ours, theirs = HFTokenizer(directory), hf_oracle(directory)
+    assert ours.vocab_size == len(theirs) and ours.special_tokens == theirs.special_tokens_map
+    assert ours.token_id("eos_token") == theirs.eos_token_id is not None
+    ids = ours.encode(TEXTS[0])
+    assert ids == theirs(TEXTS[0]).input_ids and ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    assert ours.render_chat(CHATS[1]) == theirs.apply_chat_template(CHATS[1], tokenize=False,
+                                                                    add_generation_prompt=True)

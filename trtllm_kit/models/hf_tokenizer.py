@@ -38,6 +38,7 @@ class HFTokenizer:
         self.chat_template = read_chat_template(directory, config)
         self._fast: Any = None  # tokenizers.Tokenizer over tokenizer.json
         self._auto: Any = None  # transformers' tokenizer where there is no tokenizer.json
+        self._clean_up = False  # transformers' decode cleans up spaces itself
         if (directory / "tokenizer.json").is_file():
             self._fast = read_tokenizer_json(directory / "tokenizer.json")
             configs = [config, json_file(directory / SPECIAL_TOKEN_FILES[1])]
@@ -51,7 +52,8 @@ class HFTokenizer:
 
             self._auto = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
             named = {key: getattr(self._auto, key, None) for key in NAMED_SPECIAL_TOKENS}
-            self.chat_template = self.chat_template or self._auto.chat_template
+            found = self._auto.chat_template  # a template, or named ones as transformers loads them
+            self.chat_template = self.chat_template or (found.get("default") if isinstance(found, dict) else found)
         self.special_tokens = {key: str(text) for key, text in named.items() if text is not None}
 
     @property
