@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import jsonschema
@@ -101,6 +102,23 @@ def test_n_sequences_stream_and_match_the_runtime(llm, ckpt):
     streamed = [[token for step in steps for token in step[i]] for i in range(3)]
     group = runtime(ckpt, RuntimeParams(max_tokens=6, temperature=1.0, top_p=1.0, seed=4, n=3)).group
     assert streamed == [c.token_ids for c in result.outputs] == [seq.output_ids for seq in group]
+
+
+def test_a_stream_read_late_still_gives_one_step_per_output(llm):
+    """A loop that blocks while the engine runs ahead finds several steps queued: each streamed output still holds
+    one step of each sequence (as TensorRT-LLM's results do), none merged into a bigger piece."""
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=1.0, seed=6, n=2, ignore_eos=True)
+
+    async def go():
+        steps, result = [], llm.generate_async(PROMPT, params, streaming=True)
+        async for output in result:
+            steps.append([list(c.token_ids_diff) for c in output.outputs])
+            if len(steps) == 1:
+                time.sleep(1.0)  # blocks the loop: the engine thread queues the next steps meanwhile
+        return steps, result
+    steps, result = asyncio.run(asyncio.wait_for(go(), 120))
+    assert all(len(piece) == 1 for step in steps for piece in step) and len(steps) == 12
+    assert [[t for step in steps for t in step[i]] for i in range(2)] == [c.token_ids for c in result.outputs]
 
 
 def test_best_of_keeps_the_most_likely(llm):

@@ -67,6 +67,7 @@ class RequestOutput:
         self._llm, self._streaming = llm, streaming
         self._loop = asyncio.get_running_loop()
         self._updates: asyncio.Queue[Update] = asyncio.Queue()
+        self._held: Update | None = None  # taken from the queue, but the next streamed output's
         self._marks: dict[int, tuple[str, int, int]] = {}  # index → (text, tokens, logprobs) before this step
         self.handle: ResultHandle | None = None  # its handle on the engine loop, once submitted
 
@@ -111,21 +112,28 @@ class RequestOutput:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        update = await self._updates.get()
+        update, self._held = self._held or await self._updates.get(), None
         # the diffs of this step run from each completion's state before it
         self._marks = {o.index: (o.text, len(o.token_ids), len(o.logprobs)) for o in self._all}
         for o in self._all:
             o.text_diff, o.token_ids_diff, o.logprobs_diff = "", [], []
         self._apply(update)
-        while not self._updates.empty():  # every sequence's progress of the same step
-            self._apply(self._updates.get_nowait())
+        stepped = {update.index}
+        while not self._updates.empty():  # the other sequences' progress of the same step, one step each
+            update = self._updates.get_nowait()
+            if update.index in stepped:  # a later step, queued while this loop was busy: the next output's
+                self._held = update
+                break
+            self._apply(update)
+            stepped.add(update.index)
         self._marks = {}
         return self
 
     async def aresult(self) -> RequestOutput:
         """Wait until the request finishes; returns the final output."""
         while not self.finished:
-            self._apply(await self._updates.get())
+            update, self._held = self._held or await self._updates.get(), None
+            self._apply(update)
         return self
 
     def abort(self) -> None:
