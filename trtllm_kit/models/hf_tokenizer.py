@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.models.chat_template import read_chat_template, render_chat
-from trtllm_kit.models.text_tokenizer import SPECIAL_TOKEN_FILES, json_file, read_tokenizer_json, token_text
+from trtllm_kit.models.text_tokenizer import SPECIAL_TOKEN_FILES, json_file, read_tokenizer_json, special_token_text
 
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # what transformers' clean_up_tokenization replaces, in its order
@@ -42,8 +42,7 @@ class HFTokenizer:
         if (directory / "tokenizer.json").is_file():
             self._fast = read_tokenizer_json(directory / "tokenizer.json")
             configs = [config, json_file(directory / SPECIAL_TOKEN_FILES[1])]
-            named = {key: next((t for t in (token_text(c.get(key)) for c in configs) if t is not None), None)
-                     for key in NAMED_SPECIAL_TOKENS}
+            named = {key: special_token_text(configs, key) for key in NAMED_SPECIAL_TOKENS}
             forced = bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"))
             self._clean_up = bool(config.get("clean_up_tokenization_spaces")) and (
                 type(self._fast.model).__name__ != "BPE" or forced)

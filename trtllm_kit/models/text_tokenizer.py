@@ -43,7 +43,7 @@ def load_text_tokenizer(model_dir: Path) -> TextTokenizer:
     configs = [json_file(model_dir / name) for name in SPECIAL_TOKEN_FILES]
 
     def special_id(key: str) -> int | None:
-        text = next((t for t in (token_text(c.get(key)) for c in configs) if t is not None), None)
+        text = special_token_text(configs, key)
         return None if text is None else tokenizer.token_to_id(text)
 
     eos_id = special_id("eos_token")
@@ -108,6 +108,12 @@ def json_file(path: Path) -> dict[str, Any]:
     if not isinstance(content, dict):
         raise ValueError(f"its {path.name} holds a {type(content).__name__}, not an object")
     return content
+
+
+def special_token_text(configs: list[dict[str, Any]], key: str) -> str | None:
+    """The text of the special token ``key`` (``eos_token``) as the first of ``configs`` (the contents of
+    ``SPECIAL_TOKEN_FILES``, in order) that names it gives it, or None."""
+    return next((t for t in (token_text(c.get(key)) for c in configs) if t is not None), None)
 
 
 def token_text(value: Any) -> str | None:
