@@ -1,6 +1,7 @@
-"""Chat that is right, on the real model: served through a real tritonserver and the OpenAI frontend, each answer
-is transformers' greedy generation (both in float32) from the same chat template, token for token, ending at the
-model's own end-of-turn token (``<|im_end|>``), system messages and an earlier turn included."""
+"""Chat that is right, on the real model: served through a real tritonserver and the OpenAI frontend, twenty chats
+asked at once (the engine's in-flight batch) and one alone, each answer is transformers' greedy generation (both in
+float32) from the same chat template, token for token, ending at the model's own end-of-turn token (``<|im_end|>``),
+system messages and an earlier turn included."""
 
 from __future__ import annotations
 
@@ -39,15 +40,22 @@ def served(kit_servers: Servers, smollm2_dir: Path) -> KitServer:
                            ready_timeout_s=300)
 
 
-def greedy(model: torch.nn.Module, tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """transformers' greedy continuation of the chat prompt, up to and without the end-of-turn token."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                        return_dict=True)["input_ids"]
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The chat template's prompt ids, as transformers renders and tokenizes them."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"]
+
+
+def greedy(model: torch.nn.Module, tokenizer: Any, prompts: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy continuations of the prompts, generated as one batch padded on the left (masked), each up
+    to and without the end-of-turn token."""
+    end, width = tokenizer.eos_token_id, max(len(p) for p in prompts)
+    ids = torch.tensor([[end] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-    new = out[0, ids.shape[1]:].tolist()
-    return new[:new.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in new else new
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=end,
+                             pad_token_id=end)
+    return [new[:new.index(end)] if end in new else new for new in out[:, width:].tolist()]
 
 
 def test_served_chat_answers_are_transformers_greedy_answers(served: KitServer, smollm2_dir: Path) -> None:
@@ -56,17 +64,22 @@ def test_served_chat_answers_are_transformers_greedy_answers(served: KitServer, 
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     client = served.client(timeout=300)
     name = client.models.list().data[0].id
-    with ThreadPoolExecutor(1) as oracle:  # transformers answers on one core while the server answers on the other
-        greedy_answers = oracle.map(lambda messages: greedy(model, tokenizer, messages), CHATS)
-        answers = [client.chat.completions.create(model=name, messages=messages,  # type: ignore[arg-type]
-                                                  max_tokens=MAX_TOKENS, temperature=0.0) for messages in CHATS]
-        wants = list(greedy_answers)  # the tokenizer is the oracle's alone until it is done
+    prompts = [chat_prompt(tokenizer, messages) for messages in CHATS]
+
+    def ask(messages: list[dict[str, str]]) -> Any:
+        return client.chat.completions.create(model=name, messages=messages,  # type: ignore[arg-type]
+                                              max_tokens=MAX_TOKENS, temperature=0.0)
+
+    # all chats at once on both sides: transformers' batch on one core, the server's in-flight batch on the other
+    with ThreadPoolExecutor(1) as oracle, ThreadPoolExecutor(len(CHATS)) as clients:
+        greedy_answers = oracle.submit(greedy, model, tokenizer, prompts)
+        answers = list(clients.map(ask, CHATS))
+        wants = greedy_answers.result()
     stopped = 0
-    for messages, want, answer in zip(CHATS, wants, answers, strict=True):
+    for messages, prompt, want, answer in zip(CHATS, prompts, wants, answers, strict=True):
         choice = answer.choices[0]
         assert choice.message.content == tokenizer.decode(want, skip_special_tokens=True), messages
-        assert answer.usage is not None and answer.usage.prompt_tokens == len(tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        assert answer.usage is not None and answer.usage.prompt_tokens == len(prompt), messages
         ended = len(want) < MAX_TOKENS
         assert choice.finish_reason == ("stop" if ended else "length"), messages
         stopped += ended
