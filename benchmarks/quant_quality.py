@@ -38,6 +38,7 @@ import torch
 from trtllm_kit.build.pipeline import run_build
 from trtllm_kit.checkpoint.heldout import corpus_scores, corpus_windows
 from trtllm_kit.checkpoint.quality import ChoiceScores, choice_scores, load_questions
+from trtllm_kit.checkpoint.reference import tree_forward
 from trtllm_kit.llmapi.load import load_unified, unified_loader
 from trtllm_kit.mapping import Mapping
 from trtllm_kit.models.hf_model import load_causal_lm
@@ -120,7 +121,14 @@ def reference_data(hf_dir: Path) -> Data:
 
 
 def logits_of(model: torch.nn.Module) -> Any:
-    return lambda ids: model(ids).logits.float()
+    """A transformers model's float32 logits of whole sequences, or of a token tree given its positions and mask (as
+    ``CheckpointModel.forward``)."""
+    tree = tree_forward(model)
+
+    def forward(ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> Any:
+        return (model(ids).logits if positions is None or mask is None else tree(ids, positions, mask)).float()
+
+    return forward
 
 
 def scored(row: Row, forward: Any, data: Data) -> Row:

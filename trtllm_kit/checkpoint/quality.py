@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-Forward = Callable[[torch.Tensor], torch.Tensor]
+# (token ids [1, T], positions [1, T], boolean mask [T, T]: True where a token sees another) → logits [1, T, V]
+TreeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Encode = Callable[[str], list[int]]
 
 
@@ -65,22 +66,53 @@ def load_questions(path: Path | None = None) -> list[Question]:
     return questions
 
 
-def choice_scores(forward: Forward, encode: Encode, questions: list[Question]) -> ChoiceScores:
-    """The model's pick for each question.
+@dataclass(frozen=True)
+class OptionTree:
+    """A question's context and its options in one sequence: each option follows the context at the same positions
+    and sees the context and itself, never another option, so one forward pass over the context and the options
+    gives each option's log-probabilities as its own sequence would (the context's keys are computed once)."""
+
+    ids: torch.Tensor  # [1, T]: the context, then each option's tokens
+    positions: torch.Tensor  # [1, T]
+    mask: torch.Tensor  # [T, T] boolean
+    rows: list[torch.Tensor]  # per option: the rows whose logits predict its tokens (the context's last, then its own)
+    targets: list[torch.Tensor]  # per option: its tokens
+
+
+def option_tree(context: list[int], options: list[list[int]]) -> OptionTree:
+    """The tree of ``context`` followed by each of ``options``.
 
     Arguments:
-        forward: token ids [1, T] → logits [1, T, V]; encode: text → ids without special tokens;
+        context: token ids (at least one); options: each option's token ids (at least one each).
+    """
+    ids, positions, branch = list(context), list(range(len(context))), [0] * len(context)
+    rows, targets = [], []
+    for number, option in enumerate(options, start=1):
+        start = len(ids)
+        rows.append(torch.tensor([len(context) - 1, *range(start, start + len(option) - 1)]))
+        targets.append(torch.tensor(option))
+        ids += option
+        positions += range(len(context), len(context) + len(option))
+        branch += [number] * len(option)
+    order, of = torch.arange(len(ids)), torch.tensor(branch)
+    mask = (order[None, :] <= order[:, None]) & ((of[None, :] == 0) | (of[None, :] == of[:, None]))
+    return OptionTree(torch.tensor([ids]), torch.tensor([positions]), mask, rows, targets)
+
+
+def choice_scores(forward: TreeForward, encode: Encode, questions: list[Question]) -> ChoiceScores:
+    """The model's pick for each question: one pass over the question's ``option_tree``.
+
+    Arguments:
+        forward: a token tree → its logits (``TreeForward``); encode: text → ids without special tokens;
         questions: the set.
     """
     picks = []
     with torch.no_grad():
-        for question in questions:  # the options in one batch, padded at the end (which no earlier position sees)
-            context = encode(f"Question: {question.text}\nAnswer:")
-            answers = [encode(f" {option}") for option in question.options]
-            width = len(context) + max(len(a) for a in answers)
-            ids = torch.tensor([context + a + [0] * (width - len(context) - len(a)) for a in answers])
-            logprobs = forward(ids).float().log_softmax(-1)
-            scores = [float(logprobs[i, len(context) - 1 + torch.arange(len(a)), torch.tensor(a)].sum())
-                      for i, a in enumerate(answers)]
+        for question in questions:
+            tree = option_tree(encode(f"Question: {question.text}\nAnswer:"),
+                               [encode(f" {option}") for option in question.options])
+            logprobs = forward(tree.ids, tree.positions, tree.mask)[0].float().log_softmax(-1)
+            scores = [float(logprobs[rows, targets].sum())
+                      for rows, targets in zip(tree.rows, tree.targets, strict=True)]
             picks.append(max(range(len(scores)), key=scores.__getitem__))
     return ChoiceScores(tuple(picks))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from trtllm_kit.checkpoint.quality import Question, choice_scores
+from trtllm_kit.checkpoint.quality import Question, TreeForward, choice_scores
 from trtllm_kit.checkpoint.reference_cache import Reference, cached_reference, reference_key
 from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.models.text_tokenizer import load_text_tokenizer
@@ -64,5 +64,21 @@ def computed_reference(hf_dir: Path, weight_dtype: torch.dtype, compute_dtype: t
     with torch.no_grad():
         prompt_logits = [logits(torch.tensor([ids], dtype=torch.int64)) for ids in prompts]
         window_logits = [logits(torch.tensor([ids], dtype=torch.int64)) for ids in windows]
-    picks = choice_scores(logits, load_text_tokenizer(hf_dir).encode, questions).picks if questions else ()
+    picks = choice_scores(tree_forward(model), load_text_tokenizer(hf_dir).encode, questions).picks if questions else ()
     return Reference(prompt_logits, window_logits, picks)
+
+
+def tree_forward(model: torch.nn.Module) -> TreeForward:
+    """A transformers causal LM's logits over a token tree (``quality.option_tree``): the tree's positions as
+    ``position_ids`` and its mask as a custom 4D attention mask, which transformers takes as given (0 where a token
+    sees another, the dtype's lowest value elsewhere, added to the scores by eager attention).
+
+    Arguments:
+        model: a transformers causal LM (or one ModelOpt quantized in place).
+    """
+    def forward(ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        dtype = next(model.parameters()).dtype
+        bias = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        return model(ids, position_ids=positions, attention_mask=bias[None, None], use_cache=False).logits
+
+    return forward

@@ -212,19 +212,23 @@ class CheckpointModel:
         return gathered[..., : self.dims.vocab_size].float()
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, vocab_size] in float32 of whole sequences under a causal mask.
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab_size] in float32 of whole sequences under a causal mask, or of token trees (several
+        continuations of one prefix in one row, ``checkpoint/quality.option_tree``) under their own mask.
 
         Arguments:
-            input_ids: [B, T] int64 token ids.
+            input_ids: [B, T] int64 token ids; positions: [B, T] each token's position (default: 0 to T-1);
+            mask: boolean [T, T], True where a token sees another (default: causal).
         """
         batch, seq_len = input_ids.shape
-        positions = torch.arange(seq_len).expand(batch, seq_len)
-        mask = causal_mask(seq_len, seq_len)
+        span = seq_len if positions is None else int(positions.max()) + 1  # the longest path's tokens
+        positions = torch.arange(seq_len).expand(batch, seq_len) if positions is None else positions
+        mask = causal_mask(seq_len, seq_len) if mask is None else mask
         hidden = self.embed(input_ids)
         for layer in range(self.dims.num_layers):
             x = self.norm(layer, "input_layernorm", hidden)
-            contexts = [attend(*self.qkv(layer, r, x, positions, seq_len), mask)
+            contexts = [attend(*self.qkv(layer, r, x, positions, span), mask)
                         for r in range(self.dims.tp_size)]
             hidden = hidden + self.attention_output(layer, contexts)
             hidden = hidden + self.mlp(layer, self.norm(layer, "post_layernorm", hidden))
