@@ -14,6 +14,7 @@ import shutil
 import socket
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -200,7 +201,7 @@ class Servers:
         return self._running[shared]
 
     def stop_all(self) -> None:
-        """Stop every shared server."""
-        for server in self._running.values():
-            server.stop()
+        """Stop every shared server, all at once: each waits for its own processes to end."""
+        with ThreadPoolExecutor(max(1, len(self._running))) as stopping:
+            list(stopping.map(KitServer.stop, self._running.values()))
         self._running.clear()
