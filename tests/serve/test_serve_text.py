@@ -3,6 +3,7 @@ sequences cut a stream in pieces exactly where they cut the whole text."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -62,6 +63,24 @@ def cut_at_first_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     """The reference: the whole text cut before the stop sequence that ends first (the longer one on a tie)."""
     hits = [(i + len(s), i) for i, s in ((text.find(s), s) for s in stops if s) if i >= 0]
     return (text[:min(hits)[1]], True) if hits else (text, False)
+
+
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_a_bos_the_template_writes_is_sent_once(tmp_path: Path, adds_bos: bool) -> None:
+    """A template that starts with the BOS text: dropped from the prompt when encoding adds the BOS itself, so the
+    model sees one; kept when it does not."""
+    write_tokenizer(tmp_path, 2048)
+    if not adds_bos:  # a tokenizer.json whose post-processor adds no BOS
+        spec = json.loads((tmp_path / "tokenizer.json").read_text())
+        spec["post_processor"] = None
+        (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(template)
+    tokenizer = Tokenizer(tmp_path)
+    bos = tokenizer.hf.special_tokens["bos_token"]
+    prompt = tokenizer.chat_prompt([{"role": "user", "content": "hi"}])
+    assert prompt == ("hi" if adds_bos else f"{bos}hi")
+    assert tokenizer.encode(prompt).count(tokenizer.hf.token_id("bos_token")) == 1
 
 
 def test_stop_matching_in_pieces_equals_cutting_the_whole_text() -> None:

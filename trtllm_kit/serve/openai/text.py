@@ -110,6 +110,9 @@ class Tokenizer:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.hf = HFTokenizer(directory)
+        bos, first = self.hf.special_tokens.get("bos_token"), self.hf.encode("x")[:1]
+        # the BOS text a chat template writes that encoding adds again (dropped from the prompt), or None
+        self.added_bos = bos if bos and first == [self.hf.token_id("bos_token")] else None
 
     @property
     def vocab_size(self) -> int:
@@ -154,10 +157,8 @@ class Tokenizer:
             prompt = self.hf.render_chat(plain)
         except ChatTemplateError as exc:  # the template's own raise_exception, undefined variables
             raise KitUsageError(f"the chat template rejected the messages: {exc}") from None
-        bos = self.hf.special_tokens.get("bos_token")
-        ids = self.hf.encode("x")
-        if bos and prompt.startswith(bos) and ids and ids[0] == self.hf.token_id("bos_token"):
-            prompt = prompt[len(bos):]
+        if self.added_bos and prompt.startswith(self.added_bos):
+            prompt = prompt[len(self.added_bos):]
         return prompt
 
 
