@@ -15,7 +15,7 @@ import socket
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import openai
 
 from trtllm_kit.build.pipeline import run_build
+from trtllm_kit.errors import KitError
 from trtllm_kit.serve.server.launcher import free_endpoints, free_port
 from trtllm_kit.serve.service import ServeOptions, serve_detached, stop_serving
 from trtllm_kit.spec import ServeSettings, build_spec
@@ -105,8 +106,18 @@ class KitServer:
         self.state: dict[str, Any] = {}
 
     def start(self) -> KitServer:
-        """Serve and wait until ready; the serve's state (endpoints, pids) is ``state``."""
-        self.state = serve_detached(self.options)
+        """Serve and wait until ready; the serve's state (endpoints, pids) is ``state``. A port seen free can be taken
+        by another process (the other worker's server) before the server binds it: the serve then starts once more,
+        on ports picked again."""
+        try:
+            self.state = serve_detached(self.options)
+        except KitError as exc:
+            if "already in use" not in str(exc).lower():
+                raise
+            self.port = free_port()
+            self.options = replace(self.options, settings=replace(self.options.settings, **asdict(free_endpoints()),
+                                                                  openai_port=self.port))
+            self.state = serve_detached(self.options)
         return self
 
     def stop(self) -> dict[str, Any]:
