@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -158,6 +159,40 @@ def test_server_dying_during_start_is_reported_with_its_log(tmp_path: Path) -> N
         other.unlink(missing_ok=True)
     with pytest.raises(KitError, match=r"exited with code 1 while starting .*\n.*boom"):
         process.wait_ready(timeout_s=10)
+
+
+HTTP2_SETTINGS = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64"  # what a gRPC server answers first
+
+
+def test_a_port_taken_after_the_check_by_a_grpc_server_is_reported_as_tritonservers_bind_error(tmp_path: Path) -> None:
+    """The ports are free when checked; then another server's gRPC listener takes the HTTP port before tritonserver
+    binds it. The readiness probe, answered in HTTP/2 frames, reads not-ready (not an error of its own), and the
+    start fails with tritonserver's own sentence."""
+    config = LaunchConfig(tmp_path / "repo", free_endpoints(), shm_prefix=f"kit{os.getpid()}_")
+    answered = tmp_path / "answered"
+    bind_error = (f"E1130 22:26:19.477812 1 main.cc:257] \"failed to start HTTP service: Unavailable - Socket "
+                  f"'127.0.0.1:{config.endpoints.http_port}' already in use \"")
+    (tmp_path / "bind_error").write_text(bind_error + "\n")  # as pytriton's tritonserver prints it
+    wait = f"for _ in $(seq 200); do [ -e {answered} ] && break; sleep 0.05; done"  # until the probe was answered
+    server = fake_bin(tmp_path / "bin", "tritonserver", f"{wait}\ncat {tmp_path / 'bind_error'}\nexit 1")
+    process = TritonProcess(TritonInstall(server, "--tritonserver"), config, tmp_path / "log.txt")
+    process.start()
+    with socket.create_server(("127.0.0.1", config.endpoints.http_port)) as grpc:
+        def answer_in_http2() -> None:
+            connection, _ = grpc.accept()
+            with connection:
+                connection.recv(65536)  # the probe's GET, read as a gRPC server reads its preface
+                connection.sendall(HTTP2_SETTINGS)
+                time.sleep(0.2)
+            answered.touch()
+
+        thread = threading.Thread(target=answer_in_http2, daemon=True)
+        thread.start()
+        with pytest.raises(KitError, match=r"exited with code 1 while starting: failed to start HTTP service: "
+                                           r"Unavailable - Socket '127\.0\.0\.1:\d+' already in use"):
+            process.wait_ready(timeout_s=10)
+        thread.join(10)
+    assert answered.exists()
 
 
 def test_busy_port_is_refused_naming_the_holder() -> None:

@@ -24,14 +24,13 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtllm_kit.deploy.leader_plan import TOKEN_SLOT, LeaderPlan
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.http_probe import answers
 
 POLL_S = 5.0
 def worker_hosts(leader_address: str, num_workers: int) -> list[str]:
@@ -115,12 +114,8 @@ class Leader:
             if self.process.poll() is not None:
                 raise KitError(f"mpirun exited with {self.process.returncode} before rank 0 was ready; its output "
                                "above names the rank that failed.")
-            try:
-                with urllib.request.urlopen(self.plan.ready_url, timeout=2) as answer:
-                    if answer.status == 200:
-                        return self.clock() - self.started
-            except (urllib.error.URLError, OSError):
-                pass
+            if answers(self.plan.ready_url, timeout_s=2):
+                return self.clock() - self.started
             if self.clock() >= deadline:
                 raise KitError(f"rank 0 was not ready at {self.plan.ready_url} within the startup budget of "
                                f"{self.plan.startup_s} s; raise load_gbps's estimate or worker_wait_s.")

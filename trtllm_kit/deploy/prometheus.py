@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.http_probe import answers
 
 
 def _get(url: str, path: str, params: dict[str, Any], timeout_s: float = 10.0) -> Any:
@@ -108,11 +109,9 @@ class LocalPrometheus:
             if self.process.poll() is not None:
                 raise KitError(f"prometheus exited with {self.process.returncode}: "
                                f"{(self.dir / 'prometheus.log').read_text()[-500:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.2)
+            if answers(f"{self.url}/-/ready"):
+                return self
+            time.sleep(0.2)
         self.stop()
         raise KitError(f"prometheus on port {self.port} was not ready after {timeout_s:g} s.")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.http_probe import answers
 from trtllm_kit.profile.bench import run_bench_async
 from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
 
@@ -146,14 +147,6 @@ def capture_in_measurement(runs: list[dict[str, Any]], iterations: tuple[int, in
     return any(first <= iterations[0] and iterations[1] <= last for first, last in spans)
 
 
-def _answers(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: tuple[int, int] = (100, 150),
@@ -183,7 +176,7 @@ def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: t
     server = ProcessGroup(log)
     server.start(argv, {**kit_environment(), **profile_env(iterations)})
     try:
-        not_ready = server.wait_ready(lambda: _answers(ready_url), ready_timeout_s, poll_s=0.1)
+        not_ready = server.wait_ready(lambda: answers(ready_url), ready_timeout_s, poll_s=0.1)
         if not_ready is not None and not_ready.exit_code is not None:
             raise KitError(f"the profiled server exited with code {not_ready.exit_code} before it was ready; "
                            f"last log lines: {log.read_text()[-600:].strip()}")

@@ -17,6 +17,7 @@ process left in the namespace; the kit's frontend closes meanwhile (``FRONTEND_C
 from __future__ import annotations
 
 import asyncio
+import http.client
 import importlib.util
 import json
 import logging
@@ -141,7 +142,7 @@ def lists_model(url: str, name: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
             listed = json.loads(response.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
         return False
     return any(model.get("id") == name for model in listed.get("data") or [])
 

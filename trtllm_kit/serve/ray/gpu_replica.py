@@ -25,10 +25,11 @@ import aiohttp
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.artifact.machine import Machine
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.http_probe import answers
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.launcher import free_port
 from trtllm_kit.serve.server.process import die_with_parent_thread
-from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, answers, launch_argv
+from trtllm_kit.serve.server.trtllm_serve import INSTALL_HINT, SERVER, launch_argv
 from trtllm_kit.wire import GenerationRequest, GenerationResponse
 from trtllm_kit.wire.openai_body import encode_openai_body
 from trtllm_kit.wire.request import BEAM_WEIGHTS

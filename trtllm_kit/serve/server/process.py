@@ -10,12 +10,11 @@ import re
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from trtllm_kit.errors import KitError
+from trtllm_kit.http_probe import answers
 from trtllm_kit.serve.server.group import ProcessGroup, kit_environment
 from trtllm_kit.serve.server.hidden_args import HiddenArgs, trace_me
 from trtllm_kit.serve.server.launcher import LaunchConfig, check_ports_free, launch_argv
@@ -117,8 +116,8 @@ class TritonProcess:
         """``GET /v2/health/ready`` answers 200, and so does ``/metrics`` (Triton starts it last, and a benchmark
         started right after ``serve --detach`` scrapes it at once)."""
         endpoints = self.config.endpoints
-        return _answers(f"http://{endpoints.url('http')}/v2/health/ready") and \
-            _answers(f"http://{endpoints.url('metrics')}/metrics")
+        return answers(f"http://{endpoints.url('http')}/v2/health/ready") and \
+            answers(f"http://{endpoints.url('metrics')}/metrics")
 
     def wait_ready(self, timeout_s: float, poll_s: float = 0.05) -> float:
         """Block until ready; on exit, a stub that cannot start, or ``timeout_s``, stop everything and raise.
@@ -289,10 +288,3 @@ def _stub_model(cmdline: list[str]) -> str:
     return parts[-3] if len(parts) >= 3 else "?"
 
 
-def _answers(url: str) -> bool:
-    """``GET url`` answers 200 (a fresh connection each time: no keep-alive to hold shutdown)."""
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False

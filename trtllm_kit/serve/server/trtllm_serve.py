@@ -12,14 +12,13 @@ import os
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.errors import KitError, KitUsageError
+from trtllm_kit.http_probe import answers
 from trtllm_kit.serve.options import ServeOptions
 from trtllm_kit.serve.server.group import ProcessGroup
 from trtllm_kit.serve.server.launcher import check_ports_free
@@ -131,10 +130,3 @@ def _serve(options: ServeOptions, argv: list[str], binary: str, port: int, log_p
         clear_run([options.out])
 
 
-def answers(url: str) -> bool:
-    """Whether ``GET url`` answers 200 now."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
