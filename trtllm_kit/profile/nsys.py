@@ -147,8 +147,6 @@ def capture_in_measurement(runs: list[dict[str, Any]], iterations: tuple[int, in
     return any(first <= iterations[0] and iterations[1] <= last for first, last in spans)
 
 
-
-
 def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: tuple[int, int] = (100, 150),
                 ready_timeout_s: float = 600.0, on_done: Any = None) -> dict[str, Any]:
     """Start the server under ``nsys profile``, run the benchmark against it, stop it, summarise the trace.
