@@ -98,12 +98,17 @@ class KitServer:
                  names: tuple[str, ...] = (), aliases: tuple[str, ...] = (), **settings: Any) -> None:
         self.out = out
         self.api_key = api_key
-        self.port = free_port()
         settings = {"ready_timeout_s": READY_TIMEOUT_S, **settings}
-        self.options = ServeOptions(out=out, settings=ServeSettings(**asdict(free_endpoints()), openai_port=self.port,
-                                                                    **settings),
-                                    api_key=api_key, more=more, names=names, aliases=aliases)
+        self.options = ServeOptions(out=out, settings=ServeSettings(**settings), api_key=api_key, more=more,
+                                    names=names, aliases=aliases)
+        self._pick_ports()
         self.state: dict[str, Any] = {}
+
+    def _pick_ports(self) -> None:
+        """Free loopback ports for tritonserver's endpoints and the OpenAI frontend (``port``)."""
+        self.port = free_port()
+        self.options = replace(self.options, settings=replace(self.options.settings, **asdict(free_endpoints()),
+                                                              openai_port=self.port))
 
     def start(self) -> KitServer:
         """Serve and wait until ready; the serve's state (endpoints, pids) is ``state``. A port seen free can be taken
@@ -114,9 +119,7 @@ class KitServer:
         except KitError as exc:
             if "already in use" not in str(exc).lower():
                 raise
-            self.port = free_port()
-            self.options = replace(self.options, settings=replace(self.options.settings, **asdict(free_endpoints()),
-                                                                  openai_port=self.port))
+            self._pick_ports()
             self.state = serve_detached(self.options)
         return self
 

@@ -286,5 +286,3 @@ def _stub_model(cmdline: list[str]) -> str:
     """The model a stub runs, from its first argument (``<repo>/<model>/<version>/model.py``)."""
     parts = Path(cmdline[1]).parts if len(cmdline) > 1 else ()
     return parts[-3] if len(parts) >= 3 else "?"
-
-

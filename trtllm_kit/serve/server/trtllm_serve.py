@@ -128,5 +128,3 @@ def _serve(options: ServeOptions, argv: list[str], binary: str, port: int, log_p
     finally:
         server.stop(options.settings.exit_timeout_s)
         clear_run([options.out])
-
-
