@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from trtllm_kit.serve.server.launcher import (
     free_port,
     launch_argv,
 )
+from trtllm_kit.serve.server.listeners import held_by
 from trtllm_kit.serve.server.locate import TritonInstall, locate_tritonserver
 from trtllm_kit.serve.server.process import TritonProcess, group_alive
 from trtllm_kit.serve.server.reaper import SHM_DIR
@@ -193,6 +195,78 @@ def test_a_port_taken_after_the_check_by_a_grpc_server_is_reported_as_tritonserv
             process.wait_ready(timeout_s=10)
         thread.join(10)
     assert answered.exists()
+
+
+class _AnswersReady(http.server.BaseHTTPRequestHandler):
+    """Another program's server: every GET is answered 200, as another Triton answers its readiness."""
+
+    server: _OtherServer
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.server.asked.set()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _OtherServer(http.server.ThreadingHTTPServer):
+    def __init__(self, port: int) -> None:
+        super().__init__(("127.0.0.1", port), _AnswersReady)
+        self.asked = threading.Event()
+
+
+def test_another_programs_server_answering_ready_on_the_ports_is_not_taken_for_tritonserver(tmp_path: Path) -> None:
+    """The ports are free when checked; then another program's HTTP servers take the HTTP and metrics ports and
+    answer the readiness probe with 200 (as another Triton would). Their listeners are not the server's, so the
+    wait goes on until tritonserver fails its bind, and the start fails with tritonserver's own sentence."""
+    config = LaunchConfig(tmp_path / "repo", free_endpoints(), shm_prefix=f"kit{os.getpid()}_")
+    asked = tmp_path / "asked"
+    bind_error = (f"E1130 22:26:19.477812 1 main.cc:257] \"failed to start HTTP service: Unavailable - Socket "
+                  f"'127.0.0.1:{config.endpoints.http_port}' already in use \"")
+    (tmp_path / "bind_error").write_text(bind_error + "\n")
+    wait = f"for _ in $(seq 200); do [ -e {asked} ] && break; sleep 0.05; done; sleep 0.5"  # probes answered 200
+    server = fake_bin(tmp_path / "bin", "tritonserver", f"{wait}\ncat {tmp_path / 'bind_error'}\nexit 1")
+    process = TritonProcess(TritonInstall(server, "--tritonserver"), config, tmp_path / "log.txt")
+    process.start()
+    others = [_OtherServer(port) for port in (config.endpoints.http_port, config.endpoints.metrics_port)]
+    for other in others:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+
+    def mark_when_both_asked() -> None:
+        if all(other.asked.wait(30) for other in others):
+            asked.touch()
+
+    try:
+        threading.Thread(target=mark_when_both_asked, daemon=True).start()
+        with pytest.raises(KitError, match=r"exited with code 1 while starting: failed to start HTTP service: "
+                                           r"Unavailable - Socket '127\.0\.0\.1:\d+' already in use"):
+            process.wait_ready(timeout_s=30)
+    finally:
+        for other in others:
+            other.shutdown()
+            other.server_close()
+    assert asked.exists()  # both probes were answered 200 while the wait went on
+
+
+def test_a_listener_is_held_by_the_process_below_the_leader_that_opened_it() -> None:
+    listener = ("import socket, sys, time; s = socket.create_server(('127.0.0.1', 0)); "
+                "print(s.getsockname()[1], flush=True); time.sleep(60)")
+    leader = subprocess.Popen(["bash", "-c", f'{sys.executable} -c "{listener}"; true'], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert leader.stdout is not None
+        port = int(leader.stdout.readline())
+        with socket.create_server(("127.0.0.1", 0)) as ours:
+            assert held_by(leader.pid, port) is True  # the leader's child holds it
+            assert held_by(leader.pid, ours.getsockname()[1]) is False  # this process's listener, not the leader's
+            assert held_by(os.getpid(), ours.getsockname()[1]) is True
+        assert held_by(leader.pid, free_port()) is None  # nothing listens there: no answer either way
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait(10)
 
 
 def test_busy_port_is_refused_naming_the_holder() -> None:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.http_probe import answers
@@ -174,7 +175,8 @@ def run_profile(spec: Any, server_argv: list[str], ready_url: str, iterations: t
     server = ProcessGroup(log)
     server.start(argv, {**kit_environment(), **profile_env(iterations)})
     try:
-        not_ready = server.wait_ready(lambda: answers(ready_url), ready_timeout_s, poll_s=0.1)
+        not_ready = server.wait_ready(lambda: answers(ready_url), ready_timeout_s, poll_s=0.1,
+                                      ports=(urlsplit(ready_url).port or 80,))
         if not_ready is not None and not_ready.exit_code is not None:
             raise KitError(f"the profiled server exited with code {not_ready.exit_code} before it was ready; "
                            f"last log lines: {log.read_text()[-600:].strip()}")

@@ -235,7 +235,7 @@ class GpuReplica:
         self.server = ProcessGroup(Path(tempfile.mkdtemp(prefix="trtllm-serve-")) / "trtllm-serve.log")
         self.server.start([binary, *argv[1:]], server_environment(bundle_gpu_ids()), prepare=die_with_parent_thread)
         not_ready = self.server.wait_ready(lambda: answers(f"http://{LOOPBACK}:{self.port}/health"),
-                                           READY_TIMEOUT_S, poll_s=0.5)
+                                           READY_TIMEOUT_S, poll_s=0.5, ports=(self.port,))
         if not_ready is not None:
             self.stop()
             raise KitError(f"{SERVER} was not ready on {LOOPBACK}:{self.port} (exit code {not_ready.exit_code}, log "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_kit.names import API_KEY_ENV
+from trtllm_kit.serve.server.listeners import held_by
 from trtllm_kit.serve.server.state import pycache_dir
 
 
@@ -60,25 +61,28 @@ class ProcessGroup:
                                          pass_fds=pass_fds)
         return self.proc
 
-    def wait_ready(self, is_ready: Callable[[], bool], timeout_s: float, *, poll_s: float,
+    def wait_ready(self, is_ready: Callable[[], bool], timeout_s: float, *, poll_s: float, ports: tuple[int, ...] = (),
                    problem: Callable[[], str | None] = lambda: None,
                    stop_requested: Callable[[], bool] = lambda: False) -> NotReady | None:
-        """Poll until ``is_ready()`` (None), or the server exits, ``problem()`` names one, or ``timeout_s`` passes
-        (a ``NotReady`` saying which). A stop requested meanwhile ends the wait too (None).
+        """Poll until ``is_ready()`` while the server runs and holds ``ports`` (None), or the server exits,
+        ``problem()`` names one, or ``timeout_s`` passes (a ``NotReady`` saying which). A stop requested meanwhile
+        ends the wait too (None).
 
         Arguments:
             is_ready: whether the server answers; timeout_s: seconds from now; poll_s: seconds between polls;
+            ports: the ports ``is_ready`` asks on: an answer counts only when their listeners are the server's own
+            (``listeners.held_by``), not another program's that took a port after it was checked;
             problem: a failure the caller sees while the server still runs (e.g. in its log), or None;
             stop_requested: whether to give up waiting without an error.
         """
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout_s
         while not stop_requested():
-            if is_ready():
-                return None
             code = self.proc.poll()
             if code is not None:
                 return NotReady(exit_code=code)
+            if is_ready() and all(held_by(self.proc.pid, port) is not False for port in ports):
+                return None
             found = problem()
             if found is not None:
                 return NotReady(problem=found)

@@ -127,7 +127,10 @@ class TritonProcess:
             poll_s: seconds between polls.
         """
         started = time.perf_counter()
-        not_ready = self.group.wait_ready(self.is_ready, timeout_s, poll_s=poll_s, problem=self._stub_failure)
+        endpoints = self.config.endpoints
+        not_ready = self.group.wait_ready(self.is_ready, timeout_s, poll_s=poll_s,
+                                           ports=(endpoints.http_port, endpoints.metrics_port),
+                                           problem=self._stub_failure)
         if not_ready is None:
             return time.perf_counter() - started
         code = not_ready.exit_code

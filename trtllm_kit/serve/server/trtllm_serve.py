@@ -105,7 +105,7 @@ def _serve(options: ServeOptions, argv: list[str], binary: str, port: int, log_p
     try:
         health = f"http://{options.endpoints.client_host}:{port}/health"
         not_ready = server.wait_ready(lambda: answers(health), options.settings.ready_timeout_s, poll_s=0.2,
-                                      stop_requested=stop.is_set)
+                                      ports=(port,), stop_requested=stop.is_set)
         if not_ready is not None and not_ready.exit_code is not None:
             raise KitError(f"{SERVER} exited with code {not_ready.exit_code} before it was ready (log {log_path}); "
                            f"last lines:\n{server.log_tail()}")
