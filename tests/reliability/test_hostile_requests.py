@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import openai
 import pytest
-from kit_server import TINY_BUILDS, Builds, KitServer
+from kit_server import TINY_BUILDS, Servers
 from serving_helpers import MODEL, post
 from tritonclient import grpc as grpcclient
 
@@ -35,12 +34,11 @@ HANG_GUARD_S = 180  # generous: a loaded CI machine is slow, a wedged server nev
 
 
 @pytest.fixture(scope="module", params=["cpu", "llmapi"])
-def target(request: pytest.FixtureRequest, kit_builds: Builds,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A serve of the tiny model built for the target; its state and the target's name."""
-    out = kit_builds.copy(TINY_BUILDS[request.param], tmp_path_factory.mktemp(f"hostile-{request.param}") / "out")
-    with KitServer(out) as server:
-        yield {**server.state, "out": out, "target": request.param}
+def target(request: pytest.FixtureRequest, kit_servers: Servers) -> dict[str, Any]:
+    """The session's serve of the tiny model built for the target (its requests leave the server as they found it,
+    which is what they show); its state and the target's name."""
+    server = kit_servers.get(TINY_BUILDS[request.param])
+    return {**server.state, "target": request.param}
 
 
 def completion(state: dict[str, Any], **fields: Any) -> tuple[int, dict[str, Any]]:
