@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from polling import wait_until
 
 from trtllm_kit.serve.server.launcher import LaunchConfig, free_endpoints
 from trtllm_kit.serve.server.locate import locate_tritonserver
@@ -29,8 +30,12 @@ def test_two_ranks(fake_out: Path, tmp_path: Path) -> None:
         servers = [p for p in tree if p.name() == "tritonserver"]
         assert len(servers) == 2
         assert sum("--allow-http=false" in p.cmdline() for p in servers) == 1  # rank 1 opens no endpoint
-        regions = sorted(p.name[len(config.shm_prefix):][:2] for p in Path("/dev/shm").glob(f"{config.shm_prefix}*"))
-        assert regions == ["0_", "1_"]  # one stub per rank, each under its own prefix
+
+        def regions() -> list[str]:
+            return sorted(p.name[len(config.shm_prefix):][:2] for p in Path("/dev/shm").glob(f"{config.shm_prefix}*"))
+
+        # one stub per rank, each under its own prefix; readiness is rank 0's, and rank 1's stub may start after it
+        assert wait_until(lambda: regions() == ["0_", "1_"], 60, 0.05), regions()
     finally:
         process.stop()
     assert not group_alive(process.pid)
