@@ -6,8 +6,8 @@ MLP, no row-parallel bias, no quantized KV cache), giving the general step's val
 The same arithmetic as the general step, in fewer calls:
 
 * the tokens are the rows of one [B, H] stream; each layer's tensors are looked up once per model
-  (``single_decode.plain_layers``) and multiplied by ``products.product``, as ``linear`` multiplies them (with the
-  packed copies at a few rows, where the model keeps them);
+  (``single_decode.plain_layers``) and multiplied by ``products.product``, as ``linear`` multiplies them (from two
+  rows up, with the packed copies the model keeps);
 * the stream is freed of -0.0 once, so each layer's one-rank partial is added in place (``single_decode.add_product``:
   the product, then the add; an ``addmm_`` into the stream rounds differently at some row counts);
 * the attention is the general step's (``attention_groups``, ``attend_groups``): the same groups, masks and padded

@@ -4,8 +4,8 @@ cache), giving the general step's values bit for bit (``tests/runtime/test_singl
 
 The same arithmetic in fewer calls:
 
-* each layer's tensors are looked up once per model, not by name in every call, and multiplied with ``torch.mm``
-  (the product ``linear`` reaches through ``F.linear``);
+* each layer's tensors are looked up once per model, not by name in every call, and multiplied by
+  ``products.product``, as ``linear`` multiplies them (at one row: MKL's product, through ``F.linear``);
 * the residual stream is freed of -0.0 once (the embedding plus 0.0). The general step adds each layer's one-rank
   partial as ``hidden + (partial + 0.0)`` (``reduce``); on a stream without -0.0 that is ``hidden + partial`` (the
   sum of two numbers is -0.0 only when both are), so the partials are added in place, and the stream stays free of
