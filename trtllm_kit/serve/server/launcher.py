@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.serve.options import Endpoints
+from trtllm_kit.serve.server.listeners import port_holder
 from trtllm_kit.serve.server.locate import TritonInstall
 
 PYTHON_SHM_DEFAULT_BYTES = 4 * 1024 * 1024
@@ -150,22 +151,6 @@ def check_ports_free(host: str, ports: dict[str, int]) -> None:
                 flag = "--openai-port" if name == "OpenAI" else f"--{name.lower()}-port"
                 raise KitUsageError(f"{name} port {port} on {host} is in use{by} ({exc.strerror}); stop that "
                                     f"process or choose another port with {flag}.") from None
-
-
-def port_holder(port: int) -> str | None:
-    """``pid N (name)`` of the process listening on ``port``, or None when it cannot be seen."""
-    import psutil
-
-    try:
-        for conn in psutil.net_connections(kind="inet"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-                try:
-                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
-                except psutil.Error:
-                    return f"pid {conn.pid}"
-    except psutil.Error:
-        return None
-    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
