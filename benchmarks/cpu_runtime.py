@@ -1,7 +1,7 @@
 """The CPU runtime's speed beside transformers, side by side in one run, on the real model and the tiny one.
 
     python benchmarks/cpu_runtime.py [--quick] [--models smollm2-135m-instruct,tiny-llama] [--no-served]
-                                     [--threads N] [--rounds 3] [--json]
+                                     [--threads N] [--served-threads N] [--rounds 3] [--json]
     python benchmarks/cpu_runtime.py --profile [--quick] [--models smollm2-135m-instruct]
     python benchmarks/cpu_runtime.py --cpu-by-process [--quick] [--models smollm2-135m-instruct] [--rounds 3]
 
@@ -21,7 +21,7 @@ in turn (so that they meet the same load); the median of the rounds is printed:
 
 All three compute with ``--threads`` torch threads (default: torch's count, the machine's cores): this process
 sets its own, and the served model reads the count from ``OMP_NUM_THREADS`` in the serve's environment (its
-``cpu_threads`` default).
+``cpu_threads`` default), which ``--served-threads`` sets apart.
 
 Prints one line per case with output tokens/s and the kit's ratios to transformers. The machine's load average is
 printed with them: ratios taken in the same run stay comparable when other processes share the cores.
@@ -102,13 +102,15 @@ class Case:
     served: float
     load_average: float
     threads: int
+    served_threads: int
 
     def line(self) -> str:
         def ratio(value: float) -> str:
             return f"{value / self.transformers:.2f}x" if value else "-"
         return (f"{self.model:24s} {self.num_requests} x {self.max_tokens:3d} tokens: transformers "
                 f"{self.transformers:6.1f} tok/s | executor {self.executor:6.1f} tok/s ({ratio(self.executor)}) | "
-                f"served {self.served:6.1f} tok/s ({ratio(self.served)}) | {self.threads} threads each | "
+                f"served {self.served:6.1f} tok/s ({ratio(self.served)}) | {self.threads} threads each"
+                f"{'' if self.served_threads == self.threads else f' (served {self.served_threads})'} | "
                 f"load {self.load_average:.1f}")
 
 
@@ -203,7 +205,7 @@ def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, rounds:
                                    executor_run(kit_model, prompts, max_tokens),
                                    served_run(base_url, num_requests, max_tokens) if base_url else None], rounds)
             cases.append(Case(name, num_requests, max_tokens, hf, ex, sv, os.getloadavg()[0],
-                              torch.get_num_threads()))
+                              torch.get_num_threads(), int(os.environ["OMP_NUM_THREADS"])))
     return cases
 
 
@@ -285,6 +287,8 @@ def main() -> None:
     parser.add_argument("--no-served", action="store_true", help="transformers and the executor only")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch threads of transformers, the executor and the served model (default: torch's)")
+    parser.add_argument("--served-threads", type=int, default=None,
+                        help="the served model's torch threads when not --threads")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (each engine once a round; median)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--profile", action="store_true", help="the served path's busy samples by part (py-spy)")
@@ -293,7 +297,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the served model's cpu_threads default
+    os.environ["OMP_NUM_THREADS"] = str(args.served_threads or args.threads)  # the served model's cpu_threads
     shapes = [(1, 32), (8, 16)] if args.quick else [(1, 128), (8, 64)]
     cases: list[Case] = []
     if args.cpu_by_process:

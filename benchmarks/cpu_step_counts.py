@@ -10,7 +10,8 @@ difference of the two calls, divided by ``--tokens``, is one decode step (the pr
 tokens cancel out). Counted per step:
 
 * matrix products: the linears (``aten::mm``, ``aten::addmm``, and ``aten::addmm_``: a product added into the
-  residual stream) and attention's (``aten::bmm``) torch operations;
+  residual stream; ``mkldnn::_linear_pointwise``: the kit's product on packed weights from two rows up,
+  ``runtime/products.py``) and attention's (``aten::bmm``) torch operations;
 * operations: every torch operation the profiler records (nested ones included, as the dispatcher runs them);
 * Python calls: function calls seen by ``sys.setprofile`` (Python functions, then C functions apart);
 * the self-CPU milliseconds of the matrix products and of all operations (times: these move with the machine's load;
@@ -53,7 +54,7 @@ from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "tiny-llama")
-LINEAR_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_")
+LINEAR_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "mkldnn::_linear_pointwise")
 ATTENTION_PRODUCTS = ("aten::bmm",)
 
 

@@ -1,8 +1,9 @@
 """One decode step's matrix products on a built-in model's shapes, in the weight layout the runtime held before
-(``[out, in]`` contiguous) and in its product layout (``runtime/layers.product_layout``), at 1 and 8 rows; beside
-them, how long one core takes to read the step's weights once.
+(``[out, in]`` contiguous), in its product layout (``runtime/layers.product_layout``) and packed for oneDNN
+(``runtime/products.py``, which the runtime multiplies at two rows or more), at 1 and 8 rows; beside them, how long
+one core takes to read the step's weights once.
 
-    python benchmarks/linear_layouts.py [--model smollm2-135m-instruct] [--rows 1,8] [--rounds 5]
+    python benchmarks/linear_layouts.py [--model smollm2-135m-instruct] [--rows 1,2,8,32,64] [--rounds 5]
 
 Every layer gets its own random tensors, so the weights are cold in memory as the model's are (a step reads them all
 once); each figure is the median CPU time (``time.thread_time``) of ``--rounds`` passes over every product, after
@@ -22,6 +23,7 @@ import torch
 
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.layers import product_layout
+from trtllm_kit.runtime.products import pack, product
 
 
 def step_shapes(config: dict) -> list[tuple[int, int]]:
@@ -34,10 +36,11 @@ def step_shapes(config: dict) -> list[tuple[int, int]]:
     return layer * config["num_hidden_layers"] + [(config["vocab_size"], hidden)]
 
 
-def products(weights: list[torch.Tensor], inputs: dict[int, torch.Tensor]) -> None:
-    """``x @ W.T`` of every weight, ``x`` the input of its width."""
-    for weight in weights:
-        torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+def products(weights: list[torch.Tensor], inputs: dict[int, torch.Tensor],
+             packed: list[torch.Tensor] | None = None) -> None:
+    """``x @ W.T`` of every weight, ``x`` the input of its width (with the packed copies when given)."""
+    for weight, copy in zip(weights, packed or [None] * len(weights), strict=True):
+        product(inputs[weight.shape[1]], weight, copy)
 
 
 def cpu_ms(run: Callable[[], object], rounds: int) -> float:
@@ -64,14 +67,17 @@ def main() -> None:
     shapes = step_shapes(config)
     stored = [torch.randn(shape) for shape in shapes]
     laid_out = [product_layout(w) for w in stored]
+    packed = [pack(w) for w in stored]
     nbytes = sum(w.numel() * w.element_size() for w in stored)
     flat = torch.cat([w.reshape(-1) for w in stored])
     figures: dict[str, float] = {"weights_gb": nbytes / 1e9, "read_ms": cpu_ms(flat.sum, args.rounds)}
     del flat
     for rows in (int(r) for r in args.rows.split(",")):
         inputs = {width: torch.randn(rows, width) for width in {shape[1] for shape in shapes}}
-        for layout, weights in (("out_in", stored), ("product", laid_out)):
-            figures[f"{layout}_{rows}_ms"] = cpu_ms(lambda w=weights, x=inputs: products(w, x), args.rounds)
+        for layout, weights, copies in (("out_in", stored, None), ("product", laid_out, None),
+                                        ("packed", laid_out, packed)):
+            figures[f"{layout}_{rows}_ms"] = cpu_ms(lambda w=weights, x=inputs, c=copies: products(w, x, c),
+                                                    args.rounds)
     if args.json:
         print(json.dumps(figures, indent=2))
         return
@@ -80,9 +86,9 @@ def main() -> None:
           f"them in {figures['read_ms']:.1f} ms ({figures['weights_gb'] / figures['read_ms'] * 1000:.1f} GB/s) | "
           f"load {load:.1f}")
     for rows in (int(r) for r in args.rows.split(",")):
-        before, after = figures[f"out_in_{rows}_ms"], figures[f"product_{rows}_ms"]
+        before, after, packs = (figures[f"{layout}_{rows}_ms"] for layout in ("out_in", "product", "packed"))
         print(f"  {rows:3d} rows: [out, in] {before:7.1f} ms | product layout {after:7.1f} ms ({before / after:.2f}x) "
-              "CPU per step, 1 thread")
+              f"| packed {packs:7.1f} ms ({before / packs:.2f}x) CPU per step, 1 thread")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ from safetensors.torch import load_file, save_file
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.checkpoint.verify import (
     DEFAULT_PROMPT_LENGTHS,
+    FP32_ATOL,
+    FP32_REL_TOL,
     LOW_PRECISION_REL_TOL,
     VerifyReport,
     default_prompts,
+    tolerance_for,
     verify_checkpoint,
 )
 from trtllm_kit.errors import KitUsageError
@@ -54,6 +57,11 @@ def test_fp32_checkpoint_passes(checkpoints, hf_dir, monkeypatch, tmp_path):
                                 "top1_agreement": 1.0, "num_tokens": sum(DEFAULT_PROMPT_LENGTHS),
                                 "compute_dtype": "float32", "tolerance": 1e-4, "passed": True,
                                 "reference_cached": False}
+
+
+def test_the_float32_tolerance_grows_with_the_logits_past_its_floor():
+    assert tolerance_for("float32", 4.3) == FP32_ATOL == 1e-4  # the built-in models' scale: the floor
+    assert tolerance_for("float32", 34.5) == pytest.approx(6.9e-4) == FP32_REL_TOL * 34.5  # SmolLM2's
 
 
 def test_bf16_checkpoint_computed_in_fp32_meets_fp32_tolerance(checkpoints, hf_dir):

@@ -12,7 +12,7 @@ import pytest
 from gguf_files import SMOLLM2
 
 from trtllm_kit.build.pipeline import run_build
-from trtllm_kit.checkpoint.verify import PERPLEXITY_BOUNDS, VerifyReport
+from trtllm_kit.checkpoint.verify import FP32_ATOL, FP32_REL_TOL, PERPLEXITY_BOUNDS, VerifyReport
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.spec import build_spec
 
@@ -31,6 +31,19 @@ def test_the_real_model_quantizes_within_the_documented_bound(smollm2_dir: Path,
     assert abs(verify["perplexity_change"]) <= PERPLEXITY_BOUNDS[bound_key] == verify["perplexity_bound"]
     assert verify["reference_choice_accuracy"] >= 0.6 and verify["choice_accuracy"] >= 0.6
     assert verify["choice_agreement"] >= 0.85
+
+
+def test_the_readme_build_passes_verify_with_float32_noise_scaled_to_its_logits(smollm2_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The README's first build, as written (the model's float16 weights, verified in float32): the kit's logits
+    are within float32's own noise of transformers', which grows with the logits (``FP32_REL_TOL``)."""
+    result = run_build(build_spec({}, {"model": SMOLLM2, "out": tmp_path / "out", "build": {"until": "checkpoint"}}))
+    verify: dict[str, Any] | None = result.artifact.records.verify
+    assert verify is not None and verify["passed"] and verify["compute_dtype"] == "float32"
+    scale = verify["max_abs_err"] / verify["max_rel_err"]
+    assert scale > 20  # a trained model's logits (34.5), where 1e-4 is below float32's noise
+    assert verify["tolerance"] == pytest.approx(FP32_REL_TOL * scale) and verify["tolerance"] > FP32_ATOL
+    assert verify["top1_agreement"] == 1.0 and verify["max_rel_err"] < FP32_REL_TOL / 2
 
 
 def test_a_refusal_states_the_figure_and_the_flag_that_accepts_it() -> None:

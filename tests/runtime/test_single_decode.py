@@ -14,8 +14,9 @@ from trtllm_kit.quant.algos import QuantConfig
 from trtllm_kit.runtime import single_decode
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
-from trtllm_kit.runtime.layers import product_layout, reduce
+from trtllm_kit.runtime.layers import linear, product_layout, reduce
 from trtllm_kit.runtime.model import CheckpointModel
+from trtllm_kit.runtime.products import pack
 from trtllm_kit.runtime.sequence import SamplingParams
 
 torch.set_num_threads(1)
@@ -85,18 +86,25 @@ def test_a_plain_checkpoint_is_covered(tmp_path):
     assert Executor(model, EngineConfig(max_batch_size=1)).single_decode is not None
 
 
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("in_size", [64, 576, 1536])
-def test_an_added_product_rounds_as_the_stream_plus_the_reduced_partial(in_size):
+def test_an_added_product_rounds_as_the_stream_plus_the_reduced_partial(in_size, rows):
     """On a stream free of -0.0, ``add_product`` is ``hidden + reduce([x @ w])``, zero and -0.0 products too, with
-    the weight laid out as the layers hold it (``product_layout``: [in, out] row by row)."""
+    the weight laid out as the layers hold it (``product_layout``: [in, out] row by row) and with its packed copy
+    (the general step's ``linear`` multiplies the same way)."""
     torch.manual_seed(in_size)
     weight = product_layout(torch.randn(96, in_size)).t()
-    x = torch.randn(1, in_size) * 10
-    x[0, in_size // 2:] = 0.0
+    x = torch.randn(rows, in_size) * 10
+    x[:, in_size // 2:] = 0.0
     weight[: in_size // 2, :8] = -0.0  # columns whose products are all zeros (x is 0 in the other rows)
-    hidden = torch.randn(1, 96)
-    hidden[0, :4] = 0.0
-    want = hidden + reduce([torch.mm(x, weight)])
-    got = hidden.clone()
-    single_decode.add_product(got, x, weight)
-    assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))
+    packed = pack(weight.t())
+    hidden = torch.randn(rows, 96)
+    hidden[:, :4] = 0.0
+    for copy in (None, packed):
+        weights = {"w.weight": weight.t()} if copy is None else {"w.weight": weight.t(), "w.weight.packed": copy}
+        want = hidden + reduce([linear(x, weights, "w")])
+        got = hidden.clone()
+        single_decode.add_product(got, x, weight, copy)
+        assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))
+    if rows == 1:  # one row: MKL's product, packed copy or not
+        assert torch.equal(linear(x, {"w.weight": weight.t(), "w.weight.packed": packed}, "w"), torch.mm(x, weight))

@@ -26,6 +26,7 @@ from trtllm_kit.quant.awq import int4_dequantize
 from trtllm_kit.quant.fp8 import FP8_DTYPE, fp8_round_trip
 from trtllm_kit.quant.int8 import quantize_activation_int8, quantize_per_token_int8, w8a16_round_trip
 from trtllm_kit.quant.kv import kv_round_trip
+from trtllm_kit.runtime.products import PACKED, product
 
 Weights = dict[str, torch.Tensor]
 QUANT_ALGOS = (None, "W8A16", "FP8", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
@@ -156,7 +157,7 @@ def linear(x: torch.Tensor, weights: Weights, prefix: str, *, with_bias: bool = 
         xq = fp8_round_trip(x, weights[f"{prefix}.activation_scaling_factor"])
         out = torch.nn.functional.linear(xq, weights[prefix + OPERAND]).to(x.dtype)
     else:
-        out = torch.nn.functional.linear(x, weight)
+        out = product(x, weight, weights.get(f"{prefix}.weight{PACKED}"))
     bias = weights.get(f"{prefix}.bias") if with_bias else None
     return out if bias is None else out + bias
 

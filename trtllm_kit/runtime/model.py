@@ -24,6 +24,7 @@ from trtllm_kit.runtime.checkpoint_checks import check_quantized, check_rank, ch
 from trtllm_kit.runtime.dims import NORMS, Dims
 from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime's public per-layer math)
     LINEAR_WEIGHTS,
+    PRODUCT_WEIGHTS,
     ROPE_TYPES,
     Rope,
     Weights,
@@ -37,6 +38,7 @@ from trtllm_kit.runtime.layers import (  # noqa: F401 (re-exported: the runtime'
     reduce,
 )
 from trtllm_kit.runtime.lora import LoraBatch, rank_parts
+from trtllm_kit.runtime.products import PACKED, can_pack, pack, product
 
 
 class CheckpointModel:
@@ -62,6 +64,7 @@ class CheckpointModel:
         self.gate_up = {(p, r, i): fused for p in range(self.dims.pp_size) for r in range(self.dims.tp_size)
                         for i, _ in enumerate(self.dims.layers_for_stage(p))  # (pp_rank, tp_rank, local layer)
                         if (fused := fuse_gate_up(self.weights(p, r), f"transformer.layers.{i}")) is not None}
+        self.gate_up_packed: dict[tuple[int, int, int], torch.Tensor] = {}  # ``pack_products``: each one's copy
         # A split table (use_parallel_embedding) is gathered once: per-rank lookups followed by the GPU's
         # all-reduce (vocab rows) or all-gather (hidden columns) give exactly the full table's rows.
         tables = [self.weights(0, r)["transformer.vocab_embedding.weight"] for r in range(self.dims.tp_size)]
@@ -71,6 +74,7 @@ class CheckpointModel:
             self.embedding = torch.cat(tables, dim=1)
         else:
             self.embedding = torch.cat(tables)[: self.dims.vocab_size]
+        self.pack_products()
 
     @classmethod
     def load(cls, ckpt_dir: Path, compute_dtype: torch.dtype = torch.float32) -> CheckpointModel:
@@ -104,6 +108,23 @@ class CheckpointModel:
         quantization = config.get("quantization") or {}
         ranks = [prepare_weights(tensors, quantization, compute_dtype) for tensors in ranks]
         return cls(config, ranks, compute_dtype, str(ckpt_dir))
+
+    def pack_products(self) -> None:
+        """Keep a packed copy of every float32 weight a product multiplies (``products.py``: products of two rows or
+        more multiply it), made when the model loads so that every product of the model multiplies the same way.
+        Each such weight is then held twice. Nothing is packed where oneDNN is missing; asking again packs nothing
+        new."""
+        for pp_rank in range(self.dims.pp_size):
+            for tp_rank in range(self.dims.tp_size):
+                weights = self.weights(pp_rank, tp_rank)
+                halves = {f"transformer.layers.{i}.mlp.{m}.weight" for (p, r, i) in self.gate_up
+                          if (p, r) == (pp_rank, tp_rank) for m in ("fc", "gate")}  # multiplied as gate_up
+                for name in [n for n in weights if n.endswith(PRODUCT_WEIGHTS) and n not in halves]:
+                    if f"{name}{PACKED}" not in weights and can_pack(weights[name]):
+                        weights[f"{name}{PACKED}"] = pack(weights[name])
+        for key, fused in self.gate_up.items():
+            if key not in self.gate_up_packed and can_pack(fused):
+                self.gate_up_packed[key] = pack(fused)
 
     def weights(self, pp_rank: int, tp_rank: int) -> Weights:
         """The tensors of one rank.
@@ -175,7 +196,7 @@ class CheckpointModel:
                 x1, gate = self.rank_linear(layer, r, "mlp.fc", x, lora).chunk(2, dim=-1)
                 act = x1 * torch.nn.functional.silu(gate)
             elif (fused := self.gate_up.get((pp_rank, r, local))) is not None:  # one matmul for both
-                fc, gate = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
+                fc, gate = product(x, fused, self.gate_up_packed.get((pp_rank, r, local))).chunk(2, dim=-1)
                 if lora is not None:
                     fc, gate = (lora.add(layer, x, out, self.lora_parts[r][name])
                                 for out, name in ((fc, "mlp.fc"), (gate, "mlp.gate")))

@@ -4,8 +4,8 @@ cache), giving the general step's values bit for bit (``tests/runtime/test_singl
 
 The same arithmetic in fewer calls:
 
-* each layer's tensors are looked up once per model, not by name in every call, and multiplied with ``torch.mm``
-  (the product ``linear`` reaches through ``F.linear``);
+* each layer's tensors are looked up once per model, not by name in every call, and multiplied by
+  ``products.product``, as ``linear`` multiplies them (at one row: MKL's product, through ``F.linear``);
 * the residual stream is freed of -0.0 once (the embedding plus 0.0). The general step adds each layer's one-rank
   partial as ``hidden + (partial + 0.0)`` (``reduce``); on a stream without -0.0 that is ``hidden + partial`` (the
   sum of two numbers is -0.0 only when both are), so the partials are added in place, and the stream stays free of
@@ -26,11 +26,13 @@ import torch
 from trtllm_kit.runtime.attention_groups import gather
 from trtllm_kit.runtime.layers import attend
 from trtllm_kit.runtime.model import CheckpointModel
+from trtllm_kit.runtime.products import PACKED, product
 from trtllm_kit.runtime.sequence import Sequence
 
 
 class LayerWeights(NamedTuple):
-    """One layer's tensors, the linears' weights transposed ([in, out]) as ``F.linear`` multiplies them."""
+    """One layer's tensors, the linears' weights transposed ([in, out]) as ``F.linear`` multiplies them, and their
+    packed copies where the model keeps them (``CheckpointModel.pack_products``; None otherwise)."""
 
     input_norm: torch.Tensor
     qkv: torch.Tensor
@@ -39,6 +41,10 @@ class LayerWeights(NamedTuple):
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     proj: torch.Tensor
+    qkv_packed: torch.Tensor | None = None
+    dense_packed: torch.Tensor | None = None
+    gate_up_packed: torch.Tensor | None = None
+    proj_packed: torch.Tensor | None = None
 
 
 def plain_layers(model: CheckpointModel) -> list[LayerWeights] | None:
@@ -58,9 +64,12 @@ def plain_layers(model: CheckpointModel) -> list[LayerWeights] | None:
                 or any(f"{prefix}.{name}.bias" in weights for name in ("attention.dense", "mlp.proj")):
             return None
         qkv, dense, proj = (w.t() for w in linears)
+        packed = [weights.get(f"{prefix}.{name}.weight{PACKED}") for name in ("attention.qkv", "attention.dense",
+                                                                               "mlp.proj")]
         layers.append(LayerWeights(weights[f"{prefix}.input_layernorm.weight"], qkv,
                                    weights.get(f"{prefix}.attention.qkv.bias"), dense,
-                                   weights[f"{prefix}.post_layernorm.weight"], gate_up.t(), proj))
+                                   weights[f"{prefix}.post_layernorm.weight"], gate_up.t(), proj,
+                                   packed[0], packed[1], model.gate_up_packed.get((pp_rank, 0, local)), packed[2]))
     return layers
 
 
@@ -103,7 +112,7 @@ class SingleDecode:
         hidden = model.embed(torch.tensor([seq.token_ids[position]])).add_(0.0)  # [1, H], no -0.0
         norm, eps = model.norm_fn, dims.norm_epsilon
         for layer, w in enumerate(self.layers):
-            qkv = torch.mm(norm(hidden, w.input_norm, eps), w.qkv)
+            qkv = product(norm(hidden, w.input_norm, eps), w.qkv.t(), w.qkv_packed)
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
             qk, v = qkv.view(1, hq + 2 * hkv, 1, d).split_with_sizes([hq + hkv, hkv], dim=1)
@@ -111,9 +120,9 @@ class SingleDecode:
             new_keys[layer].copy_(k)
             new_values[layer].copy_(v)
             context = attend(q.view(1, hkv, hq // hkv, d), keys[layer], values[layer], None)
-            add_product(hidden, context.view(1, hq * d), w.dense)
-            fc, gate = torch.mm(norm(hidden, w.post_norm, eps), w.gate_up).chunk(2, dim=-1)
-            add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj)
+            add_product(hidden, context.view(1, hq * d), w.dense, w.dense_packed)
+            fc, gate = product(norm(hidden, w.post_norm, eps), w.gate_up.t(), w.gate_up_packed).chunk(2, dim=-1)
+            add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj, w.proj_packed)
         return model.logits(hidden[None])[0]
 
     def _step_keys(self, block_table: list[int], seq_len: int) -> tuple[abc.Sequence[torch.Tensor] | Gathered,
@@ -142,15 +151,6 @@ def is_plain_decode(seq: Sequence) -> bool:
         (not seq.params.needs_prompt_logits or seq.num_computed_tokens >= seq.num_prompt_tokens)
 
 
-def add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """``hidden += x @ weight``, the product rounded to the dtype first.
-
-    Arguments:
-        hidden: [1, out], changed in place; x: [1, in]; weight: [in, out].
-    """
-    hidden.add_(torch.mm(x, weight))
-
-
 @dataclass(frozen=True)
 class Gathered:
     """Each layer's keys (or values) [1, kv_heads, S, d] at ``slots``, gathered from its pool when indexed."""
@@ -160,3 +160,12 @@ class Gathered:
 
     def __getitem__(self, layer: int) -> torch.Tensor:
         return gather(self.parts[layer], self.slots)[None].transpose(1, 2)
+
+
+def add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> None:
+    """``hidden += x @ weight``, the product (``products.product``) rounded to the dtype first.
+
+    Arguments:
+        hidden: [rows, out], changed in place; x: [rows, in]; weight: [in, out]; packed: its packed copy, or None.
+    """
+    hidden.add_(product(x, weight.t(), packed))
