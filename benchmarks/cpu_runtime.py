@@ -19,9 +19,10 @@ in turn (so that they meet the same load); the median of the rounds is printed:
 * served: ``trtllm-kit serve`` of a cpu build (its own processes on the same cores), the OpenAI chat API, the
   requests sent at once from a thread each.
 
-All three compute with ``--threads`` torch threads (default: torch's count, the machine's cores): this process
-sets its own, and the served model reads the count from ``OMP_NUM_THREADS`` in the serve's environment (its
-``cpu_threads`` default), which ``--served-threads`` sets apart.
+transformers and the executor compute with ``--threads`` torch threads (default: torch's count, the machine's
+cores). The served model computes with its own default count (``cpu_threads`` unset: torch's count less the core
+the serve's other processes use, ``triton_models/cpu_parameters.py``), or with ``--served-threads``, else
+``--threads``, when given; it reads the count from ``OMP_NUM_THREADS`` in the serve's environment.
 
 Prints one line per case with output tokens/s and the kit's ratios to transformers. The machine's load average is
 printed with them: ratios taken in the same run stay comparable when other processes share the cores.
@@ -72,6 +73,7 @@ from trtllm_kit.runtime.executor import Executor  # noqa: E402
 from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
 from trtllm_kit.serve.server.state import serving_pid  # noqa: E402
+from trtllm_kit.triton_models.cpu_parameters import cpu_threads  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "tiny-llama")
 QUESTIONS = ("What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea.",
@@ -187,8 +189,10 @@ def served_run(base_url: str, num_requests: int, max_tokens: int) -> Callable[[]
     return run
 
 
-def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, rounds: int, work: Path) -> list[Case]:
-    """Every shape (requests, tokens) of model ``name`` on the three engines, interleaved."""
+def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, rounds: int, work: Path,
+            served_threads: int) -> list[Case]:
+    """Every shape (requests, tokens) of model ``name`` on the three engines, interleaved (``served_threads``: the
+    served model's torch threads, for the figures' line)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf_dir = builtin_dir(name)
@@ -205,7 +209,7 @@ def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, rounds:
                                    executor_run(kit_model, prompts, max_tokens),
                                    served_run(base_url, num_requests, max_tokens) if base_url else None], rounds)
             cases.append(Case(name, num_requests, max_tokens, hf, ex, sv, os.getloadavg()[0],
-                              torch.get_num_threads(), int(os.environ["OMP_NUM_THREADS"])))
+                              torch.get_num_threads(), served_threads))
     return cases
 
 
@@ -285,8 +289,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="32 tokens at batch 1 and 16 at 8 concurrent")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated built-in model names")
     parser.add_argument("--no-served", action="store_true", help="transformers and the executor only")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="torch threads of transformers, the executor and the served model (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of transformers, the executor and the served model (default: torch's "
+                             "count; the served model's own default)")
     parser.add_argument("--served-threads", type=int, default=None,
                         help="the served model's torch threads when not --threads")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (each engine once a round; median)")
@@ -296,8 +301,11 @@ def main() -> None:
                         help="CPU ms per generated token of each serve process at batch 1, and the executor's")
     args = parser.parse_args()
     torch.manual_seed(0)
+    default_served = cpu_threads("", environ={})  # the served model's own default: torch's count less one
+    served_threads = args.served_threads or args.threads or default_served
+    args.threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    os.environ["OMP_NUM_THREADS"] = str(args.served_threads or args.threads)  # the served model's cpu_threads
+    os.environ["OMP_NUM_THREADS"] = str(served_threads)  # read by the served model (its cpu_threads unset)
     shapes = [(1, 32), (8, 16)] if args.quick else [(1, 128), (8, 64)]
     cases: list[Case] = []
     if args.cpu_by_process:
@@ -318,7 +326,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            cases += measure(name, shapes, not args.no_served, args.rounds, Path(tmp))
+            cases += measure(name, shapes, not args.no_served, args.rounds, Path(tmp), served_threads)
     if args.json:
         print(json.dumps([asdict(c) for c in cases], indent=2))
     else:

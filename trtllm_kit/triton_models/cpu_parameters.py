@@ -5,6 +5,8 @@ set there, where its checkpoint and tokenizer-info file are, its transaction pol
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,17 +66,26 @@ class CpuParameters:
         return None
 
 
-def cpu_threads(raw: str) -> int:
-    """The served model's torch intra-op threads: the ``cpu_threads`` parameter, else torch's own count (the machine's
-    physical cores, or ``OMP_NUM_THREADS`` when the server's environment sets it). The Triton stub's and the
-    frontend's work between steps is short, so the forward pass may take every core.
+# Cores left to the serve's other processes when the served model's threads are not set: tritonserver, the OpenAI
+# frontend, the pre/postprocessing and BLS stubs run between and beside the model's steps, and a torch thread whose
+# core they take holds up every parallel operation of the step. On a 2-core machine, SmolLM2 served at one thread
+# answered 1.35x (batch 1) and 1.19x (8 concurrent) the tokens/s of two threads (docs/cpu-runtime-speed.md).
+RESERVED_CORES = 1
+
+
+def cpu_threads(raw: str, environ: Mapping[str, str] = os.environ) -> int:
+    """The served model's torch intra-op threads: the ``cpu_threads`` parameter; else ``OMP_NUM_THREADS`` when the
+    server's environment sets it (torch's count then); else torch's count (the machine's physical cores) less
+    ``RESERVED_CORES``, at least 1.
 
     Arguments:
-        raw: the parameter's string value (empty or ``${...}``: not set).
+        raw: the parameter's string value (empty or ``${...}``: not set); environ: the server's environment.
     """
     raw = raw.strip()
     if not raw or raw.startswith("${"):
-        return torch.get_num_threads()
+        if environ.get("OMP_NUM_THREADS", "").strip():
+            return torch.get_num_threads()
+        return max(1, torch.get_num_threads() - RESERVED_CORES)
     if not raw.isdigit() or int(raw) < 1:
         raise KitUsageError(f"parameter cpu_threads is {raw!r}; set it to a whole number of threads, at least 1.")
     return int(raw)
