@@ -8,7 +8,8 @@ CPU linears): the products of a SmolLM2 step took 86.7 ms of CPU against MKL's 1
 348.6 at 64 (``python benchmarks/linear_layouts.py --rows 1,2,8,32,64``). One row (one sequence decoding alone)
 stays with MKL's product, which is as fast there. oneDNN's product gives a row the same bits whatever the number of
 rows beside it, where MKL's changes them between 3 and 8 rows; its results differ from MKL's in the last bits (about
-2e-6 on SmolLM2's weights), as any two orders of summation do. The model packs its weights when it loads
+2e-6 on SmolLM2's weights), as any two orders of summation do, within float32's own noise that verify's tolerance
+allows for (``checkpoint/verify.FP32_REL_TOL``). The model packs its weights when it loads
 (``CheckpointModel.pack_products``), which holds every float32 linear weight twice.
 """
 
