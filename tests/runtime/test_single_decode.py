@@ -16,7 +16,7 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.layers import linear, product_layout, reduce
 from trtllm_kit.runtime.model import CheckpointModel
-from trtllm_kit.runtime.products import pack
+from trtllm_kit.runtime.products import LinearWeight, pack
 from trtllm_kit.runtime.sequence import SamplingParams
 
 torch.set_num_threads(1)
@@ -104,7 +104,7 @@ def test_an_added_product_rounds_as_the_stream_plus_the_reduced_partial(in_size,
         weights = {"w.weight": weight.t()} if copy is None else {"w.weight": weight.t(), "w.weight.packed": copy}
         want = hidden + reduce([linear(x, weights, "w")])
         got = hidden.clone()
-        single_decode.add_product(got, x, weight, copy)
+        single_decode.add_product(got, x, LinearWeight(weight.t(), copy))
         assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))
     if rows == 1:  # one row: MKL's product, packed copy or not
         assert torch.equal(linear(x, {"w.weight": weight.t(), "w.weight.packed": packed}, "w"), torch.mm(x, weight))

@@ -20,7 +20,6 @@ import torch
 
 from trtllm_kit.runtime.attention_groups import attend_groups, attention_groups
 from trtllm_kit.runtime.model import CheckpointModel
-from trtllm_kit.runtime.products import product
 from trtllm_kit.runtime.sequence import Sequence
 from trtllm_kit.runtime.single_decode import LayerWeights, add_product, is_plain_decode
 
@@ -69,14 +68,14 @@ class BatchDecode:
         hidden = model.embed(torch.tensor([s.token_ids[a] for s, a in zip(seqs, starts, strict=True)])).add_(0.0)
         norm, eps = model.norm_fn, dims.norm_epsilon
         for w, k_part, v_part in zip(self.layers, self.k_parts, self.v_parts, strict=True):
-            qkv = product(norm(hidden, w.input_norm, eps), w.qkv.t(), w.qkv_packed)
+            qkv = w.qkv.times(norm(hidden, w.input_norm, eps))
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
             qk, v = qkv.view(num_seqs, hq + 2 * hkv, 1, d).split_with_sizes([hq + hkv, hkv], dim=1)
             q, k = model.rope.rotate(qk, positions, seq_len).split_with_sizes([hq, hkv], dim=1)  # one rotation
             k_part[new_slots], v_part[new_slots] = k[:, :, 0], v[:, :, 0]
             context = attend_groups(q.transpose(0, 2), k_part, v_part, groups, masks, is_whole)  # [heads, B, d]
-            add_product(hidden, context.transpose(0, 1).reshape(num_seqs, hq * d), w.dense, w.dense_packed)
-            fc, gate = product(norm(hidden, w.post_norm, eps), w.gate_up.t(), w.gate_up_packed).chunk(2, dim=-1)
-            add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj, w.proj_packed)
+            add_product(hidden, context.transpose(0, 1).reshape(num_seqs, hq * d), w.dense)
+            fc, gate = w.gate_up.times(norm(hidden, w.post_norm, eps)).chunk(2, dim=-1)
+            add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj)
         return model.logits(hidden[None])[0]

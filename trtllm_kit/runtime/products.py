@@ -15,6 +15,8 @@ allows for (``checkpoint/verify.FP32_REL_TOL``). The model packs its weights whe
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 PACKED = ".packed"  # beside ``{linear}.weight`` in a rank's prepared tensors: its packed copy, when made
@@ -52,3 +54,18 @@ def product(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) 
         return torch.nn.functional.linear(x, weight)
     out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), packed, None, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class LinearWeight(NamedTuple):
+    """A linear's weight [out, in] (any layout) and its packed copy (None: not packed), multiplied by ``product``."""
+
+    matrix: torch.Tensor
+    packed: torch.Tensor | None
+
+    def times(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ matrix.T`` through ``product``.
+
+        Arguments:
+            x: activations [..., in].
+        """
+        return product(x, self.matrix, self.packed)

@@ -26,25 +26,21 @@ import torch
 from trtllm_kit.runtime.attention_groups import gather
 from trtllm_kit.runtime.layers import attend
 from trtllm_kit.runtime.model import CheckpointModel
-from trtllm_kit.runtime.products import PACKED, product
+from trtllm_kit.runtime.products import PACKED, LinearWeight
 from trtllm_kit.runtime.sequence import Sequence
 
 
 class LayerWeights(NamedTuple):
-    """One layer's tensors, the linears' weights transposed ([in, out]) as ``F.linear`` multiplies them, and their
-    packed copies where the model keeps them (``CheckpointModel.pack_products``; None otherwise)."""
+    """One layer's tensors; each linear's weight with its packed copy where the model keeps one
+    (``CheckpointModel.pack_products``)."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: LinearWeight
     qkv_bias: torch.Tensor | None
-    dense: torch.Tensor
+    dense: LinearWeight
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    proj: torch.Tensor
-    qkv_packed: torch.Tensor | None = None
-    dense_packed: torch.Tensor | None = None
-    gate_up_packed: torch.Tensor | None = None
-    proj_packed: torch.Tensor | None = None
+    gate_up: LinearWeight
+    proj: LinearWeight
 
 
 def plain_layers(model: CheckpointModel) -> list[LayerWeights] | None:
@@ -59,17 +55,16 @@ def plain_layers(model: CheckpointModel) -> list[LayerWeights] | None:
     for pp_rank, local in model.layer_places:
         weights, prefix = model.weights(pp_rank, 0), f"transformer.layers.{local}"
         gate_up = model.gate_up.get((pp_rank, 0, local))
-        linears = [weights[f"{prefix}.{name}.weight"] for name in ("attention.qkv", "attention.dense", "mlp.proj")]
-        if gate_up is None or any(w.dtype != model.dtype for w in linears) \
+        qkv, dense, proj = (LinearWeight(weights[f"{prefix}.{name}.weight"],
+                                         weights.get(f"{prefix}.{name}.weight{PACKED}"))
+                            for name in ("attention.qkv", "attention.dense", "mlp.proj"))
+        if gate_up is None or any(w.matrix.dtype != model.dtype for w in (qkv, dense, proj)) \
                 or any(f"{prefix}.{name}.bias" in weights for name in ("attention.dense", "mlp.proj")):
             return None
-        qkv, dense, proj = (w.t() for w in linears)
-        packed = [weights.get(f"{prefix}.{name}.weight{PACKED}") for name in ("attention.qkv", "attention.dense",
-                                                                               "mlp.proj")]
         layers.append(LayerWeights(weights[f"{prefix}.input_layernorm.weight"], qkv,
                                    weights.get(f"{prefix}.attention.qkv.bias"), dense,
-                                   weights[f"{prefix}.post_layernorm.weight"], gate_up.t(), proj,
-                                   packed[0], packed[1], model.gate_up_packed.get((pp_rank, 0, local)), packed[2]))
+                                   weights[f"{prefix}.post_layernorm.weight"],
+                                   LinearWeight(gate_up, model.gate_up_packed.get((pp_rank, 0, local))), proj))
     return layers
 
 
@@ -112,7 +107,7 @@ class SingleDecode:
         hidden = model.embed(torch.tensor([seq.token_ids[position]])).add_(0.0)  # [1, H], no -0.0
         norm, eps = model.norm_fn, dims.norm_epsilon
         for layer, w in enumerate(self.layers):
-            qkv = product(norm(hidden, w.input_norm, eps), w.qkv.t(), w.qkv_packed)
+            qkv = w.qkv.times(norm(hidden, w.input_norm, eps))
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
             qk, v = qkv.view(1, hq + 2 * hkv, 1, d).split_with_sizes([hq + hkv, hkv], dim=1)
@@ -120,9 +115,9 @@ class SingleDecode:
             new_keys[layer].copy_(k)
             new_values[layer].copy_(v)
             context = attend(q.view(1, hkv, hq // hkv, d), keys[layer], values[layer], None)
-            add_product(hidden, context.view(1, hq * d), w.dense, w.dense_packed)
-            fc, gate = product(norm(hidden, w.post_norm, eps), w.gate_up.t(), w.gate_up_packed).chunk(2, dim=-1)
-            add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj, w.proj_packed)
+            add_product(hidden, context.view(1, hq * d), w.dense)
+            fc, gate = w.gate_up.times(norm(hidden, w.post_norm, eps)).chunk(2, dim=-1)
+            add_product(hidden, torch.nn.functional.silu(fc).mul_(gate), w.proj)
         return model.logits(hidden[None])[0]
 
     def _step_keys(self, block_table: list[int], seq_len: int) -> tuple[abc.Sequence[torch.Tensor] | Gathered,
@@ -162,10 +157,10 @@ class Gathered:
         return gather(self.parts[layer], self.slots)[None].transpose(1, 2)
 
 
-def add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> None:
-    """``hidden += x @ weight``, the product (``products.product``) rounded to the dtype first.
+def add_product(hidden: torch.Tensor, x: torch.Tensor, weight: LinearWeight) -> None:
+    """``hidden += x @ weight.matrix.T``, the product (``products.product``) rounded to the dtype first.
 
     Arguments:
-        hidden: [rows, out], changed in place; x: [rows, in]; weight: [in, out]; packed: its packed copy, or None.
+        hidden: [rows, out], changed in place; x: [rows, in]; weight: the linear's weight [out, in] and packed copy.
     """
-    hidden.add_(product(x, weight.t(), packed))
+    hidden.add_(weight.times(x))
