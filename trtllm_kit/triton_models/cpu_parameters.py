@@ -69,7 +69,7 @@ class CpuParameters:
 # Cores left to the serve's other processes when the served model's threads are not set: tritonserver, the OpenAI
 # frontend, the pre/postprocessing and BLS stubs run between and beside the model's steps, and a torch thread whose
 # core they take holds up every parallel operation of the step. On a 2-core machine, SmolLM2 served at one thread
-# answered 1.35x (batch 1) and 1.19x (8 concurrent) the tokens/s of two threads (docs/cpu-runtime-speed.md).
+# answered 1.33x (batch 1) and 1.08x (8 concurrent) the tokens/s of two threads (python benchmarks/served_threads.py).
 RESERVED_CORES = 1
 
 
