@@ -20,9 +20,9 @@ in turn (so that they meet the same load); the median of the rounds is printed:
   requests sent at once from a thread each.
 
 transformers and the executor compute with ``--threads`` torch threads (default: torch's count, the machine's
-cores). The served model computes with its own default count (``cpu_threads`` unset: torch's count less the core
-the serve's other processes use, ``triton_models/cpu_parameters.py``), or with ``--served-threads``, else
-``--threads``, when given; it reads the count from ``OMP_NUM_THREADS`` in the serve's environment.
+cores). The served model computes with its own default counts (``cpu_threads`` unset: torch's count for a step of
+several rows, one fewer for a step of one row, ``runtime/threads.py``), or with ``--served-threads``, else
+``--threads``, when given, at every step: it reads that count from ``OMP_NUM_THREADS`` in the serve's environment.
 
 Prints one line per case with output tokens/s and the kit's ratios to transformers. The machine's load average is
 printed with them: ratios taken in the same run stay comparable when other processes share the cores.
@@ -72,8 +72,8 @@ from trtllm_kit.runtime.config import EngineConfig  # noqa: E402
 from trtllm_kit.runtime.executor import Executor  # noqa: E402
 from trtllm_kit.runtime.model import CheckpointModel  # noqa: E402
 from trtllm_kit.runtime.sequence import SamplingParams  # noqa: E402
+from trtllm_kit.runtime.threads import default_threads  # noqa: E402
 from trtllm_kit.serve.server.state import serving_pid  # noqa: E402
-from trtllm_kit.triton_models.cpu_parameters import cpu_threads  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "tiny-llama")
 QUESTIONS = ("What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea.",
@@ -104,7 +104,7 @@ class Case:
     served: float
     load_average: float
     threads: int
-    served_threads: int
+    served_threads: str
 
     def line(self) -> str:
         def ratio(value: float) -> str:
@@ -112,7 +112,7 @@ class Case:
         return (f"{self.model:24s} {self.num_requests} x {self.max_tokens:3d} tokens: transformers "
                 f"{self.transformers:6.1f} tok/s | executor {self.executor:6.1f} tok/s ({ratio(self.executor)}) | "
                 f"served {self.served:6.1f} tok/s ({ratio(self.served)}) | {self.threads} threads each"
-                f"{'' if self.served_threads == self.threads else f' (served {self.served_threads})'} | "
+                f"{'' if self.served_threads == str(self.threads) else f' (served {self.served_threads})'} | "
                 f"load {self.load_average:.1f}")
 
 
@@ -190,7 +190,7 @@ def served_run(base_url: str, num_requests: int, max_tokens: int) -> Callable[[]
 
 
 def measure(name: str, shapes: list[tuple[int, int]], with_served: bool, rounds: int, work: Path,
-            served_threads: int) -> list[Case]:
+            served_threads: str) -> list[Case]:
     """Every shape (requests, tokens) of model ``name`` on the three engines, interleaved (``served_threads``: the
     served model's torch threads, for the figures' line)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -301,11 +301,15 @@ def main() -> None:
                         help="CPU ms per generated token of each serve process at batch 1, and the executor's")
     args = parser.parse_args()
     torch.manual_seed(0)
-    default_served = cpu_threads("", environ={})  # the served model's own default: torch's count less one
-    served_threads = args.served_threads or args.threads or default_served
+    served = args.served_threads or args.threads  # None: the served model's own default
+    own = default_threads(environ={})
+    served_threads = str(served) if served else f"{own.one_row} at one row, {own.several_rows} at more"
     args.threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    os.environ["OMP_NUM_THREADS"] = str(served_threads)  # read by the served model (its cpu_threads unset)
+    if served:  # read by the served model (its cpu_threads unset): every step at that count
+        os.environ["OMP_NUM_THREADS"] = str(served)
+    else:
+        os.environ.pop("OMP_NUM_THREADS", None)
     shapes = [(1, 32), (8, 16)] if args.quick else [(1, 128), (8, 64)]
     cases: list[Case] = []
     if args.cpu_by_process:

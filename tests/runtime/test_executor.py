@@ -17,6 +17,7 @@ from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.handle import QueueFullError
 from trtllm_kit.runtime.model import CheckpointModel
 from trtllm_kit.runtime.sequence import SamplingParams
+from trtllm_kit.runtime.threads import StepThreads
 
 torch.set_num_threads(1)
 VOCAB = 1031
@@ -151,3 +152,27 @@ def test_config_from_triton_parameters():
     assert (config.max_batch_size, config.enable_chunked_context, config.tokens_per_block) == (4, True, 32)
     with pytest.raises(KitUsageError, match="parameter max_num_tokens is 'many'; it must be an integer"):
         EngineConfig.from_parameters({"max_num_tokens": "many"})
+
+
+def test_each_step_computes_with_the_threads_of_its_rows_and_the_same_outputs(checkpoints) -> None:
+    """A server's ``step_threads``: one-row steps at one count, others at another, set on the stepping thread;
+    greedy tokens and logprobs as at one count throughout."""
+    prompts, outs = workload()
+    params = [SamplingParams(max_tokens=n, logprobs=1) for n in outs[:3]]
+    fixed = Executor(checkpoints["llama"], EngineConfig(max_batch_size=4))
+    expected = [fixed.add_request(p, sp) for p, sp in zip(prompts[:3], params, strict=True)]
+    while fixed.has_work():
+        fixed.step()
+    executor = Executor(checkpoints["llama"], EngineConfig(max_batch_size=4))
+    executor.step_threads = StepThreads(1, 2)
+    seqs = [executor.add_request(p, sp) for p, sp in zip(prompts[:3], params, strict=True)]
+    seen = []
+    try:
+        while executor.has_work():
+            executor.step()
+            seen.append((executor.last_tokens, torch.get_num_threads()))
+    finally:
+        torch.set_num_threads(1)
+    assert all(threads == (1 if rows == 1 else 2) for rows, threads in seen) and {t for _, t in seen} == {1, 2}
+    assert [s.output_ids for s in seqs] == [s.output_ids for s in expected]
+    assert [s.output_logprobs for s in seqs] == [s.output_logprobs for s in expected]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.threads import StepThreads
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters, cpu_threads
 
 REPO = Path("/models/tensorrt_llm")
@@ -53,18 +54,18 @@ def test_the_lora_cache_is_sized_in_bytes_only_without_an_adapter_count(paramete
 @pytest.mark.parametrize("value, threads", [("3", 3), ("", None), ("${cpu_threads}", None)])
 def test_cpu_threads_are_the_parameter_else_omp_num_threads(value: str, threads: int | None) -> None:
     assert os.environ["OMP_NUM_THREADS"] == "1"  # tests/conftest.py; torch's count follows it
-    expected = torch.get_num_threads() if threads is None else threads
+    expected = StepThreads.fixed(torch.get_num_threads() if threads is None else threads)
     assert CpuParameters.from_config(_config(gpt_model_path="c", cpu_threads=value), REPO).cpu_threads == expected
 
 
 @pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (16, 15)])
-def test_unset_threads_leave_a_core_to_the_serves_other_processes(cores: int, threads: int) -> None:
+def test_unset_threads_are_the_runtimes_default(cores: int, threads: int) -> None:
     previous = torch.get_num_threads()
     torch.set_num_threads(cores)  # torch's count without OMP_NUM_THREADS: the machine's physical cores
     try:
-        assert cpu_threads("", environ={}) == threads
-        assert cpu_threads("", environ={"OMP_NUM_THREADS": str(cores)}) == cores  # the environment's count
-        assert cpu_threads("4", environ={}) == 4
+        assert cpu_threads("", environ={}) == StepThreads(threads, cores)
+        assert cpu_threads("", environ={"OMP_NUM_THREADS": str(cores)}) == StepThreads.fixed(cores)  # as set
+        assert cpu_threads("4", environ={}) == StepThreads.fixed(4)  # the parameter: every step
     finally:
         torch.set_num_threads(previous)
 

@@ -32,6 +32,7 @@ from trtllm_kit.runtime.sequence import SamplingParams, Sequence, SequenceStatus
 from trtllm_kit.runtime.single_decode import SingleDecode, plain_layers
 from trtllm_kit.runtime.speculation import Speculator
 from trtllm_kit.runtime.stats import ExecutorStats
+from trtllm_kit.runtime.threads import StepThreads
 
 
 class Executor:
@@ -62,6 +63,7 @@ class Executor:
         self._seq_ids = itertools.count()
         self.num_steps = self.total_scheduled = self.peak_scheduled = 0
         self.last_scheduled = self.last_context = self.last_context_tokens = self.last_tokens = 0
+        self.step_threads: StepThreads | None = None  # a server's threads for each step (None: torch's as set)
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: Path, config: EngineConfig,
@@ -171,6 +173,10 @@ class Executor:
         drafted = speculator.attach(seqs, self.scheduler) if speculator is not None else []
         sampled = [s for s in seqs if s.num_computed_tokens + s.num_scheduled_tokens == len(s) and not s.is_finished
                    and s not in drafted]
+        if self.step_threads is not None:  # set on the thread that steps: torch's count is each thread's own
+            wanted = self.step_threads.of_rows(sum(s.num_scheduled_tokens for s in seqs))  # drafts counted
+            if torch.get_num_threads() != wanted:
+                torch.set_num_threads(wanted)
         logits = self._forward(seqs, sampled, drafted)  # always: context chunks fill the cache
         drafted_finished = speculator.verify(drafted, logits[len(sampled):], self.scheduler) if speculator else []
         logits = logits[:len(sampled)]

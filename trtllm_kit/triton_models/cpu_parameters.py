@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from trtllm_kit.errors import KitUsageError
+from trtllm_kit.runtime.threads import StepThreads, default_threads
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class CpuParameters:
     tokenizer_info: Path | None
     is_decoupled: bool
     exclude_input: bool
-    cpu_threads: int
+    cpu_threads: StepThreads
 
     @classmethod
     def from_config(cls, config: dict[str, Any], repository: Path) -> CpuParameters:
@@ -66,26 +65,16 @@ class CpuParameters:
         return None
 
 
-# Cores left to the serve's other processes when the served model's threads are not set: tritonserver, the OpenAI
-# frontend, the pre/postprocessing and BLS stubs run between and beside the model's steps, and a torch thread whose
-# core they take holds up every parallel operation of the step. On a 2-core machine, SmolLM2 served at one thread
-# answered 1.33x (batch 1) and 1.08x (8 concurrent) the tokens/s of two threads (python benchmarks/served_threads.py).
-RESERVED_CORES = 1
-
-
-def cpu_threads(raw: str, environ: Mapping[str, str] = os.environ) -> int:
-    """The served model's torch intra-op threads: the ``cpu_threads`` parameter; else ``OMP_NUM_THREADS`` when the
-    server's environment sets it (torch's count then); else torch's count (the machine's physical cores) less
-    ``RESERVED_CORES``, at least 1.
+def cpu_threads(raw: str, environ: Mapping[str, str] = os.environ) -> StepThreads:
+    """The served model's torch intra-op threads: the ``cpu_threads`` parameter for every step, else the runtime's
+    default (``runtime/threads.default_threads``).
 
     Arguments:
         raw: the parameter's string value (empty or ``${...}``: not set); environ: the server's environment.
     """
     raw = raw.strip()
     if not raw or raw.startswith("${"):
-        if environ.get("OMP_NUM_THREADS", "").strip():
-            return torch.get_num_threads()
-        return max(1, torch.get_num_threads() - RESERVED_CORES)
+        return default_threads(environ)
     if not raw.isdigit() or int(raw) < 1:
         raise KitUsageError(f"parameter cpu_threads is {raw!r}; set it to a whole number of threads, at least 1.")
-    return int(raw)
+    return StepThreads.fixed(int(raw))

@@ -9,13 +9,14 @@ from typing import Any, NamedTuple
 
 class LlmClasses(NamedTuple):
     """``LLM``, ``SamplingParams``, ``GuidedDecodingParams``, ``LoRARequest`` and ``DisaggregatedParams`` of one
-    implementation."""
+    implementation, and whether it is the kit's CPU runtime."""
 
     llm: Any
     sampling_params: Any
     guided_decoding_params: Any
     lora_request: Any
     disaggregated_params: Any
+    on_cpu: bool
 
 
 def llm_classes() -> LlmClasses:
@@ -29,9 +30,9 @@ def llm_classes() -> LlmClasses:
             from tensorrt_llm.llmapi import DisaggregatedParams
             from tensorrt_llm.sampling_params import GuidedDecodingParams
 
-            return LlmClasses(LLM, SamplingParams, GuidedDecodingParams, LoRARequest, DisaggregatedParams)
+            return LlmClasses(LLM, SamplingParams, GuidedDecodingParams, LoRARequest, DisaggregatedParams, False)
     except ImportError:
         pass
     from trtllm_kit.llmapi.cpu_llm import LLM, DisaggregatedParams, GuidedDecodingParams, LoRARequest, SamplingParams
 
-    return LlmClasses(LLM, SamplingParams, GuidedDecodingParams, LoRARequest, DisaggregatedParams)
+    return LlmClasses(LLM, SamplingParams, GuidedDecodingParams, LoRARequest, DisaggregatedParams, True)

@@ -48,6 +48,7 @@ from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.response import perf_of, response_of
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 from trtllm_kit.runtime.stats import GAUGES, gauge_values
+from trtllm_kit.runtime.threads import compute_with
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
 from trtllm_kit.triton_models.cpu_speculation import cpu_speculator
 from trtllm_kit.triton_models.outbox import Outbox
@@ -155,9 +156,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         self.parameters = p = CpuParameters.from_config(json.loads(args["model_config"]),
                                                         Path(args["model_repository"]))
-        torch.set_num_threads(p.cpu_threads)
-        if torch.get_num_interop_threads() != 1:  # the engine loop's thread is the only one that runs torch
-            torch.set_num_interop_threads(1)
+        compute_with(p.cpu_threads)
         values, lora_cache = dict(p.values), p.lora_cache_size()
         if lora_cache is not None:  # the backend's cache in bytes, as adapters
             checkpoint = json.loads((p.checkpoint / "config.json").read_text())
@@ -167,6 +166,7 @@ class TritonPythonModel:
         info, vocab_size = p.tokenizer_info, model.dims.vocab_size
         self.engine = Executor(model, config, cpu_speculator(values, config, Path(args["model_repository"]),
                                                              vocab_size))
+        self.engine.step_threads = p.cpu_threads
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.gauges, self.families = {}, []  # a family must outlive its metrics

@@ -11,7 +11,8 @@ come from ``llmapi_params.py``, the responses from ``llmapi_outputs.py``; the C+
 Several instances each run their own ``LLM`` on their own GPUs (``llmapi_instances.py``): the instance's group
 becomes ``CUDA_VISIBLE_DEVICES`` before TensorRT-LLM is imported. A request's ``priority`` goes to
 ``generate_async(priority=...)`` where the installed LLM API has that parameter. The classes are TensorRT-LLM's
-with a GPU, else the kit's CPU runtime behind the same interface (``llmapi_classes.py``). The model needs
+with a GPU, else the kit's CPU runtime behind the same interface (``llmapi_classes.py``), which computes with the
+runtime's default torch threads (``runtime/threads.py``). The model needs
 trtllm-kit installed where Triton runs (the serving image installs it).
 """
 
@@ -29,6 +30,7 @@ import yaml
 try:
     from trtllm_kit.llmapi.disaggregated_params import params_of
     from trtllm_kit.runtime.handle import Failure, failure_of
+    from trtllm_kit.runtime.threads import compute_with, default_threads
     from trtllm_kit.triton_models.llmapi_adapters import Adapters
     from trtllm_kit.triton_models.llmapi_classes import llm_classes
     from trtllm_kit.triton_models.llmapi_gauges import make_gauges, stat_value
@@ -69,6 +71,9 @@ class TritonPythonModel:
         if gpus is not None:  # before torch or TensorRT-LLM is imported: this process then sees only its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["TRTLLM_VISIBLE_DEVICES"] = gpus
         self.classes = llm_classes()
+        threads = default_threads() if self.classes.on_cpu else None
+        if threads is not None:
+            compute_with(threads)
         self.adapters = Adapters(os.path.dirname(os.path.abspath(config["model"])))  # model: OUT/checkpoint
         pb_utils.Logger.log_info(f"tensorrt_llm instance {index} of {count}: {self.classes.llm.__module__}.LLM on "
                                  f"{'GPU ' + gpus if gpus is not None else 'the visible devices'}")
@@ -76,6 +81,8 @@ class TritonPythonModel:
         self.thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop", daemon=True)
         self.thread.start()
         self.llm = self.classes.llm(**llm_args)
+        if threads is not None:
+            self.llm.engine.step_threads = threads
         self.takes_priority = "priority" in inspect.signature(self.llm.generate_async).parameters
         self.priority_noted = False
         self.inflight: dict[str, list] = {}  # triton request id → running results (for the ``stop`` input)
