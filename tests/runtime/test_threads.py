@@ -29,14 +29,15 @@ def test_a_server_process_computes_with_the_default_and_one_interop_thread() -> 
     """What the Dynamo worker, the Ray replica and the Triton models run first, in a process of its own whose
     environment sets no thread count."""
     code = ("import torch; cores = torch.get_num_threads(); "
-            "from trtllm_kit.runtime.threads import compute_with, default_threads; compute_with(default_threads()); "
-            "print(cores, torch.get_num_threads(), torch.get_num_interop_threads())")
+            "from trtllm_kit.runtime.threads import compute_with, default_threads; d = default_threads(); "
+            "compute_with(d); print(cores, d.one_row, d.several_rows, torch.get_num_threads(), "
+            "torch.get_num_interop_threads())")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           check=True)
-    cores, threads, interop = map(int, done.stdout.split())
-    assert (threads, interop) == (cores, 1)
-    assert StepThreads(max(1, cores - RESERVED_CORES), cores).of_rows(1) == max(1, cores - RESERVED_CORES)
+    cores, one_row, several_rows, threads, interop = map(int, done.stdout.split())
+    assert (one_row, several_rows) == (max(1, cores - RESERVED_CORES), cores)  # the machine's cores
+    assert (threads, interop) == (cores, 1)  # before the first step: the count of several rows
 
 
 def test_the_llmapi_classes_say_they_are_the_cpu_runtime_without_a_gpu() -> None:

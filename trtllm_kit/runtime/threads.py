@@ -22,8 +22,8 @@ import torch
 # Cores a one-row step leaves to the serve's other processes (tritonserver, the OpenAI frontend, the pre/post-
 # processing and BLS stubs; Dynamo's frontend and router; Ray's raylet and proxy), which run between and beside the
 # model's steps: a torch thread whose core they take holds up every parallel operation of the step. On a 2-core
-# machine, SmolLM2 served at batch 1 answered 1.33x the tokens/s at one thread of those at two one day, 1.02x another;
-# at 8 concurrent requests 1.08x one day and 0.85x the other (python benchmarks/served_threads.py).
+# machine, SmolLM2 served at one thread answered 1.33x and 1.02x (two days) the tokens/s of two threads at batch 1,
+# and 1.08x and 0.85x at 8 concurrent requests (python benchmarks/served_threads.py; docs/cpu-runtime-speed.md).
 RESERVED_CORES = 1
 
 
