@@ -7,7 +7,7 @@ registers it with Dynamo's Python API (``ModelInput.Tokens``, chat and completio
 KV router (``kv_events.py``), adds its prefix-cache metrics to Dynamo's worker ``/metrics`` on a free loopback port
 (``metrics.py``) with the engine's gauges and request counters under a plain serve's names (``engine_metrics.py``),
 writes that address into the ready file and serves ``generate`` until SIGTERM. The model computes with the runtime's
-default torch threads (``runtime/threads.py``). Discovery is Dynamo's file backend (``DYN_FILE_KV``) and requests
+default torch threads (``artifact_llm.py``). Discovery is Dynamo's file backend (``DYN_FILE_KV``) and requests
 come over TCP: ``serve --dynamo`` sets both, and the loopback addresses (``launch.py``).
 """
 
@@ -26,7 +26,6 @@ from typing import Any
 
 from trtllm_kit.errors import KitError, KitUsageError
 from trtllm_kit.llmapi.cpu_llm import LLM, RequestError
-from trtllm_kit.runtime.threads import compute_with, default_threads
 from trtllm_kit.serve.artifact_llm import artifact_llm
 from trtllm_kit.serve.dynamo.discovery import write_instance
 from trtllm_kit.serve.dynamo.engine_metrics import RequestCounts, engine_exposition
@@ -132,10 +131,7 @@ async def run_worker(spec: WorkerSpec) -> None:
     from dynamo.llm.exceptions import InvalidArgument
     from dynamo.runtime import DistributedRuntime
 
-    threads = default_threads()
-    compute_with(threads)
     llm, limits = artifact_llm(spec.out, event_buffer=EVENT_BUFFER)
-    llm.engine.step_threads = threads
     metrics_port = system_port(LOOPBACK)
     os.environ.update({"DYN_SYSTEM_HOST": LOOPBACK, SYSTEM_PORT_ENV: str(metrics_port)})  # read by the runtime
     loop = asyncio.get_running_loop()

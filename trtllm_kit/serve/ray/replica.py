@@ -4,7 +4,7 @@ A replica is a Ray Serve actor; ``generate`` takes the frontend's ``GenerationRe
 ``GenerationResponse``s, mapped to and from the LLM API as the llmapi target's Triton model maps them
 (``triton_models/llmapi_params.py``, ``llmapi_outputs.py``). The classes are TensorRT-LLM's on a GPU, else the kit's
 CPU runtime behind the same API (``llmapi_classes.py``); the artifact loads as the Dynamo worker loads it, and
-computes with the runtime's default torch threads (``runtime/threads.py``). When the caller leaves, Ray Serve
+computes with the runtime's default torch threads (``artifact_llm.py``). When the caller leaves, Ray Serve
 cancels the generator and the request is aborted in the engine. The replica logs each request's end and its engine's
 load (``engine_load.py``).
 """
@@ -34,14 +34,10 @@ class Replica:
 
     def __init__(self, out: str) -> None:
         # imported here, in the replica: the driver names this class and so starts Ray without loading torch
-        from trtllm_kit.runtime.threads import compute_with, default_threads
         from trtllm_kit.serve.artifact_llm import artifact_llm
 
         self.classes = llm_classes()
-        threads = default_threads()
-        compute_with(threads)
         self.llm, self.limits = artifact_llm(Path(out))
-        self.llm.engine.step_threads = threads
         self.logger = logging.getLogger(SERVE_LOGGER)
         self.watch: asyncio.Task[None] | None = None  # the load's log, started on the replica's loop
 
