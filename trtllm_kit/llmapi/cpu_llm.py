@@ -43,6 +43,7 @@ from trtllm_kit.runtime.request import sampling_params as runtime_settings
 from trtllm_kit.runtime.sequence import DEFAULT_PRIORITY
 from trtllm_kit.runtime.sequence import SamplingParams as RuntimeParams
 from trtllm_kit.runtime.stats import ExecutorStats, executor_stats
+from trtllm_kit.runtime.threads import on_passing_thread
 from trtllm_kit.wire import GenerationRequest
 from trtllm_kit.wire.request import NEVER_END_ID, sampled_settings
 
@@ -89,9 +90,13 @@ class LLM:
                                                                or DEFAULT_MAX_LORAS))
         path = Path(model)
         mapping = Mapping(int(tensor_parallel_size), int(pipeline_parallel_size))
-        target = load_checkpoint(path, mapping)
-        self.engine = Executor(target, self.config, speculator_of(speculative_config, self.config,
-                                                                  target.dims.vocab_size))
+
+        def engine() -> Executor:
+            target = load_checkpoint(path, mapping)
+            return Executor(target, self.config, speculator_of(speculative_config, self.config,
+                                                               target.dims.vocab_size))
+
+        self.engine = on_passing_thread(engine)  # the engine thread's OpenMP pool is then the process's only one
         if int(kv.get("event_buffer_max_size") or 0) > 0:  # as TensorRT-LLM: KV cache events only when buffered
             self.engine.scheduler.block_manager.record_events(int(kv["event_buffer_max_size"]))
         self.lora = None if lora_config is None else \

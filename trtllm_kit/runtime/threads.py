@@ -7,15 +7,17 @@ Else a step of several rows (a prompt, several sequences' new tokens) computes w
 physical cores, and a step of one row (one sequence's one new token) with ``RESERVED_CORES`` fewer, at least 1: its
 products are bound by memory, not arithmetic, and gain little from the last core, which the serve's other processes
 then use without holding the step up. The engine loop's thread is the only one that runs torch, so the model takes
-one inter-op thread.
+one inter-op thread, and the model is loaded on a thread that ends (``on_passing_thread``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -25,6 +27,7 @@ import torch
 # machine, SmolLM2 served at one thread answered 1.33x and 1.02x (two days) the tokens/s of two threads at batch 1,
 # and 1.08x and 0.85x at 8 concurrent requests (python benchmarks/served_threads.py; docs/cpu-runtime-speed.md).
 RESERVED_CORES = 1
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,35 @@ def compute_with(threads: StepThreads) -> None:
     if torch.get_num_interop_threads() != 1:
         with contextlib.suppress(RuntimeError):  # torch sets it once, before any inter-op work: else left as it is
             torch.set_num_interop_threads(1)
+
+
+def on_passing_thread(make: Callable[[], T]) -> T:
+    """``make()`` run on a thread of its own that ends when it returns: its value, or the exception it raised.
+
+    A served model is loaded (and its engine made) here, not on the thread that then answers requests, because
+    libgomp keeps a pool of OpenMP workers for every thread that has run a parallel operation, and once a process's
+    pools hold more threads than the machine has cores, every idle worker sleeps instead of spinning: each parallel
+    operation of a step then waits for its workers to wake. A load on a server's main thread left its pool beside
+    the engine thread's (four threads on two cores); a thread that ends takes its pool with it, so the engine
+    thread's is the process's only one. SmolLM2 at 8 concurrent requests on 2 cores, stepped on a thread of its own:
+    44.5-62.6 tokens/s loaded on the main thread, 108.0-114.2 loaded on a passing thread
+    (``python benchmarks/load_thread.py``).
+
+    Arguments:
+        make: what to run (the model's load and the engine's construction).
+    """
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(make())
+        except BaseException as exc:  # raised again on the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="trtllm-kit-load")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]

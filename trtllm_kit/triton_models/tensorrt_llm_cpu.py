@@ -48,7 +48,7 @@ from trtllm_kit.runtime.request import sampling_params
 from trtllm_kit.runtime.response import perf_of, response_of
 from trtllm_kit.runtime.sequence import SamplingParams, Sequence
 from trtllm_kit.runtime.stats import GAUGES, gauge_values
-from trtllm_kit.runtime.threads import compute_with
+from trtllm_kit.runtime.threads import compute_with, on_passing_thread
 from trtllm_kit.triton_models.cpu_parameters import CpuParameters
 from trtllm_kit.triton_models.cpu_speculation import cpu_speculator
 from trtllm_kit.triton_models.outbox import Outbox
@@ -162,11 +162,15 @@ class TritonPythonModel:
             checkpoint = json.loads((p.checkpoint / "config.json").read_text())
             values["lora_cache_max_adapters"] = str(cache_capacity(checkpoint, *lora_cache))
         config = EngineConfig.from_parameters(values)  # draft_input_ids verified in the step, within its budget
-        model = CheckpointModel.load(p.checkpoint)
-        info, vocab_size = p.tokenizer_info, model.dims.vocab_size
-        self.engine = Executor(model, config, cpu_speculator(values, config, Path(args["model_repository"]),
-                                                             vocab_size))
+
+        def engine() -> Executor:
+            model = CheckpointModel.load(p.checkpoint)
+            return Executor(model, config, cpu_speculator(values, config, Path(args["model_repository"]),
+                                                          model.dims.vocab_size))
+
+        self.engine = on_passing_thread(engine)  # the engine thread's OpenMP pool is then the process's only one
         self.engine.step_threads = p.cpu_threads
+        info, vocab_size = p.tokenizer_info, self.engine.model.dims.vocab_size
         self.guides = None if info is None else GuideService(lambda: tokenizer_info_file(info, vocab_size))
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.gauges, self.families = {}, []  # a family must outlive its metrics
