@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from trtllm_kit.runtime.threads import RESERVED_CORES, StepThreads, default_threads
+from trtllm_kit.llmapi.unified import write_unified
+from trtllm_kit.models.inspect import inspect_model
+from trtllm_kit.runtime.threads import RESERVED_CORES, StepThreads, default_threads, on_passing_thread
 from trtllm_kit.triton_models.llmapi_classes import llm_classes
 
 
@@ -43,3 +46,46 @@ def test_a_server_process_computes_with_the_default_and_one_interop_thread() -> 
 def test_the_llmapi_classes_say_they_are_the_cpu_runtime_without_a_gpu() -> None:
     classes = llm_classes()
     assert classes.on_cpu and classes.llm.__module__ == "trtllm_kit.llmapi.cpu_llm"
+
+
+def test_a_passing_thread_gives_what_it_made_or_raises_what_it_raised() -> None:
+    assert on_passing_thread(lambda: 42) == 42
+    with pytest.raises(ValueError, match="no weights"):
+        on_passing_thread(lambda: (_ for _ in ()).throw(ValueError("no weights")))
+
+
+# Native threads of the process (libgomp's workers among them) less its Python threads, at two torch threads, and
+# the count once ``count`` threads at most are left (a thread and its workers end shortly after its join returns;
+# at most 10 s).
+NATIVE = ("import os, threading, time, torch; torch.set_num_threads(2); "
+          "native = lambda: len(os.listdir('/proc/self/task')) - threading.active_count(); "
+          "settled = lambda count: next((n for _ in range(100) if (n := native()) <= count or time.sleep(0.1)), "
+          "native()); ")
+
+
+def _native_counts(code: str, *argv: str) -> list[int]:
+    done = subprocess.run([sys.executable, "-c", NATIVE + code, *argv], capture_output=True, text=True, timeout=300,
+                          check=True)
+    return list(map(int, done.stdout.split()))
+
+
+def test_a_load_on_a_passing_thread_leaves_no_openmp_workers_behind() -> None:
+    """A parallel operation leaves its thread a pool of OpenMP workers for as long as that thread lives: run on a
+    passing thread, the pool ends with it (else a served model's main thread and engine thread hold two pools, more
+    threads than a 2-core machine's cores, and libgomp's idle workers then sleep between a step's operations)."""
+    code = ("from trtllm_kit.runtime.threads import on_passing_thread; "
+            "op = lambda: torch.ones(4_000_000).add_(1).sum(); "
+            "before = native(); on_passing_thread(op); apart = settled(before); op(); print(before, apart, native())")
+    before, apart, on_main = _native_counts(code)
+    assert apart == before  # the passing thread and its worker are gone
+    assert on_main == before + 1  # the same operation on this thread leaves its worker: the count sees pools
+
+
+def test_the_cpu_llm_loads_its_model_where_no_pool_stays(tmp_path: Path) -> None:
+    """The Triton llmapi model, the Dynamo worker and the Ray replica make their engine in the CPU ``LLM``: its
+    construction adds Python threads (the engine loop's) and no native one."""
+    write_unified(inspect_model("builtin:tiny-llama"), tmp_path, "float32")
+    code = ("import sys; before = native(); from trtllm_kit.llmapi.cpu_llm import LLM; llm = LLM(model=sys.argv[1]); "
+            "print(before, settled(before)); llm.shutdown()")
+    before, after = _native_counts(code, str(tmp_path))
+    assert after == before

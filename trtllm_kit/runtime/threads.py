@@ -88,9 +88,9 @@ def on_passing_thread(make: Callable[[], T]) -> T:
     pools hold more threads than the machine has cores, every idle worker sleeps instead of spinning: each parallel
     operation of a step then waits for its workers to wake. A load on a server's main thread left its pool beside
     the engine thread's (four threads on two cores); a thread that ends takes its pool with it, so the engine
-    thread's is the process's only one. SmolLM2 at 8 concurrent requests on 2 cores, stepped on a thread of its own:
-    44.5-62.6 tokens/s loaded on the main thread, 108.0-114.2 loaded on a passing thread
-    (``python benchmarks/load_thread.py``).
+    thread's is the process's only one. SmolLM2's executor at 8 concurrent requests on 2 cores, stepped on a thread
+    of its own: 52.0-54.5 tokens/s loaded on the main thread, 95.8-96.0 loaded on a passing thread, 97.8-114.5 loaded
+    and stepped on one thread (``python benchmarks/load_thread.py``).
 
     Arguments:
         make: what to run (the model's load and the engine's construction).
