@@ -25,7 +25,8 @@ import torch
 # processing and BLS stubs; Dynamo's frontend and router; Ray's raylet and proxy), which run between and beside the
 # model's steps: a torch thread whose core they take holds up every parallel operation of the step. On a 2-core
 # machine, SmolLM2 served at one thread answered 1.33x and 1.02x (two days) the tokens/s of two threads at batch 1,
-# and 1.08x and 0.85x at 8 concurrent requests (python benchmarks/served_threads.py; docs/cpu-runtime-speed.md).
+# and 1.08x and 0.85x at 8 concurrent requests; 1.08x and 0.83x with the model loaded on a passing thread
+# (python benchmarks/served_threads.py; docs/cpu-runtime-speed.md).
 RESERVED_CORES = 1
 T = TypeVar("T")
 
