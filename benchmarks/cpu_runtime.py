@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -300,6 +301,9 @@ def main() -> None:
     parser.add_argument("--cpu-by-process", action="store_true",
                         help="CPU ms per generated token of each serve process at batch 1, and the executor's")
     args = parser.parse_args()
+    if not args.no_served and importlib.util.find_spec("openai") is None:
+        raise SystemExit("the served engine is measured through the openai client, which is not installed; run pip "
+                         "install -c constraints.txt -e '.[test]', or pass --no-served.")
     torch.manual_seed(0)
     served = args.served_threads or args.threads  # None: the served model's own default
     own = default_threads(environ={})
