@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def one_way(way: str, model: str, num_requests: int, max_tokens: int, rounds: in
     with tempfile.TemporaryDirectory() as tmp:
         on_passing_thread(lambda: convert_checkpoint(hf_dir, Path(tmp) / "ckpt", dtype="float32"))
 
-        def load():  # noqa: ANN202 (the benchmark's run)
+        def load() -> Callable[[], int]:
             return executor_run(CheckpointModel.load(Path(tmp) / "ckpt"), prompts, max_tokens)
         run = load() if way in ("same", "main") else on_passing_thread(load)
         figures: list[float] = []
