@@ -49,9 +49,12 @@ def test_the_llmapi_classes_say_they_are_the_cpu_runtime_without_a_gpu() -> None
 
 
 def test_a_passing_thread_gives_what_it_made_or_raises_what_it_raised() -> None:
+    def refused() -> int:
+        raise ValueError("no weights")
+
     assert on_passing_thread(lambda: 42) == 42
     with pytest.raises(ValueError, match="no weights"):
-        on_passing_thread(lambda: (_ for _ in ()).throw(ValueError("no weights")))
+        on_passing_thread(refused)
 
 
 # Native threads of the process (libgomp's workers among them) less its Python threads, at two torch threads, and
