@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,7 +41,7 @@ def native_threads() -> int:
 
 def one_way(way: str, model: str, num_requests: int, max_tokens: int, rounds: int) -> None:
     """Load ``model`` and step it the ``way`` says; print the tokens/s of each round and the native threads."""
-    from cpu_runtime import chat_ids, executor_run
+    from cpu_runtime import chat_ids, executor_run, tokens_per_second
     from transformers import AutoTokenizer
 
     from trtllm_kit.checkpoint.convert import convert_checkpoint
@@ -53,6 +52,7 @@ def one_way(way: str, model: str, num_requests: int, max_tokens: int, rounds: in
     hf_dir = builtin_dir(model)
     prompts = chat_ids(AutoTokenizer.from_pretrained(hf_dir), num_requests)
     with tempfile.TemporaryDirectory() as tmp:
+        # apart in every way: the conversion's own pool would otherwise stay on this thread
         on_passing_thread(lambda: convert_checkpoint(hf_dir, Path(tmp) / "ckpt", dtype="float32"))
 
         def load() -> Callable[[], int]:
@@ -62,9 +62,7 @@ def one_way(way: str, model: str, num_requests: int, max_tokens: int, rounds: in
 
         def step() -> None:
             run()  # warm-up
-            for _ in range(rounds):
-                start = time.perf_counter()
-                figures.append(run() / (time.perf_counter() - start))
+            figures.extend(tokens_per_second(run) for _ in range(rounds))
         if way == "same":
             step()
         else:

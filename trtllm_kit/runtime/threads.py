@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -96,18 +96,5 @@ def on_passing_thread(make: Callable[[], T]) -> T:
     Arguments:
         make: what to run (the model's load and the engine's construction).
     """
-    outcome: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(make())
-        except BaseException as exc:  # raised again on the caller's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="trtllm-kit-load")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return outcome[0]
+    with ThreadPoolExecutor(1, thread_name_prefix="trtllm-kit-load") as one:  # its thread ends on the way out
+        return one.submit(make).result()
