@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LLMAPI = BuildKey.of(target="llmapi")
 PROMPT_IDS = [1, 264, 333, 84, 534, 332]  # token ids: both frontends see the same prompt, BOS included
-LONG_TOKENS = 300  # long enough that a worker dies mid-stream
+LONG_TOKENS = 500  # long enough that a worker dies mid-stream: a stream outruns its client by many chunks
+KILL_AT_CHUNK = 100  # the chunk after which the worker generating a stream is killed
 EOS_PROMPT_IDS = [1, 75, 613, 917, 149]  # the tiny model's greedy answer ends on its end token, 4 tokens in
 
 
@@ -88,21 +89,15 @@ def _groups(state: dict[str, Any]) -> list[int]:
     return [int(state["server_pid"]), *(int(w["pid"]) for w in state["workers"].values())]
 
 
-def _busiest_worker(state: dict[str, Any]) -> int:
-    """The pid of the worker spending the most CPU over a short window: the one generating the stream."""
-    def cpu_seconds(pid: int) -> float | None:  # None for a worker an earlier kill left dead or a zombie
+def _worker_cpu_s(state: dict[str, Any]) -> dict[int, float]:
+    """Each worker's CPU seconds so far, by pid; a worker an earlier kill left dead or a zombie is left out."""
+    spent = {}
+    for worker in state["workers"].values():
         try:
-            return sum(psutil.Process(pid).cpu_times()[:2])
+            spent[int(worker["pid"])] = sum(psutil.Process(int(worker["pid"])).cpu_times()[:2])
         except psutil.Error:
-            return None
-
-    pids = [int(w["pid"]) for w in state["workers"].values()]
-    before = {pid: cpu_seconds(pid) for pid in pids}
-    time.sleep(0.3)
-    spent = {pid: now - start for pid, start in before.items()
-             if start is not None and (now := cpu_seconds(pid)) is not None}
-    assert spent, f"no worker of {pids} is alive"
-    return max(spent, key=lambda pid: spent[pid])
+            continue
+    return spent
 
 
 def _wait_gone(pgids: list[int], timeout_s: float) -> list[int]:
@@ -295,14 +290,7 @@ def test_worker_killed_mid_stream_migrates_and_the_stream_is_unchanged(dynamo: K
     unfaulted, reason = _stream(dynamo, model, LONG_TOKENS)
     assert reason == "length"
     killed: list[int] = []
-
-    def kill_after_some(chunks: int) -> None:
-        if chunks == 20 and not killed:
-            pid = _busiest_worker(dynamo.state)
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-
-    faulted, reason = _stream(dynamo, model, LONG_TOKENS, on_chunk=kill_after_some)
+    faulted, reason = _stream(dynamo, model, LONG_TOKENS, on_chunk=_killer(dynamo.state, killed))
     assert killed, "the stream ended before a worker could be killed"
     assert reason == "length"
     assert faulted == unfaulted
@@ -317,13 +305,20 @@ def test_worker_killed_mid_stream_migrates_and_the_stream_is_unchanged(dynamo: K
 
 
 def _killer(state: dict[str, Any], killed: list[int]) -> Any:
-    """``on_chunk`` that SIGKILLs the busy worker at the 20th chunk."""
-    def kill_after_some(chunks: int) -> None:
-        if chunks == 20 and not killed:
-            pid = _busiest_worker(state)
+    """``on_chunk`` that SIGKILLs the worker generating the stream after its ``KILL_AT_CHUNK``-th chunk: the one that
+    spent the most CPU since the stream began (read at once: a stream this short can end while a window is
+    sampled, and the kill would then hit an idle worker)."""
+    began = _worker_cpu_s(state)
+
+    def kill_generating(chunks: int) -> None:
+        if chunks == KILL_AT_CHUNK and not killed:
+            now = _worker_cpu_s(state)
+            spent = {pid: now[pid] - began[pid] for pid in now.keys() & began.keys()}
+            assert spent, f"no worker of {state['workers']} is alive"
+            pid = max(spent, key=lambda pid: spent[pid])
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-    return kill_after_some
+    return kill_generating
 
 
 @pytest.fixture(scope="module")

@@ -39,15 +39,22 @@ def test_a_dropped_stream_stops_the_engine(served: dict[str, Any], prompt: Any) 
     assert_stops(served, before)
 
 
-def test_a_dropped_whole_request_stops_the_engine(served: dict[str, Any]) -> None:
-    start = counters(served)["steps"]
-    sock = open_stream(served, {**LONG, "prompt": "Hello there"}, num_events=0)
-    while counters(served)["steps"] < start + 5:  # generation under way
+def leave_a_whole_request(state: dict[str, Any]) -> dict[str, float]:
+    """Send a long request not streamed (nothing comes back until the end), leave once the engine has made 5 steps
+    of it; the counters just before leaving."""
+    start = counters(state)["steps"]
+    sock = open_stream(state, {**LONG, "prompt": "Hello there"}, num_events=0)
+    deadline = time.monotonic() + HANG_S
+    while counters(state)["steps"] < start + 5 and time.monotonic() < deadline:  # generation under way
         time.sleep(0.01)
-    before = counters(served)
-    assert before["active"] == 1
+    before = counters(state)
+    assert before["active"] == 1 and before["steps"] >= start + 5, before
     sock.close()
-    assert_stops(served, before)
+    return before
+
+
+def test_a_dropped_whole_request_stops_the_engine(served: dict[str, Any]) -> None:
+    assert_stops(served, leave_a_whole_request(served))
 
 
 def test_a_cancelled_grpc_stream_to_the_bls_stops_the_engine(served: dict[str, Any]) -> None:
