@@ -4,12 +4,15 @@ the tiny build, and a float32 build served for the session."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kit_server import TINY_BUILDS, BuildKey, Builds, Servers
+from kit_server import STOP_TIMEOUT_S, TINY_BUILDS, BuildKey, Builds, Servers
 from serving_helpers import wait_idle
+
+from trtllm_kit.serve.server.detach import stop_serving
 
 
 @pytest.fixture(scope="session")
@@ -20,11 +23,13 @@ def tiny_artifact(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture
-def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
-    """A private copy of the tiny artifact (times preserved, so it still matches its manifest's records)."""
+def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Iterator[Path]:
+    """A private copy of the tiny artifact (times preserved, so it still matches its manifest's records); a serve of
+    it that the test left running (it failed before it ended it) is stopped after the test."""
     out = tmp_path / "out"
     shutil.copytree(tiny_artifact, out)
-    return out
+    yield out
+    stop_serving(out, STOP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """What the serving reliability tests share: a served copy of the tiny artifact, the CPU runtime's counters,
-raw HTTP clients that can leave mid-stream, and the processes and shared memory a server leaves behind."""
+raw HTTP clients that can leave mid-stream, a long request and the check that the engine stops when its client
+leaves, and the processes and shared memory a server leaves behind."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "builtin:tiny-llama"  # the served name
 STUB = "triton_python_backend_stub"
+LONG = {"model": MODEL, "prompt": "Hello there", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
+HANG_S = 60  # hang guards only: every bound is what a loaded machine may need, never a speed claim
+MAX_STEPS = 300  # engine steps, not seconds, between a client's leaving and the engine's stop: the disconnect's way
+# through aiohttp, gRPC, Triton and the BLS, which the engine steps through without waiting for its sends (the
+# outbox): 2-6 steps idle, 121 seen in a run of the suite on a 2-core machine; a request that ran on would take
+# all of LONG's 900
 
 
 def serve(out: Path, *, api_key: str | None = None, **settings: Any) -> dict[str, Any]:
@@ -56,6 +63,28 @@ def wait_idle(state: dict[str, Any], timeout_s: float) -> tuple[float, dict[str,
         time.sleep(0.02)
 
 
+def assert_stops(state: dict[str, Any], before: dict[str, float]) -> None:
+    """The engine has no active request and made at most ``MAX_STEPS`` steps since ``before`` (its counters when
+    the client left)."""
+    _, after = wait_idle(state, timeout_s=HANG_S)
+    assert after["active"] == 0, after
+    assert after["steps"] - before["steps"] <= MAX_STEPS, (before, after)
+
+
+def leave_a_whole_request(state: dict[str, Any]) -> dict[str, float]:
+    """Send ``LONG`` not streamed (nothing comes back until the end), leave once the engine has made 5 steps of it;
+    the counters just before leaving."""
+    start = counters(state)["steps"]
+    sock = open_stream(state, LONG, num_events=0)
+    deadline = time.monotonic() + HANG_S
+    while counters(state)["steps"] < start + 5 and time.monotonic() < deadline:  # generation under way
+        time.sleep(0.01)
+    before = counters(state)
+    assert before["active"] == 1 and before["steps"] >= start + 5, before
+    sock.close()
+    return before
+
+
 def read_rest(sock: socket.socket, timeout_s: float) -> bytes:
     """Everything the server sends until it closes, ends the chunked body or ``timeout_s`` passes."""
     sock.settimeout(timeout_s)
@@ -79,6 +108,25 @@ def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
+
+
+def ready(state: dict[str, Any]) -> bool:
+    """Whether Triton answers ``/v2/health/ready`` with 200."""
+    try:
+        with urllib.request.urlopen(f"http://{state['http']}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def serve_exits(pid: int, timeout_s: float) -> bool:
+    """Whether the serve ``pid`` has ended (or is a zombie) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def server_processes(state: dict[str, Any]) -> list[psutil.Process]:

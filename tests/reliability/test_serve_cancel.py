@@ -8,27 +8,15 @@ on this machine (``benchmarks``-free measure: the CPU runtime's iteration counte
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
-from serving_helpers import MODEL, counters, open_stream, wait_idle
+from serving_helpers import LONG, assert_stops, counters, leave_a_whole_request, open_stream
 
 from trtllm_kit.serve.client import TextClient
 from trtllm_kit.wire import GenerationRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-LONG = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, "temperature": 0}
-MAX_STEPS = 300  # engine steps, not seconds: the disconnect's way through aiohttp, gRPC, Triton and the BLS, which
-# the engine steps through without waiting for its sends (the outbox): 2-6 steps idle, 121 seen in a run of the
-# suite on a 2-core machine; a stream that ran on would take all 900
-HANG_S = 60  # a hang guard only
-
-
-def assert_stops(state: dict[str, Any], before: dict[str, float]) -> None:
-    _, after = wait_idle(state, timeout_s=HANG_S)
-    assert after["active"] == 0, after
-    assert after["steps"] - before["steps"] <= MAX_STEPS, (before, after)
 
 
 @pytest.mark.parametrize("prompt", ["Hello there", [1, 5, 6]], ids=["text", "token-ids"])
@@ -37,20 +25,6 @@ def test_a_dropped_stream_stops_the_engine(served: dict[str, Any], prompt: Any) 
     before = counters(served)
     sock.close()
     assert_stops(served, before)
-
-
-def leave_a_whole_request(state: dict[str, Any]) -> dict[str, float]:
-    """Send a long request not streamed (nothing comes back until the end), leave once the engine has made 5 steps
-    of it; the counters just before leaving."""
-    start = counters(state)["steps"]
-    sock = open_stream(state, {**LONG, "prompt": "Hello there"}, num_events=0)
-    deadline = time.monotonic() + HANG_S
-    while counters(state)["steps"] < start + 5 and time.monotonic() < deadline:  # generation under way
-        time.sleep(0.01)
-    before = counters(state)
-    assert before["active"] == 1 and before["steps"] >= start + 5, before
-    sock.close()
-    return before
 
 
 def test_a_dropped_whole_request_stops_the_engine(served: dict[str, Any]) -> None:

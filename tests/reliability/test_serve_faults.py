@@ -17,51 +17,40 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 from reliability_helpers import kit
-from serving_helpers import MODEL, open_stream, read_rest, serve, server_processes, shm_regions, stubs, wait_gone
+from serving_helpers import (
+    HANG_S,
+    LONG,
+    open_stream,
+    read_rest,
+    ready,
+    serve,
+    serve_exits,
+    server_processes,
+    shm_regions,
+    stubs,
+    wait_gone,
+)
 
 from trtllm_kit.serve.server.launcher import free_endpoints
 from trtllm_kit.serve.server.state import run_dir
 from trtllm_kit.serve.service import stop_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-LONG = {"model": MODEL, "prompt": "Hello there", "max_tokens": 900, "ignore_eos": True, "temperature": 0,
-        "stream": True}
-HANG_S = 60  # hang guards only: every bound below is what a loaded machine may need, never a speed claim
-
-
-def ready(state: dict[str, Any]) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{state['http']}/v2/health/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+STREAMED = {**LONG, "stream": True}
 
 
 def server_log(out: Path) -> str:
     return (run_dir(out) / "tritonserver.log").read_text(errors="replace")
 
 
-def serve_exits(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_bls", "preprocessing"])
 def test_a_killed_stub_fails_in_flight_requests_and_ends_serve(artifact_copy: Path, model: str) -> None:
     state = serve(artifact_copy)
-    sock = open_stream(state, LONG)
+    sock = open_stream(state, STREAMED)
     os.kill(stubs(state)[model], signal.SIGKILL)
     rest = read_rest(sock, timeout_s=HANG_S)  # the stream ends with an error, not at the client's timeout
     assert b'data: {"error": {"message": "the server at ' in rest and b'"type": "server_error"' in rest, rest[-400:]

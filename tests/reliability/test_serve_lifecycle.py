@@ -23,9 +23,19 @@ import psutil
 import pytest
 from kit_server import BuildKey, Builds
 from reliability_helpers import KIT, error_line, kit
-from serving_helpers import MODEL, open_stream, read_rest, serve, stubs, wait_gone
-from test_serve_cancel import assert_stops, leave_a_whole_request
-from test_serve_faults import ready, serve_exits
+from serving_helpers import (
+    LONG,
+    MODEL,
+    assert_stops,
+    leave_a_whole_request,
+    open_stream,
+    read_rest,
+    ready,
+    serve,
+    serve_exits,
+    stubs,
+    wait_gone,
+)
 
 from trtllm_kit.errors import KitError
 from trtllm_kit.serve.server.launcher import LaunchConfig, free_endpoints, launch_argv
@@ -34,7 +44,6 @@ from trtllm_kit.serve.server.process import TritonProcess
 from trtllm_kit.serve.server.state import read_state, run_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-LONG = {"model": MODEL, "prompt": "Hello there", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
 WATCHDOG_S = 3
 
 
@@ -58,7 +67,6 @@ def test_a_stopped_engine_is_treated_as_dead(artifact_copy: Path) -> None:
     assert "Traceback" not in log
 
 
-
 def test_a_stopped_idle_stub_is_treated_as_dead(artifact_copy: Path) -> None:
     state = serve(artifact_copy, engine_watchdog_s=WATCHDOG_S)
     stub = stubs(state)["postprocessing"]
@@ -68,6 +76,7 @@ def test_a_stopped_idle_stub_is_treated_as_dead(artifact_copy: Path) -> None:
     log = (run_dir(artifact_copy) / "serve.log").read_text()
     assert f"Error: the Python-backend stub of model postprocessing (pid {stub}) has been stopped for " in log, \
         log[-2000:]
+
 
 def test_no_ensemble_by_default_a_whole_request_left_stops_the_engine_and_a_killed_server_is_named(
         artifact_copy: Path) -> None:
@@ -94,11 +103,7 @@ def test_reload_refuses_another_model_and_a_corrupt_manifest_and_survives_a_kill
     again = tmp_path / "again"
     shutil.copytree(tiny_artifact, again)
     state = serve(artifact_copy)
-    try:
-        _refused(artifact_copy, qwen, corrupt)
-    except BaseException:
-        kit("stop", str(artifact_copy), timeout=60)
-        raise
+    _refused(artifact_copy, qwen, corrupt)
 
     reload = subprocess.Popen([*KIT, "reload", MODEL, str(again), "--out", str(artifact_copy)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
