@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from modelopt_awq import ORACLE_THREADS, modelopt_awq
-from test_fp8_modelopt import tensors
+from prequantized_inputs import tensors
 
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError

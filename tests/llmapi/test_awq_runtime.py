@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from greedy_runs import PROMPTS, greedy
 from safetensors import safe_open
-from test_nvfp4_runtime import PROMPTS, greedy
 
 from trtllm_kit.cli import run
 from trtllm_kit.llmapi.load import load_unified
@@ -81,7 +81,7 @@ def test_plan_describes_awq_and_its_search_memory(tmp_path: Path, capsys: pytest
 
 def test_a_modelopt_awq_checkpoint_is_served_as_it_is(tmp_path: Path) -> None:
     """ModelOpt's own W4A16 AWQ export, built for llmapi (copied, not re-quantized), runs token-exact too."""
-    from test_fp8_modelopt import modelopt_export
+    from prequantized_inputs import modelopt_export
 
     pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed")
     source = modelopt_export("builtin:tiny-llama", tmp_path / "modelopt", "INT4_AWQ_CFG", kv_fp8=False, samples=2,

@@ -15,63 +15,22 @@ linear each, as in ModelOpt.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+from prequantized_inputs import INPUT_SCALE_RTOL, SAMPLES, SEQ_LEN, modelopt_export, tensors
 
 from trtllm_kit.cli import run
-from trtllm_kit.models.inspect import resolve_model_path
-from trtllm_kit.quant.algos import QuantConfig
-from trtllm_kit.quant.calib_data import token_windows
 
 if importlib.util.find_spec("modelopt") is None:  # imported where used: collection does not load ModelOpt
     pytest.skip("nvidia-modelopt is not installed (pip install -c constraints.txt -e '.[oracle]')",
                 allow_module_level=True)
 
 FAMILIES = ("builtin:tiny-llama", "builtin:tiny-mistral", "builtin:tiny-qwen2", "builtin:tiny-phi3")
-SAMPLES, SEQ_LEN = 16, 64
-INPUT_SCALE_RTOL = 0.10
 KV_SCALE_RTOL = 0.25
-
-
-def tensors(directory: Path) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118
-    return out
-
-
-def modelopt_export(model: str, out: Path, config_name: str = "FP8_DEFAULT_CFG", kv_fp8: bool = True,
-                    samples: int = SAMPLES, seq_len: int = SEQ_LEN, per_batch: int = 8,
-                    attention: str = "sdpa") -> Path:
-    """ModelOpt's ``mtq.quantize`` (its calibration on the kit's windows, ``per_batch`` per forward pass) and
-    ``export_hf_checkpoint``."""
-    import modelopt.torch.quantization as mtq
-    from modelopt.torch import export
-    from transformers import AutoModelForCausalLM
-
-    path = resolve_model_path(model)
-    windows = token_windows(path, QuantConfig(quant="fp8", kv_cache="fp8", calib_samples=samples,
-                                              calib_seq_len=seq_len))
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, attn_implementation=attention)
-    config = copy.deepcopy(getattr(mtq, config_name))
-    if kv_fp8:
-        config["quant_cfg"] = list(config["quant_cfg"]) + list(copy.deepcopy(mtq.FP8_KV_CFG)["quant_cfg"])
-
-    def forward_loop(module: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for start in range(0, len(windows), per_batch):
-                module(torch.tensor(windows[start:start + per_batch]))
-
-    mtq.quantize(hf, config, forward_loop)
-    export.export_hf_checkpoint(hf, export_dir=str(out))
-    return out
 
 
 @pytest.mark.parametrize("model", FAMILIES)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fp8_modelopt import INPUT_SCALE_RTOL, SAMPLES, SEQ_LEN, modelopt_export, tensors
+from prequantized_inputs import INPUT_SCALE_RTOL, SAMPLES, SEQ_LEN, modelopt_export, tensors
 
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from greedy_runs import PROMPTS, greedy
 from safetensors import safe_open
 
 from trtllm_kit.cli import run
@@ -16,17 +17,6 @@ from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.models.hf_model import load_causal_lm
 from trtllm_kit.quant.nvfp4 import nvfp4_dequantize
-
-PROMPTS = ([1, 17, 305, 9, 44], [1, 600, 601, 2, 73, 73, 19, 5, 250])
-NEW_TOKENS = 12
-
-
-def greedy(forward, prompt: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            ids.append(int(forward(torch.tensor([ids]))[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def dequantized_reference(name: str, ckpt: Path) -> torch.nn.Module:

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import torch
+from greedy_runs import NEW_TOKENS, PROMPTS, greedy
 from kit_server import ONE_EACH, KitServer
+from prequantized_inputs import fp8_checkpoints, modelopt_export, with_tokenizer
 from safetensors.torch import load_file, save_file
-from test_fp8_modelopt import modelopt_export
-from test_prequantized import PROMPTS, fp8_checkpoints, with_tokenizer
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
@@ -42,7 +42,6 @@ if importlib.util.find_spec("modelopt") is None:  # imported where used: collect
     pytest.skip("nvidia-modelopt is not installed (pip install -c constraints.txt -e '.[oracle]')",
                 allow_module_level=True)
 FORMATS = {"modelopt": "ModelOpt unified FP8", "compressed": "compressed-tensors FP8 (per-tensor)"}
-NEW_TOKENS = 12
 # TensorRT-LLM module → the HF linears it fuses (tiny-llama)
 HF_LINEARS = {"attention.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
               "attention.dense": ("self_attn.o_proj",), "mlp.fc": ("mlp.gate_proj",), "mlp.gate": ("mlp.up_proj",),
@@ -148,15 +147,6 @@ def cached_greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
         out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                              do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
-
-
-def greedy(forward: Any, prompt: list[int]) -> list[int]:
-    """A full recompute per generated token."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            ids.append(int(forward(torch.tensor([ids]))[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def source_tensors(source: Path) -> dict[str, torch.Tensor]:
