@@ -1,9 +1,11 @@
-"""The static checks pass: ruff, mypy (``setup.cfg``), the import contracts (``lint-imports``) and the documentation
-site's strict build. They run in the test command so that they share its two workers with the tests: one worker
-checks while the other tests, instead of the checks holding one core while the other waits."""
+"""The static checks pass: ruff, mypy (``setup.cfg``), the import contracts (``lint-imports``), the documentation
+site's strict build, and the tests' own layout (what test modules share lives in helper modules). They run in the
+test command so that they share its two workers with the tests: one worker checks while the other tests, instead of
+the checks holding one core while the other waits."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +37,20 @@ def test_import_contracts() -> None:
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     check([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")])
+
+
+def test_test_modules_share_through_helper_modules() -> None:
+    """No test module imports another test module or a ``conftest.py``: the imported one would be loaded a second time
+    under another name (its module fixtures and state twice), and one module's tests would depend on another's."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
+                      if name.rsplit(".", 1)[-1].startswith("test_") or name.rsplit(".", 1)[-1] == "conftest"]
+    assert found == []

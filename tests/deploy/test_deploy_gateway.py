@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import aiohttp
+from deploy_helpers import IMAGE, deploy, objects
 
-from tests.deploy.test_k8s import IMAGE, deploy, objects
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.gateway import USAGE_LOG
 from trtllm_kit.deploy.leader_plan import FrontendPlan

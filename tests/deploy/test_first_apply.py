@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
+from deploy_artifacts import write_artifact
+from deploy_helpers import deploy, link_the_claim, objects, rewrite
 
-from tests.deploy.conftest import write_artifact
-from tests.deploy.test_k8s import deploy, objects
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
 
@@ -47,12 +45,6 @@ def pod_specs(found: dict[str, dict]) -> dict[str, dict]:
             for component in doc["spec"]["components"]:
                 specs[f"{key}/{component['name']}"] = component["podTemplate"].get("spec") or {}
     return specs
-
-
-def rewrite(path: Path, edit: Any) -> None:
-    docs = list(yaml.safe_load_all(path.read_text()))
-    edit(docs[0])
-    path.write_text(yaml.safe_dump_all(docs))
 
 
 def check_err(directory: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -103,22 +95,6 @@ def test_check_refuses_links_a_container_cannot_follow(artifacts, tmp_path, caps
     assert code == 1
     assert ("containers/server/volumeMounts: reads what init container fetch-artifact linked into volume pvc at /pvc, "
             "but does not mount pvc there, so every link dangles") in err
-
-
-def link_the_claim(spec: dict, mount: str) -> None:
-    """Rewrite a pod spec to the shape before the fix: the fetch container links the claim (at /pvc) into an
-    emptyDir at ``mount``, and the other containers mount that emptyDir only."""
-    spec["volumes"].append({"name": "artifact", "emptyDir": {}})
-    for container in [*spec.get("initContainers", []), *spec["containers"]]:
-        mounts = container.get("volumeMounts") or []
-        if not any(m["name"] == "pvc" for m in mounts):
-            continue
-        is_fetch = container["name"] == "fetch-artifact"
-        container["volumeMounts"] = [m for m in mounts if m["name"] != "pvc"] + [{"name": "artifact",
-                                                                                  "mountPath": mount}]
-        if is_fetch:
-            container["volumeMounts"].append({"name": "pvc", "mountPath": "/pvc", "readOnly": True})
-            container["args"] = [container["args"][0].replace("set -eu; ", f"set -eu; cp -rs /pvc/. {mount}/; ")]
 
 
 # 2. the LeaderWorkerSet controller makes its headless Service only if no Service has the LeaderWorkerSet's name

@@ -5,10 +5,10 @@ rejected), and hand-broken objects caught."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
+from deploy_helpers import IMAGE, deploy, objects
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
@@ -16,23 +16,6 @@ from trtllm_kit.deploy.source import read_source
 from trtllm_kit.deploy.validate import CRD_FILES, SCHEMAS_ENV, YAML_LOADER, check_object, schema_dir
 
 URL = "https://files.example/llama70b.tar"
-IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"
-
-
-def deploy(artifact: Path, out: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    image = () if "--image" in args else ("--image", IMAGE)
-    code = run(["deploy", "k8s", str(artifact), "--out", str(out), "--json", *image, *args])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    return json.loads(captured.out)
-
-
-def objects(out: Path) -> dict[str, dict]:
-    found = {}
-    for name in yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]:
-        for doc in yaml.safe_load_all((out / name).read_text()):
-            found[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
-    return found
 
 
 def test_one_node_deployment(artifact, tmp_path, capsys):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import sys
 
 import yaml
+from deploy_helpers import STAND_IN_RANKS, FakeClock, deploy, objects
 
-from tests.deploy.test_k8s import deploy, objects
-from tests.deploy.test_startup import STAND_IN_RANKS, FakeClock
 from trtllm_kit.deploy.leader import Leader
 from trtllm_kit.deploy.leader_plan import LeaderPlan
 from trtllm_kit.deploy.render import check_dir

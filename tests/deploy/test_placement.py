@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deploy_helpers import IMAGE, deploy, objects
 
-from tests.deploy.test_k8s import IMAGE, deploy, objects
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.image import TRITON_CONTAINERS, VERSION_LABEL, base_image, image_trtllm_version
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from deploy_artifacts import write_artifact
 
-from tests.deploy.conftest import write_artifact
 from trtllm_kit.cli import run
 from trtllm_kit.deploy import gateway
 from trtllm_kit.deploy.pod import security

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from deploy_helpers import deploy, objects
 
-from tests.deploy.test_k8s import deploy, objects
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
 

@@ -13,9 +13,8 @@ import shutil
 
 import pytest
 import yaml
+from deploy_helpers import TIMEOUT_S, deploy, objects
 
-from tests.deploy.test_k8s import deploy, objects
-from tests.deploy.test_try import TIMEOUT_S, tiny  # noqa: F401 (the module's fixture)
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.try_.try_directory import try_directory
@@ -90,7 +89,7 @@ def test_every_shipped_crd_is_recorded_with_its_hash():
 
 
 @root_and_unshare
-def test_deploy_try_holds_the_first_request_while_the_replica_starts(tiny, tmp_path):  # noqa: F811
+def test_deploy_try_holds_the_first_request_while_the_replica_starts(tiny, tmp_path):
     out = tmp_path / "k8s"
     assert run(["deploy", "k8s", str(tiny), "--out", str(out), "--pvc", "models", "--min-replicas", "0",
                 "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0

@@ -8,13 +8,12 @@ import json
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+from deploy_helpers import IMAGE, STAND_IN_RANKS, FakeClock, deploy, objects
 
-from tests.deploy.test_k8s import IMAGE, deploy, objects
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.leader import Leader
 from trtllm_kit.deploy.leader_plan import LeaderPlan
@@ -88,36 +87,6 @@ def test_probe_and_ready_timeout_agree_and_check_refuses_a_shorter_probe(artifac
     err = capsys.readouterr().err
     assert f"allows 300 s, less than the startup budget (trtllm-kit.io/startup-budget-s) of {budget} s" in err
     assert f"less than the server's --ready-timeout of {budget} s" in err
-
-
-class FakeClock:
-    """Seconds that pass only when the leader sleeps (a real pause of a few milliseconds each, so the stand-in
-    ranks get scheduled)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        import time
-
-        self.now += seconds
-        time.sleep(0.01)
-
-
-STAND_IN_RANKS = textwrap.dedent("""
-    import http.server, signal, sys
-    class Ready(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/v2/health/ready" else 404)
-            self.end_headers()
-        def log_message(self, *args):
-            pass
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ready).serve_forever()
-""")
 
 
 def group_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str], artifact) -> tuple[LeaderPlan, dict]:

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kit_server import TINY_BUILDS, Builds
+from deploy_helpers import TIMEOUT_S, deploy, link_the_claim, rewrite, tiny_copy
+from kit_server import Builds
 
-from tests.deploy.test_first_apply import link_the_claim, rewrite
-from tests.deploy.test_k8s import deploy
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.source import read_source
 from trtllm_kit.deploy.try_.cluster import read_cluster
@@ -25,25 +24,13 @@ from trtllm_kit.deploy.try_.try_directory import TryReport, try_directory
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                  reason="deploy try runs pods in namespaces of their own: root and unshare")]
-TIMEOUT_S = 300  # the pods' readiness, on a loaded machine
-
-
-def build(kit_builds: Builds, root: Path, target: str) -> Path:
-    """A private copy of the session's ``builtin:tiny-llama`` build for ``target`` (``cpu`` or ``llmapi``)."""
-    return kit_builds.copy(TINY_BUILDS[target], root / target)
-
-
-@pytest.fixture(scope="module")
-def tiny(kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``builtin:tiny-llama`` for the cpu target, the module's copy of the session's build."""
-    return build(kit_builds, tmp_path_factory.mktemp("tiny"), "cpu")
 
 
 @pytest.fixture(scope="module")
 def tries(tiny: Path, kit_builds: Builds, tmp_path_factory: pytest.TempPathFactory) -> dict[str, TryReport]:
     """The generated Deployment of a cpu and an llmapi build (the artifact on a claim), each run once, both at the
     same time (each in a cluster network of its own): their probe periods and drains overlap."""
-    outs = {"cpu": tiny, "llmapi": build(kit_builds, tmp_path_factory.mktemp("tiny"), "llmapi")}
+    outs = {"cpu": tiny, "llmapi": tiny_copy(kit_builds, tmp_path_factory.mktemp("tiny"), "llmapi")}
     dirs = {target: tmp_path_factory.mktemp("k8s") / "k8s" for target in outs}
     for target, out in outs.items():
         assert run(["deploy", "k8s", str(out), "--out", str(dirs[target]), "--pvc", "models",

@@ -11,8 +11,8 @@ import os
 import shutil
 
 import pytest
+from deploy_artifacts import write_artifact
 
-from tests.deploy.conftest import write_artifact
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.try_.try_directory import try_directory
 

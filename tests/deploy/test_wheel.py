@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.deploy.conftest import write_artifact
+from deploy_artifacts import write_artifact
 
 pytestmark = pytest.mark.slow
 CHECKOUT = Path(__file__).resolve().parents[2]

@@ -3,18 +3,15 @@ stream frees its blocks, a full queue answers with a clear error, and output equ
 
 from __future__ import annotations
 
-import queue
 import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tests.integration.tritonserver import metrics, running_server
+from tests.integration.tritonserver import Streams, metrics, running_server
 from trtllm_kit.checkpoint.convert import convert_checkpoint
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.config import EngineConfig
@@ -62,48 +59,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         running.ckpt = ckpt
         yield running
 
-
-def inputs(prompt: list[int], max_tokens: int, streaming: bool = True) -> list[grpcclient.InferInput]:
-    values = [("input_ids", np.array([prompt], np.int32)), ("input_lengths", np.array([[len(prompt)]], np.int32)),
-              ("request_output_len", np.array([[max_tokens]], np.int32)),
-              ("streaming", np.array([[streaming]], bool))]
-    made = []
-    for name, array in values:
-        made.append(grpcclient.InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "INT32"))
-        made[-1].set_data_from_numpy(array)
-    return made
-
-
-class Streams:
-    """One gRPC stream carrying several requests; collects tokens and errors per request id."""
-
-    def __init__(self, server) -> None:
-        self.client = grpcclient.InferenceServerClient(server.config.endpoints.url("grpc"))
-        self.events: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
-
-    def send(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        self.client.async_stream_infer("tensorrt_llm", inputs(prompt, max_tokens), request_id=request_id,
-                                       enable_empty_final_response=True)
-
-    def collect(self, num_requests: int, timeout_s: float = 60.0) -> tuple[dict[str, list[int]], list[str]]:
-        tokens, errors, done = {}, [], 0
-        while done < num_requests:
-            result, error = self.events.get(timeout=timeout_s)
-            if error is not None:
-                errors.append(str(error))
-                done += 1
-                continue
-            response = result.get_response()
-            ids = result.as_numpy("output_ids")
-            if ids is not None:
-                tokens.setdefault(response.id, []).extend(ids.reshape(-1).tolist())
-            done += response.parameters["triton_final_response"].bool_param
-        return tokens, errors
-
-    def close(self, cancel: bool = False) -> None:
-        self.client.stop_stream(cancel_requests=cancel)
-        self.client.close()
 
 
 def prompt(i: int, length: int = 12) -> list[int]:

@@ -1,8 +1,10 @@
-"""A real ``tritonserver`` (the nvidia-pytriton build) for integration tests, started with the kit's launcher."""
+"""A real ``tritonserver`` (the nvidia-pytriton build) for integration tests, started with the kit's launcher; its
+metrics; gRPC inputs, and streams of requests to the ``tensorrt_llm`` model."""
 
 from __future__ import annotations
 
 import os
+import queue
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,3 +74,42 @@ def grpc_inputs(inputs: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
         tensor.set_data_from_numpy(value)
         tensors.append(tensor)
     return tensors
+
+
+def tensorrt_llm_inputs(prompt: list[int], max_tokens: int, streaming: bool = True) -> list[grpcclient.InferInput]:
+    """The ``tensorrt_llm`` model's inputs for a request of ``prompt`` (token ids) and ``max_tokens``."""
+    return grpc_inputs({"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+                        "request_output_len": np.array([[max_tokens]], np.int32),
+                        "streaming": np.array([[streaming]], bool)})
+
+
+class Streams:
+    """One gRPC stream carrying several requests; collects tokens and errors per request id."""
+
+    def __init__(self, server: TritonProcess) -> None:
+        self.client = grpcclient.InferenceServerClient(server.config.endpoints.url("grpc"))
+        self.events: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+
+    def send(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
+        self.client.async_stream_infer("tensorrt_llm", tensorrt_llm_inputs(prompt, max_tokens), request_id=request_id,
+                                       enable_empty_final_response=True)
+
+    def collect(self, num_requests: int, timeout_s: float = 60.0) -> tuple[dict[str, list[int]], list[str]]:
+        tokens, errors, done = {}, [], 0
+        while done < num_requests:
+            result, error = self.events.get(timeout=timeout_s)
+            if error is not None:
+                errors.append(str(error))
+                done += 1
+                continue
+            response = result.get_response()
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                tokens.setdefault(response.id, []).extend(ids.reshape(-1).tolist())
+            done += response.parameters["triton_final_response"].bool_param
+        return tokens, errors
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()

@@ -3,7 +3,6 @@ a fake ``trtllm-serve`` on PATH, which needs a GPU, that records how it was star
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,11 +10,9 @@ import pytest
 from fake_trtllm_serve import TrtllmServePath, trtllm_serve_path
 from kit_server import TINY_BUILDS, Builds
 
+from tests.integration.tritonserver import running_server
 from trtllm_kit.cli import run
 from trtllm_kit.serve.server.process import TritonProcess
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import running_server
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import queue
-import sys
 import threading
 import time
 import urllib.request
@@ -16,14 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.integration.tritonserver import grpc_inputs, running_server
 from trtllm_kit.cli import run
 from trtllm_kit.errors import KitUsageError
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.model_repo.llmapi_validate import validate_llmapi_repository
 from trtllm_kit.spec.gpu_groups import check_gpu_groups, parse_gpu_device_ids
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import grpc_inputs, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -5,20 +5,17 @@ run directly; the nv_trt_llm_* gauges on /metrics."""
 from __future__ import annotations
 
 import queue
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from tests.integration.tritonserver import grpc_inputs, metrics
 from trtllm_kit.llmapi.load import load_unified
 from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import grpc_inputs, metrics
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MAX_TOKENS = 8

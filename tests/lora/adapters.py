@@ -3,10 +3,15 @@ where it is used, so collecting the tests does not load it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
+
+from trtllm_kit.runtime.lora_modules import module_shapes
+
+MAX_RANK = 16  # the --max-lora-rank the LoRA serving tests build with
 
 
 def make_adapter(base_dir: Path, out: Path, *, rank: int, targets: list[str], alpha: float, seed: int) -> Path:
@@ -40,3 +45,11 @@ def peft_greedy(base_dir: Path, source: Path | None, prompt: list[int], max_toke
         out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                              do_sample=False, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def one_adapter_bytes(model_dir: Path) -> int:
+    """The host memory of one float32 adapter of rank MAX_RANK on every module and layer: a cache of 1 (the HF
+    config has the sizes ``module_shapes`` reads)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    per_layer = sum(fan_in + fan_out for fan_in, fan_out in module_shapes(config).values())
+    return MAX_RANK * per_layer * int(config["num_hidden_layers"]) * 4

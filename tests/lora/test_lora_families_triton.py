@@ -14,7 +14,7 @@ import pytest
 import torch
 from kit_server import KitServer
 
-from tests.lora.adapters import make_adapter, peft_greedy
+from tests.lora.adapters import MAX_RANK, make_adapter, peft_greedy
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.serve.server.state import read_state
@@ -23,7 +23,6 @@ from trtllm_kit.serve.service import stop_serving
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROMPT = [5, 77, 301, 9, 640, 12, 18, 999, 3]
 MAX_TOKENS = 8
-MAX_RANK = 16
 SPLIT = {"attn4": (4, 8, ["q_proj", "k_proj", "v_proj", "o_proj"]), "mlp16": (16, 32, ["gate_proj", "up_proj",
                                                                                       "down_proj"])}
 FUSED = {"attn4": (4, 8, ["qkv_proj", "o_proj"]), "mlp16": (16, 32, ["gate_up_proj", "down_proj"])}  # Phi-3's names

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import queue
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from tests.integration.tritonserver import grpc_inputs, running_server
 from tests.lora.adapters import make_adapter
 from trtllm_kit.artifact import Artifact, LoraRecord
 from trtllm_kit.artifact.integrity import artifact_changes
@@ -25,9 +25,6 @@ from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.models.builtin import builtin_dir
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from tritonserver import grpc_inputs, running_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MAX_TOKENS = 8

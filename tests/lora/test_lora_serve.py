@@ -21,8 +21,7 @@ from kit_server import KitServer
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
-from tests.lora.adapters import make_adapter, peft_greedy
-from tests.lora.test_lora_triton import one_adapter_bytes
+from tests.lora.adapters import MAX_RANK, make_adapter, one_adapter_bytes, peft_greedy
 from trtllm_kit.cli import run
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
@@ -37,7 +36,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "builtin:tiny-llama"
 PROMPT = [5, 77, 301, 9, 640, 12, 18, 999, 3]
 MAX_TOKENS = 8
-MAX_RANK = 16
 ADAPTERS = {"qv4": (4, 8, ["q_proj", "v_proj"]), "mlp16": (16, 32, ["o_proj", "gate_proj", "up_proj", "down_proj"]),
             "late": (8, 16, ["k_proj", "down_proj"]), "wide": (32, 32, ["q_proj"])}  # late: loaded; wide: over-rank
 

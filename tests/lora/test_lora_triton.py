@@ -5,7 +5,6 @@ weights give exact outputs again."""
 
 from __future__ import annotations
 
-import json
 import queue
 from pathlib import Path
 
@@ -16,29 +15,18 @@ import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tests.integration.test_tensorrt_llm_cpu import Streams, inputs
-from tests.integration.tritonserver import running_server
-from tests.lora.adapters import make_adapter, peft_greedy
+from tests.integration.tritonserver import Streams, running_server, tensorrt_llm_inputs
+from tests.lora.adapters import MAX_RANK, make_adapter, one_adapter_bytes, peft_greedy
 from trtllm_kit.artifact import Artifact
 from trtllm_kit.cli import run
 from trtllm_kit.model_repo.configs import parse_config
 from trtllm_kit.models.builtin import builtin_dir
 from trtllm_kit.runtime.lora import ADAPTER_FILE, load_adapter, to_rows
-from trtllm_kit.runtime.lora_modules import module_shapes
 
 pytestmark = pytest.mark.integration
 MAX_TOKENS = 8
 PROMPT = [5, 77, 301, 9, 640, 12, 18, 999, 3]
 ADAPTERS = {"qv4": (4, 8, ["q_proj", "v_proj"]), "mlp16": (16, 32, ["o_proj", "gate_proj", "up_proj", "down_proj"])}
-MAX_RANK = 16
-
-
-def one_adapter_bytes(model_dir: Path) -> int:
-    """The host memory of one float32 adapter of rank MAX_RANK on every module and layer: a cache of 1 (the HF
-    config has the sizes ``module_shapes`` reads)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    per_layer = sum(fan_in + fan_out for fan_in, fan_out in module_shapes(config).values())
-    return MAX_RANK * per_layer * int(config["num_hidden_layers"]) * 4
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +63,8 @@ def lora_inputs(out: Path, name: str, task_id: int, with_weights: bool) -> list[
 
 
 def send(streams: Streams, request_id: str, extra: list[grpcclient.InferInput]) -> None:
-    streams.client.async_stream_infer("tensorrt_llm", inputs(PROMPT, MAX_TOKENS) + extra, request_id=request_id,
-                                      enable_empty_final_response=True)
+    streams.client.async_stream_infer("tensorrt_llm", tensorrt_llm_inputs(PROMPT, MAX_TOKENS) + extra,
+                                      request_id=request_id, enable_empty_final_response=True)
 
 
 def test_adapters_through_tritonserver_equal_peft_and_evictions_fail_alone(served) -> None:
