@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,8 +73,6 @@ class FakeClock:
         return self.now
 
     def sleep(self, seconds: float) -> None:
-        import time
-
         self.now += seconds
         time.sleep(0.01)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from deploy_artifacts import write_artifact
-from deploy_helpers import deploy, link_the_claim, objects, rewrite
+from deploy_helpers import IMAGE, deploy, link_the_claim, objects, rewrite
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
@@ -192,7 +192,7 @@ def test_check_refuses_what_the_stated_versions_cannot_run(artifacts, tmp_path, 
 
 def test_a_version_outside_the_schemas_is_refused(artifacts, tmp_path, capsys):
     code = run(["deploy", "k8s", str(artifacts["engine"]), "--out", str(tmp_path / "k8s"), "--pvc", "models",
-                "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1", "--k8s-version", "1.24"])
+                "--image", IMAGE, "--k8s-version", "1.24"])
     assert code == 2
     assert "--k8s-version 1.24 is outside 1.25-1.37" in capsys.readouterr().err
 
@@ -209,7 +209,7 @@ def test_sizes_of_files_not_on_this_disk_come_from_the_manifest(artifacts, tmp_p
 
 def test_files_neither_on_disk_nor_sized_are_refused(artifacts, tmp_path, capsys):
     code = run(["deploy", "k8s", str(artifacts["unsized"]), "--out", str(tmp_path / "k8s"), "--artifact-url", URL,
-                "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"])
+                "--image", IMAGE])
     assert code == 2
     assert (f"Error: 9 of 10 artifact files are not in {artifacts['unsized']} and the manifest records no size for "
             "them (the first: engines/rank0.engine)") in capsys.readouterr().err
@@ -249,5 +249,5 @@ def test_tolerations_networks_and_ipc_lock_reach_every_serving_pod(artifacts, tm
 ])
 def test_malformed_additions_are_refused_in_one_sentence(artifacts, tmp_path, capsys, flag, value, message):
     code = run(["deploy", "k8s", str(artifacts["engine"]), "--out", str(tmp_path / "k8s"), "--pvc", "models",
-                "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1", flag, value])
+                "--image", IMAGE, flag, value])
     assert code == 2 and message in capsys.readouterr().err

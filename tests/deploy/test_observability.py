@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deploy_helpers import IMAGE
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
-
-IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"
 
 
 def written(artifact_dir: Path, out: Path, *args: str) -> dict[str, dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from deploy_helpers import IMAGE
 from kit_server import BuildKey, Builds, KitServer
 from polling import wait_until
 
@@ -191,7 +192,7 @@ def test_the_dashboard_reads_exported_series(scraped):
 def test_promtool_checks_the_written_rules_and_alerts(artifact, tmp_path, kwargs, args, num_rules):
     out = tmp_path / "k8s"
     assert run(["deploy", "k8s", str(artifact(**kwargs)), "--out", str(out), "--pvc", "models", "--image",
-                "registry.example/trtllm-kit:0.1.0-trtllm1.2.1", *args]) == 0
+                IMAGE, *args]) == 0
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rules_file(out)))
     done = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)

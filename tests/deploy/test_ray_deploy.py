@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from deploy_artifacts import write_artifact
+from deploy_helpers import IMAGE
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy import gateway
@@ -21,7 +22,6 @@ from trtllm_kit.deploy.render import check_dir
 from trtllm_kit.deploy.validate import CRD_FILES, check_object, schema_dir
 from trtllm_kit.serve.ray.routing import PREFIX_ROUTER
 
-IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 

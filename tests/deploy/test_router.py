@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from deploy_helpers import deploy, objects
+from deploy_helpers import IMAGE, deploy, objects
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
@@ -52,7 +52,7 @@ def test_trtllm_serve_leaders_are_picked_on_their_gauges(artifact, tmp_path, cap
 def test_trtllm_serve_without_gauges_is_refused(artifact, tmp_path, capsys):
     code = run(["deploy", "k8s", str(artifact(target="llmapi", tp=8)), "--out", str(tmp_path / "k8s"), "--pvc",
                 "models", "--gpus-per-node", "4", "--router", "inference-extension", "--image",
-                "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"])
+                IMAGE])
     assert code == 2
     assert capsys.readouterr().err.strip() == (
         "Error: --router inference-extension reads trtllm_num_requests_waiting, which the image's trtllm-serve "

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 import yaml
-from deploy_helpers import TIMEOUT_S, deploy, objects
+from deploy_helpers import IMAGE, TIMEOUT_S, deploy, objects
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.render import check_dir
@@ -92,7 +92,7 @@ def test_every_shipped_crd_is_recorded_with_its_hash():
 def test_deploy_try_holds_the_first_request_while_the_replica_starts(tiny, tmp_path):
     out = tmp_path / "k8s"
     assert run(["deploy", "k8s", str(tiny), "--out", str(out), "--pvc", "models", "--min-replicas", "0",
-                "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0
+                "--image", IMAGE]) == 0
     report = try_directory(out, {"models": tiny}, timeout_s=TIMEOUT_S)
     assert report.failure is None and report.answer
     cold = report.cold_start

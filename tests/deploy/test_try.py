@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_helpers import TIMEOUT_S, deploy, link_the_claim, rewrite, tiny_copy
+from deploy_helpers import IMAGE, TIMEOUT_S, deploy, link_the_claim, rewrite, tiny_copy
 from kit_server import Builds
 
 from trtllm_kit.cli import run
@@ -34,7 +34,7 @@ def tries(tiny: Path, kit_builds: Builds, tmp_path_factory: pytest.TempPathFacto
     dirs = {target: tmp_path_factory.mktemp("k8s") / "k8s" for target in outs}
     for target, out in outs.items():
         assert run(["deploy", "k8s", str(out), "--out", str(dirs[target]), "--pvc", "models",
-                    "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0
+                    "--image", IMAGE]) == 0
     with ThreadPoolExecutor(len(outs)) as pool:
         running = {target: pool.submit(try_directory, dirs[target], {"models": out}, timeout_s=TIMEOUT_S)
                    for target, out in outs.items()}

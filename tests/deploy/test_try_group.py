@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 from deploy_artifacts import write_artifact
+from deploy_helpers import IMAGE
 
 from trtllm_kit.cli import run
 from trtllm_kit.deploy.try_.try_directory import try_directory
@@ -33,7 +34,7 @@ def test_the_group_starts_a_rank_on_each_pod(tmp_path):
     (art / "manifest.json").write_text(json.dumps(manifest))
     out = tmp_path / "k8s"
     assert run(["deploy", "k8s", str(art), "--out", str(out), "--pvc", "models", "--gpus-per-node", "1", "--name",
-                "llama", "--worker-wait", "60", "--image", "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"]) == 0
+                "llama", "--worker-wait", "60", "--image", IMAGE]) == 0
 
     report = try_directory(out, {"models": art}, timeout_s=180)
     leader, worker = report.pods

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from deploy_artifacts import write_artifact
+from deploy_helpers import IMAGE
 
 pytestmark = pytest.mark.slow
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,6 @@ def test_the_wheel_carries_the_schemas_and_imports_from_the_venv(installed):
         "nvidia.com_dynamographdeployments.yaml", "ray.io_rayservices.yaml"]
 
 
-IMAGE = "registry.example/trtllm-kit:0.1.0-trtllm1.2.1"
 LAYOUTS = [
     # (artifact, deploy flags, the workload it must write)
     ({"tp": 2}, ("--pvc", "models"), "deployment.yaml"),
