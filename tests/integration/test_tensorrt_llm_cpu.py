@@ -60,7 +60,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield running
 
 
-
 def prompt(i: int, length: int = 12) -> list[int]:
     return [(37 * i + 11 * j) % 1000 + 1 for j in range(length)]
 
