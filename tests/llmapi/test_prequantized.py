@@ -44,8 +44,9 @@ def test_modelopt_fp8_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert filecmp.cmp(source / name, ckpt / name, shallow=False), name
     record = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert "ModelOpt unified FP8" in json.dumps(record)
+    built, unquantized = load_unified(ckpt), load_unified(source)
     for prompt in PROMPTS:
-        assert greedy(load_unified(ckpt).forward, prompt) == greedy(load_unified(source).forward, prompt)
+        assert greedy(built.forward, prompt) == greedy(unquantized.forward, prompt)
     capsys.readouterr()
     assert run(["build", str(source), "--target", "llmapi", "--quant", "fp8", "--until", "checkpoint", "--out",
                 str(tmp_path / "again")]) == 2
@@ -62,9 +63,10 @@ def test_compressed_tensors_fp8_checkpoint(tmp_path: Path, capsys: pytest.Captur
         "compressed-tensors"
     assert not (ckpt / "hf_quant_config.json").exists()
     ids = torch.tensor([PROMPTS[1]])
-    assert torch.equal(load_unified(ckpt).forward(ids), load_unified(modelopt).forward(ids))
+    built, exported = load_unified(ckpt), load_unified(modelopt)
+    assert torch.equal(built.forward(ids), exported.forward(ids))
     for prompt in PROMPTS:
-        assert greedy(load_unified(ckpt).forward, prompt) == greedy(load_unified(modelopt).forward, prompt)
+        assert greedy(built.forward, prompt) == greedy(exported.forward, prompt)
 
 
 def test_other_quantizations_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

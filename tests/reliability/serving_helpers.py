@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 from kit_server import KitServer
 from kit_server import open_stream as open_stream  # the raw client these tests leave mid-stream, said once there
+from polling import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "builtin:tiny-llama"  # the served name
@@ -76,9 +77,7 @@ def leave_a_whole_request(state: dict[str, Any]) -> dict[str, float]:
     the counters just before leaving."""
     start = counters(state)["steps"]
     sock = open_stream(state, LONG, num_events=0)
-    deadline = time.monotonic() + HANG_S
-    while counters(state)["steps"] < start + 5 and time.monotonic() < deadline:  # generation under way
-        time.sleep(0.01)
+    wait_until(lambda: counters(state)["steps"] >= start + 5, HANG_S, 0.01)  # generation under way
     before = counters(state)
     assert before["active"] == 1 and before["steps"] >= start + 5, before
     sock.close()
@@ -121,12 +120,13 @@ def ready(state: dict[str, Any]) -> bool:
 
 def serve_exits(pid: int, timeout_s: float) -> bool:
     """Whether the serve ``pid`` has ended (or is a zombie) within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+    def ended() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
             return True
-        time.sleep(0.05)
-    return False
+
+    return wait_until(ended, timeout_s, 0.05)
 
 
 def server_processes(state: dict[str, Any]) -> list[psutil.Process]:
