@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -313,3 +314,16 @@ def test_free_ports_lie_below_the_ephemeral_range_where_no_outgoing_connection_t
     ports = [free_port() for _ in range(20)]
     assert all(LOWEST_FREE_PORT <= port < low for port in ports), (ports, low)
     assert len(set(ports)) > 1  # chosen at random, so two processes rarely pick the same one
+
+
+def test_free_ports_do_not_follow_the_process_s_seeded_random() -> None:
+    """Two processes that seed ``random`` alike (as transformers' ``set_seed`` does) must not pick the same ports:
+    the choice draws nothing from the shared generator."""
+    saved = random.getstate()
+    try:
+        random.seed(0)
+        before = random.getstate()
+        free_endpoints()
+        assert random.getstate() == before
+    finally:
+        random.setstate(saved)

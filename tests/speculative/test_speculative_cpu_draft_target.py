@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import queue
 import shutil
-import subprocess
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from kit_cli import KIT
+from kit_server import KitServer
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
@@ -32,17 +32,13 @@ from trtllm_kit.runtime.config import EngineConfig
 from trtllm_kit.runtime.executor import Executor
 from trtllm_kit.runtime.sequence import SamplingParams
 from trtllm_kit.serve.servable import servable
-from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER, free_endpoints, free_port
-from trtllm_kit.serve.server.state import TOKEN_FILE, read_state
+from trtllm_kit.serve.server.launcher import GRPC_RESTRICTED_HEADER
+from trtllm_kit.serve.server.state import TOKEN_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL, DRAFT = "builtin:tiny-llama", "tiny-qwen2"  # two families, one tokenizer
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,"]
 MAX_TOKENS, K = 12, 3
-
-
-def kit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*KIT, *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +51,9 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(out: Path) -> Any:
-    ep, openai_port = free_endpoints(), free_port()
-    done = kit("serve", str(out), "--http-port", str(ep.http_port), "--grpc-port", str(ep.grpc_port),
-               "--metrics-port", str(ep.metrics_port), "--openai-port", str(openai_port), "--detach")
-    assert done.returncode == 0, done.stderr
-    state = read_state(out)
-    assert state is not None and state["ready"]
-    yield state
-    kit("stop", str(out))
+def served(out: Path) -> Iterator[dict[str, Any]]:
+    with KitServer(out) as server:
+        yield server.state
 
 
 @pytest.fixture(scope="module")

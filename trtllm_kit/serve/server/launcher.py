@@ -27,6 +27,9 @@ SERVING_APIS = ("metadata", "inference", "model-config", "statistics")
 RESTRICTED_HEADER = "trtllm-kit-token"
 GRPC_RESTRICTED_HEADER = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # the metadata key Triton's gRPC checks
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")  # the ports outgoing connections are given
+# free_port's own source of randomness: a library that seeds the process's ``random`` (transformers' ``set_seed``, a
+# test) would otherwise make processes seeded alike pick the same ports in the same order
+_PORT_CHOICE = random.SystemRandom()
 LOWEST_FREE_PORT = 20000  # free_port's choice starts here, above the well-known and registered services' usual ports
 PORT_TRIES = 64
 
@@ -159,7 +162,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     look and its listener's bind."""
     low = _ephemeral_low()
     for _ in range(PORT_TRIES):
-        port = random.randrange(LOWEST_FREE_PORT, low) if low - LOWEST_FREE_PORT >= 1024 else 0
+        port = _PORT_CHOICE.randrange(LOWEST_FREE_PORT, low) if low - LOWEST_FREE_PORT >= 1024 else 0
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
